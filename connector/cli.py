@@ -1,0 +1,25 @@
+"""The ``tablestore-cdc`` command: one typer app, one sub-command group per concern.
+
+- ``tablestore-cdc local ...``    the embedded store (connector/local/cli.py)
+- ``tablestore-cdc meta ...``     meta-table inspection (meta_store/cli.py)
+- ``tablestore-cdc demo`` / ``replicate``  the main job (connector/job.py)
+"""
+
+from __future__ import annotations
+
+import typer
+
+from connector.local.cli import app as local_app
+from meta_store.cli import app as meta_app
+
+app = typer.Typer(
+    help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(local_app, name="local")
+app.add_typer(meta_app, name="meta")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,196 @@
+"""The product's typed errors: one root, a message template per subclass, keyword fields.
+
+Every error is raised with keyword fields only (``UnknownBatchError(uuid=..., namespace=...)``)
+and renders its message from the class's ``template``. Errors raised on executors travel back to
+the driver by pickling; ``__reduce__`` rebuilds them from their fields, so they keep their type
+and fields on the way.
+
+Used by every package: ``connector`` (options, protocol, reader, tunnel backends) and
+``meta_store`` (meta-table backends). Nothing here imports pyspark or an SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+def _rebuild(cls: type[CdcError], fields: dict[str, Any]) -> CdcError:
+    return cls(**fields)
+
+
+class CdcError(Exception):
+    """Root of every error this product raises on purpose."""
+
+    template: ClassVar[str] = "{detail}"
+    #: True when retrying the same call later may succeed (throttling, a service restart).
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, **fields: Any) -> None:
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+        try:
+            message = self.template.format(**fields)
+        except (KeyError, IndexError):  # a field missing from the call: still say something
+            message = f"{self.template} {fields}"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.fields))
+
+
+# --- options and source identity (driver) -------------------------------------------------
+
+
+class OptionError(CdcError, ValueError):
+    """A reader option is missing, unknown or has a bad value."""
+
+    template = "option '{option}': {problem} (got {value!r}; allowed: {allowed})"
+
+
+class CheckpointMismatchError(CdcError):
+    """A Spark checkpoint directory belongs to another endpoint/table/tunnel."""
+
+    template = (
+        "this checkpoint location was written by source {found!r}, but the query now reads "
+        "{expected!r}; use a new checkpoint location for a different table or tunnel"
+    )
+
+
+class JavaMissingError(CdcError):
+    """No usable Java runtime for Spark."""
+
+    template = "{detail}"
+
+
+# --- tunnel service -------------------------------------------------------------------------
+
+
+class TunnelError(CdcError):
+    """Root of tunnel-service errors (any backend)."""
+
+
+class UnknownTableError(TunnelError, KeyError):
+    template = "table {table!r} does not exist in {endpoint}"
+
+
+class TableExistsError(TunnelError):
+    template = "table {table!r} already exists in {endpoint}"
+
+
+class UnknownTunnelError(TunnelError, KeyError):
+    template = "tunnel {tunnel!r} does not exist on table {table!r}"
+
+
+class TunnelExistsError(TunnelError):
+    template = "tunnel {tunnel!r} already exists on table {table!r}"
+
+
+class UnknownChannelError(TunnelError, KeyError):
+    template = "channel {channel_id!r} does not exist in tunnel {tunnel_id!r}"
+
+
+class ChannelNotReadableError(TunnelError):
+    template = (
+        "channel {channel_id!r} of tunnel {tunnel_id!r} cannot be read now: status {status}"
+        " (a child channel is readable only after all its parents are finished)"
+    )
+
+
+class MalformedTokenError(TunnelError, ValueError):
+    template = "channel {channel_id!r}: token {token!r} is not a valid checkpoint token: {reason}"
+
+
+class StaleCheckpointError(TunnelError):
+    """A pushed checkpoint's sequence number is lower than the stored one (OTSSequenceNumberNotMatch)."""
+
+    template = (
+        "channel {channel_id!r} of tunnel {tunnel_id!r}: checkpoint sequence {pushed} is lower "
+        "than the stored {stored}; the push is stale"
+    )
+
+
+class InvalidCheckpointError(TunnelError, ValueError):
+    template = "channel {channel_id!r} of tunnel {tunnel_id!r}: {reason}"
+
+
+class InvalidRowError(TunnelError, ValueError):
+    """A write names unknown columns, lacks key columns or has values of the wrong type."""
+
+    template = "table {table!r}: {reason}"
+
+
+class InvalidChannelOperationError(TunnelError, ValueError):
+    template = "table {table!r}: {reason}"
+
+
+class DataLossError(CdcError):
+    """Records the consumer needs are gone (trimmed by retention). Never retried."""
+
+
+class TrimmedDataError(DataLossError):
+    template = (
+        "channel {channel_id!r}: records from sequence {requested} were requested but the "
+        "channel's history is trimmed up to {earliest}; {lost} change(s) are lost"
+    )
+
+
+class TransientTunnelError(TunnelError):
+    retryable = True
+    template = "tunnel service temporarily unavailable: {detail}"
+
+
+# --- meta store -----------------------------------------------------------------------------
+
+
+class MetaStoreError(CdcError):
+    """Root of meta-store errors (any backend)."""
+
+
+class UnknownBatchError(MetaStoreError, KeyError):
+    template = "no batch {uuid!r} in meta-store namespace {namespace!r}"
+
+
+class EndCheckpointConflictError(MetaStoreError):
+    """A different end checkpoint is already recorded for (UUID, channel). ``stored`` holds it."""
+
+    template = (
+        "batch {uuid!r} channel {channel_id!r}: an end checkpoint is already recorded "
+        "({stored_summary}); this attempt's ({attempted_summary}) was not written"
+    )
+
+
+class ManifestConflictError(MetaStoreError):
+    template = "batch {uuid!r}: {reason}"
+
+
+class CorruptMetaRecordError(MetaStoreError):
+    template = "meta store {store}: record {key!r} is corrupt or foreign: {reason}"
+
+
+class MetaTableMissingError(MetaStoreError):
+    template = (
+        "meta table {table!r} does not exist at {location}; create it or pass "
+        "create_table=true in the meta-store URI"
+    )
+
+
+class MetaStoreUriError(MetaStoreError, ValueError):
+    template = "meta-store URI {uri!r}: {reason}"
+
+
+class TransientMetaStoreError(MetaStoreError):
+    retryable = True
+    template = "meta store temporarily unavailable: {detail}"
+
+
+# --- protocol invariants -------------------------------------------------------------------
+
+
+class ReplayDivergedError(CdcError):
+    """A replay read could not reproduce a recorded end checkpoint: the source changed history."""
+
+    template = (
+        "batch {uuid!r} channel {channel_id!r}: replay expected {expected} records ending at "
+        "{expected_token!r} but the tunnel gave {got} ending at {got_token!r}"
+    )

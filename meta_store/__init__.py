@@ -1,0 +1,60 @@
+"""Meta-table backends, chosen by URI scheme.
+
+- ``sqlite:///abs/path/meta.db`` — embedded default (one machine; WAL, multi-process safe);
+- ``dynamodb://TABLE?region=...&endpoint_url=...&create_table=true`` — a shared service for
+  clusters (``pip install '.[dynamodb]'``).
+
+Backends are imported lazily so boto3 is only needed for ``dynamodb://``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from urllib.parse import urlsplit
+
+from connector.errors import MetaStoreUriError
+from meta_store.base import (
+    BatchRecord,
+    BatchState,
+    ChannelStart,
+    EndCheckpoint,
+    Manifest,
+    MetaStore,
+    chain_order,
+)
+
+#: scheme -> (dotted path of the backend class, how to install what it needs)
+META_BACKENDS: dict[str, tuple[str, str]] = {
+    "sqlite": ("meta_store.sqlite:SqliteMetaStore", "included"),
+    "dynamodb": ("meta_store.dynamodb:DynamoDbMetaStore", "pip install 'tablestore-cdc[dynamodb]'"),
+}
+
+
+def open_meta_store(uri: str) -> MetaStore:
+    """Open the meta store at ``uri`` (driver, executors, CLI)."""
+    scheme = urlsplit(uri).scheme
+    if scheme not in META_BACKENDS:
+        raise MetaStoreUriError(
+            uri=uri, reason=f"unsupported scheme {scheme!r}; use one of "
+            + ", ".join(f"{s}://" for s in sorted(META_BACKENDS)),
+        )
+    target, install_hint = META_BACKENDS[scheme]
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MetaStoreUriError(uri=uri, reason=f"backend unavailable ({exc}); {install_hint}") from exc
+    return getattr(module, class_name).from_uri(uri)
+
+
+__all__ = [
+    "META_BACKENDS",
+    "BatchRecord",
+    "BatchState",
+    "ChannelStart",
+    "EndCheckpoint",
+    "Manifest",
+    "MetaStore",
+    "chain_order",
+    "open_meta_store",
+]

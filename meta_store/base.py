@@ -1,0 +1,356 @@
+"""The meta-store interface: UUID offsets -> per-channel checkpoints.
+
+The meta table is the source of truth for where each micro-batch starts and ends
+(docs/protocol.md). Every row lives in a **namespace**, the source identity
+(endpoint + table + tunnel), so many queries can share one meta table.
+
+Data model:
+- one ``BatchRecord`` per UUID: previous UUID, state (minted -> planned -> committed -> pushed),
+  the read limit Spark gave when it was minted, and the ``Manifest`` (channels planned for the
+  batch with their start checkpoints), written once and never changed;
+- one ``EndCheckpoint`` per (UUID, channel), **put-if-absent**: the same position again is
+  idempotent, a different one raises ``EndCheckpointConflictError`` carrying the stored value.
+
+Who calls what:
+- driver (planning process): ``create_batch``, ``put_manifest``, ``get_batch``,
+  ``get_end_checkpoints``, ``mark_committed``, ``committed_not_pushed``, ``mark_pushed``, ``gc``;
+- executors: ``get_end_checkpoint`` and ``put_end_checkpoint`` (the claim), on a store opened
+  inside ``read()``;
+- the inspection CLI and dashboard: the listing methods, read-only.
+
+Backends implement the ``_``-prefixed primitives; the policies (chain order, commit catch-up,
+retention, conflict detection) live here once. Every backend passes
+``tests/contract/meta_contract.py``. Every write is safe to retry.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from connector.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
+
+
+class BatchState(str, enum.Enum):
+    MINTED = "minted"  # returned by latestOffset; may never be used
+    PLANNED = "planned"  # manifest written by partitions()
+    COMMITTED = "committed"  # Spark committed it (or a later batch)
+    PUSHED = "pushed"  # its checkpoints reached the tunnel service
+
+    @property
+    def rank(self) -> int:
+        return _STATE_RANK[self]
+
+
+_STATE_RANK = {BatchState.MINTED: 0, BatchState.PLANNED: 1, BatchState.COMMITTED: 2,
+               BatchState.PUSHED: 3}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ChannelStart(_Frozen):
+    """A channel planned for a batch: where its read starts and how far it may go."""
+
+    channel_id: str
+    token: str
+    #: records consumed from this channel before this batch (the tunnel push sequence)
+    sequence_number: int
+    max_records: int
+    parent_ids: tuple[str, ...] = ()
+
+
+class Manifest(_Frozen):
+    channels: tuple[ChannelStart, ...]
+    #: channels first read in this batch (children released since the previous batch)
+    children_added: tuple[str, ...] = ()
+    planned_at: float
+
+    def channel(self, channel_id: str) -> ChannelStart | None:
+        return next((c for c in self.channels if c.channel_id == channel_id), None)
+
+
+class BatchRecord(_Frozen):
+    uuid: str
+    prev_uuid: str | None
+    state: BatchState
+    created_at: float
+    #: ReadMaxRows given by Spark when minted; None = read all available (per-channel caps apply)
+    max_rows: int | None = None
+    manifest: Manifest | None = None
+    committed_at: float | None = None
+    pushed_at: float | None = None
+    spark_batch_id: int | None = None
+
+
+class EndCheckpoint(_Frozen):
+    """Where one channel's read stopped in one batch: claimed before any row is handed out."""
+
+    channel_id: str
+    #: the position the read actually started from (differs from the manifest only after
+    #: skipping trimmed data with failOnDataLoss=false)
+    start_token: str
+    token: str
+    sequence_number: int
+    records: int
+    attempt: str  # identity of the writing attempt (host/pid/task), for operators
+    written_at: float
+
+    def same_position(self, other: EndCheckpoint) -> bool:
+        """Equal for put-if-absent purposes: who wrote it and when does not matter."""
+        return (self.channel_id, self.start_token, self.token, self.sequence_number,
+                self.records) == (other.channel_id, other.start_token, other.token,
+                                  other.sequence_number, other.records)
+
+    @property
+    def finished(self) -> bool:
+        from connector.tunnel.base import FINISHED
+
+        return self.token == FINISHED
+
+    def summary(self) -> str:
+        return f"token={self.token!r} seq={self.sequence_number} records={self.records}"
+
+
+def parse_record(model: type[_Frozen], raw: str | bytes, *, store: str, key: str) -> _Frozen:
+    """Decode a stored JSON row; a row that is not ours raises ``CorruptMetaRecordError``."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        reason = exc.errors()[0].get("msg", str(exc)) if exc.errors() else str(exc)
+        raise CorruptMetaRecordError(store=store, key=key, reason=reason) from None
+
+
+def chain_order(batches: Iterable[BatchRecord]) -> list[BatchRecord]:
+    """Order batches along the prev chain; batches off the chain (never-used UUIDs) follow in
+    creation order. Several roots (e.g. after a tunnel was recreated) each start a chain."""
+    by_prev: dict[str | None, list[BatchRecord]] = {}
+    all_batches = sorted(batches, key=lambda b: b.created_at)
+    uuids = {b.uuid for b in all_batches}
+    for b in all_batches:
+        by_prev.setdefault(b.prev_uuid if b.prev_uuid in uuids else None, []).append(b)
+    ordered: list[BatchRecord] = []
+    seen: set[str] = set()
+    roots = by_prev.get(None, [])
+    for root in roots:
+        node: BatchRecord | None = root
+        while node is not None and node.uuid not in seen:
+            ordered.append(node)
+            seen.add(node.uuid)
+            # follow the planned child (the one Spark used); unplanned siblings are orphans
+            children = [c for c in by_prev.get(node.uuid, []) if c.uuid not in seen]
+            used = [c for c in children if c.state.rank >= BatchState.PLANNED.rank]
+            node = used[0] if used else None
+    ordered.extend(b for b in all_batches if b.uuid not in seen)
+    return ordered
+
+
+class MetaStore(ABC):
+    """A meta table. One instance per process; not shared across processes."""
+
+    #: The URI this store was opened with, secrets removed (safe to log and show).
+    uri: str
+
+    # --- primitives each backend implements ----------------------------------------------
+
+    @abstractmethod
+    def _put_batch_if_absent(self, namespace: str, record: BatchRecord) -> BatchRecord:
+        """Write ``record`` unless a row for its UUID exists; return the stored row."""
+
+    @abstractmethod
+    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None: ...
+
+    @abstractmethod
+    def _set_manifest_if_absent(
+        self, namespace: str, uuid: str, manifest: Manifest
+    ) -> BatchRecord:
+        """Atomically set the manifest (and state planned, when minted) unless one is set;
+        return the stored row. The batch row exists."""
+
+    @abstractmethod
+    def _advance_state(
+        self, namespace: str, uuid: str, state: BatchState, at: float,
+        spark_batch_id: int | None = None,
+    ) -> None:
+        """Move the batch to ``state`` if that is forward; never backward. Sets
+        ``committed_at``/``pushed_at`` the first time. Missing UUID: no-op."""
+
+    @abstractmethod
+    def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
+        """Write ``end`` unless (uuid, channel) has one; return the stored one."""
+
+    @abstractmethod
+    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None: ...
+
+    @abstractmethod
+    def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]: ...
+
+    @abstractmethod
+    def _list_batches(self, namespace: str) -> list[BatchRecord]: ...
+
+    @abstractmethod
+    def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
+        """Delete the batch rows and their end checkpoints (ends first, so no end outlives
+        its batch). Missing UUIDs are ignored."""
+
+    @abstractmethod
+    def list_namespaces(self) -> list[str]: ...
+
+    @abstractmethod
+    def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
+        """Describe a namespace (endpoint without secrets, table, tunnel, tunnel id)."""
+
+    @abstractmethod
+    def get_namespace_info(self, namespace: str) -> dict[str, str] | None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Safe to call twice."""
+
+    # --- batches ----------------------------------------------------------------------------
+
+    def create_batch(
+        self,
+        namespace: str,
+        uuid: str,
+        prev_uuid: str | None,
+        *,
+        state: BatchState = BatchState.MINTED,
+        max_rows: int | None = None,
+        manifest: Manifest | None = None,
+        now: float | None = None,
+    ) -> BatchRecord:
+        """Put-if-absent a batch row (driver: ``latestOffset`` mints; ``initialOffset`` writes
+        the initial batch with its manifest). Returns the stored row, which wins over ours."""
+        record = BatchRecord(
+            uuid=uuid, prev_uuid=prev_uuid, state=state, created_at=now or time.time(),
+            max_rows=max_rows, manifest=manifest,
+        )
+        return self._put_batch_if_absent(namespace, record)
+
+    def find_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
+        return self._get_batch(namespace, uuid)
+
+    def get_batch(self, namespace: str, uuid: str) -> BatchRecord:
+        batch = self._get_batch(namespace, uuid)
+        if batch is None:
+            raise UnknownBatchError(uuid=uuid, namespace=namespace)
+        return batch
+
+    def put_manifest(
+        self, namespace: str, uuid: str, prev_uuid: str | None, manifest: Manifest
+    ) -> Manifest:
+        """Write the batch's manifest once (driver, ``partitions``); return the stored one.
+
+        Creates the batch row if it is missing (a minted row lost to retention before a
+        replay), so a replayed offset from Spark's log can always be planned.
+        """
+        self._put_batch_if_absent(
+            namespace,
+            BatchRecord(uuid=uuid, prev_uuid=prev_uuid, state=BatchState.MINTED,
+                        created_at=time.time()),
+        )
+        stored = self._set_manifest_if_absent(namespace, uuid, manifest)
+        assert stored.manifest is not None
+        return stored.manifest
+
+    # --- end checkpoints (executors) --------------------------------------------------------
+
+    def put_end_checkpoint(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
+        """Claim a channel's end for a batch. Idempotent for the same position; a different
+        stored position raises ``EndCheckpointConflictError`` with ``stored`` set."""
+        stored = self._put_end_if_absent(namespace, uuid, end)
+        if not stored.same_position(end):
+            raise EndCheckpointConflictError(
+                uuid=uuid, channel_id=end.channel_id, stored=stored, attempted=end,
+                stored_summary=stored.summary(), attempted_summary=end.summary(),
+            )
+        return stored
+
+    def get_end_checkpoint(
+        self, namespace: str, uuid: str, channel_id: str
+    ) -> EndCheckpoint | None:
+        return self._get_end(namespace, uuid, channel_id)
+
+    def get_end_checkpoints(self, namespace: str, uuid: str) -> dict[str, EndCheckpoint]:
+        return {e.channel_id: e for e in self._list_ends(namespace, uuid)}
+
+    # --- commit and push (driver) -----------------------------------------------------------
+
+    def mark_committed(
+        self, namespace: str, uuid: str, spark_batch_id: int | None = None,
+        now: float | None = None,
+    ) -> list[str]:
+        """Mark ``uuid`` committed, and every planned ancestor on its prev chain that is not yet
+        (Spark commits in order and does not re-send a commit lost in a crash). Returns the
+        UUIDs newly marked, oldest first."""
+        at = now or time.time()
+        newly: list[str] = []
+        current = self._get_batch(namespace, uuid)
+        while current is not None and current.state.rank < BatchState.COMMITTED.rank:
+            if current.manifest is not None or current.uuid == uuid:
+                newly.append(current.uuid)
+            current = self._get_batch(namespace, current.prev_uuid) if current.prev_uuid else None
+        for i, u in enumerate(reversed(newly)):
+            self._advance_state(namespace, u, BatchState.COMMITTED, at,
+                                spark_batch_id if u == uuid else None)
+        return list(reversed(newly))
+
+    def committed_not_pushed(self, namespace: str) -> list[BatchRecord]:
+        """Committed batches whose checkpoints have not reached the tunnel, oldest first."""
+        return [b for b in chain_order(self._list_batches(namespace))
+                if b.state is BatchState.COMMITTED]
+
+    def mark_pushed(self, namespace: str, uuids: Iterable[str], now: float | None = None) -> None:
+        at = now or time.time()
+        for u in uuids:
+            self._advance_state(namespace, u, BatchState.PUSHED, at)
+
+    # --- listing and retention ---------------------------------------------------------------
+
+    def list_batches(self, namespace: str) -> list[BatchRecord]:
+        """All batches of the namespace along the prev chain (orphans last)."""
+        return chain_order(self._list_batches(namespace))
+
+    def latest_committed(self, namespace: str) -> BatchRecord | None:
+        committed = [b for b in self.list_batches(namespace)
+                     if b.state.rank >= BatchState.COMMITTED.rank]
+        return committed[-1] if committed else None
+
+    def retention_victims(
+        self, namespace: str, keep_committed: int, minted_older_than_s: float,
+        now: float | None = None,
+    ) -> list[BatchRecord]:
+        """What ``gc`` would delete: committed/pushed batches older than the newest
+        ``keep_committed`` (never one still to push), and minted-but-never-planned UUIDs older
+        than ``minted_older_than_s``. Never the newest batch of the chain."""
+        at = now or time.time()
+        batches = self.list_batches(namespace)
+        done = [b for b in batches if b.state is BatchState.PUSHED]
+        # keep the last N committed; a pushed batch still needed as a start stays (the newest)
+        victims = done[: max(0, len(done) - max(keep_committed, 1))]
+        victims += [b for b in batches
+                    if b.state is BatchState.MINTED and b.manifest is None
+                    and at - b.created_at > minted_older_than_s]
+        return victims
+
+    def gc(
+        self, namespace: str, keep_committed: int, minted_older_than_s: float = 3600.0,
+        now: float | None = None,
+    ) -> list[str]:
+        """Delete by the retention rule (see ``retention_victims``); returns deleted UUIDs."""
+        victims = [b.uuid for b in self.retention_victims(
+            namespace, keep_committed, minted_older_than_s, now)]
+        if victims:
+            self._delete_batches(namespace, victims)
+        return victims
+
+    def __enter__(self) -> MetaStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
