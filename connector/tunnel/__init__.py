@@ -13,6 +13,7 @@ from connector.errors import OptionError
 from connector.tunnel.base import (
     FINISHED,
     ChannelInfo,
+    ChannelLag,
     ChannelStatus,
     ChannelType,
     Checkpoint,
@@ -59,6 +60,7 @@ __all__ = [
     "FINISHED",
     "TUNNEL_BACKENDS",
     "ChannelInfo",
+    "ChannelLag",
     "ChannelStatus",
     "ChannelType",
     "Checkpoint",

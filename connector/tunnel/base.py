@@ -152,6 +152,15 @@ class ReadResult:
 
 
 @dataclass(frozen=True)
+class ChannelLag:
+    """How far a position is behind a channel's head, where the backend can tell."""
+
+    channel_id: str
+    records_behind: int | None
+    seconds_behind: float | None  # age of the oldest unread change; 0.0 when caught up
+
+
+@dataclass(frozen=True)
 class ColumnSpec:
     name: str
     type: str  # INTEGER, DOUBLE, BOOLEAN, STRING, BINARY
@@ -255,6 +264,11 @@ class TunnelService(ABC):
         channel not yet at ``FINISHED`` (reading it would finish it). Called on the driver by
         ``latestOffset`` to skip empty batches.
         """
+        return None
+
+    def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag] | None:
+        """Per channel, how far ``positions`` (channel id -> token) are behind the head;
+        ``None`` when the backend cannot tell. Used by the inspection CLI and dashboard."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
