@@ -184,6 +184,13 @@ class TransientMetaStoreError(MetaStoreError):
     template = "meta store temporarily unavailable: {detail}"
 
 
+class MetaStoreRequestError(MetaStoreError):
+    """The meta store's backend refused a request for a reason retrying will not fix
+    (access denied, validation, an item too large, a read-only or full disk, ...)."""
+
+    template = "meta store {store}: {operation} failed: {reason}"
+
+
 # --- protocol invariants -------------------------------------------------------------------
 
 

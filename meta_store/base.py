@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from connector.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
 
 
-class BatchState(str, enum.Enum):
+class BatchState(str, enum.Enum):  # noqa: UP042 - keep str() as is for callers
     MINTED = "minted"  # returned by latestOffset; may never be used
     PLANNED = "planned"  # manifest written by partitions()
     COMMITTED = "committed"  # Spark committed it (or a later batch)
@@ -63,6 +63,8 @@ class ChannelStart(_Frozen):
     sequence_number: int
     max_records: int
     parent_ids: tuple[str, ...] = ()
+    #: sequence of the last record consumed before this batch (None: none or unknown)
+    last_sequence: str | None = None
 
 
 class Manifest(_Frozen):
@@ -100,6 +102,8 @@ class EndCheckpoint(_Frozen):
     records: int
     attempt: str  # identity of the writing attempt (host/pid/task), for operators
     written_at: float
+    #: sequence of the last record consumed (this batch's or, if it read none, the start's)
+    last_sequence: str | None = None
 
     def same_position(self, other: EndCheckpoint) -> bool:
         """Equal for put-if-absent purposes: who wrote it and when does not matter."""
@@ -128,15 +132,25 @@ def parse_record(model: type[_Frozen], raw: str | bytes, *, store: str, key: str
 
 def chain_order(batches: Iterable[BatchRecord]) -> list[BatchRecord]:
     """Order batches along the prev chain; batches off the chain (never-used UUIDs) follow in
-    creation order. Several roots (e.g. after a tunnel was recreated) each start a chain."""
+    creation order. Several roots (e.g. after a tunnel was recreated) each start a chain.
+
+    A root is a batch whose ``prev_uuid`` is None or not in ``batches`` (its predecessor was
+    garbage-collected). A root that was never used (minted, no manifest, no planned child) is
+    an orphan like any other unplanned sibling, so it goes to the tail, not to the front.
+    """
     by_prev: dict[str | None, list[BatchRecord]] = {}
     all_batches = sorted(batches, key=lambda b: b.created_at)
     uuids = {b.uuid for b in all_batches}
     for b in all_batches:
         by_prev.setdefault(b.prev_uuid if b.prev_uuid in uuids else None, []).append(b)
+
+    def used(b: BatchRecord) -> bool:
+        return b.state.rank >= BatchState.PLANNED.rank or b.manifest is not None
+
     ordered: list[BatchRecord] = []
     seen: set[str] = set()
-    roots = by_prev.get(None, [])
+    roots = [r for r in by_prev.get(None, [])
+             if used(r) or any(used(c) for c in by_prev.get(r.uuid, []))]
     for root in roots:
         node: BatchRecord | None = root
         while node is not None and node.uuid not in seen:
@@ -144,8 +158,8 @@ def chain_order(batches: Iterable[BatchRecord]) -> list[BatchRecord]:
             seen.add(node.uuid)
             # follow the planned child (the one Spark used); unplanned siblings are orphans
             children = [c for c in by_prev.get(node.uuid, []) if c.uuid not in seen]
-            used = [c for c in children if c.state.rank >= BatchState.PLANNED.rank]
-            node = used[0] if used else None
+            planned = [c for c in children if used(c)]
+            node = planned[0] if planned else None
     ordered.extend(b for b in all_batches if b.uuid not in seen)
     return ordered
 
@@ -227,8 +241,8 @@ class MetaStore(ABC):
         """Put-if-absent a batch row (driver: ``latestOffset`` mints; ``initialOffset`` writes
         the initial batch with its manifest). Returns the stored row, which wins over ours."""
         record = BatchRecord(
-            uuid=uuid, prev_uuid=prev_uuid, state=state, created_at=now or time.time(),
-            max_rows=max_rows, manifest=manifest,
+            uuid=uuid, prev_uuid=prev_uuid, state=state,
+            created_at=time.time() if now is None else now, max_rows=max_rows, manifest=manifest,
         )
         return self._put_batch_if_absent(namespace, record)
 
@@ -288,14 +302,19 @@ class MetaStore(ABC):
         """Mark ``uuid`` committed, and every planned ancestor on its prev chain that is not yet
         (Spark commits in order and does not re-send a commit lost in a crash). Returns the
         UUIDs newly marked, oldest first."""
-        at = now or time.time()
+        at = time.time() if now is None else now
         newly: list[str] = []
+        visited: set[str] = set()  # a corrupt prev cycle must not loop forever
         current = self._get_batch(namespace, uuid)
-        while current is not None and current.state.rank < BatchState.COMMITTED.rank:
+        while (current is not None and current.uuid not in visited
+               and current.state.rank < BatchState.COMMITTED.rank):
+            visited.add(current.uuid)
             if current.manifest is not None or current.uuid == uuid:
                 newly.append(current.uuid)
             current = self._get_batch(namespace, current.prev_uuid) if current.prev_uuid else None
-        for i, u in enumerate(reversed(newly)):
+        # oldest first: a crash half-way leaves a committed prefix, and the next call (which
+        # walks back to the first committed ancestor) still finds the rest
+        for u in reversed(newly):
             self._advance_state(namespace, u, BatchState.COMMITTED, at,
                                 spark_batch_id if u == uuid else None)
         return list(reversed(newly))
@@ -306,7 +325,7 @@ class MetaStore(ABC):
                 if b.state is BatchState.COMMITTED]
 
     def mark_pushed(self, namespace: str, uuids: Iterable[str], now: float | None = None) -> None:
-        at = now or time.time()
+        at = time.time() if now is None else now
         for u in uuids:
             self._advance_state(namespace, u, BatchState.PUSHED, at)
 
@@ -328,11 +347,13 @@ class MetaStore(ABC):
         """What ``gc`` would delete: committed/pushed batches older than the newest
         ``keep_committed`` (never one still to push), and minted-but-never-planned UUIDs older
         than ``minted_older_than_s``. Never the newest batch of the chain."""
-        at = now or time.time()
+        at = time.time() if now is None else now
         batches = self.list_batches(namespace)
-        done = [b for b in batches if b.state is BatchState.PUSHED]
-        # keep the last N committed; a pushed batch still needed as a start stays (the newest)
-        victims = done[: max(0, len(done) - max(keep_committed, 1))]
+        # the newest N committed-or-pushed batches stay (at least one: the next batch's start);
+        # of the older ones only pushed batches go, a committed one still has to be pushed
+        done = [b for b in batches if b.state.rank >= BatchState.COMMITTED.rank]
+        older = done[: max(0, len(done) - max(keep_committed, 1))]
+        victims = [b for b in older if b.state is BatchState.PUSHED]
         victims += [b for b in batches
                     if b.state is BatchState.MINTED and b.manifest is None
                     and at - b.created_at > minted_older_than_s]

@@ -266,6 +266,12 @@ class TunnelService(ABC):
         """
         return None
 
+    def head_sequences(self, tunnel_id: str) -> dict[str, str] | None:
+        """Per channel the tunnel knows (any status), the ``Record.sequence`` of its newest
+        record now, ``""`` when it has none; ``None`` when the backend cannot tell. Called on the
+        driver by ``prepareForTriggerAvailableNow`` to fix where an AvailableNow run stops."""
+        return None
+
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag] | None:
         """Per channel, how far ``positions`` (channel id -> token) are behind the head;
         ``None`` when the backend cannot tell. Used by the inspection CLI and dashboard."""

@@ -1,0 +1,131 @@
+"""The Spark data source ``format("tablestore")`` (PySpark Python Data Source API).
+
+Where each piece runs:
+- ``TablestoreDataSource`` is built on the driver when ``load()`` is called; it validates the
+  options (``SourceOptions``) and derives the output schema from the table's declared schema.
+- ``TablestoreStreamReader`` lives in Spark's planning process on the driver, where Spark calls
+  ``initialOffset``, ``latestOffset``, ``partitions``, ``commit`` and
+  ``prepareForTriggerAvailableNow``; it delegates them to ``StreamProtocol``. Spark also pickles
+  the reader to executors to call ``read``, so it holds no live client when pickled.
+- ``read`` runs on executors and delegates to ``connector.reader``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from connector.options import SourceOptions
+from connector.reader import ChannelPartition, iter_partition_records
+from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
+from connector.tunnel import open_tunnel_service
+
+log = logging.getLogger("connector.source")
+
+
+class TablestoreDataSource(DataSource):
+    """``spark.readStream.format("tablestore")``: every change of a table, exactly once."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.source_options = SourceOptions.from_spark(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "tablestore"
+
+    def schema(self) -> StructType:
+        """Called on the driver when no ``.schema(...)`` was given."""
+        with open_tunnel_service(self.source_options.endpoint) as tunnel:
+            return output_schema(tunnel.table_schema(self.source_options.table_name))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TablestoreStreamReader(self.source_options, schema)
+
+
+class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark's handle on one query; see ``connector.protocol`` for the protocol itself."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._protocol: Any = None  # opened on first use in the planning process
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_protocol"] = None  # live clients never travel to executors
+        return state
+
+    @property
+    def protocol(self) -> Any:
+        if self._protocol is None:
+            from connector.protocol import StreamProtocol
+
+            protocol = StreamProtocol(self.options)
+            table = protocol.tunnel.table_schema(self.options.table_name)
+            if self.schema != output_schema(table):
+                check_user_schema(self.schema, table)
+            self._protocol = protocol
+        return self._protocol
+
+    # --- driver (planning process) --------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        return self.protocol.initial_offset()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return self.protocol.latest_offset(start, max_rows)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self.protocol.plan(start, end)
+
+    def commit(self, end: dict) -> None:
+        self.protocol.commit(end)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.protocol.prepare_available_now()
+
+    def stop(self) -> None:
+        if self._protocol is not None:
+            self._protocol.close()
+            self._protocol = None
+
+    # --- executors ----------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ChannelPartition)
+        builder = RecordBatchBuilder(self.schema)
+        yield from builder.batches(iter_partition_records(partition))
+
+
+def register(spark: Any) -> None:
+    """Register ``format("tablestore")`` on ``spark`` (driver).
+
+    Also points Python workers at this interpreter when the user has not chosen one
+    (``PYSPARK_PYTHON``): workers must import this package, which a different interpreter may
+    not have.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    context = spark.sparkContext
+    if getattr(context, "pythonExec", None) in (None, "python3", "python"):
+        context.pythonExec = os.environ["PYSPARK_PYTHON"]
+    spark.dataSource.register(TablestoreDataSource)

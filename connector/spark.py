@@ -1,0 +1,78 @@
+"""Spark environment helpers: Java check, Python worker interpreter, a local session.
+
+PySpark needs a Java 17+ runtime and Python workers running *this* interpreter (with this
+package importable). ``prepare_environment`` makes both true or fails with a clear message;
+``local_session`` builds the local SparkSession used by the CLI jobs, tests and benchmarks.
+Runs in the user's driver process, before a SparkContext exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from connector.errors import JavaMissingError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+JAVA_HINT = (
+    "install a Java 17 (or newer) runtime, e.g. `apt-get install -y openjdk-17-jre-headless`, "
+    "or set JAVA_HOME to one"
+)
+
+
+def java_major_version() -> int:
+    """The major version of the Java runtime Spark would start. Raises ``JavaMissingError``."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise JavaMissingError(detail=f"no Java runtime found (PySpark needs one): {JAVA_HINT}")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except OSError as exc:
+        raise JavaMissingError(detail=f"cannot run {java}: {exc}; {JAVA_HINT}") from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        raise JavaMissingError(detail=f"cannot read the version of {java}; {JAVA_HINT}")
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major  # "1.8" -> 8
+
+
+def prepare_environment() -> None:
+    """Check Java and point PySpark's Python workers at the running interpreter unless the user
+    chose one (``PYSPARK_PYTHON``)."""
+    major = java_major_version()
+    if major < MIN_JAVA:
+        raise JavaMissingError(detail=f"Java {major} found, PySpark 4 needs {MIN_JAVA}+: "
+                               f"{JAVA_HINT}")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
+                  conf: dict[str, str] | None = None) -> SparkSession:
+    """A local SparkSession with the tablestore source registered (driver)."""
+    prepare_environment()
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    from connector.source import register
+
+    register(spark)
+    return spark
