@@ -38,6 +38,11 @@ class CdcError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.fields))
 
+    def __str__(self) -> str:
+        # The rendered message as is: KeyError (a base of the Unknown*Error classes) would
+        # otherwise quote it like a repr.
+        return str(self.args[0]) if self.args else ""
+
 
 # --- options and source identity (driver) -------------------------------------------------
 
@@ -102,7 +107,7 @@ class MalformedTokenError(TunnelError, ValueError):
 
 
 class StaleCheckpointError(TunnelError):
-    """A pushed checkpoint's sequence number is lower than the stored one (OTSSequenceNumberNotMatch)."""
+    """A pushed checkpoint's sequence number is below the stored one (OTSSequenceNumberNotMatch)."""
 
     template = (
         "channel {channel_id!r} of tunnel {tunnel_id!r}: checkpoint sequence {pushed} is lower "

@@ -97,7 +97,7 @@ class SourceOptions(BaseModel):
         parts = urlsplit(value)
         if not parts.scheme:
             raise ValueError("not a URI (expected scheme://...)")
-        if parts.scheme == "local" and not parts.path.startswith("/"):
+        if parts.scheme == "local" and (parts.netloc or not parts.path.startswith("/")):
             raise ValueError("a local endpoint needs an absolute path: local:///abs/path/store.db")
         return value
 
@@ -122,7 +122,8 @@ class SourceOptions(BaseModel):
             if OPTIONS[required][0] not in values:
                 raise OptionError(option=required, value=None, problem="is required",
                                   allowed=OPTIONS[required][1])
-        values.setdefault("meta_store", default_meta_store(values["endpoint"]))
+        if "meta_store" not in values and urlsplit(values["endpoint"]).scheme == "local":
+            values["meta_store"] = default_meta_store(values["endpoint"])
         try:
             return cls(**values)
         except ValidationError as exc:
@@ -130,7 +131,7 @@ class SourceOptions(BaseModel):
             field = str(error["loc"][0]) if error["loc"] else "?"
             option = _FIELD_TO_OPTION.get(field, field)
             raise OptionError(option=option, value=values.get(field),
-                              problem=error["msg"].removeprefix("Value error, "),
+                              problem=_problem(error["msg"]),
                               allowed=OPTIONS.get(option, ("", "see docs/options.md"))[1]) from None
 
     # --- derived facts ----------------------------------------------------------------------
@@ -152,13 +153,21 @@ class SourceOptions(BaseModel):
         return hashlib.sha256(self.source_identity.encode()).hexdigest()[:16]
 
 
+def _problem(message: str) -> str:
+    message = message.removeprefix("Value error, ")
+    if message == "Field required":
+        return "is required for this endpoint"
+    return message
+
+
 def strip_secrets(uri: str) -> str:
     """Drop user info and query parameters that look like credentials from a URI."""
     parts = urlsplit(uri)
     netloc = parts.netloc.rsplit("@", 1)[-1]
+    secret_words = ("secret", "token", "key", "password")
     query = "&".join(
         kv for kv in parts.query.split("&")
-        if kv and not any(s in kv.split("=", 1)[0].lower() for s in ("secret", "token", "key", "password"))
+        if kv and not any(word in kv.split("=", 1)[0].lower() for word in secret_words)
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 

@@ -51,7 +51,8 @@ def open_tunnel_service(uri: str) -> TunnelService:
         module = importlib.import_module(module_name)
     except ImportError as exc:  # an optional SDK is missing
         raise OptionError(
-            option="endpoint", value=uri, problem=f"backend unavailable ({exc})", allowed=install_hint
+            option="endpoint", value=uri, problem=f"backend unavailable ({exc})",
+            allowed=install_hint,
         ) from exc
     return getattr(module, class_name).from_uri(uri)
 

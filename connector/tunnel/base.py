@@ -26,24 +26,24 @@ from typing import Any
 FINISHED = "finished"
 
 
-class TunnelType(str, enum.Enum):
+class TunnelType(enum.StrEnum):
     STREAM = "Stream"
     BASE_AND_STREAM = "BaseAndStream"
 
 
-class StartPosition(str, enum.Enum):
+class StartPosition(enum.StrEnum):
     """Where a new tunnel starts reading the stream (the real service's StartOffsetFlag)."""
 
     EARLIEST = "EARLIEST"
     LATEST = "LATEST"
 
 
-class ChannelType(str, enum.Enum):
+class ChannelType(enum.StrEnum):
     BASE_DATA = "BaseData"
     STREAM = "Stream"
 
 
-class ChannelStatus(str, enum.Enum):
+class ChannelStatus(enum.StrEnum):
     """A channel's status *for one tunnel*; the real service's ``ChannelInfo.channel_status``."""
 
     WAIT = "WAIT"  # not readable yet: a parent (or the base data) is not finished for this tunnel
@@ -53,7 +53,7 @@ class ChannelStatus(str, enum.Enum):
     TERMINATED = "TERMINATED"  # its FINISHED checkpoint has been pushed for this tunnel
 
 
-class Op(str, enum.Enum):
+class Op(enum.StrEnum):
     PUT = "PUT"
     UPDATE = "UPDATE"
     DELETE = "DELETE"

@@ -1,0 +1,1 @@
+"""Contract suites: written once per interface, run by every backend's test module."""

@@ -1,0 +1,89 @@
+"""Option validation: one frozen model, built on the driver; every error names the option."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from connector.errors import OptionError
+from connector.options import SourceOptions, strip_secrets
+from connector.tunnel import StartPosition, TunnelType
+
+BASE = {"endpoint": "local:///data/store.db", "table.name": "orders", "tunnel.name": "t1"}
+
+
+def lower(options: dict[str, str]) -> dict[str, str]:
+    """Spark hands options over with lower-cased keys."""
+    return {k.lower(): v for k, v in options.items()}
+
+
+def test_defaults_and_case_insensitive_keys():
+    opts = SourceOptions.from_spark(lower({**BASE, "maxOffsetsPerChannel": "50",
+                                           "tunnel.type": "basEandstream",
+                                           "startingPosition": "latest",
+                                           "failOnDataLoss": "FALSE"}))
+    assert opts.max_offsets_per_channel == 50
+    assert opts.tunnel_type is TunnelType.BASE_AND_STREAM
+    assert opts.starting_position is StartPosition.LATEST
+    assert opts.fail_on_data_loss is False
+    assert opts.commit_interval == 1 and opts.skip_empty_batches is True
+    assert opts.max_offsets_per_trigger is None
+    # the meta store defaults to a SQLite file beside the store
+    assert opts.meta_store == "sqlite:///data/store.meta.db"
+    assert pickle.loads(pickle.dumps(opts)) == opts
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        ({"maxOffsetsPerChannel": "0"}, ["'maxOffsetsPerChannel'", "'0'", "an integer >= 1"]),
+        ({"maxOffsetsPerChannel": "ten"}, ["'maxOffsetsPerChannel'", "'ten'"]),
+        ({"commitInterval": "-2"}, ["'commitInterval'", "'-2'"]),
+        ({"failOnDataLoss": "yes"}, ["'failOnDataLoss'", "'yes'", "true or false"]),
+        ({"tunnel.type": "Batch"}, ["'tunnel.type'", "'Batch'", "Stream or BaseAndStream"]),
+        ({"startingPosition": "middle"}, ["'startingPosition'", "earliest or latest"]),
+        ({"maxOffsetPerChannel": "5"}, ["unknown option", "did you mean 'maxOffsetsPerChannel'"]),
+        ({"colour": "blue"}, ["'colour'", "unknown option", "no similar option"]),
+        ({"path": "/x"}, ["'path'", "load(path) is not supported"]),
+    ],
+)
+def test_bad_values_name_option_value_and_allowed(extra, fragments):
+    with pytest.raises(OptionError) as info:
+        SourceOptions.from_spark(lower({**BASE, **extra}))
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("missing", ["endpoint", "table.name", "tunnel.name"])
+def test_required_options(missing):
+    options = {k: v for k, v in BASE.items() if k != missing}
+    with pytest.raises(OptionError, match=f"'{missing}': is required"):
+        SourceOptions.from_spark(lower(options))
+
+
+def test_endpoint_must_be_absolute_local_uri():
+    with pytest.raises(OptionError, match="absolute path"):
+        SourceOptions.from_spark({**BASE, "endpoint": "local://relative/store.db"})
+    with pytest.raises(OptionError, match="not a URI"):
+        SourceOptions.from_spark({**BASE, "endpoint": "store.db"})
+
+
+def test_non_local_endpoint_needs_meta_store():
+    with pytest.raises(OptionError, match="'meta.store': is required for this endpoint"):
+        SourceOptions.from_spark({**BASE, "endpoint": "https://instance.example/"})
+
+
+def test_identity_never_carries_secrets():
+    opts = SourceOptions.from_spark({
+        **BASE, "endpoint": "local:///data/store.db?access_key_secret=hunter2&region=x",
+    })
+    assert "hunter2" not in opts.source_identity
+    assert "region=x" in opts.source_identity
+    assert strip_secrets("dynamodb://user:pw@host/t?token=abc&a=1") == "dynamodb://host/t?a=1"
+
+
+def test_option_error_survives_pickling():
+    err = OptionError(option="x", value="1", problem="bad", allowed="good")
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is OptionError and copy.option == "x" and str(copy) == str(err)
