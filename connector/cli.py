@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import typer
+from meta_store.cli import app as meta_app
 
 from connector.local.cli import app as local_app
-from meta_store.cli import app as meta_app
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",

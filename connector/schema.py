@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -161,7 +161,7 @@ class RecordBatchBuilder:
                 "_op": r.op.value,
                 "_channel_id": r.channel_id,
                 "_sequence": r.sequence,
-                "_commit_ts": datetime.fromtimestamp(r.commit_ts_us / 1e6, tz=timezone.utc),
+                "_commit_ts": datetime.fromtimestamp(r.commit_ts_us / 1e6, tz=UTC),
                 "_before": to_json(dict(r.before) if r.before is not None else None),
                 "_extra": to_json(undeclared) if undeclared else None,
             }

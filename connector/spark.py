@@ -53,6 +53,8 @@ def prepare_environment() -> None:
                                f"{JAVA_HINT}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # a local session talks to itself only: bind to loopback, not the host's public address
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",

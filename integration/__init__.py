@@ -1,0 +1,1 @@
+"""Tests and tools that run real processes: Spark restarts, kills, moto servers, a browser."""

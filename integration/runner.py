@@ -1,0 +1,68 @@
+"""Run one tablestore streaming query in its own process until told to stop.
+
+    python -m integration.runner --store /abs/store.db --table t --tunnel n \
+        --checkpoint DIR --sink DIR [--option key=value ...] [--master local[2]]
+
+The query writes into an ``ExactlyOnceParquetSink`` (skips batch ids already committed), so the
+process can be SIGKILLed at any moment and restarted on the same checkpoint. It stops cleanly when
+the file ``--stop-file`` appears, and with ``--available-now`` it stops by itself. Used by the
+restart tests, the fault-injection harness and the benchmarks; it runs as the Spark driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--table", required=True)
+    parser.add_argument("--tunnel", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--sink", required=True)
+    parser.add_argument("--stop-file")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--trigger-ms", type=int, default=0)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+
+    from connector.sinks import ExactlyOnceParquetSink
+    from connector.spark import local_session
+
+    spark = local_session("tablestore-cdc-runner", master=args.master)
+    reader = (spark.readStream.format("tablestore")
+              .option("endpoint", f"local://{Path(args.store).resolve()}")
+              .option("table.name", args.table).option("tunnel.name", args.tunnel))
+    for item in args.option:
+        key, _, value = item.partition("=")
+        reader = reader.option(key, value)
+    writer = (reader.load().writeStream.foreachBatch(ExactlyOnceParquetSink(args.sink))
+              .option("checkpointLocation", args.checkpoint))
+    if args.available_now:
+        writer = writer.trigger(availableNow=True)
+    elif args.trigger_ms:
+        writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
+    query = writer.start()
+    print(f"runner: query {query.id} started", flush=True)
+    stop_file = Path(args.stop_file) if args.stop_file else None
+    while query.isActive:
+        if stop_file is not None and stop_file.exists():
+            query.stop()
+            break
+        time.sleep(0.2)
+    error = query.exception()
+    if error is not None:
+        print(f"runner: query failed: {error}", file=sys.stderr, flush=True)
+        return 1
+    print("runner: stopped cleanly", flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
