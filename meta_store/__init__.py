@@ -43,7 +43,9 @@ def open_meta_store(uri: str) -> MetaStore:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise MetaStoreUriError(uri=uri, reason=f"backend unavailable ({exc}); {install_hint}") from exc
+        raise MetaStoreUriError(
+            uri=uri, reason=f"backend unavailable ({exc}); {install_hint}"
+        ) from exc
     return getattr(module, class_name).from_uri(uri)
 
 

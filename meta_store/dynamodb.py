@@ -1,0 +1,711 @@
+"""DynamoDB meta store: a shared meta table for clusters.
+
+Needs boto3: ``pip install 'tablestore-cdc[dynamodb]'``.
+
+URI: ``dynamodb://TABLE?region=us-east-1&endpoint_url=http://127.0.0.1:5000&create_table=true``
+with these optional query parameters (anything else is refused, naming what is allowed):
+
+- ``region``: AWS region; default: the standard chain (``AWS_DEFAULT_REGION``, the profile);
+- ``endpoint_url``: another endpoint (DynamoDB Local, moto, a VPC endpoint), ``http(s)://host``;
+- ``profile``: a named profile of the shared AWS config/credentials files;
+- ``create_table`` (``true``/``false``, default false): create a missing table
+  (``PAY_PER_REQUEST``) and wait until it is active; without it a missing table raises
+  ``MetaTableMissingError`` on first use;
+- ``retry_mode`` (``standard``/``adaptive``, default standard) and ``max_attempts`` (total
+  attempts per request including the first, default 8): botocore's own retries, with
+  exponential backoff and jitter, for throttling, 5xx and connection errors;
+- ``connect_timeout`` / ``read_timeout`` (seconds, default 5 / 20);
+- ``page_size``: the ``Limit`` of each Query/Scan page (default: DynamoDB's 1 MB pages).
+
+Credentials: only the standard AWS chain (environment, ``profile``, container/instance role).
+A URI that carries credentials (``user:secret@``, ``aws_secret_access_key=``, ``token=``...)
+is refused with ``MetaStoreUriError`` whose message hides the values: the URI travels in Spark
+options, plans and logs, so it must never hold a secret. ``.uri``, ``repr`` and ``str`` show
+only the parameters above.
+
+boto3 sessions are cached per profile for the life of the process (creating one costs
+~50 ms, and executors open a store per ``read()``); credentials are therefore resolved once
+per process and profile, and refreshable ones (roles, SSO) refresh themselves.
+
+Who opens it: the driver's planning process, each executor inside ``read()`` (its
+``put_end_checkpoint``/``get_end_checkpoint`` calls are single-item requests), and the CLI.
+Opening makes no request unless ``create_table=true`` (then one ``DescribeTable``), so many
+executors opening stores do not hit DynamoDB's control-plane limits.
+
+Single-table layout, partition key ``ns`` (the namespace), sort key ``sk``:
+
+- ``B#<uuid>`` batch rows: ``doc`` (the ``BatchRecord`` JSON without the fields below),
+  ``state`` and its numeric ``state_rank``, ``committed_at``, ``pushed_at``,
+  ``spark_batch_id`` and ``manifest``. The manifest is a string (its JSON) or, when that JSON
+  is larger than ``COMPRESS_OVER_BYTES`` (300 KB; items are limited to 400 KB), a binary
+  attribute holding the zlib-compressed JSON. Readers accept both.
+- ``E#<uuid>#<channel id>`` end checkpoints: ``doc`` (the ``EndCheckpoint`` JSON);
+- ``N#info`` the namespace description: ``info`` (a JSON object of strings).
+
+Atomicity: put-if-absent is ``PutItem`` with ``attribute_not_exists(sk)``; the manifest is
+set by one conditional ``UpdateItem`` (``attribute_not_exists(manifest)``) together with the
+state; a state only moves forward (condition ``state_rank < :new``). Every read is strongly
+consistent. Listing uses paginated ``Query``; ``list_namespaces`` a paginated ``Scan`` filtered
+on ``sk = "N#info"``; deletes use ``BatchWriteItem`` and resend ``UnprocessedItems``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+from pydantic import TypeAdapter, ValidationError
+
+from connector.errors import (
+    CorruptMetaRecordError,
+    MetaStoreRequestError,
+    MetaStoreUriError,
+    MetaTableMissingError,
+    TransientMetaStoreError,
+    UnknownBatchError,
+)
+from meta_store.base import (
+    BatchRecord,
+    BatchState,
+    EndCheckpoint,
+    Manifest,
+    MetaStore,
+    parse_record,
+)
+
+log = logging.getLogger(__name__)
+
+#: A manifest whose JSON is larger than this is stored zlib-compressed (binary attribute).
+COMPRESS_OVER_BYTES = 300_000
+#: Hard stop before DynamoDB's 400 KB item limit (the rest of the row is small).
+MAX_MANIFEST_BYTES = 390_000
+
+_PARAMS = ("region", "endpoint_url", "profile", "create_table", "retry_mode", "max_attempts",
+           "connect_timeout", "read_timeout", "page_size")
+#: query keys that look like credentials: refused outright
+_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
+                         r"session|signature|auth", re.IGNORECASE)
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
+_TRANSIENT_CODES = frozenset({
+    "ProvisionedThroughputExceededException", "ThrottlingException", "Throttling",
+    "RequestLimitExceeded", "InternalServerError", "InternalFailure", "ServiceUnavailable",
+    "ServiceUnavailableException", "LimitExceededException", "TransactionInProgressException",
+})
+_INFO = TypeAdapter(dict[str, str])
+_BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_batch_id")
+_BATCH_WRITE_MAX = 25
+_UNPROCESSED_ROUNDS = 10
+
+_sessions: dict[str | None, boto3.session.Session] = {}
+_sessions_lock = threading.Lock()
+
+
+def _session(profile: str | None) -> boto3.session.Session:
+    """A cached boto3 session per profile (creating one reads the SDK's data files)."""
+    with _sessions_lock:
+        if profile not in _sessions:
+            _sessions[profile] = boto3.session.Session(profile_name=profile)
+        return _sessions[profile]
+
+
+class _ConditionFailed(Exception):
+    """Internal: a conditional write found its condition false; ``item`` is the stored row."""
+
+    def __init__(self, item: dict[str, Any] | None) -> None:
+        super().__init__("condition failed")
+        self.item = item
+
+
+def _redact(uri: str) -> str:
+    """The URI for messages: no userinfo, and values of parameters we do not know hidden."""
+    def strip_userinfo(url: str) -> str:
+        netloc = urlsplit(url).netloc
+        return url.replace(netloc, netloc.rpartition("@")[2], 1) if "@" in netloc else url
+
+    try:
+        base, _, rest = uri.partition("?")
+        query = [(k, strip_userinfo(v) if k == "endpoint_url" else v if k in _PARAMS else "***")
+                 for k, v in parse_qsl(rest.partition("#")[0], keep_blank_values=True)]
+        base = strip_userinfo(base)
+        return f"{base}?{urlencode(query, safe='*/:')}" if query else base
+    except ValueError:
+        return "dynamodb://<unparseable URI>"
+
+
+def _s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def _n(value: float | int) -> dict[str, str]:
+    return {"N": repr(value) if isinstance(value, float) else str(value)}
+
+
+class DynamoDbMetaStore(MetaStore):
+    """A meta table in one DynamoDB table (see the module docstring for URI, layout, atomicity).
+    Open with ``from_uri`` or ``meta_store.open_meta_store``; one instance per process (the
+    boto3 client inside is thread-safe)."""
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        create_table: bool = False,
+        retry_mode: str = "standard",
+        max_attempts: int = 8,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 20.0,
+        page_size: int | None = None,
+        uri: str | None = None,
+    ) -> None:
+        given = {"region": region, "endpoint_url": endpoint_url, "profile": profile,
+                 "create_table": "true" if create_table else None,
+                 "retry_mode": retry_mode if retry_mode != "standard" else None,
+                 "max_attempts": max_attempts if max_attempts != 8 else None,
+                 "connect_timeout": connect_timeout if connect_timeout != 5.0 else None,
+                 "read_timeout": read_timeout if read_timeout != 20.0 else None,
+                 "page_size": page_size}
+        query = urlencode({k: v for k, v in given.items() if v is not None}, safe="/:")
+        self.uri = uri or f"dynamodb://{table}" + (f"?{query}" if query else "")
+        self.table = table
+        self.endpoint_url = endpoint_url
+        self.page_size = page_size
+        try:
+            session = _session(profile)
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise MetaStoreUriError(uri=self.uri, reason=f"profile: {exc}") from None
+        self.region = region or session.region_name
+        if not self.region:
+            raise MetaStoreUriError(
+                uri=self.uri, reason="no AWS region: pass region=... in the URI or set "
+                "AWS_DEFAULT_REGION / a profile region",
+            )
+        settings: dict[str, Any] = {
+            "region_name": self.region,
+            "retries": {"mode": retry_mode, "total_max_attempts": max_attempts},
+            "connect_timeout": connect_timeout,
+            "read_timeout": read_timeout,
+            "user_agent_extra": "tablestore-cdc-meta",
+        }
+        try:
+            # the regional endpoint, not the account-based one: works for DynamoDB, for
+            # moto's in-process mock_aws (no endpoint_url) and for DynamoDB Local alike
+            config = Config(**settings, account_id_endpoint_mode="disabled")
+        except TypeError:  # a botocore older than account-based endpoints
+            config = Config(**settings)
+        with _sessions_lock:  # creating clients from one session is not thread-safe
+            self._client: Any = session.client("dynamodb", endpoint_url=endpoint_url,
+                                               config=config)
+        self._closed = False
+        if create_table:
+            self._ensure_table()
+
+    # --- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def from_uri(cls, uri: str) -> DynamoDbMetaStore:
+        """Open ``dynamodb://TABLE?...`` (driver, executors, CLI); see the module docstring."""
+        shown = _redact(uri)
+        try:
+            parts = urlsplit(uri)
+        except ValueError as exc:
+            raise MetaStoreUriError(uri=shown, reason=str(exc)) from None
+        if parts.scheme != "dynamodb":
+            raise MetaStoreUriError(uri=shown, reason="not a dynamodb:// URI")
+        if "@" in parts.netloc:
+            raise MetaStoreUriError(
+                uri=shown, reason="credentials are not accepted in the URI; use the standard "
+                "AWS chain (environment variables, profile=NAME, an instance or task role)",
+            )
+        table = parts.netloc
+        if not table:
+            raise MetaStoreUriError(
+                uri=shown, reason="no table name: use dynamodb://TABLE?region=...",
+            )
+        if not _TABLE_NAME.match(table):
+            raise MetaStoreUriError(
+                uri=shown, reason=f"table name {table!r} is not valid (3-255 characters of "
+                "A-Z a-z 0-9 _ . -)",
+            )
+        if parts.path not in ("", "/") or parts.fragment:
+            raise MetaStoreUriError(
+                uri=shown, reason="nothing may follow the table name but ?parameters",
+            )
+        raw: dict[str, str] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if _SECRET_KEY.search(key) and key not in _PARAMS:
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"parameter {key!r} looks like a credential; credentials "
+                    "are not accepted in the URI (it is shown in logs and Spark plans); use "
+                    "the standard AWS chain (environment variables, profile=NAME, a role)",
+                )
+            if key not in _PARAMS:
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"unknown parameter {key!r}; allowed: "
+                    + ", ".join(_PARAMS),
+                )
+            if key in raw:
+                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} given twice")
+            if not value:
+                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} is empty")
+            raw[key] = value
+        options: dict[str, Any] = {}
+        for key in ("region", "profile"):
+            if key in raw:
+                options[key] = raw[key]
+        if "endpoint_url" in raw:
+            endpoint = urlsplit(raw["endpoint_url"])
+            if endpoint.scheme not in ("http", "https") or not endpoint.hostname:
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"endpoint_url must be http(s)://host[:port], got "
+                    f"{raw['endpoint_url']!r}",
+                )
+            if "@" in endpoint.netloc:
+                raise MetaStoreUriError(
+                    uri=shown, reason="credentials are not accepted in endpoint_url; use the "
+                    "standard AWS chain",
+                )
+            options["endpoint_url"] = raw["endpoint_url"]
+        if "create_table" in raw:
+            flag = raw["create_table"].lower()
+            if flag not in ("true", "false"):
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"create_table must be true or false, got "
+                    f"{raw['create_table']!r}",
+                )
+            options["create_table"] = flag == "true"
+        if "retry_mode" in raw:
+            if raw["retry_mode"] not in ("standard", "adaptive"):
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"retry_mode must be standard or adaptive, got "
+                    f"{raw['retry_mode']!r}",
+                )
+            options["retry_mode"] = raw["retry_mode"]
+        for key, low, high, kind in (("max_attempts", 1, 50, int), ("page_size", 1, 10_000, int),
+                                     ("connect_timeout", 0.001, 600.0, float),
+                                     ("read_timeout", 0.001, 600.0, float)):
+            if key not in raw:
+                continue
+            try:
+                number = kind(raw[key])
+            except ValueError:
+                number = None
+            if number is None or not low <= number <= high:
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"{key} must be a{'n integer' if kind is int else ' number'}"
+                    f" from {low} to {high}, got {raw[key]!r}",
+                )
+            options[key] = number
+        return cls(table, **options)
+
+    def _ensure_table(self) -> None:
+        """``create_table=true``: create the table when missing, wait until active, and check
+        that an existing table has our key schema."""
+        try:
+            description = self._call("DescribeTable", "describe_table", TableName=self.table)
+        except MetaTableMissingError:
+            try:
+                self._call(
+                    "CreateTable", "create_table", TableName=self.table,
+                    BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "ns", "AttributeType": "S"},
+                                          {"AttributeName": "sk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "ns", "KeyType": "HASH"},
+                               {"AttributeName": "sk", "KeyType": "RANGE"}],
+                )
+                log.info("created meta table %s (%s)", self.table, self.uri)
+            except MetaStoreRequestError as exc:
+                if "ResourceInUseException" not in str(exc):  # another process created it
+                    raise
+            try:
+                self._client.get_waiter("table_exists").wait(
+                    TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 300})
+            except botocore.exceptions.WaiterError as exc:
+                raise TransientMetaStoreError(
+                    detail=f"{self.uri}: table {self.table} did not become active: {exc}"
+                ) from None
+            description = self._call("DescribeTable", "describe_table", TableName=self.table)
+        keys = {(k["AttributeName"], k["KeyType"]) for k in description["Table"]["KeySchema"]}
+        if keys != {("ns", "HASH"), ("sk", "RANGE")}:
+            raise MetaStoreUriError(
+                uri=self.uri, reason=f"table {self.table} has key schema {sorted(keys)}, not "
+                "ns (HASH) + sk (RANGE): it is not a tablestore-cdc meta table",
+            )
+
+    # --- request plumbing -----------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The boto3 DynamoDB client (for operators' and tests' botocore event hooks)."""
+        return self._client
+
+    def _location(self) -> str:
+        return f"endpoint {self.endpoint_url}" if self.endpoint_url else f"region {self.region}"
+
+    def _call(self, operation: str, method: str, **kwargs: Any) -> Any:
+        """One DynamoDB request; botocore retries transient failures itself (backoff with
+        jitter). What still fails is mapped to our errors; a false condition raises
+        ``_ConditionFailed`` with the stored item when DynamoDB returned it."""
+        if self._closed:
+            raise MetaStoreRequestError(store=self.uri, operation=operation,
+                                        reason="the store is closed")
+        try:
+            return getattr(self._client, method)(**kwargs)
+        except botocore.exceptions.ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            message = str(error.get("Message", "")) or str(exc)
+            meta = exc.response.get("ResponseMetadata", {})
+            status = int(meta.get("HTTPStatusCode") or 0)
+            if code == "ConditionalCheckFailedException":
+                raise _ConditionFailed(exc.response.get("Item")) from None
+            if code == "ResourceNotFoundException":
+                raise MetaTableMissingError(table=self.table, location=self._location()) from None
+            if code in _TRANSIENT_CODES or status >= 500:
+                raise TransientMetaStoreError(
+                    detail=f"{self.uri}: DynamoDB {operation} failed with {code or status} after "
+                    f"{int(meta.get('RetryAttempts') or 0) + 1} attempt(s): {message}",
+                ) from None
+            if code == "ValidationException" and ("key element does not match" in message
+                                                  or "Missing the key" in message):
+                message += (f" (table {self.table} must have key schema ns (HASH, string) + "
+                            "sk (RANGE, string): is it another application's table?)")
+            raise MetaStoreRequestError(
+                store=self.uri, operation=f"DynamoDB {operation}", reason=f"{code}: {message}",
+            ) from None
+        except (botocore.exceptions.ConnectionError,
+                botocore.exceptions.HTTPClientError) as exc:
+            raise TransientMetaStoreError(
+                detail=f"{self.uri}: DynamoDB {operation} could not reach {self._location()}: "
+                f"{exc}",
+            ) from None
+        except botocore.exceptions.NoCredentialsError:
+            raise MetaStoreRequestError(
+                store=self.uri, operation=f"DynamoDB {operation}",
+                reason="no AWS credentials found; provide them through the standard chain "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile=NAME, an instance or task "
+                "role)",
+            ) from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise MetaStoreRequestError(
+                store=self.uri, operation=f"DynamoDB {operation}", reason=str(exc),
+            ) from None
+
+    def _key(self, namespace: str, sk: str) -> dict[str, dict[str, str]]:
+        return {"ns": _s(namespace), "sk": _s(sk)}
+
+    @staticmethod
+    def _batch_sk(uuid: str) -> str:
+        return f"B#{uuid}"
+
+    def _ends_prefix(self, uuid: str) -> str:
+        if "#" in uuid:
+            raise MetaStoreRequestError(store=self.uri, operation="end checkpoint key",
+                                        reason=f"batch UUID {uuid!r} must not contain '#'")
+        return f"E#{uuid}#"
+
+    def _get_item(self, operation: str, namespace: str, sk: str) -> dict[str, Any] | None:
+        response = self._call(operation, "get_item", TableName=self.table,
+                              Key=self._key(namespace, sk), ConsistentRead=True)
+        item: dict[str, Any] | None = response.get("Item")
+        return item
+
+    def _query(self, operation: str, namespace: str, prefix: str,
+               projection: str | None = None) -> Iterator[dict[str, Any]]:
+        """All items of ``namespace`` whose sort key starts with ``prefix``, page by page."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "ConsistentRead": True,
+            "KeyConditionExpression": "ns = :ns AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":ns": _s(namespace), ":prefix": _s(prefix)},
+        }
+        if projection:
+            kwargs["ProjectionExpression"] = projection
+        if self.page_size:
+            kwargs["Limit"] = self.page_size
+        while True:
+            page = self._call(operation, "query", **kwargs)
+            yield from page.get("Items", [])
+            if not page.get("LastEvaluatedKey"):
+                return
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
+        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
+
+    def _encode_manifest(self, uuid: str, manifest: Manifest) -> dict[str, Any]:
+        raw = manifest.model_dump_json().encode()
+        if len(raw) <= COMPRESS_OVER_BYTES:
+            return {"S": raw.decode()}
+        packed = zlib.compress(raw, 6)
+        if len(packed) > MAX_MANIFEST_BYTES:
+            raise MetaStoreRequestError(
+                store=self.uri, operation="put_manifest",
+                reason=f"batch {uuid!r}: the manifest of {len(manifest.channels)} channels is "
+                f"{len(packed)} bytes even compressed; DynamoDB items are limited to 400 KB "
+                "(use the sqlite backend or read fewer channels per tunnel)",
+            )
+        return {"B": packed}
+
+    def _batch_item(self, namespace: str, record: BatchRecord) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            **self._key(namespace, self._batch_sk(record.uuid)),
+            "doc": _s(record.model_dump_json(exclude=set(_BATCH_STATE_FIELDS))),
+            "state": _s(record.state.value),
+            "state_rank": _n(record.state.rank),
+        }
+        if record.committed_at is not None:
+            item["committed_at"] = _n(record.committed_at)
+        if record.pushed_at is not None:
+            item["pushed_at"] = _n(record.pushed_at)
+        if record.spark_batch_id is not None:
+            item["spark_batch_id"] = _n(record.spark_batch_id)
+        if record.manifest is not None:
+            item["manifest"] = self._encode_manifest(record.uuid, record.manifest)
+        return item
+
+    def _decode_batch(self, namespace: str, item: dict[str, Any]) -> BatchRecord:
+        sk = str(item.get("sk", {}).get("S", "?"))
+        key = f"{namespace}/{sk}"
+        try:
+            fields = json.loads(item["doc"]["S"])
+            if not isinstance(fields, dict):
+                raise ValueError(f"doc is a JSON {type(fields).__name__}, not an object")
+            fields["state"] = item["state"]["S"]
+            for name in ("committed_at", "pushed_at"):
+                if name in item:
+                    fields[name] = float(item[name]["N"])
+            if "spark_batch_id" in item:
+                fields["spark_batch_id"] = int(item["spark_batch_id"]["N"])
+            manifest: Manifest | None = None
+            if "manifest" in item:
+                stored = item["manifest"]
+                raw = zlib.decompress(stored["B"]) if "B" in stored else stored["S"]
+                parsed = parse_record(Manifest, raw, store=self.uri, key=key + "/manifest")
+                assert isinstance(parsed, Manifest)
+                manifest = parsed
+            fields["manifest"] = manifest
+            batch = BatchRecord.model_validate(fields)
+        except CorruptMetaRecordError:
+            raise
+        except KeyError as exc:
+            raise self._corrupt(key, f"attribute {exc} is missing or of the wrong type") from None
+        except ValidationError as exc:
+            raise self._corrupt(key, exc.errors()[0].get("msg", str(exc))) from None
+        except (ValueError, TypeError, zlib.error) as exc:
+            raise self._corrupt(key, str(exc)) from None
+        if sk != self._batch_sk(batch.uuid):
+            raise self._corrupt(key, f"the row holds batch {batch.uuid!r}")
+        return batch
+
+    def _decode_end(self, namespace: str, uuid: str, item: dict[str, Any]) -> EndCheckpoint:
+        sk = str(item.get("sk", {}).get("S", "?"))
+        key = f"{namespace}/{sk}"
+        doc = item.get("doc", {}).get("S")
+        if not isinstance(doc, str):
+            raise self._corrupt(key, "attribute 'doc' (a JSON string) is missing")
+        end = parse_record(EndCheckpoint, doc, store=self.uri, key=key)
+        assert isinstance(end, EndCheckpoint)
+        if sk != self._ends_prefix(uuid) + end.channel_id:
+            raise self._corrupt(key, f"the row holds channel {end.channel_id!r}")
+        return end
+
+    # --- primitives -----------------------------------------------------------------------
+
+    def _put_batch_if_absent(self, namespace: str, record: BatchRecord) -> BatchRecord:
+        item = self._batch_item(namespace, record)
+        for _ in range(3):  # the stored row may be deleted (gc) between put and read
+            try:
+                self._call("create_batch", "put_item", TableName=self.table, Item=item,
+                           ConditionExpression="attribute_not_exists(sk)",
+                           ReturnValuesOnConditionCheckFailure="ALL_OLD")
+                return record
+            except _ConditionFailed as failed:
+                stored = failed.item or self._get_item(
+                    "create_batch", namespace, self._batch_sk(record.uuid))
+                if stored is not None:
+                    return self._decode_batch(namespace, stored)
+        raise TransientMetaStoreError(
+            detail=f"{self.uri}: batch {record.uuid!r} kept appearing and disappearing")
+
+    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
+        item = self._get_item("get_batch", namespace, self._batch_sk(uuid))
+        return None if item is None else self._decode_batch(namespace, item)
+
+    def _set_manifest_if_absent(
+        self, namespace: str, uuid: str, manifest: Manifest
+    ) -> BatchRecord:
+        encoded = self._encode_manifest(uuid, manifest)
+        key = self._key(namespace, self._batch_sk(uuid))
+        try:  # the usual case: a minted row becomes planned with its manifest, in one write
+            response = self._call(
+                "put_manifest", "update_item", TableName=self.table, Key=key,
+                UpdateExpression="SET manifest = :m, #state = :planned, state_rank = :rank",
+                ConditionExpression="attribute_exists(sk) AND attribute_not_exists(manifest)"
+                                    " AND state_rank = :minted",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={
+                    ":m": encoded, ":planned": _s(BatchState.PLANNED.value),
+                    ":rank": _n(BatchState.PLANNED.rank), ":minted": _n(BatchState.MINTED.rank)},
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+            return self._decode_batch(namespace, response["Attributes"])
+        except _ConditionFailed as failed:
+            stored = failed.item or self._get_item("put_manifest", namespace, key["sk"]["S"])
+        if stored is None:
+            raise UnknownBatchError(uuid=uuid, namespace=namespace)
+        if "manifest" in stored:
+            return self._decode_batch(namespace, stored)
+        try:  # a row already past minted without a manifest: set the manifest alone
+            response = self._call(
+                "put_manifest", "update_item", TableName=self.table, Key=key,
+                UpdateExpression="SET manifest = :m",
+                ConditionExpression="attribute_exists(sk) AND attribute_not_exists(manifest)",
+                ExpressionAttributeValues={":m": encoded},
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+            return self._decode_batch(namespace, response["Attributes"])
+        except _ConditionFailed as failed:
+            stored = failed.item or self._get_item("put_manifest", namespace, key["sk"]["S"])
+        if stored is None:
+            raise UnknownBatchError(uuid=uuid, namespace=namespace)
+        return self._decode_batch(namespace, stored)
+
+    def _advance_state(
+        self, namespace: str, uuid: str, state: BatchState, at: float,
+        spark_batch_id: int | None = None,
+    ) -> None:
+        sets = ["#state = :state", "state_rank = :rank"]
+        values: dict[str, Any] = {":state": _s(state.value), ":rank": _n(state.rank)}
+        if state.rank >= BatchState.COMMITTED.rank:
+            sets.append("committed_at = if_not_exists(committed_at, :at)")
+            values[":at"] = _n(at)
+        if state is BatchState.PUSHED:
+            sets.append("pushed_at = if_not_exists(pushed_at, :at)")
+        if spark_batch_id is not None:
+            sets.append("spark_batch_id = if_not_exists(spark_batch_id, :sbid)")
+            values[":sbid"] = _n(spark_batch_id)
+        try:
+            self._call(
+                f"mark {state.value}", "update_item", TableName=self.table,
+                Key=self._key(namespace, self._batch_sk(uuid)),
+                UpdateExpression="SET " + ", ".join(sets),
+                ConditionExpression="attribute_exists(sk) AND state_rank < :rank",
+                ExpressionAttributeNames={"#state": "state"}, ExpressionAttributeValues=values,
+            )
+        except _ConditionFailed:
+            pass  # missing, or already at or past ``state``: never backward
+
+    def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
+        sk = self._ends_prefix(uuid) + end.channel_id
+        for _ in range(3):
+            try:
+                self._call("put_end_checkpoint", "put_item", TableName=self.table,
+                           Item={**self._key(namespace, sk), "doc": _s(end.model_dump_json())},
+                           ConditionExpression="attribute_not_exists(sk)",
+                           ReturnValuesOnConditionCheckFailure="ALL_OLD")
+                return end
+            except _ConditionFailed as failed:
+                stored = failed.item or self._get_item("put_end_checkpoint", namespace, sk)
+                if stored is not None:
+                    return self._decode_end(namespace, uuid, stored)
+        raise TransientMetaStoreError(
+            detail=f"{self.uri}: end checkpoint {sk!r} kept appearing and disappearing")
+
+    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
+        item = self._get_item("get_end_checkpoint", namespace,
+                              self._ends_prefix(uuid) + channel_id)
+        return None if item is None else self._decode_end(namespace, uuid, item)
+
+    def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]:
+        return [self._decode_end(namespace, uuid, item)
+                for item in self._query("get_end_checkpoints", namespace,
+                                        self._ends_prefix(uuid))]
+
+    def _list_batches(self, namespace: str) -> list[BatchRecord]:
+        return [self._decode_batch(namespace, item)
+                for item in self._query("list_batches", namespace, "B#")]
+
+    def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
+        unique = list(dict.fromkeys(uuids))
+        end_keys = [item["sk"]["S"] for u in unique
+                    for item in self._query("gc", namespace, self._ends_prefix(u), "sk")]
+        self._batch_delete(namespace, end_keys)  # ends first: no end outlives its batch
+        self._batch_delete(namespace, [self._batch_sk(u) for u in unique])
+
+    def _batch_delete(self, namespace: str, sort_keys: list[str]) -> None:
+        for i in range(0, len(sort_keys), _BATCH_WRITE_MAX):
+            requests: list[dict[str, Any]] = [
+                {"DeleteRequest": {"Key": self._key(namespace, sk)}}
+                for sk in sort_keys[i:i + _BATCH_WRITE_MAX]]
+            for round_ in range(_UNPROCESSED_ROUNDS):
+                response = self._call("gc", "batch_write_item",
+                                      RequestItems={self.table: requests})
+                requests = response.get("UnprocessedItems", {}).get(self.table, [])
+                if not requests:
+                    break
+                # DynamoDB accepted part of the batch (throttled): resend the rest after a
+                # jittered backoff; botocore does not resend UnprocessedItems by itself
+                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** round_)))
+            else:
+                raise TransientMetaStoreError(
+                    detail=f"{self.uri}: gc: {len(requests)} deletes still unprocessed after "
+                    f"{_UNPROCESSED_ROUNDS} rounds",
+                )
+
+    def list_namespaces(self) -> list[str]:
+        """Namespaces that have a description (``set_namespace_info``), sorted: a paginated
+        Scan filtered on ``sk = "N#info"``. CLI, read-only; it reads the whole table."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "ConsistentRead": True, "ProjectionExpression": "ns",
+            "FilterExpression": "sk = :info", "ExpressionAttributeValues": {":info": _s("N#info")},
+        }
+        if self.page_size:
+            kwargs["Limit"] = self.page_size
+        found: set[str] = set()
+        while True:
+            page = self._call("list_namespaces", "scan", **kwargs)
+            found.update(item["ns"]["S"] for item in page.get("Items", []))
+            if not page.get("LastEvaluatedKey"):
+                return sorted(found)
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
+        payload = json.dumps(_INFO.validate_python(dict(info)), sort_keys=True)
+        self._call("set_namespace_info", "put_item", TableName=self.table,
+                   Item={**self._key(namespace, "N#info"), "info": _s(payload)})
+
+    def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
+        item = self._get_item("get_namespace_info", namespace, "N#info")
+        if item is None:
+            return None
+        try:
+            return _INFO.validate_json(item["info"]["S"])
+        except (KeyError, ValidationError) as exc:
+            raise self._corrupt(f"{namespace}/N#info",
+                                str(exc).splitlines()[0]) from None
+
+    def close(self) -> None:
+        """Close the client's connection pool (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._client.close()
+
+    def __repr__(self) -> str:
+        return f"DynamoDbMetaStore(uri={self.uri!r})"
+
+    __str__ = __repr__

@@ -1,0 +1,502 @@
+"""SQLite meta store: the embedded default for one machine (driver + local executors).
+
+URI: ``sqlite:///abs/path/meta.db`` with optional query parameters
+
+- ``busy_timeout_ms`` (default 10000): how long one statement waits for another process's
+  write lock before SQLite gives up with "database is locked";
+- ``lock_retries`` (default 3): how many more times a whole transaction is tried after that,
+  with a short jittered pause, before ``TransientMetaStoreError`` is raised.
+
+The path must be absolute and its directory must exist; the file and the schema are created
+when absent. Who opens it: the driver's planning process (``latestOffset``, ``partitions``,
+``commit``), every executor inside ``read()`` (to claim end checkpoints), and the inspection
+CLI. Each process opens its own connection; the file is shared.
+
+Concurrency and atomicity: the file is in WAL mode (readers never block the writer), every
+write is one ``BEGIN IMMEDIATE`` transaction (the write lock is taken up front, so two writers
+never deadlock on a lock upgrade), and put-if-absent is ``INSERT OR IGNORE`` followed by a read
+of the stored row inside that same transaction: of N concurrent claimers exactly one row is
+written and all N see it. ``synchronous=FULL``: a committed claim survives a power loss, which
+exactly-once replay depends on. A manifest is written in the same statement as the state
+change, so no half-written batch is ever visible.
+
+Layout (schema version ``SCHEMA_VERSION``, recorded in ``cdc_meta_schema``):
+
+- ``cdc_batches(ns, uuid, created_at, state_rank, record, manifest)``: ``record`` is the
+  ``BatchRecord`` JSON without its manifest, ``manifest`` the ``Manifest`` JSON or NULL;
+- ``cdc_end_checkpoints(ns, uuid, channel_id, record)``: ``record`` is the ``EndCheckpoint`` JSON;
+- ``cdc_namespaces(ns, info)``: the namespace description, a JSON object of strings.
+
+A file that is not a meta store of ours (not SQLite, another application's database, a newer
+schema) is refused at open with ``MetaStoreUriError``; a row that does not decode raises
+``CorruptMetaRecordError`` when read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from pydantic import TypeAdapter, ValidationError
+
+from connector.errors import (
+    CorruptMetaRecordError,
+    MetaStoreRequestError,
+    MetaStoreUriError,
+    TransientMetaStoreError,
+    UnknownBatchError,
+)
+from meta_store.base import (
+    BatchRecord,
+    BatchState,
+    EndCheckpoint,
+    Manifest,
+    MetaStore,
+    parse_record,
+)
+
+T = TypeVar("T")
+
+#: Marker and version of our schema; a file with another product or a newer version is refused.
+PRODUCT = "tablestore-cdc-meta"
+SCHEMA_VERSION = 1
+
+_SCHEMA_TABLE = "cdc_meta_schema"
+#: table -> its columns, in order; checked at open so a same-named foreign table is refused
+_TABLES: dict[str, tuple[str, ...]] = {
+    _SCHEMA_TABLE: ("key", "value"),
+    "cdc_batches": ("ns", "uuid", "created_at", "state_rank", "record", "manifest"),
+    "cdc_end_checkpoints": ("ns", "uuid", "channel_id", "record"),
+    "cdc_namespaces": ("ns", "info"),
+}
+_DDL = (
+    f"CREATE TABLE {_SCHEMA_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE cdc_batches (ns TEXT NOT NULL, uuid TEXT NOT NULL, created_at REAL NOT NULL,"
+    " state_rank INTEGER NOT NULL, record TEXT NOT NULL, manifest TEXT,"
+    " PRIMARY KEY (ns, uuid))",
+    "CREATE TABLE cdc_end_checkpoints (ns TEXT NOT NULL, uuid TEXT NOT NULL,"
+    " channel_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (ns, uuid, channel_id))",
+    "CREATE TABLE cdc_namespaces (ns TEXT PRIMARY KEY, info TEXT NOT NULL)",
+)
+
+_DEFAULTS = {"busy_timeout_ms": 10_000, "lock_retries": 3}
+_LIMITS = {"busy_timeout_ms": (1, 600_000), "lock_retries": (0, 100)}
+#: SQLite result codes (primary, low byte) meaning "another connection holds the lock"
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_INFO = TypeAdapter(dict[str, str])
+#: rows per ``IN (...)`` list when deleting (well under SQLite's variable limit)
+_DELETE_CHUNK = 500
+
+
+class _Locked(Exception):
+    """Internal: the transaction met "database is locked" after the busy timeout."""
+
+
+def _is_locked(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return True
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text or "is locked" in text
+
+
+def _redact(uri: str) -> str:
+    """The URI for messages: values of query parameters we do not know are hidden."""
+    base, _, rest = uri.partition("?")
+    if not rest:
+        return uri
+    query = [(k, v if k in _DEFAULTS else "***")
+             for k, v in parse_qsl(rest.partition("#")[0], keep_blank_values=True)]
+    return f"{base}?{urlencode(query, safe='*/:')}"
+
+
+class SqliteMetaStore(MetaStore):
+    """A meta table in one SQLite file (see the module docstring for the layout and the
+    concurrency rules). Open with ``from_uri`` or ``meta_store.open_meta_store``; one instance
+    per process, usable from several threads of that process (calls are serialized)."""
+
+    def __init__(self, path: str, *, busy_timeout_ms: int = 10_000, lock_retries: int = 3,
+                 uri: str | None = None) -> None:
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self.lock_retries = lock_retries
+        query = {k: v for k, v in (("busy_timeout_ms", busy_timeout_ms),
+                                   ("lock_retries", lock_retries)) if v != _DEFAULTS[k]}
+        self.uri = uri or ("sqlite://" + path + (f"?{urlencode(query)}" if query else ""))
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self._conn = sqlite3.connect(
+                path, timeout=busy_timeout_ms / 1000.0, isolation_level=None,
+                check_same_thread=False,
+            )
+            self._run("open", self._init_schema)
+        except MetaStoreUriError:
+            self.close()
+            raise
+        except (sqlite3.Error, CorruptMetaRecordError, MetaStoreRequestError) as exc:
+            self.close()
+            reason = getattr(exc, "reason", None) or str(exc)
+            raise MetaStoreUriError(uri=self.uri, reason=f"cannot open {path}: {reason}") from None
+
+    # --- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def from_uri(cls, uri: str) -> SqliteMetaStore:
+        """Open ``sqlite:///abs/path/meta.db[?busy_timeout_ms=..&lock_retries=..]``
+        (driver, executors, CLI). Creates the file and schema when absent."""
+        shown = _redact(uri)
+        parts = urlsplit(uri)
+        if parts.scheme != "sqlite":
+            raise MetaStoreUriError(uri=shown, reason="not a sqlite:// URI")
+        if parts.netloc:
+            raise MetaStoreUriError(
+                uri=shown, reason=f"the path must be absolute: sqlite:///abs/path/meta.db (three "
+                f"slashes); {parts.netloc!r} was read as a host name",
+            )
+        path = unquote(parts.path)
+        if not path or not os.path.isabs(path) or path.endswith("/"):
+            raise MetaStoreUriError(
+                uri=shown, reason="the path must be an absolute file path, as in "
+                "sqlite:///abs/path/meta.db",
+            )
+        if parts.fragment:
+            raise MetaStoreUriError(uri=shown, reason="a fragment (#...) is not allowed")
+        options: dict[str, int] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key not in _DEFAULTS:
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"unknown parameter {key!r}; allowed: "
+                    + ", ".join(sorted(_DEFAULTS)),
+                )
+            if key in options:
+                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} given twice")
+            low, high = _LIMITS[key]
+            try:
+                number = int(value)
+            except ValueError:
+                number = low - 1
+            if not low <= number <= high:
+                raise MetaStoreUriError(
+                    uri=shown, reason=f"parameter {key!r} must be an integer from {low} to "
+                    f"{high}, got {value!r}",
+                )
+            options[key] = number
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            raise MetaStoreUriError(
+                uri=shown, reason=f"directory {directory!r} does not exist; create it first",
+            )
+        if os.path.isdir(path):
+            raise MetaStoreUriError(uri=shown, reason=f"{path!r} is a directory, not a file")
+        return cls(
+            path,
+            busy_timeout_ms=options.get("busy_timeout_ms", _DEFAULTS["busy_timeout_ms"]),
+            lock_retries=options.get("lock_retries", _DEFAULTS["lock_retries"]),
+        )
+
+    def _init_schema(self, conn: sqlite3.Connection) -> None:
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise MetaStoreUriError(
+                    uri=self.uri, reason=f"cannot switch {self.path} to WAL mode (got {mode!r}); "
+                    "put the file on a local file system",
+                )
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._check_or_create(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _check_or_create(self, conn: sqlite3.Connection) -> None:
+        tables = {row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+        if _SCHEMA_TABLE not in tables:
+            if tables:
+                raise MetaStoreUriError(
+                    uri=self.uri, reason=f"{self.path} is an SQLite database but not a "
+                    f"tablestore-cdc meta store (it has tables {', '.join(sorted(tables))} and no "
+                    f"{_SCHEMA_TABLE}); use a new file",
+                )
+            for statement in _DDL:
+                conn.execute(statement)
+            conn.executemany(
+                f"INSERT INTO {_SCHEMA_TABLE} (key, value) VALUES (?, ?)",
+                [("product", PRODUCT), ("schema_version", str(SCHEMA_VERSION))],
+            )
+            return
+        for table, columns in _TABLES.items():
+            found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+            if found != columns:
+                raise MetaStoreUriError(
+                    uri=self.uri, reason=f"{self.path}: table {table} has columns "
+                    f"{list(found) or 'none (missing)'}, expected {list(columns)}; this file is "
+                    "not a tablestore-cdc meta store or it is damaged",
+                )
+        marker = dict(conn.execute(f"SELECT key, value FROM {_SCHEMA_TABLE}").fetchall())
+        if marker.get("product") != PRODUCT:
+            raise MetaStoreUriError(
+                uri=self.uri, reason=f"{self.path}: schema marker says product "
+                f"{marker.get('product')!r}, expected {PRODUCT!r}; not a tablestore-cdc meta store",
+            )
+        version = marker.get("schema_version", "")
+        if not version.isdigit() or int(version) != SCHEMA_VERSION:
+            raise MetaStoreUriError(
+                uri=self.uri, reason=f"{self.path} has meta-store schema version {version!r}; "
+                f"this package reads version {SCHEMA_VERSION} (upgrade tablestore-cdc to open a "
+                "newer file)",
+            )
+
+    # --- transaction plumbing -------------------------------------------------------------
+
+    def _run(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` (one statement or one whole transaction) with bounded retries when the
+        lock is still held by another process after ``busy_timeout_ms``."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise MetaStoreRequestError(store=self.uri, operation=operation,
+                                            reason="the store is closed")
+            for attempt in range(self.lock_retries + 1):
+                try:
+                    return fn(conn)
+                except BaseException as exc:
+                    # whatever failed (SQLite, a corrupt row, an interrupt): release the lock
+                    if conn.in_transaction:
+                        try:
+                            conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass
+                    if not isinstance(exc, sqlite3.Error):
+                        raise
+                    if not _is_locked(exc):
+                        raise MetaStoreRequestError(
+                            store=self.uri, operation=operation, reason=str(exc)) from None
+                if attempt < self.lock_retries:
+                    time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+            raise TransientMetaStoreError(
+                detail=f"{self.uri}: {operation}: database is locked by another process "
+                f"({self.lock_retries + 1} attempts of {self.busy_timeout_ms} ms each)",
+            )
+
+    def _write(self, operation: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` inside ``BEGIN IMMEDIATE ... COMMIT`` (retried whole when locked)."""
+
+        def transaction(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            result = fn(conn)
+            conn.execute("COMMIT")
+            return result
+
+        return self._run(operation, transaction)
+
+    # --- row decoding ---------------------------------------------------------------------
+
+    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
+        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
+
+    def _decode_batch(self, namespace: str, uuid: str, record: Any,
+                      manifest: Any) -> BatchRecord:
+        key = f"{namespace}/batch/{uuid}"
+        if not isinstance(record, str | bytes):
+            raise self._corrupt(key, f"record column holds {type(record).__name__}, not JSON")
+        batch = parse_record(BatchRecord, record, store=self.uri, key=key)
+        assert isinstance(batch, BatchRecord)
+        if batch.uuid != uuid:
+            raise self._corrupt(key, f"the row holds batch {batch.uuid!r}")
+        if manifest is not None:
+            if not isinstance(manifest, str | bytes):
+                raise self._corrupt(key, f"manifest column holds {type(manifest).__name__}")
+            parsed = parse_record(Manifest, manifest, store=self.uri, key=key + "/manifest")
+            batch = batch.model_copy(update={"manifest": parsed})
+        return batch
+
+    def _decode_end(self, namespace: str, uuid: str, channel_id: str, record: Any) -> EndCheckpoint:
+        key = f"{namespace}/end/{uuid}/{channel_id}"
+        if not isinstance(record, str | bytes):
+            raise self._corrupt(key, f"record column holds {type(record).__name__}, not JSON")
+        end = parse_record(EndCheckpoint, record, store=self.uri, key=key)
+        assert isinstance(end, EndCheckpoint)
+        if end.channel_id != channel_id:
+            raise self._corrupt(key, f"the row holds channel {end.channel_id!r}")
+        return end
+
+    @staticmethod
+    def _batch_json(batch: BatchRecord) -> str:
+        return batch.model_dump_json(exclude={"manifest"})
+
+    def _select_batch(self, conn: sqlite3.Connection, namespace: str,
+                      uuid: str) -> BatchRecord | None:
+        row = conn.execute(
+            "SELECT record, manifest FROM cdc_batches WHERE ns = ? AND uuid = ?",
+            (namespace, uuid),
+        ).fetchone()
+        return None if row is None else self._decode_batch(namespace, uuid, row[0], row[1])
+
+    # --- primitives -----------------------------------------------------------------------
+
+    def _put_batch_if_absent(self, namespace: str, record: BatchRecord) -> BatchRecord:
+        manifest = record.manifest.model_dump_json() if record.manifest is not None else None
+
+        def put(conn: sqlite3.Connection) -> BatchRecord:
+            conn.execute(
+                "INSERT OR IGNORE INTO cdc_batches"
+                " (ns, uuid, created_at, state_rank, record, manifest)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (namespace, record.uuid, record.created_at, record.state.rank,
+                 self._batch_json(record), manifest),
+            )
+            stored = self._select_batch(conn, namespace, record.uuid)
+            assert stored is not None
+            return stored
+
+        return self._write("create_batch", put)
+
+    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
+        return self._run("get_batch", lambda conn: self._select_batch(conn, namespace, uuid))
+
+    def _set_manifest_if_absent(
+        self, namespace: str, uuid: str, manifest: Manifest
+    ) -> BatchRecord:
+        def put(conn: sqlite3.Connection) -> BatchRecord:
+            stored = self._select_batch(conn, namespace, uuid)
+            if stored is None:
+                raise UnknownBatchError(uuid=uuid, namespace=namespace)
+            if stored.manifest is not None:
+                return stored
+            state = BatchState.PLANNED if stored.state is BatchState.MINTED else stored.state
+            updated = stored.model_copy(update={"manifest": manifest, "state": state})
+            conn.execute(
+                "UPDATE cdc_batches SET record = ?, manifest = ?, state_rank = ?"
+                " WHERE ns = ? AND uuid = ? AND manifest IS NULL",
+                (self._batch_json(updated), manifest.model_dump_json(), state.rank,
+                 namespace, uuid),
+            )
+            return updated
+
+        return self._write("put_manifest", put)
+
+    def _advance_state(
+        self, namespace: str, uuid: str, state: BatchState, at: float,
+        spark_batch_id: int | None = None,
+    ) -> None:
+        def advance(conn: sqlite3.Connection) -> None:
+            stored = self._select_batch(conn, namespace, uuid)
+            if stored is None or stored.state.rank >= state.rank:
+                return
+            update: dict[str, Any] = {"state": state}
+            if state.rank >= BatchState.COMMITTED.rank and stored.committed_at is None:
+                update["committed_at"] = at
+            if state is BatchState.PUSHED and stored.pushed_at is None:
+                update["pushed_at"] = at
+            if spark_batch_id is not None and stored.spark_batch_id is None:
+                update["spark_batch_id"] = spark_batch_id
+            updated = stored.model_copy(update=update)
+            conn.execute(
+                "UPDATE cdc_batches SET record = ?, state_rank = ?"
+                " WHERE ns = ? AND uuid = ? AND state_rank < ?",
+                (self._batch_json(updated), state.rank, namespace, uuid, state.rank),
+            )
+
+        self._write(f"mark {state.value}", advance)
+
+    def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
+        def put(conn: sqlite3.Connection) -> EndCheckpoint:
+            conn.execute(
+                "INSERT OR IGNORE INTO cdc_end_checkpoints (ns, uuid, channel_id, record)"
+                " VALUES (?, ?, ?, ?)",
+                (namespace, uuid, end.channel_id, end.model_dump_json()),
+            )
+            row = conn.execute(
+                "SELECT record FROM cdc_end_checkpoints WHERE ns = ? AND uuid = ?"
+                " AND channel_id = ?", (namespace, uuid, end.channel_id),
+            ).fetchone()
+            return self._decode_end(namespace, uuid, end.channel_id, row[0])
+
+        return self._write("put_end_checkpoint", put)
+
+    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
+        def get(conn: sqlite3.Connection) -> EndCheckpoint | None:
+            row = conn.execute(
+                "SELECT record FROM cdc_end_checkpoints WHERE ns = ? AND uuid = ?"
+                " AND channel_id = ?", (namespace, uuid, channel_id),
+            ).fetchone()
+            return None if row is None else self._decode_end(namespace, uuid, channel_id, row[0])
+
+        return self._run("get_end_checkpoint", get)
+
+    def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]:
+        rows = self._run("get_end_checkpoints", lambda conn: conn.execute(
+            "SELECT channel_id, record FROM cdc_end_checkpoints WHERE ns = ? AND uuid = ?"
+            " ORDER BY channel_id", (namespace, uuid),
+        ).fetchall())
+        return [self._decode_end(namespace, uuid, channel, record) for channel, record in rows]
+
+    def _list_batches(self, namespace: str) -> list[BatchRecord]:
+        rows = self._run("list_batches", lambda conn: conn.execute(
+            "SELECT uuid, record, manifest FROM cdc_batches WHERE ns = ?"
+            " ORDER BY created_at, uuid", (namespace,),
+        ).fetchall())
+        return [self._decode_batch(namespace, uuid, record, manifest)
+                for uuid, record, manifest in rows]
+
+    def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
+        unique = list(dict.fromkeys(uuids))
+
+        def delete(conn: sqlite3.Connection) -> None:
+            for table in ("cdc_end_checkpoints", "cdc_batches"):  # ends first
+                for i in range(0, len(unique), _DELETE_CHUNK):
+                    chunk = unique[i:i + _DELETE_CHUNK]
+                    marks = ", ".join("?" * len(chunk))
+                    conn.execute(f"DELETE FROM {table} WHERE ns = ? AND uuid IN ({marks})",
+                                 (namespace, *chunk))
+
+        if unique:
+            self._write("gc", delete)
+
+    def list_namespaces(self) -> list[str]:
+        """Namespaces that have a description (``set_namespace_info``), sorted. CLI, read-only."""
+        rows = self._run("list_namespaces", lambda conn: conn.execute(
+            "SELECT ns FROM cdc_namespaces ORDER BY ns").fetchall())
+        return [row[0] for row in rows]
+
+    def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
+        payload = json.dumps(_INFO.validate_python(dict(info)), sort_keys=True)
+        self._write("set_namespace_info", lambda conn: conn.execute(
+            "INSERT INTO cdc_namespaces (ns, info) VALUES (?, ?)"
+            " ON CONFLICT (ns) DO UPDATE SET info = excluded.info", (namespace, payload),
+        ))
+
+    def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
+        row = self._run("get_namespace_info", lambda conn: conn.execute(
+            "SELECT info FROM cdc_namespaces WHERE ns = ?", (namespace,)).fetchone())
+        if row is None:
+            return None
+        try:
+            return _INFO.validate_json(row[0])
+        except (ValidationError, TypeError) as exc:
+            raise self._corrupt(f"{namespace}/info", str(exc).splitlines()[0]) from None
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteMetaStore(uri={self.uri!r})"
+
+    __str__ = __repr__
