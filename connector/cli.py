@@ -2,15 +2,19 @@
 
 - ``tablestore-cdc local ...``    the embedded store (connector/local/cli.py)
 - ``tablestore-cdc meta ...``     meta-table inspection (meta_store/cli.py)
+- ``tablestore-cdc progress``     the progress feed as JSON lines (meta_store/cli.py)
+- ``tablestore-cdc dashboard``    the progress dashboard web page (meta_store/dashboard)
 - ``tablestore-cdc demo`` / ``replicate``  the main job (connector/job.py)
 """
 
 from __future__ import annotations
 
 import typer
-from meta_store.cli import app as meta_app
 
 from connector.local.cli import app as local_app
+from meta_store.cli import app as meta_app
+from meta_store.cli import progress_command
+from meta_store.dashboard import dashboard_command
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
@@ -19,6 +23,8 @@ app = typer.Typer(
 )
 app.add_typer(local_app, name="local")
 app.add_typer(meta_app, name="meta")
+app.command("progress")(progress_command)
+app.command("dashboard")(dashboard_command)
 
 
 if __name__ == "__main__":

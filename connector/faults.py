@@ -18,6 +18,7 @@ POINTS = (
     "after_latest_offset",  # driver: end UUID minted, before Spark writes its offset log
     "mid_read",  # executor: end checkpoint claimed, before rows are handed out
     "mid_commit_push",  # driver: some channels' checkpoints pushed, others not
+    "after_sink_write",  # driver (foreachBatch): batch stored, Spark's commit log not written
 )
 
 

@@ -17,7 +17,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -169,7 +169,8 @@ def strip_secrets(uri: str) -> str:
         kv for kv in parts.query.split("&")
         if kv and not any(word in kv.split("=", 1)[0].lower() for word in secret_words)
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    # not urlunsplit: it turns "local:///abs" into "local:/abs"
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def default_meta_store(endpoint: str) -> str:

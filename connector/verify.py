@@ -123,3 +123,9 @@ def _normal(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if row is None:
         return None
     return {k: v for k, v in row.items() if v is not None}
+
+
+def rows_by_key(rows: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
+                ) -> dict[str, Mapping[str, Any]]:
+    """(primary key, attribute columns) pairs -> the ``source_rows`` mapping of ``verify``."""
+    return {key_of(pk): attrs for pk, attrs in rows}

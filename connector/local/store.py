@@ -594,6 +594,15 @@ class LocalTablestore:
             ).fetchone()
         return loads_values(row[0]) if row else None
 
+    def scan(self, table: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Every live row as (primary key, attribute columns); for verification and demos."""
+        with self.transaction() as conn:
+            self.require_table(conn, table)
+            rows = conn.execute(
+                "SELECT pk, attrs FROM cdc_rows WHERE table_name = ?", (table,)
+            ).fetchall()
+        return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
+
     def count_rows(self, table: str) -> int:
         with self.transaction() as conn:
             self.require_table(conn, table)

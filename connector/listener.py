@@ -1,0 +1,156 @@
+"""``ProgressListener``: a Spark query's own progress joins the progress feed.
+
+Usage (driver, before or after ``start()``)::
+
+    from connector.listener import ProgressListener
+    spark.streams.addListener(ProgressListener("sqlite:///data/orders.meta.db"))
+
+Spark calls ``onQueryProgress`` on the driver (PySpark forwards the JVM listener bus event to this
+Python process) after each micro-batch. For every source of the query whose end offset is one
+of ours (``{"uuid": ..., "source": namespace}``), the listener stores an entry — batch id, input
+and processed rows/s, batch duration, query id — keyed by the batch's end UUID, with
+``meta_store.feed.record_query_progress`` (a companion record in the meta store, so it works on
+every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join it to the
+batch with that UUID.
+
+A listener failure never breaks the query: every callback catches everything, logs one warning
+and counts it in ``errors``. Pass the same meta-store URI the query uses (``meta.store``, or for
+a local endpoint its default ``sqlite:///<store>.meta.db``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger("connector.listener")
+
+
+def _number(value: Any) -> float | None:
+    """A finite float or None (Spark leaves NaN/infinite rates out or sends them as NaN)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _as_dict(progress: Any) -> dict[str, Any]:
+    """A ``StreamingQueryProgress`` (listener event) or a ``lastProgress`` dict, as a dict."""
+    if isinstance(progress, Mapping):
+        return dict(progress)
+    text = getattr(progress, "json", None)
+    if isinstance(text, str):
+        return json.loads(text)
+    raise TypeError(f"not a streaming query progress: {type(progress).__name__}")
+
+
+def _offset(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def progress_entries(progress: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(namespace, entry)`` for each tablestore source in one progress report.
+
+    ``entry`` holds: uuid (the batch's end offset UUID), batch_id, query_id, run_id, name,
+    timestamp (Spark's ISO string), recorded_at (epoch s), num_input_rows (this source's),
+    input_rows_per_second, processed_rows_per_second, batch_duration_ms (triggerExecution).
+    """
+    p = _as_dict(progress)
+    durations = p.get("durationMs") or {}
+    out = []
+    for source in p.get("sources") or []:
+        end = _offset(source.get("endOffset"))
+        if not end or not isinstance(end.get("uuid"), str) or not isinstance(
+                end.get("source"), str):
+            continue  # another kind of source
+        rows = source.get("numInputRows", p.get("numInputRows"))
+        duration = _number(durations.get("triggerExecution"))
+        out.append((end["source"], {
+            "uuid": end["uuid"],
+            "batch_id": int(p["batchId"]) if p.get("batchId") is not None else None,
+            "query_id": str(p.get("id")) if p.get("id") is not None else None,
+            "run_id": str(p.get("runId")) if p.get("runId") is not None else None,
+            "name": p.get("name"),
+            "timestamp": p.get("timestamp"),
+            "recorded_at": time.time(),
+            "num_input_rows": int(rows) if rows is not None else None,
+            "input_rows_per_second": _number(source.get("inputRowsPerSecond",
+                                                        p.get("inputRowsPerSecond"))),
+            "processed_rows_per_second": _number(source.get("processedRowsPerSecond",
+                                                            p.get("processedRowsPerSecond"))),
+            "batch_duration_ms": int(duration) if duration is not None else None,
+        }))
+    return out
+
+
+class ProgressListener(StreamingQueryListener):
+    """Records each batch's Spark progress in the meta store at ``meta_uri`` (driver).
+
+    One instance may serve several queries. The meta store is opened on the first event and kept;
+    ``close()`` releases it.
+    """
+
+    def __init__(self, meta_uri: str) -> None:
+        self.meta_uri = meta_uri
+        self.errors = 0
+        self.recorded = 0
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's API names
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        try:
+            self.record(event.progress)
+        except Exception as exc:  # a listener must never break the query
+            self.errors += 1
+            log.warning("progress listener could not record batch progress in %s: %s",
+                        self.meta_uri, exc)
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def record(self, progress: Any) -> int:
+        """Store the entries of one progress report (a ``StreamingQueryProgress`` or a
+        ``lastProgress`` dict); returns how many were stored. Raises on failure."""
+        from meta_store import open_meta_store
+        from meta_store.feed import record_query_progress
+
+        entries = progress_entries(progress)
+        if not entries:
+            return 0
+        with self._lock:
+            if self._store is None:
+                self._store = open_meta_store(self.meta_uri)
+            for namespace, entry in entries:
+                record_query_progress(self._store, namespace, entry)
+            self.recorded += len(entries)
+        return len(entries)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None

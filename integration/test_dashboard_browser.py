@@ -1,0 +1,196 @@
+"""The progress dashboard in a real headless Chromium, over a meta store a running query fills.
+
+A Spark driver process (``QUERY_SCRIPT``: the tablestore source, an exactly-once Parquet sink and
+a ``ProgressListener``) reads a local store while this test writes to it; the dashboard server runs
+in a thread of the test process; Playwright drives the system Chromium (``/usr/bin/chromium``;
+``playwright install`` is never needed). The page must load, show the channels, update as batches
+arrive (batch count, the split's children, consumed rows, Spark's own rows/s), and show children
+waiting for their parent with the lag once the query stops.
+
+Set ``TABLESTORE_CDC_SCREENSHOT=/path.png`` to keep a screenshot of the final page (that is how
+docs/dashboard.png is made).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector.local import LocalTablestore
+from integration.processes import REPO, kill_tree, wait_for
+from meta_store import open_meta_store
+from meta_store.dashboard import DashboardApp, make_server
+from meta_store.feed import user_namespaces
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TABLE, TUNNEL = "orders", "dashboard"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                       reason=f"{CHROMIUM} is missing (apt-get install -y chromium)"),
+]
+
+#: The Spark driver: argv = store, meta db, checkpoint dir, sink dir, stop file.
+QUERY_SCRIPT = """
+import sys, time
+from pathlib import Path
+from connector.listener import ProgressListener
+from connector.sinks import ExactlyOnceParquetSink
+from connector.spark import local_session
+
+store, meta, checkpoint, sink, stop = sys.argv[1:6]
+spark = local_session("dashboard-browser-test", master="local[2]")
+spark.streams.addListener(ProgressListener(f"sqlite://{meta}"))
+query = (spark.readStream.format("tablestore").option("endpoint", f"local://{store}")
+         .option("table.name", "orders").option("tunnel.name", "dashboard")
+         .option("meta.store", f"sqlite://{meta}").load()
+         .writeStream.foreachBatch(ExactlyOnceParquetSink(sink))
+         .option("checkpointLocation", checkpoint)
+         .trigger(processingTime="500 milliseconds").start())
+print("query started", flush=True)
+while query.isActive and not Path(stop).exists():
+    time.sleep(0.2)
+query.stop()
+error = query.exception()
+spark.stop()
+sys.exit(1 if error else 0)
+"""
+
+
+def _write(store: LocalTablestore, ids: range) -> None:
+    store.batch_write(TABLE, [("put", {"id": i}, {"v": f"v{i}"}) for i in ids])
+
+
+def _committed_batches(meta_uri: str) -> int:
+    if not Path(meta_uri.removeprefix("sqlite://")).exists():
+        return 0
+    with open_meta_store(meta_uri) as meta:
+        namespaces = user_namespaces(meta)
+        if not namespaces:
+            return 0
+        return sum(1 for b in meta.list_batches(namespaces[0])
+                   if b.prev_uuid is not None and b.committed_at is not None)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None:
+    store_path, meta_path = tmp_path / "store.db", tmp_path / "meta.db"
+    meta_uri = f"sqlite://{meta_path}"
+    stop_file = tmp_path / "stop"
+    store = LocalTablestore(store_path)
+    store.create_table(TABLE, [("id", "INTEGER")], [("v", "STRING")], channels=3)
+    first, second, third = (c.channel_id for c in store.list_channels(TABLE))
+    _write(store, range(0, 30))
+
+    log = open(tmp_path / "query.log", "wb")  # noqa: SIM115 - the child's output
+    proc = subprocess.Popen(
+        [sys.executable, "-c", QUERY_SCRIPT, str(store_path), str(meta_path),
+         str(tmp_path / "checkpoint"), str(tmp_path / "sink"), str(stop_file)],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)})
+    server = None
+    app = None
+    try:
+        wait_for(lambda: _committed_batches(meta_uri) >= 1, 120, "the query's first batch",
+                 process=proc)
+        app = DashboardApp.open(meta_uri, cache_s=0.2)
+        server = make_server(app, "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.goto(url)
+        page.wait_for_function("Number(document.body.dataset.polls) >= 1", timeout=15_000)
+        rows = page.locator("#channels tbody tr[data-channel]")
+        assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.channel)")) == [
+            first, second, third]
+        assert page.locator(f'#channels tr[data-channel="{first}"]').get_attribute(
+            "data-status") == "OPEN"
+        assert "live" in page.locator("#status-text").inner_text()
+        batches_before = int(page.evaluate("document.body.dataset.batchCount"))
+        polls_before = int(page.evaluate("document.body.dataset.polls"))
+
+        # more data, in several writes, and a split: the page must follow without a reload
+        children = store.split_channel(TABLE, first)
+        for start in range(30, 90, 10):
+            _write(store, range(start, start + 10))
+            page.wait_for_timeout(600)
+        page.wait_for_function(
+            """([before, kids]) => Number(document.body.dataset.batchCount) > before + 1
+                 && kids.every(k => document.querySelector(`#tree li[data-channel="${k}"]`))
+                 && [...document.querySelectorAll('#channels tr[data-channel]')]
+                      .reduce((n, r) => n + Number(r.dataset.consumed || 0), 0) === 90""",
+            arg=[batches_before, list(children)], timeout=90_000)
+        assert int(page.evaluate("document.body.dataset.polls")) > polls_before + 2
+        parent_row = page.locator(f'#channels tr[data-channel="{first}"]')
+        assert parent_row.get_attribute("data-status") == "TERMINATED"
+        for child in children:  # nested under their parent in the tree
+            assert page.locator(f'#tree li[data-channel="{first}"] li[data-channel="{child}"]'
+                                ).count() == 1
+        page.wait_for_function(
+            "document.getElementById('spark-rate').textContent.includes('processed/s')",
+            timeout=30_000)  # the ProgressListener's numbers reached the page
+        assert page.locator("#throughput-chart rect.bar").count() >= 2
+        assert page.locator("#batches tbody tr").count() >= 3
+
+        # stop the query; new writes are lag, a split leaves children waiting for a parent
+        stop_file.touch()
+        proc.wait(timeout=90)
+        assert proc.returncode == 0, (tmp_path / "query.log").read_text()[-3000:]
+        _write(store, range(90, 97))
+        waiting = store.split_channel(TABLE, second)
+        page.wait_for_function(
+            """([kids, parent]) => kids.every(k => {
+                 const row = document.querySelector(`#channels tr[data-channel="${k}"]`);
+                 return row && row.dataset.status === 'WAIT'
+                   && row.textContent.includes(parent); })
+               && document.getElementById('total-lag').textContent === '7'""",
+            arg=[list(waiting), second], timeout=30_000)
+        tree_text = page.locator(f'#tree li[data-channel="{waiting[0]}"]').inner_text()
+        assert f"waiting for {second}" in tree_text
+        assert page_errors == []
+
+        shot = tmp_path / "dashboard.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        keep = os.environ.get("TABLESTORE_CDC_SCREENSHOT")
+        if keep:
+            shutil.copyfile(shot, keep)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if app is not None:
+            app.close()
+        if proc.poll() is None:
+            stop_file.touch()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)
+        log.close()
+        store.close()

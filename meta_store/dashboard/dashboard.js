@@ -1,0 +1,202 @@
+// tablestore-cdc dashboard: polls /api/progress every second and renders it.
+// The document shape is $defs/snapshot of docs/progress-feed.schema.json (schema_version 1).
+// All text goes through textContent (namespaces and ids come from the meta store).
+"use strict";
+
+const POLL_MS = 1000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+let polls = 0;
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function fmtNum(v, digits) {
+  if (v === null || v === undefined) return "–";
+  return Number(v).toLocaleString(undefined, { maximumFractionDigits: digits ?? 0 });
+}
+
+function fmtTime(epoch) {
+  if (epoch === null || epoch === undefined) return "–";
+  return new Date(epoch * 1000).toLocaleTimeString(undefined, { hour12: false });
+}
+
+function badge(text) { return el("span", { class: "badge " + (text || "") }, text || "?"); }
+
+function setStatus(ok, text) {
+  const s = $("status");
+  s.className = "status " + (ok ? "live" : "down");
+  $("status-text").textContent = text;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.hidden = !message;
+  box.textContent = message || "";
+}
+
+function renderCards(snap) {
+  $("batch-count").textContent = fmtNum(snap.batch_count);
+  document.body.dataset.batchCount = String(snap.batch_count);
+  $("state-counts").textContent = Object.entries(snap.state_counts)
+    .map(([state, n]) => `${n} ${state}`).join(" · ");
+  const tp = snap.throughput;
+  $("rows-per-second").textContent = tp.rows_per_second === null ? "–"
+    : fmtNum(tp.rows_per_second, 1) + " rows/s";
+  $("window").textContent = `${fmtNum(tp.records)} rows over ${tp.window_batches} batch(es)` +
+    (tp.seconds ? ` / ${fmtNum(tp.seconds, 1)} s` : "");
+  const real = snap.batches.filter(b => !b.initial);
+  const last = real.length ? real[real.length - 1] : null;
+  $("latest-batch").textContent = last ? `${last.uuid.slice(0, 8)}… ${last.state}` : "–";
+  $("latest-batch-sub").textContent = last
+    ? `spark id ${last.spark_batch_id ?? "?"} · ${last.records} rows · ${last.channel_count} channel(s)`
+    : "no batch yet";
+  const lags = snap.channels.map(c => c.lag).filter(l => l && l.records_behind !== null);
+  $("total-lag").textContent = lags.length
+    ? fmtNum(lags.reduce((a, l) => a + l.records_behind, 0)) : "–";
+  const oldest = Math.max(0, ...lags.map(l => l.seconds_behind || 0));
+  $("lag-sub").textContent = lags.length ? `oldest unread change ${fmtNum(oldest, 1)} s old`
+    : (snap.tunnel_error ? "tunnel unavailable" : "unknown");
+  const q = snap.query;
+  $("spark-rate").textContent = q ? `${fmtNum(q.processed_rows_per_second, 1)} processed/s` : "–";
+  $("spark-sub").textContent = q
+    ? `batch ${q.batch_id} · ${fmtNum(q.input_rows_per_second, 1)} input/s · ${fmtNum(q.batch_duration_ms)} ms`
+    : "no ProgressListener data";
+}
+
+function renderChart(snap) {
+  const svg = $("throughput-chart");
+  const width = Math.max(200, Math.round(svg.getBoundingClientRect().width || 800));
+  const height = 160, top = 14, bottom = 18, left = 4;
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.replaceChildren();
+  const series = snap.throughput.series.filter(p => p.rows_per_second !== null);
+  const axis = document.createElementNS(SVG_NS, "line");
+  Object.entries({ x1: 0, x2: width, y1: height - bottom, y2: height - bottom, class: "axis" })
+    .forEach(([k, v]) => axis.setAttribute(k, v));
+  svg.append(axis);
+  if (!series.length) {
+    const t = document.createElementNS(SVG_NS, "text");
+    t.setAttribute("x", 8); t.setAttribute("y", height / 2);
+    t.textContent = "waiting for committed batches…";
+    svg.append(t);
+    return;
+  }
+  const max = Math.max(...series.map(p => p.rows_per_second), 1);
+  const slot = (width - left) / Math.max(series.length, 10);
+  series.forEach((p, i) => {
+    const h = (height - top - bottom) * p.rows_per_second / max;
+    const rect = document.createElementNS(SVG_NS, "rect");
+    rect.setAttribute("class", "bar");
+    rect.setAttribute("x", (left + i * slot + slot * 0.15).toFixed(1));
+    rect.setAttribute("y", (height - bottom - h).toFixed(1));
+    rect.setAttribute("width", Math.max(1, slot * 0.7).toFixed(1));
+    rect.setAttribute("height", Math.max(0.5, h).toFixed(1));
+    const title = document.createElementNS(SVG_NS, "title");
+    title.textContent = `batch ${p.spark_batch_id ?? p.uuid.slice(0, 8)}: ` +
+      `${fmtNum(p.rows_per_second, 1)} rows/s, ${p.records} rows`;
+    rect.append(title);
+    svg.append(rect);
+  });
+  const label = document.createElementNS(SVG_NS, "text");
+  label.setAttribute("x", 6); label.setAttribute("y", 11);
+  label.textContent = `max ${fmtNum(max, 1)} rows/s`;
+  const foot = document.createElementNS(SVG_NS, "text");
+  foot.setAttribute("x", 6); foot.setAttribute("y", height - 4);
+  foot.textContent = `last ${series.length} committed batch(es)`;
+  svg.append(label, foot);
+}
+
+function renderChannels(snap) {
+  const body = $("channels").querySelector("tbody");
+  body.replaceChildren(...snap.channels.map(c => {
+    const lag = c.lag || {};
+    return el("tr", { "data-channel": c.channel_id, "data-status": c.status || "",
+                      "data-consumed": c.consumed ?? "" },
+      el("td", { class: "mono" }, c.channel_id),
+      el("td", {}, c.status ? badge(c.status) : "–"),
+      el("td", { class: "mono" }, c.parent_ids.join(", ") || "–"),
+      el("td", { class: "num" }, fmtNum(c.consumed)),
+      el("td", { class: "num" }, c.latest ? fmtNum(c.latest.records) : "–"),
+      el("td", { class: "num" }, c.pushed ? (c.pushed.finished ? "finished" : fmtNum(c.pushed.sequence_number)) : "–"),
+      el("td", { class: "num" }, fmtNum(lag.records_behind)),
+      el("td", { class: "num" }, fmtNum(lag.seconds_behind, 1)),
+      el("td", { class: "mono" }, c.waiting_for.join(", ") || (c.status === "WAIT" ? "(parents unknown)" : "")));
+  }));
+  if (!snap.channels.length) {
+    body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" },
+      snap.tunnel_error ? `tunnel unavailable: ${snap.tunnel_error}` : "no channels yet")));
+  }
+}
+
+function renderTree(snap) {
+  const build = nodes => el("ul", {}, ...nodes.map(n => el("li", { "data-channel": n.channel_id },
+    el("span", { class: "mono" }, n.channel_id), " ", n.status ? badge(n.status) : null,
+    n.waiting_for.length ? el("span", { class: "waiting" }, ` waiting for ${n.waiting_for.join(", ")}`) : null,
+    n.also_under.length ? el("span", { class: "muted" }, ` (also child of ${n.also_under.join(", ")})`) : null,
+    n.children.length ? build(n.children) : null)));
+  $("tree").replaceChildren(snap.tree.length ? build(snap.tree) : el("span", { class: "muted" }, "–"));
+}
+
+function renderBatches(snap) {
+  const rows = snap.batches.slice(-25).reverse();
+  $("batches").querySelector("tbody").replaceChildren(...rows.map(b => {
+    const t = b.times;
+    const span = t.committed !== null && t.planned !== null ? t.committed - t.planned : null;
+    return el("tr", { "data-uuid": b.uuid },
+      el("td", { class: "num" }, b.initial ? "initial" : (b.spark_batch_id ?? "–")),
+      el("td", { class: "mono", title: b.uuid }, b.uuid),
+      el("td", {}, badge(b.state)),
+      el("td", { class: "num" }, b.channel_count),
+      el("td", { class: "num" }, fmtNum(b.records)),
+      el("td", {}, fmtTime(t.planned)), el("td", {}, fmtTime(t.committed)), el("td", {}, fmtTime(t.pushed)),
+      el("td", { class: "num" }, span === null ? "–" : fmtNum(span, 2)),
+      el("td", { class: "mono" }, b.children_added.join(", ")));
+  }));
+}
+
+function render(snap) {
+  $("schema-version").textContent = snap.schema_version;
+  if (!snap.namespace) {
+    $("source").textContent = `${snap.meta_uri}: waiting for a query to write this meta store…`;
+  } else {
+    const info = snap.namespace_info || {};
+    $("source").textContent = `${info.table ?? "?"} / tunnel ${info.tunnel ?? "?"} · ${snap.namespace} · meta ${snap.meta_uri}`;
+  }
+  renderCards(snap);
+  renderChart(snap);
+  renderChannels(snap);
+  renderTree(snap);
+  renderBatches(snap);
+  showError(snap.tunnel_error ? `tunnel: ${snap.tunnel_error}` : "");
+}
+
+async function poll() {
+  try {
+    const response = await fetch("api/progress", { cache: "no-store" });
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    render(body);
+    polls += 1;
+    document.body.dataset.polls = String(polls);
+    setStatus(true, "live · updated " + fmtTime(body.generated_at));
+  } catch (err) {
+    setStatus(false, "disconnected");
+    showError(String(err.message || err));
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+poll();
