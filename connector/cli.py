@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import typer
 
+from connector.job import demo, replicate
 from connector.local.cli import app as local_app
 from meta_store.cli import app as meta_app
 from meta_store.cli import progress_command
@@ -23,6 +24,8 @@ app = typer.Typer(
 )
 app.add_typer(local_app, name="local")
 app.add_typer(meta_app, name="meta")
+app.command("demo")(demo)
+app.command("replicate")(replicate)
 app.command("progress")(progress_command)
 app.command("dashboard")(dashboard_command)
 

@@ -66,6 +66,7 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
