@@ -1,0 +1,112 @@
+"""The main job: the idempotent state table, `tablestore-cdc demo` and `replicate` end to end.
+
+The CLI runs are real subprocesses (each its own Spark driver), so a job's ``spark.stop()`` never
+touches the shared test session.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from connector.local import LocalTablestore
+from connector.sinks import deliveries_from_rows
+from connector.state_table import StateTable
+from connector.verify import key_of, rows_by_key, verify
+from integration.processes import kill_tree, wait_for
+
+CLI = [sys.executable, "-m", "connector.cli"]
+
+
+def change(op: str, channel: str, seq: int, ts: int, id_: int, **attrs):
+    return {"_op": op, "_channel_id": channel, "_sequence": f"{seq:020d}",
+            "_commit_ts": dt.datetime.fromtimestamp(ts, dt.UTC), "id": id_,
+            "_before": None, "_extra": None, **attrs}
+
+
+def test_state_table_applies_each_change_once_in_commit_order(tmp_path):
+    state = StateTable(tmp_path / "state.db", ["id"])
+    batch = [
+        change("PUT", "ch-1", 1, 10, 1, v=1),
+        change("PUT", "ch-1", 2, 11, 2, v=2),
+        change("UPDATE", "ch-3", 1, 13, 1, v=3),  # a child channel, later commit time
+        change("DELETE", "ch-1", 3, 12, 2),
+    ]
+    assert state.apply(reversed(batch)) == 4  # delivery order inside a batch does not matter
+    assert state.apply(batch) == 0  # a replayed batch changes nothing
+    assert state.rows() == {key_of({"id": 1}): {"v": 3}}
+
+
+@pytest.mark.slow
+def test_demo_verifies_a_run_with_splits_and_a_merge(tmp_path):
+    result = subprocess.run(
+        [*CLI, "demo", "--workdir", str(tmp_path / "demo"), "--changes", "800",
+         "--duration", "6", "--channels", "3"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "0 lost, 0 duplicated" in result.stdout
+    assert "(2 splits, 1 merge(s)" in result.stdout
+    assert "current state matches the source table" in result.stdout
+
+
+def test_demo_refuses_to_wipe_a_foreign_directory(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    result = subprocess.run([*CLI, "demo", "--workdir", str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert "not created by the demo" in result.stderr
+    assert (tmp_path / "precious.txt").exists()
+
+
+def write(store: LocalTablestore, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        if i % 6 == 5:
+            store.delete_row("t", {"id": i % 50})
+        else:
+            store.put_row("t", {"id": i % 50}, {"v": i})
+
+
+@pytest.mark.slow
+def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                       channels=2)
+    out = tmp_path / "out"
+    command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
+               "--output", str(out)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+
+    def run_until_caught_up() -> None:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            wait_for(lambda: (out / "state.db").exists()
+                     and StateTable(out / "state.db", ["id"]).rows()
+                     == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()},
+                     300, "state caught up", process)
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C
+            output, _ = process.communicate(timeout=120)
+            assert process.returncode == 0, output[-3000:]
+            assert "stopped cleanly" in output
+        finally:
+            kill_tree(process.pid)
+
+    write(store, 0, 300)
+    run_until_caught_up()
+    write(store, 300, 200)
+    store.split_channel("t", store.list_channels("t")[0].channel_id)
+    write(store, 500, 200)
+    time.sleep(0.5)
+    run_until_caught_up()
+
+    rows = pq.read_table(out / "changelog").to_pylist()
+    result = verify(store.change_log("t"), deliveries_from_rows(rows, ["id"]), check_order=False)
+    assert (result.lost, result.duplicated, result.expected) == (0, 0, 700), result.examples
