@@ -134,6 +134,9 @@ class DataLossError(CdcError):
 
 
 class TrimmedDataError(DataLossError):
+    """``resume_token`` is the first position still held, for ``failOnDataLoss=false``."""
+
+    resume_token: str
     template = (
         "channel {channel_id!r}: records from sequence {requested} were requested but the "
         "channel's history is trimmed up to {earliest}; {lost} change(s) are lost"
@@ -158,6 +161,8 @@ class UnknownBatchError(MetaStoreError, KeyError):
 
 class EndCheckpointConflictError(MetaStoreError):
     """A different end checkpoint is already recorded for (UUID, channel). ``stored`` holds it."""
+
+    stored: Any  # meta_store.base.EndCheckpoint (not imported: errors import nothing)
 
     template = (
         "batch {uuid!r} channel {channel_id!r}: an end checkpoint is already recorded "

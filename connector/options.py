@@ -122,8 +122,8 @@ class SourceOptions(BaseModel):
             if OPTIONS[required][0] not in values:
                 raise OptionError(option=required, value=None, problem="is required",
                                   allowed=OPTIONS[required][1])
-        if "meta_store" not in values and urlsplit(values["endpoint"]).scheme == "local":
-            values["meta_store"] = default_meta_store(values["endpoint"])
+        if "meta_store" not in values and (default := default_meta_store(values["endpoint"])):
+            values["meta_store"] = default
         try:
             return cls(**values)
         except ValidationError as exc:
@@ -173,12 +173,10 @@ def strip_secrets(uri: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
-def default_meta_store(endpoint: str) -> str:
-    """For a local endpoint, a SQLite meta store beside the store file."""
+def default_meta_store(endpoint: str) -> str | None:
+    """For a local endpoint, a SQLite meta store beside the store file; else none."""
     parts = urlsplit(endpoint)
-    if parts.scheme == "local" and parts.path.startswith("/"):
+    if parts.scheme == "local" and not parts.netloc and parts.path.startswith("/"):
         base, _ = os.path.splitext(parts.path)
         return f"sqlite://{base}.meta.db"
-    raise OptionError(option="meta.store", value=None,
-                      problem=f"is required for endpoint scheme {parts.scheme!r}",
-                      allowed=OPTIONS["meta.store"][1])
+    return None

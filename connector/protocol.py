@@ -42,7 +42,6 @@ from connector.tunnel import (
     open_tunnel_service,
 )
 from meta_store import (
-    BatchRecord,
     BatchState,
     ChannelStart,
     EndCheckpoint,
@@ -73,7 +72,7 @@ class Position:
 
 @dataclass
 class BatchStats:
-    """What the last planned/committed batch did; read by the progress feed and log line."""
+    """What the last planned batch looked like (for the batch log line and tests)."""
 
     uuid: str
     channels: int
@@ -204,7 +203,7 @@ class StreamProtocol:
                       if c.token != FINISHED and c.max_records > 0]
         self.last_batch = BatchStats(end_uuid, len(partitions), manifest.children_added,
                                      replay, (time.perf_counter() - began) * 1000)
-        log.info("batch %s planned%s: %d channel(s) to read, children added %s, %.1f ms",
+        log.debug("batch %s planned%s: %d channel(s) to read, children added %s, %.1f ms",
                  end_uuid, " (replay)" if replay else "", len(partitions),
                  list(manifest.children_added), self.last_batch.plan_ms)
         return partitions
@@ -300,6 +299,12 @@ class StreamProtocol:
         """``commit(end)``: Spark durably finished the batch ending at ``end``."""
         end_uuid = self.uuid_of(end)
         self._commit_through(end_uuid)
+        batch = self.meta.find_batch(self.namespace, end_uuid)
+        if batch is not None and batch.manifest is not None:
+            ends = self.meta.get_end_checkpoints(self.namespace, end_uuid)
+            log.info("batch %s committed: %d channel(s), %d record(s), children added %s",
+                     end_uuid, len(ends), sum(e.records for e in ends.values()),
+                     list(batch.manifest.children_added))
         removed = self.meta.gc(self.namespace, self.options.meta_retention_batches,
                                ORPHAN_RETENTION_S)
         if removed:
@@ -375,9 +380,3 @@ class StreamProtocol:
                                                   self.options.tunnel_name)
         return any(c.channel_id == channel_id and c.status is ChannelStatus.TERMINATED
                    for c in description.channels)
-
-
-def describe_batch(batch: BatchRecord) -> str:
-    """One line about a batch for logs and errors."""
-    n = len(batch.manifest.channels) if batch.manifest else 0
-    return f"{batch.uuid} [{batch.state.value}, {n} channel(s)]"

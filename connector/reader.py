@@ -149,9 +149,11 @@ def _fetch(tunnel: TunnelService, p: ChannelPartition
         if bound is not None and page and page[-1].sequence > bound:
             keep = sum(1 for r in page if r.sequence <= bound)
             # re-read exactly the kept records so the next token lands right after them
-            result = tunnel.read_records(p.tunnel_id, p.channel_id, token, keep) if keep else None
-            records.extend(result.records if result else [])
-            return start_token, records, result.next_token if result else token, True
+            if keep:
+                exact = tunnel.read_records(p.tunnel_id, p.channel_id, token, keep)
+                records.extend(exact.records)
+                token = exact.next_token
+            return start_token, records, token, True
         records.extend(page)
         token = result.next_token
         if token == FINISHED or not result.may_more:

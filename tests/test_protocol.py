@@ -266,3 +266,13 @@ def test_replay_refuses_to_guess_when_history_changed(store):
     store.trim_history("t", keep_last=0)
     with pytest.raises((ReplayDivergedError, TrimmedDataError)):
         read_partition(part)
+
+
+def test_one_info_line_per_batch_without_secrets(store, caplog):
+    write(store, range(12))
+    proto = StreamProtocol(options(store))
+    with caplog.at_level("INFO", logger="connector.protocol"):
+        end, _, _ = run_batch(proto, proto.initial_offset())
+    lines = [r.getMessage() for r in caplog.records if "committed:" in r.getMessage()]
+    assert lines == [f"batch {proto.uuid_of(end)} committed: 2 channel(s), 12 record(s), "
+                     "children added []"]
