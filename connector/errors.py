@@ -139,7 +139,7 @@ class TrimmedDataError(DataLossError):
     resume_token: str
     template = (
         "channel {channel_id!r}: records from sequence {requested} were requested but the "
-        "channel's history is trimmed up to {earliest}; {lost} change(s) are lost"
+        "oldest change still held is {earliest}; {lost} change(s) are lost"
     )
 
 
@@ -168,10 +168,6 @@ class EndCheckpointConflictError(MetaStoreError):
         "batch {uuid!r} channel {channel_id!r}: an end checkpoint is already recorded "
         "({stored_summary}); this attempt's ({attempted_summary}) was not written"
     )
-
-
-class ManifestConflictError(MetaStoreError):
-    template = "batch {uuid!r}: {reason}"
 
 
 class CorruptMetaRecordError(MetaStoreError):

@@ -16,6 +16,7 @@ a user's store until stopped; a restart resumes exactly (checkpoints live under 
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -31,6 +32,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from connector.errors import CdcError
 from connector.local import LocalTablestore
+from connector.protocol import LOG_LEVEL_ENV
 from connector.verify import key_of, rows_by_key, verify
 
 console = Console(stderr=True)
@@ -187,6 +189,8 @@ def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed
     from connector.spark import local_session
 
     prepare_workdir(workdir)
+    # the live progress bar replaces the per-batch log lines of the planning process
+    os.environ.setdefault(LOG_LEVEL_ENV, "WARNING")
     store_path = workdir / "store.db"
     with LocalTablestore(store_path) as store:
         store.create_table(DEMO_TABLE, primary_key=[("order_id", "INTEGER")],

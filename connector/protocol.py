@@ -25,15 +25,17 @@ Invariants kept here:
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid as uuid_lib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from connector.errors import CheckpointMismatchError, StaleCheckpointError
-from connector.faults import fault_point
+from connector.errors import CheckpointMismatchError, OptionError, StaleCheckpointError
+from connector.faults import fault_point, inject_transient_errors
 from connector.options import SourceOptions
 from connector.reader import ChannelPartition
+from connector.retry import with_retries
 from connector.tunnel import (
     FINISHED,
     ChannelStatus,
@@ -81,23 +83,51 @@ class BatchStats:
     plan_ms: float
 
 
+LOG_LEVEL_ENV = "TABLESTORE_CDC_LOG_LEVEL"
+
+
+def configure_planner_logging() -> None:
+    """Spark's planning process starts with no logging configured, which would drop the
+    per-batch INFO line: log this package to stderr (Spark's driver log) at the level in
+    ``TABLESTORE_CDC_LOG_LEVEL`` (default INFO), unless the process already configured logging."""
+    package = logging.getLogger("connector")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package.addHandler(handler)
+    package.setLevel(os.environ.get(LOG_LEVEL_ENV, "INFO").upper())
+
+
 class StreamProtocol:
     """Driver-side protocol for one streaming query. Opened lazily by the stream reader."""
 
     def __init__(self, options: SourceOptions) -> None:
+        configure_planner_logging()
         self.options = options
         self.namespace = options.source_identity
-        self.tunnel: TunnelService = open_tunnel_service(options.endpoint)
-        self.meta: MetaStore = open_meta_store(options.meta_store)
+        # transient errors are retried (connector.retry); the injection is inert in production
+        self.tunnel: TunnelService = with_retries(inject_transient_errors(
+            open_tunnel_service(options.endpoint)))
+        self.meta: MetaStore = with_retries(inject_transient_errors(
+            open_meta_store(options.meta_store)))
         info = self.tunnel.ensure_tunnel(
             options.table_name, options.tunnel_name, options.tunnel_type,
             options.starting_position,
         )
+        if info.tunnel_type is not options.tunnel_type:
+            raise OptionError(option="tunnel.type", value=options.tunnel_type.value,
+                              problem=f"tunnel {options.tunnel_name!r} already exists with type "
+                              f"{info.tunnel_type.value}",
+                              allowed=f"{info.tunnel_type.value}, or another tunnel.name")
         self.tunnel_id = info.tunnel_id
-        self.meta.set_namespace_info(self.namespace, {
+        self._info = {
+            **(self.meta.get_namespace_info(self.namespace) or {}),
             "endpoint": options.safe_endpoint, "table": options.table_name,
             "tunnel": options.tunnel_name, "tunnel_id": self.tunnel_id,
-        })
+        }
+        self.meta.set_namespace_info(self.namespace, self._info)
+        self._committed_through: str | None = None
         self._last_refresh = 0.0
         self._force_refresh = True
         self._available_now_targets: dict[str, str] | None = None
@@ -119,21 +149,26 @@ class StreamProtocol:
             raise CheckpointMismatchError(expected=self.namespace, found=found)
         return str(offset["uuid"])
 
+    def _initial_uuid(self, generation: int) -> str:
+        return str(uuid_lib.uuid5(uuid_lib.NAMESPACE_URL,
+                                  f"{self.namespace}#{self.tunnel_id}#{generation}"))
+
+    @property
+    def _open_generation(self) -> int:
+        """The generation whose batch 0 has not committed yet (recorded durably in the
+        namespace info by ``_commit_through``, so retention cannot change it)."""
+        return int(self._info.get("committed_generation", "-1")) + 1
+
     def initial_offset(self) -> dict[str, str]:
         """``initialOffset``: the same UUID every time until batch 0 of this query commits.
 
-        The UUID is derived from the source identity, the tunnel id and a generation number; a
-        generation whose batch 0 has committed belongs to an earlier query (an earlier checkpoint
-        directory), so a new query starts a new generation from the tunnel's pushed checkpoints.
+        The UUID is derived from the source identity, the tunnel id and a generation number.
+        Once a generation's batch 0 commits, the generation is recorded as used: a later query
+        (a new checkpoint directory) starts the next generation from the tunnel's pushed
+        checkpoints, while a restart of the same query never calls ``initialOffset`` again.
         """
-        generation = 0
-        while True:
-            uuid = str(uuid_lib.uuid5(uuid_lib.NAMESPACE_URL,
-                                      f"{self.namespace}#{self.tunnel_id}#{generation}"))
-            existing = self.meta.find_batch(self.namespace, uuid)
-            if existing is None or not self._has_committed_child(uuid):
-                break
-            generation += 1
+        uuid = self._initial_uuid(self._open_generation)
+        existing = self.meta.find_batch(self.namespace, uuid)
         if existing is None:
             manifest = Manifest(channels=tuple(self._tunnel_starts(exclude=set())),
                                 planned_at=time.time())
@@ -143,14 +178,11 @@ class StreamProtocol:
                  len(existing.manifest.channels) if existing.manifest else 0)
         return self.offset(uuid)
 
-    def _has_committed_child(self, uuid: str) -> bool:
-        return any(b.prev_uuid == uuid and b.state.rank >= BatchState.COMMITTED.rank
-                   for b in self.meta.list_batches(self.namespace))
-
     def latest_offset(self, start: dict, max_rows: int | None) -> dict[str, str]:
         """``latestOffset(start, limit)``: mint the end UUID of the next batch, or return
         ``start`` when nothing is new (``skipEmptyBatches``) or an AvailableNow run is done."""
         start_uuid = self.uuid_of(start)
+        fault_point("latest_offset_start")
         # Spark asks for a new batch only once the batch ending at `start` is in its commit
         # log: catch up a commit lost in a crash before anything else.
         self._commit_through(start_uuid)
@@ -190,6 +222,7 @@ class StreamProtocol:
         start_uuid, end_uuid = self.uuid_of(start), self.uuid_of(end)
         if start_uuid == end_uuid:
             return []
+        fault_point("plan_start")  # Spark's offset log already holds this batch
         batch = self.meta.find_batch(self.namespace, end_uuid)
         replay = batch is not None and batch.manifest is not None
         if replay:
@@ -298,21 +331,37 @@ class StreamProtocol:
     def commit(self, end: dict) -> None:
         """``commit(end)``: Spark durably finished the batch ending at ``end``."""
         end_uuid = self.uuid_of(end)
+        fault_point("commit_start")  # Spark's commit log already holds this batch
         self._commit_through(end_uuid)
-        batch = self.meta.find_batch(self.namespace, end_uuid)
-        if batch is not None and batch.manifest is not None:
-            ends = self.meta.get_end_checkpoints(self.namespace, end_uuid)
-            log.info("batch %s committed: %d channel(s), %d record(s), children added %s",
-                     end_uuid, len(ends), sum(e.records for e in ends.values()),
-                     list(batch.manifest.children_added))
         removed = self.meta.gc(self.namespace, self.options.meta_retention_batches,
                                ORPHAN_RETENTION_S)
         if removed:
             log.info("meta retention removed %d batch(es)", len(removed))
 
     def _commit_through(self, uuid: str) -> None:
-        self.meta.mark_committed(self.namespace, uuid)
+        """Mark ``uuid`` and its uncommitted ancestors committed and push when due. Spark polls
+        ``latestOffset`` with the same start many times while idle: after the first success
+        this is a no-op, since only a commit changes what is due."""
+        if uuid == self._committed_through:
+            return
+        for committed in self.meta.mark_committed(self.namespace, uuid):
+            self._on_committed(committed)
         self.push_if_due()
+        self._committed_through = uuid
+
+    def _on_committed(self, uuid: str) -> None:
+        """The batch log line, and the generation marker once a batch 0 commits."""
+        batch = self.meta.find_batch(self.namespace, uuid)
+        if batch is None or batch.manifest is None:
+            return
+        ends = self.meta.get_end_checkpoints(self.namespace, uuid)
+        log.info("batch %s committed: %d channel(s), %d record(s), children added %s",
+                 uuid, len(ends), sum(e.records for e in ends.values()),
+                 list(batch.manifest.children_added))
+        generation = self._open_generation
+        if batch.prev_uuid == self._initial_uuid(generation):
+            self._info["committed_generation"] = str(generation)
+            self.meta.set_namespace_info(self.namespace, self._info)
 
     def push_if_due(self, force: bool = False) -> list[str]:
         """Push the newest committed checkpoint of every channel to the tunnel when
@@ -360,23 +409,21 @@ class StreamProtocol:
 
     def _available_now_done(self, positions: dict[str, Position]) -> bool:
         targets = self._available_now_targets or {}
+        description = self.tunnel.describe_tunnel(self.options.table_name,
+                                                  self.options.tunnel_name)
+        terminated = {c.channel_id for c in description.channels
+                      if c.status is ChannelStatus.TERMINATED}
         for channel_id, target in targets.items():
             position = positions.get(channel_id)
             if position is None:
                 # not read yet: done only if it had nothing, or it is already terminated
-                if target and not self._terminated(channel_id):
+                if target and channel_id not in terminated:
                     return False
                 continue
             if position.finished:
-                if not self._terminated(channel_id):
+                if channel_id not in terminated:
                     self.push_if_due(force=True)  # release its children
                 continue
             if target and (position.last_sequence or "") < target:
                 return False
         return True
-
-    def _terminated(self, channel_id: str) -> bool:
-        description = self.tunnel.describe_tunnel(self.options.table_name,
-                                                  self.options.tunnel_name)
-        return any(c.channel_id == channel_id and c.status is ChannelStatus.TERMINATED
-                   for c in description.channels)

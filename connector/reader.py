@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import InputPartition
 
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
-from connector.faults import fault_point
+from connector.faults import fault_point, inject_transient_errors
+from connector.retry import with_retries
 from connector.tunnel import FINISHED, Record, TunnelService, open_tunnel_service
 from meta_store import EndCheckpoint, MetaStore, open_meta_store
 
@@ -63,10 +64,13 @@ _TUNNELS: dict[str, TunnelService] = {}
 
 
 def _clients(p: ChannelPartition) -> tuple[MetaStore, TunnelService]:
+    # transient errors are retried (connector.retry); the injection is inert in production
     if p.meta_uri not in _META_STORES:
-        _META_STORES[p.meta_uri] = open_meta_store(p.meta_uri)
+        _META_STORES[p.meta_uri] = with_retries(inject_transient_errors(
+            open_meta_store(p.meta_uri)))
     if p.endpoint not in _TUNNELS:
-        _TUNNELS[p.endpoint] = open_tunnel_service(p.endpoint)
+        _TUNNELS[p.endpoint] = with_retries(inject_transient_errors(
+            open_tunnel_service(p.endpoint)))
     return _META_STORES[p.meta_uri], _TUNNELS[p.endpoint]
 
 
@@ -103,6 +107,7 @@ def read_partition(p: ChannelPartition) -> list[Record]:
         written_at=time.time(),
         last_sequence=_last_sequence(p, records, reached_bound),
     )
+    fault_point("read_before_claim", {"partition": p, "end": end})
     try:
         meta.put_end_checkpoint(p.namespace, p.end_uuid, end)
     except EndCheckpointConflictError as conflict:
@@ -112,7 +117,7 @@ def read_partition(p: ChannelPartition) -> list[Record]:
         if winner.start_token == start_token and winner.records <= len(records):
             return records[: winner.records]
         return _replay(tunnel, p, winner)
-    fault_point("mid_read")
+    fault_point("mid_read", {"partition": p, "end": end})
     return records
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from typing import Any
 
 import pyarrow as pa
@@ -43,7 +43,7 @@ from pyspark.sql.types import (
 )
 
 from connector.errors import OptionError
-from connector.tunnel.base import Record, TableSchema
+from connector.tunnel.base import Op, Record, TableSchema
 
 TABLESTORE_TO_SPARK: dict[str, DataType] = {
     "INTEGER": LongType(),
@@ -82,12 +82,14 @@ def check_user_schema(user: StructType, table: TableSchema) -> StructType:
                           problem=f"lacks primary-key column(s) {missing}",
                           allowed="a schema containing every key column")
     expected = {f.name: f.dataType for f in METADATA_FIELDS}
+    expected.update({c.name: TABLESTORE_TO_SPARK[c.type] for c in (*table.primary_key,
+                                                                   *table.columns)})
     for f in user.fields:
         if f.name in expected and f.dataType != expected[f.name]:
             raise OptionError(option="schema", value=user.simpleString(),
-                              problem=f"metadata column {f.name} must be "
+                              problem=f"column {f.name} must be "
                               f"{expected[f.name].simpleString()}",
-                              allowed="the documented metadata column types")
+                              allowed="the declared column types and the metadata column types")
     return user
 
 
@@ -97,10 +99,25 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON-serializable: {type(value).__name__}")
 
 
+#: ``json.dumps(value, default=_json_default, sort_keys=True, separators=(",", ":"))``
+_ENCODE = json.JSONEncoder(default=_json_default, sort_keys=True, separators=(",", ":")).encode
+
+
 def to_json(values: dict[str, Any] | None) -> str | None:
     if values is None:
         return None
-    return json.dumps(values, default=_json_default, sort_keys=True, separators=(",", ":"))
+    return _ENCODE(values)
+
+
+def _before_json(before: Mapping[str, Any] | None) -> str | None:
+    """``to_json(dict(before))``; a backend may hand over that exact text with the mapping as
+    its ``canonical_json`` attribute (the local store does) to spare encoding it again."""
+    if before is None:
+        return None
+    text = getattr(before, "canonical_json", None)
+    if text is not None:
+        return text
+    return _ENCODE(before if type(before) is dict else dict(before))
 
 
 class UndeclaredValuesError(OptionError):
@@ -131,42 +148,68 @@ class RecordBatchBuilder:
         self.batch_rows = batch_rows
 
     def batches(self, records: Iterable[Record]) -> Iterator[pa.RecordBatch]:
-        chunk: list[Record] = []
-        for record in records:
-            chunk.append(record)
-            if len(chunk) >= self.batch_rows:
-                yield self._build(chunk)
-                chunk = []
-        if chunk:
+        """Batches of ``batch_rows`` records (the last one shorter), built lazily."""
+        it = iter(records)
+        while chunk := list(islice(it, self.batch_rows)):
             yield self._build(chunk)
 
     def _build(self, records: list[Record]) -> pa.RecordBatch:
-        columns: dict[str, list[Any]] = {name: [] for name in self.names}
-        data_cols = self.data_columns
+        """One Arrow batch of ``records``, built column by column.
+
+        Per record only the merged row (key + after image) is made; every output column is
+        then one list comprehension and one ``pa.array`` call, ``_commit_ts`` is cast from the
+        integer microseconds without a ``datetime`` per row, and JSON columns use one prebuilt
+        encoder (``json.dumps`` with options builds a new encoder on every call).
+        """
+        data_set = self.data_column_set
+        rows: list[Any] = []
+        extras: list[str | None] = []
         for r in records:
-            values = dict(r.primary_key)
-            after = r.after_image()
-            if after:
-                values.update(after)
-            for name in data_cols:
-                columns[name].append(values.get(name))
-            undeclared = {k: v for k, v in values.items() if k not in self.data_column_set}
-            if undeclared and not self.keeps_extra:
+            op = r.op
+            pk = r.primary_key
+            # the row after the change: key columns + ``Record.after_image()``
+            if op is Op.DELETE:
+                values = pk if type(pk) is dict else dict(pk)
+            elif op is Op.UPDATE and r.before is not None:
+                values = dict(pk)
+                after = r.after_image()
+                if after:
+                    values.update(after)
+            else:  # PUT, or UPDATE without before-image: after_image() is the columns
+                values = {**pk, **r.columns}
+            rows.append(values)
+            if values.keys() <= data_set:
+                extras.append(None)
+                continue
+            undeclared = {k: v for k, v in values.items() if k not in data_set}
+            if not self.keeps_extra:
                 raise UndeclaredValuesError(
                     option="schema", value=self.schema.simpleString(), channel_id=r.channel_id,
                     sequence=r.sequence, columns=sorted(undeclared),
                     allowed="a schema that declares every column, or one with _extra",
                 )
-            meta = {
-                "_op": r.op.value,
-                "_channel_id": r.channel_id,
-                "_sequence": r.sequence,
-                "_commit_ts": datetime.fromtimestamp(r.commit_ts_us / 1e6, tz=UTC),
-                "_before": to_json(dict(r.before) if r.before is not None else None),
-                "_extra": to_json(undeclared) if undeclared else None,
-            }
-            for name, value in meta.items():
-                if name in columns:
-                    columns[name].append(value)
-        arrays = [pa.array(columns[f.name], type=f.type) for f in self.arrow_schema]
+            extras.append(to_json(undeclared))
+        arrays = []
+        for field in self.arrow_schema:
+            name = field.name
+            if name not in METADATA_NAMES:
+                arrays.append(pa.array([v.get(name) for v in rows], type=field.type))
+            elif name == "_commit_ts":
+                micros = pa.array([r.commit_ts_us for r in records], type=pa.int64())
+                arrays.append(micros.cast(field.type))
+            else:
+                arrays.append(pa.array(self._metadata(name, records, extras), type=field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    @staticmethod
+    def _metadata(name: str, records: list[Record], extras: list[str | None]) -> list[Any]:
+        if name == "_op":
+            return [r.op.value for r in records]
+        if name == "_channel_id":
+            return [r.channel_id for r in records]
+        if name == "_sequence":
+            return [r.sequence for r in records]
+        if name == "_before":
+            return [_before_json(r.before) for r in records]
+        assert name == "_extra", name
+        return extras

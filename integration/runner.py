@@ -1,7 +1,8 @@
 """Run one tablestore streaming query in its own process until told to stop.
 
     python -m integration.runner --store /abs/store.db --table t --tunnel n \
-        --checkpoint DIR --sink DIR [--option key=value ...] [--master local[2]]
+        --checkpoint DIR --sink DIR [--option key=value ...] [--master local[2]] \
+        [--meta-store URI] [--conf spark.key=value ...]
 
 The query writes into an ``ExactlyOnceParquetSink`` (skips batch ids already committed), so the
 process can be SIGKILLed at any moment and restarted on the same checkpoint. It stops cleanly when
@@ -29,15 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--trigger-ms", type=int, default=0)
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--meta-store", help="the meta.store option (default: SQLite beside "
+                        "the store)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark configuration setting for the session")
     args = parser.parse_args(argv)
 
     from connector.sinks import ExactlyOnceParquetSink
     from connector.spark import local_session
 
-    spark = local_session("tablestore-cdc-runner", master=args.master)
+    conf = {key: value for key, _, value in (item.partition("=") for item in args.conf)}
+    spark = local_session("tablestore-cdc-runner", master=args.master, conf=conf)
     reader = (spark.readStream.format("tablestore")
               .option("endpoint", f"local://{Path(args.store).resolve()}")
               .option("table.name", args.table).option("tunnel.name", args.tunnel))
+    if args.meta_store:
+        reader = reader.option("meta.store", args.meta_store)
     for item in args.option:
         key, _, value = item.partition("=")
         reader = reader.option(key, value)

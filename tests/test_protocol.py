@@ -302,3 +302,52 @@ def test_base_and_stream_snapshot_then_stream_equals_the_table(store):
     assert state == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()}
     stream = [(r.channel_id, r.sequence) for r in delivered if r not in base]
     assert len(set(stream)) == len(stream) == 31  # the 31 changes after the snapshot, once
+
+
+def test_a_new_querys_initial_offset_is_stable_even_after_retention(store):
+    """Retention may delete an old generation's initial batch; a new query's initialOffset
+    must still return the same UUID on every call (Spark calls it more than once)."""
+    write(store, range(10))
+    first = StreamProtocol(options(store, metaRetentionBatches="1"))
+    start = first.initial_offset()
+    for i in range(3):
+        write(store, range(10 + i, 11 + i))
+        start, _, _ = run_batch(first, start)
+    second = StreamProtocol(options(store, metaRetentionBatches="1"))
+    offsets = {second.initial_offset()["uuid"] for _ in range(3)}
+    offsets.add(StreamProtocol(options(store)).initial_offset()["uuid"])
+    assert len(offsets) == 1
+    end, _, records = run_batch(second, second.initial_offset())
+    assert records == []  # the new query starts from the pushed checkpoints: nothing re-read
+
+
+def test_idle_polls_do_not_list_the_meta_table(store, monkeypatch):
+    write(store, range(5))
+    proto = StreamProtocol(options(store))
+    end, _, _ = run_batch(proto, proto.initial_offset())
+    calls = []
+    original = proto.meta.committed_not_pushed
+    monkeypatch.setattr(proto.meta, "committed_not_pushed",
+                        lambda ns: calls.append(ns) or original(ns))
+    for _ in range(20):
+        assert proto.latest_offset(end, None) == end
+    assert calls == []
+
+
+def test_an_existing_tunnel_of_another_type_is_an_option_error(store):
+    from connector.errors import OptionError
+
+    StreamProtocol(options(store))
+    with pytest.raises(OptionError, match="'tunnel.type'.*already exists with type Stream"):
+        StreamProtocol(options(store, **{"tunnel.type": "BaseAndStream"}))
+
+
+def test_a_new_query_starts_from_the_pushed_checkpoints_not_the_old_initial_offset(store):
+    write(store, range(10))
+    first = StreamProtocol(options(store))
+    end, _, records = run_batch(first, first.initial_offset())
+    assert len(records) == 10
+    second = StreamProtocol(options(store))  # a new checkpoint directory, same tunnel
+    assert second.initial_offset() != first.offset(first.uuid_of(end))
+    _, _, again = run_batch(second, second.initial_offset())
+    assert again == []

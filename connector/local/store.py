@@ -175,6 +175,27 @@ def _dec(value: Any) -> Any:
     return value
 
 
+#: how ``_enc`` marks bytes in stored JSON (``"$b"`` inside a string value would be escaped)
+_BYTES_MARK = '{"$b":'
+_OPS = {op.value: op for op in Op}
+
+
+class JsonDict(dict):
+    """A decoded column mapping that keeps its stored JSON text as ``canonical_json``.
+
+    Only made for values without bytes, where the stored text (``dumps_values``: sorted keys,
+    compact separators, ASCII) is exactly ``connector.schema.to_json`` of the mapping, so the
+    executor's Arrow builder reuses it instead of encoding the before-image again. Equal to,
+    and used as, a plain ``dict``.
+    """
+
+    __slots__ = ("canonical_json",)
+
+    def __init__(self, values: dict[str, Any], text: str) -> None:
+        super().__init__(values)
+        self.canonical_json = text
+
+
 def dumps_values(values: Mapping[str, Any]) -> str:
     """Canonical JSON of a column -> value mapping (sorted keys, bytes as base64)."""
     return json.dumps(
@@ -814,7 +835,42 @@ class LocalTablestore:
             "WHERE table_name = ? AND channel_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             (table, channel_id, after_seq, limit),
         ).fetchall()
-        return [self.record_from_row(schema, channel_id, r) for r in rows]
+        return self.records_from_rows(schema, channel_id, rows)
+
+    def records_from_rows(
+        self, schema: TableSchema, channel_id: str, rows: Sequence[Sequence[Any]]
+    ) -> list[Record]:
+        """``[record_from_row(schema, channel_id, r) for r in rows]``, decoded a page at a time.
+
+        The executor's read path (``read_changes``, base-data reads): every JSON value of the
+        page is parsed by one ``json.loads`` of one array instead of up to three calls per row
+        (a call costs more than parsing a small object), and bytes markers are decoded only when
+        the page contains one. The result is equal to ``record_from_row`` row by row.
+        """
+        if not rows:
+            return []
+        text = "[" + ",".join([
+            f"{r[2]},{r[3]},{'null' if r[4] is None else r[4]}" for r in rows
+        ]) + "]"
+        values = json.loads(text)
+        has_bytes = _BYTES_MARK in text  # a marker can only be a value: strings escape quotes
+        if has_bytes:
+            values = [v if v is None else {k: _dec(x) for k, x in v.items()} for v in values]
+        names = [c.name for c in schema.primary_key]
+        # the stored key JSON has sorted keys: already in declared order when that is sorted
+        key_in_order = names == sorted(names)
+        n_keys = len(names)
+        ops = _OPS
+        out = []
+        it = iter(values)
+        for r, pk, columns, before in zip(rows, it, it, it, strict=True):
+            if not (key_in_order and len(pk) == n_keys):
+                pk = {name: pk[name] for name in names}  # declared order
+            if before is not None and not has_bytes:
+                before = JsonDict(before, r[4])
+            op = ops.get(r[1]) or Op(r[1])
+            out.append(Record(op, pk, columns, before, sequence_str(r[0]), r[5], channel_id))
+        return out
 
     def record_from_row(self, schema: TableSchema, channel_id: str, r: Sequence[Any]) -> Record:
         """A ``Record`` from ``(seq, op, pk_json, columns_json, before_json|None, ts_us)``."""
@@ -892,6 +948,7 @@ __all__ = [
     "KEY_SPACE",
     "KEY_TYPES",
     "ChannelRow",
+    "JsonDict",
     "LocalTablestore",
     "dumps_values",
     "key_hash",

@@ -6,8 +6,9 @@ number, ``"finished"`` at a channel's end. Connect/heartbeat/client ids of the r
 are a backend's private business and do not appear here.
 
 Who calls what:
-- the driver (the Spark source's planning process) calls ``ensure_tunnel``, ``describe_tunnel``,
-  ``get_checkpoint``, ``checkpoint`` (push) and ``has_new_data``;
+- the driver (the Spark source's planning process) calls ``ensure_tunnel``, ``table_schema``,
+  ``describe_tunnel``, ``get_checkpoint``, ``checkpoint`` (push), ``has_new_data`` and
+  ``head_sequences``; the inspection CLI and dashboard call ``lag``;
 - executors call ``read_records`` only, each on a client opened inside ``read()``.
 
 Backends are chosen by URI scheme in ``connector.tunnel.open_tunnel_service``. Every backend

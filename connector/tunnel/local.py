@@ -568,12 +568,9 @@ class LocalTunnelService(TunnelService):
             "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             (tunnel.tunnel_id, channel_id, after, limit),
         ).fetchall()
-        return [
-            self.store.record_from_row(
-                schema, channel_id, (r[0], Op.PUT.value, r[1], r[2], None, r[3])
-            )
-            for r in rows
-        ]
+        return self.store.records_from_rows(
+            schema, channel_id, [(r[0], Op.PUT.value, r[1], r[2], None, r[3]) for r in rows]
+        )
 
     # --- progress (driver, CLI) ---------------------------------------------------------------
 

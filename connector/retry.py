@@ -1,0 +1,129 @@
+"""Bounded retries of transient tunnel-service and meta-store errors (driver and executors).
+
+``with_retries(client)`` wraps a ``TunnelService`` or a ``MetaStore`` so that a call raising a
+*retryable* error (a ``CdcError`` whose class says ``retryable = True``: ``TransientTunnelError``,
+``TransientMetaStoreError`` — throttling, a lock held too long, a service restarting) is tried
+again with exponential backoff and jitter, at most ``ATTEMPTS`` times and for at most
+``DEADLINE_S`` seconds in all, and then re-raised as it was. Any other error (a conflict, a stale
+checkpoint, a missing batch, data loss) is raised at once: retrying cannot fix it, and some of
+them (``EndCheckpointConflictError``, ``StaleCheckpointError``) are answers the caller acts on.
+
+Why retrying a whole call is safe, even when the failed attempt took effect and only its answer
+was lost:
+
+- every meta-store write is put-if-absent or idempotent: ``create_batch`` and ``put_manifest``
+  return the row already stored (ours), ``put_end_checkpoint`` accepts the same position again,
+  ``mark_committed`` / ``mark_pushed`` only move a batch's state forward, ``gc`` deletes what
+  its rule selects and deleting twice is a no-op;
+- a tunnel checkpoint push with the same sequence number is accepted again (FINISHED included),
+  ``ensure_tunnel`` finds the tunnel a lost answer created, and reads only read.
+
+Where it is applied: ``StreamProtocol.__init__`` (the driver's planning process) and
+``connector.reader._clients`` (Python workers on executors) wrap the clients they open, around
+``connector.faults.inject_transient_errors`` (inert unless the fault harness switches it on).
+The retry loop itself is tenacity's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
+
+from connector.errors import CdcError
+
+log = logging.getLogger("connector.retry")
+
+#: attempts per call, the first one included
+ATTEMPTS = 6
+#: no new attempt starts later than this after the first one (seconds)
+DEADLINE_S = 5.0
+#: first backoff, its cap, and the random jitter added to each (seconds)
+BACKOFF_INITIAL_S = 0.05
+BACKOFF_MAX_S = 1.0
+BACKOFF_JITTER_S = 0.05
+
+#: methods that are housekeeping, not service calls: never retried
+_NOT_RETRIED = frozenset({"close"})
+
+Client = TypeVar("Client")
+
+
+def is_retryable(error: BaseException) -> bool:
+    """True for the product's errors that say retrying may succeed."""
+    return isinstance(error, CdcError) and error.retryable
+
+
+def retrying(what: str = "call") -> Retrying:
+    """The retry policy: ``ATTEMPTS`` attempts within ``DEADLINE_S``, exponential backoff with
+    jitter, retryable errors only, the last error re-raised unchanged."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.info("%s failed (attempt %d of %d): %s; retrying in %.2f s", what,
+                 state.attempt_number, ATTEMPTS, error,
+                 state.next_action.sleep if state.next_action else 0.0)
+
+    return Retrying(
+        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(DEADLINE_S),
+        # BACKOFF_INITIAL_S * 2**(n-1) capped at BACKOFF_MAX_S, plus up to BACKOFF_JITTER_S
+        wait=(wait_exponential(multiplier=BACKOFF_INITIAL_S, max=BACKOFF_MAX_S)
+              + wait_random(0, BACKOFF_JITTER_S)),
+        retry=retry_if_exception(is_retryable),
+        reraise=True,
+        before_sleep=before_sleep,
+    )
+
+
+class _RetryingClient:
+    """Proxy calling every public method of ``target`` under the retry policy."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._kind = type(target).__name__
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if name.startswith("_") or name in _NOT_RETRIED or not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return retrying(f"{self._kind}.{name}")(attr, *args, **kwargs)
+
+        return call
+
+    @property
+    def wrapped(self) -> Any:
+        """The client underneath (for tests and diagnostics)."""
+        return self._target
+
+    def close(self) -> None:
+        self._target.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<retrying {self._target!r}>"
+
+
+def with_retries(client: Client) -> Client:
+    """``client`` (a ``TunnelService`` or ``MetaStore``) with its calls retried on transient
+    errors; typed as the client itself, attribute access passes through."""
+    if isinstance(client, _RetryingClient):
+        return client  # type: ignore[return-value]
+    return _RetryingClient(client)  # type: ignore[return-value]
