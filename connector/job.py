@@ -30,7 +30,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from connector.errors import CdcError
+from connector.cli_errors import fail, reported_errors
 from connector.local import LocalTablestore
 from connector.protocol import LOG_LEVEL_ENV
 from connector.verify import key_of, rows_by_key, verify
@@ -280,11 +280,8 @@ def demo(
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
 ) -> None:
     """Run the whole pipeline on an embedded store with a live writer, then verify it."""
-    try:
+    with reported_errors():
         ok = run_demo(workdir.resolve(), changes, duration, channels, seed, master)
-    except CdcError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
     raise typer.Exit(0 if ok else 1)
 
 
@@ -304,22 +301,17 @@ def replicate(
     from connector.spark import local_session
 
     if not store.exists():
-        console.print(f"[red]error:[/] store {store} does not exist")
-        raise typer.Exit(2)
+        fail(f"store {store} does not exist")
     extra = {}
     for item in option or []:
         key, sep, value = item.partition("=")
         if not sep:
-            console.print(f"[red]error:[/] --option {item!r}: expected KEY=VALUE")
-            raise typer.Exit(2)
+            fail(f"--option {item!r}: expected KEY=VALUE")
         extra[key] = value
-    try:
+    with reported_errors():
         spark = local_session("tablestore-cdc-replicate", master=master)
         pipeline = start_pipeline(spark, store, table, tunnel, output.resolve(), extra,
                                   trigger_ms)
-    except CdcError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     console.print(f"replicating {table} from {store} into {output} — Ctrl-C to stop")
     try:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from connector.errors import CdcError
+from connector.cli_errors import reported_errors
 from meta_store import BatchRecord, BatchState, MetaStore
 from meta_store.feed import (
     FEED_SCHEMA_VERSION,
@@ -76,25 +76,9 @@ EndpointOpt = Annotated[str | None, typer.Option(
 # --- plumbing -------------------------------------------------------------------------------
 
 
-def _fail(message: object) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Turn the product's errors (and an unreadable file) into ``error: ...`` + exit code 2."""
-    try:
-        yield
-    except CdcError as exc:
-        _fail(exc)
-    except OSError as exc:
-        _fail(f"{type(exc).__name__}: {exc}")
-
-
 @contextmanager
 def _store(meta: str) -> Iterator[MetaStore]:
-    with _errors():
+    with reported_errors():
         store = open_existing_meta_store(meta)
         try:
             yield store
@@ -202,7 +186,7 @@ def batches(
     limit: Annotated[int | None, typer.Option(help="Only the newest N batches.")] = None,
 ) -> None:
     """Batches in chain order (oldest first; unused UUIDs last) with state, times, records."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         all_batches = store.list_batches(ns)
         progress = load_query_progress(store, ns)
@@ -243,7 +227,7 @@ def show(
     meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """One batch: per channel its start (manifest), end checkpoint, records, writing attempt."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batch = find_batch(store, ns, uuid)
         record = batch_record(ns, batch, store.get_end_checkpoints(ns, batch.uuid),
@@ -298,7 +282,7 @@ def diff(
     meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Per-channel progress from the end of UUID1 to the end of UUID2."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         a, b = find_batch(store, ns, uuid1), find_batch(store, ns, uuid2)
         pos_a = positions_after(a, store.get_end_checkpoints(ns, a.uuid))
@@ -360,7 +344,7 @@ def channels(
     as_json: JsonOpt = False,
 ) -> None:
     """The tunnel's channel tree: lineage, status, pushed checkpoint, waiting-for-parent."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         info = store.get_namespace_info(ns) or {}
         view = channel_view(store, ns, endpoint)
@@ -408,7 +392,7 @@ def lag(
     as_json: JsonOpt = False,
 ) -> None:
     """Per channel, records and seconds behind the head from the latest committed batch."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         from connector.tunnel import open_tunnel_service
 
         ns = resolve_namespace(store, namespace)
@@ -464,7 +448,7 @@ def gc(
     as_json: JsonOpt = False,
 ) -> None:
     """Retention: list what would be deleted (dry run), or delete it with --yes."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         victims = store.retention_victims(ns, keep, minted_older_than)
         deleted = store.gc(ns, keep, minted_older_than) if yes else []
@@ -497,7 +481,7 @@ def export(
                                                 help="Write to FILE instead of stdout.")] = None,
 ) -> None:
     """The whole namespace as JSON: info, batches with manifests and end checkpoints."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batches_out = []
         ends_total = 0
@@ -542,7 +526,7 @@ def progress_command(
                          ] = False,
 ) -> None:
     """The progress feed as JSON lines: one record per batch (docs/progress-feed.md)."""
-    with _store(meta) as store, _errors():
+    with _store(meta) as store, reported_errors():
         try:
             for record in follow_feed(store, namespace, interval=interval, follow=follow,
                                       endpoint=endpoint, with_tunnel=not no_tunnel):

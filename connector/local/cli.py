@@ -21,16 +21,15 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from connector.errors import CdcError
+from connector.cli_errors import fail, reported_errors
 from connector.local.store import COLUMN_TYPES, LocalTablestore, WriteOp
 from connector.tunnel.base import ChannelStatus, TableSchema
 
@@ -48,22 +47,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 PROGRESS_THRESHOLD = 2000
 
 
-def _fail(message: object) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    try:
-        yield
-    except CdcError as exc:
-        _fail(exc)
-
-
 def _open(store: Path) -> LocalTablestore:
     if not store.is_file():
-        _fail(
+        fail(
             f"no local store at {store}; create it with "
             f"`tablestore-cdc local create-table {store} TABLE --pk id:INTEGER`"
         )
@@ -75,7 +61,7 @@ def _parse_specs(option: str, specs: list[str]) -> list[tuple[str, str]]:
     for spec in specs:
         name, sep, typ = spec.partition(":")
         if not sep or not name or typ.upper() not in COLUMN_TYPES:
-            _fail(
+            fail(
                 f"{option} {spec!r}: expected NAME:TYPE with TYPE one of {', '.join(COLUMN_TYPES)}"
             )
         out.append((name, typ.upper()))
@@ -106,7 +92,7 @@ def _parse_value(option: str, text: str, typ: str | None) -> Any:
             )
         return text
     except (ValueError, KeyError):
-        _fail(f"{option}: {text!r} is not a valid {typ}")
+        fail(f"{option}: {text!r} is not a valid {typ}")
 
 
 def _parse_assignments(option: str, items: list[str], types: dict[str, str]) -> dict[str, Any]:
@@ -114,7 +100,7 @@ def _parse_assignments(option: str, items: list[str], types: dict[str, str]) -> 
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not name:
-            _fail(f"{option} {item!r}: expected NAME=VALUE")
+            fail(f"{option} {item!r}: expected NAME=VALUE")
         out[name] = _parse_value(f"{option} {name}", text, types.get(name))
     return out
 
@@ -131,7 +117,7 @@ def create_table(
 ) -> None:
     """Create TABLE in STORE (the file is created if missing)."""
     keys, cols = _parse_specs("--pk", pk), _parse_specs("--col", col or [])
-    with _errors():
+    with reported_errors():
         store.parent.mkdir(parents=True, exist_ok=True)
         with LocalTablestore(store) as s:
             s.create_table(table, keys, cols, channels=channels)
@@ -190,13 +176,13 @@ def write(
 ) -> None:
     """Write random sample inserts, updates and deletes to TABLE, one transaction each."""
     if rate is not None and rate <= 0:
-        _fail(f"--rate must be positive, got {rate}")
+        fail(f"--rate must be positive, got {rate}")
     s = _open(store)
     counts = {"put": 0, "update": 0, "delete": 0}
     err = Console(stderr=True)
     show = count >= PROGRESS_THRESHOLD and err.is_terminal
     with (
-        _errors(),
+        reported_errors(),
         s,
         Progress(
             TextColumn("writing"),
@@ -237,7 +223,7 @@ def put(
     ] = None,
 ) -> None:
     """Put one row (BINARY values: text, or b64:BASE64)."""
-    with _errors(), _open(store) as s:
+    with reported_errors(), _open(store) as s:
         schema = s.table_schema(table)
         types = {c.name: c.type for c in (*schema.primary_key, *schema.columns)}
         key = _parse_assignments("--pk", pk, types)
@@ -248,7 +234,7 @@ def put(
 @app.command()
 def split(store: StoreArg, table: TableArg, channel: str) -> None:
     """Split an open CHANNEL of TABLE into two children."""
-    with _errors(), _open(store) as s:
+    with reported_errors(), _open(store) as s:
         a, b = s.split_channel(table, channel)
     typer.echo(f"split {channel} into {a} and {b}")
 
@@ -256,7 +242,7 @@ def split(store: StoreArg, table: TableArg, channel: str) -> None:
 @app.command()
 def merge(store: StoreArg, table: TableArg, a: str, b: str) -> None:
     """Merge two adjacent open channels A and B of TABLE into one child."""
-    with _errors(), _open(store) as s:
+    with reported_errors(), _open(store) as s:
         child = s.merge_channels(table, a, b)
     typer.echo(f"merged {a} and {b} into {child}")
 
@@ -271,7 +257,7 @@ def trim(
     ] = None,
 ) -> None:
     """Trim TABLE's change history (as a service's retention would)."""
-    with _errors(), _open(store) as s:
+    with reported_errors(), _open(store) as s:
         n = s.trim_history(table, keep_last=keep_last, older_than_s=older_than)
     typer.echo(f"trimmed {n} change(s) from {table}")
 
@@ -279,7 +265,7 @@ def trim(
 @app.command()
 def tables(store: StoreArg, as_json: JsonOpt = False) -> None:
     """List the tables of STORE."""
-    with _errors(), _open(store) as s:
+    with reported_errors(), _open(store) as s:
         rows = [
             {"table": t, "channels": len(s.list_channels(t)), "rows": s.count_rows(t)}
             for t in s.list_tables()
@@ -296,7 +282,7 @@ def tables(store: StoreArg, as_json: JsonOpt = False) -> None:
 @app.command()
 def channels(store: StoreArg, table: TableArg, as_json: JsonOpt = False) -> None:
     """List TABLE's channels (closed ones too) with lineage, key range and head sequence."""
-    with _errors(), _open(store) as s:
+    with reported_errors(), _open(store) as s:
         rows = s.list_channels(table)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -331,7 +317,7 @@ def tunnels(
     """List tunnels with their channels' status (per tunnel)."""
     from connector.tunnel.local import LocalTunnelService
 
-    with _errors(), LocalTunnelService(_open(store)) as svc:
+    with reported_errors(), LocalTunnelService(_open(store)) as svc:
         found: list[dict[str, Any]] = []
         for info in svc.list_tunnels(table):
             desc = svc.describe_tunnel(info.table_name, info.tunnel_name)
