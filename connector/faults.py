@@ -98,8 +98,9 @@ def fault_point(name: str, context: Any = None) -> None:
         with open(hit + ".pkl.tmp", "wb") as f:
             pickle.dump(context, f)
         os.rename(hit + ".pkl.tmp", hit + ".pkl")
-    with open(hit, "w") as marker:
+    with open(hit + ".tmp", "w") as marker:  # renamed: the harness never sees it empty
         marker.write(str(os.getpid()))
+    os.rename(hit + ".tmp", hit)
     if mode == "raise":
         raise InjectedFault(f"injected fault at {name} (pid {os.getpid()})")
     if mode == "hold":

@@ -1,0 +1,668 @@
+"""Run one fault scenario against real processes and verify exactly-once and per-key order.
+
+Where things run:
+- this module runs in the **harness process** (``python -m integration.faults`` or pytest); so
+  does the scenario's ``Writer`` thread, which keeps writing through every kill;
+- the query runs in a **runner process** (``integration.runner``: the Spark driver, its JVM,
+  the planning Python process, Python workers; in ``local-cluster`` mode also executor JVMs and
+  their workers), started with ``TABLESTORE_CDC_FAULT_DIR`` pointing at the scenario's fault
+  directory so that crash points can be armed from here (``connector.faults``);
+- a kill is ``integration.processes.kill_tree``: SIGKILL of the runner and every descendant at
+  once; a sweep then SIGKILLs any straggler that slipped out of the tree (a worker forked while
+  the tree was collected), found by pid through the scenario's unique fault directory in its
+  environment;
+- a duplicate read (``DuplicateRead``) runs ``connector.reader.read_partition`` in a separate
+  process (``integration.faults.duplicate``) on the very partition a Spark task is reading;
+- the DynamoDB meta store of a cluster scenario is a moto server on 127.0.0.1 in a child
+  process.
+
+A scenario: a fresh local store, a writer with splits and merges, the runner writing into an
+``ExactlyOnceParquetSink``, the scenario's steps (kills at crash points, kills at random times,
+failing tasks, duplicate reads), a restart after each kill on the same checkpoint, and at the
+end: stop writing, wait until every change in the store's change log is in the sink, stop the
+query through its stop file, and verify (``connector.verify``): nothing lost, nothing
+duplicated, every key's changes in source order, the table rebuilt from the sink equal to the
+store's, every replay of a stored batch identical, and no stored batch rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow.parquet as pq
+
+from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV, POINTS
+from connector.sinks import ExactlyOnceParquetSink
+from connector.verify import rows_by_key, verify
+from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
+from integration.processes import REPO, kill_tree, start_runner, wait_for
+
+log = logging.getLogger("integration.faults")
+
+#: how long a runner may take to start Spark and run its first batch (2 cores, maybe shared)
+STARTUP_TIMEOUT_S = 300.0
+#: how long the query may take to deliver everything once the writer has stopped
+DRAIN_TIMEOUT_S = 600.0
+#: crash points that run in Python workers on executors
+EXECUTOR_POINTS = ("read_before_claim", "mid_read")
+#: Spark's log lines for a failed task attempt: the executor's ERROR (the only one left with the
+#: package's quiet log4j settings) or the scheduler's WARN, not for a task killed because the
+#: query stopped; counted by task id (TID)
+FAILED_TASK = re.compile(r"Exception in task \S+ in stage \S+ \(TID (\d+)\)"
+                         r"|Lost task \S+ in stage \S+ \(TID (\d+)\) \([^)]*\): (?!TaskKilled)")
+
+
+# --- steps ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrashAt:
+    """Arm ``point``, wait until a process parks there, SIGKILL the tree, restart."""
+
+    point: str
+
+    def describe(self) -> str:
+        return f"kill at {self.point}"
+
+
+@dataclass(frozen=True)
+class RandomKill:
+    """SIGKILL the tree ``delay_s`` after the query started (``during_startup``: after the
+    process started, usually while Spark is still starting or replaying), then restart."""
+
+    delay_s: float
+    during_startup: bool = False
+
+    def describe(self) -> str:
+        return f"kill {self.delay_s:.1f}s after {'start' if self.during_startup else 'query start'}"
+
+
+@dataclass(frozen=True)
+class FailTask:
+    """Arm ``point`` to raise once on an executor: a task fails and Spark retries it."""
+
+    point: str
+
+    def describe(self) -> str:
+        return f"task fails at {self.point}"
+
+
+@dataclass(frozen=True)
+class DuplicateRead:
+    """Hold a Spark task at ``point``, read the same partition in another process, release."""
+
+    point: str
+
+    def describe(self) -> str:
+        return f"duplicate read at {self.point}"
+
+
+Step = CrashAt | RandomKill | FailTask | DuplicateRead
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario: its faults (``steps``, in order) and the query's and writer's settings."""
+
+    name: str
+    why: str
+    steps: tuple[Step, ...] = ()
+    commit_interval: int = 1
+    master: str = "local[2]"
+    #: share of tunnel and meta-store calls that fail transiently (TABLESTORE_CDC_FLAKY)
+    flaky: float = 0.0
+    meta: str = "sqlite"  # or "dynamodb" (a moto server on 127.0.0.1)
+    channels: int = 4
+    options: tuple[tuple[str, str], ...] = (("maxOffsetsPerChannel", "40"),)
+    conf: tuple[tuple[str, str], ...] = ()
+    rate: float = 30.0
+    #: keep writing at least this long after the last step (changes after the last restart)
+    tail_s: float = 3.0
+    #: the run must have split and merged channels (the writer makes sure it does)
+    splits_required: bool = True
+
+    @property
+    def kills(self) -> int:
+        return sum(isinstance(s, CrashAt | RandomKill) for s in self.steps)
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """What a duplicate read gave, and how many records the held Spark attempt had."""
+
+    point: str
+    channel_id: str
+    records: list[tuple[str, str]]
+    held_records: int
+
+
+@dataclass
+class Result:
+    name: str
+    kills: int = 0
+    changes: int = 0
+    delivered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    state_mismatches: int = 0
+    replays: int = 0
+    replays_identical: bool = True
+    restarts: int = 0
+    splits: int = 0
+    merges: int = 0
+    injected_errors: int = 0
+    task_failures: int = 0
+    duplicate_reads: int = 0
+    #: duplicate reads that claimed more than the held attempt had read (it then followed them)
+    duplicates_ahead: int = 0
+    seconds: float = 0.0
+    #: crash points reached, with where the process was (``mid_read@executor-jvm``)
+    hits: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def line(self) -> str:
+        extra = []
+        if self.injected_errors:
+            extra.append(f"transient-errors={self.injected_errors}")
+        if self.task_failures:
+            extra.append(f"task-failures={self.task_failures}")
+        if self.duplicate_reads:
+            extra.append(f"duplicate-reads={self.duplicate_reads}"
+                         f" (ahead={self.duplicates_ahead})")
+        verdict = "PASS" if self.ok else "FAIL: " + "; ".join(self.problems)
+        return (f"{self.name:<30} kills={self.kills:<3d} changes={self.changes:<6d} "
+                f"lost={self.lost} duplicated={self.duplicated} "
+                f"out-of-order={self.out_of_order} replays={self.replays}"
+                f"{'' if self.replays_identical else ' (DIFFERENT)'} "
+                f"{' '.join(extra) + ' ' if extra else ''}"
+                f"{self.seconds:.0f}s {verdict}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ok": self.ok}
+
+
+# --- the sink, watched while the query runs ---------------------------------------------------
+
+
+class SinkWatcher:
+    """Reads each new batch directory of the sink once (harness process).
+
+    Remembers every directory's identity (inode, files, sizes) when first seen, so the end of
+    the run can check the exactly-once sink contract: a stored batch is never rewritten."""
+
+    def __init__(self, sink: ExactlyOnceParquetSink) -> None:
+        self.sink = sink
+        self.ids: Counter[tuple[str, str]] = Counter()
+        self.identity: dict[str, tuple[Any, ...]] = {}
+        self.rows: dict[str, list[tuple[str, str]]] = {}
+
+    @staticmethod
+    def _identity(directory: Path) -> tuple[Any, ...]:
+        files = sorted((p.name, p.stat().st_size) for p in directory.iterdir())
+        return (directory.stat().st_ino, tuple(files))
+
+    def poll(self) -> int:
+        """Read new batch directories; returns how many batches are stored."""
+        if self.sink.path.exists():
+            for directory in sorted(self.sink.path.glob("batch=*")):
+                if directory.name in self.identity:
+                    continue
+                identity = self._identity(directory)
+                table = pq.read_table(directory, columns=["_channel_id", "_sequence"])
+                rows = list(zip(table.column("_channel_id").to_pylist(),
+                                table.column("_sequence").to_pylist(), strict=True))
+                self.identity[directory.name] = identity
+                self.rows[directory.name] = rows
+                self.ids.update(rows)
+        return len(self.identity)
+
+    def covers(self, expected: set[tuple[str, str]]) -> bool:
+        self.poll()
+        return all(i in self.ids for i in expected)
+
+    def rewritten(self) -> list[str]:
+        """Batch directories whose identity changed since first seen (must be none)."""
+        changed = []
+        for name, identity in self.identity.items():
+            directory = self.sink.path / name
+            if not directory.exists() or self._identity(directory) != identity:
+                changed.append(name)
+        return changed
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+class ScenarioRun:
+    """One scenario's processes and files; ``run()`` returns its ``Result``."""
+
+    def __init__(self, scenario: Scenario, workdir: Path, seed: int) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.dir = workdir / scenario.name.replace("/", "-")
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        self.faults = self.dir / "faults"
+        self.faults.mkdir()
+        self.store_path = self.dir / "store.db"
+        self.sink = ExactlyOnceParquetSink(self.dir / "sink")
+        self.watcher = SinkWatcher(self.sink)
+        self.stop_file = self.dir / "stop"
+        self.runner: subprocess.Popen | None = None
+        self.runner_log: Path | None = None
+        self.incarnation = 0
+        self.started_at = 0.0
+        self.moto: subprocess.Popen | None = None
+        self.meta_uri: str | None = None
+        self.extra_env: dict[str, str] = {}
+        self.result = Result(scenario.name, kills=0)
+        self.duplicates: list[Duplicate] = []
+
+    # --- processes -----------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {FAULT_DIR_ENV: str(self.faults), **self.extra_env}
+        if self.scenario.flaky:
+            env[FLAKY_ENV] = str(self.scenario.flaky)
+            env[FLAKY_SEED_ENV] = f"{self.seed}:{self.incarnation}"
+        return env
+
+    def _args(self) -> list[str]:
+        args = ["--store", str(self.store_path), "--table", TABLE, "--tunnel", "faults",
+                "--checkpoint", str(self.dir / "checkpoint"), "--sink", str(self.sink.path),
+                "--stop-file", str(self.stop_file), "--master", self.scenario.master,
+                "--option", f"commitInterval={self.scenario.commit_interval}"]
+        for key, value in self.scenario.options:
+            args += ["--option", f"{key}={value}"]
+        for key, value in self.scenario.conf:
+            args += ["--conf", f"{key}={value}"]
+        if self.meta_uri:
+            args += ["--meta-store", self.meta_uri]
+        return args
+
+    def start(self) -> None:
+        self.incarnation += 1
+        self.runner_log = self.dir / f"runner-{self.incarnation:02d}.log"
+        self.runner = start_runner(self._args(), self.runner_log, self._env())
+        self.started_at = time.monotonic()
+        log.info("%s: runner #%d started (pid %d)", self.scenario.name, self.incarnation,
+                 self.runner.pid)
+
+    def kill(self) -> None:
+        assert self.runner is not None
+        killed = kill_tree(self.runner.pid)
+        killed += self.sweep()
+        self.runner = None
+        self.result.kills += 1
+        log.info("%s: killed %d process(es)", self.scenario.name, killed)
+
+    def restart(self) -> None:
+        for hit in self.faults.glob("hit-*"):
+            hit.unlink()
+        self.result.restarts += 1
+        self.start()
+
+    def sweep(self) -> int:
+        """SIGKILL every process (by pid) whose environment carries this scenario's fault
+        directory: stragglers of a killed tree. Only processes this harness started have it."""
+        marker = str(self.faults)
+        victims = []
+        for process in psutil.process_iter(["pid"]):
+            if process.pid == os.getpid():
+                continue
+            try:
+                if process.environ().get(FAULT_DIR_ENV) == marker:
+                    process.kill()
+                    victims.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        psutil.wait_procs(victims, timeout=10)
+        return len(victims)
+
+    def wait_query_started(self) -> None:
+        assert self.runner is not None and self.runner_log is not None
+        log_path = self.runner_log
+        wait_for(lambda: "runner: query" in log_path.read_text(errors="replace"),
+                 STARTUP_TIMEOUT_S, "the query to start", self.runner)
+
+    def wait_caught_up(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Wait until the sink holds every change written so far: the query has caught up with
+        the writer, so its reads stop at "nothing more now", not at a cap. A crash there is the
+        telling case: by the replay more data exists, and a reader that does not stop at the
+        recorded end would read it (and duplicate it, or lose it behind a skipped batch)."""
+        self.wait_new_batch(timeout)
+        deadline = time.monotonic() + timeout
+        while True:  # until the changes written meanwhile are delivered within a few seconds
+            began = time.monotonic()
+            written = self.written()
+            wait_for(lambda w=written: self.watcher.covers(w), max(1.0, deadline - began),
+                     "the query to catch up with the writer", self.runner, interval=0.3)
+            if time.monotonic() - began < 3.0:
+                break
+        self.wait_new_batch(timeout)
+
+    def written(self) -> set[tuple[str, str]]:
+        """(channel, sequence) of every change in the store's change log now."""
+        from connector.local import LocalTablestore
+
+        store = LocalTablestore(self.store_path, create=False)
+        try:
+            return {(r.channel_id, r.sequence) for r in store.change_log(TABLE)}
+        finally:
+            store.close()
+
+    def wait_new_batch(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Wait until the sink stores a batch it did not have (the query makes progress)."""
+        before = self.watcher.poll()
+        wait_for(lambda: self.watcher.poll() > before, timeout, "a new batch in the sink",
+                 self.runner)
+
+    def wait_hit(self, point: str, timeout: float = 240.0) -> None:
+        hit = self.faults / f"hit-{point}"
+        wait_for(hit.exists, timeout, f"a process to reach crash point {point}", self.runner)
+        where = _where(int(hit.read_text()))
+        self.result.hits.append(f"{point}@{where}")
+        if (self.scenario.master.startswith("local-cluster") and point in EXECUTOR_POINTS
+                and where != "executor-jvm"):
+            raise AssertionError(f"{point} was reached in the {where} process, not under an "
+                                 "executor JVM: the cluster scenario does not test what it says")
+
+    def arm(self, point: str, mode: str = "park") -> None:
+        if point not in POINTS:
+            raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
+        for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
+            (self.faults / stale).unlink(missing_ok=True)
+        tmp = self.faults / f".arm-{point}"
+        tmp.write_text(mode)
+        tmp.rename(self.faults / f"arm-{point}")
+
+    # --- steps ----------------------------------------------------------------------------------
+
+    def step(self, step: Step) -> None:
+        log.info("%s: %s", self.scenario.name, step.describe())
+        if isinstance(step, CrashAt):
+            self.wait_caught_up()
+            self.arm(step.point)
+            self.wait_hit(step.point)
+            self.kill()
+            self.restart()
+        elif isinstance(step, RandomKill):
+            if step.during_startup:
+                remaining = self.started_at + step.delay_s - time.monotonic()
+                _sleep_watching(remaining, self.runner)
+            else:
+                self.wait_query_started()
+                _sleep_watching(step.delay_s, self.runner)
+            self.kill()
+            self.restart()
+        elif isinstance(step, FailTask):
+            self.wait_caught_up()
+            self.arm(step.point, "raise")
+            self.wait_hit(step.point)
+            self.wait_new_batch()  # the batch got through with the retried task
+        elif isinstance(step, DuplicateRead):
+            self.wait_caught_up()
+            self.arm(step.point, "hold")
+            self.wait_hit(step.point)
+            time.sleep(1.0)  # let the channel grow: the duplicate reads further if it can
+            self.duplicates.append(self.read_duplicate(step.point))
+            (self.faults / f"release-{step.point}").touch()
+            self.wait_new_batch()
+
+    def read_duplicate(self, point: str) -> Duplicate:
+        """Read the held task's partition in another process."""
+        pickled = self.faults / f"hit-{point}.pkl"
+        out = self.dir / f"duplicate-{len(self.duplicates)}.json"
+        env = {k: v for k, v in os.environ.items()
+               if k not in (FAULT_DIR_ENV, FLAKY_ENV, FLAKY_SEED_ENV)}
+        env.update(self.extra_env)
+        done = subprocess.run(
+            [sys.executable, "-m", "integration.faults.duplicate", str(pickled), str(out)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"the duplicate reader failed: {done.stderr[-2000:]}")
+        data = json.loads(out.read_text())
+        self.result.duplicate_reads += 1
+        duplicate = Duplicate(point, data["channel_id"], [tuple(r) for r in data["records"]],
+                              data["held_records"])
+        if len(duplicate.records) > duplicate.held_records:
+            self.result.duplicates_ahead += 1
+        log.info("%s: duplicate read of %s at %s: %d record(s), the held attempt %d",
+                 self.scenario.name, duplicate.channel_id, point, len(duplicate.records),
+                 duplicate.held_records)
+        return duplicate
+
+    # --- the whole scenario -----------------------------------------------------------------------
+
+    def run(self) -> Result:
+        began = time.monotonic()
+        s = self.scenario
+        create_table(self.store_path, s.channels)
+        writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.rate)
+        try:
+            if s.meta == "dynamodb":
+                self._start_moto()
+            writer.start()
+            self.start()
+            for step in s.steps:
+                self.step(step)
+            self.wait_new_batch()
+            time.sleep(s.tail_s)
+            writer.finish()
+            self._drain_and_stop()
+        except Exception as exc:  # the scenario fails; still verify what was delivered
+            self.result.problems.append(f"{type(exc).__name__}: {exc}")
+            log.exception("%s failed", s.name)
+        finally:
+            self._cleanup(writer)
+        self.result.splits, self.result.merges = writer.splits, writer.merges
+        try:
+            self._verify()
+        except Exception as exc:
+            self.result.problems.append(f"verification failed to run: {exc!r}")
+        self.result.seconds = time.monotonic() - began
+        return self.result
+
+    def _cleanup(self, writer: Writer) -> None:
+        """Leave no process behind, whatever happened."""
+        actions: list[tuple[str, Callable[[], Any]]] = [
+            ("writer", lambda: writer.finish() if writer.is_alive() else None),
+            ("runner", lambda: kill_tree(self.runner.pid) if self.runner is not None else 0),
+            ("sweep", self.sweep),
+            ("moto", self._stop_moto),
+        ]
+        for what, action in actions:
+            try:
+                action()
+            except Exception as exc:
+                self.result.problems.append(f"cleanup of {what}: {exc!r}")
+
+    def _drain_and_stop(self) -> None:
+        expected = self.written()
+        wait_for(lambda: self.watcher.covers(expected), DRAIN_TIMEOUT_S,
+                 f"all {len(expected)} changes delivered", self.runner, interval=0.5)
+        self.stop_file.touch()
+        assert self.runner is not None
+        try:
+            code = self.runner.wait(180)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the runner did not stop within 180 s of its stop file") from None
+        if code != 0:
+            raise AssertionError(f"the runner exited with {code} after its stop file: "
+                                 f"{self._log_tail()}")
+        self.runner = None
+
+    def _log_tail(self, chars: int = 1500) -> str:
+        if self.runner_log is None or not self.runner_log.exists():
+            return ""
+        return self.runner_log.read_text(errors="replace")[-chars:]
+
+    def _logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.dir.glob("runner-*")))
+
+    def _verify(self) -> None:
+        from connector.local import LocalTablestore
+
+        r = self.result
+        store = LocalTablestore(self.store_path, create=False)
+        try:
+            change_log = store.change_log(TABLE)
+            source_rows = rows_by_key(store.scan(TABLE))
+        finally:
+            store.close()
+        v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), source_rows)
+        r.changes, r.delivered = v.expected, v.delivered
+        r.lost, r.duplicated, r.out_of_order = v.lost, v.duplicated, v.keys_out_of_order
+        r.state_mismatches = v.state_mismatches or 0
+        if not v.ok:
+            r.problems.append(f"{v.summary()} {v.examples}")
+        replays = self.sink.replays()
+        r.replays = len(replays)
+        r.replays_identical = all(x["identical"] for x in replays)
+        sink_kills = sum(s == CrashAt("after_sink_write") for s in self.scenario.steps)
+        if r.replays < sink_kills:
+            r.problems.append(f"{sink_kills} kill(s) after the sink write but only {r.replays} "
+                              "replay(s) of a stored batch")
+        if not r.replays_identical:
+            r.problems.append(f"a replayed batch differs from the stored one: "
+                              f"{[x for x in replays if not x['identical']]}")
+        self.watcher.poll()
+        rewritten = self.watcher.rewritten()
+        if rewritten:
+            r.problems.append(f"stored batches were rewritten: {rewritten}")
+        if self.scenario.splits_required and (r.splits == 0 or r.merges == 0):
+            r.problems.append(f"the run had {r.splits} split(s) and {r.merges} merge(s)")
+        logs = self._logs()
+        r.task_failures = len({a or b for a, b in FAILED_TASK.findall(logs)})
+        expected_failures = sum(isinstance(s, FailTask) for s in self.scenario.steps)
+        if expected_failures:
+            injected = logs.count("InjectedFault")
+            if r.task_failures < expected_failures or injected < expected_failures:
+                r.problems.append(f"{expected_failures} task failure(s) injected, but the logs "
+                                  f"show {r.task_failures} failed task(s) and {injected} "
+                                  "InjectedFault(s)")
+        elif r.task_failures:
+            r.problems.append(f"{r.task_failures} task(s) failed (no task failure was injected)")
+        if self.scenario.flaky:
+            flaky_log = self.faults / FLAKY_LOG
+            r.injected_errors = (len(flaky_log.read_text().splitlines())
+                                 if flaky_log.exists() else 0)
+            if r.injected_errors == 0:
+                r.problems.append("no transient error was injected")
+        for duplicate in self.duplicates:
+            problem = self._check_duplicate(duplicate)
+            if problem:
+                r.problems.append(problem)
+
+    def _check_duplicate(self, duplicate: Duplicate) -> str | None:
+        """The duplicate read's records must be exactly what Spark delivered for that channel
+        in one batch; after the held attempt's claim (``mid_read``) they must be its records."""
+        channel_id, records = duplicate.channel_id, duplicate.records
+        if duplicate.point == "mid_read" and len(records) != duplicate.held_records:
+            return (f"the duplicate read of channel {channel_id} after the held attempt's "
+                    f"claim of {duplicate.held_records} gave {len(records)} records")
+        if not records:
+            return None  # nothing to compare: the channel had nothing new (verify still ran)
+        wanted = set(records)
+        batches = [name for name, rows in self.watcher.rows.items() if wanted & set(rows)]
+        if len(batches) != 1:
+            return (f"the duplicate read of channel {channel_id} ({len(records)} records) is "
+                    f"spread over batches {batches}")
+        delivered = sorted(r for r in self.watcher.rows[batches[0]] if r[0] == channel_id)
+        if delivered != sorted(records):
+            return (f"the duplicate read of channel {channel_id} gave {len(records)} records, "
+                    f"Spark delivered {len(delivered)} in {batches[0]}: not identical")
+        return None
+
+    # --- DynamoDB on moto -------------------------------------------------------------------
+
+    def _start_moto(self) -> None:
+        from tests.meta_fixtures import AWS_TEST_ENV, start_moto_server
+
+        self.moto, endpoint = start_moto_server()
+        self.meta_uri = (f"dynamodb://cdc_meta?region=us-east-1&endpoint_url={endpoint}"
+                         "&create_table=true")
+        self.extra_env = {
+            **AWS_TEST_ENV,
+            "AWS_CONFIG_FILE": str(self.dir / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.dir / "no-aws-credentials"),
+        }
+
+    def _stop_moto(self) -> None:
+        if self.moto is not None:
+            from tests.meta_fixtures import stop_moto_server
+
+            stop_moto_server(self.moto)
+            self.moto = None
+
+
+def _where(pid: int) -> str:
+    """Which part of the Spark tree ``pid`` belongs to: under an executor JVM
+    (``local-cluster``), under the driver JVM (workers, planning process), or the driver."""
+    try:
+        for parent in psutil.Process(pid).parents():
+            cmdline = " ".join(parent.cmdline())
+            if "CoarseGrainedExecutorBackend" in cmdline:
+                return "executor-jvm"
+            if "java" in parent.name():
+                return "driver-jvm"
+    except psutil.Error:
+        return "gone"
+    return "driver"
+
+
+def _sleep_watching(seconds: float, process: subprocess.Popen | None) -> None:
+    """Sleep, but fail at once if ``process`` dies meanwhile (it was not supposed to)."""
+    deadline = time.monotonic() + max(0.0, seconds)
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the runner exited with {process.returncode} on its own")
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def run_scenario(scenario: Scenario, workdir: Path, seed: int = 1, keep: bool = False,
+                 on_done: Callable[[Result], None] | None = None) -> Result:
+    """Run ``scenario`` in ``workdir``; its files are removed when it passes unless ``keep``."""
+    run = ScenarioRun(scenario, workdir, seed)
+    log.info("scenario %s: %s", scenario.name, scenario.why)
+    result = run.run()
+    if result.ok and not keep:
+        shutil.rmtree(run.dir, ignore_errors=True)
+    elif not result.ok:
+        result.problems.append(f"files kept in {run.dir}")
+    if on_done is not None:
+        on_done(result)
+    return result
+
+
+def random_kills(n: int, rng: random.Random) -> tuple[RandomKill, ...]:
+    """``n`` kills at random times: most while batches run, about one in five during start-up
+    (Spark starting, ``initialOffset``, the replay of the batch cut by the previous kill)."""
+    kills = []
+    for _ in range(n):
+        if rng.random() < 0.2:
+            kills.append(RandomKill(round(rng.uniform(2.0, 12.0), 2), during_startup=True))
+        else:
+            kills.append(RandomKill(round(rng.uniform(0.2, 6.0), 2)))
+    return tuple(kills)
