@@ -23,8 +23,10 @@ executors inside ``read()``.
 from __future__ import annotations
 
 import base64
+import gc
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
@@ -109,15 +111,24 @@ def to_json(values: dict[str, Any] | None) -> str | None:
     return _ENCODE(values)
 
 
-def _before_json(before: Mapping[str, Any] | None) -> str | None:
-    """``to_json(dict(before))``; a backend may hand over that exact text with the mapping as
-    its ``canonical_json`` attribute (the local store does) to spare encoding it again."""
-    if before is None:
-        return None
-    text = getattr(before, "canonical_json", None)
-    if text is not None:
-        return text
-    return _ENCODE(before if type(before) is dict else dict(before))
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while one Arrow batch is built (executor).
+
+    Behaviour is unchanged: the objects built form no cycles and reference counting frees them
+    as before. Only the collector runs less often: it starts a collection every few hundred
+    container allocations and, every so often, a full one over every live object, which is
+    costly while a reader holds a large partition (``connector.local.store.gc_paused`` does the
+    same per page of records; docs/performance.md). Restores the previous state.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class UndeclaredValuesError(OptionError):
@@ -159,8 +170,13 @@ class RecordBatchBuilder:
         Per record only the merged row (key + after image) is made; every output column is
         then one list comprehension and one ``pa.array`` call, ``_commit_ts`` is cast from the
         integer microseconds without a ``datetime`` per row, and JSON columns use one prebuilt
-        encoder (``json.dumps`` with options builds a new encoder on every call).
+        encoder (``json.dumps`` with options builds a new encoder on every call). The cyclic
+        garbage collector is paused meanwhile (``_gc_paused``).
         """
+        with _gc_paused():
+            return self._build_columns(records)
+
+    def _build_columns(self, records: list[Record]) -> pa.RecordBatch:
         data_set = self.data_column_set
         rows: list[Any] = []
         extras: list[str | None] = []
@@ -210,6 +226,7 @@ class RecordBatchBuilder:
         if name == "_sequence":
             return [r.sequence for r in records]
         if name == "_before":
-            return [_before_json(r.before) for r in records]
+            return [None if r.before is None else _ENCODE(
+                r.before if type(r.before) is dict else dict(r.before)) for r in records]
         assert name == "_extra", name
         return extras

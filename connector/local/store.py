@@ -43,6 +43,7 @@ Write semantics worth knowing:
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 import json
 import os
@@ -180,20 +181,26 @@ _BYTES_MARK = '{"$b":'
 _OPS = {op.value: op for op in Op}
 
 
-class JsonDict(dict):
-    """A decoded column mapping that keeps its stored JSON text as ``canonical_json``.
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while one page of records is built.
 
-    Only made for values without bytes, where the stored text (``dumps_values``: sorted keys,
-    compact separators, ASCII) is exactly ``connector.schema.to_json`` of the mapping, so the
-    executor's Arrow builder reuses it instead of encoding the before-image again. Equal to,
-    and used as, a plain ``dict``.
+    Behaviour is unchanged (the objects built form no cycles and are freed by reference counting
+    as before); what changes is how often the collector runs. Every few hundred container
+    allocations it starts a collection, and every so many of those a full one that walks every
+    live object; a reader holding a large partition's records (250k in the throughput
+    benchmark) spent about a third of its time there (docs/performance.md). Paused per page,
+    collections happen between pages, several times less often. Restores the previous state
+    (a caller that disabled the collector keeps it disabled).
     """
-
-    __slots__ = ("canonical_json",)
-
-    def __init__(self, values: dict[str, Any], text: str) -> None:
-        super().__init__(values)
-        self.canonical_json = text
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def dumps_values(values: Mapping[str, Any]) -> str:
@@ -844,17 +851,23 @@ class LocalTablestore:
 
         The executor's read path (``read_changes``, base-data reads): every JSON value of the
         page is parsed by one ``json.loads`` of one array instead of up to three calls per row
-        (a call costs more than parsing a small object), and bytes markers are decoded only when
-        the page contains one. The result is equal to ``record_from_row`` row by row.
+        (a call costs more than parsing a small object), bytes markers are decoded only when
+        the page contains one, and the cyclic garbage collector is paused meanwhile
+        (``gc_paused``). The result is equal to ``record_from_row`` row by row.
         """
         if not rows:
             return []
+        with gc_paused():
+            return self._decode_page(schema, channel_id, rows)
+
+    def _decode_page(
+        self, schema: TableSchema, channel_id: str, rows: Sequence[Sequence[Any]]
+    ) -> list[Record]:
         text = "[" + ",".join([
             f"{r[2]},{r[3]},{'null' if r[4] is None else r[4]}" for r in rows
         ]) + "]"
         values = json.loads(text)
-        has_bytes = _BYTES_MARK in text  # a marker can only be a value: strings escape quotes
-        if has_bytes:
+        if _BYTES_MARK in text:  # a marker can only be a value: JSON strings escape quotes
             values = [v if v is None else {k: _dec(x) for k, x in v.items()} for v in values]
         names = [c.name for c in schema.primary_key]
         # the stored key JSON has sorted keys: already in declared order when that is sorted
@@ -866,8 +879,6 @@ class LocalTablestore:
         for r, pk, columns, before in zip(rows, it, it, it, strict=True):
             if not (key_in_order and len(pk) == n_keys):
                 pk = {name: pk[name] for name in names}  # declared order
-            if before is not None and not has_bytes:
-                before = JsonDict(before, r[4])
             op = ops.get(r[1]) or Op(r[1])
             out.append(Record(op, pk, columns, before, sequence_str(r[0]), r[5], channel_id))
         return out
@@ -948,7 +959,6 @@ __all__ = [
     "KEY_SPACE",
     "KEY_TYPES",
     "ChannelRow",
-    "JsonDict",
     "LocalTablestore",
     "dumps_values",
     "key_hash",

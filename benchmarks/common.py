@@ -1,0 +1,120 @@
+"""Shared pieces of the benchmarks: machine facts, store filling, timing helpers.
+
+Nothing here measures anything by itself; the benchmark modules call these helpers in the main
+benchmark process (the Spark driver when a benchmark needs Spark).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from connector.local import LocalTablestore
+from connector.local.store import KEY_SPACE, dumps_values, key_hash
+
+#: the row shape every Spark benchmark reads: key, a short string, an integer
+TABLE = "bench"
+PRIMARY_KEY = [("id", "INTEGER")]
+COLUMNS = [("name", "STRING"), ("qty", "INTEGER")]
+
+#: rows per ``batch_write`` call when pre-filling a store
+FILL_CHUNK = 2000
+
+
+def machine_facts() -> dict[str, Any]:
+    """What the figures were measured on (cores, interpreter, PySpark, load)."""
+    import pyarrow
+    import pyspark
+
+    load = os.getloadavg()
+    return {
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "pyspark": pyspark.__version__,
+        "pyarrow": pyarrow.__version__,
+        "platform": platform.platform(),
+        "load_avg_1_5_15": [round(x, 2) for x in load],
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 1]) of a non-empty sample."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def median(samples: Sequence[float]) -> float:
+    return float(statistics.median(samples))
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as t: ...`` then ``t[0]`` is the elapsed wall time in seconds."""
+    out: list[float] = []
+    started = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out.append(time.perf_counter() - started)
+
+
+def create_bench_table(store: LocalTablestore, channels: int, table: str = TABLE,
+                       columns: Sequence[tuple[str, str]] = COLUMNS) -> None:
+    store.create_table(table, primary_key=PRIMARY_KEY, columns=list(columns), channels=channels)
+
+
+def channel_index(key: int, channels: int) -> int:
+    """Which of ``channels`` equal hash ranges (as ``create_table`` cuts them) owns ``id=key``."""
+    step = KEY_SPACE // channels
+    return min(key_hash(dumps_values({"id": key})) // step, channels - 1)
+
+
+def keys_per_channel(channels: int, per_channel: int) -> list[list[int]]:
+    """For each channel of a freshly created table, ``per_channel`` integer keys it owns."""
+    found: list[list[int]] = [[] for _ in range(channels)]
+    missing = channels
+    key = 0
+    while missing:
+        bucket = found[channel_index(key, channels)]
+        if len(bucket) < per_channel:
+            bucket.append(key)
+            if len(bucket) == per_channel:
+                missing -= 1
+        key += 1
+    return found
+
+
+def fill(store: LocalTablestore, records: int, table: str = TABLE, keys: int = 50_000) -> float:
+    """Append ``records`` changes (PUT 70 %, UPDATE 20 %, DELETE 10 %, over ``keys`` keys) in
+    chunks of ``FILL_CHUNK``; returns the writes per second achieved."""
+    started = time.perf_counter()
+    for lo in range(0, records, FILL_CHUNK):
+        ops: list[Any] = []
+        for i in range(lo, min(records, lo + FILL_CHUNK)):
+            key = {"id": i % keys}
+            kind = i % 10
+            if kind == 9:
+                ops.append(("delete", key, None))
+            elif kind in (3, 6):
+                ops.append(("update", key, {"qty": i}))
+            else:
+                ops.append(("put", key, {"name": f"name-{i:08d}", "qty": i}))
+        store.batch_write(table, ops)
+    return records / (time.perf_counter() - started)
+
+
+def progress_breakdown(progress: Sequence[Any]) -> dict[str, float]:
+    """Median milliseconds per phase (Spark's ``durationMs``: latestOffset, queryPlanning,
+    walCommit, addBatch, commitOffsets, triggerExecution, ...) over the given progress reports."""
+    keys = sorted({k for p in progress for k in p["durationMs"]})
+    return {k: median([p["durationMs"].get(k, 0) for p in progress]) for k in keys}

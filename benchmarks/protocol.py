@@ -1,0 +1,141 @@
+"""Driver-side protocol cost per batch: meta-store and tunnel calls for planning and commit.
+
+What is measured: ``connector.protocol.StreamProtocol`` driven directly, without Spark, in the
+order Spark calls it for every micro-batch::
+
+    latest_offset(start)      # GetOffset: catch-up commit, has_new_data, mint the end UUID
+    commit(end of previous)   # Commit: mark committed, push checkpoints, retention GC
+    plan(start, end)          # GetBatch: positions, channel refresh, manifest write
+    read_partition(p) for p   # executors' work: NOT timed, but real (claims every end)
+
+on an embedded store (``local://``, SQLite meta store beside it, the defaults) with ``N``
+channels and ``records_per_channel`` new records written to every channel before each batch, so
+every batch reads, claims and pushes every channel. ``channelRefreshIntervalMs=0``: every batch
+refreshes the channel list from the tunnel (the default refreshes at most once a second, so this
+is the conservative case). Figures are medians of ``latest_offset + commit + plan`` wall time in
+milliseconds over ``batches`` batches, taken twice in one run:
+
+- ``young``: right after the first ``warmup`` batches (batch 0 reads every channel's checkpoint
+  from the tunnel), while the meta table holds only a few batches;
+- ``steady``: after ``steady_after`` batches, once the meta table holds as many batches as
+  retention keeps (``metaRetentionBatches``, default 100): a long-running query. This is the
+  headline figure, as several meta-store calls list the retained batches.
+
+``plan_ms_1000ch`` is the median ``plan`` time alone over 1,000 channels, measured the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    TABLE,
+    create_bench_table,
+    keys_per_channel,
+    median,
+    percentile,
+)
+from connector.local import LocalTablestore
+from connector.options import SourceOptions
+from connector.protocol import StreamProtocol
+from connector.reader import read_partition
+
+#: by then the meta table holds all it keeps: ``metaRetentionBatches`` (default 100) committed
+#: batches, the one in flight and the initial one
+STEADY_AFTER = 102
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    channel_counts: tuple[int, ...] = (1, 16, 64, 256)
+    batches: int = 10
+    warmup: int = 2
+    #: measure the steady state after this many batches (0: only the young figures)
+    steady_after: int = STEADY_AFTER
+    records_per_channel: int = 3
+    plan_channels: int = 1000
+    plan_batches: int = 3
+    plan_steady_after: int = 0
+
+
+def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
+            workdir: Path, steady_after: int = 0) -> dict[str, Any]:
+    """Run the batches over ``channels`` channels; per-phase medians in ms for the ``young``
+    window (after ``warmup`` batches) and, if ``steady_after``, the ``steady`` one."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"protocol-{channels}ch.db"
+    store = LocalTablestore(path)
+    create_bench_table(store, channels)
+    keys = [k for ks in keys_per_channel(channels, records_per_channel) for k in ks]
+    options = SourceOptions.from_spark({
+        "endpoint": f"local://{path}", "table.name": TABLE, "tunnel.name": "bench",
+        "channelRefreshIntervalMs": "0",
+    })
+    windows = {"young": range(warmup, warmup + batches)}
+    if steady_after:
+        windows["steady"] = range(max(steady_after, warmup + batches),
+                                  max(steady_after, warmup + batches) + batches)
+    total_batches = max(w.stop for w in windows.values())
+    protocol = StreamProtocol(options)
+    phases = ("latest_offset", "commit", "plan", "total")
+    samples = {w: {name: [] for name in phases} for w in windows}
+    first_plan_ms = 0.0
+    read = 0
+    try:
+        start = protocol.initial_offset()
+        previous_end: dict | None = None
+        for batch in range(total_batches):
+            store.batch_write(TABLE, [("put", {"id": k}, {"name": f"b{batch}", "qty": batch})
+                                      for k in keys])
+            t0 = time.perf_counter()
+            end = protocol.latest_offset(start, None)
+            t1 = time.perf_counter()
+            if previous_end is not None:
+                protocol.commit(previous_end)
+            t2 = time.perf_counter()
+            partitions = protocol.plan(start, end)
+            t3 = time.perf_counter()
+            if end == start or len(partitions) != channels:
+                raise RuntimeError(f"batch {batch}: {len(partitions)} partitions planned, "
+                                   f"expected {channels}")
+            read += sum(len(read_partition(p)) for p in partitions)  # executors (untimed)
+            if batch == 0:
+                first_plan_ms = (t3 - t2) * 1000
+            for window, span in windows.items():
+                if batch in span:
+                    for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t3 - t0),
+                                             strict=True):
+                        samples[window][name].append(seconds * 1000)
+            previous_end, start = end, end
+    finally:
+        protocol.close()
+        store.close()
+    if read != total_batches * len(keys):
+        raise RuntimeError(f"read {read} records, expected {total_batches * len(keys)}")
+    out: dict[str, Any] = {"first_plan_ms": round(first_plan_ms, 2), "batches": batches}
+    for window, by_phase in samples.items():
+        out[window] = {f"{k}_ms": round(median(v), 2) for k, v in by_phase.items()}
+        out[window]["total_p90_ms"] = round(percentile(by_phase["total"], 0.9), 2)
+        out[window]["after_batches"] = windows[window].start
+    return out
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The steady-state figures when measured, else the young ones."""
+    return result.get("steady", result["young"])
+
+
+def run(config: ProtocolConfig, workdir: Path) -> dict[str, Any]:
+    """Every channel count of ``config``, then the 1,000-channel planning figure."""
+    out: dict[str, Any] = {}
+    for channels in config.channel_counts:
+        out[f"{channels}ch"] = measure(channels, config.batches, config.warmup,
+                                       config.records_per_channel, workdir,
+                                       config.steady_after)
+    out[f"{config.plan_channels}ch"] = measure(config.plan_channels, config.plan_batches, 1,
+                                               config.records_per_channel, workdir,
+                                               config.plan_steady_after)
+    return out

@@ -1,0 +1,202 @@
+"""The whole benchmark suite: presets, one run of every benchmark, the summary and its targets.
+
+``run_suite(preset)`` runs, in this order: the driver protocol (no Spark), then in one local
+SparkSession (``local[2]``) throughput, commit interval and freshness, then (session stopped, so
+it does not compete for the cores) recovery in separate runner processes. ``summary`` flattens
+the results into the documented JSON keys; ``TARGETS`` says which keys have targets. Figures are
+measured every run, never stored here.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.commit_interval import CommitIntervalConfig
+from benchmarks.common import load_average, machine_facts
+from benchmarks.freshness import FreshnessConfig
+from benchmarks.protocol import ProtocolConfig
+from benchmarks.recovery import RecoveryConfig
+from benchmarks.throughput import ThroughputConfig
+
+BENCHMARKS = ("protocol", "throughput", "commit_interval", "freshness", "recovery")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    protocol: ProtocolConfig
+    throughput: ThroughputConfig
+    commit_interval: CommitIntervalConfig
+    freshness: FreshnessConfig
+    recovery: RecoveryConfig
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    # the smallest configuration of everything: for the smoke test, not for figures
+    "smoke": Preset(
+        "smoke",
+        ProtocolConfig(batches=2, warmup=1, steady_after=4, plan_batches=1),
+        ThroughputConfig(records=8_000, repeats=1, default_options=False),
+        CommitIntervalConfig(batches=2, max_per_channel=20),
+        FreshnessConfig(seconds=2.0, writes_per_second=5.0),
+        RecoveryConfig(trials=1, max_per_channel=100, batches_before_kill=1),
+    ),
+    # under 10 minutes on 2 cores
+    "quick": Preset(
+        "quick",
+        ProtocolConfig(batches=8, warmup=2, plan_batches=3),  # steady: after 102 batches
+        ThroughputConfig(records=1_000_000, repeats=2),
+        CommitIntervalConfig(batches=30, max_per_channel=50),
+        FreshnessConfig(seconds=20.0, writes_per_second=10.0),
+        RecoveryConfig(trials=1),
+    ),
+    "full": Preset(
+        "full",
+        ProtocolConfig(batches=20, warmup=2, plan_batches=5, plan_steady_after=102),
+        ThroughputConfig(records=2_000_000, repeats=3),
+        CommitIntervalConfig(batches=60, max_per_channel=50, repeats=2),
+        FreshnessConfig(seconds=60.0, writes_per_second=20.0),
+        RecoveryConfig(trials=3),
+    ),
+}
+
+#: key -> (comparison, bound, unit): the targets of issue 8
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "throughput_ratio": (">=", 0.7, ""),
+    "protocol_ms_per_batch_64ch": ("<=", 50.0, "ms"),
+    "plan_ms_1000ch": ("<=", 1000.0, "ms"),
+    "freshness_p50_ms": ("<=", 1500.0, "ms"),
+}
+
+
+def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMARKS,
+              workdir: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the benchmarks named in ``only``; returns the raw results with machine facts.
+
+    ``spark``: an existing session to use (kept running); otherwise one is started and stopped.
+    """
+    from benchmarks import commit_interval, freshness, protocol, recovery, throughput
+
+    began = time.monotonic()
+    results: dict[str, Any] = {"preset": preset.name, "machine": machine_facts(),
+                               "load_avg_start": load_average()}
+    own_dir = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="tablestore-bench-")) if workdir is None else workdir
+    try:
+        if "protocol" in only:
+            log("protocol: driving StreamProtocol directly ...")
+            results["protocol"] = protocol.run(preset.protocol, root / "protocol")
+        spark_needed = [b for b in ("throughput", "commit_interval", "freshness") if b in only]
+        if spark_needed:
+            session = spark
+            if session is None:
+                from connector.spark import local_session
+
+                log("starting a local[2] SparkSession ...")
+                session = local_session("tablestore-cdc-benchmarks", master="local[2]")
+            try:
+                if "throughput" in only:
+                    log("throughput: tablestore vs trivial source into noop ...")
+                    results["throughput"] = throughput.run(session, preset.throughput,
+                                                           root / "throughput")
+                if "commit_interval" in only:
+                    log("commit_interval: small batches, commitInterval 1/10/50 ...")
+                    results["commit_interval"] = commit_interval.run(
+                        session, preset.commit_interval, root / "commit_interval")
+                if "freshness" in only:
+                    log("freshness: stamped writes into a foreachBatch sink ...")
+                    results["freshness"] = freshness.run(session, preset.freshness,
+                                                         root / "freshness")
+            finally:
+                if spark is None:
+                    session.stop()
+        if "recovery" in only:
+            log("recovery: SIGKILL the driver tree, restart ...")
+            results["recovery"] = recovery.run(preset.recovery, root / "recovery")
+    finally:
+        if own_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    results["load_avg_end"] = load_average()
+    results["duration_s"] = round(time.monotonic() - began, 1)
+    return results
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """The flat, documented keys (plus the raw results under their benchmark names)."""
+    out: dict[str, Any] = {"preset": results["preset"], "machine": results["machine"],
+                           "load_avg_start": results["load_avg_start"],
+                           "load_avg_end": results["load_avg_end"],
+                           "duration_s": results["duration_s"],
+                           "python_implementation": platform.python_implementation()}
+    if "throughput" in results:
+        t = results["throughput"]
+        out["throughput_ratio"] = round(t["read_path"]["ratio"], 3)
+        out["throughput_tablestore_rows_s"] = round(t["read_path"]["tablestore_rows_s"])
+        out["throughput_trivial_rows_s"] = round(t["read_path"]["trivial_rows_s"])
+        if "default_options" in t:
+            out["throughput_ratio_default_options"] = round(t["default_options"]["ratio"], 3)
+    if "protocol" in results:
+        from benchmarks.protocol import headline
+
+        for key, value in results["protocol"].items():
+            out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
+        out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
+    if "freshness" in results:
+        out["freshness_p50_ms"] = results["freshness"]["p50_ms"]
+        out["freshness_p99_ms"] = results["freshness"]["p99_ms"]
+    if "commit_interval" in results:
+        out["commit_interval"] = results["commit_interval"]["records_s"]
+    if "recovery" in results:
+        out["recovery_s"] = results["recovery"]["recovery_s"]
+        out["recovery_rereads"] = results["recovery"]["rereads"]
+    out["targets"] = {
+        key: {"target": f"{op} {bound:g}{unit}", "value": out[key],
+              "met": out[key] >= bound if op == ">=" else out[key] <= bound}
+        for key, (op, bound, unit) in TARGETS.items() if key in out
+    }
+    out["details"] = {k: results[k] for k in BENCHMARKS if k in results}
+    return out
+
+
+def format_table(s: dict[str, Any]) -> str:
+    """The printed table: every summary figure, its target and whether it is met."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def add(key: str, value: Any, fmt: str = "{:,.1f}") -> None:
+        target = s["targets"].get(key)
+        rows.append((key, fmt.format(value), target["target"] if target else "",
+                     ("met" if target["met"] else "MISSED") if target else ""))
+
+    for key in ("throughput_ratio", "throughput_ratio_default_options"):
+        if key in s:
+            add(key, s[key], "{:.3f}")
+    for key in ("throughput_tablestore_rows_s", "throughput_trivial_rows_s"):
+        if key in s:
+            add(key, s[key], "{:,.0f}")
+    for key in sorted((k for k in s if k.startswith("protocol_ms_per_batch_")),
+                      key=lambda k: int(k.rsplit("_", 1)[1].removesuffix("ch"))):
+        add(key, s[key])
+    for key in ("plan_ms_1000ch", "freshness_p50_ms", "freshness_p99_ms", "recovery_s"):
+        if key in s:
+            add(key, s[key])
+    if "recovery_rereads" in s:
+        add("recovery_rereads", s["recovery_rereads"], "{:,}")
+    for interval, rate in s.get("commit_interval", {}).items():
+        add(f"commit_interval {interval} (records/s)", rate, "{:,.0f}")
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'figure':<{width}}  {'value':>12}  {'target':<10}  status",
+             "-" * (width + 34)]
+    lines += [f"{k:<{width}}  {v:>12}  {t:<10}  {m}" for k, v, t, m in rows]
+    m = s["machine"]
+    lines.append(f"machine: {m['cores']} cores, Python {m['python']}, PySpark {m['pyspark']}, "
+                 f"load avg {s['load_avg_start']} -> {s['load_avg_end']}; "
+                 f"preset {s['preset']}, {s['duration_s']:.0f} s")
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""Smoke test of ``python -m benchmarks``: the smallest configuration of every benchmark, once.
+
+Checks only that each benchmark runs and reports its documented keys with positive numbers.
+It never checks a figure against a target: the machine is shared and figures are noisy, so
+targets are judged by running the suite (docs/performance.md), not by tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks.suite import PRESETS, format_table, run_suite, summary
+
+pytestmark = pytest.mark.slow
+
+POSITIVE_KEYS = (
+    "throughput_ratio",
+    "throughput_tablestore_rows_s",
+    "throughput_trivial_rows_s",
+    "protocol_ms_per_batch_1ch",
+    "protocol_ms_per_batch_16ch",
+    "protocol_ms_per_batch_64ch",
+    "protocol_ms_per_batch_256ch",
+    "plan_ms_1000ch",
+    "freshness_p50_ms",
+    "freshness_p99_ms",
+    "recovery_s",
+)
+
+
+def _positive(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+def test_every_benchmark_reports_its_keys(spark, tmp_path):
+    results = summary(run_suite(PRESETS["smoke"], spark=spark, workdir=tmp_path / "work",
+                                log=lambda message: None))
+    results = json.loads(json.dumps(results))  # what --json writes
+    for key in POSITIVE_KEYS:
+        assert _positive(results.get(key)), (key, results.get(key))
+    assert set(results["commit_interval"]) == {"1", "10", "50"}
+    assert all(_positive(v) for v in results["commit_interval"].values())
+    rereads = results["recovery_rereads"]
+    assert isinstance(rereads, int) and rereads >= 0  # zero when the kill fell between batches
+    machine = results["machine"]
+    assert machine["cores"] >= 1 and machine["pyspark"] and machine["python"]
+    assert len(results["load_avg_start"]) == 3 and len(results["load_avg_end"]) == 3
+    assert set(results["targets"]) == {"throughput_ratio", "protocol_ms_per_batch_64ch",
+                                       "plan_ms_1000ch", "freshness_p50_ms"}
+    assert "throughput_ratio" in format_table(results)
+
+
+def test_cli_rejects_an_unknown_benchmark(capsys):
+    with pytest.raises(SystemExit):
+        main(["--only", "nonsense"])
+    assert "unknown benchmark" in capsys.readouterr().err
