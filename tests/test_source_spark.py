@@ -165,7 +165,9 @@ def test_idle_tunnel_runs_no_batches(spark, store, tmp_path):
     query = (stream(spark, store).writeStream
              .foreachBatch(lambda df, batch_id: batches.append(df.count()))
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
-    time.sleep(4)
+    # wait for Spark's first trigger (slow under load), then idle a while
+    wait_until(lambda: bool(query.recentProgress), 120, query)
+    time.sleep(3)
     # Spark runs one empty batch 0 on a fresh start (its first offset is new to it); after
     # that an idle tunnel runs nothing and mints no UUIDs
     assert batches in ([], [0])
