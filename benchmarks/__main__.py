@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from benchmarks.suite import BENCHMARKS, PRESETS, format_table, run_suite, summary
+from connector.protocol import LOG_LEVEL_ENV
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
     preset = PRESETS[args.preset or ("quick" if args.quick else "full")]
+    # the planner's one INFO line per batch would bury the progress lines (hundreds of batches);
+    # also inherited by Spark's planning processes. An explicit setting wins.
+    os.environ.setdefault(LOG_LEVEL_ENV, "WARNING")
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -13,7 +13,9 @@ channels and ``records_per_channel`` new records written to every channel before
 every batch reads, claims and pushes every channel. ``channelRefreshIntervalMs=0``: every batch
 refreshes the channel list from the tunnel (the default refreshes at most once a second, so this
 is the conservative case). Figures are medians of ``latest_offset + commit + plan`` wall time in
-milliseconds over ``batches`` batches, taken twice in one run:
+milliseconds over ``batches`` batches (``total_cpu_ms``: the driver process's CPU time for the
+same calls; the rest of the wall time is waiting for fsyncs or for a core), taken twice in one
+run:
 
 - ``young``: right after the first ``warmup`` batches (batch 0 reads every channel's checkpoint
   from the tunnel), while the meta table holds only a few batches;
@@ -80,8 +82,8 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
                                   max(steady_after, warmup + batches) + batches)
     total_batches = max(w.stop for w in windows.values())
     protocol = StreamProtocol(options)
-    phases = ("latest_offset", "commit", "plan", "total")
-    samples = {w: {name: [] for name in phases} for w in windows}
+    phases = ("latest_offset", "commit", "plan", "total", "total_cpu")
+    samples: dict[str, dict[str, list[float]]] = {w: {n: [] for n in phases} for w in windows}
     first_plan_ms = 0.0
     read = 0
     try:
@@ -90,14 +92,14 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         for batch in range(total_batches):
             store.batch_write(TABLE, [("put", {"id": k}, {"name": f"b{batch}", "qty": batch})
                                       for k in keys])
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             end = protocol.latest_offset(start, None)
             t1 = time.perf_counter()
             if previous_end is not None:
                 protocol.commit(previous_end)
             t2 = time.perf_counter()
             partitions = protocol.plan(start, end)
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.process_time()
             if end == start or len(partitions) != channels:
                 raise RuntimeError(f"batch {batch}: {len(partitions)} partitions planned, "
                                    f"expected {channels}")
@@ -106,8 +108,8 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
                 first_plan_ms = (t3 - t2) * 1000
             for window, span in windows.items():
                 if batch in span:
-                    for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t3 - t0),
-                                             strict=True):
+                    for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t3 - t0,
+                                                      c3 - c0), strict=True):
                         samples[window][name].append(seconds * 1000)
             previous_end, start = end, end
     finally:

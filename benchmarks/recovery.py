@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,19 +96,25 @@ def run(config: RecoveryConfig, workdir: Path) -> dict[str, Any]:
     def newest() -> int:
         return max(sink.committed_batches(), default=-1)
 
+    def batch_above(n: int) -> Callable[[], bool]:
+        return lambda: newest() > n
+
+    def started_more_than(n: int) -> Callable[[], bool]:
+        return lambda: _started_lines(log) > n
+
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
     runner = start_runner(args, log)
     try:
-        wait_for(lambda: newest() >= 0, config.timeout_s, "first batch", runner)
+        wait_for(batch_above(-1), config.timeout_s, "first batch", runner)
         cold_start_s = time.monotonic() - started
         for _ in range(config.trials):
             target = newest() + config.batches_before_kill
-            wait_for(lambda t=target: newest() >= t, config.timeout_s, "batches before kill",
-                     runner, interval=0.02)
+            wait_for(batch_above(target - 1), config.timeout_s, "batches before kill", runner,
+                     interval=0.02)
             seen = time.monotonic()
-            wait_for(lambda t=target: newest() > t, config.timeout_s, "one more batch",
-                     runner, interval=0.02)
+            wait_for(batch_above(target), config.timeout_s, "one more batch", runner,
+                     interval=0.02)
             # land the kill in the middle of the next batch, where it costs the most
             time.sleep((time.monotonic() - seen) / 2)
             kill_tree(runner.pid)
@@ -117,10 +124,10 @@ def run(config: RecoveryConfig, workdir: Path) -> dict[str, Any]:
             starts = _started_lines(log)
             restarted = time.monotonic()
             runner = start_runner(args, log)
-            wait_for(lambda n=starts: _started_lines(log) > n, config.timeout_s,
-                     "query started after restart", runner, interval=0.05)
+            wait_for(started_more_than(starts), config.timeout_s, "query started after restart",
+                     runner, interval=0.05)
             query_started_s = time.monotonic() - restarted
-            wait_for(lambda s=stored_at_kill: newest() > s, config.timeout_s,
+            wait_for(batch_above(stored_at_kill), config.timeout_s,
                      "first new batch after restart", runner, interval=0.05)
             trials.append({"recovery_s": round(time.monotonic() - restarted, 2),
                            "query_started_s": round(query_started_s, 2),

@@ -52,7 +52,7 @@ PRESETS: dict[str, Preset] = {
     # under 10 minutes on 2 cores
     "quick": Preset(
         "quick",
-        ProtocolConfig(batches=8, warmup=2, plan_batches=3),  # steady: after 102 batches
+        ProtocolConfig(batches=10, warmup=2, plan_batches=3),  # steady: after 102 batches
         ThroughputConfig(records=1_000_000, repeats=2),
         CommitIntervalConfig(batches=30, max_per_channel=50),
         FreshnessConfig(seconds=20.0, writes_per_second=10.0),

@@ -47,7 +47,7 @@ class ThroughputConfig:
     default_options: bool = True
 
 
-def run_noop(spark: Any, df: Any, checkpoint: Path) -> dict[str, float]:
+def run_noop(spark: Any, df: Any, checkpoint: Path) -> dict[str, Any]:
     """Run ``df`` into the noop sink with AvailableNow; rows and times from Spark's progress."""
     query = (df.writeStream.format("noop").trigger(availableNow=True)
              .option("checkpointLocation", str(checkpoint)).start())
@@ -97,7 +97,7 @@ def _compare(spark: Any, store: LocalTablestore, channel_rows: list[int], max_pe
              repeats: int, workdir: Path) -> dict[str, Any]:
     expected = sum(channel_rows)
     share = before_share(store)
-    runs: dict[str, list[dict[str, float]]] = {"trivial": [], "tablestore": []}
+    runs: dict[str, list[dict[str, Any]]] = {"trivial": [], "tablestore": []}
     for _ in range(repeats):
         for name in ("trivial", "tablestore"):
             df = (_trivial(spark, channel_rows, max_per_channel, share) if name == "trivial"
