@@ -31,7 +31,6 @@ one is set, so the harness can count them.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import pickle
@@ -41,6 +40,7 @@ import time
 from typing import Any, TypeVar
 
 from connector.errors import CdcError, TransientMetaStoreError, TransientTunnelError
+from connector.proxy import ClientProxy
 
 FAULT_DIR_ENV = "TABLESTORE_CDC_FAULT_DIR"
 FLAKY_ENV = "TABLESTORE_CDC_FLAKY"
@@ -121,11 +121,13 @@ Client = TypeVar("Client")
 _NEVER_FLAKY = frozenset({"close"})
 
 
-class _FlakyClient:
+class _FlakyClient(ClientProxy):
     """Proxy that makes ~``rate`` of the public calls of ``target`` raise ``error``."""
 
+    passthrough = _NEVER_FLAKY
+
     def __init__(self, target: Any, error: type[CdcError], rate: float, seed: str) -> None:
-        self._target = target
+        super().__init__(target)
         self._error = error
         self._rate = rate
         self._rng = random.Random(f"{seed}:{os.getpid()}:{error.__name__}")
@@ -152,31 +154,14 @@ class _FlakyClient:
                 pass
         return self._error(detail=f"injected {when} {method} (TABLESTORE_CDC_FLAKY)")
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if name.startswith("_") or name in _NEVER_FLAKY or not callable(attr):
-            return attr
-
-        @functools.wraps(attr)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            when = self._draw()
-            if when == "before":
-                raise self._injected(when, name)
-            result = attr(*args, **kwargs)
-            if when == "after":
-                raise self._injected(when, name)
-            return result
-
-        return call
-
-    def close(self) -> None:
-        self._target.close()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _call(self, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        when = self._draw()
+        if when == "before":
+            raise self._injected(when, name)
+        result = method(*args, **kwargs)
+        if when == "after":
+            raise self._injected(when, name)
+        return result
 
     def __repr__(self) -> str:
         return f"<flaky {self._rate:.0%} {self._target!r}>"

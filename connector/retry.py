@@ -26,7 +26,6 @@ The retry loop itself is tenacity's.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, TypeVar
 
@@ -41,6 +40,7 @@ from tenacity import (
 )
 
 from connector.errors import CdcError
+from connector.proxy import ClientProxy
 
 log = logging.getLogger("connector.retry")
 
@@ -85,37 +85,17 @@ def retrying(what: str = "call") -> Retrying:
     )
 
 
-class _RetryingClient:
+class _RetryingClient(ClientProxy):
     """Proxy calling every public method of ``target`` under the retry policy."""
 
+    passthrough = _NOT_RETRIED
+
     def __init__(self, target: Any) -> None:
-        self._target = target
+        super().__init__(target)
         self._kind = type(target).__name__
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if name.startswith("_") or name in _NOT_RETRIED or not callable(attr):
-            return attr
-
-        @functools.wraps(attr)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return retrying(f"{self._kind}.{name}")(attr, *args, **kwargs)
-
-        return call
-
-    @property
-    def wrapped(self) -> Any:
-        """The client underneath (for tests and diagnostics)."""
-        return self._target
-
-    def close(self) -> None:
-        self._target.close()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _call(self, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        return retrying(f"{self._kind}.{name}")(method, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<retrying {self._target!r}>"
