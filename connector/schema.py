@@ -23,10 +23,8 @@ executors inside ``read()``.
 from __future__ import annotations
 
 import base64
-import gc
 import json
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
@@ -45,6 +43,7 @@ from pyspark.sql.types import (
 )
 
 from connector.errors import OptionError
+from connector.gc_pause import gc_paused
 from connector.tunnel.base import Op, Record, TableSchema
 
 TABLESTORE_TO_SPARK: dict[str, DataType] = {
@@ -111,26 +110,6 @@ def to_json(values: dict[str, Any] | None) -> str | None:
     return _ENCODE(values)
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while one Arrow batch is built (executor).
-
-    Behaviour is unchanged: the objects built form no cycles and reference counting frees them
-    as before. Only the collector runs less often: it starts a collection every few hundred
-    container allocations and, every so often, a full one over every live object, which is
-    costly while a reader holds a large partition (``connector.local.store.gc_paused`` does the
-    same per page of records; docs/performance.md). Restores the previous state.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 class UndeclaredValuesError(OptionError):
     """A record carries attribute values the output schema has no column for, and the schema
     has no ``_extra`` column to keep them: refusing to drop them silently."""
@@ -171,9 +150,9 @@ class RecordBatchBuilder:
         then one list comprehension and one ``pa.array`` call, ``_commit_ts`` is cast from the
         integer microseconds without a ``datetime`` per row, and JSON columns use one prebuilt
         encoder (``json.dumps`` with options builds a new encoder on every call). The cyclic
-        garbage collector is paused meanwhile (``_gc_paused``).
+        garbage collector is paused meanwhile (``gc_paused``).
         """
-        with _gc_paused():
+        with gc_paused():
             return self._build_columns(records)
 
     def _build_columns(self, records: list[Record]) -> pa.RecordBatch:

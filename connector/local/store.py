@@ -43,7 +43,6 @@ Write semantics worth knowing:
 from __future__ import annotations
 
 import base64
-import gc
 import hashlib
 import json
 import os
@@ -63,6 +62,7 @@ from connector.errors import (
     TransientTunnelError,
     UnknownTableError,
 )
+from connector.gc_pause import gc_paused
 from connector.tunnel.base import ColumnSpec, Op, Record, TableSchema
 
 #: The hash space channels cut into ranges: [0, KEY_SPACE).
@@ -179,28 +179,6 @@ def _dec(value: Any) -> Any:
 #: how ``_enc`` marks bytes in stored JSON (``"$b"`` inside a string value would be escaped)
 _BYTES_MARK = '{"$b":'
 _OPS = {op.value: op for op in Op}
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while one page of records is built.
-
-    Behaviour is unchanged (the objects built form no cycles and are freed by reference counting
-    as before); what changes is how often the collector runs. Every few hundred container
-    allocations it starts a collection, and every so many of those a full one that walks every
-    live object; a reader holding a large partition's records (250k in the throughput
-    benchmark) spent about a third of its time there (docs/performance.md). Paused per page,
-    collections happen between pages, several times less often. Restores the previous state
-    (a caller that disabled the collector keeps it disabled).
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def dumps_values(values: Mapping[str, Any]) -> str:

@@ -1,0 +1,29 @@
+"""Pause Python's cyclic garbage collector around one bulk build on the read path (executor).
+
+Behaviour is unchanged: the objects built (a page of records, an Arrow batch) form no cycles and
+reference counting frees them as before. Only the collector runs less often: it starts a
+collection every few hundred container allocations and, every so often, a full one over every
+live object; a reader holding a large partition spent about a third of its time there
+(docs/performance.md). Used by ``connector.local.store`` (per page of records) and
+``connector.schema`` (per Arrow batch).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collector off for the block; restores the previous state (a caller that disabled the
+    collector keeps it disabled)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
