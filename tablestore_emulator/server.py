@@ -1,0 +1,242 @@
+"""The emulator's HTTP server: POST routes, signatures checked and responses signed.
+
+``EmulatorServer`` is used in-process by tests (start on port 0, ``.url``, stop) and by the
+``tablestore-cdc emulator`` command (connector/cli.py), which serves until SIGINT/SIGTERM.
+
+Routes: the table API from ``tablestore_emulator.table_api.ROUTES`` (``/CreateTable``,
+``/PutRow`` ...) and, when that module exists, the tunnel API from
+``tablestore_emulator.tunnel_api.ROUTES`` (``/tunnel/...``). A route handler is
+``handler(ctx: EmulatorContext, body: bytes) -> bytes``: it gets the request's protobuf bytes
+(already authenticated), returns the serialized protobuf response, and raises
+``errors.OtsError`` for a service error. The server renders both the way the service does.
+
+Threads: one thread per connection (``ThreadingHTTPServer``). All handlers share one
+``LocalTablestore`` (its transactions are serialized by its own lock); handlers that read then
+write (row conditions) hold ``ctx.write_lock`` across both so a condition stays true until the
+write lands. Writers in *other* processes (``tablestore-cdc local write`` on the same file) do
+not take that lock: a condition is atomic against emulator clients only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from connector.local.store import LocalTablestore
+from tablestore_emulator import auth
+from tablestore_emulator.errors import OtsError, internal_error, parameter_invalid
+
+log = logging.getLogger(__name__)
+
+#: Largest request body accepted (the service's limit on a request is 5 MB; leave headroom).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class EmulatorContext:
+    """What every route handler gets: the store, the instance, shared state.
+
+    ``state`` is a free dict for API modules that keep in-memory state across requests (keyed by
+    module name, e.g. ``state["tunnel"]``); guard it with ``lock``.
+    """
+
+    store: LocalTablestore
+    instance: str
+    store_path: str
+    write_lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[EmulatorContext, bytes], bytes]
+
+
+def load_routes() -> dict[str, Handler]:
+    """Every route the emulator serves: table API, plus tunnel API when its module exists."""
+    from tablestore_emulator.table_api import ROUTES as table_routes
+
+    routes: dict[str, Handler] = dict(table_routes)
+    try:
+        tunnel_api = importlib.import_module("tablestore_emulator.tunnel_api")
+    except ModuleNotFoundError as exc:
+        if exc.name != "tablestore_emulator.tunnel_api":
+            raise
+    else:
+        routes.update(tunnel_api.ROUTES)
+    return routes
+
+
+def new_request_id() -> str:
+    """A request id shaped like the service's (hex groups)."""
+    h = uuid.uuid4().hex
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the SDKs pool connections
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        emu = self.server.emulator
+        path = self.path.split("?", 1)[0]
+        request_id = new_request_id()
+        sign = True
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length < 0 or length > MAX_REQUEST_BYTES:
+                raise parameter_invalid(f"Request body of {length} bytes is too large.")
+            body = self.rfile.read(length)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            try:
+                auth.verify_request(
+                    path,
+                    headers,
+                    body,
+                    access_key_id=emu.access_key_id,
+                    access_key_secret=emu.access_key_secret,
+                    instance=emu.instance,
+                )
+            except OtsError:
+                sign = False  # the client may hold another secret: an auth error is unsigned
+                raise
+            handler = emu.routes.get(path)
+            if handler is None:
+                raise OtsError(404, "OTSUnsupportOperation", f"Unsupported operation: {path}.")
+            status, payload = 200, handler(emu.context, body)
+        except OtsError as exc:
+            status, payload = exc.http_status, _error_body(exc)
+        except Exception:  # a bug: answer like the service does, keep serving
+            log.exception("emulator: %s failed", path)
+            bug = internal_error()
+            status, payload = bug.http_status, _error_body(bug)
+        if sign:
+            headers_out = auth.response_headers(
+                path,
+                payload,
+                request_id=request_id,
+                access_key_id=emu.access_key_id,
+                access_key_secret=emu.access_key_secret,
+                corrupt_signature=emu.corrupt_response_signatures,
+            )
+        else:
+            headers_out = {"x-ots-requestid": request_id}
+        self.send_response(status)
+        for name, value in headers_out.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+def _error_body(exc: OtsError) -> bytes:
+    from tablestore.protobuf import table_store_pb2 as pb
+
+    return pb.Error(code=exc.code, message=exc.message).SerializeToString()
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # idle keep-alive connections must not hold up stop()
+    emulator: EmulatorServer
+
+
+class EmulatorServer:
+    """A Tablestore emulator over one store file, served on ``host:port`` (0 = a free port).
+
+    ``start()`` binds and serves in a background thread; ``url`` is then
+    ``http://HOST:PORT``; ``stop()`` closes the socket and the store. Also a context manager.
+    ``corrupt_response_signatures`` (test switch) makes every response's signature wrong.
+    """
+
+    def __init__(
+        self,
+        store_path: str,
+        instance: str,
+        access_key_id: str,
+        access_key_secret: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.store_path = str(store_path)
+        self.instance = instance
+        self.access_key_id = access_key_id
+        self.access_key_secret = access_key_secret
+        self.host = host
+        self.port = port
+        self.corrupt_response_signatures = False
+        self.routes: dict[str, Handler] = {}
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._context: EmulatorContext | None = None
+
+    @property
+    def context(self) -> EmulatorContext:
+        if self._context is None:
+            raise RuntimeError("the emulator is not started")
+        return self._context
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the emulator is not started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> EmulatorServer:
+        """Open the store, bind, and serve in a daemon thread. Returns self."""
+        if self._httpd is not None:
+            return self
+        self.routes = load_routes()
+        store = LocalTablestore(self.store_path)
+        self._context = EmulatorContext(store=store, instance=self.instance,
+                                        store_path=store.path)
+        httpd = _HTTPServer((self.host, self.port), _Handler)
+        httpd.emulator = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
+            name="tablestore-emulator", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Block until ``stop()`` is called (from a signal handler or another thread)."""
+        if self._thread is None:
+            self.start()
+        assert self._thread is not None
+        while self._thread.is_alive():
+            self._thread.join(0.5)
+
+    def stop(self) -> None:
+        """Stop accepting, close the socket and the store. Safe to call twice."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if self._context is not None:
+            self._context.store.close()
+            self._context = None
+
+    def __enter__(self) -> EmulatorServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
