@@ -5,7 +5,8 @@ Where each piece runs:
   options (``SourceOptions``) and derives the output schema from the table's declared schema.
 - ``TablestoreStreamReader`` lives in Spark's planning process on the driver, where Spark calls
   ``initialOffset``, ``latestOffset``, ``partitions``, ``commit`` and
-  ``prepareForTriggerAvailableNow``; it delegates them to ``StreamProtocol``. Spark also pickles
+  ``prepareForTriggerAvailableNow``; it delegates them to ``StreamProtocol``. Spark also calls
+  ``reportLatestOffset`` there for its progress report (``connector.progress``). Spark also pickles
   the reader to executors to call ``read``, so it holds no live client when pickled.
 - ``read`` runs on executors and delegates to ``connector.reader``.
 """
@@ -63,10 +64,13 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.options = options
         self.schema = schema
         self._protocol: Any = None  # opened on first use in the planning process
+        self._reporter: Any = None  # connector.progress.LatestOffsetReporter, same process
+        self._last_start: str | None = None  # start UUID of the batch latestOffset last saw
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_protocol"] = None  # live clients never travel to executors
+        state["_reporter"] = None
         return state
 
     @property
@@ -93,7 +97,18 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return self.protocol.latest_offset(start, max_rows)
+        end = self.protocol.latest_offset(start, max_rows)
+        self._last_start = self.protocol.uuid_of(start)
+        return end
+
+    def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's API name
+        """Called by Spark after ``latestOffset`` for ``lastProgress.sources[].latestOffset``:
+        per-channel heads and records/seconds behind (``connector.progress``; cached)."""
+        if self._reporter is None:
+            from connector.progress import LatestOffsetReporter
+
+            self._reporter = LatestOffsetReporter(self.protocol)
+        return self._reporter.report(self._last_start)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return self.protocol.plan(start, end)
@@ -108,6 +123,7 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._protocol is not None:
             self._protocol.close()
             self._protocol = None
+            self._reporter = None
 
     # --- executors ----------------------------------------------------------------------------
 
@@ -117,15 +133,29 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         yield from builder.batches(iter_partition_records(partition))
 
 
-def register(spark: Any) -> None:
-    """Register ``format("tablestore")`` on ``spark`` (driver).
+def is_connect_session(spark: Any) -> bool:
+    """True for a Spark Connect client session (``SparkSession.builder.remote("sc://...")``).
 
-    Also points Python workers at this interpreter when the user has not chosen one
-    (``PYSPARK_PYTHON``): workers must import this package, which a different interpreter may
-    not have.
+    Decided by the session's own type, not by ``pyspark.sql.utils.is_remote()``, which reports
+    the process's mode: a process may hold a classic session while that flag is set.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    context = spark.sparkContext
-    if getattr(context, "pythonExec", None) in (None, "python3", "python"):
-        context.pythonExec = os.environ["PYSPARK_PYTHON"]
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
+
+
+def register(spark: Any) -> None:
+    """Register ``format("tablestore")`` on ``spark``: a classic session (driver) or a Spark
+    Connect client session.
+
+    Classic: also points Python workers at this interpreter when the user has not chosen one
+    (``PYSPARK_PYTHON``): workers must import this package, which a different interpreter may
+    not have. Connect: the client only sends the source class (by reference: module and name);
+    the server's driver and workers run it with the server's Python, which the server's owner
+    sets (``PYSPARK_PYTHON`` when starting the server; docs/connect.md). A Connect session has
+    no ``sparkContext``, and nothing here touches the client's interpreter settings.
+    """
+    if not is_connect_session(spark):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        context = spark.sparkContext
+        if getattr(context, "pythonExec", None) in (None, "python3", "python"):
+            context.pythonExec = os.environ["PYSPARK_PYTHON"]
     spark.dataSource.register(TablestoreDataSource)
