@@ -53,6 +53,10 @@ class EmulatorContext:
     write_lock: threading.RLock = field(default_factory=threading.RLock)
     lock: threading.RLock = field(default_factory=threading.RLock)
     state: dict[str, Any] = field(default_factory=dict)
+    #: Change-log channels a table gets at CreateTable.
+    channels: int = 4
+    #: Row cap of one GetRange page (the service's is 5000; tests lower it).
+    range_page_rows: int = 5000
 
 
 Handler = Callable[[EmulatorContext, bytes], bytes]
@@ -154,6 +158,7 @@ class EmulatorServer:
 
     ``start()`` binds and serves in a background thread; ``url`` is then
     ``http://HOST:PORT``; ``stop()`` closes the socket and the store. Also a context manager.
+    ``channels``: how many change-log channels CreateTable gives a table.
     ``corrupt_response_signatures`` (test switch) makes every response's signature wrong.
     """
 
@@ -165,6 +170,8 @@ class EmulatorServer:
         access_key_secret: str,
         host: str = "127.0.0.1",
         port: int = 0,
+        *,
+        channels: int = 4,
     ) -> None:
         self.store_path = str(store_path)
         self.instance = instance
@@ -172,6 +179,7 @@ class EmulatorServer:
         self.access_key_secret = access_key_secret
         self.host = host
         self.port = port
+        self.channels = channels
         self.corrupt_response_signatures = False
         self.routes: dict[str, Handler] = {}
         self._httpd: _HTTPServer | None = None
@@ -197,8 +205,9 @@ class EmulatorServer:
             return self
         self.routes = load_routes()
         store = LocalTablestore(self.store_path)
-        self._context = EmulatorContext(store=store, instance=self.instance,
-                                        store_path=store.path)
+        self._context = EmulatorContext(
+            store=store, instance=self.instance, store_path=store.path, channels=self.channels
+        )
         httpd = _HTTPServer((self.host, self.port), _Handler)
         httpd.emulator = self
         self._httpd = httpd

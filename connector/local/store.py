@@ -432,6 +432,21 @@ class LocalTablestore:
         with self.transaction() as conn:
             return [r[0] for r in conn.execute("SELECT name FROM cdc_tables ORDER BY name")]
 
+    def drop_table(self, table: str) -> None:
+        """Delete a table with its rows, change log, channels and tunnels (the emulator's
+        DeleteTable). ``UnknownTableError`` if there is no such table. Other processes that
+        cached the schema keep it until they reopen the store."""
+        with self.transaction(write=True) as conn:
+            self.require_table(conn, table)
+            tunnels = "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ?"
+            for t in ("cdc_checkpoints", "cdc_reached_end", "cdc_base_channels",
+                      "cdc_base_records"):
+                conn.execute(f"DELETE FROM {t} WHERE tunnel_id IN ({tunnels})", (table,))
+            for t in ("cdc_tunnels", "cdc_changes", "cdc_rows", "cdc_channels"):
+                conn.execute(f"DELETE FROM {t} WHERE table_name = ?", (table,))
+            conn.execute("DELETE FROM cdc_tables WHERE name = ?", (table,))
+        self._schemas.pop(table, None)
+
     def table_schema(self, table: str) -> TableSchema:
         """The declared schema; ``UnknownTableError`` if there is no such table."""
         if table not in self._schemas:
