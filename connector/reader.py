@@ -1,7 +1,7 @@
 """The executor side: read one channel of one batch, deterministically.
 
 ``ChannelPartition`` is what the driver's planner sends to executors: plain picklable data only
-(ids, tokens, URIs, limits), never a live client. ``read_partition`` runs inside the stream
+(ids, tokens, URIs, limits), never a live client. ``claim_and_read`` runs inside the stream
 reader's ``read()`` in a Python worker on an executor and follows one rule:
 
     **the end of a channel's read is claimed in the meta store before any row is handed out.**
@@ -14,6 +14,12 @@ reader's ``read()`` in a Python worker on an executor and follows one rule:
   race to another attempt reads exactly to the winner's end instead.
 
 So every read of a batch yields the same rows, and no task ever has to fail to be right.
+
+The rows travel as columnar pages (``TunnelService.read_page``, ``connector.tunnel.page``):
+Arrow batches from the tunnel to Spark, held until the claim is recorded and then yielded. The
+claim needs only the record count, the end token and the last ``_sequence`` (read from the
+Arrow column), so no Python object is built per record; the AvailableNow bound is applied on the
+``_sequence`` column too.
 """
 
 from __future__ import annotations
@@ -22,21 +28,23 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
 from connector.faults import fault_point, inject_transient_errors
 from connector.retry import with_retries
-from connector.tunnel import FINISHED, Record, TunnelService, open_tunnel_service
+from connector.tunnel import FINISHED, Record, TableSchema, TunnelService, open_tunnel_service
+from connector.tunnel.page import PageLayout, page_to_records
 from meta_store import EndCheckpoint, MetaStore, open_meta_store
 
 log = logging.getLogger("connector.reader")
 
-#: records per tunnel call; a cap above it takes several calls
-PAGE_SIZE = 1000
+#: records per tunnel call (one Arrow batch handed to Spark); a cap above it takes several calls
+PAGE_SIZE = 8192
 
 
 @dataclass(frozen=True)
@@ -88,24 +96,41 @@ def attempt_identity() -> str:
     return f"{socket.gethostname()}/{os.getpid()}{task}"
 
 
-def read_partition(p: ChannelPartition) -> list[Record]:
-    """Return the channel's records for this batch, identical on every call (executor)."""
+@dataclass
+class ClaimedRead:
+    """One channel's rows of one batch, claimed: ``end`` is recorded in the meta store and
+    ``pages`` (page batches, ``connector.tunnel.page``) hold exactly ``end.records`` rows."""
+
+    end: EndCheckpoint
+    pages: list[pa.RecordBatch]
+
+    @property
+    def count(self) -> int:
+        return sum(b.num_rows for b in self.pages)
+
+
+def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
+    """Read the channel's pages for this batch, claim their end, return them (executor).
+
+    Identical rows on every call. The pages stay Arrow from the tunnel to the caller: the claim
+    needs only the record count and the end token, so no Python object per record is made.
+    """
     meta, tunnel = _clients(p)
     claimed = meta.get_end_checkpoint(p.namespace, p.end_uuid, p.channel_id)
     if claimed is not None:
-        return _replay(tunnel, p, claimed)
+        return ClaimedRead(claimed, _replay(tunnel, p, claimed, layout))
 
-    start_token, records, next_token, reached_bound = _fetch(tunnel, p)
+    start_token, pages, next_token, reached_bound = _fetch(tunnel, p, layout)
+    count = sum(b.num_rows for b in pages)
     end = EndCheckpoint(
         channel_id=p.channel_id,
         start_token=start_token,
         token=next_token,
-        sequence_number=p.start_sequence_number + len(records)
-        + (1 if next_token == FINISHED else 0),
-        records=len(records),
+        sequence_number=p.start_sequence_number + count + (1 if next_token == FINISHED else 0),
+        records=count,
         attempt=attempt_identity(),
         written_at=time.time(),
-        last_sequence=_last_sequence(p, records, reached_bound),
+        last_sequence=_last_sequence(p, pages, reached_bound),
     )
     fault_point("read_before_claim", {"partition": p, "end": end})
     try:
@@ -114,15 +139,31 @@ def read_partition(p: ChannelPartition) -> list[Record]:
         winner: EndCheckpoint = conflict.stored
         log.info("batch %s channel %s: another attempt claimed first (%s); following it",
                  p.end_uuid, p.channel_id, winner.summary())
-        if winner.start_token == start_token and winner.records <= len(records):
-            return records[: winner.records]
-        return _replay(tunnel, p, winner)
+        if winner.start_token == start_token and winner.records <= count:
+            return ClaimedRead(winner, _head(pages, winner.records))
+        return ClaimedRead(winner, _replay(tunnel, p, winner, layout))
     fault_point("mid_read", {"partition": p, "end": end})
-    return records
+    return ClaimedRead(end, pages)
 
 
-def _last_sequence(p: ChannelPartition, records: list[Record], reached_bound: bool) -> str | None:
-    last = records[-1].sequence if records else p.start_last_sequence
+def _head(pages: list[pa.RecordBatch], n: int) -> list[pa.RecordBatch]:
+    """The first ``n`` rows of ``pages`` (slices, no copy)."""
+    out = []
+    for batch in pages:
+        if n <= 0:
+            break
+        out.append(batch if batch.num_rows <= n else batch.slice(0, n))
+        n -= batch.num_rows
+    return out
+
+
+def _last_sequence(p: ChannelPartition, pages: list[pa.RecordBatch],
+                   reached_bound: bool) -> str | None:
+    last = p.start_last_sequence
+    for batch in reversed(pages):
+        if batch.num_rows:
+            last = batch.column("_sequence")[-1].as_py()
+            break
     if reached_bound and p.stop_after_sequence is not None:
         # everything up to the AvailableNow bound is consumed, even if the last record read
         # (or the pushed checkpoint we started from) sorts lower
@@ -130,65 +171,74 @@ def _last_sequence(p: ChannelPartition, records: list[Record], reached_bound: bo
     return last
 
 
-def _fetch(tunnel: TunnelService, p: ChannelPartition
-           ) -> tuple[str, list[Record], str, bool]:
+def _fetch(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout
+           ) -> tuple[str, list[pa.RecordBatch], str, bool]:
     """Read from the start up to the cap, the AvailableNow bound, or what is available now.
 
-    Returns (start token actually used, records, next token, whether the read stopped because
-    nothing more is available or the bound was reached)."""
+    Returns (start token actually used, page batches, next token, whether the read stopped
+    because nothing more is available or the bound was reached)."""
     start_token = p.start_token
-    records: list[Record] = []
+    pages: list[pa.RecordBatch] = []
+    count = 0
     token = start_token
-    while len(records) < p.max_records:
-        want = min(PAGE_SIZE, p.max_records - len(records))
+    while count < p.max_records:
+        want = min(PAGE_SIZE, p.max_records - count)
         try:
-            result = tunnel.read_records(p.tunnel_id, p.channel_id, token, want)
+            page = tunnel.read_page(p.tunnel_id, p.channel_id, token, want, layout)
         except TrimmedDataError as lost:
-            if p.fail_on_data_loss or records:
+            if p.fail_on_data_loss or pages:
                 raise
             log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
             start_token = token = lost.resume_token
             continue
-        page = list(result.records)
         bound = p.stop_after_sequence
-        if bound is not None and page and page[-1].sequence > bound:
-            keep = sum(1 for r in page if r.sequence <= bound)
+        if bound is not None and page.count and (page.last_sequence or "") > bound:
+            # sequences increase within a channel: the kept rows are a prefix
+            keep = pc.sum(pc.less_equal(page.batch.column("_sequence"), bound)).as_py() or 0
             # re-read exactly the kept records so the next token lands right after them
             if keep:
-                exact = tunnel.read_records(p.tunnel_id, p.channel_id, token, keep)
-                records.extend(exact.records)
+                exact = tunnel.read_page(p.tunnel_id, p.channel_id, token, keep, layout)
+                pages.append(exact.batch)
                 token = exact.next_token
-            return start_token, records, token, True
-        records.extend(page)
-        token = result.next_token
-        if token == FINISHED or not result.may_more:
-            return start_token, records, token, True
-    return start_token, records, token, False
+            return start_token, pages, token, True
+        if page.count:
+            pages.append(page.batch)
+            count += page.count
+        token = page.next_token
+        if token == FINISHED or not page.may_more:
+            return start_token, pages, token, True
+    return start_token, pages, token, False
 
 
-def _replay(tunnel: TunnelService, p: ChannelPartition, end: EndCheckpoint) -> list[Record]:
+def _replay(tunnel: TunnelService, p: ChannelPartition, end: EndCheckpoint,
+            layout: PageLayout) -> list[pa.RecordBatch]:
     """Read exactly the ``end.records`` records after ``end.start_token``."""
-    records: list[Record] = []
+    pages: list[pa.RecordBatch] = []
+    count = 0
     token = end.start_token
-    while len(records) < end.records:
-        result = tunnel.read_records(p.tunnel_id, p.channel_id, token,
-                                     min(PAGE_SIZE, end.records - len(records)))
-        if not result.records:
+    while count < end.records:
+        page = tunnel.read_page(p.tunnel_id, p.channel_id, token,
+                                min(PAGE_SIZE, end.records - count), layout)
+        if not page.count:
             break
-        records.extend(result.records)
-        token = result.next_token
-    if len(records) != end.records:  # history changed under a recorded end: never guess
+        pages.append(page.batch)
+        count += page.count
+        token = page.next_token
+    if count != end.records:  # history changed under a recorded end: never guess
         raise ReplayDivergedError(uuid=p.end_uuid, channel_id=p.channel_id,
                                   expected=end.records, expected_token=end.token,
-                                  got=len(records), got_token=token)
-    return records
+                                  got=count, got_token=token)
+    return pages
 
 
-def iter_partition_records(p: ChannelPartition) -> Iterator[Record]:
-    """Records of the partition with their channel id set (executor)."""
-    for record in read_partition(p):
-        if record.channel_id != p.channel_id:
-            yield Record(record.op, record.primary_key, record.columns, record.before,
-                         record.sequence, record.commit_ts_us, p.channel_id)
-        else:
-            yield record
+def read_partition(p: ChannelPartition, table: TableSchema | None = None) -> list[Record]:
+    """The claimed records of the partition as ``Record`` objects, channel id set (tests and
+    the fault harness, to compare reads record by record; the source reads pages with
+    ``claim_and_read``). Values are the declared columns plus undeclared ones; an UPDATE's
+    ``columns`` is the whole row after it (see ``page_to_records``)."""
+    _, tunnel = _clients(p)
+    if table is None:
+        name = next(t.table_name for t in tunnel.list_tunnels() if t.tunnel_id == p.tunnel_id)
+        table = tunnel.table_schema(name)
+    read = claim_and_read(p, PageLayout.of_table(table))
+    return [r for batch in read.pages for r in page_to_records(batch, table, p.channel_id)]

@@ -17,17 +17,17 @@ pairs. For PUT and UPDATE the declared columns hold the row *after* the change; 
 the key columns are set.
 
 ``output_schema`` runs on the driver (``DataSource.schema``); ``RecordBatchBuilder`` runs on
-executors inside ``read()``.
+executors inside ``read()``: it asks the tunnel for pages of the output's columns
+(``connector.tunnel.page``) and projects each page batch onto the output schema.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -44,7 +44,9 @@ from pyspark.sql.types import (
 
 from connector.errors import OptionError
 from connector.gc_pause import gc_paused
-from connector.tunnel.base import Op, Record, TableSchema
+from connector.tunnel.base import Record, TableSchema
+from connector.tunnel.page import PageLayout, records_to_page
+from connector.tunnel.page import to_json as to_json  # re-exported: connector.state_table
 
 TABLESTORE_TO_SPARK: dict[str, DataType] = {
     "INTEGER": LongType(),
@@ -94,22 +96,6 @@ def check_user_schema(user: StructType, table: TableSchema) -> StructType:
     return user
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray):
-        return {"$binary": base64.b64encode(value).decode()}
-    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
-
-
-#: ``json.dumps(value, default=_json_default, sort_keys=True, separators=(",", ":"))``
-_ENCODE = json.JSONEncoder(default=_json_default, sort_keys=True, separators=(",", ":")).encode
-
-
-def to_json(values: dict[str, Any] | None) -> str | None:
-    if values is None:
-        return None
-    return _ENCODE(values)
-
-
 class UndeclaredValuesError(OptionError):
     """A record carries attribute values the output schema has no column for, and the schema
     has no ``_extra`` column to keep them: refusing to drop them silently."""
@@ -122,90 +108,67 @@ class UndeclaredValuesError(OptionError):
 
 
 class RecordBatchBuilder:
-    """Turns change records into Arrow record batches matching the Spark output schema.
+    """Turns columnar pages (``connector.tunnel.page``) into Arrow record batches matching the
+    Spark output schema.
 
     Built once per ``read()`` call on an executor. The Arrow schema is derived with PySpark's own
-    ``to_arrow_schema`` because Spark checks yielded batches against it for equality.
+    ``to_arrow_schema`` because Spark checks yielded batches against it for equality. ``layout``
+    is what to ask the tunnel for; ``project`` picks the output columns of a page batch by name
+    (no copy), adds ``_channel_id`` and refuses undeclared values the schema cannot keep.
     """
 
     def __init__(self, schema: StructType, batch_rows: int = 8192) -> None:
         self.schema = schema
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.names = schema.fieldNames()
-        self.data_columns = [n for n in self.names if n not in METADATA_NAMES]
-        self.data_column_set = frozenset(self.data_columns)
+        self.layout = PageLayout(tuple((f.name, f.type) for f in self.arrow_schema
+                                       if f.name not in METADATA_NAMES))
         self.keeps_extra = "_extra" in self.names
         self.batch_rows = batch_rows
 
-    def batches(self, records: Iterable[Record]) -> Iterator[pa.RecordBatch]:
-        """Batches of ``batch_rows`` records (the last one shorter), built lazily."""
-        it = iter(records)
-        while chunk := list(islice(it, self.batch_rows)):
-            yield self._build(chunk)
-
-    def _build(self, records: list[Record]) -> pa.RecordBatch:
-        """One Arrow batch of ``records``, built column by column.
-
-        Per record only the merged row (key + after image) is made; every output column is
-        then one list comprehension and one ``pa.array`` call, ``_commit_ts`` is cast from the
-        integer microseconds without a ``datetime`` per row, and JSON columns use one prebuilt
-        encoder (``json.dumps`` with options builds a new encoder on every call). The cyclic
-        garbage collector is paused meanwhile (``gc_paused``).
-        """
-        with gc_paused():
-            return self._build_columns(records)
-
-    def _build_columns(self, records: list[Record]) -> pa.RecordBatch:
-        data_set = self.data_column_set
-        rows: list[Any] = []
-        extras: list[str | None] = []
-        for r in records:
-            op = r.op
-            pk = r.primary_key
-            # the row after the change: key columns + ``Record.after_image()``
-            if op is Op.DELETE:
-                values = pk if type(pk) is dict else dict(pk)
-            elif op is Op.UPDATE and r.before is not None:
-                values = dict(pk)
-                after = r.after_image()
-                if after:
-                    values.update(after)
-            else:  # PUT, or UPDATE without before-image: after_image() is the columns
-                values = {**pk, **r.columns}
-            rows.append(values)
-            if values.keys() <= data_set:
-                extras.append(None)
-                continue
-            undeclared = {k: v for k, v in values.items() if k not in data_set}
-            if not self.keeps_extra:
-                raise UndeclaredValuesError(
-                    option="schema", value=self.schema.simpleString(), channel_id=r.channel_id,
-                    sequence=r.sequence, columns=sorted(undeclared),
-                    allowed="a schema that declares every column, or one with _extra",
-                )
-            extras.append(to_json(undeclared))
+    def project(self, page: pa.RecordBatch, channel_id: str | pa.Array) -> pa.RecordBatch:
+        """The output batch of one page batch (executor); ``channel_id``: the partition's
+        channel (or one per row)."""
+        n = page.num_rows
+        if not self.keeps_extra and page.column("_extra").null_count != n:
+            self._refuse_undeclared(page, channel_id)
         arrays = []
         for field in self.arrow_schema:
-            name = field.name
-            if name not in METADATA_NAMES:
-                arrays.append(pa.array([v.get(name) for v in rows], type=field.type))
-            elif name == "_commit_ts":
-                micros = pa.array([r.commit_ts_us for r in records], type=pa.int64())
-                arrays.append(micros.cast(field.type))
+            if field.name == "_channel_id":
+                column = (constant_strings(channel_id, n) if isinstance(channel_id, str)
+                          else channel_id)
             else:
-                arrays.append(pa.array(self._metadata(name, records, extras), type=field.type))
+                column = page.column(field.name)
+            if column.type != field.type:
+                column = column.cast(field.type)
+            arrays.append(column)
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    @staticmethod
-    def _metadata(name: str, records: list[Record], extras: list[str | None]) -> list[Any]:
-        if name == "_op":
-            return [r.op.value for r in records]
-        if name == "_channel_id":
-            return [r.channel_id for r in records]
-        if name == "_sequence":
-            return [r.sequence for r in records]
-        if name == "_before":
-            return [None if r.before is None else _ENCODE(
-                r.before if type(r.before) is dict else dict(r.before)) for r in records]
-        assert name == "_extra", name
-        return extras
+    def _refuse_undeclared(self, page: pa.RecordBatch, channel_id: str | pa.Array) -> None:
+        extra = page.column("_extra")
+        first = next(i for i in range(page.num_rows) if extra[i].is_valid)
+        channel = channel_id if isinstance(channel_id, str) else channel_id[first].as_py()
+        raise UndeclaredValuesError(
+            option="schema", value=self.schema.simpleString(), channel_id=channel,
+            sequence=page.column("_sequence")[first].as_py(),
+            columns=sorted(json.loads(extra[first].as_py())),
+            allowed="a schema that declares every column, or one with _extra",
+        )
+
+    def batches(self, records: Iterable[Record]) -> Iterator[pa.RecordBatch]:
+        """Batches of ``batch_rows`` records (the last one shorter), built lazily from records
+        (each with its ``channel_id``). For callers holding ``Record`` objects; the source's read
+        path goes through pages (``project``)."""
+        it = iter(records)
+        while chunk := list(islice(it, self.batch_rows)):
+            with gc_paused():
+                page = records_to_page(chunk, self.layout)
+            ids = pa.array([r.channel_id for r in chunk], type=pa.string())
+            yield self.project(page, ids)
+
+
+def constant_strings(value: str, n: int) -> pa.Array:
+    """A string array of ``n`` times ``value``, built from two buffers (no per-row object)."""
+    raw = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))

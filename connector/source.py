@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from connector.options import SourceOptions
-from connector.reader import ChannelPartition, iter_partition_records
+from connector.reader import ChannelPartition, claim_and_read
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
 from connector.tunnel import open_tunnel_service
 
@@ -130,7 +130,11 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ChannelPartition)
         builder = RecordBatchBuilder(self.schema)
-        yield from builder.batches(iter_partition_records(partition))
+        # the end is claimed inside claim_and_read, before any row is yielded
+        pages = claim_and_read(partition, builder.layout).pages
+        pages.reverse()
+        while pages:  # hand each page on and drop it: memory shrinks as Spark consumes
+            yield builder.project(pages.pop(), partition.channel_id)
 
 
 def is_connect_session(spark: Any) -> bool:

@@ -53,7 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.errors import (
     InvalidChannelOperationError,
@@ -65,12 +65,19 @@ from connector.errors import (
 from connector.gc_pause import gc_paused
 from connector.tunnel.base import ColumnSpec, Op, Record, TableSchema
 
+if TYPE_CHECKING:  # pyarrow is imported where pages are built: writers of small stores skip it
+    import pyarrow as pa
+
+    from connector.tunnel.page import PageLayout
+
 #: The hash space channels cut into ranges: [0, KEY_SPACE).
 KEY_SPACE = 2**32
 #: Tablestore's type names -> the Python types a value of that type may have.
 COLUMN_TYPES = ("INTEGER", "DOUBLE", "BOOLEAN", "STRING", "BINARY")
 #: Tablestore allows only these as primary-key column types.
 KEY_TYPES = ("INTEGER", "STRING", "BINARY")
+#: Records per sealed columnar segment (``cdc_segments``).
+SEGMENT_RECORDS = 4096
 #: How long a writer waits for the file's write lock before giving up (milliseconds).
 BUSY_TIMEOUT_MS = 30_000
 
@@ -115,6 +122,18 @@ CREATE TABLE IF NOT EXISTS cdc_changes (
     before       TEXT,                       -- NULL: the row did not exist
     commit_ts_us INTEGER NOT NULL,
     PRIMARY KEY (table_name, channel_id, seq)
+) WITHOUT ROWID;
+-- Changes sealed into columnar segments: SEGMENT_RECORDS consecutive records of a channel as
+-- one Arrow IPC stream of their page batch (connector.tunnel.page, the table's declared
+-- columns). Derived from cdc_changes in the write that completes them: the read path slices
+-- them instead of decoding JSON per record.
+CREATE TABLE IF NOT EXISTS cdc_segments (
+    table_name TEXT NOT NULL,
+    channel_id TEXT NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    last_seq   INTEGER NOT NULL,
+    data       BLOB NOT NULL,
+    PRIMARY KEY (table_name, channel_id, first_seq)
 ) WITHOUT ROWID;
 
 -- Tunnel side, owned by connector.tunnel.local (kept here so one file has one schema).
@@ -499,8 +518,14 @@ class LocalTablestore:
                 return
             open_channels = [c for c in self._channel_rows(conn, table) if not c.closed]
             now_us = time.time_ns() // 1000
+            heads: dict[str, int] = {}
             for kind, pk_json, cols in prepared:
-                self._apply(conn, table, open_channels, kind, pk_json, cols, now_us)
+                channel, seq = self._apply(conn, table, open_channels, kind, pk_json, cols,
+                                           now_us)
+                heads[channel.channel_id] = seq
+            for channel in open_channels:
+                if channel.channel_id in heads:
+                    self._seal(conn, schema, channel, heads[channel.channel_id])
 
     def _validate(
         self, schema: TableSchema, index: int, op: Any
@@ -569,7 +594,8 @@ class LocalTablestore:
         pk_json: str,
         cols: dict[str, Any] | None,
         now_us: int,
-    ) -> None:
+    ) -> tuple[ChannelRow, int]:
+        """Append one change; returns its channel and sequence."""
         h = key_hash(pk_json)
         channel = next(c for c in open_channels if c.owns(h))  # open ranges cover the space
         row = conn.execute(
@@ -604,6 +630,42 @@ class LocalTablestore:
             "commit_ts_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (table, channel.channel_id, seq, op.value, pk_json, record_cols, before_json, now_us),
         )
+        return channel, seq
+
+    def _seal(
+        self, conn: sqlite3.Connection, schema: TableSchema, channel: ChannelRow, head: int
+    ) -> None:
+        """Inside the write that appended up to ``head``: seal every complete run of
+        ``SEGMENT_RECORDS`` unsealed records of the channel into a columnar segment."""
+        (sealed,) = conn.execute(
+            "SELECT coalesce(max(last_seq), 0) FROM cdc_segments WHERE table_name = ? "
+            "AND channel_id = ?",
+            (schema.table_name, channel.channel_id),
+        ).fetchone()
+        sealed = max(sealed, channel.trimmed_upto)  # nothing to seal below the trim point
+        if head - sealed < SEGMENT_RECORDS:
+            return
+        import pyarrow as pa
+
+        from connector.tunnel.page import PageLayout, records_to_page
+
+        layout = PageLayout.of_table(schema)
+        while head - sealed >= SEGMENT_RECORDS:
+            records = self.read_changes(
+                conn, schema.table_name, channel.channel_id, sealed, SEGMENT_RECORDS
+            )
+            with gc_paused():
+                batch = records_to_page(records, layout)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            conn.execute(
+                "INSERT INTO cdc_segments (table_name, channel_id, first_seq, last_seq, data) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (schema.table_name, channel.channel_id, sealed + 1, sealed + SEGMENT_RECORDS,
+                 sink.getvalue().to_pybytes()),
+            )
+            sealed += SEGMENT_RECORDS
 
     def get_row(self, table: str, pk: Mapping[str, Any]) -> dict[str, Any] | None:
         """The row's attribute columns, or ``None`` if there is no such row."""
@@ -803,6 +865,11 @@ class LocalTablestore:
                 )
                 deleted += cur.rowcount
                 conn.execute(
+                    "DELETE FROM cdc_segments WHERE table_name = ? AND channel_id = ? "
+                    "AND last_seq <= ?",
+                    (table, ch.channel_id, upto),
+                )
+                conn.execute(
                     "UPDATE cdc_channels SET trimmed_upto = ? WHERE table_name = ? "
                     "AND channel_id = ?",
                     (upto, table, ch.channel_id),
@@ -836,6 +903,61 @@ class LocalTablestore:
             (table, channel_id, after_seq, limit),
         ).fetchall()
         return self.records_from_rows(schema, channel_id, rows)
+
+    def read_change_page(
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        channel_id: str,
+        after_seq: int,
+        limit: int,
+        layout: PageLayout,
+    ) -> pa.RecordBatch:
+        """Inside a transaction: up to ``limit`` records with sequence > ``after_seq`` as one
+        page batch (``connector.tunnel.page``) shaped by ``layout`` (executor read path).
+
+        Sealed segments are sliced (no per-record work) when ``layout`` has the table's
+        declared columns, as the default output schema does; the records past the last
+        segment, and every record for another layout, are decoded and converted."""
+        import pyarrow as pa
+
+        from connector.tunnel.page import (
+            PAGE_METADATA,
+            PageLayout,
+            empty_page_batch,
+            records_to_page,
+        )
+
+        schema = self.require_table(conn, table)
+        pieces: list[pa.RecordBatch] = []
+        pos, end = after_seq, after_seq + limit
+        if limit and layout.same_columns(PageLayout.of_table(schema)):
+            rows = conn.execute(
+                "SELECT first_seq, last_seq, data FROM cdc_segments WHERE table_name = ? "
+                "AND channel_id = ? AND last_seq > ? AND first_seq <= ? ORDER BY first_seq",
+                (table, channel_id, after_seq, end),
+            )
+            names = [name for name, _ in layout.columns]
+            for first, last, data in rows:
+                if first > pos + 1:  # not contiguous (cannot happen): decode the rest instead
+                    break
+                segment = pa.ipc.open_stream(data).read_next_batch()
+                upto = min(last, end)
+                piece = segment.slice(pos + 1 - first, upto - pos)
+                if names != segment.schema.names[: len(names)]:
+                    piece = piece.select([*names, *(f.name for f in PAGE_METADATA)])
+                pieces.append(piece)
+                pos = upto
+        if pos < end:
+            records = self.read_changes(conn, table, channel_id, pos, end - pos)
+            if records:
+                with gc_paused():
+                    pieces.append(records_to_page(records, layout))
+        if not pieces:
+            return empty_page_batch(layout)
+        if len(pieces) == 1:
+            return pieces[0]
+        return pa.concat_batches(pieces)
 
     def records_from_rows(
         self, schema: TableSchema, channel_id: str, rows: Sequence[Sequence[Any]]

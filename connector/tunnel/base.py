@@ -9,7 +9,8 @@ Who calls what:
 - the driver (the Spark source's planning process) calls ``ensure_tunnel``, ``table_schema``,
   ``describe_tunnel``, ``get_checkpoint``, ``checkpoint`` (push), ``has_new_data`` and
   ``head_sequences``; the inspection CLI and dashboard call ``lag``;
-- executors call ``read_records`` only, each on a client opened inside ``read()``.
+- executors call ``read_page`` only (columnar pages, ``connector.tunnel.page``; its default
+  is built on ``read_records``), each on a client opened inside ``read()``.
 
 Backends are chosen by URI scheme in ``connector.tunnel.open_tunnel_service``. Every backend
 passes the same contract suite (``tests/contract/tunnel_contract.py``).
@@ -21,7 +22,10 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from connector.tunnel.page import Page, PageLayout
 
 #: Token of a channel read to its end (the real service's ``next_token == "finished"``).
 FINISHED = "finished"
@@ -257,6 +261,22 @@ class TunnelService(ABC):
         ``MalformedTokenError`` for a token this backend never issued, and
         ``ChannelNotReadableError`` for a channel in WAIT.
         """
+
+    def read_page(
+        self, tunnel_id: str, channel_id: str, token: str, limit: int, layout: PageLayout
+    ) -> Page:
+        """Read at most ``limit`` records after ``token`` as one columnar page (executor).
+
+        The executor's read path (``connector.reader``) calls this, never ``read_records``.
+        Same positions, tokens, ``may_more`` and errors as ``read_records``; the records come
+        as an Arrow batch shaped by ``layout`` (``connector.tunnel.page``). This default
+        converts ``read_records``; a backend that can produce columns without a Python object
+        per record overrides it.
+        """
+        from connector.tunnel.page import Page, records_to_page
+
+        result = self.read_records(tunnel_id, channel_id, token, limit)
+        return Page(records_to_page(result.records, layout), result.next_token, result.may_more)
 
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool | None:
         """Is anything readable beyond ``positions`` (channel id -> token)? ``None`` = can't tell.

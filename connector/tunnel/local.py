@@ -9,7 +9,8 @@ consistent state.
 Who calls what, and where:
 - the Spark driver: ``from_uri``, ``create_tunnel``/``ensure_tunnel``, ``describe_tunnel``,
   ``get_checkpoint``, ``checkpoint`` (push), ``has_new_data``, ``table_schema``;
-- executors: ``read_records`` on a service opened inside ``read()`` (one per process);
+- executors: ``read_page`` (columnar; ``read_records`` for other callers) on a service opened
+  inside ``read()`` (one per process);
 - the inspection CLI / dashboard: ``list_tunnels``, ``describe_tunnel``, ``lag``.
 
 Semantics, per tunnel (several tunnels on a table are fully independent):
@@ -44,7 +45,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ from connector.tunnel.base import (
     TunnelService,
     TunnelType,
 )
+from connector.tunnel.page import Page, PageLayout, empty_page_batch, records_to_page
 
 _URI_FORM = "local:///absolute/path/to/store.db"
 BASE_PREFIX = "base-"
@@ -506,6 +508,47 @@ class LocalTunnelService(TunnelService):
         ``TrimmedDataError`` carries ``resume_token``: the position after the lost records,
         to continue from when the user accepts the loss.
         """
+
+        def fetch(conn: Any, tunnel: _Tunnel, ch: _Channel, after: int) -> tuple[Any, int]:
+            if ch.channel_type is ChannelType.BASE_DATA:
+                records = self._read_base(conn, tunnel, channel_id, after, limit)
+            else:
+                records = self.store.read_changes(conn, tunnel.table, channel_id, after, limit)
+            return records, len(records)
+
+        records, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
+        return ReadResult(records if records is not None else [], next_token, may_more)
+
+    def read_page(
+        self, tunnel_id: str, channel_id: str, token: str, limit: int, layout: PageLayout
+    ) -> Page:
+        """``read_records`` as one columnar page (executor): the store's sealed Arrow segments
+        sliced, plus the unsealed tail converted (``LocalTablestore.read_change_page``); no
+        ``Record`` per sealed change. Base-data channels go through records."""
+
+        def fetch(conn: Any, tunnel: _Tunnel, ch: _Channel, after: int) -> tuple[Any, int]:
+            if ch.channel_type is ChannelType.BASE_DATA:
+                batch = records_to_page(
+                    self._read_base(conn, tunnel, channel_id, after, limit), layout)
+            else:
+                batch = self.store.read_change_page(
+                    conn, tunnel.table, channel_id, after, limit, layout)
+            return batch, batch.num_rows
+
+        batch, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
+        return Page(batch if batch is not None else empty_page_batch(layout), next_token,
+                    may_more)
+
+    def _read(
+        self,
+        tunnel_id: str,
+        channel_id: str,
+        token: str,
+        limit: int,
+        fetch: Callable[[Any, _Tunnel, _Channel, int], tuple[Any, int]],
+    ) -> tuple[Any, str, bool]:
+        """The checks and token arithmetic of a read; ``fetch(conn, tunnel, channel, after)``
+        returns (payload, count) of the records after ``after`` (at most ``limit``)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         with self.store.transaction() as conn:
@@ -523,7 +566,7 @@ class LocalTunnelService(TunnelService):
                         token=token,
                         reason="FINISHED given for a channel still open",
                     )
-                return ReadResult([], FINISHED, False)
+                return None, FINISHED, False
             after = _decode_token(token, tunnel.table, ch)
             if ch.trimmed_upto > after:
                 raise TrimmedDataError(
@@ -534,11 +577,8 @@ class LocalTunnelService(TunnelService):
                     lost=ch.trimmed_upto - after,
                     resume_token=encode_token(tunnel.table, channel_id, ch.trimmed_upto),
                 )
-            if ch.channel_type is ChannelType.BASE_DATA:
-                records = self._read_base(conn, tunnel, channel_id, after, limit)
-            else:
-                records = self.store.read_changes(conn, tunnel.table, channel_id, after, limit)
-            last = int(records[-1].sequence) if records else after
+            payload, count = fetch(conn, tunnel, ch, after)
+            last = after + count  # sequences are gapless after the trim point
             finished = ch.closed and last == ch.head_seq
             mark = (
                 finished
@@ -553,8 +593,8 @@ class LocalTunnelService(TunnelService):
                     "INSERT OR IGNORE INTO cdc_reached_end (tunnel_id, channel_id) VALUES (?, ?)",
                     (tunnel_id, channel_id),
                 )
-        return ReadResult(
-            records,
+        return (
+            payload,
             FINISHED if finished else encode_token(tunnel.table, channel_id, last),
             last < ch.head_seq,
         )

@@ -1,0 +1,217 @@
+"""The page: the columnar shape every tunnel backend fills for the executor's read path.
+
+A ``Page`` is what ``TunnelService.read_page`` returns: up to ``limit`` consecutive change
+records of one channel as one Arrow record batch, plus the token to continue from. The reader
+(``connector.reader``) claims a channel's end from page counts and end tokens and hands the
+batches on to Spark; it never builds a Python object per record.
+
+Columns of a page batch, in this order (``page_schema``):
+
+- the ``PageLayout``'s columns, typed: the row *after* the change (key columns and attribute
+  values), null where the row has no such value (for a DELETE only the key is set);
+- ``_op`` (string), ``_sequence`` (string, sortable within the channel), ``_commit_ts``
+  (timestamp, microseconds, UTC);
+- ``_before``: the attribute columns before the change as canonical JSON text (sorted keys,
+  compact, ASCII; bytes as ``{"$binary": base64}``), null when unknown;
+- ``_extra``: the after-image values the layout has no column for, as the same JSON, else null.
+
+``_channel_id`` is not in a page: the reader adds it (one constant per partition).
+
+Who builds pages: a backend that stores changes columnar overrides ``read_page`` (the local
+store seals changes into Arrow segments, ``connector.local.store``); any other backend gets the
+default ``TunnelService.read_page``, which converts ``read_records`` with ``records_to_page``.
+Runs on executors (and in the local store's writer, which seals segments).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from connector.tunnel.base import Op, Record, TableSchema
+
+#: Tablestore type name -> Arrow type of a page column (the Spark type's Arrow form)
+TABLESTORE_TO_ARROW: dict[str, pa.DataType] = {
+    "INTEGER": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "STRING": pa.string(),
+    "BINARY": pa.binary(),
+}
+
+#: the metadata columns every page carries after the layout's columns
+PAGE_METADATA: tuple[pa.Field, ...] = (
+    pa.field("_op", pa.string(), False),
+    pa.field("_sequence", pa.string(), False),
+    pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("_before", pa.string()),
+    pa.field("_extra", pa.string()),
+)
+PAGE_METADATA_NAMES = frozenset(f.name for f in PAGE_METADATA)
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Which value columns a page carries, with their Arrow types (the reader's output schema
+    minus the metadata columns). Values the layout has no column for go to ``_extra``."""
+
+    columns: tuple[tuple[str, pa.DataType], ...]
+
+    @classmethod
+    def of_table(cls, table: TableSchema) -> PageLayout:
+        """Every declared column of ``table`` (keys first): the default output schema's."""
+        return cls(tuple((c.name, TABLESTORE_TO_ARROW[c.type])
+                         for c in (*table.primary_key, *table.columns)))
+
+    def names(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.columns)
+
+    def same_columns(self, other: PageLayout) -> bool:
+        """Same names and types, in any order (a page of one serves the other by name)."""
+        return dict(self.columns) == dict(other.columns)
+
+
+def page_schema(layout: PageLayout) -> pa.Schema:
+    return pa.schema([pa.field(n, t) for n, t in layout.columns] + list(PAGE_METADATA))
+
+
+def empty_page_batch(layout: PageLayout) -> pa.RecordBatch:
+    schema = page_schema(layout)
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Up to ``limit`` records of one channel, columnar (see the module docstring).
+
+    ``next_token`` and ``may_more`` mean what they mean in ``ReadResult``.
+    """
+
+    batch: pa.RecordBatch
+    next_token: str
+    may_more: bool
+
+    @property
+    def count(self) -> int:
+        return int(self.batch.num_rows)
+
+    @property
+    def last_sequence(self) -> str | None:
+        if not self.batch.num_rows:
+            return None
+        return str(self.batch.column("_sequence")[-1].as_py())
+
+
+# --- JSON text of the _before / _extra columns -------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return {"$binary": base64.b64encode(value).decode()}
+    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
+
+
+#: ``json.dumps(value, default=_json_default, sort_keys=True, separators=(",", ":"))``, built
+#: once (``json.dumps`` with options builds a new encoder on every call)
+ENCODE_JSON = json.JSONEncoder(default=_json_default, sort_keys=True,
+                               separators=(",", ":")).encode
+
+
+def to_json(values: dict[str, Any] | None) -> str | None:
+    if values is None:
+        return None
+    return ENCODE_JSON(values)
+
+
+# --- records -> page (backends without a columnar store) ---------------------------------------
+
+
+def records_to_page(records: Sequence[Record], layout: PageLayout) -> pa.RecordBatch:
+    """The page batch of ``records`` (Python objects, e.g. from ``read_records``).
+
+    Per record only the merged row (key + after image) is made; every column is then one list
+    comprehension and one ``pa.array`` call; ``_commit_ts`` is cast from integer microseconds.
+    """
+    names = layout.names()
+    rows: list[Any] = []
+    extras: list[str | None] = []
+    for r in records:
+        op = r.op
+        pk = r.primary_key
+        # the row after the change: key columns + ``Record.after_image()``
+        if op is Op.DELETE:
+            values = pk if type(pk) is dict else dict(pk)
+        elif op is Op.UPDATE and r.before is not None:
+            values = dict(pk)
+            after = r.after_image()
+            if after:
+                values.update(after)
+        else:  # PUT, or UPDATE without before-image: after_image() is the columns
+            values = {**pk, **r.columns}
+        rows.append(values)
+        if values.keys() <= names:
+            extras.append(None)
+        else:
+            extras.append(ENCODE_JSON({k: v for k, v in values.items() if k not in names}))
+    schema = page_schema(layout)
+    arrays: list[pa.Array] = [pa.array([v.get(name) for v in rows], type=typ)
+                              for name, typ in layout.columns]
+    arrays.append(pa.array([r.op.value for r in records], type=pa.string()))
+    arrays.append(pa.array([r.sequence for r in records], type=pa.string()))
+    arrays.append(pa.array([r.commit_ts_us for r in records], type=pa.int64())
+                  .cast(schema.field("_commit_ts").type))
+    arrays.append(pa.array([None if r.before is None else ENCODE_JSON(
+        r.before if type(r.before) is dict else dict(r.before)) for r in records],
+        type=pa.string()))
+    arrays.append(pa.array(extras, type=pa.string()))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"$binary"}:
+        return base64.b64decode(value["$binary"])
+    return value
+
+
+def page_to_records(batch: pa.RecordBatch, table: TableSchema, channel_id: str) -> list[Record]:
+    """Records back from a page batch (tests and the fault harness only; never the read path).
+
+    ``primary_key`` is the declared key; ``columns`` is the after image (for an UPDATE the
+    whole row after the change, not only the changed columns); ``before`` is decoded JSON.
+    """
+    keys = [c.name for c in table.primary_key]
+    names = [n for n in batch.schema.names if n not in PAGE_METADATA_NAMES]
+    out = []
+    for row in batch.to_pylist():
+        op = Op(row["_op"])
+        extra = json.loads(row["_extra"]) if row["_extra"] is not None else {}
+        after = {n: row[n] for n in names if n not in keys and row[n] is not None}
+        after.update({k: _from_json(v) for k, v in extra.items()})
+        before = None
+        if row["_before"] is not None:
+            before = {k: _from_json(v) for k, v in json.loads(row["_before"]).items()}
+        ts = row["_commit_ts"]
+        micros = (int(ts.timestamp()) * 1_000_000 + ts.microsecond) if ts is not None else 0
+        out.append(Record(op, {k: row[k] for k in keys}, {} if op is Op.DELETE else after,
+                          before, row["_sequence"], micros, channel_id))
+    return out
+
+
+__all__ = [
+    "ENCODE_JSON",
+    "PAGE_METADATA",
+    "PAGE_METADATA_NAMES",
+    "TABLESTORE_TO_ARROW",
+    "Page",
+    "PageLayout",
+    "empty_page_batch",
+    "page_schema",
+    "page_to_records",
+    "records_to_page",
+    "to_json",
+]
