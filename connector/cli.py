@@ -5,6 +5,7 @@
 - ``tablestore-cdc progress``     the progress feed as JSON lines (meta_store/cli.py)
 - ``tablestore-cdc dashboard``    the progress dashboard web page (meta_store/dashboard)
 - ``tablestore-cdc demo`` / ``replicate``  the main job (connector/job.py)
+- ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_emulator/cli.py)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from connector.local.cli import app as local_app
 from meta_store.cli import app as meta_app
 from meta_store.cli import progress_command
 from meta_store.dashboard import dashboard_command
+from tablestore_emulator.cli import emulator_command
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
@@ -28,6 +30,7 @@ app.command("demo")(demo)
 app.command("replicate")(replicate)
 app.command("progress")(progress_command)
 app.command("dashboard")(dashboard_command)
+app.command("emulator")(emulator_command)
 
 
 if __name__ == "__main__":
