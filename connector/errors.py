@@ -207,3 +207,54 @@ class ReplayDivergedError(CdcError):
         "batch {uuid!r} channel {channel_id!r}: replay expected {expected} records ending at "
         "{expected_token!r} but the tunnel gave {got} ending at {got_token!r}"
     )
+
+
+class MalformedOffsetError(CheckpointMismatchError):
+    """An offset in Spark's checkpoint is not one this source wrote (hand-edited, foreign)."""
+
+    template = (
+        "the checkpoint location holds an offset this source cannot read: {offset!r} "
+        "({problem}); use the checkpoint location this query wrote, or a new one"
+    )
+
+
+class TunnelBindingError(CdcError):
+    """The meta namespace holds committed batches of a tunnel that is no longer the one
+    under this name: its positions mean nothing to the current tunnel."""
+
+
+class TunnelReplacedError(TunnelBindingError):
+    template = (
+        "tunnel {tunnel!r} on table {table!r} was deleted and created again: the meta namespace "
+        "{namespace!r} holds committed batches of tunnel id {recorded_id!r}, but the tunnel now "
+        "has id {current_id!r}. Its positions do not apply to the new tunnel, so the query is "
+        "refused instead of skipping or re-reading changes. To read the new tunnel from its "
+        "start: use a new checkpoint location and clear the namespace with `tablestore-cdc meta "
+        "reset --namespace {namespace!r} --yes`; or re-point the query at the tunnel.name (or "
+        "meta.store) it was reading"
+    )
+
+
+class TunnelGoneError(TunnelBindingError):
+    template = (
+        "tunnel {tunnel!r} on table {table!r} no longer exists, but the meta namespace "
+        "{namespace!r} holds committed batches of it (tunnel id {recorded_id!r}); a new tunnel "
+        "is not created under it, as its positions would not apply. To start over: use a new "
+        "checkpoint location and clear the namespace with `tablestore-cdc meta reset "
+        "--namespace {namespace!r} --yes`; or re-point the query at the tunnel.name (or "
+        "meta.store) it was reading"
+    )
+
+
+class CheckpointBehindMetaError(CdcError):
+    """Spark's checkpoint resumes from a batch the meta table no longer holds."""
+
+    template = (
+        "Spark's checkpoint resumes from batch {uuid!r}, which meta namespace {namespace!r} no "
+        "longer holds, while it holds {retained} newer batch(es): the checkpoint was restored "
+        "from a backup (or its newest offsets/ and commits/ files deleted) to a point older than "
+        "the meta table keeps (metaRetentionBatches={retention}), or rows were deleted by hand. "
+        "The batches after it cannot be replayed exactly. Restore the meta store from the same "
+        "point in time as the checkpoint, or use a new checkpoint location (it starts from the "
+        "tunnel's pushed checkpoints)"
+    )

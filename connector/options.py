@@ -27,20 +27,26 @@ from connector.tunnel.base import StartPosition, TunnelType
 #: canonical option name -> (model field, what is allowed; shown in errors and docs)
 OPTIONS: dict[str, tuple[str, str]] = {
     "endpoint": ("endpoint", "a tunnel-service URI, e.g. local:///abs/path/store.db"),
-    "table.name": ("table_name", "the source table's name"),
-    "tunnel.name": ("tunnel_name", "a tunnel name (created if missing)"),
+    "table.name": ("table_name", "the source table's name (no surrounding whitespace)"),
+    "tunnel.name": ("tunnel_name", "a tunnel name, created if missing (no surrounding "
+                    "whitespace)"),
     "tunnel.type": ("tunnel_type", "Stream or BaseAndStream"),
     "startingPosition": ("starting_position", "earliest or latest"),
     "meta.store": ("meta_store", "a meta-store URI: sqlite:///abs/path.db or dynamodb://TABLE?..."),
-    "maxOffsetsPerChannel": ("max_offsets_per_channel", "an integer >= 1"),
-    "maxOffsetsPerTrigger": ("max_offsets_per_trigger", "an integer >= 1"),
-    "commitInterval": ("commit_interval", "an integer >= 1"),
-    "channelRefreshIntervalMs": ("channel_refresh_interval_ms", "an integer >= 0"),
-    "metaRetentionBatches": ("meta_retention_batches", "an integer >= 1"),
+    "maxOffsetsPerChannel": ("max_offsets_per_channel", "an integer >= 1 and <= 2147483647"),
+    "maxOffsetsPerTrigger": ("max_offsets_per_trigger",
+                             "an integer >= 1 and <= 9223372036854775807 (a Java long)"),
+    "commitInterval": ("commit_interval", "an integer >= 1 and <= 2147483647"),
+    "channelRefreshIntervalMs": ("channel_refresh_interval_ms",
+                                 "an integer >= 0 and <= 2147483647"),
+    "metaRetentionBatches": ("meta_retention_batches", "an integer >= 1 and <= 2147483647"),
     "failOnDataLoss": ("fail_on_data_loss", "true or false"),
     "skipEmptyBatches": ("skip_empty_batches", "true or false"),
 }
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
+#: upper bounds: what Spark's JVM side can hold (ReadMaxRows is a Java long)
+_INT_MAX = 2**31 - 1
+_LONG_MAX = 2**63 - 1
 _FIELD_TO_OPTION = {field: name for name, (field, _) in OPTIONS.items()}
 
 
@@ -64,13 +70,23 @@ class SourceOptions(BaseModel):
     tunnel_type: TunnelType = TunnelType.STREAM
     starting_position: StartPosition = StartPosition.EARLIEST
     meta_store: str
-    max_offsets_per_channel: int = Field(default=10_000, ge=1)
-    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
-    commit_interval: int = Field(default=1, ge=1)
-    channel_refresh_interval_ms: int = Field(default=1_000, ge=0)
-    meta_retention_batches: int = Field(default=100, ge=1)
+    max_offsets_per_channel: int = Field(default=10_000, ge=1, le=_INT_MAX)
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
+    commit_interval: int = Field(default=1, ge=1, le=_INT_MAX)
+    channel_refresh_interval_ms: int = Field(default=1_000, ge=0, le=_INT_MAX)
+    meta_retention_batches: int = Field(default=100, ge=1, le=_INT_MAX)
     fail_on_data_loss: bool = True
     skip_empty_batches: bool = True
+
+    @field_validator("table_name", "tunnel_name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        # a blank or padded name would make a distinct source identity (and tunnel) silently
+        if not value.strip():
+            raise ValueError("is blank")
+        if value != value.strip():
+            raise ValueError("has leading or trailing whitespace")
+        return value
 
     @field_validator("tunnel_type", mode="before")
     @classmethod

@@ -31,7 +31,17 @@ import uuid as uuid_lib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from connector.errors import CheckpointMismatchError, OptionError, StaleCheckpointError
+from connector.errors import (
+    CheckpointBehindMetaError,
+    CheckpointMismatchError,
+    MalformedOffsetError,
+    OptionError,
+    StaleCheckpointError,
+    TunnelGoneError,
+    TunnelReplacedError,
+    UnknownBatchError,
+    UnknownTunnelError,
+)
 from connector.faults import fault_point, inject_transient_errors
 from connector.options import SourceOptions
 from connector.reader import ChannelPartition
@@ -40,10 +50,12 @@ from connector.tunnel import (
     FINISHED,
     ChannelStatus,
     Checkpoint,
+    TunnelInfo,
     TunnelService,
     open_tunnel_service,
 )
 from meta_store import (
+    BatchRecord,
     BatchState,
     ChannelStart,
     EndCheckpoint,
@@ -99,6 +111,32 @@ def configure_planner_logging() -> None:
     package.setLevel(os.environ.get(LOG_LEVEL_ENV, "INFO").upper())
 
 
+def _share(total: int, asks: dict[str, int]) -> dict[str, int]:
+    """Split ``total`` max-min fairly: no channel gets more than it asks for, and none gets
+    less than an equal share unless it asked for less. ``asks`` is in rotation order: when a
+    share does not divide evenly, the first channels get the extra unit."""
+    caps = dict.fromkeys(asks, 0)
+    left = total
+    hungry = [ch for ch, ask in asks.items() if ask > 0]
+    while hungry and left > 0:
+        share, extra = divmod(left, len(hungry))
+        if share == 0:
+            for ch in hungry[:left]:
+                caps[ch] += 1
+            break
+        for ch in hungry:
+            give = min(share, asks[ch] - caps[ch])
+            caps[ch] += give
+            left -= give
+        still = [ch for ch in hungry if caps[ch] < asks[ch]]
+        if len(still) == len(hungry):  # nobody was satisfied: only the remainder is left
+            for ch in still[:left]:
+                caps[ch] += 1
+            break
+        hungry = still
+    return caps
+
+
 class StreamProtocol:
     """Driver-side protocol for one streaming query. Opened lazily by the stream reader."""
 
@@ -111,10 +149,8 @@ class StreamProtocol:
             open_tunnel_service(options.endpoint)))
         self.meta: MetaStore = with_retries(inject_transient_errors(
             open_meta_store(options.meta_store)))
-        info = self.tunnel.ensure_tunnel(
-            options.table_name, options.tunnel_name, options.tunnel_type,
-            options.starting_position,
-        )
+        recorded = self.meta.get_namespace_info(self.namespace) or {}
+        info = self._bind_tunnel(recorded.get("tunnel_id"))
         if info.tunnel_type is not options.tunnel_type:
             raise OptionError(option="tunnel.type", value=options.tunnel_type.value,
                               problem=f"tunnel {options.tunnel_name!r} already exists with type "
@@ -122,16 +158,57 @@ class StreamProtocol:
                               allowed=f"{info.tunnel_type.value}, or another tunnel.name")
         self.tunnel_id = info.tunnel_id
         self._info = {
-            **(self.meta.get_namespace_info(self.namespace) or {}),
+            **recorded,
             "endpoint": options.safe_endpoint, "table": options.table_name,
             "tunnel": options.tunnel_name, "tunnel_id": self.tunnel_id,
         }
-        self.meta.set_namespace_info(self.namespace, self._info)
+        if recorded.get("tunnel_id") != self.tunnel_id:
+            self._info.pop("committed_generation", None)  # generations of another tunnel
+        if self._info != recorded:
+            self.meta.set_namespace_info(self.namespace, self._info)
         self._committed_through: str | None = None
         self._last_refresh = 0.0
         self._force_refresh = True
         self._available_now_targets: dict[str, str] | None = None
+        #: a batch known to have no planned successor (this process planned it last, or
+        #: looked): ``latestOffset`` from it need not search the chain for one
+        self._known_tip: str | None = None
+        #: from the last channel refresh: parents of channels waiting for them (a finished
+        #: parent needs a share of the read limit to reach FINISHED), or None when the tunnel
+        #: holds waiting channels without naming their parents
+        self._waiting_parents: set[str] | None = set()
         self.last_batch: BatchStats | None = None
+
+    def _bind_tunnel(self, recorded_id: str | None) -> TunnelInfo:
+        """The tunnel this namespace reads, checked against the id the meta table recorded.
+
+        A namespace with committed batches is bound to its tunnel id: if the tunnel was deleted
+        (and perhaps created again under the same name), its positions mean nothing to the
+        current tunnel, so the query is refused (``TunnelReplacedError``/``TunnelGoneError``)
+        and no tunnel is created. A namespace with nothing committed binds to the tunnel as it
+        is, creating it when missing."""
+        o = self.options
+        try:
+            current: TunnelInfo | None = self.tunnel.describe_tunnel(o.table_name,
+                                                                     o.tunnel_name).tunnel
+        except UnknownTunnelError:
+            current = None
+        if recorded_id and (current is None or current.tunnel_id != recorded_id):
+            if self._has_committed():
+                fields = {"table": o.table_name, "tunnel": o.tunnel_name,
+                          "namespace": self.namespace, "recorded_id": recorded_id}
+                if current is None:
+                    raise TunnelGoneError(**fields)
+                raise TunnelReplacedError(**fields, current_id=current.tunnel_id)
+        if current is not None:
+            return current
+        return self.tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
+                                         o.starting_position)
+
+    def _has_committed(self) -> bool:
+        """Does the namespace hold a committed batch (an initial batch does not count)?"""
+        return any(b.prev_uuid is not None and b.state.rank >= BatchState.COMMITTED.rank
+                   for b in self.meta.list_batches(self.namespace))
 
     def close(self) -> None:
         self.tunnel.close()
@@ -139,35 +216,74 @@ class StreamProtocol:
 
     # --- offsets -----------------------------------------------------------------------------
 
-    def offset(self, uuid: str) -> dict[str, str]:
-        return {"uuid": uuid, "source": self.namespace}
+    def offset(self, uuid: str, max_rows: int | None = None) -> dict:
+        """The offset Spark logs. ``maxRows`` carries the batch's read limit, so a replay
+        plans the same caps even if the minted row was collected (older offsets lack it)."""
+        offset: dict = {"uuid": uuid, "source": self.namespace}
+        if max_rows is not None:
+            offset["maxRows"] = max_rows
+        return offset
 
     def uuid_of(self, offset: dict) -> str:
-        """The UUID of an offset from Spark's log; refuses an offset of another source."""
+        """The UUID of an offset from Spark's log; refuses an offset of another source
+        (``CheckpointMismatchError``) and one this source did not write
+        (``MalformedOffsetError``)."""
+        if not isinstance(offset, dict) or "source" not in offset:
+            raise MalformedOffsetError(offset=offset, problem="not an offset of this source: "
+                                       "it has no 'source'")
         found = offset.get("source")
         if found != self.namespace:
             raise CheckpointMismatchError(expected=self.namespace, found=found)
-        return str(offset["uuid"])
+        uuid = offset.get("uuid")
+        if not isinstance(uuid, str) or not uuid:
+            raise MalformedOffsetError(offset=offset, problem="'uuid' is missing or not a string")
+        max_rows = offset.get("maxRows")
+        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
+                                     or max_rows < 1):
+            raise MalformedOffsetError(offset=offset, problem="'maxRows' is not an integer >= 1")
+        return uuid
 
     def _initial_uuid(self, generation: int) -> str:
         return str(uuid_lib.uuid5(uuid_lib.NAMESPACE_URL,
                                   f"{self.namespace}#{self.tunnel_id}#{generation}"))
 
     @property
-    def _open_generation(self) -> int:
-        """The generation whose batch 0 has not committed yet (recorded durably in the
-        namespace info by ``_commit_through``, so retention cannot change it)."""
+    def _marked_generation(self) -> int:
+        """The generation after the newest one recorded as used in the namespace info (a
+        hint: ``_open_generation`` checks it against the meta rows)."""
         return int(self._info.get("committed_generation", "-1")) + 1
 
-    def initial_offset(self) -> dict[str, str]:
+    def _open_generation(self) -> int:
+        """The first generation whose initial batch has no committed successor in the meta
+        table, from the recorded marker on. Derived from the rows, so a lost marker write
+        cannot hand a new query an initial offset an earlier query already committed after;
+        the marker is rewritten (idempotently) when the rows show it is behind."""
+        children: dict[str, list[BatchRecord]] = {}
+        for b in self.meta.list_batches(self.namespace):
+            if b.prev_uuid is not None:
+                children.setdefault(b.prev_uuid, []).append(b)
+        generation = self._marked_generation
+        while any(c.state.rank >= BatchState.COMMITTED.rank
+                  for c in children.get(self._initial_uuid(generation), ())):
+            generation += 1
+        if generation != self._marked_generation:
+            self._record_generation(generation - 1)
+        return generation
+
+    def _record_generation(self, generation: int) -> None:
+        if int(self._info.get("committed_generation", "-1")) < generation:
+            self._info["committed_generation"] = str(generation)
+            self.meta.set_namespace_info(self.namespace, self._info)
+
+    def initial_offset(self) -> dict:
         """``initialOffset``: the same UUID every time until batch 0 of this query commits.
 
         The UUID is derived from the source identity, the tunnel id and a generation number.
-        Once a generation's batch 0 commits, the generation is recorded as used: a later query
+        A generation is used once a batch after its initial batch has committed: a later query
         (a new checkpoint directory) starts the next generation from the tunnel's pushed
         checkpoints, while a restart of the same query never calls ``initialOffset`` again.
         """
-        uuid = self._initial_uuid(self._open_generation)
+        uuid = self._initial_uuid(self._open_generation())
         existing = self.meta.find_batch(self.namespace, uuid)
         if existing is None:
             manifest = Manifest(channels=tuple(self._tunnel_starts(exclude=set())),
@@ -178,7 +294,34 @@ class StreamProtocol:
                  len(existing.manifest.channels) if existing.manifest else 0)
         return self.offset(uuid)
 
-    def latest_offset(self, start: dict, max_rows: int | None) -> dict[str, str]:
+    def _start_batch(self, uuid: str) -> BatchRecord:
+        """The batch an offset from Spark's log ends; ``CheckpointBehindMetaError`` when the
+        meta table no longer holds it but holds newer committed batches (a checkpoint restored
+        beyond retention), ``UnknownBatchError`` when the namespace holds nothing."""
+        batch = self.meta.find_batch(self.namespace, uuid)
+        if batch is not None:
+            return batch
+        retained = [b for b in self.meta.list_batches(self.namespace)
+                    if b.state.rank >= BatchState.COMMITTED.rank and b.prev_uuid is not None]
+        if retained:
+            raise CheckpointBehindMetaError(uuid=uuid, namespace=self.namespace,
+                                            retained=len(retained),
+                                            retention=self.options.meta_retention_batches)
+        raise UnknownBatchError(uuid=uuid, namespace=self.namespace)
+
+    def _planned_successor(self, uuid: str) -> BatchRecord | None:
+        """The batch Spark planned after ``uuid`` earlier, if any: found when Spark's
+        checkpoint is behind the meta table (restored from a backup, newest offsets/commits
+        files deleted). The oldest planned one is the one on the chain."""
+        if uuid == self._known_tip:
+            return None
+        planned = [b for b in self.meta.successors(self.namespace, uuid) if b.manifest is not None]
+        if not planned:
+            self._known_tip = uuid
+            return None
+        return min(planned, key=lambda b: (b.created_at, b.uuid))
+
+    def latest_offset(self, start: dict, max_rows: int | None) -> dict:
         """``latestOffset(start, limit)``: mint the end UUID of the next batch, or return
         ``start`` when nothing is new (``skipEmptyBatches``) or an AvailableNow run is done."""
         start_uuid = self.uuid_of(start)
@@ -186,6 +329,13 @@ class StreamProtocol:
         # Spark asks for a new batch only once the batch ending at `start` is in its commit
         # log: catch up a commit lost in a crash before anything else.
         self._commit_through(start_uuid)
+        self._start_batch(start_uuid)
+        # Spark's checkpoint is behind the meta table: replay the stored chain exactly
+        successor = self._planned_successor(start_uuid)
+        if successor is not None:
+            log.info("batch %s was planned after %s before (Spark's checkpoint is behind the "
+                     "meta table): replaying it", successor.uuid, start_uuid)
+            return self.offset(successor.uuid, successor.max_rows)
         positions = self.positions_after(start_uuid)
         if self._available_now_targets is not None and self._available_now_done(positions):
             return start
@@ -196,14 +346,14 @@ class StreamProtocol:
         end_uuid = str(uuid_lib.uuid4())
         self.meta.create_batch(self.namespace, end_uuid, start_uuid, max_rows=max_rows)
         fault_point("after_latest_offset")
-        return self.offset(end_uuid)
+        return self.offset(end_uuid, max_rows)
 
     # --- planning ------------------------------------------------------------------------------
 
     def positions_after(self, uuid: str) -> dict[str, Position]:
         """Every channel's position at the end of batch ``uuid``: its end checkpoint, or its
         manifest start for a channel that wrote none."""
-        batch = self.meta.get_batch(self.namespace, uuid)
+        batch = self._start_batch(uuid)
         ends = self.meta.get_end_checkpoints(self.namespace, uuid)
         positions: dict[str, Position] = {}
         for start in batch.manifest.channels if batch.manifest else ():
@@ -229,9 +379,11 @@ class StreamProtocol:
             assert batch is not None and batch.manifest is not None
             manifest = batch.manifest
         else:
-            max_rows = batch.max_rows if batch is not None else None
+            # the limit travels in the offset: the minted row may have been collected
+            max_rows = end.get("maxRows") or (batch.max_rows if batch is not None else None)
             manifest = self.meta.put_manifest(self.namespace, end_uuid, start_uuid,
                                               self._new_manifest(start_uuid, end_uuid, max_rows))
+            self._known_tip = end_uuid  # just planned: nothing was planned after it
         partitions = [self._partition(end_uuid, c) for c in manifest.channels
                       if c.token != FINISHED and c.max_records > 0]
         self.last_batch = BatchStats(end_uuid, len(partitions), manifest.children_added,
@@ -248,6 +400,9 @@ class StreamProtocol:
             description = self.tunnel.describe_tunnel(self.options.table_name,
                                                       self.options.tunnel_name)
             status = {c.channel_id: c.status for c in description.channels}
+            waiting = [c for c in description.channels if c.status is ChannelStatus.WAIT]
+            self._waiting_parents = (None if any(not c.parent_ids for c in waiting)
+                                     else {p for c in waiting for p in c.parent_ids})
             # a finished channel leaves the manifests once the tunnel confirms the push
             for channel_id in [ch for ch, p in positions.items() if p.finished]:
                 if status.get(channel_id) is ChannelStatus.TERMINATED:
@@ -301,17 +456,38 @@ class StreamProtocol:
 
     def _caps(self, positions: dict[str, Position], max_rows: int | None,
               end_uuid: str) -> dict[str, int]:
-        """Per-channel record caps: ``maxOffsetsPerChannel``, and a ``ReadMaxRows`` total split
-        evenly (the remainder rotates by batch so no channel starves)."""
+        """Per-channel record caps: ``maxOffsetsPerChannel``, and a ``ReadMaxRows`` total given
+        where the data is.
+
+        Each channel asks for its backlog (the tunnel's ``lag``; a channel the tunnel cannot
+        tell about asks for ``maxOffsetsPerChannel``); a parent that children wait for asks for
+        at least one (reading it to its end releases them). The total is shared max-min fairly
+        among the asks, and what is left over is spread evenly, so records that arrive between
+        planning and reading are still read. Without backlog figures the total is split evenly.
+        Ties and remainders rotate with the batch UUID so no channel starves. The caps go into
+        the manifest: a replay reads them from there, never recomputes them."""
         active = sorted(ch for ch, p in positions.items() if not p.finished)
         per_channel = self.options.max_offsets_per_channel
         if max_rows is None or not active:
             return dict.fromkeys(active, per_channel)
-        share, remainder = divmod(max_rows, len(active))
         offset = uuid_lib.UUID(end_uuid).int % len(active)
         rotated = active[offset:] + active[:offset]
-        return {ch: min(per_channel, share + (1 if i < remainder else 0))
-                for i, ch in enumerate(rotated)}
+        backlog = self.tunnel.lag(self.tunnel_id, {ch: positions[ch].token for ch in active})
+        if backlog is None:  # the backend cannot tell: an even split
+            return _share(max_rows, dict.fromkeys(rotated, per_channel))
+        asks = {}
+        for ch in rotated:
+            behind = backlog[ch].records_behind if ch in backlog else None
+            asks[ch] = per_channel if behind is None else min(per_channel, behind)
+        waiting = self._waiting_parents
+        for ch in (rotated[:1] if waiting is None else [c for c in rotated if c in waiting]):
+            asks[ch] = max(asks[ch], 1)  # parents' ends release children
+        caps = _share(max_rows, asks)
+        left = max_rows - sum(caps.values())
+        if left > 0:
+            extra = _share(left, {ch: per_channel - caps[ch] for ch in rotated})
+            caps = {ch: caps[ch] + extra[ch] for ch in rotated}
+        return caps
 
     def _partition(self, end_uuid: str, start: ChannelStart) -> ChannelPartition:
         target = None
@@ -358,10 +534,11 @@ class StreamProtocol:
         log.info("batch %s committed: %d channel(s), %d record(s), children added %s",
                  uuid, len(ends), sum(e.records for e in ends.values()),
                  list(batch.manifest.children_added))
-        generation = self._open_generation
+        # the marker is a hint (initial_offset derives the generation from the rows), so a
+        # lost write here costs nothing but a look at the rows
+        generation = self._marked_generation
         if batch.prev_uuid == self._initial_uuid(generation):
-            self._info["committed_generation"] = str(generation)
-            self.meta.set_namespace_info(self.namespace, self._info)
+            self._record_generation(generation)
 
     def push_if_due(self, force: bool = False) -> list[str]:
         """Push the newest committed checkpoint of every channel to the tunnel when

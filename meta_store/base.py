@@ -335,6 +335,26 @@ class MetaStore(ABC):
         """All batches of the namespace along the prev chain (orphans last)."""
         return chain_order(self._list_batches(namespace))
 
+    def successors(self, namespace: str, uuid: str) -> list[BatchRecord]:
+        """Batches minted after ``uuid`` (``prev_uuid == uuid``), oldest first (driver: a
+        restart looks for a batch planned after its start; the initial offset looks for a
+        committed batch after a generation's initial batch)."""
+        return sorted((b for b in self._list_batches(namespace) if b.prev_uuid == uuid),
+                      key=lambda b: (b.created_at, b.uuid))
+
+    def reset_namespace(self, namespace: str) -> int:
+        """Forget a namespace's batches (operator, ``tablestore-cdc meta reset``): every batch
+        row and end checkpoint goes, and the description loses its tunnel binding, so the next
+        query binds to the tunnel as it is now. Returns the number of batches deleted."""
+        uuids = [b.uuid for b in self._list_batches(namespace)]
+        if uuids:
+            self._delete_batches(namespace, uuids)
+        info = self.get_namespace_info(namespace)
+        if info is not None:
+            self.set_namespace_info(namespace, {k: v for k, v in info.items()
+                                                if k not in ("tunnel_id", "committed_generation")})
+        return len(uuids)
+
     def latest_committed(self, namespace: str) -> BatchRecord | None:
         committed = [b for b in self.list_batches(namespace)
                      if b.state.rank >= BatchState.COMMITTED.rank]
