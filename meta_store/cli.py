@@ -475,6 +475,33 @@ def gc(
 
 
 @app.command()
+def reset(
+    meta: MetaOpt, namespace: NamespaceOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete (default: dry run).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Forget a namespace's batches and its tunnel binding (after its tunnel was deleted or
+    re-created): the next query, in a new checkpoint location, binds to the tunnel as it is.
+    Dry run unless --yes. A checkpoint location that used the namespace cannot resume after."""
+    with _store(meta) as store, reported_errors():
+        ns = resolve_namespace(store, namespace)
+        info = store.get_namespace_info(ns) or {}
+        batches = len(store.list_batches(ns))
+        deleted = store.reset_namespace(ns) if yes else 0
+        if as_json:
+            _print_json({"namespace": ns, "dry_run": not yes, "tunnel_id": info.get("tunnel_id"),
+                         "batches": batches, "deleted": deleted})
+            return
+        console = _console()
+        if yes:
+            console.print(f"{ns}: {deleted} batch(es) deleted, tunnel binding "
+                          f"{info.get('tunnel_id')!r} cleared")
+        else:
+            console.print(f"{ns}: would delete {batches} batch(es) and clear the tunnel binding "
+                          f"{info.get('tunnel_id')!r} (dry run; --yes deletes)")
+
+
+@app.command()
 def export(
     meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
     output: Annotated[Path | None, typer.Option("--output", "-o",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
+from connector.cli import app
 from connector.errors import (
     CheckpointBehindMetaError,
     MalformedOffsetError,
@@ -125,8 +127,15 @@ def test_after_a_namespace_reset_a_new_query_binds_to_the_new_tunnel(store):
     meta = proto.meta
     tunnel = LocalTunnelService(store)
     tunnel.delete_tunnel("t", "q")
-    removed = meta.reset_namespace(namespace)
-    assert removed >= 2
+    with pytest.raises(TunnelGoneError):
+        StreamProtocol(options(store))
+    uri = proto.options.meta_store
+    dry = CliRunner().invoke(app, ["meta", "reset", "--meta", uri, "--json"])
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["deleted"] == 0
+    done = CliRunner().invoke(app, ["meta", "reset", "--meta", uri, "--yes", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["deleted"] >= 2
+    assert meta.list_batches(namespace) == []
     fresh = StreamProtocol(options(store))  # creates the tunnel: nothing committed any more
     assert fresh.tunnel_id != proto.tunnel_id
     assert fresh.meta.get_namespace_info(namespace)["tunnel_id"] == fresh.tunnel_id
