@@ -187,6 +187,12 @@ def read_row(data: bytes) -> PlainRow:
     return row
 
 
+def read_value(data: bytes) -> Any:
+    """Decode a bare value (type byte + value; a column condition's ``column_value``)."""
+    r = _Reader(struct.pack("<I", len(data)) + data)
+    return r.value()
+
+
 def _wire_value(value: Any) -> Any:
     # The SDK's writer sends ``bytes`` as STRING; BINARY needs a bytearray.
     return bytearray(value) if isinstance(value, bytes) else value

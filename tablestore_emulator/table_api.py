@@ -16,8 +16,10 @@ How Tablestore maps onto the embedded store:
 - one version per cell: ``max_versions``/``time_range``/cell timestamps are accepted and
   ignored; cells come back stamped with the time of the read.
 
-Row conditions are checked and applied under ``ctx.write_lock``, so they are atomic for all
+Row conditions (row existence, and column conditions: single-column comparisons combined with
+AND/OR/NOT) are checked and applied under ``ctx.write_lock``, so they are atomic for all
 clients of this emulator (not against other processes writing the store file directly).
+Read filters (``column_filter`` of GetRow/GetRange/BatchGetRow) are not supported.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tablestore.protobuf import table_store_filter_pb2 as fpb
 from tablestore.protobuf import table_store_pb2 as pb
 
 from connector.errors import (
@@ -176,13 +179,58 @@ def _check_attribute(name: str, value: Any) -> None:
         )
 
 
-def _check_condition(condition: Any, exists: bool) -> None:
-    if condition.HasField("column_condition") and condition.column_condition:
-        raise unsupported_operation("Column conditions (filters) are not supported.")
+def _check_condition(condition: Any, current: Mapping[str, Any] | None) -> None:
+    """Raise ``OTSConditionCheckFail`` unless the row's existence and column condition hold."""
+    exists = current is not None
     if condition.row_existence == pb.EXPECT_EXIST and not exists:
         raise condition_check_fail()
     if condition.row_existence == pb.EXPECT_NOT_EXIST and exists:
         raise condition_check_fail()
+    if condition.HasField("column_condition") and condition.column_condition:
+        if not _filter_passes(condition.column_condition, current or {}):
+            raise condition_check_fail()
+
+
+def _filter_passes(raw: bytes, row: Mapping[str, Any]) -> bool:
+    """A column condition (``table_store_filter.Filter``) evaluated on the current row."""
+    f = _parse(fpb.Filter(), raw)
+    if f.type == fpb.FT_SINGLE_COLUMN_VALUE:
+        single = _parse(fpb.SingleColumnValueFilter(), f.filter)
+        if single.column_name not in row:
+            return not single.filter_if_missing
+        return _compare(single.comparator, row[single.column_name],
+                        plb.read_value(single.column_value))
+    if f.type == fpb.FT_COMPOSITE_COLUMN_VALUE:
+        comp = _parse(fpb.CompositeColumnValueFilter(), f.filter)
+        results = [_filter_passes(sub.SerializeToString(), row) for sub in comp.sub_filters]
+        if comp.combinator == fpb.LO_NOT:
+            if len(results) != 1:
+                raise parameter_invalid("A NOT condition takes exactly one sub-condition.")
+            return not results[0]
+        if not results:
+            raise parameter_invalid("A composite condition needs sub-conditions.")
+        return all(results) if comp.combinator == fpb.LO_AND else any(results)
+    raise unsupported_operation("Only column value conditions are supported.")
+
+
+def _compare(comparator: int, have: Any, want: Any) -> bool:
+    numeric = (int, float)
+    if isinstance(have, bool) != isinstance(want, bool) or not (
+        type(have) is type(want)
+        or (isinstance(have, numeric) and isinstance(want, numeric))
+    ):
+        return comparator == fpb.CT_NOT_EQUAL  # values of different types are never equal
+    ops: dict[int, Callable[[Any, Any], bool]] = {
+        fpb.CT_EQUAL: lambda a, b: a == b,
+        fpb.CT_NOT_EQUAL: lambda a, b: a != b,
+        fpb.CT_GREATER_THAN: lambda a, b: a > b,
+        fpb.CT_GREATER_EQUAL: lambda a, b: a >= b,
+        fpb.CT_LESS_THAN: lambda a, b: a < b,
+        fpb.CT_LESS_EQUAL: lambda a, b: a <= b,
+    }
+    if comparator not in ops:
+        raise unsupported_operation(f"Comparator {comparator} is not supported.")
+    return ops[comparator](have, want)
 
 
 def _consumed(read_bytes: int = 0, write_bytes: int = 0) -> Any:
@@ -307,8 +355,7 @@ def _put(ctx: EmulatorContext, table: str, row_bytes: bytes, condition: Any) -> 
         len(k) + _value_size(v) for k, v in columns.items()
     )
     with ctx.write_lock:
-        exists = _store_call(ctx.store.get_row, table, key) is not None
-        _check_condition(condition, exists)
+        _check_condition(condition, _store_call(ctx.store.get_row, table, key))
         _store_call(ctx.store.put_row, table, key, columns)
     return schema, key, size
 
@@ -328,7 +375,7 @@ def _update(
     size = sum(_value_size(v) for v in key.values())
     with ctx.write_lock:
         current = _store_call(ctx.store.get_row, table, key)
-        _check_condition(condition, current is not None)
+        _check_condition(condition, current)
         changes: dict[str, Any] = {}
         for cell in row.cells:
             if cell.op in (plb.DELETE_ALL_VERSION, plb.DELETE_ONE_VERSION):
@@ -358,8 +405,7 @@ def _delete(
     if condition.row_existence == pb.EXPECT_NOT_EXIST:
         raise parameter_invalid("Invalid condition: EXPECT_NOT_EXIST while deleting row.")
     with ctx.write_lock:
-        exists = _store_call(ctx.store.get_row, table, key) is not None
-        _check_condition(condition, exists)
+        _check_condition(condition, _store_call(ctx.store.get_row, table, key))
         _store_call(ctx.store.delete_row, table, key)
     return schema, key, sum(_value_size(v) for v in key.values())
 

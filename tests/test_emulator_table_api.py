@@ -184,6 +184,40 @@ def test_delete_row_with_each_condition(client: OTSClient) -> None:
     client.delete_row("orders", Row(pk), IGNORE)  # a missing row: still fine
 
 
+def test_column_conditions(client: OTSClient) -> None:
+    from tablestore import (
+        ComparatorType,
+        CompositeColumnCondition,
+        LogicalOperator,
+        SingleColumnCondition,
+    )
+
+    create(client)
+    pk = [("id", "a"), ("n", 1)]
+    client.put_row("orders", Row(pk, [("rank", 1), ("state", "minted")]))
+
+    def cond(column: str, value: object, op: str = ComparatorType.EQUAL,
+             pass_if_missing: bool = True) -> Condition:
+        return Condition(RowExistenceExpectation.EXPECT_EXIST,
+                         SingleColumnCondition(column, value, op, pass_if_missing))
+
+    client.update_row("orders", Row(pk, {"put": [("rank", 2)]}), cond("rank", 1))
+    err = service_error(client.update_row, "orders", Row(pk, {"put": [("rank", 3)]}),
+                        cond("rank", 1))
+    assert err.get_error_code() == "OTSConditionCheckFail"
+    client.update_row("orders", Row(pk, {"put": [("rank", 3)]}),
+                      cond("rank", 3, ComparatorType.LESS_THAN))
+    err = service_error(client.update_row, "orders", Row(pk, {"put": [("x", 1)]}),
+                        cond("missing", 1, pass_if_missing=False))
+    assert err.get_error_code() == "OTSConditionCheckFail"
+    client.update_row("orders", Row(pk, {"put": [("x", 1)]}), cond("missing", 1))
+    either = CompositeColumnCondition(LogicalOperator.OR)
+    either.add_sub_condition(SingleColumnCondition("state", "planned", ComparatorType.EQUAL))
+    either.add_sub_condition(SingleColumnCondition("rank", 3, ComparatorType.GREATER_EQUAL))
+    client.delete_row("orders", Row(pk), Condition(RowExistenceExpectation.EXPECT_EXIST, either))
+    assert get(client, "orders", pk) is None
+
+
 def test_get_row_values_and_columns_to_get(client: OTSClient) -> None:
     create(client, "t", [("k", "BINARY")])
     pk = [("k", bytearray(b"\x00\xff"))]
