@@ -148,6 +148,43 @@ class TransientTunnelError(TunnelError):
     template = "tunnel service temporarily unavailable: {detail}"
 
 
+class TunnelRequestError(TunnelError):
+    """A cloud tunnel backend refused a request for a reason retrying will not fix (access
+    denied, validation, a missing checkpoint table, ...)."""
+
+    template = "{endpoint}: {operation} failed: {reason}"
+
+
+class StreamNotEnabledError(TunnelError):
+    """The source table has no change stream to read (DynamoDB: StreamSpecification off)."""
+
+    template = "table {table!r} at {endpoint} has no stream enabled: {hint}"
+
+
+class MalformedRecordError(TunnelError, ValueError):
+    """A record the tunnel service sent cannot be decoded (never turned into a wrong row)."""
+
+    template = "channel {channel_id!r}: a record read from token {token!r} is malformed: {reason}"
+
+
+class TunnelServiceError(TunnelError):
+    """The Tablestore Tunnel service refused a request; ``code`` and ``message`` are its own."""
+
+    template = "{endpoint} {operation}: {code} (HTTP {http_status}): {message}"
+
+
+class TunnelParameterError(TunnelServiceError):
+    """OTSParameterInvalid: the service says the request is malformed or out of range."""
+
+
+class TunnelExpiredError(TunnelServiceError):
+    """OTSTunnelExpired: the tunnel's base stage did not finish within the stream retention."""
+
+
+class TunnelAuthError(TunnelServiceError):
+    """OTSAuthFailed / OTSPermissionDenied, or a response whose signature does not verify."""
+
+
 # --- meta store -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,479 @@
+"""``TablestoreTunnelService``: the tunnel backend for ``http://`` and ``https://`` endpoints.
+
+Speaks the Tablestore Tunnel service's wire protocol (``/tunnel/*`` protobuf RPCs, v2 signing,
+PlainBuffer records) to a real instance or to the project's emulator
+(``tablestore-cdc emulator``). Opened with a URI (the source builds it from its options,
+connector/options.py)::
+
+    https://INSTANCE.REGION.ots.aliyuncs.com?instance=INSTANCE
+        &access_key_id=...&access_key_secret=...&security_token=...
+
+``instance`` defaults to the host's first label; credentials missing from the URI come from
+``ALIBABA_CLOUD_ACCESS_KEY_ID`` / ``_SECRET`` / ``ALIBABA_CLOUD_SECURITY_TOKEN``. The URI with
+secrets removed (``connector.options.strip_secrets``) is this client's ``uri``: the only form
+that reaches logs, errors and anything stored.
+
+Who calls what (connector/tunnel/base.py): the driver calls tunnel, checkpoint and schema
+methods; executors call ``read_records`` on a client opened in their own process.
+
+How the interface maps onto the wire:
+
+- ``describe_tunnel`` / ``create_tunnel`` / ``list_tunnels`` / ``delete_tunnel``: the RPCs of
+  those names. Lineage (``ChannelInfo.parent_ids``) comes from the emulator's extension field
+  and is empty on the real service, which holds children in WAIT instead.
+- ``get_checkpoint`` / ``checkpoint`` / ``read_records``: GetCheckpoint, Checkpoint and
+  ReadRecords with a fixed client id (``CLIENT_ID``) and no Connect/Heartbeat -- what the
+  vendor's Spark connector does.
+- ``read_records(limit)``: ReadRecords has no limit. The request carries the emulator-only
+  ``max_records``; a service that ignores it may return a longer page, and then the client
+  returns the first ``limit`` records with the token ``"<page token>~<k>"`` ("k records after
+  that token"). Reading from such a token re-reads the page and skips k records (order within a
+  channel is deterministic; page boundaries need not repeat, so a skip past a page continues
+  from its ``next_token``). Pushing such a token checkpoints the page token itself (the service
+  only knows its own tokens): the tunnel's stored position may then be up to one page behind
+  the source's own, which only matters to a new query without a Spark checkpoint.
+- ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
+  table declares them).
+- ``has_new_data``, ``head_sequences``, ``lag``: ``None`` (the service cannot tell without
+  reading); the source then plans a batch per trigger and does not support AvailableNow.
+
+Errors (service code -> the product's type): 503 ``OTSTunnelServerUnavailable`` and network
+errors are retried inside the transport for a bounded time, then ``TransientTunnelError``; a
+message beginning ``OTSTrimmedDataAccess`` is ``TrimmedDataError`` at once (never retried);
+``OTSSequenceNumberNotMatch`` is ``StaleCheckpointError``; ``OTSTunnelExist`` is
+``TunnelExistsError``; ``OTSTunnelExpired``, ``OTSAuthFailed`` / ``OTSPermissionDenied`` and
+``OTSParameterInvalid`` are ``TunnelExpiredError``, ``TunnelAuthError`` and
+``TunnelParameterError`` carrying the service's message, except where the message names a more
+precise case the emulator reports (unknown table/tunnel/channel, bad token, WAIT channel,
+rejected FINISHED), which map to the same types the local backend raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from connector.errors import (
+    ChannelNotReadableError,
+    InvalidCheckpointError,
+    MalformedTokenError,
+    OptionError,
+    StaleCheckpointError,
+    TransientTunnelError,
+    TrimmedDataError,
+    TunnelAuthError,
+    TunnelExistsError,
+    TunnelExpiredError,
+    TunnelParameterError,
+    TunnelServiceError,
+    UnknownChannelError,
+    UnknownTableError,
+    UnknownTunnelError,
+)
+from connector.tunnel.base import (
+    FINISHED,
+    ChannelInfo,
+    ChannelStatus,
+    ChannelType,
+    Checkpoint,
+    ColumnSpec,
+    ReadResult,
+    StartPosition,
+    TableSchema,
+    TunnelDescription,
+    TunnelInfo,
+    TunnelService,
+    TunnelType,
+)
+from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore.records import decode_page
+from connector.tunnel.tablestore.transport import (
+    RETRY_DEADLINE_S,
+    Credentials,
+    ResponseValidationError,
+    ServiceError,
+    Transport,
+    Unavailable,
+)
+
+#: the client id sent with reads and checkpoints (the service accepts ids it never issued)
+CLIENT_ID = "tablestore-cdc"
+#: separates a page token from a record count in a client token (not a base64 character)
+SKIP_MARK = "~"
+ENV_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
+ENV_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
+ENV_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
+_URI_FORM = "https://INSTANCE.REGION.ots.aliyuncs.com (or http://127.0.0.1:PORT?instance=NAME)"
+_URI_PARAMS = {"instance", "access_key_id", "access_key_secret", "security_token",
+               "retry_deadline_s"}
+_TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(\S*)\]")
+_STORED = re.compile(r"\[stored=(-?\d+)\]")
+
+#: the emulator's message phrases (tablestore_emulator.tunnel_api.MESSAGE_*)
+_NO_TABLE = "Requested table does not exist"
+_NO_TUNNEL = "Tunnel does not exist"
+_NO_CHANNEL = "Channel does not exist"
+_BAD_TOKEN = "Invalid token"
+_NOT_READABLE = "Channel is not readable"
+_BAD_CHECKPOINT = "Invalid checkpoint"
+
+_KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
+_COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
+
+
+def _safe(uri: str) -> str:
+    from connector.options import strip_secrets  # lazy: options imports the tunnel package
+
+    return strip_secrets(uri)
+
+
+def split_token(token: str) -> tuple[str, int]:
+    """``(page token, records to skip after it)`` of a client token."""
+    page, mark, skip = token.partition(SKIP_MARK)
+    if not mark:
+        return token, 0
+    if not skip.isdigit() or int(skip) <= 0:
+        raise ValueError(f"bad record count {skip!r}")
+    return page, int(skip)
+
+
+def token_content(token: str) -> Any:
+    """The ``TokenContent(V2)`` inside a service token; ``ValueError`` if it is not one."""
+    try:
+        raw = base64.b64decode(token.encode("ascii"), validate=True)
+        envelope = m.parse(m.Token, raw)
+        if envelope.version == 2:
+            return m.parse(m.TokenContentV2, envelope.content)
+        if envelope.version == 1:
+            return m.parse(m.TokenContent, envelope.content)
+    except (UnicodeError, binascii.Error, m.MessageError) as exc:
+        raise ValueError(f"not a tunnel token ({exc})") from None
+    raise ValueError(f"unknown token version {envelope.version}")
+
+
+class TablestoreTunnelService(TunnelService):
+    """A Tunnel client for one endpoint and instance. One per process; cheap to open."""
+
+    def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
+                 uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
+                 send_max_records: bool = True) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.instance = instance
+        self.uri = _safe(uri) if uri else f"{self.endpoint}?instance={instance}"
+        self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s)
+        #: tunnel id -> table name, learned from describe/list (for error messages)
+        self._tables: dict[str, str] = {}
+        #: False makes reads behave as against a service without the emulator's page limit
+        self.send_max_records = send_max_records
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_uri(cls, uri: str) -> TablestoreTunnelService:
+        """Open ``http(s)://HOST[:PORT]?instance=...&access_key_id=...`` (driver or executor).
+        Errors name the URI without its secrets."""
+        parts = urlsplit(uri)
+
+        def bad(problem: str) -> OptionError:
+            return OptionError(option="endpoint", value=_safe(uri), problem=problem,
+                               allowed=_URI_FORM)
+
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise bad("not an http(s)://HOST endpoint")
+        if parts.username or parts.password:
+            raise bad("credentials do not belong in the endpoint's user info; use the "
+                      "access.key.id / access.key.secret options or the environment")
+        if parts.path not in ("", "/"):
+            raise bad("a Tablestore endpoint has no path")
+        params: dict[str, str] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key not in _URI_PARAMS:
+                raise bad(f"unknown endpoint parameter {key!r}")
+            params[key] = unquote(value)
+        instance = params.get("instance") or ""
+        if not instance:
+            host = parts.hostname
+            if host.endswith(".aliyuncs.com") and host.count(".") >= 3:
+                instance = host.split(".", 1)[0]
+            else:
+                raise bad("no instance name: set the instance.name option (or ?instance=)")
+        key_id = params.get("access_key_id") or os.environ.get(ENV_KEY_ID, "")
+        secret = params.get("access_key_secret") or os.environ.get(ENV_KEY_SECRET, "")
+        token = params.get("security_token") or os.environ.get(ENV_TOKEN) or None
+        if not key_id or not secret:
+            raise bad(f"no credentials: set access.key.id and access.key.secret, or "
+                      f"{ENV_KEY_ID} and {ENV_KEY_SECRET}")
+        deadline = RETRY_DEADLINE_S
+        if "retry_deadline_s" in params:
+            try:
+                deadline = float(params["retry_deadline_s"])
+            except ValueError:
+                raise bad("retry_deadline_s must be a number of seconds") from None
+        endpoint = f"{parts.scheme}://{parts.netloc}"
+        return cls(endpoint, instance, Credentials(key_id, secret, token), uri=uri,
+                   retry_deadline_s=deadline)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"<TablestoreTunnelService {self.uri}>"
+
+    # --- calls and errors ---------------------------------------------------------------------
+
+    def _call(self, path: str, request: Any, response_type: Any,
+              on_error: Callable[[ServiceError], Exception | None] | None = None) -> Any:
+        try:
+            data = self._transport.call(path, request.SerializeToString())
+        except Unavailable as exc:
+            raise TransientTunnelError(detail=f"{self.uri} {path}: {exc}") from None
+        except ResponseValidationError as exc:
+            raise TunnelAuthError(endpoint=self.uri, operation=path, code="ResponseInvalid",
+                                  http_status=200, message=str(exc)) from None
+        except ServiceError as exc:
+            mapped = on_error(exc) if on_error is not None else None
+            raise (mapped or self._generic(path, exc)) from None
+        try:
+            return m.parse(response_type, data)
+        except m.MessageError as exc:
+            raise TunnelServiceError(endpoint=self.uri, operation=path, code="BadResponse",
+                                     http_status=200, message=str(exc)) from None
+
+    def _generic(self, path: str, exc: ServiceError) -> Exception:
+        fields = {"endpoint": self.uri, "operation": path, "code": exc.code,
+                  "http_status": exc.http_status, "message": exc.message}
+        if exc.code == "OTSTunnelServerUnavailable":
+            return TransientTunnelError(detail=f"{self.uri} {path}: {exc.message}")
+        if exc.code in ("OTSAuthFailed", "OTSPermissionDenied"):
+            return TunnelAuthError(**fields)
+        if exc.code == "OTSTunnelExpired":
+            return TunnelExpiredError(**fields)
+        if exc.code == "OTSParameterInvalid":
+            return TunnelParameterError(**fields)
+        return TunnelServiceError(**fields)
+
+    def _not_found(self, exc: ServiceError, table: str, tunnel: str) -> Exception | None:
+        if exc.code == "OTSObjectNotExist" or exc.message.startswith(_NO_TABLE):
+            if exc.message.startswith(_NO_TUNNEL):
+                return UnknownTunnelError(tunnel=tunnel, table=table)
+            return UnknownTableError(table=table, endpoint=self.uri)
+        if exc.message.startswith(_NO_TUNNEL):
+            return UnknownTunnelError(tunnel=tunnel, table=table)
+        return None
+
+    def _channel_error(self, exc: ServiceError, tunnel_id: str, channel_id: str,
+                       token: str) -> Exception | None:
+        msg = exc.message
+        if msg.startswith(_NO_CHANNEL):
+            return UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel_id)
+        if msg.startswith(_BAD_TOKEN):
+            return MalformedTokenError(channel_id=channel_id, token=token, reason=msg)
+        if msg.startswith(_NOT_READABLE):
+            status = msg.rsplit(" ", 1)[-1]
+            return ChannelNotReadableError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                           status=status)
+        if msg.startswith(_BAD_CHECKPOINT):
+            return InvalidCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                          reason=msg)
+        if exc.code == "OTSSequenceNumberNotMatch":
+            found = _STORED.search(msg)
+            return StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                        pushed="(this push)",
+                                        stored=int(found.group(1)) if found else "(unknown)")
+        if exc.code == "OTSTunnelServerUnavailable" and msg.startswith("OTSTrimmedDataAccess"):
+            detail = _TRIM_DETAIL.search(msg)
+            requested, earliest, lost, resume = (
+                detail.groups() if detail else ("(unknown)", "(unknown)", "(unknown)", ""))
+            return TrimmedDataError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                    requested=requested, earliest=earliest, lost=lost,
+                                    resume_token=resume, service_message=msg)
+        return self._not_found(exc, self._tables.get(tunnel_id, "(any table)"), tunnel_id)
+
+    # --- tunnels (driver) ---------------------------------------------------------------------
+
+    def _info(self, t: Any) -> TunnelInfo:
+        try:
+            tunnel_type = TunnelType(t.tunnel_type)
+        except ValueError:
+            raise TunnelServiceError(
+                endpoint=self.uri, operation="/tunnel/describe", code="UnsupportedTunnelType",
+                http_status=200, message=f"tunnel {t.tunnel_name!r} is of type "
+                f"{t.tunnel_type!r}; only Stream and BaseAndStream are supported") from None
+        start = StartPosition.EARLIEST
+        if t.HasField("stream_tunnel_config") and t.stream_tunnel_config.HasField("flag"):
+            if t.stream_tunnel_config.flag == m.FLAG_LATEST:
+                start = StartPosition.LATEST
+        self._tables[t.tunnel_id] = t.table_name
+        return TunnelInfo(t.tunnel_id, t.tunnel_name, t.table_name, tunnel_type, start,
+                          t.create_time / 1e9 if t.HasField("create_time") else 0.0)
+
+    def create_tunnel(
+        self,
+        table: str,
+        tunnel_name: str,
+        tunnel_type: TunnelType = TunnelType.STREAM,
+        start_position: StartPosition = StartPosition.EARLIEST,
+    ) -> TunnelInfo:
+        tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
+        request = m.CreateTunnelRequest()
+        t = request.tunnel
+        t.table_name, t.tunnel_name = table, tunnel_name
+        t.tunnel_type = m.TUNNEL_TYPE[tunnel_type.value]
+        t.stream_tunnel_config.flag = (
+            m.FLAG_LATEST if start_position is StartPosition.LATEST else m.FLAG_EARLIEST)
+
+        def on_error(exc: ServiceError) -> Exception | None:
+            if exc.code == "OTSTunnelExist":
+                return TunnelExistsError(tunnel=tunnel_name, table=table)
+            return self._not_found(exc, table, tunnel_name)
+
+        self._call("/tunnel/create", request, m.CreateTunnelResponse, on_error)
+        return self.describe_tunnel(table, tunnel_name).tunnel
+
+    def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
+        response = self._call(
+            "/tunnel/describe", m.DescribeTunnelRequest(table_name=table, tunnel_name=tunnel_name),
+            m.DescribeTunnelResponse, lambda e: self._not_found(e, table, tunnel_name))
+        channels = []
+        for c in response.channels:
+            try:
+                status = ChannelStatus(c.channel_status)
+                ctype = ChannelType(c.channel_type or ChannelType.STREAM.value)
+            except ValueError as exc:
+                raise TunnelServiceError(
+                    endpoint=self.uri, operation="/tunnel/describe", code="UnknownValue",
+                    http_status=200, message=f"channel {c.channel_id!r}: {exc}") from None
+            channels.append(ChannelInfo(c.channel_id, status, ctype, tuple(c.parent_ids)))
+        return TunnelDescription(self._info(response.tunnel), tuple(channels))
+
+    def list_tunnels(self, table: str | None = None) -> list[TunnelInfo]:
+        request = m.ListTunnelRequest()
+        if table is not None:
+            request.table_name = table
+        response = self._call("/tunnel/list", request, m.ListTunnelResponse,
+                              lambda e: self._not_found(e, table or "", ""))
+        return [self._info(t) for t in response.tunnels]
+
+    def delete_tunnel(self, table: str, tunnel_name: str) -> None:
+        self._call("/tunnel/delete",
+                   m.DeleteTunnelRequest(table_name=table, tunnel_name=tunnel_name),
+                   m.DeleteTunnelResponse, lambda e: self._not_found(e, table, tunnel_name))
+
+    def table_schema(self, table: str) -> TableSchema:
+        """DescribeTable through the table API (the SDK's protobuf messages, imported here)."""
+        from tablestore.protobuf import table_store_pb2 as pb
+
+        response = self._call("/DescribeTable", pb.DescribeTableRequest(table_name=table),
+                              pb.DescribeTableResponse,
+                              lambda e: self._not_found(e, table, ""))
+        meta = response.table_meta
+        return TableSchema(
+            meta.table_name or table,
+            tuple(ColumnSpec(k.name, _KEY_TYPES.get(k.type, "STRING")) for k in meta.primary_key),
+            tuple(ColumnSpec(c.name, _COLUMN_TYPES.get(c.type, "STRING"))
+                  for c in meta.defined_column),
+        )
+
+    # --- checkpoints (driver) -------------------------------------------------------------------
+
+    def _check_token(self, channel_id: str, token: Any) -> tuple[str, int]:
+        """``(page token, skip)`` of a token this backend could have issued, else
+        ``MalformedTokenError`` (no request sent)."""
+        if not isinstance(token, str) or not token:
+            raise MalformedTokenError(channel_id=channel_id, token=token,
+                                      reason="a token is a non-empty string")
+        if token == FINISHED:
+            return token, 0
+        try:
+            page, skip = split_token(token)
+            token_content(page)
+        except ValueError as exc:
+            raise MalformedTokenError(channel_id=channel_id, token=token,
+                                      reason=str(exc)) from None
+        return page, skip
+
+    def get_checkpoint(self, tunnel_id: str, channel_id: str) -> Checkpoint:
+        request = m.GetCheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
+                                         channel_id=channel_id)
+        response = self._call("/tunnel/getcheckpoint", request, m.GetCheckpointResponse,
+                              lambda e: self._channel_error(e, tunnel_id, channel_id, ""))
+        return Checkpoint(response.checkpoint, int(response.sequence_number))
+
+    def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
+        page, _ = self._check_token(channel_id, checkpoint.token)
+        seqno = checkpoint.sequence_number
+        if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
+            raise InvalidCheckpointError(
+                channel_id=channel_id, tunnel_id=tunnel_id,
+                reason=f"sequence number must be a non-negative integer, got {seqno!r}")
+        request = m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
+                                      channel_id=channel_id, checkpoint=page,
+                                      sequence_number=seqno)
+
+        def on_error(exc: ServiceError) -> Exception | None:
+            mapped = self._channel_error(exc, tunnel_id, channel_id, checkpoint.token)
+            if isinstance(mapped, StaleCheckpointError):
+                mapped = StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                              pushed=seqno, stored=mapped.fields["stored"])
+            return mapped
+
+        self._call("/tunnel/checkpoint", request, m.CheckpointResponse, on_error)
+
+    # --- data (executors) -------------------------------------------------------------------
+
+    def _read_page(self, tunnel_id: str, channel_id: str, page_token: str, want: int,
+                   token: str) -> Any:
+        request = m.ReadRecordsRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
+                                       channel_id=channel_id, token=page_token)
+        if self.send_max_records:
+            request.max_records = max(1, min(want, 2**31 - 1))
+        return self._call("/tunnel/readrecords", request, m.ReadRecordsResponse,
+                          lambda e: self._channel_error(e, tunnel_id, channel_id, token))
+
+    @staticmethod
+    def _base_offset(page_token: str) -> int | None:
+        """Records before ``page_token`` in a base-data channel, when the token says so."""
+        if page_token == FINISHED:
+            return None
+        content = token_content(page_token)
+        if content.iterator or not content.DESCRIPTOR.fields_by_name.get("total_count"):
+            return None
+        return int(content.total_count) if content.HasField("total_count") else None
+
+    def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
+        """Up to ``limit`` records after ``token`` (executor); see the module docstring for
+        tokens that point inside a service page."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+        page_token, skip = self._check_token(channel_id, token)
+        if limit == 0 and token != FINISHED:
+            return ReadResult([], token, True)
+        response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
+        while skip and len(response.records) <= skip:
+            # the service paged differently than when the token was made: skip whole pages
+            if response.next_token == FINISHED or not response.records:
+                raise MalformedTokenError(
+                    channel_id=channel_id, token=token,
+                    reason=f"it skips {skip} record(s) but only {len(response.records)} "
+                    "follow its page token")
+            skip -= len(response.records)
+            page_token = response.next_token
+            response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
+        base_offset = self._base_offset(page_token)
+        wanted = response.records[skip:skip + limit]
+        records = decode_page(wanted, channel_id, token,
+                              None if base_offset is None else base_offset + skip)
+        if skip + limit < len(response.records):
+            return ReadResult(records, f"{page_token}{SKIP_MARK}{skip + limit}", True)
+        may_more = (response.may_more_record if response.HasField("may_more_record")
+                    else len(response.records) >= 500)
+        return ReadResult(records, response.next_token,
+                          bool(may_more) and response.next_token != FINISHED)
+
+
+__all__ = ["CLIENT_ID", "TablestoreTunnelService", "split_token", "token_content"]

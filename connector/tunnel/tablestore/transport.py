@@ -1,0 +1,217 @@
+"""Signed POSTs to a Tablestore endpoint: v2 request signing, response validation, retries.
+
+``Transport.call("/tunnel/readrecords", body)`` sends one protobuf body and returns the
+response body, after checking what the vendor SDKs check on every 2xx response: the body's MD5
+(``x-ots-contentmd5``), the content type header, and the ``Authorization: OTS <id>:<sig>``
+signature over the sorted ``x-ots-*`` response headers and the path. A response that fails any
+of it is never used (``ResponseValidationError``): a proxy or a man in the middle cannot feed
+the reader rows.
+
+Signing (the service's v2 scheme, as both SDKs implement it): headers ``x-ots-date`` (UTC,
+milliseconds), ``x-ots-apiversion``, ``x-ots-accesskeyid``, ``x-ots-instancename``,
+``x-ots-contentmd5``, optional ``x-ots-ststoken``; ``x-ots-signature`` =
+base64(HMAC-SHA1(secret, ``"PATH\\nPOST\\n\\n"`` + each ``x-ots-*`` header as ``name:value\\n``
+sorted by name)).
+
+Retries: only a 503 ``OTSTunnelServerUnavailable`` whose message does not begin
+``OTSTrimmedDataAccess`` and network errors (refused, reset, timeout) are retried, with
+exponential backoff, for at most ``RETRY_DEADLINE_S``; then ``Unavailable`` is raised and the
+caller's own bounded retry layer (``connector.retry``) may try the whole call again.
+
+Secrets: the key secret and the STS token live only in this object's ``Credentials`` (whose
+``repr`` hides them); nothing here logs headers or puts them in an exception.
+
+Who uses it: ``connector.tunnel.tablestore.client`` (driver and executors).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+
+from connector.tunnel.tablestore import messages as m
+
+log = logging.getLogger("connector.tunnel.tablestore")
+
+API_VERSION = "2015-12-31"
+USER_AGENT = "tablestore-cdc"
+#: a network error or a retryable 503 is retried for at most this long per call (seconds)
+RETRY_DEADLINE_S = 15.0
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 2.0
+#: how far a response's x-ots-date may be from this machine's clock (the SDKs' rule)
+MAX_CLOCK_SKEW_S = 15 * 60
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """An AccessKey pair and optional STS token. ``repr`` shows the key id only."""
+
+    access_key_id: str
+    access_key_secret: str = field(repr=False)
+    security_token: str | None = field(default=None, repr=False)
+
+
+class ServiceError(Exception):
+    """A non-2xx answer: the service's ``code`` and ``message`` (client maps it to types)."""
+
+    def __init__(self, http_status: int, code: str, message: str, request_id: str) -> None:
+        super().__init__(f"{code} (HTTP {http_status}): {message}")
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class Unavailable(Exception):
+    """The service could not be reached, or stayed unavailable, for ``RETRY_DEADLINE_S``."""
+
+
+class ResponseValidationError(Exception):
+    """A 2xx response whose MD5, signature or date does not verify."""
+
+
+def _hmac_sha1_b64(secret: str, text: str) -> str:
+    digest = hmac.new(secret.encode("utf-8"), text.encode("utf-8"), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def content_md5(body: bytes) -> str:
+    return base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
+
+
+def sign_request(path: str, headers: dict[str, str], secret: str) -> str:
+    """The v2 request signature over every ``x-ots-*`` header (but the signature itself)."""
+    lines = sorted(f"{k.lower()}:{v.strip()}" for k, v in headers.items()
+                   if k.lower().startswith("x-ots-") and k.lower() != "x-ots-signature")
+    return _hmac_sha1_b64(secret, f"{path}\nPOST\n\n" + "".join(x + "\n" for x in lines))
+
+
+def response_signature(path: str, headers: dict[str, str], secret: str) -> str:
+    """What a response's ``Authorization`` must carry after ``OTS <id>:``."""
+    lines = sorted(f"{k.lower()}:{v.strip()}" for k, v in headers.items()
+                   if k.lower().startswith("x-ots-"))
+    return _hmac_sha1_b64(secret, "\n".join(lines) + "\n" + path)
+
+
+def _parse_date(value: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.strptime(value[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+class Transport:
+    """One endpoint, one instance, one key pair; a small connection pool. Not fork-safe by
+    itself: the client opens a new one in each process."""
+
+    def __init__(self, endpoint: str, instance: str, credentials: Credentials,
+                 retry_deadline_s: float = RETRY_DEADLINE_S) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.instance = instance
+        self.credentials = credentials
+        self.retry_deadline_s = retry_deadline_s
+        self._pool = urllib3.PoolManager(
+            num_pools=2, maxsize=4, retries=False,
+            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+        )
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    def _headers(self, path: str, body: bytes) -> dict[str, str]:
+        now = dt.datetime.now(dt.UTC)
+        creds = self.credentials
+        headers = {
+            "x-ots-date": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z",
+            "x-ots-apiversion": API_VERSION,
+            "x-ots-accesskeyid": creds.access_key_id,
+            "x-ots-instancename": self.instance,
+            "x-ots-contentmd5": content_md5(body),
+        }
+        if creds.security_token:
+            headers["x-ots-ststoken"] = creds.security_token
+        headers["x-ots-signature"] = sign_request(path, headers, creds.access_key_secret)
+        headers["User-Agent"] = USER_AGENT
+        return headers
+
+    def _validate(self, path: str, headers: dict[str, str], body: bytes) -> None:
+        def bad(reason: str) -> ResponseValidationError:
+            return ResponseValidationError(f"{path}: response rejected: {reason}")
+
+        md5 = headers.get("x-ots-contentmd5")
+        if md5 is None or md5 != content_md5(body):
+            raise bad("x-ots-contentmd5 missing or not the body's MD5")
+        if "x-ots-contenttype" not in headers:
+            raise bad("x-ots-contenttype missing")
+        when = _parse_date(headers.get("x-ots-date", ""))
+        if when is None or abs((dt.datetime.now(dt.UTC) - when).total_seconds()) > MAX_CLOCK_SKEW_S:
+            raise bad("x-ots-date missing or more than 15 minutes off this machine's clock")
+        auth = headers.get("authorization", "")
+        expected = response_signature(path, headers, self.credentials.access_key_secret)
+        prefix = f"OTS {self.credentials.access_key_id}:"
+        if not (auth.startswith(prefix) and hmac.compare_digest(auth[len(prefix):], expected)):
+            raise bad("the Authorization signature does not verify")
+
+    def _once(self, path: str, body: bytes) -> bytes:
+        try:
+            resp = self._pool.request("POST", self.endpoint + path, body=body,
+                                      headers=self._headers(path, body), preload_content=True)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unavailable(f"{type(exc).__name__}: {exc}") from None
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        data = bytes(resp.data or b"")
+        if 200 <= resp.status < 300:
+            self._validate(path, headers, data)
+            return data
+        request_id = headers.get("x-ots-requestid", "")
+        try:
+            error = m.parse(m.Error, data)
+            code, message = error.code, error.message
+        except m.MessageError:
+            # the Go SDK's rule: a 5xx without a protobuf body is "server unavailable"
+            code = "OTSTunnelServerUnavailable" if resp.status >= 500 else "OTSClientError"
+            message = data[:200].decode("utf-8", "replace")
+        raise ServiceError(resp.status, code, message, request_id)
+
+    def call(self, path: str, body: bytes) -> bytes:
+        """POST ``body`` to ``path``; the validated response body. Raises ``ServiceError``,
+        ``Unavailable`` (after bounded retries) or ``ResponseValidationError``."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = BACKOFF_INITIAL_S
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return self._once(path, body)
+            except ServiceError as exc:
+                retryable = (exc.http_status == 503
+                             and exc.code == "OTSTunnelServerUnavailable"
+                             and not exc.message.startswith("OTSTrimmedDataAccess"))
+                if not retryable:
+                    raise
+                last: Exception = exc
+            except Unavailable as exc:
+                last = exc
+            if time.monotonic() + delay > deadline:
+                raise Unavailable(f"{path}: {last} (gave up after {attempt} attempt(s))")
+            log.info("%s %s failed (attempt %d): %s; retrying in %.2f s", self.endpoint, path,
+                     attempt, last, delay)
+            time.sleep(delay + random.uniform(0, delay / 4))
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+
+def describe(obj: Any) -> str:
+    """A short, secret-free description of a transport for logs."""
+    return f"{obj.endpoint} (instance {obj.instance})"
