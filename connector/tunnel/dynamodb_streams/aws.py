@@ -1,0 +1,221 @@
+"""The endpoint URI, boto3 clients and the mapping of AWS errors (driver and executors).
+
+URI::
+
+    dynamodb-streams://[TABLE]?checkpoint_table=NAME&region=us-east-1
+        [&endpoint_url=http://127.0.0.1:5000][&profile=NAME][&create_table=true]
+        [&numbers=double|decimal][&max_attempts=8][&retry_mode=standard|adaptive]
+
+- ``TABLE`` (optional): the only source table this endpoint serves; a call naming another
+  table is refused. Without it the table comes from the ``table.name`` option alone.
+- ``checkpoint_table`` (required): the DynamoDB table where tunnels and their checkpoints are
+  kept (the stream keeps no consumer state); ``create_table=true`` creates it when missing.
+- ``endpoint_url``: one endpoint for DynamoDB and DynamoDB Streams (moto, a VPC endpoint).
+- ``numbers``: how ``N`` values are decoded (``codec.decode_value``).
+- ``max_attempts`` / ``retry_mode``: botocore's own retries with backoff and jitter for
+  throttling (``LimitExceededException``, ``ProvisionedThroughputExceededException``), 5xx and
+  connection errors; what still fails becomes ``TransientTunnelError``, which
+  ``connector.retry`` retries again around the whole call.
+
+Credentials come only from the standard AWS chain (environment, ``profile``, a role). A URI
+carrying credentials is refused with ``OptionError`` that hides the values.
+
+boto3 is imported here and in ``service``/``checkpoints`` only: this package is imported lazily
+by ``connector.tunnel.open_tunnel_service``, never by ``import connector``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import parse_qsl, urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from connector.errors import OptionError, TransientTunnelError, TunnelRequestError
+
+SCHEME = "dynamodb-streams"
+_PARAMS = ("checkpoint_table", "region", "endpoint_url", "profile", "create_table", "numbers",
+           "max_attempts", "retry_mode")
+_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
+                         r"session|signature|auth", re.IGNORECASE)
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
+_TRANSIENT_CODES = frozenset({
+    "LimitExceededException", "ProvisionedThroughputExceededException", "ThrottlingException",
+    "Throttling", "RequestLimitExceeded", "InternalServerError", "InternalFailure",
+    "ServiceUnavailable", "ServiceUnavailableException", "TransactionInProgressException",
+})
+
+_sessions: dict[str | None, Any] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """A parsed ``dynamodb-streams://`` URI (plain data; safe to log: it holds no secret)."""
+
+    uri: str
+    table: str | None
+    checkpoint_table: str
+    region: str | None = None
+    endpoint_url: str | None = None
+    profile: str | None = None
+    create_table: bool = False
+    numbers: str = "double"
+    max_attempts: int = 8
+    retry_mode: str = "standard"
+
+
+def parse_uri(uri: str) -> EndpointConfig:
+    """Validate the endpoint URI (driver, executors). Raises ``OptionError`` naming the part."""
+
+    def refuse(problem: str) -> NoReturn:
+        raise OptionError(option="endpoint", value=shown, problem=problem,
+                          allowed=f"{SCHEME}://[TABLE]?checkpoint_table=NAME&region=...; "
+                          f"parameters: {', '.join(_PARAMS)}")
+
+    shown = _redact(uri)
+    parts = urlsplit(uri)
+    if parts.scheme != SCHEME:
+        refuse(f"not a {SCHEME}:// URI")
+    if "@" in parts.netloc:
+        refuse("credentials are not accepted in the URI; use the standard AWS chain")
+    if parts.netloc and not _TABLE_NAME.match(parts.netloc):
+        refuse(f"table name {parts.netloc!r} is not valid")
+    if parts.path not in ("", "/") or parts.fragment:
+        refuse("nothing may follow the table name but ?parameters")
+    raw: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in _PARAMS:
+            if _SECRET_KEY.search(key):
+                refuse(f"parameter {key!r} looks like a credential; credentials are not "
+                       "accepted in the URI (it is shown in logs and Spark plans); use the "
+                       "standard AWS chain (environment, profile=NAME, a role)")
+            refuse(f"unknown parameter {key!r}")
+        if key in raw or not value:
+            refuse(f"parameter {key!r} is empty or given twice")
+        raw[key] = value
+    if "checkpoint_table" not in raw:
+        refuse("checkpoint_table=NAME is required (the DynamoDB table that keeps tunnels "
+               "and their checkpoints)")
+    if not _TABLE_NAME.match(raw["checkpoint_table"]):
+        refuse("checkpoint_table is not a valid table name")
+    endpoint_url = raw.get("endpoint_url")
+    if endpoint_url is not None:
+        ep = urlsplit(endpoint_url)
+        if ep.scheme not in ("http", "https") or not ep.hostname or "@" in ep.netloc:
+            refuse("endpoint_url must be http(s)://host[:port] without credentials")
+    flag = raw.get("create_table", "false").lower()
+    if flag not in ("true", "false"):
+        refuse("create_table must be true or false")
+    numbers = raw.get("numbers", "double")
+    if numbers not in ("double", "decimal"):
+        refuse("numbers must be double or decimal")
+    retry_mode = raw.get("retry_mode", "standard")
+    if retry_mode not in ("standard", "adaptive"):
+        refuse("retry_mode must be standard or adaptive")
+    try:
+        max_attempts = int(raw.get("max_attempts", "8"))
+    except ValueError:
+        max_attempts = 0
+    if not 1 <= max_attempts <= 50:
+        refuse("max_attempts must be an integer from 1 to 50")
+    return EndpointConfig(
+        uri=shown, table=parts.netloc or None, checkpoint_table=raw["checkpoint_table"],
+        region=raw.get("region"), endpoint_url=endpoint_url, profile=raw.get("profile"),
+        create_table=flag == "true", numbers=numbers, max_attempts=max_attempts,
+        retry_mode=retry_mode,
+    )
+
+
+def _redact(uri: str) -> str:
+    """The URI for messages: no userinfo; values of unknown parameters hidden."""
+    base, _, query = uri.partition("?")
+    scheme, sep, rest = base.partition("://")
+    shown = [f"{k}={v}" if k in _PARAMS and "@" not in v else f"{k}=***"
+             for k, v in parse_qsl(query, keep_blank_values=True)]
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" + ("?" + "&".join(shown) if shown else "")
+
+
+def clients(cfg: EndpointConfig) -> tuple[Any, Any]:
+    """``(dynamodb, dynamodbstreams)`` boto3 clients for the endpoint (thread-safe clients)."""
+    with _lock:  # sessions and client creation are not thread-safe
+        session = _sessions.get(cfg.profile)
+        if session is None:
+            try:
+                session = _sessions[cfg.profile] = boto3.session.Session(
+                    profile_name=cfg.profile)
+            except botocore.exceptions.ProfileNotFound as exc:
+                raise OptionError(option="endpoint", value=cfg.uri, problem=str(exc),
+                                  allowed="a profile of the shared AWS config") from None
+        region = cfg.region or session.region_name
+        if not region:
+            raise OptionError(option="endpoint", value=cfg.uri, problem="no AWS region",
+                              allowed="region=... in the URI, AWS_DEFAULT_REGION or a profile")
+        settings: dict[str, Any] = {
+            "region_name": region,
+            "retries": {"mode": cfg.retry_mode, "total_max_attempts": cfg.max_attempts},
+            "connect_timeout": 5, "read_timeout": 20,
+            "user_agent_extra": "tablestore-cdc-streams",
+        }
+        try:
+            # the regional endpoint, not the account-based one botocore >= 1.44 picks for
+            # streams: moto answers the account-based host with 404
+            config = Config(**settings, account_id_endpoint_mode="disabled")
+        except TypeError:  # botocore older than account-based endpoints
+            config = Config(**settings)
+        ddb = session.client("dynamodb", endpoint_url=cfg.endpoint_url, config=config)
+        streams = session.client("dynamodbstreams", endpoint_url=cfg.endpoint_url, config=config)
+    return ddb, streams
+
+
+class AwsError(Exception):
+    """Internal: an AWS error code the caller turns into the product's own error."""
+
+    def __init__(self, code: str, message: str, response: dict[str, Any]) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.response = response
+
+
+#: codes the callers handle themselves (everything else is transient or a request error)
+HANDLED_CODES = frozenset({
+    "ResourceNotFoundException", "ConditionalCheckFailedException",
+    "TransactionCanceledException", "TrimmedDataAccessException", "ExpiredIteratorException",
+    "ResourceInUseException",
+})
+
+
+def call(uri: str, operation: str, method: Callable[..., Any], **kwargs: Any) -> Any:
+    """One AWS request (botocore retried it already): throttling, 5xx and unreachable
+    endpoints become ``TransientTunnelError``, codes in ``HANDLED_CODES`` ``AwsError``, the rest
+    ``TunnelRequestError``."""
+    try:
+        return method(**kwargs)
+    except botocore.exceptions.ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        message = str(error.get("Message", "")) or str(exc)
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in HANDLED_CODES:
+            raise AwsError(code, message, exc.response) from None
+        if code in _TRANSIENT_CODES or status >= 500:
+            raise TransientTunnelError(
+                detail=f"{uri}: {operation} failed with {code or status}: {message}") from None
+        raise TunnelRequestError(endpoint=uri, operation=operation,
+                                 reason=f"{code}: {message}") from None
+    except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:
+        raise TransientTunnelError(detail=f"{uri}: {operation}: {exc}") from None
+    except botocore.exceptions.NoCredentialsError:
+        raise TunnelRequestError(
+            endpoint=uri, operation=operation,
+            reason="no AWS credentials found; provide them through the standard chain "
+            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile=NAME, a role)") from None
+    except botocore.exceptions.BotoCoreError as exc:
+        raise TunnelRequestError(endpoint=uri, operation=operation, reason=str(exc)) from None

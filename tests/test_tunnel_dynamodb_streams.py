@@ -1,0 +1,463 @@
+"""The DynamoDB Streams tunnel backend against a moto server on 127.0.0.1.
+
+- ``TestDynamoDbStreamsContract``: the shared tunnel contract (tests/contract/tunnel_contract.py)
+  on moto with the shard map of ``tests/dynamodb_streams_fake.py`` (moto alone has one shard
+  and no lineage). Writes go through boto3 to moto's DynamoDB; merges do not exist in DynamoDB
+  Streams (a shard has one parent), so the tests needing them are skipped.
+- Lineage beyond the contract: rollover chains, splits of splits, a parent that aged out,
+  paginated DescribeStream, null ``NextShardIterator`` one call late.
+- The service's limits: expired iterators, throttling, trimming, 1,000 records per call.
+- The codec: types, stream view types, tokens, URIs; plain moto (no shard map).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+import requests
+from moto.server import ThreadedMotoServer
+
+from connector.errors import (
+    OptionError,
+    StreamNotEnabledError,
+    TransientTunnelError,
+    TrimmedDataError,
+    TunnelRequestError,
+)
+from connector.tunnel import open_tunnel_service
+from connector.tunnel.base import (
+    FINISHED,
+    ChannelStatus,
+    Checkpoint,
+    Op,
+    Record,
+    StartPosition,
+    TunnelType,
+)
+from connector.tunnel.dynamodb_streams import codec
+from connector.tunnel.dynamodb_streams.service import DynamoDbStreamsTunnelService
+from tests.contract.tunnel_contract import TunnelContract, consume, per_key, read_all
+from tests.dynamodb_streams_fake import StreamsFake
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def streams_fake() -> Iterator[StreamsFake]:
+    fake = StreamsFake().install()
+    yield fake
+    fake.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", REGION)):
+        monkeypatch.setenv(name, value)
+
+
+class StreamsHarness:
+    """Backend side of the contract: tables on moto written through boto3, the shard map of
+    ``StreamsFake``, a fresh checkpoint table per test."""
+
+    def __init__(self, url: str, fake: StreamsFake, view: str = "NEW_AND_OLD_IMAGES",
+                 extra: str = "") -> None:
+        requests.post(f"{url}/moto-api/reset", timeout=10)
+        fake.reset()
+        self.url, self.fake, self.view = url, fake, view
+        self.ddb = boto3.client("dynamodb", endpoint_url=url, region_name=REGION)
+        self.uri = (f"dynamodb-streams://?checkpoint_table=cdc-{uuid.uuid4().hex[:8]}"
+                    f"&region={REGION}&endpoint_url={url}&create_table=true{extra}")
+        self.service = open_tunnel_service(self.uri)
+
+    def create_table(self, name: str, channels: int) -> None:
+        self.ddb.create_table(
+            TableName=name, BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+            StreamSpecification={"StreamEnabled": True, "StreamViewType": self.view},
+        )
+        self.fake.attach(name, channels)
+
+    def put(self, table: str, key: str, value: int) -> None:
+        self.ddb.put_item(TableName=table, Item={"id": {"S": key}, "value": {"N": str(value)}})
+
+    def update(self, table: str, key: str, value: int) -> None:
+        self.ddb.update_item(TableName=table, Key={"id": {"S": key}},
+                             UpdateExpression="SET #v = :v",
+                             ExpressionAttributeNames={"#v": "value"},
+                             ExpressionAttributeValues={":v": {"N": str(value)}})
+
+    def delete(self, table: str, key: str) -> None:
+        self.ddb.delete_item(TableName=table, Key={"id": {"S": key}})
+
+    def split(self, table: str, channel_id: str) -> tuple[str, str]:
+        return self.fake.split(table, channel_id)
+
+    def merge(self, table: str, a: str, b: str) -> str:
+        pytest.skip("DynamoDB Streams has no merges: a shard has at most one parent")
+
+    def trim(self, table: str) -> None:
+        self.fake.trim(table)
+
+    def change_log(self, table: str) -> list[Record]:
+        return [codec.decode_record(raw, sid, "") for sid, raw in self.fake.held(table)]
+
+    def close(self) -> None:
+        self.service.close()
+
+
+@pytest.fixture
+def tunnel_harness(moto_url: str, streams_fake: StreamsFake) -> Iterator[StreamsHarness]:
+    h = StreamsHarness(moto_url, streams_fake)
+    yield h
+    h.close()
+
+
+class TestDynamoDbStreamsContract(TunnelContract):
+    def test_base_and_stream_snapshot_boundary(self, tunnel_harness: Any) -> None:
+        """DynamoDB Streams has no base data: a BaseAndStream tunnel is refused by name."""
+        tunnel_harness.create_table("t", 1)
+        with pytest.raises(OptionError) as exc:
+            tunnel_harness.service.create_tunnel("t", "tun", TunnelType.BASE_AND_STREAM)
+        assert exc.value.fields["option"] == "tunnel.type"
+        assert tunnel_harness.service.list_tunnels("t") == []
+
+
+# --- lineage on the shard map ------------------------------------------------------------------
+
+
+def _statuses(h: StreamsHarness, name: str = "tun") -> dict[str, ChannelStatus]:
+    return {c.channel_id: c.status for c in h.service.describe_tunnel("t", name).channels}
+
+
+def test_rollover_chain_and_split_of_split_keep_per_key_order(
+    tunnel_harness: StreamsHarness,
+) -> None:
+    """Writes interleaved with rollovers and splits of children; the reference consumer
+    (children only after their parent's FINISHED push) sees every change once, in key order."""
+    h = tunnel_harness
+    h.create_table("t", 2)
+    h.service.create_tunnel("t", "tun")
+    keys = [f"k{i}" for i in range(20)]
+    expected: dict[str, list[tuple[str, Any]]] = {k: [] for k in keys}
+    for k in keys:
+        h.put("t", k, 0)
+        expected[k].append(("PUT", 0))
+    for n in range(1, 6):
+        # reshape: roll one open shard over, split another
+        open_now = h.fake.open_shards("t")
+        h.fake.rollover("t", open_now[0])
+        if len(open_now) > 1:
+            h.split("t", open_now[-1])
+        for i, k in enumerate(keys):
+            if (i + n) % 4 == 0:
+                h.delete("t", k)
+                h.put("t", k, n)
+                expected[k] += [("DELETE", None), ("PUT", n)]
+            else:
+                h.update("t", k, n)
+                expected[k].append(("UPDATE", n))
+    state = consume(h.service, "t", "tun", limit=3)
+    assert per_key(state.records) == expected
+    shards = h.service.describe_tunnel("t", "tun").channels
+    assert len(shards) > 10 and any(len(c.parent_ids) == 1 for c in shards)
+    closed = {s.shard_id for s in h.fake.tables["t"] if s.end_seq is not None}
+    assert all(c.status is ChannelStatus.TERMINATED for c in shards if c.channel_id in closed)
+    assert all(c.status is ChannelStatus.OPEN for c in shards if c.channel_id not in closed)
+
+
+def test_parent_aged_out_of_the_stream_counts_as_finished(
+    tunnel_harness: StreamsHarness,
+) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    h.service.create_tunnel("t", "tun")
+    (root,) = h.fake.open_shards("t")
+    child = h.fake.rollover("t", root)
+    assert _statuses(h) == {root: ChannelStatus.OPEN, child: ChannelStatus.WAIT}
+    h.fake.expire_shard("t", root)
+    assert _statuses(h) == {child: ChannelStatus.OPEN}
+
+
+def test_describe_stream_pagination(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 5)
+    h.fake.describe_page_size = 2
+    h.service.create_tunnel("t", "tun")
+    before = h.fake.calls.get("DescribeStream", 0)
+    assert len(_statuses(h)) == 5
+    assert h.fake.calls["DescribeStream"] - before == 3  # pages of 2, 2, 1
+
+
+def test_null_next_iterator_one_call_after_the_last_record(
+    tunnel_harness: StreamsHarness,
+) -> None:
+    h = tunnel_harness
+    h.fake.null_with_last_page = False
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.put("t", "a", 1)
+    h.fake.rollover("t", root)
+    records, token = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)
+    assert [r.primary_key["id"] for r in records] == ["a"] and token == FINISHED
+    h.service.checkpoint(tid, root, Checkpoint(FINISHED, 2))
+    assert ChannelStatus.OPEN in _statuses(h).values()
+
+
+def test_finished_push_survives_a_new_client(tunnel_harness: StreamsHarness) -> None:
+    """Tunnels and checkpoints live in the checkpoint table, not in the client."""
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.put("t", "a", 1)
+    a, b = h.split("t", root)
+    records, token = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)
+    assert token == FINISHED
+    other = open_tunnel_service(h.uri)
+    other.checkpoint(tid, root, Checkpoint(FINISHED, 2))
+    assert _statuses(h) == {root: ChannelStatus.TERMINATED, a: ChannelStatus.OPEN,
+                            b: ChannelStatus.OPEN}
+
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+def test_expired_iterator_is_fetched_again(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    for i in range(5):
+        h.put("t", f"k{i}", i)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    token = h.service.get_checkpoint(tid, root).token
+    first = h.service.read_records(tid, root, token, 2)
+    h.fake.expire_next(2)
+    res = h.service.read_records(tid, root, first.next_token, 10)
+    assert [r.primary_key["id"] for r in res.records] == ["k2", "k3", "k4"]
+
+
+def test_throttling_is_retried_then_transient(moto_url: str, streams_fake: StreamsFake) -> None:
+    h = StreamsHarness(moto_url, streams_fake, extra="&max_attempts=3")
+    h.create_table("t", 1)
+    h.put("t", "a", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    token = h.service.get_checkpoint(tid, root).token
+    h.fake.fail_next(2)  # botocore's own retries absorb these (3 attempts)
+    assert len(h.service.read_records(tid, root, token, 10).records) == 1
+    h.fake.fail_next(3)
+    with pytest.raises(TransientTunnelError) as exc:
+        h.service.read_records(tid, root, token, 10)
+    assert exc.value.retryable and "LimitExceededException" in str(exc.value)
+
+
+def test_get_records_never_asks_for_more_than_1000(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    for i in range(1203):
+        h.put("t", f"k{i}", i)
+    token = h.service.get_checkpoint(tid, root).token
+    calls = h.fake.calls.get("GetRecords", 0)
+    res = h.service.read_records(tid, root, token, 1500)  # the fake refuses Limit > 1000
+    assert len(res.records) == 1203 and res.may_more is False
+    assert h.fake.calls["GetRecords"] - calls == 3  # 1000 + 203 + one empty page
+
+
+def test_trimmed_shard_start_and_whole_shard_gone(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.put("t", "a", 1)
+    records, token = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)
+    h.put("t", "b", 2)
+    h.fake.rollover("t", root)
+    h.fake.expire_shard("t", root)
+    with pytest.raises(TrimmedDataError) as exc:  # "b" was never read: lost
+        h.service.read_records(tid, root, token, 10)
+    assert exc.value.resume_token == FINISHED
+
+
+# --- records and types -------------------------------------------------------------------------
+
+
+def test_types_and_images(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.ddb.put_item(TableName="t", Item={
+        "id": {"S": "a"}, "n": {"N": "1.5"}, "s": {"S": "x"}, "b": {"B": b"\x00\xff"},
+        "ok": {"BOOL": True}, "nil": {"NULL": True},
+        "m": {"M": {"z": {"N": "2"}, "a": {"L": [{"S": "q"}, {"N": "3.25"}]}}},
+        "ss": {"SS": ["b", "a"]}, "ns": {"NS": ["10", "9"]}, "bs": {"BS": [b"\x02", b"\x01"]},
+    })
+    h.ddb.update_item(TableName="t", Key={"id": {"S": "a"}},
+                      UpdateExpression="SET n = :n REMOVE s",
+                      ExpressionAttributeValues={":n": {"N": "2"}})
+    h.delete("t", "a")
+    records, _ = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)
+    put, update, delete = records
+    assert [r.op for r in records] == [Op.PUT, Op.UPDATE, Op.DELETE]
+    assert put.primary_key == {"id": "a"} and put.before is None
+    assert put.columns["n"] == 1.5 and put.columns["s"] == "x"
+    assert put.columns["b"] == b"\x00\xff" and put.columns["ok"] is True
+    assert put.columns["nil"] is None
+    assert json.loads(put.columns["m"]) == {"a": ["q", 3.25], "z": 2}
+    assert json.loads(put.columns["ss"]) == ["a", "b"]
+    assert json.loads(put.columns["ns"]) == [9, 10]
+    assert json.loads(put.columns["bs"]) == [{"$binary": "AQ=="}, {"$binary": "Ag=="}]
+    assert update.before is not None and update.before["s"] == "x"
+    assert update.columns["s"] is None and update.columns["n"] == 2.0
+    assert update.after_image() is not None and "s" not in update.after_image()  # type: ignore[operator]
+    assert delete.columns == {} and delete.before is not None and delete.before["n"] == 2.0
+    seqs = [r.sequence for r in records]
+    assert seqs == sorted(seqs) and all(len(s) == codec.SEQUENCE_DIGITS for s in seqs)
+    assert all(r.channel_id == root and r.commit_ts_us > 0 for r in records)
+
+
+@pytest.mark.parametrize("view", ["KEYS_ONLY", "NEW_IMAGE", "OLD_IMAGE"])
+def test_stream_view_types(moto_url: str, streams_fake: StreamsFake, view: str) -> None:
+    h = StreamsHarness(moto_url, streams_fake, view=view)
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.put("t", "a", 1)
+    h.update("t", "a", 2)
+    h.delete("t", "a")
+    put, update, delete = read_all(h.service, tid, root,
+                                   h.service.get_checkpoint(tid, root).token)[0]
+    assert all(r.primary_key == {"id": "a"} for r in (put, update, delete))
+    new = view == "NEW_IMAGE"
+    assert put.columns == ({"value": 1.0} if new else {})
+    assert update.columns == ({"value": 2.0} if new else {}) and update.before is None
+    assert delete.before == ({"value": 2.0} if view == "OLD_IMAGE" else None)
+
+
+def test_numbers_as_decimal(moto_url: str, streams_fake: StreamsFake) -> None:
+    h = StreamsHarness(moto_url, streams_fake, extra="&numbers=decimal")
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.ddb.put_item(TableName="t", Item={"id": {"S": "a"},
+                                        "big": {"N": "12345678901234567890.123456789"}})
+    (put,) = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)[0]
+    assert put.columns["big"] == Decimal("12345678901234567890.123456789")
+
+
+def test_key_schema_from_describe_table(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.ddb.create_table(
+        TableName="orders", BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "day", "KeyType": "RANGE"},
+                   {"AttributeName": "shop", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "shop", "AttributeType": "B"},
+                              {"AttributeName": "day", "AttributeType": "N"}],
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_IMAGE"},
+    )
+    schema = h.service.table_schema("orders")
+    assert [(c.name, c.type) for c in schema.primary_key] == [("shop", "BINARY"),
+                                                              ("day", "DOUBLE")]
+
+
+def test_table_without_stream_is_refused(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.ddb.create_table(
+        TableName="plain", BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+    )
+    with pytest.raises(StreamNotEnabledError):
+        h.service.create_tunnel("plain", "tun")
+
+
+def test_plain_moto_single_shard(moto_url: str, streams_fake: StreamsFake) -> None:
+    """Without the shard map: moto's own single shard, whose iterator is never null."""
+    h = StreamsHarness(moto_url, streams_fake)
+    h.ddb.create_table(
+        TableName="t", BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
+    )
+    early = h.service.create_tunnel("t", "early").tunnel_id
+    h.put("t", "a", 1)
+    h.update("t", "a", 2)
+    late = h.service.create_tunnel("t", "late", start_position=StartPosition.LATEST).tunnel_id
+    h.delete("t", "a")
+    (cid,) = [c.channel_id for c in h.service.describe_tunnel("t", "early").channels]
+    got, token = read_all(h.service, early, cid, h.service.get_checkpoint(early, cid).token)
+    assert per_key(got) == {"a": [("PUT", 1), ("UPDATE", 2), ("DELETE", None)]}
+    assert token != FINISHED
+    assert h.service.has_new_data(early, {cid: token}) is False
+    got_late, _ = read_all(h.service, late, cid, h.service.get_checkpoint(late, cid).token)
+    assert per_key(got_late) == {"a": [("DELETE", None)]}
+
+
+# --- URIs and tokens -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uri, words", [
+    ("dynamodb-streams://?region=us-east-1", "checkpoint_table"),
+    ("dynamodb-streams://?checkpoint_table=c&aws_secret_access_key=WJALR", "credential"),
+    ("dynamodb-streams://AKIA:WJALR@t?checkpoint_table=c", "credentials"),
+    ("dynamodb-streams://?checkpoint_table=c&numbers=int", "numbers"),
+    ("dynamodb-streams://?checkpoint_table=c&endpoint_url=ftp://x", "endpoint_url"),
+    ("dynamodb-streams://?checkpoint_table=c&colour=red", "unknown parameter"),
+])
+def test_bad_uris_are_refused(uri: str, words: str) -> None:
+    with pytest.raises(OptionError) as exc:
+        open_tunnel_service(uri)
+    assert words in str(exc.value) and "WJALR" not in str(exc.value)
+
+
+def test_uri_table_restricts_the_endpoint(moto_url: str) -> None:
+    service = DynamoDbStreamsTunnelService(
+        f"dynamodb-streams://orders?checkpoint_table=c&region={REGION}&endpoint_url={moto_url}")
+    with pytest.raises(OptionError) as exc:
+        service.table_schema("other")
+    assert exc.value.fields["option"] == "table.name"
+
+
+def test_tokens_roundtrip_and_refuse_junk() -> None:
+    start = codec.start_token("shardId-1", "100")
+    after = codec.after_token("shardId-1", "123")
+    assert codec.parse_token(start, "c").iterator_args() == {
+        "ShardIteratorType": "AT_SEQUENCE_NUMBER", "SequenceNumber": "100"}
+    assert codec.parse_token(after, "c").iterator_args()["ShardIteratorType"] == \
+        "AFTER_SEQUENCE_NUMBER"
+    assert codec.parse_token(codec.horizon_token("shardId-1"), "c").kind == "T"
+    assert codec.padded("123") == "0" * 37 + "123"
+    for bad in ("", "ddbs1:s:A:", "ddbs1:s:X:1", "ddbs1:s:T:5", "local:1", None):
+        with pytest.raises(Exception) as exc:
+            codec.parse_token(bad, "c")
+        assert type(exc.value).__name__ == "MalformedTokenError"
+
+
+def test_missing_checkpoint_table_is_a_request_error(moto_url: str) -> None:
+    service = DynamoDbStreamsTunnelService(
+        f"dynamodb-streams://?checkpoint_table=nope-{uuid.uuid4().hex[:6]}&region={REGION}"
+        f"&endpoint_url={moto_url}")
+    with pytest.raises(TunnelRequestError) as exc:
+        service.list_tunnels("t")
+    assert "create_table=true" in str(exc.value)
