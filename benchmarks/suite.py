@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.commit_interval import CommitIntervalConfig
-from benchmarks.common import load_average, machine_facts
+from benchmarks.common import load_average, machine_facts, median
 from benchmarks.freshness import FreshnessConfig
+from benchmarks.memory import MemoryConfig
 from benchmarks.protocol import ProtocolConfig
 from benchmarks.recovery import RecoveryConfig
 from benchmarks.throughput import ThroughputConfig
 
-BENCHMARKS = ("protocol", "throughput", "commit_interval", "freshness", "recovery")
+BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Preset:
     commit_interval: CommitIntervalConfig
     freshness: FreshnessConfig
     recovery: RecoveryConfig
+    memory: MemoryConfig = MemoryConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,6 +50,7 @@ PRESETS: dict[str, Preset] = {
         CommitIntervalConfig(batches=2, max_per_channel=20),
         FreshnessConfig(seconds=2.0, writes_per_second=5.0),
         RecoveryConfig(trials=1, max_per_channel=100, batches_before_kill=1),
+        MemoryConfig(records=20_000),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -68,10 +71,14 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-#: key -> (comparison, bound, unit): the targets of issue 8
+#: key -> (comparison, bound, unit): the targets of issues 8 and 12
 TARGETS: dict[str, tuple[str, float, str]] = {
-    "throughput_ratio": (">=", 0.7, ""),
-    "protocol_ms_per_batch_64ch": ("<=", 50.0, "ms"),
+    "throughput_ratio": (">=", 0.5, ""),
+    "throughput_ratio_default_options": (">=", 0.85, ""),
+    "memory_peak_over_arrow": ("<=", 2.5, "x"),
+    "protocol_ms_per_batch_64ch": ("<=", 30.0, "ms"),
+    "protocol_ms_per_batch_256ch": ("<=", 80.0, "ms"),
+    "protocol_ms_per_batch_1000ch": ("<=", 250.0, "ms"),
     "plan_ms_1000ch": ("<=", 1000.0, "ms"),
     "freshness_p50_ms": ("<=", 1500.0, "ms"),
 }
@@ -83,7 +90,7 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
 
     ``spark``: an existing session to use (kept running); otherwise one is started and stopped.
     """
-    from benchmarks import commit_interval, freshness, protocol, recovery, throughput
+    from benchmarks import commit_interval, freshness, memory, protocol, recovery, throughput
 
     began = time.monotonic()
     results: dict[str, Any] = {"preset": preset.name, "machine": machine_facts(),
@@ -94,6 +101,10 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
         if "protocol" in only:
             log("protocol: driving StreamProtocol directly ...")
             results["protocol"] = protocol.run(preset.protocol, root / "protocol")
+        if "memory" in only:
+            log(f"memory: one Python process reads a {preset.memory.records:,}-record "
+                "partition ...")
+            results["memory"] = memory.run(preset.memory, root / "memory")
         spark_needed = [b for b in ("throughput", "commit_interval", "freshness") if b in only]
         if spark_needed:
             session = spark
@@ -149,6 +160,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         for key, value in results["protocol"].items():
             out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
         out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
+    if "memory" in results:
+        m = results["memory"]
+        out["memory_peak_rss_mb"] = m["peak_rss_mb"]
+        out["memory_arrow_mb"] = m["arrow_mb"]
+        out["memory_peak_over_arrow"] = m["peak_over_arrow"]
     if "freshness" in results:
         out["freshness_p50_ms"] = results["freshness"]["p50_ms"]
         out["freshness_p99_ms"] = results["freshness"]["p99_ms"]
@@ -157,22 +173,72 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
-    out["targets"] = {
+    out["targets"] = _targets(out)
+    out["details"] = {k: results[k] for k in BENCHMARKS if k in results}
+    return out
+
+
+def _targets(out: dict[str, Any]) -> dict[str, Any]:
+    return {
         key: {"target": f"{op} {bound:g}{unit}", "value": out[key],
               "met": out[key] >= bound if op == ">=" else out[key] <= bound}
         for key, (op, bound, unit) in TARGETS.items() if key in out
     }
-    out["details"] = {k: results[k] for k in BENCHMARKS if k in results}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary of ``--repeat N`` runs (each a ``summary``): every figure is the median of
+    the runs, ``spread`` holds min / median / max / values per figure, ``runs`` the load average
+    at each run's start and end, so a noisy run can be told from a regression."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict[str, Any] = dict(runs[0])
+    spread: dict[str, Any] = {}
+
+    def stats(values: list[float]) -> dict[str, Any]:
+        med = median(values)
+        return {"min": min(values), "median": round(med, 3), "max": max(values),
+                "values": values}
+
+    skip = {"duration_s"}
+    for key, value in runs[0].items():
+        if key in skip:
+            continue
+        if _is_number(value) and all(_is_number(r.get(key)) for r in runs):
+            spread[key] = stats([r[key] for r in runs])
+            out[key] = spread[key]["median"]
+        elif key == "commit_interval":
+            out[key] = {}
+            for interval in value:
+                values = [r[key][interval] for r in runs if interval in r.get(key, {})]
+                spread[f"commit_interval {interval} (records/s)"] = stats(values)
+                out[key][interval] = round(median(values))
+    out["spread"] = spread
+    out["repeat"] = len(runs)
+    out["runs"] = [{"load_avg_start": r["load_avg_start"], "load_avg_end": r["load_avg_end"],
+                    "duration_s": r["duration_s"]} for r in runs]
+    out["load_avg_start"], out["load_avg_end"] = runs[0]["load_avg_start"], runs[-1]["load_avg_end"]
+    out["duration_s"] = round(sum(r["duration_s"] for r in runs), 1)
+    out["targets"] = _targets(out)
+    out["details"] = [r["details"] for r in runs]
     return out
 
 
 def format_table(s: dict[str, Any]) -> str:
     """The printed table: every summary figure, its target and whether it is met."""
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, str, str, str, str]] = []
+    spread = s.get("spread", {})
 
     def add(key: str, value: Any, fmt: str = "{:,.1f}") -> None:
         target = s["targets"].get(key)
-        rows.append((key, fmt.format(value), target["target"] if target else "",
+        low_high = ""
+        if key in spread:
+            low_high = f"{fmt.format(spread[key]['min'])} .. {fmt.format(spread[key]['max'])}"
+        rows.append((key, fmt.format(value), low_high, target["target"] if target else "",
                      ("met" if target["met"] else "MISSED") if target else ""))
 
     for key in ("throughput_ratio", "throughput_ratio_default_options"):
@@ -184,6 +250,11 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted((k for k in s if k.startswith("protocol_ms_per_batch_")),
                       key=lambda k: int(k.rsplit("_", 1)[1].removesuffix("ch"))):
         add(key, s[key])
+    for key in ("memory_peak_rss_mb", "memory_arrow_mb"):
+        if key in s:
+            add(key, s[key])
+    if "memory_peak_over_arrow" in s:
+        add("memory_peak_over_arrow", s["memory_peak_over_arrow"], "{:.2f}")
     for key in ("plan_ms_1000ch", "freshness_p50_ms", "freshness_p99_ms", "recovery_s"):
         if key in s:
             add(key, s[key])
@@ -192,11 +263,19 @@ def format_table(s: dict[str, Any]) -> str:
     for interval, rate in s.get("commit_interval", {}).items():
         add(f"commit_interval {interval} (records/s)", rate, "{:,.0f}")
     width = max(len(r[0]) for r in rows)
-    lines = [f"{'figure':<{width}}  {'value':>12}  {'target':<10}  status",
-             "-" * (width + 34)]
-    lines += [f"{k:<{width}}  {v:>12}  {t:<10}  {m}" for k, v, t, m in rows]
+    span = max([len(r[2]) for r in rows] + [len("min .. max")]) if spread else 0
+    value_head = "median" if spread else "value"
+    head = f"{'figure':<{width}}  {value_head:>12}  "
+    head += f"{'min .. max':<{span}}  " if spread else ""
+    lines = [head + f"{'target':<10}  status", "-" * (width + 34 + (span + 2 if spread else 0))]
+    for k, v, lh, t, m in rows:
+        mid = f"{lh:<{span}}  " if spread else ""
+        lines.append(f"{k:<{width}}  {v:>12}  {mid}{t:<10}  {m}")
     m = s["machine"]
     lines.append(f"machine: {m['cores']} cores, Python {m['python']}, PySpark {m['pyspark']}, "
                  f"load avg {s['load_avg_start']} -> {s['load_avg_end']}; "
                  f"preset {s['preset']}, {s['duration_s']:.0f} s")
+    for i, run in enumerate(s.get("runs", []), 1):
+        lines.append(f"  run {i}: load avg {run['load_avg_start']} -> {run['load_avg_end']}, "
+                     f"{run['duration_s']:.0f} s")
     return "\n".join(lines)

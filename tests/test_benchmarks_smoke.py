@@ -13,7 +13,7 @@ import math
 import pytest
 
 from benchmarks.__main__ import main
-from benchmarks.suite import PRESETS, format_table, run_suite, summary
+from benchmarks.suite import PRESETS, TARGETS, combine, format_table, run_suite, summary
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,9 @@ POSITIVE_KEYS = (
     "freshness_p50_ms",
     "freshness_p99_ms",
     "recovery_s",
+    "memory_peak_rss_mb",
+    "memory_arrow_mb",
+    "memory_peak_over_arrow",
 )
 
 
@@ -50,9 +53,26 @@ def test_every_benchmark_reports_its_keys(spark, tmp_path):
     machine = results["machine"]
     assert machine["cores"] >= 1 and machine["pyspark"] and machine["python"]
     assert len(results["load_avg_start"]) == 3 and len(results["load_avg_end"]) == 3
-    assert set(results["targets"]) == {"throughput_ratio", "protocol_ms_per_batch_64ch",
-                                       "plan_ms_1000ch", "freshness_p50_ms"}
+    assert set(results["targets"]) >= {"throughput_ratio", "protocol_ms_per_batch_64ch",
+                                       "plan_ms_1000ch", "freshness_p50_ms",
+                                       "memory_peak_over_arrow"}
+    assert set(results["targets"]) <= set(TARGETS)
+    assert results["details"]["memory"]["rows"] == PRESETS["smoke"].memory.records
     assert "throughput_ratio" in format_table(results)
+
+
+def test_repeated_runs_report_median_and_spread(tmp_path):
+    """``--repeat N``: every figure is the median of the runs, with min .. max, and each run's
+    load average (the protocol benchmark alone: no Spark)."""
+    runs = [summary(run_suite(PRESETS["smoke"], only=("protocol",), workdir=tmp_path / str(i),
+                              log=lambda message: None)) for i in range(3)]
+    combined = combine(runs)
+    values = sorted(r["protocol_ms_per_batch_64ch"] for r in runs)
+    spread = combined["spread"]["protocol_ms_per_batch_64ch"]
+    assert (spread["min"], spread["max"]) == (values[0], values[-1])
+    assert combined["protocol_ms_per_batch_64ch"] == pytest.approx(values[1], abs=1e-3)
+    assert [r["load_avg_start"] for r in combined["runs"]] == [r["load_avg_start"] for r in runs]
+    assert combined["repeat"] == 3 and "min .. max" in format_table(combined)
 
 
 def test_cli_rejects_an_unknown_benchmark(capsys):

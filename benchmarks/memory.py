@@ -1,0 +1,112 @@
+"""Peak memory of one Python worker reading one large partition, against the rows' Arrow size.
+
+What is measured: a store with one channel of ``records`` changes (``benchmarks.common.fill``);
+the driver protocol (``StreamProtocol``) plans one batch holding the whole channel in one
+partition, in this process; then a fresh Python process (``python -m benchmarks.memory CTX
+OUT``), importing what a Spark Python worker imports for this source, runs the source's
+``TablestoreStreamReader.read`` on that partition exactly as a worker does and drops each yielded
+batch, as a worker does once it has written the batch to the JVM. That process reports:
+
+- ``peak_rss_mb``: its peak resident set (``ru_maxrss``) over the whole run;
+- ``baseline_rss_mb``: its resident set after the imports (pyspark, pyarrow, the connector, and
+  pandas, which pyarrow loads on its first conversion of a Python list), before reading;
+- ``arrow_mb``: the summed ``nbytes`` of the yielded Arrow batches (the rows' Arrow size);
+- ``peak_over_arrow``: ``peak_rss_mb / arrow_mb`` (the issue's target: <= 2.5).
+
+Spark itself is not started: the figure is the Python worker's, and a worker's other memory
+(Spark's serializer buffers) does not depend on the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import TABLE, create_bench_table, fill
+
+#: the repository root: the measured process imports ``benchmarks`` from here
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    records: int = 1_000_000
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def run(config: MemoryConfig, workdir: Path) -> dict[str, Any]:
+    """Fill, plan one partition, read it in a fresh process; returns the figures above."""
+    from connector.local import LocalTablestore
+    from connector.options import SourceOptions
+    from connector.protocol import StreamProtocol
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = LocalTablestore(workdir / "memory.db")
+    create_bench_table(store, channels=1)
+    fill_rate = fill(store, config.records)
+    store.close()
+    options = SourceOptions.from_spark({
+        "endpoint": f"local://{workdir / 'memory.db'}", "table.name": TABLE,
+        "tunnel.name": "memory", "maxOffsetsPerChannel": str(config.records)})
+    protocol = StreamProtocol(options)
+    start = protocol.initial_offset()
+    (partition,) = protocol.plan(start, protocol.latest_offset(start, None))
+    protocol.close()
+    context, out = workdir / "partition.pkl", workdir / "memory.json"
+    context.write_bytes(pickle.dumps({"options": options, "partition": partition}))
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "benchmarks.memory", str(context), str(out)],
+                   check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = json.loads(out.read_text())
+    result.update(records=config.records, fill_writes_s=round(fill_rate),
+                  read_s=round(time.perf_counter() - began, 2))
+    return result
+
+
+def worker(context_path: str, out_path: str) -> None:
+    """The measured process: read the partition like a Spark Python worker."""
+    import pyarrow
+    import pyspark.sql.datasource  # noqa: F401
+
+    from connector.schema import output_schema
+    from connector.source import TablestoreStreamReader
+    from connector.tunnel import open_tunnel_service
+
+    context = pickle.loads(Path(context_path).read_bytes())
+    options, partition = context["options"], context["partition"]
+    with open_tunnel_service(options.endpoint) as tunnel:
+        schema = output_schema(tunnel.table_schema(options.table_name))
+    reader = TablestoreStreamReader(options, schema)
+    pyarrow.array([0])  # pyarrow loads pandas on its first conversion of a Python list
+    baseline = _rss_mb()
+    rows = nbytes = batches = 0
+    for batch in reader.read(partition):
+        rows += batch.num_rows
+        nbytes += batch.nbytes
+        batches += 1
+        del batch
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    arrow = nbytes / 2**20
+    Path(out_path).write_text(json.dumps({
+        "rows": rows, "batches": batches, "arrow_mb": round(arrow, 1),
+        "baseline_rss_mb": round(baseline, 1), "peak_rss_mb": round(peak, 1),
+        "peak_over_arrow": round(peak / arrow, 2) if arrow else 0.0,
+        "growth_over_arrow": round((peak - baseline) / arrow, 2) if arrow else 0.0,
+    }))
+
+
+if __name__ == "__main__":
+    worker(*sys.argv[1:3])
