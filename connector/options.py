@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from connector.errors import OptionError
-from connector.tunnel.base import StartPosition, TunnelType
+from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
 #: canonical option name -> (model field, what is allowed; shown in errors and docs)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -42,6 +43,35 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "metaRetentionBatches": ("meta_retention_batches", "an integer >= 1 and <= 2147483647"),
     "failOnDataLoss": ("fail_on_data_loss", "true or false"),
     "skipEmptyBatches": ("skip_empty_batches", "true or false"),
+    # the vendor's connector's names for a Tablestore endpoint (docs/tablestore.md)
+    "instance.name": ("instance_name", "the Tablestore instance (default: the endpoint host's "
+                      "first label)"),
+    "tunnel.id": ("tunnel_id", "the id of an existing tunnel on the table (instead of, or "
+                  "checked against, tunnel.name)"),
+    "access.key.id": ("access_key_id", "an AccessKey id (else ALIBABA_CLOUD_ACCESS_KEY_ID)"),
+    "access.key.secret": ("access_key_secret",
+                          "an AccessKey secret (else ALIBABA_CLOUD_ACCESS_KEY_SECRET)"),
+    "security.token": ("security_token", "an STS token (else ALIBABA_CLOUD_SECURITY_TOKEN)"),
+    "catalog": ("catalog", 'JSON {"columns": {"name": {"type": "string|long|double|boolean|'
+                'binary"}, ...}}'),
+    "checkpoint.table": ("checkpoint_table", "a table name in the same instance for the meta "
+                         "store (default tablestore_cdc_meta)"),
+}
+#: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
+#: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
+DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
+#: options that only mean something for a Tablestore (http/https) endpoint
+_TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
+                    "security_token", "checkpoint_table")
+#: the environment variables credentials come from when not given as options
+ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
+ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
+ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
+#: the vendor catalog's type names -> Tablestore's
+CATALOG_TYPES = {
+    "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
+    "bigint": "INTEGER", "double": "DOUBLE", "float": "DOUBLE", "boolean": "BOOLEAN",
+    "bool": "BOOLEAN", "binary": "BINARY",
 }
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
 #: upper bounds: what Spark's JVM side can hold (ReadMaxRows is a Java long)
@@ -64,7 +94,9 @@ class SourceOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    endpoint: str
+    #: for a Tablestore endpoint this carries the instance and the credentials (query
+    #: parameters stripped by ``safe_endpoint``): never log or store it, use ``safe_endpoint``
+    endpoint: str = Field(repr=False)
     table_name: str = Field(min_length=1)
     tunnel_name: str = Field(min_length=1)
     tunnel_type: TunnelType = TunnelType.STREAM
@@ -77,6 +109,14 @@ class SourceOptions(BaseModel):
     meta_retention_batches: int = Field(default=100, ge=1, le=_INT_MAX)
     fail_on_data_loss: bool = True
     skip_empty_batches: bool = True
+    instance_name: str | None = Field(default=None, min_length=1)
+    tunnel_id: str | None = Field(default=None, min_length=1)
+    access_key_id: str | None = Field(default=None, repr=False)
+    access_key_secret: str | None = Field(default=None, repr=False)
+    security_token: str | None = Field(default=None, repr=False)
+    #: the vendor's catalog, parsed: attribute columns as (name, Tablestore type)
+    catalog: tuple[tuple[str, str], ...] | None = None
+    checkpoint_table: str | None = Field(default=None, min_length=1)
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -101,6 +141,13 @@ class SourceOptions(BaseModel):
     @classmethod
     def _starting_position(cls, value: Any) -> Any:
         return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        return parse_catalog(value)
 
     @field_validator("fail_on_data_loss", "skip_empty_batches", mode="before")
     @classmethod
@@ -135,20 +182,50 @@ class SourceOptions(BaseModel):
                                   allowed=", ".join(OPTIONS))
             values[OPTIONS[canonical][0]] = value
         for required in ("endpoint", "table.name", "tunnel.name"):
+            if required == "tunnel.name" and values.get("tunnel_id"):
+                continue  # resolved from the tunnel id below
             if OPTIONS[required][0] not in values:
                 raise OptionError(option=required, value=None, problem="is required",
                                   allowed=OPTIONS[required][1])
+        tablestore = urlsplit(str(values["endpoint"])).scheme in ("http", "https")
+        if tablestore:
+            values = _tablestore_endpoint(values)
+        else:
+            for field in _TABLESTORE_ONLY:
+                if values.get(field) is not None:
+                    option = _FIELD_TO_OPTION[field]
+                    raise OptionError(option=option, value=_shown(field, values[field]),
+                                      problem="applies to a Tablestore (http/https) endpoint "
+                                      "only", allowed="leave it out")
         if "meta_store" not in values and (default := default_meta_store(values["endpoint"])):
             values["meta_store"] = default
+        if tablestore and values.get("tunnel_id") and values.get("table_name"):
+            values["tunnel_name"] = resolve_tunnel_id(
+                values["endpoint"], str(values["table_name"]), str(values["tunnel_id"]),
+                values.get("tunnel_name"))
         try:
-            return cls(**values)
+            built = cls(**values)
         except ValidationError as exc:
             error = exc.errors()[0]
             field = str(error["loc"][0]) if error["loc"] else "?"
             option = _FIELD_TO_OPTION.get(field, field)
-            raise OptionError(option=option, value=values.get(field),
+            raise OptionError(option=option, value=_shown(field, values.get(field)),
                               problem=_problem(error["msg"]),
                               allowed=OPTIONS.get(option, ("", "see docs/options.md"))[1]) from None
+        return built
+
+    def declared_schema(self, table: TableSchema) -> TableSchema:
+        """``table`` with the ``catalog``'s attribute columns (driver, ``schema()``): Tablestore
+        declares only the key, so without a catalog (or ``.schema(...)``) attributes land in
+        ``_extra``. Key columns named in the catalog keep the service's types."""
+        if not self.catalog:
+            return table
+        keys = {c.name for c in table.primary_key}
+        declared = {c.name: c for c in table.columns}
+        for name, typ in self.catalog:
+            if name not in keys:
+                declared[name] = ColumnSpec(name, typ)
+        return TableSchema(table.table_name, table.primary_key, tuple(declared.values()))
 
     # --- derived facts ----------------------------------------------------------------------
 
@@ -190,9 +267,116 @@ def strip_secrets(uri: str) -> str:
 
 
 def default_meta_store(endpoint: str) -> str | None:
-    """For a local endpoint, a SQLite meta store beside the store file; else none."""
+    """For a local endpoint, a SQLite meta store beside the store file; else none. (A
+    Tablestore endpoint's default, a table in the same instance, is set by
+    ``_tablestore_endpoint``.)"""
     parts = urlsplit(endpoint)
     if parts.scheme == "local" and not parts.netloc and parts.path.startswith("/"):
         base, _ = os.path.splitext(parts.path)
         return f"sqlite://{base}.meta.db"
     return None
+
+
+def _shown(field: str, value: Any) -> Any:
+    """An option value as an error may show it: secrets masked, endpoints stripped."""
+    if field in ("access_key_secret", "security_token", "access_key_id") and value:
+        return "***"
+    if field == "endpoint" and isinstance(value, str):
+        return strip_secrets(value)
+    return value
+
+
+def parse_catalog(text: str) -> tuple[tuple[str, str], ...]:
+    """The vendor's ``catalog`` JSON -> ((column, Tablestore type), ...). ``ValueError`` with
+    what is wrong (it becomes an ``OptionError`` naming ``catalog``)."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    columns = doc.get("columns") if isinstance(doc, dict) else None
+    if not isinstance(columns, dict) or not columns:
+        raise ValueError('expected {"columns": {"name": {"type": ...}, ...}} with columns')
+    out = []
+    for name, spec in columns.items():
+        typ = spec.get("type") if isinstance(spec, dict) else None
+        if not isinstance(typ, str) or typ.strip().lower() not in CATALOG_TYPES:
+            raise ValueError(f"column {name!r}: type {typ!r} is not one of "
+                             + ", ".join(sorted(CATALOG_TYPES)))
+        if not name or name.startswith("_"):
+            raise ValueError(f"column {name!r}: names starting with '_' are the source's own")
+        out.append((name, CATALOG_TYPES[typ.strip().lower()]))
+    return tuple(out)
+
+
+def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
+    """Fold the instance and credentials into a Tablestore endpoint's query (driver).
+
+    The endpoint travels to executors inside partitions (they open their own clients); every
+    copy that is logged or stored goes through ``strip_secrets``, which drops the credential
+    parameters. Credentials not given as options come from the environment of the driver."""
+    values = dict(values)
+    endpoint = str(values["endpoint"])
+    parts = urlsplit(endpoint)
+    if parts.username or parts.password:
+        raise OptionError(option="endpoint", value=strip_secrets(endpoint),
+                          problem="credentials do not belong in the endpoint",
+                          allowed="access.key.id / access.key.secret options or "
+                          f"{ENV_ACCESS_KEY_ID} / {ENV_ACCESS_KEY_SECRET}")
+    if parts.path not in ("", "/"):
+        raise OptionError(option="endpoint", value=strip_secrets(endpoint),
+                          problem="a Tablestore endpoint has no path",
+                          allowed="https://INSTANCE.REGION.ots.aliyuncs.com")
+    query = dict(parse_qsl(parts.query))
+    instance = values.get("instance_name") or query.get("instance")
+    host = parts.hostname or ""
+    if not instance and host.endswith(".aliyuncs.com") and host.count(".") >= 3:
+        instance = host.split(".", 1)[0]
+    if not instance:
+        raise OptionError(option="instance.name", value=None,
+                          problem="is required for this endpoint (its host does not name the "
+                          "instance)", allowed=OPTIONS["instance.name"][1])
+    creds = {
+        "access_key_id": values.get("access_key_id") or query.get("access_key_id")
+        or os.environ.get(ENV_ACCESS_KEY_ID),
+        "access_key_secret": values.get("access_key_secret")
+        or query.get("access_key_secret") or os.environ.get(ENV_ACCESS_KEY_SECRET),
+        "security_token": values.get("security_token") or query.get("security_token")
+        or os.environ.get(ENV_SECURITY_TOKEN),
+    }
+    for field, env in (("access_key_id", ENV_ACCESS_KEY_ID),
+                       ("access_key_secret", ENV_ACCESS_KEY_SECRET)):
+        if not creds[field]:
+            raise OptionError(option=_FIELD_TO_OPTION[field], value=None,
+                              problem=f"is required for a Tablestore endpoint (or set {env})",
+                              allowed=OPTIONS[_FIELD_TO_OPTION[field]][1])
+    params = {"instance": instance}
+    params.update({k: v for k, v in creds.items() if v})
+    values["endpoint"] = f"{parts.scheme}://{parts.netloc}?{urlencode(params)}"
+    values["instance_name"] = instance
+    if "meta_store" not in values:
+        table = values.get("checkpoint_table") or DEFAULT_CHECKPOINT_TABLE
+        target = quote(f"{parts.scheme}://{parts.netloc}", safe="")
+        values["meta_store"] = (f"tablestore://{instance}/{table}?endpoint={target}"
+                                "&create_table=true")
+    return values
+
+
+def resolve_tunnel_id(endpoint: str, table: str, tunnel_id: str, name: str | None) -> str:
+    """The name of the tunnel ``tunnel_id`` on ``table`` (driver, once, at option validation;
+    one ListTunnel call): ``OptionError`` if the table has no such tunnel, or if ``name``
+    (``tunnel.name``) is given and differs."""
+    from connector.tunnel import open_tunnel_service
+
+    with open_tunnel_service(endpoint) as service:
+        tunnels = service.list_tunnels(table)
+    for t in tunnels:
+        if t.tunnel_id == tunnel_id:
+            if name is not None and t.tunnel_name != name:
+                raise OptionError(option="tunnel.id", value=tunnel_id,
+                                  problem=f"names tunnel {t.tunnel_name!r}, not tunnel.name "
+                                  f"{name!r}", allowed="matching names")
+            return t.tunnel_name
+    raise OptionError(option="tunnel.id", value=tunnel_id,
+                      problem=f"no tunnel with this id on table {table!r}",
+                      allowed=", ".join(f"{t.tunnel_id} ({t.tunnel_name})" for t in tunnels)
+                      or "create the tunnel first, or use tunnel.name")

@@ -51,7 +51,8 @@ class TablestoreDataSource(DataSource):
     def schema(self) -> StructType:
         """Called on the driver when no ``.schema(...)`` was given."""
         with open_tunnel_service(self.source_options.endpoint) as tunnel:
-            return output_schema(tunnel.table_schema(self.source_options.table_name))
+            table = tunnel.table_schema(self.source_options.table_name)
+            return output_schema(self.source_options.declared_schema(table))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return TablestoreStreamReader(self.source_options, schema)

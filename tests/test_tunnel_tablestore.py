@@ -299,3 +299,92 @@ def test_corrupted_record_in_a_page_is_a_typed_error() -> None:
         with pytest.raises(MalformedRecordError) as exc:
             decode_page([rec], "ch-1", "tok-123", None)
         assert exc.value.channel_id == "ch-1" and exc.value.token == "tok-123"
+
+
+# --- the vendor's option names ---------------------------------------------------------------
+
+
+def _vendor_options(url: str, **extra: str) -> dict[str, str]:
+    opts = {"endpoint": url, "instance.name": INSTANCE, "table.name": "t",
+            "tunnel.name": "tun", "access.key.id": KEY_ID, "access.key.secret": SECRET}
+    opts.update(extra)
+    return {k.lower(): v for k, v in opts.items()}  # Spark lower-cases option keys
+
+
+def test_vendor_options_fold_credentials_out_of_sight(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector.options import SourceOptions
+
+    for env in ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
+                "ALIBABA_CLOUD_SECURITY_TOKEN"):
+        monkeypatch.delenv(env, raising=False)
+    o = SourceOptions.from_spark(_vendor_options("http://127.0.0.1:9", **{
+        "security.token": "sts-token-77", "checkpoint.table": "my_meta"}))
+    assert SECRET in o.endpoint and "sts-token-77" in o.endpoint  # travels to executors
+    for text in (o.safe_endpoint, o.source_identity, repr(o), o.meta_store):
+        assert SECRET not in text and "sts-token-77" not in text and KEY_ID not in text
+    assert o.safe_endpoint == f"http://127.0.0.1:9?instance={INSTANCE}"
+    assert o.meta_store == (f"tablestore://{INSTANCE}/my_meta?endpoint=http%3A%2F%2F127.0.0.1%3A9"
+                            "&create_table=true")
+    svc = open_tunnel_service(o.endpoint)
+    assert isinstance(svc, TablestoreTunnelService) and svc.uri == o.safe_endpoint
+    # the instance from the host of a real endpoint; credentials from the environment
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "env-id")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "env-secret-55")
+    o2 = SourceOptions.from_spark({"endpoint": "https://myinst.cn-hangzhou.ots.aliyuncs.com",
+                                   "table.name": "t", "tunnel.name": "tun"})
+    assert o2.instance_name == "myinst" and "env-secret-55" in o2.endpoint
+    assert "env-secret-55" not in o2.source_identity
+    assert o2.meta_store.startswith("tablestore://myinst/tablestore_cdc_meta?")
+
+
+def test_vendor_option_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector.options import SourceOptions
+
+    for env in ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET"):
+        monkeypatch.delenv(env, raising=False)
+    with pytest.raises(OptionError, match="instance.name"):
+        SourceOptions.from_spark({"endpoint": "http://127.0.0.1:9", "table.name": "t",
+                                  "tunnel.name": "x", "access.key.id": "a",
+                                  "access.key.secret": SECRET})
+    with pytest.raises(OptionError, match="access.key.secret") as exc:
+        SourceOptions.from_spark({"endpoint": "http://127.0.0.1:9", "instance.name": "i",
+                                  "table.name": "t", "tunnel.name": "x", "access.key.id": "a"})
+    assert "ALIBABA_CLOUD_ACCESS_KEY_SECRET" in str(exc.value)
+    with pytest.raises(OptionError, match="catalog") as exc:
+        SourceOptions.from_spark(_vendor_options("http://127.0.0.1:9", catalog='{"columns": '
+                                                 '{"v": {"type": "decimal"}}}'))
+    assert SECRET not in str(exc.value)
+    with pytest.raises(OptionError, match="Tablestore"):
+        SourceOptions.from_spark({"endpoint": "local:///tmp/x.db", "table.name": "t",
+                                  "tunnel.name": "x", "access.key.secret": SECRET})
+
+
+def test_catalog_declares_attribute_columns() -> None:
+    from connector.options import SourceOptions
+    from connector.tunnel.base import ColumnSpec, TableSchema
+
+    catalog = ('{"columns": {"id": {"type": "string"}, "value": {"type": "long"}, '
+               '"score": {"type": "double"}, "ok": {"type": "boolean"}, '
+               '"raw": {"type": "binary"}, "name": {"type": "string"}}}')
+    o = SourceOptions.from_spark(_vendor_options("http://127.0.0.1:9", catalog=catalog))
+    table = TableSchema("t", (ColumnSpec("id", "STRING"),))
+    declared = o.declared_schema(table)
+    assert declared.primary_key == table.primary_key
+    assert [(c.name, c.type) for c in declared.columns] == [
+        ("value", "INTEGER"), ("score", "DOUBLE"), ("ok", "BOOLEAN"), ("raw", "BINARY"),
+        ("name", "STRING")]
+
+
+def test_tunnel_id_resolves_to_its_name(tunnel_harness: EmulatorHarness) -> None:
+    from connector.options import SourceOptions
+
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "vendor-tunnel").tunnel_id
+    opts = _vendor_options(h.emulator.url, **{"tunnel.id": tid})
+    del opts["tunnel.name"]
+    assert SourceOptions.from_spark(opts).tunnel_name == "vendor-tunnel"
+    with pytest.raises(OptionError, match="not tunnel.name"):
+        SourceOptions.from_spark({**opts, "tunnel.name": "other"})
+    with pytest.raises(OptionError, match="no tunnel with this id"):
+        SourceOptions.from_spark({**opts, "tunnel.id": "nope"})
