@@ -1,6 +1,6 @@
 """Run one tablestore streaming query in its own process until told to stop.
 
-    python -m integration.runner --store /abs/store.db --table t --tunnel n \
+    python -m integration.runner (--store /abs/store.db | --endpoint URI) --table t --tunnel n \
         --checkpoint DIR --sink DIR [--option key=value ...] [--master local[2]] \
         [--meta-store URI] [--conf spark.key=value ...]
 
@@ -20,7 +20,8 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", required=True)
+    parser.add_argument("--store", help="the local store file (endpoint local://STORE)")
+    parser.add_argument("--endpoint", help="any other tunnel endpoint URI instead of --store")
     parser.add_argument("--table", required=True)
     parser.add_argument("--tunnel", required=True)
     parser.add_argument("--checkpoint", required=True)
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark configuration setting for the session")
     args = parser.parse_args(argv)
+    if not (args.store or args.endpoint):
+        parser.error("one of --store or --endpoint is required")
 
     from connector.sinks import ExactlyOnceParquetSink
     from connector.spark import local_session
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = {key: value for key, _, value in (item.partition("=") for item in args.conf)}
     spark = local_session("tablestore-cdc-runner", master=args.master, conf=conf)
     reader = (spark.readStream.format("tablestore")
-              .option("endpoint", f"local://{Path(args.store).resolve()}")
+              .option("endpoint", args.endpoint or f"local://{Path(args.store).resolve()}")
               .option("table.name", args.table).option("tunnel.name", args.tunnel))
     if args.meta_store:
         reader = reader.option("meta.store", args.meta_store)
