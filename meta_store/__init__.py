@@ -2,9 +2,12 @@
 
 - ``sqlite:///abs/path/meta.db`` — embedded default (one machine; WAL, multi-process safe);
 - ``dynamodb://TABLE?region=...&endpoint_url=...&create_table=true`` — a shared service for
-  clusters (``pip install '.[dynamodb]'``).
+  clusters (``pip install '.[dynamodb]'``);
+- ``tablestore://INSTANCE/TABLE?endpoint=https://...&create_table=true`` — a Tablestore table
+  (or the local emulator, ``endpoint=http://127.0.0.1:PORT``) (``pip install '.[tablestore]'``).
 
-Backends are imported lazily so boto3 is only needed for ``dynamodb://``.
+Backends are imported lazily so boto3 is only needed for ``dynamodb://`` and the tablestore SDK
+only for ``tablestore://``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from meta_store.base import (
 META_BACKENDS: dict[str, tuple[str, str]] = {
     "sqlite": ("meta_store.sqlite:SqliteMetaStore", "included"),
     "dynamodb": ("meta_store.dynamodb:DynamoDbMetaStore", "pip install 'tablestore-cdc[dynamodb]'"),
+    "tablestore": ("meta_store.tablestore:TablestoreMetaStore",
+                   "pip install 'tablestore-cdc[tablestore]'"),
 }
 
 

@@ -64,7 +64,8 @@ app = typer.Typer(
 
 MetaOpt = Annotated[str, typer.Option(
     "--meta", envvar="TABLESTORE_CDC_META", show_envvar=True,
-    help="Meta-store URI: sqlite:///abs/path.db or dynamodb://TABLE?region=...")]
+    help="Meta-store URI: sqlite:///abs/path.db, dynamodb://TABLE?region=... or "
+    "tablestore://INSTANCE/TABLE?endpoint=...")]
 NamespaceOpt = Annotated[str | None, typer.Option(
     "--namespace", "-n", help="Source namespace (endpoint#table#tunnel); default: the only one.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]

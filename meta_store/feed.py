@@ -70,15 +70,15 @@ class MetaStoreNotFoundError(InspectionError):
 
 def open_existing_meta_store(uri: str) -> MetaStore:
     """Open the meta store at ``uri`` for inspection without creating anything: a SQLite path
-    that does not exist is refused (opening it would create an empty store), and a DynamoDB
-    URI's ``create_table=true`` is dropped (a missing table is reported, not created). Other
-    errors are the backend's ``CdcError``s."""
+    that does not exist is refused (opening it would create an empty store), and a DynamoDB or
+    Tablestore URI's ``create_table=true`` is dropped (a missing table is reported, not
+    created). Other errors are the backend's ``CdcError``s."""
     parts = urlsplit(uri)
     if parts.scheme == "sqlite" and not parts.netloc:
         path = unquote(parts.path)
         if path and os.path.isabs(path) and not os.path.exists(path):
             raise MetaStoreNotFoundError(path=path)
-    if parts.scheme == "dynamodb" and parts.query:
+    if parts.scheme in ("dynamodb", "tablestore") and parts.query:
         query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
                  if k != "create_table"]
         uri = urlunsplit(parts._replace(query=urlencode(query)))
