@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -33,6 +34,7 @@ from connector.errors import (
 from connector.tunnel import open_tunnel_service
 from connector.tunnel.base import (
     FINISHED,
+    ChannelLag,
     ChannelStatus,
     Checkpoint,
     Op,
@@ -76,13 +78,16 @@ class StreamsHarness:
     ``StreamsFake``, a fresh checkpoint table per test."""
 
     def __init__(self, url: str, fake: StreamsFake, view: str = "NEW_AND_OLD_IMAGES",
-                 extra: str = "") -> None:
+                 extra: str = "", poll_interval_ms: int = 0) -> None:
         requests.post(f"{url}/moto-api/reset", timeout=10)
         fake.reset()
         self.url, self.fake, self.view = url, fake, view
         self.ddb = boto3.client("dynamodb", endpoint_url=url, region_name=REGION)
+        # poll_interval_ms=0 by default: the contract asks has_new_data again right after
+        # each write
         self.uri = (f"dynamodb-streams://?checkpoint_table=cdc-{uuid.uuid4().hex[:8]}"
-                    f"&region={REGION}&endpoint_url={url}&create_table=true{extra}")
+                    f"&region={REGION}&endpoint_url={url}&create_table=true"
+                    f"&poll_interval_ms={poll_interval_ms}{extra}")
         self.service = open_tunnel_service(self.uri)
 
     def create_table(self, name: str, channels: int) -> None:
@@ -296,6 +301,42 @@ def test_trimmed_shard_start_and_whole_shard_gone(tunnel_harness: StreamsHarness
     with pytest.raises(TrimmedDataError) as exc:  # "b" was never read: lost
         h.service.read_records(tid, root, token, 10)
     assert exc.value.resume_token == FINISHED
+
+
+def test_idle_probes_are_spaced_by_poll_interval(
+    moto_url: str, streams_fake: StreamsFake
+) -> None:
+    h = StreamsHarness(moto_url, streams_fake, poll_interval_ms=60_000)
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    pos = {root: h.service.get_checkpoint(tid, root).token}
+    assert h.service.has_new_data(tid, pos) is False
+    calls = dict(h.fake.calls)
+    h.put("t", "a", 1)
+    assert h.service.has_new_data(tid, pos) is False  # the idle answer stands: no request
+    assert h.fake.calls == calls
+    h.service.checkpoint(tid, root, Checkpoint(pos[root], 0))  # a push ends the quiet spell
+    assert h.service.has_new_data(tid, pos) is True
+    h.fake.calls.clear()
+    assert h.service.has_new_data(tid, {}) is True  # other positions: asked again
+    assert h.fake.calls.get("DescribeStream") == 1
+
+
+def test_lag_is_the_age_of_the_oldest_unread_record(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    start = h.service.get_checkpoint(tid, root).token
+    assert h.service.lag(tid, {}) == {root: ChannelLag(root, None, 0.0)}
+    h.put("t", "a", 1)
+    time.sleep(0.3)
+    behind = h.service.lag(tid, {root: start})[root]
+    assert behind.records_behind is None and behind.seconds_behind is not None
+    assert 0.2 <= behind.seconds_behind < 60
+    _, token = read_all(h.service, tid, root, start)
+    assert h.service.lag(tid, {root: token})[root].seconds_behind == 0.0
 
 
 # --- records and types -------------------------------------------------------------------------

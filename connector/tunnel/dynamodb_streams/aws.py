@@ -5,6 +5,7 @@ URI::
     dynamodb-streams://[TABLE]?checkpoint_table=NAME&region=us-east-1
         [&endpoint_url=http://127.0.0.1:5000][&profile=NAME][&create_table=true]
         [&numbers=double|decimal][&max_attempts=8][&retry_mode=standard|adaptive]
+        [&poll_interval_ms=1000]
 
 - ``TABLE`` (optional): the only source table this endpoint serves; a call naming another
   table is refused. Without it the table comes from the ``table.name`` option alone.
@@ -12,6 +13,9 @@ URI::
   kept (the stream keeps no consumer state); ``create_table=true`` creates it when missing.
 - ``endpoint_url``: one endpoint for DynamoDB and DynamoDB Streams (moto, a VPC endpoint).
 - ``numbers``: how ``N`` values are decoded (``codec.decode_value``).
+- ``poll_interval_ms``: an idle driver probes the shards for new records (``has_new_data``) at
+  most this often for the same positions (Spark polls an idle source every few milliseconds;
+  ``GetRecords`` allows about 5 calls per second per shard across all readers).
 - ``max_attempts`` / ``retry_mode``: botocore's own retries with backoff and jitter for
   throttling (``LimitExceededException``, ``ProvisionedThroughputExceededException``), 5xx and
   connection errors; what still fails becomes ``TransientTunnelError``, which
@@ -41,7 +45,7 @@ from connector.errors import OptionError, TransientTunnelError, TunnelRequestErr
 
 SCHEME = "dynamodb-streams"
 _PARAMS = ("checkpoint_table", "region", "endpoint_url", "profile", "create_table", "numbers",
-           "max_attempts", "retry_mode")
+           "max_attempts", "retry_mode", "poll_interval_ms")
 _SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
                          r"session|signature|auth", re.IGNORECASE)
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
@@ -69,6 +73,7 @@ class EndpointConfig:
     numbers: str = "double"
     max_attempts: int = 8
     retry_mode: str = "standard"
+    poll_interval_ms: int = 1000
 
 
 def parse_uri(uri: str) -> EndpointConfig:
@@ -125,11 +130,17 @@ def parse_uri(uri: str) -> EndpointConfig:
         max_attempts = 0
     if not 1 <= max_attempts <= 50:
         refuse("max_attempts must be an integer from 1 to 50")
+    try:
+        poll_interval_ms = int(raw.get("poll_interval_ms", "1000"))
+    except ValueError:
+        poll_interval_ms = -1
+    if not 0 <= poll_interval_ms <= 60_000:
+        refuse("poll_interval_ms must be an integer from 0 to 60000")
     return EndpointConfig(
         uri=shown, table=parts.netloc or None, checkpoint_table=raw["checkpoint_table"],
         region=raw.get("region"), endpoint_url=endpoint_url, profile=raw.get("profile"),
         create_table=flag == "true", numbers=numbers, max_attempts=max_attempts,
-        retry_mode=retry_mode,
+        retry_mode=retry_mode, poll_interval_ms=poll_interval_ms,
     )
 
 

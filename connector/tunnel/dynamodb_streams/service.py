@@ -49,6 +49,7 @@ from connector.errors import (
 from connector.tunnel.base import (
     FINISHED,
     ChannelInfo,
+    ChannelLag,
     ChannelStatus,
     Checkpoint,
     ColumnSpec,
@@ -103,6 +104,9 @@ class DynamoDbStreamsTunnelService(TunnelService):
             "decimal" if self.config.numbers == "decimal" else "double")
         self._arns: dict[str, str] = {}
         self._shards: dict[str, dict[str, Shard]] = {}  # table -> shard id -> shard
+        #: the positions of the last ``has_new_data`` that found nothing, and until when that
+        #: answer stands (``poll_interval_ms``); a checkpoint push ends it early
+        self._quiet: tuple[Any, float] | None = None
 
     @classmethod
     def from_uri(cls, uri: str) -> DynamoDbStreamsTunnelService:
@@ -338,6 +342,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
                 raise invalid("FINISHED pushed but no read of this tunnel reached the "
                               "shard's end")
         self.checkpoints.put_checkpoint(tunnel_id, channel_id, checkpoint)
+        self._quiet = None  # a FINISHED push may have released children
 
     # --- data (executors) -------------------------------------------------------------------
 
@@ -430,7 +435,14 @@ class DynamoDbStreamsTunnelService(TunnelService):
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool:
         """Would reading return something (driver, ``latestOffset``)? True for an OPEN shard
         missing from ``positions``, a closed OPEN shard not at FINISHED, or an OPEN shard with a
-        record after its position (one ``GetShardIterator`` + ``GetRecords(Limit=1)`` each)."""
+        record after its position (one ``GetShardIterator`` + ``GetRecords(Limit=1)`` each).
+
+        A "no" stands for ``poll_interval_ms`` while the positions stay the same and nothing is
+        pushed, so an idle query does not probe every shard on each of Spark's polls."""
+        key = (tunnel_id, frozenset(positions.items()))
+        if self._quiet is not None and self._quiet[0] == key \
+                and time.monotonic() < self._quiet[1]:
+            return False
         tunnel = self._tunnel(tunnel_id)
         shards = self._refresh_shards(tunnel.table_name)
         stored, _ = self.checkpoints.checkpoints(tunnel_id)
@@ -450,7 +462,35 @@ class DynamoDbStreamsTunnelService(TunnelService):
                 return True  # reading will report the loss
             if probe.records or probe.next_token == FINISHED:
                 return True
+        self._quiet = (key, time.monotonic() + self.config.poll_interval_ms / 1000)
         return False
+
+    def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
+        """Per shard not TERMINATED: the age of its oldest unread record (0.0 when caught up);
+        ``records_behind`` is unknown (None): Streams cannot count without reading. Position =
+        ``positions`` or the stored checkpoint. One ``GetRecords(Limit=1)`` per shard (CLI,
+        dashboard, and the planner when a per-trigger row limit is set)."""
+        tunnel = self._tunnel(tunnel_id)
+        shards = self._refresh_shards(tunnel.table_name)
+        stored, _ = self.checkpoints.checkpoints(tunnel_id)
+        now_us = time.time_ns() // 1000
+        out: dict[str, ChannelLag] = {}
+        for shard in shards.values():
+            if self._status(shard, shards, stored) is ChannelStatus.TERMINATED:
+                continue
+            sid = shard.shard_id
+            token = positions.get(sid) or (stored[sid].token if sid in stored else
+                                           codec.start_token(sid, shard.starting_sequence_number))
+            age: float | None = 0.0
+            if token != FINISHED:
+                try:
+                    probe = self._read(tunnel.table_name, sid, tunnel_id, token, 1)
+                    if probe.records:
+                        age = max(0.0, (now_us - probe.records[0].commit_ts_us) / 1e6)
+                except TrimmedDataError:
+                    age = None
+            out[sid] = ChannelLag(sid, None, age)
+        return out
 
     def close(self) -> None:
         """Nothing to release: boto3 clients close their pools when collected."""
