@@ -93,7 +93,7 @@ def test_segments_are_sealed_and_pages_equal_the_records_conversion(service):
     svc, store = service
     tunnel = svc.create_tunnel("t", "q")
     with store.transaction() as conn:
-        sealed = conn.execute("SELECT count(*) FROM cdc_segments").fetchone()[0]
+        sealed = conn.execute("SELECT count(*) FROM cdc_change_segments").fetchone()[0]
     assert sealed >= 2 * (150 // 2 // SEGMENT) - 2  # both channels hold several segments
     for layout in _layouts(store):
         for channel in [c.channel_id for c in store.list_channels("t")]:

@@ -46,6 +46,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -76,7 +77,7 @@ KEY_SPACE = 2**32
 COLUMN_TYPES = ("INTEGER", "DOUBLE", "BOOLEAN", "STRING", "BINARY")
 #: Tablestore allows only these as primary-key column types.
 KEY_TYPES = ("INTEGER", "STRING", "BINARY")
-#: Records per sealed columnar segment (``cdc_segments``).
+#: Records per sealed columnar segment (``cdc_change_segments``).
 SEGMENT_RECORDS = 4096
 #: How long a writer waits for the file's write lock before giving up (milliseconds).
 BUSY_TIMEOUT_MS = 30_000
@@ -124,17 +125,18 @@ CREATE TABLE IF NOT EXISTS cdc_changes (
     PRIMARY KEY (table_name, channel_id, seq)
 ) WITHOUT ROWID;
 -- Changes sealed into columnar segments: SEGMENT_RECORDS consecutive records of a channel as
--- one Arrow IPC stream of their page batch (connector.tunnel.page, the table's declared
--- columns). Derived from cdc_changes in the write that completes them: the read path slices
--- them instead of decoding JSON per record.
-CREATE TABLE IF NOT EXISTS cdc_segments (
+-- one LZ4-compressed Arrow IPC stream of their page batch (connector.tunnel.page, the table's
+-- declared columns). Derived from cdc_changes in the write that completes them: the read path
+-- slices them instead of decoding JSON per record. A rowid table: SQLite reads large blobs
+-- from one about six times faster than from a WITHOUT ROWID table (measured, 500 kB rows).
+CREATE TABLE IF NOT EXISTS cdc_change_segments (
     table_name TEXT NOT NULL,
     channel_id TEXT NOT NULL,
     first_seq  INTEGER NOT NULL,
     last_seq   INTEGER NOT NULL,
     data       BLOB NOT NULL,
-    PRIMARY KEY (table_name, channel_id, first_seq)
-) WITHOUT ROWID;
+    UNIQUE (table_name, channel_id, first_seq)
+);
 
 -- Tunnel side, owned by connector.tunnel.local (kept here so one file has one schema).
 CREATE TABLE IF NOT EXISTS cdc_tunnels (
@@ -179,6 +181,10 @@ CREATE TABLE IF NOT EXISTS cdc_base_records (
 """
 
 
+#: every table ``_SCHEMA`` creates
+_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
+
+
 # --- value encoding -----------------------------------------------------------------------
 
 
@@ -210,6 +216,12 @@ def dumps_values(values: Mapping[str, Any]) -> str:
 def loads_values(text: str) -> dict[str, Any]:
     """Inverse of ``dumps_values``."""
     return {k: _dec(v) for k, v in json.loads(text).items()}
+
+
+def _IPC_OPTIONS() -> Any:  # noqa: N802 - a constant, built on first use (pyarrow is lazy)
+    import pyarrow as pa
+
+    return pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def key_hash(pk_json: str) -> int:
@@ -305,10 +317,10 @@ class LocalTablestore:
     def _ensure_schema(self) -> None:
         statements = [s for s in _SCHEMA.split(";") if s.strip()]
         with self.transaction() as conn:  # opening an existing store takes no write lock
-            (n,) = conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'cdc_%'"
-            ).fetchone()
-        if n >= _SCHEMA.count("CREATE TABLE"):
+            have = {name for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'cdc_%'"
+            )}
+        if have >= _TABLES:  # a file written by an older version gets its new tables below
             return
         with self.transaction(write=True) as conn:
             for statement in statements:
@@ -638,7 +650,7 @@ class LocalTablestore:
         """Inside the write that appended up to ``head``: seal every complete run of
         ``SEGMENT_RECORDS`` unsealed records of the channel into a columnar segment."""
         (sealed,) = conn.execute(
-            "SELECT coalesce(max(last_seq), 0) FROM cdc_segments WHERE table_name = ? "
+            "SELECT coalesce(max(last_seq), 0) FROM cdc_change_segments WHERE table_name = ? "
             "AND channel_id = ?",
             (schema.table_name, channel.channel_id),
         ).fetchone()
@@ -657,11 +669,11 @@ class LocalTablestore:
             with gc_paused():
                 batch = records_to_page(records, layout)
             sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, batch.schema) as writer:
+            with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS()) as writer:
                 writer.write_batch(batch)
             conn.execute(
-                "INSERT INTO cdc_segments (table_name, channel_id, first_seq, last_seq, data) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO cdc_change_segments (table_name, channel_id, first_seq, last_seq, "
+                "data) VALUES (?, ?, ?, ?, ?)",
                 (schema.table_name, channel.channel_id, sealed + 1, sealed + SEGMENT_RECORDS,
                  sink.getvalue().to_pybytes()),
             )
@@ -865,7 +877,7 @@ class LocalTablestore:
                 )
                 deleted += cur.rowcount
                 conn.execute(
-                    "DELETE FROM cdc_segments WHERE table_name = ? AND channel_id = ? "
+                    "DELETE FROM cdc_change_segments WHERE table_name = ? AND channel_id = ? "
                     "AND last_seq <= ?",
                     (table, ch.channel_id, upto),
                 )
@@ -932,9 +944,13 @@ class LocalTablestore:
         pieces: list[pa.RecordBatch] = []
         pos, end = after_seq, after_seq + limit
         if limit and layout.same_columns(PageLayout.of_table(schema)):
-            rows = conn.execute(
-                "SELECT first_seq, last_seq, data FROM cdc_segments WHERE table_name = ? "
-                "AND channel_id = ? AND last_seq > ? AND first_seq <= ? ORDER BY first_seq",
+            # from the segment holding after_seq + 1 (found on the index, not by a scan)
+            rows = self._segments(
+                conn,
+                "SELECT first_seq, last_seq, data FROM cdc_change_segments WHERE table_name = ?1 "
+                "AND channel_id = ?2 AND first_seq <= ?4 AND last_seq > ?3 AND first_seq >= "
+                "coalesce((SELECT max(first_seq) FROM cdc_change_segments WHERE table_name = ?1 "
+                "AND channel_id = ?2 AND first_seq <= ?3 + 1), 0) ORDER BY first_seq",
                 (table, channel_id, after_seq, end),
             )
             names = [name for name, _ in layout.columns]
@@ -958,6 +974,15 @@ class LocalTablestore:
         if len(pieces) == 1:
             return pieces[0]
         return pa.concat_batches(pieces)
+
+    @staticmethod
+    def _segments(conn: sqlite3.Connection, query: str, args: tuple[Any, ...]) -> list[Any]:
+        try:
+            return conn.execute(query, args).fetchall()
+        except sqlite3.OperationalError as exc:  # a file from before segments, opened read-only
+            if "no such table" in str(exc):
+                return []
+            raise
 
     def records_from_rows(
         self, schema: TableSchema, channel_id: str, rows: Sequence[Sequence[Any]]
