@@ -10,11 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -96,7 +98,7 @@ def get(client: OTSClient, table: str, pk: list, **kw) -> dict | None:  # type: 
 # --- tables -----------------------------------------------------------------------------------
 
 
-def test_create_describe_list_delete_table(client: OTSClient) -> None:
+def test_create_describe_list_delete_table(client: OTSClient, store_path: str) -> None:
     assert client.list_table() == ()
     create(client, "orders")
     create(client, "users", [("uid", "INTEGER")])
@@ -110,8 +112,18 @@ def test_create_describe_list_delete_table(client: OTSClient) -> None:
     err = service_error(create, client, "orders")
     assert (err.get_http_status(), err.get_error_code()) == (409, "OTSObjectAlreadyExist")
 
+    client.put_row("orders", Row([("id", "a"), ("n", 1)], [("v", 1)]))
     client.delete_table("orders")
     assert client.list_table() == ("users",)
+    with closing(sqlite3.connect(store_path)) as conn:  # nothing of it is left in the file
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'cdc_%'")]
+        for t in tables:
+            cols = {r[1] for r in conn.execute(f"PRAGMA table_info({t})")}
+            key = "table_name" if "table_name" in cols else "name" if t == "cdc_tables" else None
+            if key:
+                n = conn.execute(f"SELECT count(*) FROM {t} WHERE {key} = 'orders'").fetchone()
+                assert n == (0,), t
     err = service_error(client.describe_table, "orders")
     assert (err.get_http_status(), err.get_error_code()) == (404, "OTSObjectNotExist")
     err = service_error(client.delete_table, "orders")

@@ -466,14 +466,22 @@ class LocalTablestore:
     def drop_table(self, table: str) -> None:
         """Delete a table with its rows, change log, channels and tunnels (the emulator's
         DeleteTable). ``UnknownTableError`` if there is no such table. Other processes that
-        cached the schema keep it until they reopen the store."""
+        cached the schema keep it until they reopen the store.
+
+        Every table of the schema keyed by ``table_name`` (or by the ``tunnel_id`` of one of
+        the table's tunnels) is cleared, so a table created again under the same name starts
+        empty whatever the layout holds."""
         with self.transaction(write=True) as conn:
             self.require_table(conn, table)
             tunnels = "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ?"
-            for t in ("cdc_checkpoints", "cdc_reached_end", "cdc_base_channels",
-                      "cdc_base_records"):
-                conn.execute(f"DELETE FROM {t} WHERE tunnel_id IN ({tunnels})", (table,))
-            for t in ("cdc_tunnels", "cdc_changes", "cdc_rows", "cdc_channels"):
+            by_table = []
+            for t in sorted(_TABLES - {"cdc_tables", "cdc_tunnels"}):
+                cols = {r[1] for r in conn.execute(f"PRAGMA table_info({t})")}
+                if "table_name" in cols:
+                    by_table.append(t)
+                elif "tunnel_id" in cols:
+                    conn.execute(f"DELETE FROM {t} WHERE tunnel_id IN ({tunnels})", (table,))
+            for t in [*by_table, "cdc_tunnels"]:
                 conn.execute(f"DELETE FROM {t} WHERE table_name = ?", (table,))
             conn.execute("DELETE FROM cdc_tables WHERE name = ?", (table,))
         self._schemas.pop(table, None)
