@@ -389,7 +389,7 @@ def test_writes_through_the_wire_are_channel_changes(client: OTSClient, store_pa
     store.close()
 
 
-def test_writes_follow_a_channel_split_made_by_the_local_cli(
+def test_writes_follow_a_channel_split_and_merge_made_by_the_local_cli(
     client: OTSClient, store_path: str
 ) -> None:
     create(client)
@@ -419,6 +419,19 @@ def test_writes_follow_a_channel_split_made_by_the_local_cli(
         else:
             assert update.channel_id == put.channel_id
     assert moved > 0
+    # merge the two children back: writes through the wire land in the merged channel
+    lo, hi = sorted(children)
+    result = CliRunner().invoke(local_app, ["merge", store_path, "orders", lo, hi])
+    assert result.exit_code == 0, result.output
+    (merged,) = [c.channel_id for c in store.list_channels("orders")
+                 if set(c.parent_ids) == children]
+    for pk in keys:
+        client.delete_row("orders", Row(pk), IGNORE)
+    deletes = [r for r in store.change_log("orders") if r.op is Op.DELETE]
+    assert len(deletes) == len(keys) and all(r.before == {"v": 1} for r in deletes)
+    for r in deletes:
+        put = by_key[tuple(r.primary_key.values())][0]
+        assert r.channel_id == (merged if put.channel_id == parent else put.channel_id)
     store.close()
 
 
