@@ -198,6 +198,11 @@ def test_parent_aged_out_of_the_stream_counts_as_finished(
     assert _statuses(h) == {root: ChannelStatus.OPEN, child: ChannelStatus.WAIT}
     h.fake.expire_shard("t", root)
     assert _statuses(h) == {child: ChannelStatus.OPEN}
+    tid = h.service.describe_tunnel("t", "tun").tunnel.tunnel_id
+    h.put("t", "a", 1)
+    fresh = open_tunnel_service(h.uri)  # as an executor would
+    got, _ = read_all(fresh, tid, child, h.service.get_checkpoint(tid, child).token)
+    assert per_key(got) == {"a": [("PUT", 1)]}
 
 
 def test_describe_stream_pagination(tunnel_harness: StreamsHarness) -> None:
@@ -240,6 +245,13 @@ def test_finished_push_survives_a_new_client(tunnel_harness: StreamsHarness) -> 
     other.checkpoint(tid, root, Checkpoint(FINISHED, 2))
     assert _statuses(h) == {root: ChannelStatus.TERMINATED, a: ChannelStatus.OPEN,
                             b: ChannelStatus.OPEN}
+    # an executor's first read of a released child checks the parent with one GetItem, no
+    # DescribeStream
+    token = h.service.get_checkpoint(tid, a).token
+    executor = open_tunnel_service(h.uri)
+    h.fake.calls.clear()
+    assert executor.read_records(tid, a, token, 10).records == []
+    assert "DescribeStream" not in h.fake.calls
 
 
 # --- limits ----------------------------------------------------------------------------------
@@ -337,6 +349,23 @@ def test_lag_is_the_age_of_the_oldest_unread_record(tunnel_harness: StreamsHarne
     assert 0.2 <= behind.seconds_behind < 60
     _, token = read_all(h.service, tid, root, start)
     assert h.service.lag(tid, {root: token})[root].seconds_behind == 0.0
+
+
+def test_head_sequences_read_each_shard_to_its_tip(tunnel_harness: StreamsHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    assert h.service.head_sequences(tid) == {root: ""}
+    for i in range(3):
+        h.put("t", f"k{i}", i)
+    a, b = h.split("t", root)
+    h.put("t", "k9", 9)
+    heads = h.service.head_sequences(tid)
+    newest = {sid: codec.padded(raw["dynamodb"]["SequenceNumber"])
+              for sid, raw in h.fake.held("t")}  # the last one per shard wins
+    assert heads == {root: newest[root], a: newest.get(a, ""), b: newest.get(b, "")}
+    assert sorted(v for v in heads.values() if v) == sorted(newest.values())
 
 
 # --- records and types -------------------------------------------------------------------------
@@ -488,8 +517,11 @@ def test_tokens_roundtrip_and_refuse_junk() -> None:
     assert codec.parse_token(after, "c").iterator_args()["ShardIteratorType"] == \
         "AFTER_SEQUENCE_NUMBER"
     assert codec.parse_token(codec.horizon_token("shardId-1"), "c").kind == "T"
+    child = codec.parse_token(codec.start_token("shardId-2", "200", "shardId-1"), "c")
+    assert (child.kind, child.parent_id) == ("S", "shardId-1")
     assert codec.padded("123") == "0" * 37 + "123"
-    for bad in ("", "ddbs1:s:A:", "ddbs1:s:X:1", "ddbs1:s:T:5", "local:1", None):
+    for bad in ("", "ddbs1:s:A:", "ddbs1:s:X:1", "ddbs1:s:T:5", "local:1", None,
+                "ddbs1:s:A:5:p", "ddbs1:s:S:5:", "ddbs1:s:S:5:p:q"):
         with pytest.raises(Exception) as exc:
             codec.parse_token(bad, "c")
         assert type(exc.value).__name__ == "MalformedTokenError"

@@ -7,7 +7,9 @@ Two things live here, both pure functions tested on plain dicts:
 
   - ``S`` — the shard's own start (``AT_SEQUENCE_NUMBER`` its ``StartingSequenceNumber``): a
     shard nobody has read yet. Asking for its start, not for ``TRIM_HORIZON``, is what lets a
-    read notice that the retention window trimmed records this tunnel never saw;
+    read notice that the retention window trimmed records this tunnel never saw. A child
+    shard's start token ends with ``:<parent shard id>`` so an executor can check the parent is
+    finished without listing the stream;
   - ``A`` — after a record already read (``AFTER_SEQUENCE_NUMBER``);
   - ``T`` — the oldest record held now (``TRIM_HORIZON``): only handed out as the
     ``resume_token`` of a ``TrimmedDataError``, when the user accepts the loss.
@@ -58,9 +60,11 @@ class Position:
     shard_id: str
     kind: Kind
     sequence_number: str
+    parent_id: str = ""  # kind S only
 
     def encode(self) -> str:
-        return f"{TOKEN_PREFIX}:{self.shard_id}:{self.kind}:{self.sequence_number}"
+        tail = f":{self.parent_id}" if self.parent_id else ""
+        return f"{TOKEN_PREFIX}:{self.shard_id}:{self.kind}:{self.sequence_number}{tail}"
 
     def iterator_args(self) -> dict[str, str]:
         """The ``GetShardIterator`` arguments that start reading at this position."""
@@ -73,8 +77,9 @@ class Position:
         return {"ShardIteratorType": "TRIM_HORIZON"}
 
 
-def start_token(shard_id: str, starting_sequence_number: str) -> str:
-    return Position(shard_id, "S", starting_sequence_number).encode()
+def start_token(shard_id: str, starting_sequence_number: str, parent_id: str | None = None
+                ) -> str:
+    return Position(shard_id, "S", starting_sequence_number, parent_id or "").encode()
 
 
 def after_token(shard_id: str, sequence_number: str) -> str:
@@ -95,17 +100,18 @@ def parse_token(token: Any, channel_id: str) -> Position:
     if not isinstance(token, str) or not token:
         raise bad("not a non-empty string")
     parts = token.split(":")
-    if len(parts) != 4 or parts[0] != TOKEN_PREFIX:
+    if len(parts) not in (4, 5) or parts[0] != TOKEN_PREFIX:
         raise bad(f"not a DynamoDB Streams token ({TOKEN_PREFIX}:<shard>:<kind>:<sequence>)")
-    _, shard_id, kind, seq = parts
-    if not _SHARD.match(shard_id):
+    _, shard_id, kind, seq, *rest = parts
+    parent = rest[0] if rest else ""
+    if not _SHARD.match(shard_id) or (rest and (kind != "S" or not _SHARD.match(parent))):
         raise bad("bad shard id")
     if kind in ("S", "A"):
         if not _SEQ.match(seq):
             raise bad("bad sequence number")
     elif kind != "T" or seq:
         raise bad(f"unknown position kind {kind!r}")
-    return Position(shard_id, kind, seq)  # type: ignore[arg-type]
+    return Position(shard_id, kind, seq, parent)  # type: ignore[arg-type]
 
 
 def padded(sequence_number: str) -> str:

@@ -22,7 +22,7 @@ Open with ``open_tunnel_service("dynamodb-streams://?checkpoint_table=...&region
 Who calls what: the driver's planning process calls the tunnel, checkpoint and progress methods;
 each executor opens its own instance inside ``read()`` and calls ``read_records`` (one
 ``GetItem`` on the checkpoint table, one ``GetShardIterator`` and one or more ``GetRecords``
-per call; a shard not read before also costs one ``DescribeStream`` to check its parent).
+per call; the first read of a child shard also one ``GetItem`` to check its parent).
 """
 
 from __future__ import annotations
@@ -199,6 +199,10 @@ class DynamoDbStreamsTunnelService(TunnelService):
                 return ChannelStatus.WAIT
         return ChannelStatus.OPEN
 
+    @staticmethod
+    def _start(shard: Shard) -> str:
+        return codec.start_token(shard.shard_id, shard.starting_sequence_number, shard.parent_id)
+
     def _tunnel(self, tunnel_id: str) -> TunnelInfo:
         info = self.checkpoints.tunnel_by_id(tunnel_id)
         if info is None:
@@ -245,7 +249,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
 
     def _tip(self, table: str, shard: Shard) -> str:
         """The token after the shard's newest record now (its start when it has none)."""
-        token = codec.start_token(shard.shard_id, shard.starting_sequence_number)
+        token = self._start(shard)
         while True:
             result = self._read(table, shard.shard_id, "", token, MAX_PAGE)
             if not result.records:
@@ -305,7 +309,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
         if stored is not None:
             return stored
         shard = self._shard(tunnel.table_name, channel_id, tunnel_id)
-        return Checkpoint(codec.start_token(channel_id, shard.starting_sequence_number), 0)
+        return Checkpoint(self._start(shard), 0)
 
     def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
         """Push a checkpoint (driver, the source's commit). Checks: the token is this shard's;
@@ -349,7 +353,9 @@ class DynamoDbStreamsTunnelService(TunnelService):
     def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
         """Read up to ``limit`` records after ``token`` (executor). Never waits for new data.
 
-        A shard not read before (a start token) is checked for WAIT; a shard no longer listed
+        A child shard not read before (a start token naming its parent) is checked for WAIT:
+        one ``GetItem`` (plus a ``DescribeStream`` only when the parent is not finished for this
+        tunnel, to see whether it aged out); a shard no longer listed
         whose position is not FINISHED lost its remaining records to retention
         (``TrimmedDataError`` with ``resume_token`` FINISHED)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
@@ -358,12 +364,12 @@ class DynamoDbStreamsTunnelService(TunnelService):
         if token == FINISHED:
             return ReadResult([], FINISHED, False)
         pos = self._own_position(tunnel, channel_id, token)
-        if pos.kind == "S":  # first read of this shard: its parent must be finished
-            shard = self._shard(tunnel.table_name, channel_id, tunnel_id)
-            shards = self._shards[tunnel.table_name]
-            if shard.parent_id and shard.parent_id in shards:
-                parent = self.checkpoints.checkpoint(tunnel_id, shard.parent_id)
-                if parent is None or not parent.finished:
+        if pos.kind == "S" and pos.parent_id:  # first read of a child: is its parent done?
+            parent = self.checkpoints.checkpoint(tunnel_id, pos.parent_id)
+            if parent is None or not parent.finished:
+                # not finished for this tunnel: readable only if the parent aged out
+                shards = self._refresh_shards(tunnel.table_name)
+                if pos.parent_id in shards:
                     raise ChannelNotReadableError(channel_id=channel_id, tunnel_id=tunnel_id,
                                                   status=ChannelStatus.WAIT.value)
         result = self._read(tunnel.table_name, channel_id, tunnel_id, token, limit)
@@ -465,6 +471,39 @@ class DynamoDbStreamsTunnelService(TunnelService):
         self._quiet = (key, time.monotonic() + self.config.poll_interval_ms / 1000)
         return False
 
+    def head_sequences(self, tunnel_id: str) -> dict[str, str]:
+        """Per shard, the ``Record.sequence`` of its newest record now ("" when none is held
+        after the tunnel's pushed position). Driver, ``prepareForTriggerAvailableNow``.
+
+        Streams cannot say where a shard ends without reading it, so this reads every shard not
+        TERMINATED from the tunnel's pushed checkpoint to its tip, once per AvailableNow run."""
+        tunnel = self._tunnel(tunnel_id)
+        shards = self._refresh_shards(tunnel.table_name)
+        stored, _ = self.checkpoints.checkpoints(tunnel_id)
+        out: dict[str, str] = {}
+        for shard in shards.values():
+            sid = shard.shard_id
+            cp = stored.get(sid)
+            if cp is not None and cp.finished:
+                out[sid] = ""
+                continue
+            token = cp.token if cp is not None else self._start(shard)
+            pos = codec.parse_token(token, sid)
+            newest = codec.padded(pos.sequence_number) if pos.kind == "A" else ""
+            while token != FINISHED:
+                try:
+                    result = self._read(tunnel.table_name, sid, tunnel_id, token, MAX_PAGE)
+                except TrimmedDataError as lost:
+                    token = lost.resume_token
+                    continue
+                if result.records:
+                    newest = result.records[-1].sequence
+                token = result.next_token
+                if not result.records:
+                    break
+            out[sid] = newest
+        return out
+
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
         """Per shard not TERMINATED: the age of its oldest unread record (0.0 when caught up);
         ``records_behind`` is unknown (None): Streams cannot count without reading. Position =
@@ -480,7 +519,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
                 continue
             sid = shard.shard_id
             token = positions.get(sid) or (stored[sid].token if sid in stored else
-                                           codec.start_token(sid, shard.starting_sequence_number))
+                                           self._start(shard))
             age: float | None = 0.0
             if token != FINISHED:
                 try:
