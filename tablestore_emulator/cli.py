@@ -47,6 +47,10 @@ def emulator_command(
 ) -> None:
     """Serve a local Tablestore emulator (table API, and tunnel API when available)."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for name in ("tablestore.encoder", "tablestore.decoder"):  # "native codec not available"
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if not store.parent.is_dir():
+        fail(f"--store: directory {store.parent} does not exist")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if not 1 <= channels <= 1024:
