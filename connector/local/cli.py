@@ -2,7 +2,10 @@
 
 Mounted by ``connector/cli.py``. STORE is a filesystem path to the SQLite file; only
 ``create-table`` creates it. Bad input ends with a one-line ``error: ...`` on stderr and exit
-code 2 (no traceback): every ``CdcError`` is reported that way.
+code 2 (no traceback): every ``CdcError`` is reported that way. A file that is not a local
+store (another SQLite database such as a meta store, or not a database at all) is refused
+before anything opens it, so no command ever writes into someone else's file; the read-only
+commands (``tables``, ``channels``, ``tunnels``) never write at all.
 
 Examples::
 
@@ -18,6 +21,8 @@ import base64
 import datetime as dt
 import json
 import random
+import re
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from connector.cli_errors import fail, reported_errors
+from connector.local import store as store_module
 from connector.local.store import COLUMN_TYPES, LocalTablestore, WriteOp
 from connector.tunnel.base import ChannelStatus, TableSchema
 
@@ -43,16 +49,60 @@ StoreArg = Annotated[Path, typer.Argument(help="Path of the store's SQLite file.
 TableArg = Annotated[str, typer.Argument(help="Table name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
+#: the tables a local store holds (from the store's own schema); a file with none is foreign
+STORE_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", store_module._SCHEMA))
+SQLITE_HEADER = b"SQLite format 3\x00"
+
 #: Writes at or above this count show a progress bar (on a terminal).
 PROGRESS_THRESHOLD = 2000
 
 
+def _sqlite_tables(path: Path) -> set[str] | None:
+    """The table names of the SQLite file at ``path``, read without writing a byte (a
+    read-only connection); ``None`` when it is not an SQLite database."""
+    with open(path, "rb") as f:
+        if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+            return None
+    # immutable=1 creates no -wal/-shm files; a schema still only in the WAL needs mode=ro
+    wal = Path(f"{path}-wal")
+    modes = ["immutable=1"] + (["mode=ro"] if wal.exists() and wal.stat().st_size else [])
+    tables: set[str] = set()
+    for mode in modes:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True)
+        try:
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError:
+            return None
+        finally:
+            conn.close()
+        if tables:
+            break
+    return tables
+
+
+def _check_store_file(store: Path) -> None:
+    """Refuse (one line, exit 2) an existing non-empty file that is not a local store."""
+    try:
+        tables = _sqlite_tables(store)
+    except OSError as exc:
+        fail(f"cannot read {store}: {exc.strerror or exc}")
+    if tables is None:
+        fail(f"{store} is not a local store: not an SQLite database")
+    if tables and not tables & STORE_TABLES:
+        shown = ", ".join(sorted(tables)[:4]) + (", ..." if len(tables) > 4 else "")
+        fail(f"{store} is not a local store: an SQLite database of something else "
+             f"(tables {shown}); pass the store file, not the meta store or another database")
+
+
 def _open(store: Path) -> LocalTablestore:
-    if not store.is_file():
+    """Open an existing store; a missing file or a file that is not a store is refused."""
+    if not store.is_file() or store.stat().st_size == 0:
         fail(
             f"no local store at {store}; create it with "
             f"`tablestore-cdc local create-table {store} TABLE --pk id:INTEGER`"
         )
+    _check_store_file(store)
     return LocalTablestore(store, create=False)
 
 
@@ -117,6 +167,8 @@ def create_table(
 ) -> None:
     """Create TABLE in STORE (the file is created if missing)."""
     keys, cols = _parse_specs("--pk", pk), _parse_specs("--col", col or [])
+    if store.is_file() and store.stat().st_size > 0:
+        _check_store_file(store)
     with reported_errors():
         store.parent.mkdir(parents=True, exist_ok=True)
         with LocalTablestore(store) as s:
