@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -55,18 +56,18 @@ def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, StreamsFake]]:
         fake.uninstall()
 
 
-def write_changes(ddb: object, start: int, n: int) -> None:
+def write_changes(ddb: Any, start: int, n: int) -> None:
     """PUT / UPDATE / DELETE over ``KEYS`` keys through boto3 (moto's DynamoDB)."""
     for i in range(start, start + n):
         key = {"id": {"S": f"k{i % KEYS:03d}"}}
         if i % 7 == 3:
-            ddb.delete_item(TableName="t", Key=key)  # type: ignore[attr-defined]
+            ddb.delete_item(TableName="t", Key=key)
         elif i % 3 == 1:
-            ddb.update_item(TableName="t", Key=key,  # type: ignore[attr-defined]
+            ddb.update_item(TableName="t", Key=key,
                             UpdateExpression="SET qty = :q",
                             ExpressionAttributeValues={":q": {"N": str(i)}})
         else:
-            ddb.put_item(TableName="t", Item={**key, "name": {"S": f"n{i}"},  # type: ignore[attr-defined]
+            ddb.put_item(TableName="t", Item={**key, "name": {"S": f"n{i}"},
                                               "qty": {"N": str(i)}})
 
 
@@ -78,10 +79,7 @@ def reshape(fake: StreamsFake, step: int) -> None:
     fake.split("t", open_now[(step + 1) % len(open_now)])
 
 
-def test_sigkill_and_restart_with_rolling_and_splitting_shards(
-    tmp_path: Path, moto: tuple[str, StreamsFake]
-) -> None:
-    url, fake = moto
+def create_table(url: str, fake: StreamsFake, shards: int) -> Any:
     ddb = boto3.client("dynamodb", endpoint_url=url, region_name=REGION)
     ddb.create_table(
         TableName="t", BillingMode="PAY_PER_REQUEST",
@@ -89,17 +87,40 @@ def test_sigkill_and_restart_with_rolling_and_splitting_shards(
         AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
         StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
     )
-    fake.attach("t", 3)
+    fake.attach("t", shards)
+    return ddb
+
+
+def runner_args(tmp_path: Path, url: str, sink: ExactlyOnceParquetSink) -> list[str]:
+    endpoint = (f"dynamodb-streams://t?checkpoint_table=cdc-tunnels&region={REGION}"
+                f"&endpoint_url={url}&create_table=true")
+    return ["--endpoint", endpoint, "--table", "t", "--tunnel", "q",
+            "--meta-store", f"sqlite://{tmp_path / 'meta.db'}",
+            "--checkpoint", str(tmp_path / "ckpt"), "--sink", str(sink.path),
+            "--stop-file", str(tmp_path / "stop"), "--option", "maxOffsetsPerChannel=40"]
+
+
+def check_exactly_once(ddb: Any, fake: StreamsFake, sink: ExactlyOnceParquetSink) -> None:
+    """The sink against every record the stream holds and against a Scan of the table."""
+    change_log = [codec.decode_record(raw, sid, "") for sid, raw in fake.held("t")]
+    items = ddb.scan(TableName="t", ConsistentRead=True)["Items"]
+    rows = [({"id": i["id"]["S"]}, codec.decode_item(i, skip=frozenset({"id"})) or {})
+            for i in items]
+    result = verify(change_log, sink.deliveries(["id"]), rows_by_key(rows))
+    print(result.summary(), file=sys.stderr)
+    assert result.ok, f"{result.summary()} {result.examples}"
+
+
+def test_sigkill_and_restart_with_rolling_and_splitting_shards(
+    tmp_path: Path, moto: tuple[str, StreamsFake]
+) -> None:
+    url, fake = moto
+    ddb = create_table(url, fake, 3)
     write_changes(ddb, 0, 300)
     faults = tmp_path / "faults"
     faults.mkdir()
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
-    endpoint = (f"dynamodb-streams://t?checkpoint_table=cdc-tunnels&region={REGION}"
-                f"&endpoint_url={url}&create_table=true")
-    args = ["--endpoint", endpoint, "--table", "t", "--tunnel", "q",
-            "--meta-store", f"sqlite://{tmp_path / 'meta.db'}",
-            "--checkpoint", str(tmp_path / "ckpt"), "--sink", str(sink.path),
-            "--stop-file", str(tmp_path / "stop"), "--option", "maxOffsetsPerChannel=40"]
+    args = runner_args(tmp_path, url, sink)
     env = {FAULT_DIR_ENV: str(faults), **AWS_ENV}
     log = tmp_path / "runner.log"
 
@@ -131,15 +152,29 @@ def test_sigkill_and_restart_with_rolling_and_splitting_shards(
     finally:
         kill_tree(runner.pid)
 
-    change_log = [codec.decode_record(raw, sid, "") for sid, raw in fake.held("t")]
-    items = ddb.scan(TableName="t", ConsistentRead=True)["Items"]
-    rows = [({"id": i["id"]["S"]}, codec.decode_item(i, skip=frozenset({"id"})) or {})
-            for i in items]
-    result = verify(change_log, sink.deliveries(["id"]), rows_by_key(rows))
-    print(result.summary(), file=sys.stderr)
-    assert result.ok, f"{result.summary()} {result.examples}"
+    check_exactly_once(ddb, fake, sink)
     shards = fake.tables["t"]
     assert sum(s.end_seq is not None for s in shards) >= 6  # rolled over and split
     assert len({d.channel_id for d in sink.deliveries(["id"])}) >= 8
     replays = sink.replays()
     assert replays and all(r["identical"] for r in replays), replays
+
+
+def test_available_now_reads_to_the_heads_and_stops(
+    tmp_path: Path, moto: tuple[str, StreamsFake]
+) -> None:
+    """Trigger.AvailableNow: the run reads every shard up to its newest record at the start,
+    through closed parents into their children, and stops by itself."""
+    url, fake = moto
+    ddb = create_table(url, fake, 2)
+    write_changes(ddb, 0, 150)
+    reshape(fake, 0)
+    write_changes(ddb, 150, 100)
+    sink = ExactlyOnceParquetSink(tmp_path / "sink")
+    log = tmp_path / "runner.log"
+    runner = start_runner([*runner_args(tmp_path, url, sink), "--available-now"], log, AWS_ENV)
+    try:
+        assert runner.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_tree(runner.pid)
+    check_exactly_once(ddb, fake, sink)
