@@ -20,6 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 import boto3
+import pyarrow as pa
 import pytest
 import requests
 from moto.server import ThreadedMotoServer
@@ -44,6 +45,7 @@ from connector.tunnel.base import (
 )
 from connector.tunnel.dynamodb_streams import codec
 from connector.tunnel.dynamodb_streams.service import DynamoDbStreamsTunnelService
+from connector.tunnel.page import PageLayout
 from tests.contract.tunnel_contract import TunnelContract, consume, per_key, read_all
 from tests.dynamodb_streams_fake import StreamsFake
 
@@ -433,6 +435,32 @@ def test_numbers_as_decimal(moto_url: str, streams_fake: StreamsFake) -> None:
                                         "big": {"N": "12345678901234567890.123456789"}})
     (put,) = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)[0]
     assert put.columns["big"] == Decimal("12345678901234567890.123456789")
+
+
+@pytest.mark.parametrize("numbers", ["double", "decimal"])
+def test_pages_fit_numbers_to_the_declared_columns(
+    moto_url: str, streams_fake: StreamsFake, numbers: str
+) -> None:
+    """The executor's page path: a number lands as the declared column's type (double or
+    decimal), and numbers in ``_before`` / ``_extra`` are JSON numbers in either mode."""
+    h = StreamsHarness(moto_url, streams_fake, extra=f"&numbers={numbers}")
+    h.create_table("t", 1)
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (root,) = h.fake.open_shards("t")
+    h.ddb.put_item(TableName="t", Item={"id": {"S": "a"}, "price": {"N": "0.1"},
+                                        "qty": {"N": "3"}, "w": {"N": "2.5"}})
+    h.ddb.put_item(TableName="t", Item={"id": {"S": "a"}, "price": {"N": "0.2"},
+                                        "qty": {"N": "4"}, "w": {"N": "7"}})
+    layout = PageLayout((("id", pa.string()), ("price", pa.decimal128(38, 9)),
+                         ("qty", pa.int64()), ("w", pa.float64())))
+    page = h.service.read_page(tid, root, h.service.get_checkpoint(tid, root).token, 10, layout)
+    rows = page.batch.to_pylist()
+    assert [r["price"] for r in rows] == [Decimal("0.1"), Decimal("0.2")]
+    assert [r["qty"] for r in rows] == [3, 4] and [r["w"] for r in rows] == [2.5, 7.0]
+    assert json.loads(rows[1]["_before"]) == {"price": 0.1, "qty": 3, "w": 2.5}
+    bare = PageLayout((("id", pa.string()),))
+    page = h.service.read_page(tid, root, h.service.get_checkpoint(tid, root).token, 1, bare)
+    assert json.loads(page.batch.to_pylist()[0]["_extra"]) == {"price": 0.1, "qty": 3, "w": 2.5}
 
 
 def test_key_schema_from_describe_table(tunnel_harness: StreamsHarness) -> None:

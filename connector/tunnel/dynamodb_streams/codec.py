@@ -29,11 +29,13 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
+
+import pyarrow as pa
 
 from connector.errors import MalformedRecordError, MalformedTokenError
 from connector.tunnel.base import Op, Record
@@ -256,6 +258,42 @@ def decode_record(raw: Mapping[str, Any], shard_id: str, token: str,
     return Record(op, keys, columns, before, padded(seq), commit_ts_us, shard_id)
 
 
+# --- fitting records to a page layout (executor) ------------------------------------------------
+
+
+def fit_records(records: Sequence[Record], columns: Sequence[tuple[str, pa.DataType]],
+                mode: NumberMode) -> Sequence[Record]:
+    """Numbers shaped for the page's columns (``TunnelService.read_page``, executor).
+
+    A number bound for a ``double`` column becomes a float, one for a ``decimal`` column a
+    ``Decimal``; numbers that end up in JSON text (``_before``, ``_extra``) become JSON numbers
+    (integers stay exact). With ``numbers=double`` and no decimal column nothing changes.
+    """
+    floats = {n for n, t in columns if pa.types.is_floating(t)}
+    decimals = {n for n, t in columns if pa.types.is_decimal(t)}
+    if mode == "double" and not decimals:
+        return records
+
+    def fit(values: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(values)
+        for k, v in values.items():
+            if isinstance(v, Decimal):
+                out[k] = float(v) if k in floats else v if k in decimals \
+                    else _json_number(str(v))
+            elif isinstance(v, float) and k in decimals:
+                out[k] = Decimal(repr(v))
+        return out
+
+    def for_json(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if values is None:
+            return None
+        return {k: _json_number(str(v)) if isinstance(v, Decimal) else v
+                for k, v in values.items()}
+
+    return [replace(r, primary_key=fit(r.primary_key), columns=fit(r.columns),
+                    before=for_json(r.before)) for r in records]
+
+
 __all__ = [
     "SEQUENCE_DIGITS",
     "NumberMode",
@@ -264,6 +302,7 @@ __all__ = [
     "decode_item",
     "decode_record",
     "decode_value",
+    "fit_records",
     "horizon_token",
     "padded",
     "parse_token",

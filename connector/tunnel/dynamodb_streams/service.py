@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.errors import (
     ChannelNotReadableError,
@@ -65,6 +65,9 @@ from connector.tunnel.base import (
 from connector.tunnel.dynamodb_streams import codec
 from connector.tunnel.dynamodb_streams.aws import AwsError, call, clients, parse_uri
 from connector.tunnel.dynamodb_streams.checkpoints import CheckpointTable
+
+if TYPE_CHECKING:
+    from connector.tunnel.page import Page, PageLayout
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +379,16 @@ class DynamoDbStreamsTunnelService(TunnelService):
         if result.next_token == FINISHED:
             self.checkpoints.mark_end(tunnel_id, channel_id)
         return result
+
+    def read_page(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+                  layout: PageLayout) -> Page:
+        """``read_records`` as one columnar page (executor, ``connector.reader``), with numbers
+        shaped for the layout's column types (``codec.fit_records``)."""
+        from connector.tunnel.page import Page, records_to_page
+
+        result = self.read_records(tunnel_id, channel_id, token, limit)
+        records = codec.fit_records(result.records, layout.columns, self._numbers)
+        return Page(records_to_page(records, layout), result.next_token, result.may_more)
 
     def _read(self, table: str, shard_id: str, tunnel_id: str, token: str,
               limit: int) -> ReadResult:
