@@ -206,8 +206,9 @@ class Transport:
                 last = exc
             if time.monotonic() + delay > deadline:
                 raise Unavailable(f"{path}: {last} (gave up after {attempt} attempt(s))")
-            log.info("%s %s failed (attempt %d): %s; retrying in %.2f s", self.endpoint, path,
-                     attempt, last, delay)
+            # WARNING: an outage is worth seeing, and executors' Python workers show only that
+            log.warning("%s %s failed (attempt %d): %s; retrying in %.2f s", self.endpoint,
+                        path, attempt, last, delay)
             time.sleep(delay + random.uniform(0, delay / 4))
             delay = min(delay * 2, BACKOFF_MAX_S)
 
