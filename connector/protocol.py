@@ -329,8 +329,8 @@ class StreamProtocol:
         # Spark asks for a new batch only once the batch ending at `start` is in its commit
         # log: catch up a commit lost in a crash before anything else.
         self._commit_through(start_uuid)
-        self._start_batch(start_uuid)
-        # Spark's checkpoint is behind the meta table: replay the stored chain exactly
+        # Spark's checkpoint is behind the meta table: replay the stored chain exactly (this
+        # works even when retention took `start` itself; positions_after refuses otherwise)
         successor = self._planned_successor(start_uuid)
         if successor is not None:
             log.info("batch %s was planned after %s before (Spark's checkpoint is behind the "

@@ -216,6 +216,10 @@ def test_a_checkpoint_restored_beyond_retention_is_refused(store):
         StreamProtocol(options(store)).latest_offset(offsets[1], None)
     assert caught.value.uuid == offsets[1]["uuid"]
     assert "metaRetentionBatches" in str(caught.value)
+    # retention took the resume point but not the batch after it: that one still replays
+    restarted = StreamProtocol(options(store))
+    assert restarted.meta.find_batch(restarted.namespace, offsets[4]["uuid"]) is None
+    assert restarted.latest_offset(offsets[4], None) == offsets[5]
 
 
 # --- 3. one failed write of the generation marker -----------------------------------------------
