@@ -293,7 +293,11 @@ def test_uri_errors_never_show_secrets() -> None:
 def test_corrupted_record_in_a_page_is_a_typed_error() -> None:
     from connector.tunnel.tablestore.plainbuffer import Row, SequenceInfo, encode_row
 
-    good = encode_row(Row((("id", "a"),), (), False, SequenceInfo(0, 5, 1)))
+    good = encode_row(Row((("id", "a"),), (), False, SequenceInfo(0, 1_700_000_000_000_000, 1)))
+    assert decode_page([m.Record(action_type=m.ACTION_PUT_ROW, record=good)], "c", "t", None)
+    millis = encode_row(Row((("id", "a"),), (), False, SequenceInfo(0, 1_700_000_000_000, 1)))
+    with pytest.raises(MalformedRecordError, match="microseconds"):
+        decode_page([m.Record(action_type=m.ACTION_PUT_ROW, record=millis)], "c", "t", None)
     for bad in (good[:-1], good[:10], good[:-1] + bytes([good[-1] ^ 1])):
         rec = m.Record(action_type=m.ACTION_PUT_ROW, record=bad)
         with pytest.raises(MalformedRecordError) as exc:

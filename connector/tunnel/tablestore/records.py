@@ -11,7 +11,8 @@ one ``ReadRecordsResponse`` into ``connector.tunnel.base.Record`` objects:
   ``"!"`` + its position in the channel as 16 hex digits when the token tells the position,
   else ``"!"`` + an order-preserving encoding of its primary key (a base channel is a key-order
   scan). ``"!"`` sorts before every hex digit, so base records sort before the stream.
-- ``commit_ts_us``: the sequence timestamp (microseconds); for a base record the newest cell
+- ``commit_ts_us``: the sequence timestamp, taken as microseconds (an assumption: a value
+  outside 2000..2200 read that way is refused as malformed); for a base record the newest cell
   timestamp (milliseconds, x1000), else 0.
 
 Anything that does not decode -- bad PlainBuffer, a record without a key, an unknown action, a
@@ -37,6 +38,9 @@ _ACTIONS = {
     m.ACTION_PUT_ROW: Op.PUT, m.ACTION_UPDATE_ROW: Op.UPDATE, m.ACTION_DELETE_ROW: Op.DELETE,
 }
 BASE_PREFIX = "!"
+
+#: plausible commit times in microseconds since the epoch: 2000-01-01 .. 2200-01-01
+_MIN_TS_US, _MAX_TS_US = 946_684_800_000_000, 7_258_118_400_000_000
 
 Decoded = tuple[Op, dict[str, Any], dict[str, Any], dict[str, Any] | None, str | None, int]
 
@@ -104,6 +108,13 @@ def decode_page(
         except (PlainBufferError, ValueError) as exc:
             raise MalformedRecordError(channel_id=channel_id, token=token,
                                        reason=f"record #{i}: {exc}") from None
+        if sequence is not None and not _MIN_TS_US <= ts <= _MAX_TS_US:
+            # the timestamp's unit is an assumption (microseconds): a wrong guess would give
+            # 1970 (milliseconds) or the far future (nanoseconds) -- refuse, do not mislabel
+            raise MalformedRecordError(
+                channel_id=channel_id, token=token,
+                reason=f"record #{i}: sequence timestamp {ts} is not microseconds since the "
+                "epoch between 2000 and 2200")
         if sequence is None:
             if base_offset is not None:
                 sequence = f"{BASE_PREFIX}{base_offset + i + 1:016x}"
