@@ -23,6 +23,8 @@ app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    # plain help: typer's rich help shows every flag as "--json <bool>" with this click
+    rich_markup_mode=None,
 )
 app.add_typer(local_app, name="local")
 app.add_typer(meta_app, name="meta")

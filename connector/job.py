@@ -50,6 +50,7 @@ class Pipeline:
     state: Any
     changelog_dir: Path
     delivered_by_batch: dict[int, int] = field(default_factory=dict)
+    listener: Any = None  # the ProgressListener attached by start_pipeline
 
     def poll(self) -> tuple[int, int]:
         """(changes delivered to the change log, batches) from the query's progress."""
@@ -83,6 +84,9 @@ def start_pipeline(spark: Any, store_path: Path, table: str, tunnel: str, out: P
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     changes = reader.load()
+    listener = _attach_listener(spark, {"endpoint": f"local://{store_path.resolve()}",
+                                        "table.name": table, "tunnel.name": tunnel,
+                                        **(options or {})})
     with LocalTablestore(store_path) as store:
         key_columns = [c.name for c in store.table_schema(table).primary_key]
     changelog_dir = out / "changelog"
@@ -97,7 +101,19 @@ def start_pipeline(spark: Any, store_path: Path, table: str, tunnel: str, out: P
                    .foreachBatch(lambda df, _: state.apply(r.asDict() for r in df.collect()))
                    .option("checkpointLocation", str(out / "_checkpoints" / "state"))
                    .trigger(**trigger).start())
-    return Pipeline(changelog, state_query, state, changelog_dir)
+    return Pipeline(changelog, state_query, state, changelog_dir, listener=listener)
+
+
+def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
+    """A ``ProgressListener`` for this source on ``spark`` (driver), so the dashboard, ``meta
+    show`` and ``progress`` know Spark's batch ids and rates and see the query stop."""
+    from connector.listener import ProgressListener
+    from connector.options import SourceOptions
+
+    options = SourceOptions.from_spark(source_options)
+    listener = ProgressListener(options.meta_store, namespaces={options.source_identity})
+    spark.streams.addListener(listener)
+    return listener
 
 
 # --- demo -------------------------------------------------------------------------------------

@@ -13,6 +13,13 @@ and processed rows/s, batch duration, query id — keyed by the batch's end UUID
 every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join it to the
 batch with that UUID.
 
+It also records whether the query is alive, for the dashboard's stale/stopped state: every
+progress report marks the namespace ``running``, ``onQueryIdle`` (Spark's no-data heartbeat)
+refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's exception
+(``meta_store.feed.record_query_status``). ``namespaces`` limits the listener to the sources it
+was made for (``connector.job`` passes its own), so a listener left on a shared session never
+writes another query's progress into its store.
+
 A listener failure never breaks the query: every callback catches everything, logs one warning
 and counts it in ``errors``. Pass the same meta-store URI the query uses (``meta.store``, or for
 a local endpoint its default ``sqlite:///<store>.meta.db``).
@@ -25,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -108,12 +115,14 @@ class ProgressListener(StreamingQueryListener):
     ``close()`` releases it.
     """
 
-    def __init__(self, meta_uri: str) -> None:
+    def __init__(self, meta_uri: str, namespaces: Iterable[str] | None = None) -> None:
         self.meta_uri = meta_uri
+        self.namespaces = None if namespaces is None else frozenset(namespaces)
         self.errors = 0
         self.recorded = 0
         self._store: Any = None
         self._lock = threading.Lock()
+        self._by_query: dict[str, set[str]] = {}  # query id -> namespaces seen in its progress
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's API names
         pass
@@ -127,25 +136,52 @@ class ProgressListener(StreamingQueryListener):
                         self.meta_uri, exc)
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-        pass
+        self._status(event, "running", None)
 
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-        pass
+        self._status(event, "stopped", getattr(event, "exception", None))
+
+    def _status(self, event: Any, status: str, reason: str | None) -> None:
+        """Record ``status`` for the namespaces of the query the event is about."""
+        from meta_store.feed import record_query_status
+
+        try:
+            query_id = str(getattr(event, "id", ""))
+            namespaces = self._by_query.get(query_id, set())
+            if not namespaces:
+                return  # not one of ours, or it never reported progress
+            with self._lock:
+                store = self._open()
+                for namespace in sorted(namespaces):
+                    record_query_status(store, namespace, status, query_id=query_id,
+                                        reason=reason)
+        except Exception as exc:  # a listener must never break the query
+            self.errors += 1
+            log.warning("progress listener could not record that the query is %s in %s: %s",
+                        status, self.meta_uri, exc)
+
+    def _open(self) -> Any:
+        from meta_store import open_meta_store
+
+        if self._store is None:
+            self._store = open_meta_store(self.meta_uri)
+        return self._store
 
     def record(self, progress: Any) -> int:
         """Store the entries of one progress report (a ``StreamingQueryProgress`` or a
         ``lastProgress`` dict); returns how many were stored. Raises on failure."""
-        from meta_store import open_meta_store
         from meta_store.feed import record_query_progress
 
-        entries = progress_entries(progress)
+        entries = [(ns, e) for ns, e in progress_entries(progress)
+                   if self.namespaces is None or ns in self.namespaces]
         if not entries:
             return 0
         with self._lock:
-            if self._store is None:
-                self._store = open_meta_store(self.meta_uri)
+            store = self._open()
             for namespace, entry in entries:
-                record_query_progress(self._store, namespace, entry)
+                record_query_progress(store, namespace, entry)
+                if entry.get("query_id"):
+                    self._by_query.setdefault(str(entry["query_id"]), set()).add(namespace)
             self.recorded += len(entries)
         return len(entries)
 

@@ -4,8 +4,10 @@ A Spark driver process (``QUERY_SCRIPT``: the tablestore source, an exactly-once
 a ``ProgressListener``) reads a local store while this test writes to it; the dashboard server runs
 in a thread of the test process; Playwright drives the system Chromium (``/usr/bin/chromium``;
 ``playwright install`` is never needed). The page must load, show the channels, update as batches
-arrive (batch count, the split's children, consumed rows, Spark's own rows/s), and show children
-waiting for their parent with the lag once the query stops.
+arrive (batch count, the split's children, consumed rows, Spark's own rows/s, a throughput
+figure whose caption names the rows and seconds it divides), and once the query stops: a
+"stopped" state with the age of the last commit (not "live"), children waiting for their parent
+and the lag.
 
 Set ``TABLESTORE_CDC_SCREENSHOT=/path.png`` to keep a screenshot of the final page (that is how
 docs/dashboard.png is made).
@@ -64,6 +66,15 @@ while query.isActive and not Path(stop).exists():
     time.sleep(0.2)
 query.stop()
 error = query.exception()
+# onQueryTerminated reaches the listener asynchronously: let it record the stop first
+from meta_store import open_meta_store
+from meta_store.feed import load_query_status, user_namespaces
+deadline = time.monotonic() + 20
+with open_meta_store(f"sqlite://{meta}") as m:
+    while time.monotonic() < deadline and not any(
+            (load_query_status(m, ns) or {}).get("status") == "stopped"
+            for ns in user_namespaces(m)):
+        time.sleep(0.2)
 spark.stop()
 sys.exit(1 if error else 0)
 """
@@ -155,6 +166,14 @@ def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None
             "document.getElementById('spark-rate').textContent.includes('processed/s')",
             timeout=30_000)  # the ProgressListener's numbers reached the page
         assert page.locator("#throughput-chart rect.bar").count() >= 2
+        # the throughput figure is the caption's rows divided by the caption's seconds
+        figure = page.locator("#rows-per-second").inner_text()
+        caption = page.locator("#window").inner_text()
+        rate = float(figure.split()[0].replace(",", ""))
+        rows_text, _, rest = caption.partition(" rows / ")
+        seconds = float(rest.split()[0].replace(",", ""))
+        assert rate == pytest.approx(float(rows_text.replace(",", "")) / seconds, rel=0.02,
+                                     abs=0.1), (figure, caption)
         assert page.locator("#batches tbody tr").count() >= 3
 
         # stop the query; new writes are lag, a split leaves children waiting for a parent
@@ -170,6 +189,14 @@ def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None
                    && row.textContent.includes(parent); })
                && document.getElementById('total-lag').textContent === '7'""",
             arg=[list(waiting), second], timeout=30_000)
+        # stopped, not live: the state, the age of the last commit, the frozen figures
+        page.wait_for_function("document.body.dataset.queryState === 'stopped'",
+                               timeout=30_000)
+        status = page.locator("#status-text").inner_text()
+        assert "query stopped" in status and "last commit" in status, status
+        assert "live" not in status
+        assert "when last running" in page.locator("#window").inner_text()
+        assert "nobody is reading" in page.locator("#lag-sub").inner_text()
         tree_text = page.locator(f'#tree li[data-channel="{waiting[0]}"]').inner_text()
         assert f"waiting for {second}" in tree_text
         assert page_errors == []

@@ -38,10 +38,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from connector.cli_errors import reported_errors
+from connector.cli_errors import fail, reported_errors
 from meta_store import BatchRecord, BatchState, MetaStore
 from meta_store.feed import (
     FEED_SCHEMA_VERSION,
+    InspectedStore,
     batch_record,
     channel_tree,
     channel_view,
@@ -78,13 +79,35 @@ EndpointOpt = Annotated[str | None, typer.Option(
 
 
 @contextmanager
-def _store(meta: str) -> Iterator[MetaStore]:
+def _store(meta: str) -> Iterator[Any]:
+    """The store, read so that a corrupt row is skipped and named (``InspectedStore``): each
+    one gets a ``warning: ...`` line on stderr when the command ends, whatever its outcome."""
     with reported_errors():
-        store = open_existing_meta_store(meta)
+        store = InspectedStore(open_existing_meta_store(meta))
         try:
             yield store
         finally:
-            store.close()
+            _warn_corrupt(store)
+            store.store.close()
+
+
+def _warn_corrupt(store: InspectedStore) -> None:
+    for record in store.corrupt_records():
+        reason = record["reason"]
+        if reason.startswith("the info record"):
+            typer.echo(f"warning: {reason}", err=True)
+        else:
+            typer.echo(f"warning: meta store {store.uri}: record {record['key']!r} is corrupt "
+                       f"or foreign ({reason}); shown as corrupt, skipped", err=True)
+
+
+def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
+    """Keys of corrupt batch rows of ``namespace`` noted so far, relative to the namespace
+    (``batch/<uuid>`` on SQLite, ``B#<uuid>`` on DynamoDB)."""
+    prefix = namespace + "/"
+    return [k.removeprefix(prefix) for k in sorted(store.corrupt)
+            if k.startswith(prefix) and ("/end/" not in k and "/E#" not in k)
+            and not k.endswith("/info")]
 
 
 def _console() -> Console:
@@ -120,12 +143,14 @@ def _clock(epochs: list[float | None]) -> tuple[str, str]:
 
 
 def _short(token: str | None, width: int = 24) -> str:
+    """A token cut to ``width``, keeping its end: tokens of one channel share a long head
+    (an encoded table and channel name) and differ at the tail."""
     if token is None:
         return "-"
-    return token if len(token) <= width else token[: width - 1] + "…"
+    return token if len(token) <= width else "…" + token[-(width - 1):]
 
 
-def _batch_summary(store: MetaStore, namespace: str, batch: BatchRecord,
+def _batch_summary(store: MetaStore | InspectedStore, namespace: str, batch: BatchRecord,
                    progress: dict[str, dict], index: int) -> dict[str, Any]:
     ends = store.get_end_checkpoints(namespace, batch.uuid)
     entry = progress.get(batch.uuid) or {}
@@ -171,31 +196,37 @@ def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
         if as_json:
             _print_json({"meta_uri": store.uri, "namespaces": rows})
             return
-        table = _table(f"namespaces in {store.uri}")
-        for col in ("namespace", "table", "tunnel", "tunnel id", "batches", "latest committed"):
-            table.add_column(col, overflow="fold", no_wrap=col != "namespace",
+        table = _table(f"namespaces in {store.uri}",
+                       "--json has the tunnel id and whole UUIDs" if rows else None)
+        for col in ("namespace", "table", "tunnel", "batches", "latest committed"):
+            # the namespace never wraps (it is what --namespace takes); the rest may fold
+            table.add_column(col, overflow="fold", no_wrap=col == "namespace",
                              justify="right" if col == "batches" else "left")
         for r in rows:
+            latest = r["latest_committed"]
             table.add_row(r["namespace"], r["table"] or "-", r["tunnel"] or "-",
-                          r["tunnel_id"] or "-", str(r["batches"]), r["latest_committed"] or "-")
+                          str(r["batches"]), latest[:8] + "…" if latest else "-")
         _console().print(table if rows else "no namespaces (no query has run against this store)")
 
 
 @app.command()
 def batches(
     meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
-    limit: Annotated[int | None, typer.Option(help="Only the newest N batches.")] = None,
+    limit: Annotated[int | None, typer.Option(min=0, help="Only the newest N batches.")] = None,
 ) -> None:
-    """Batches in chain order (oldest first; unused UUIDs last) with state, times, records."""
+    """Batches in chain order (oldest first; unused UUIDs last) with state, times, records.
+    A corrupt row is listed as corrupt (and named on stderr); the others are shown."""
     with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         all_batches = store.list_batches(ns)
         progress = load_query_progress(store, ns)
-        rows = [_batch_summary(store, ns, b, progress, i) for i, b in enumerate(all_batches)]
-        if limit is not None:
-            rows = rows[-limit:] if limit > 0 else []
+        every = [_batch_summary(store, ns, b, progress, i) for i, b in enumerate(all_batches)]
+        rows = every if limit is None else every[-limit:] if limit > 0 else []
+        corrupt = _corrupt_batches(store, ns)
         if as_json:
-            _print_json({"namespace": ns, "batches": rows})
+            _print_json({"namespace": ns, "batches": rows, "total_batches": len(every),
+                         "total_records": sum(r["records"] for r in every),
+                         "corrupt": store.corrupt_records()})
             return
         fmt, caption = _clock([r[k] for r in rows for k in ("planned_at", "committed_at")])
         table = _table(f"batches of {ns}", caption + "; --json has every field (pushed at, ...)")
@@ -216,10 +247,20 @@ def batches(
                 _time(r["planned_at"], fmt), _time(r["committed_at"], fmt),
                 str(r["channels"]), str(r["records"]), ", ".join(r["children_added"]) or "-",
             )
+        for key in corrupt:
+            table.add_row("?", key, "-", "[red]CORRUPT[/red]", "-", "-", "-", "-",
+                          "see the warning on stderr")
         console = _console()
         console.print(table)
-        console.print(f"{len(all_batches)} batch(es), "
-                      f"{sum(r['records'] for r in rows)} record(s) shown")
+        shown = sum(r["records"] for r in rows)
+        if len(rows) == len(every):
+            console.print(f"{len(every)} batch(es), {shown} record(s)")
+        else:
+            console.print(f"{len(rows)} of {len(every)} batch(es) shown, {shown} record(s) in "
+                          f"them (all {len(every)}: {sum(r['records'] for r in every)} "
+                          "record(s))")
+        if corrupt:
+            console.print(f"{len(corrupt)} corrupt batch row(s) not counted")
 
 
 @app.command()
@@ -255,9 +296,9 @@ def show(
         table = _table("channels", caption + "; --json shows whole tokens")
         table.add_column("channel", no_wrap=True)
         table.add_column("parents")
-        table.add_column("start token", max_width=16)
+        table.add_column("start token (tail)", no_wrap=True)
         table.add_column("start", justify="right", no_wrap=True)
-        table.add_column("end token", max_width=16)
+        table.add_column("end token (tail)", no_wrap=True)
         table.add_column("end", justify="right", no_wrap=True)
         table.add_column("records", justify="right", no_wrap=True)
         table.add_column("attempt")
@@ -266,9 +307,9 @@ def show(
             start, end = c["start"], c["end"]
             table.add_row(
                 c["channel_id"], ", ".join(c["parent_ids"]) or "-",
-                _short(start["token"], 16) if start else "-",
+                _short(start["token"], 14) if start else "-",
                 str(start["sequence_number"]) if start else "-",
-                _short(end["token"], 16) if end else "(not recorded)",
+                _short(end["token"], 14) if end else "(not recorded)",
                 str(end["sequence_number"]) if end else "-",
                 "-" if c["records"] is None else str(c["records"]),
                 c["attempt"] or "-", _time(c["written_at"], fmt),
@@ -297,9 +338,13 @@ def diff(
         for u in between or []:
             per_batch[u] = {ch: e.records for ch, e in store.get_end_checkpoints(ns, u).items()}
         channels: list[dict[str, Any]] = []
-        for ch in sorted(set(pos_a) | set(pos_b)):
+        # a channel may appear and finish strictly between A and B (a split child merged
+        # again): it is in neither position set, only in the batches between
+        in_between = {ch for r in per_batch.values() for ch in r}
+        for ch in sorted(set(pos_a) | set(pos_b) | in_between):
             pa, pb = pos_a.get(ch), pos_b.get(ch)
-            only = "from" if pb is None else "to" if pa is None else None
+            only = ("between" if pa is None and pb is None else "from" if pb is None
+                    else "to" if pa is None else None)
             channels.append({
                 "channel_id": ch, "only_in": only,
                 "from": pa, "to": pb,
@@ -326,7 +371,8 @@ def diff(
             table.add_column(col, justify="left" if col in ("channel", "note") else "right")
         for c in channels:
             note = {"from": "only in UUID1 (finished and dropped)",
-                    "to": "only in UUID2 (new channel)"}.get(c["only_in"] or "", "")
+                    "to": "only in UUID2 (new channel)",
+                    "between": "appeared and finished in between"}.get(c["only_in"] or "", "")
             if c["to"] and c["to"]["finished"] and not (c["from"] and c["from"]["finished"]):
                 note = (note + " finished").strip()
             table.add_row(
@@ -509,6 +555,8 @@ def export(
                                                 help="Write to FILE instead of stdout.")] = None,
 ) -> None:
     """The whole namespace as JSON: info, batches with manifests and end checkpoints."""
+    if output is not None and not output.parent.is_dir():
+        fail(f"cannot write {output}: directory {output.parent} does not exist")
     with _store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batches_out = []
@@ -526,7 +574,12 @@ def export(
             "batches": batches_out,
             "query_progress": sorted(load_query_progress(store, ns).values(),
                                      key=lambda e: e.get("batch_id") or -1),
+            # rows that did not decode (skipped above; their raw bytes stay in the store)
+            "corrupt": store.corrupt_records(),
         }
+        if document["corrupt"]:
+            typer.echo(f"{len(document['corrupt'])} corrupt record(s) skipped in the export: "
+                       + ", ".join(c["key"] for c in document["corrupt"]), err=True)
         if output is None:
             _print_json(document)
             return
@@ -556,6 +609,9 @@ def progress_command(
     """The progress feed as JSON lines: one record per batch (docs/progress-feed.md)."""
     with _store(meta) as store, reported_errors():
         try:
+            if follow and namespace is None and not user_namespaces(store):
+                typer.echo(f"waiting for a query to write to {store.uri} (Ctrl-C stops)…",
+                           err=True)
             for record in follow_feed(store, namespace, interval=interval, follow=follow,
                                       endpoint=endpoint, with_tunnel=not no_tunnel):
                 sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")

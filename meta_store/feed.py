@@ -34,8 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from connector.errors import CdcError, MetaStoreError, UnknownBatchError
+from connector.errors import (
+    CdcError,
+    CorruptMetaRecordError,
+    MetaStoreError,
+    MetaTableMissingError,
+    UnknownBatchError,
+)
 from meta_store import BatchRecord, BatchState, EndCheckpoint, MetaStore, open_meta_store
+from meta_store.base import chain_order
 
 #: Version of the feed's JSON shape; bumped only for a change that breaks a consumer (a field
 #: removed, renamed or changing meaning). Adding a field keeps the version (docs/progress-feed.md).
@@ -44,6 +51,8 @@ FEED_SCHEMA_VERSION = 1
 QUERY_PROGRESS_PREFIX = "query-progress#"
 #: Query-progress entries kept per namespace (older ones are dropped by the listener).
 QUERY_PROGRESS_KEEP = 200
+#: the shortest UUID prefix ``find_batch`` accepts
+MIN_PREFIX = 4
 #: FINISHED token (kept as a literal so this module does not import the tunnel package eagerly)
 FINISHED = "finished"
 
@@ -82,12 +91,102 @@ def open_existing_meta_store(uri: str) -> MetaStore:
         query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
                  if k != "create_table"]
         uri = urlunsplit(parts._replace(query=urlencode(query)))
-    return open_meta_store(uri)
+    try:
+        return open_meta_store(uri)
+    except MetaTableMissingError as exc:
+        raise missing_table(exc) from None
+
+
+def missing_table(exc: MetaTableMissingError) -> InspectionError:
+    """The backend's "table missing" error without its hint to pass ``create_table=true``,
+    which inspection ignores (a backend may find out at open or at the first read)."""
+    return InspectionError(detail=f"meta table {exc.fields.get('table')!r} does not exist at "
+                           f"{exc.fields.get('location')}; inspection never creates it "
+                           "(create_table=true is ignored): check --meta")
+
+
+class InspectedStore:
+    """A meta store as the inspection tools read it: one corrupt row does not hide the rest.
+
+    Wraps an open ``MetaStore`` (CLI, dashboard). ``list_batches``, ``get_end_checkpoints``,
+    ``latest_committed`` and ``get_namespace_info`` skip a row that does not decode and note
+    it in ``corrupt`` (key -> reason, as ``CorruptMetaRecordError`` names them); every other
+    attribute is the store's own. The skipping relies on the backends decoding row by row in
+    ``_decode_batch`` / ``_decode_end``: for one call, the wrapped instance's decoder returns
+    ``None`` instead of raising (a backend without them fails on the row as before). Never used
+    by the protocol, which must stop on a corrupt row.
+    """
+
+    def __init__(self, store: MetaStore) -> None:
+        self.store = store
+        self.corrupt: dict[str, str] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def _note(self, exc: CorruptMetaRecordError) -> None:
+        key = str(exc.fields.get("key", "?"))
+        self.corrupt.setdefault(key, str(exc.fields.get("reason", exc)))
+
+    def _skipping(self, decoder: str, call: Callable[[], list[Any]]) -> list[Any]:
+        decode = getattr(type(self.store), decoder, None)
+        if decode is None:
+            return call()
+
+        def tolerant(*args: Any) -> Any:
+            try:
+                return decode(self.store, *args)
+            except CorruptMetaRecordError as exc:
+                self._note(exc)
+                return None
+
+        self.store.__dict__[decoder] = tolerant
+        try:
+            return [x for x in call() if x is not None]
+        finally:
+            del self.store.__dict__[decoder]
+
+    def list_batches(self, namespace: str) -> list[BatchRecord]:
+        store: Any = self.store
+        return chain_order(self._skipping("_decode_batch",
+                                          lambda: store._list_batches(namespace)))
+
+    def get_end_checkpoints(self, namespace: str, uuid: str) -> dict[str, EndCheckpoint]:
+        store: Any = self.store
+        ends = self._skipping("_decode_end", lambda: store._list_ends(namespace, uuid))
+        return {e.channel_id: e for e in ends}
+
+    def latest_committed(self, namespace: str) -> BatchRecord | None:
+        committed = [b for b in self.list_batches(namespace)
+                     if b.state.rank >= BatchState.COMMITTED.rank]
+        return committed[-1] if committed else None
+
+    def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
+        try:
+            return self.store.get_namespace_info(namespace)
+        except CorruptMetaRecordError as exc:
+            key = str(exc.fields.get("key", f"{namespace}/info"))
+            self.corrupt.setdefault(key, corrupt_info_message(namespace))
+            return None
+
+    def corrupt_records(self) -> list[dict[str, str]]:
+        """What was skipped so far, as ``{"key", "reason"}`` (the ``corrupt`` field of
+        ``meta batches --json`` and ``meta export``)."""
+        return [{"key": k, "reason": v} for k, v in sorted(self.corrupt.items())]
+
+
+def corrupt_info_message(namespace: str) -> str:
+    return (f"the info record of namespace {namespace!r} is corrupt (not a JSON object of "
+            "strings): its endpoint, table and tunnel are unknown")
 
 
 def user_namespaces(store: MetaStore) -> list[str]:
     """The store's source namespaces (companion query-progress namespaces hidden), sorted."""
-    return [ns for ns in store.list_namespaces() if not ns.startswith(QUERY_PROGRESS_PREFIX)]
+    try:
+        names = store.list_namespaces()  # the first read of every inspection command
+    except MetaTableMissingError as exc:
+        raise missing_table(exc) from None
+    return [ns for ns in names if not ns.startswith(QUERY_PROGRESS_PREFIX)]
 
 
 def resolve_namespace(store: MetaStore, namespace: str | None) -> str:
@@ -116,11 +215,14 @@ def find_batch(store: MetaStore, namespace: str, uuid: str) -> BatchRecord:
     if batch is not None:
         return batch
     matches = [b for b in store.list_batches(namespace) if b.uuid.startswith(uuid)]
-    if len(uuid) >= 4 and len(matches) == 1:
+    if len(uuid) >= MIN_PREFIX and len(matches) == 1:
         return matches[0]
     if len(uuid) >= 4 and len(matches) > 1:
         raise InspectionError(detail=f"UUID prefix {uuid!r} matches {len(matches)} batches: "
                               + ", ".join(b.uuid for b in matches))
+    if len(uuid) < MIN_PREFIX:
+        raise InspectionError(detail=f"UUID prefix {uuid!r} is too short: give the whole UUID "
+                              f"or at least {MIN_PREFIX} characters of it")
     raise UnknownBatchError(uuid=uuid, namespace=namespace)
 
 
@@ -142,7 +244,46 @@ def record_query_progress(store: MetaStore, namespace: str, entry: Mapping[str, 
     store.set_namespace_info(key, {
         "kind": "query-progress", "schema_version": str(FEED_SCHEMA_VERSION),
         "namespace": namespace, "entries": json.dumps(entries, separators=(",", ":")),
+        "status": "running", "status_at": repr(time.time()),
+        "query_id": str(entry.get("query_id") or ""),
     })
+
+
+def record_query_status(store: MetaStore, namespace: str, status: str, *,
+                        query_id: str | None = None, reason: str | None = None) -> None:
+    """Record that the query reading ``namespace`` is ``running`` (an idle heartbeat) or
+    ``stopped`` (with the exception that ended it, if any), keeping the progress entries.
+
+    Called by ``ProgressListener.onQueryIdle`` / ``onQueryTerminated`` (Spark driver)."""
+    key = QUERY_PROGRESS_PREFIX + namespace
+    info = dict(_safe_info(store, key) or {})
+    info.update({"kind": "query-progress", "schema_version": str(FEED_SCHEMA_VERSION),
+                 "namespace": namespace, "status": status, "status_at": repr(time.time()),
+                 "query_id": query_id or info.get("query_id", ""),
+                 "reason": (reason or "")[:500]})
+    info.setdefault("entries", "[]")
+    store.set_namespace_info(key, info)
+
+
+def load_query_status(store: MetaStore, namespace: str) -> dict[str, Any] | None:
+    """``{"status", "at", "query_id", "reason"}`` as the listener last recorded it, or
+    ``None`` (no listener ran, or an older one that did not record a status)."""
+    info = _safe_info(store, QUERY_PROGRESS_PREFIX + namespace) or {}
+    if not info.get("status"):
+        return None
+    try:
+        at: float | None = float(info.get("status_at", ""))
+    except ValueError:
+        at = None
+    return {"status": info["status"], "at": at, "query_id": info.get("query_id") or None,
+            "reason": info.get("reason") or None}
+
+
+def _safe_info(store: MetaStore, key: str) -> dict[str, str] | None:
+    try:
+        return store.get_namespace_info(key)
+    except CorruptMetaRecordError:
+        return None  # a damaged progress record must not hide the meta table's own facts
 
 
 def load_query_progress(store: MetaStore, namespace: str) -> dict[str, dict[str, Any]]:
@@ -152,7 +293,7 @@ def load_query_progress(store: MetaStore, namespace: str) -> dict[str, dict[str,
 
 
 def _load_entries(store: MetaStore, key: str) -> list[dict[str, Any]]:
-    info = store.get_namespace_info(key) or {}
+    info = _safe_info(store, key) or {}
     try:
         entries = json.loads(info.get("entries", "[]"))
     except ValueError:
@@ -332,6 +473,10 @@ def channel_view(store: MetaStore, namespace: str, endpoint: str | None = None) 
 
     info = store.get_namespace_info(namespace) or {}
     if not info.get("table") or not info.get("tunnel"):
+        if isinstance(store, InspectedStore) and any(k.startswith(namespace + "/")
+                                                    for k in store.corrupt):
+            raise InspectionError(detail=corrupt_info_message(namespace)
+                                  + "; the channels cannot be described")
         raise InspectionError(detail=f"namespace {namespace!r} does not record its table and "
                               "tunnel names; the query that wrote it is too old to inspect")
     _, committed = committed_positions(store, namespace)
@@ -504,10 +649,11 @@ def follow_feed(
 def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[str, Any]:
     """Rows/s over the last ``window`` committed (non-initial) batches, and a per-batch series.
 
-    Window rate = rows of the window's batches after the first / seconds between the first and
-    the last commit (a single batch: its rows / its plan-to-commit time). Per batch,
-    ``rows_per_second`` is Spark's processed rows/s when a listener reported it, else rows /
-    plan-to-commit seconds.
+    Window rate = ``rate_records`` / ``seconds``: the rows of the batches committed after the
+    window's first commit, over the seconds from that first commit to the last one (a single
+    batch: its rows over its plan-to-commit time). The dashboard's caption prints exactly these
+    two numbers; ``records`` is every row of the window. Per batch, ``rows_per_second`` is
+    Spark's processed rows/s when a listener reported it, else rows / plan-to-commit seconds.
     """
     done = [r for r in records if not r["initial"] and r["times"]["committed"] is not None]
     done = done[-window:]
@@ -523,16 +669,62 @@ def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[s
                        "at": t["committed"], "records": r["records"],
                        "rows_per_second": rate,
                        "input_rows_per_second": q.get("input_rows_per_second")})
-    rows_per_second = None
-    seconds = None
+    rows_per_second = seconds = rate_records = None
     if len(done) >= 2:
         seconds = done[-1]["times"]["committed"] - done[0]["times"]["committed"]
-        rows = sum(r["records"] for r in done[1:])
-        rows_per_second = rows / seconds if seconds > 0 else None
-    elif done:
-        rows_per_second = series[0]["rows_per_second"]
+        rate_records = sum(r["records"] for r in done[1:])
+    elif done and done[0]["times"]["planned"] is not None:
+        seconds = done[0]["times"]["committed"] - done[0]["times"]["planned"]
+        rate_records = done[0]["records"]
+    if seconds is not None and rate_records is not None and seconds > 0:
+        rows_per_second = rate_records / seconds
     return {"window_batches": len(done), "seconds": seconds, "rows_per_second": rows_per_second,
+            "rate_records": rate_records,
             "records": sum(r["records"] for r in done), "series": series}
+
+
+#: a running query's last commit (or listener heartbeat) may be this old before it is "stale"
+STALE_AFTER_S = 30.0
+
+
+def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | None,
+             records_behind: int | None, now: float) -> dict[str, Any]:
+    """Is the query alive? ``state`` is one of
+
+    - ``waiting``: no batch committed yet;
+    - ``stopped``: the ``ProgressListener`` saw the query terminate (``reason``: its error);
+    - ``live``: a commit or a listener heartbeat within ``stale_after_s``;
+    - ``idle``: nothing for longer, but nothing is behind either (caught up, no new data);
+    - ``stale``: nothing for longer while records are behind (or lag is unknown): the query
+      has probably stopped or hangs.
+
+    ``last_commit_age_s`` is the age of the newest commit among ``records``."""
+    commits = [r["times"]["committed"] for r in records if r["times"]["committed"] is not None
+               and not r["initial"]]
+    last_commit = max(commits, default=None)
+    stale_after = STALE_AFTER_S
+    if len(commits) >= 3:  # a slow trigger commits rarely: allow 5 of its intervals
+        gaps = sorted(b - a for a, b in zip(commits, commits[1:], strict=False))
+        stale_after = max(STALE_AFTER_S, 5 * gaps[len(gaps) // 2])
+    heard = [t for t in (last_commit, status.get("at") if status else None) if t is not None]
+    last_heard = max(heard, default=None)
+    if status and status.get("status") == "stopped":
+        state = "stopped"
+    elif last_commit is None:
+        state = "waiting"
+    elif last_heard is not None and now - last_heard <= stale_after:
+        state = "live"
+    elif records_behind == 0:
+        state = "idle"
+    else:
+        state = "stale"
+    return {
+        "state": state, "last_commit_at": last_commit,
+        "last_commit_age_s": None if last_commit is None else max(0.0, now - last_commit),
+        "stale_after_s": stale_after,
+        "stopped_at": status.get("at") if status and state == "stopped" else None,
+        "reason": status.get("reason") if status and state == "stopped" else None,
+    }
 
 
 def progress_snapshot(
@@ -554,6 +746,7 @@ def progress_snapshot(
         "meta_uri": store.uri, "namespace": None, "namespace_info": None, "batch_count": 0,
         "state_counts": {}, "batches": [], "channels": [], "tree": [], "throughput":
         throughput([]), "query": None, "tunnel_error": None,
+        "activity": activity([], None, None, now),
     }
     if namespace is None and not user_namespaces(store):
         return base
@@ -574,7 +767,10 @@ def progress_snapshot(
     progress = load_query_progress(store, ns)
     last_query = max(progress.values(), key=lambda e: (e.get("batch_id") or -1),
                      default=None)
+    behind = [c["lag"]["records_behind"] for c in channels if c.get("lag")]
+    records_behind = sum(behind) if behind and None not in behind else None
     base.update({
+        "activity": activity(records, load_query_status(store, ns), records_behind, now),
         "namespace": ns, "namespace_info": store.get_namespace_info(ns),
         "batch_count": len(all_batches), "state_counts": counts, "batches": records,
         "channels": channels, "tree": channel_tree(channels),

@@ -34,10 +34,36 @@ function fmtTime(epoch) {
 
 function badge(text) { return el("span", { class: "badge " + (text || "") }, text || "?"); }
 
-function setStatus(ok, text) {
+function setStatus(state, text) {
   const s = $("status");
-  s.className = "status " + (ok ? "live" : "down");
+  s.className = "status " + state;
   $("status-text").textContent = text;
+}
+
+function fmtAge(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+// The query's state (snapshot.activity), not the page's connection: a stopped query must not
+// look alive. Returns the status line's text.
+function queryStatus(snap) {
+  const a = snap.activity || { state: "waiting" };
+  document.body.dataset.queryState = a.state;
+  const commit = a.last_commit_age_s === null ? "no commit yet"
+    : `last commit ${fmtAge(a.last_commit_age_s)} ago`;
+  switch (a.state) {
+    case "live": return `live · ${commit}`;
+    case "idle": return `idle (caught up) · ${commit}`;
+    case "stale": return `stale: no progress for ${fmtAge(a.last_commit_age_s)} while records are behind — is the query running?`;
+    case "stopped": {
+      const ago = a.stopped_at === null ? "" : ` ${fmtAge(snap.generated_at - a.stopped_at)} ago`;
+      return `query stopped${ago}${a.reason ? " with an error" : ""} · ${commit}`;
+    }
+    default: return "waiting for the first committed batch";
+  }
 }
 
 function showError(message) {
@@ -52,10 +78,16 @@ function renderCards(snap) {
   $("state-counts").textContent = Object.entries(snap.state_counts)
     .map(([state, n]) => `${n} ${state}`).join(" · ");
   const tp = snap.throughput;
+  const running = ["live", "idle"].includes((snap.activity || {}).state);
   $("rows-per-second").textContent = tp.rows_per_second === null ? "–"
     : fmtNum(tp.rows_per_second, 1) + " rows/s";
-  $("window").textContent = `${fmtNum(tp.records)} rows over ${tp.window_batches} batch(es)` +
-    (tp.seconds ? ` / ${fmtNum(tp.seconds, 1)} s` : "");
+  $("rows-per-second").classList.toggle("frozen", !running);
+  // the caption names exactly the rows and seconds the rate divides
+  $("window").textContent = tp.rows_per_second === null
+    ? `${tp.window_batches} committed batch(es)`
+    : `${fmtNum(tp.rate_records)} rows / ${fmtNum(tp.seconds, 1)} s` +
+      (tp.window_batches > 1 ? ` between ${tp.window_batches} batch commits` : " (one batch)") +
+      (running ? "" : " · when last running");
   const real = snap.batches.filter(b => !b.initial);
   const last = real.length ? real[real.length - 1] : null;
   $("latest-batch").textContent = last ? `${last.uuid.slice(0, 8)}… ${last.state}` : "–";
@@ -66,8 +98,10 @@ function renderCards(snap) {
   $("total-lag").textContent = lags.length
     ? fmtNum(lags.reduce((a, l) => a + l.records_behind, 0)) : "–";
   const oldest = Math.max(0, ...lags.map(l => l.seconds_behind || 0));
-  $("lag-sub").textContent = lags.length ? `oldest unread change ${fmtNum(oldest, 1)} s old`
-    : (snap.tunnel_error ? "tunnel unavailable" : "unknown");
+  const reading = ["live", "idle", "waiting"].includes((snap.activity || {}).state);
+  $("lag-sub").textContent = (lags.length ? `oldest unread change ${fmtNum(oldest, 1)} s old`
+    : (snap.tunnel_error ? "tunnel unavailable" : "unknown")) +
+    (lags.length && !reading ? " · nobody is reading" : "");
   const q = snap.query;
   $("spark-rate").textContent = q ? `${fmtNum(q.processed_rows_per_second, 1)} processed/s` : "–";
   $("spark-sub").textContent = q
@@ -190,9 +224,10 @@ async function poll() {
     render(body);
     polls += 1;
     document.body.dataset.polls = String(polls);
-    setStatus(true, "live · updated " + fmtTime(body.generated_at));
+    setStatus((body.activity || {}).state || "waiting",
+      queryStatus(body) + " · page updated " + fmtTime(body.generated_at));
   } catch (err) {
-    setStatus(false, "disconnected");
+    setStatus("down", "dashboard disconnected");
     showError(String(err.message || err));
   } finally {
     setTimeout(poll, POLL_MS);
