@@ -17,10 +17,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import requests
 from moto.server import ThreadedMotoServer
@@ -32,6 +34,7 @@ from connector.errors import (
     TrimmedDataError,
     TunnelRequestError,
 )
+from connector.sinks import ExactlyOnceParquetSink
 from connector.tunnel import open_tunnel_service
 from connector.tunnel.base import (
     FINISHED,
@@ -46,6 +49,7 @@ from connector.tunnel.base import (
 from connector.tunnel.dynamodb_streams import codec
 from connector.tunnel.dynamodb_streams.service import DynamoDbStreamsTunnelService
 from connector.tunnel.page import PageLayout
+from connector.verify import rows_by_key, verify
 from tests.contract.tunnel_contract import TunnelContract, consume, per_key, read_all
 from tests.dynamodb_streams_fake import StreamsFake
 
@@ -562,3 +566,78 @@ def test_missing_checkpoint_table_is_a_request_error(moto_url: str) -> None:
     with pytest.raises(TunnelRequestError) as exc:
         service.list_tunnels("t")
     assert "create_table=true" in str(exc.value)
+
+
+# --- on the shared local Spark ---------------------------------------------------------------
+
+
+@pytest.fixture
+def spark_with_aws(spark: Any) -> Iterator[Any]:
+    """The shared session, its Python workers given (dummy) AWS credentials the way
+    ``spark.executorEnv.*`` gives them: the workers' environment was fixed when the session
+    started, and a registered data source carries the context's environment to them."""
+    from connector import register
+
+    env = spark.sparkContext.environment
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": REGION})
+    register(spark)
+    try:
+        yield spark
+    finally:
+        for query in spark.streams.active:
+            query.stop()
+        for name in names:
+            env.pop(name, None)
+        register(spark)
+
+
+@pytest.mark.slow
+def test_spark_stream_with_declared_schema_across_a_split(
+    spark_with_aws: Any, tmp_path: Path, tunnel_harness: StreamsHarness
+) -> None:
+    """format("tablestore") on this endpoint: attributes declared with ``.schema(...)`` become
+    typed columns, the rest go to ``_extra``; writes and a split while the query runs; every
+    change exactly once, in order per key, state equal to a Scan."""
+    h = tunnel_harness
+    h.create_table("t", 2)
+    for i in range(40):
+        h.ddb.put_item(TableName="t", Item={"id": {"S": f"k{i % 10}"}, "qty": {"N": str(i)},
+                                            "tag": {"SS": ["x", f"t{i}"]}})
+    sink = ExactlyOnceParquetSink(tmp_path / "sink")
+    query = (spark_with_aws.readStream.format("tablestore").option("endpoint", h.uri)
+             .option("table.name", "t").option("tunnel.name", "q")
+             .option("meta.store", f"sqlite://{tmp_path / 'meta.db'}")
+             .option("maxOffsetsPerChannel", "15")
+             .schema("id string, qty double, _op string, _channel_id string, _sequence string, "
+                     "_commit_ts timestamp, _before string, _extra string")
+             .load().writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        h.split("t", h.fake.open_shards("t")[0])
+        for i in range(40, 70):
+            if i % 4 == 0:
+                h.delete("t", f"k{i % 10}")
+            else:
+                h.update("t", f"k{i % 10}", i)
+        expected = len(h.fake.held("t"))
+        deadline = time.monotonic() + 120
+        while sum(1 for _ in sink.deliveries(["id"])) < expected:
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "changes not delivered in time"
+            time.sleep(0.25)
+    finally:
+        query.stop()
+    rows = [r for b in sink.committed_batches()
+            for r in pq.read_table(sink.batch_dir(b)).to_pylist()]
+    first = next(r for r in rows if r["id"] == "k0" and r["_op"] == "PUT")
+    assert isinstance(first["qty"], float)
+    # a set is JSON text (a string attribute), so inside _extra it is a JSON string
+    assert json.loads(json.loads(first["_extra"])["tag"]) == ["t0", "x"]
+    change_log = h.change_log("t")
+    items = h.ddb.scan(TableName="t", ConsistentRead=True)["Items"]
+    state = rows_by_key(({"id": i["id"]["S"]}, codec.decode_item(i, skip=frozenset({"id"})))
+                        for i in items)
+    result = verify(change_log, sink.deliveries(["id"]), state)
+    assert result.ok, f"{result.summary()} {result.examples}"
