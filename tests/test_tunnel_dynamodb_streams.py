@@ -319,6 +319,9 @@ def test_trimmed_shard_start_and_whole_shard_gone(tunnel_harness: StreamsHarness
     with pytest.raises(TrimmedDataError) as exc:  # "b" was never read: lost
         h.service.read_records(tid, root, token, 10)
     assert exc.value.resume_token == FINISHED
+    # a commit after the shard aged out still records the position it had reached
+    h.service.checkpoint(tid, root, Checkpoint(token, 1))
+    assert h.service.get_checkpoint(tid, root) == Checkpoint(token, 1)
 
 
 def test_idle_probes_are_spaced_by_poll_interval(

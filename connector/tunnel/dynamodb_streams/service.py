@@ -328,14 +328,15 @@ class DynamoDbStreamsTunnelService(TunnelService):
         if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
             raise invalid(f"sequence number must be a non-negative integer, got {seqno!r}")
         if not checkpoint.finished:
+            # no listing needed: a position of a shard that has since aged out is still stored
             self._own_position(tunnel, channel_id, checkpoint.token)
-        shard = self._shard(tunnel.table_name, channel_id, tunnel_id)
         stored = self.checkpoints.checkpoint(tunnel_id, channel_id)
         if stored is not None and stored.finished:
             if not checkpoint.finished:
                 raise invalid("the shard is already finished for this tunnel; only FINISHED "
                               "may be pushed again")
         elif checkpoint.finished:
+            shard = self._shard(tunnel.table_name, channel_id, tunnel_id)
             if not shard.closed:
                 shard = self._shard(tunnel.table_name, channel_id, tunnel_id, fresh=True)
             if not shard.closed:
