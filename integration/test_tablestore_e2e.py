@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -150,6 +152,11 @@ def runner_args(tmp_path: Path, url: str, sink: ExactlyOnceParquetSink) -> list[
 META_ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET}
 
 
+def meta_uri(emulator: Emulator) -> str:
+    """The meta table the query's options name (``checkpoint.table=cdc_meta``)."""
+    return f"tablestore://{INSTANCE}/cdc_meta?endpoint={quote(emulator.url, safe='')}"
+
+
 def delivered(sink: ExactlyOnceParquetSink) -> int:
     return sum(1 for _ in sink.deliveries(["id"]))
 
@@ -228,8 +235,7 @@ def test_no_secret_in_any_artefact(tmp_path: Path, setup: tuple) -> None:
     runner = start_runner(args, log, {**META_ENV, "TABLESTORE_CDC_LOG_LEVEL": "DEBUG"})
     finish_and_verify(tmp_path, store, sink, runner, log)
 
-    meta = (f"tablestore://{INSTANCE}/cdc_meta?endpoint="
-            f"{emulator.url.replace(':', '%3A').replace('/', '%2F')}")
+    meta = meta_uri(emulator)
     env = {**os.environ, **META_ENV}
     exported = subprocess.run([CLI, "meta", "export", "--meta", meta, "--json"], env=env,
                               capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -259,3 +265,30 @@ def test_no_secret_in_any_artefact(tmp_path: Path, setup: tuple) -> None:
     for secret in (SECRET, STS):
         leaks = [name for name, data in artefacts.items() if secret.encode() in data]
         assert not leaks, f"{secret!r} found in {leaks}"
+
+
+def test_local_cluster_over_http_only(tmp_path: Path, setup: tuple) -> None:
+    """``local-cluster[2,1,1024]``: separate executor JVMs and their Python workers reach the
+    tunnel and the meta table over HTTP only; the filesystem carries nothing but Spark's
+    checkpoint directory (and the test's own sink)."""
+    emulator, store, client = setup
+    write_changes(client, 0, 120)
+    sink = ExactlyOnceParquetSink(tmp_path / "sink")
+    args = runner_args(tmp_path, emulator.url, sink) + ["--master", "local-cluster[2,1,1024]"]
+    log = tmp_path / "runner.log"
+    runner = start_runner(args, log, META_ENV)
+    try:
+        wait_for(lambda: delivered(sink) >= 40, 300, "first batches delivered", runner)
+        store.split_channel("t", store.list_channels("t")[0].channel_id)
+        write_changes(client, 120, 120)
+    except BaseException:
+        kill_tree(runner.pid)
+        raise
+    finish_and_verify(tmp_path, store, sink, runner, log)
+    # the reads ran in more than one executor process (each end checkpoint names its reader)
+    exported = subprocess.run([CLI, "meta", "export", "--meta", meta_uri(emulator), "--json"],
+                              env={**os.environ, **META_ENV}, capture_output=True, text=True,
+                              cwd=REPO, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    readers = set(re.findall(r'"attempt": "[^/"]+/(\d+)', exported.stdout))
+    assert len(readers) >= 2, readers
