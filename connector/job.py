@@ -71,20 +71,25 @@ class Pipeline:
     def stop(self) -> None:
         for query in (self.changelog, self.state_query):
             query.stop()
+        if self.listener is not None:  # the dashboard shows "stopped" only once it is recorded
+            self.listener.wait_terminated(timeout=10)
 
 
 def start_pipeline(spark: Any, store_path: Path, table: str, tunnel: str, out: Path,
-                   options: dict[str, str] | None = None, trigger_ms: int = 0) -> Pipeline:
-    """Start the change-log and current-state queries (driver)."""
+                   options: dict[str, str] | None = None, trigger_ms: int = 0,
+                   endpoint: str | None = None) -> Pipeline:
+    """Start the change-log and current-state queries (driver). ``endpoint`` (default: the
+    store file, ``local://``) may be the emulator's ``http://`` URL serving that file."""
     from connector.state_table import StateTable
 
+    endpoint = endpoint or f"local://{store_path.resolve()}"
     reader = (spark.readStream.format("tablestore")
-              .option("endpoint", f"local://{store_path.resolve()}")
+              .option("endpoint", endpoint)
               .option("table.name", table).option("tunnel.name", tunnel))
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     changes = reader.load()
-    listener = _attach_listener(spark, {"endpoint": f"local://{store_path.resolve()}",
+    listener = _attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})
     with LocalTablestore(store_path) as store:
@@ -128,6 +133,8 @@ class DemoWriter(threading.Thread):
     changes: int
     duration_s: float
     seed: int
+    #: write through the official SDK to this emulator instead of the store file
+    emulator: Any = None
     written: int = 0
     splits: int = 0
     merges: int = 0
@@ -149,21 +156,22 @@ class DemoWriter(threading.Thread):
         interval = self.duration_s / max(self.changes, 1)
         started = time.monotonic()
         with LocalTablestore(self.store_path) as store:
+            rows: Any = store if self.emulator is None else _SdkRows(self.emulator)
             for i in range(self.changes):
                 self._reshape(store, i)
                 roll = rng.random()
                 if not live or roll < 0.45:
                     next_id += 1
                     live.append(next_id)
-                    store.put_row(DEMO_TABLE, {"order_id": next_id}, {
+                    rows.put_row(DEMO_TABLE, {"order_id": next_id}, {
                         "customer": f"c{rng.randrange(50)}",
                         "amount": round(rng.uniform(1, 500), 2), "status": "new"})
                 elif roll < 0.8:
-                    store.update_row(DEMO_TABLE, {"order_id": rng.choice(live)}, {
+                    rows.update_row(DEMO_TABLE, {"order_id": rng.choice(live)}, {
                         "status": rng.choice(["paid", "shipped", "returned"]),
                         "amount": round(rng.uniform(1, 500), 2)})
                 else:
-                    store.delete_row(DEMO_TABLE, {"order_id": live.pop(rng.randrange(len(live)))})
+                    rows.delete_row(DEMO_TABLE, {"order_id": live.pop(rng.randrange(len(live)))})
                 self.written = i + 1
                 # steady pace: sleep off any lead over the schedule
                 lead = started + (i + 1) * interval - time.monotonic()
@@ -187,6 +195,66 @@ class DemoWriter(threading.Thread):
                     return
 
 
+class _SdkRows:
+    """The writer's row calls through the official ``tablestore`` SDK to the emulator."""
+
+    def __init__(self, emulator: Any) -> None:
+        from tablestore import Condition, OTSClient, RowExistenceExpectation
+        from tablestore.retry import WriteRetryPolicy
+
+        self.client = OTSClient(emulator.url, emulator.access_key_id, emulator.access_key_secret,
+                                emulator.instance, retry_policy=WriteRetryPolicy(),
+                                logger_name="tablestore-cdc-demo")
+        self.ignore = Condition(RowExistenceExpectation.IGNORE)
+
+    def put_row(self, table: str, pk: dict[str, Any], columns: dict[str, Any]) -> None:
+        from tablestore import Row
+
+        self.client.put_row(table, Row(list(pk.items()), list(columns.items())), self.ignore)
+
+    def update_row(self, table: str, pk: dict[str, Any], columns: dict[str, Any]) -> None:
+        from tablestore import Row
+
+        self.client.update_row(table, Row(list(pk.items()), {"PUT": list(columns.items())}),
+                               self.ignore)
+
+    def delete_row(self, table: str, pk: dict[str, Any]) -> None:
+        from tablestore import Row
+
+        self.client.delete_row(table, Row(list(pk.items())), self.ignore)
+
+
+#: the demo emulator's instance and its (throwaway, per-run) key id
+DEMO_INSTANCE = "demo"
+
+
+def _start_demo_emulator(store_path: Path) -> tuple[Any, dict[str, str]]:
+    """An in-process emulator over the demo's store file and the reader options to reach it
+    (driver). The meta table lives in the same emulated instance; its store reads credentials
+    from the environment, which the Spark processes started after this inherit."""
+    import secrets
+
+    from tablestore_emulator.server import EmulatorServer
+
+    key_id, secret = "demo-" + secrets.token_hex(4), secrets.token_urlsafe(18)
+    server = EmulatorServer(str(store_path), DEMO_INSTANCE, key_id, secret).start()
+    os.environ["ALIBABA_CLOUD_ACCESS_KEY_ID"] = key_id
+    os.environ["ALIBABA_CLOUD_ACCESS_KEY_SECRET"] = secret
+    options = {"instance.name": DEMO_INSTANCE, "access.key.id": key_id,
+               "access.key.secret": secret,
+               "catalog": '{"columns": {"customer": {"type": "string"}, "amount": '
+                          '{"type": "double"}, "status": {"type": "string"}}}'}
+    return server, options
+
+
+def wire_sequences(change_log: list[Any]) -> list[Any]:
+    """The store's change log with ``sequence`` as the emulator's Tunnel API carries it."""
+    import dataclasses
+
+    return [dataclasses.replace(r, sequence=f"{0:08x}:{r.commit_ts_us:016x}:"
+                                f"{int(r.sequence):08x}") for r in change_log]
+
+
 def prepare_workdir(workdir: Path) -> None:
     """A fresh demo directory; refuses to wipe a directory the demo did not create."""
     if workdir.exists() and any(workdir.iterdir()):
@@ -200,8 +268,10 @@ def prepare_workdir(workdir: Path) -> None:
 
 
 def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed: int,
-             master: str) -> bool:
-    """The whole demo; returns whether verification passed (driver)."""
+             master: str, backend: str = "local") -> bool:
+    """The whole demo; returns whether verification passed (driver). ``backend="emulator"``
+    serves the store through the emulator and runs everything over the wire: the writer uses
+    the official SDK, the source the Tunnel API, the meta table is in the emulated instance."""
     from connector.spark import local_session
 
     prepare_workdir(workdir)
@@ -212,21 +282,31 @@ def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed
         store.create_table(DEMO_TABLE, primary_key=[("order_id", "INTEGER")],
                            columns=[("customer", "STRING"), ("amount", "DOUBLE"),
                                     ("status", "STRING")], channels=channels)
+    emulator, options = None, None
+    if backend == "emulator":
+        emulator, options = _start_demo_emulator(store_path)
     console.print(f"[bold]demo[/] store {store_path} · table {DEMO_TABLE} · {channels} channels"
-                  f" · {changes} changes over ~{duration_s:.0f}s · starting Spark ({master})")
-    spark = local_session("tablestore-cdc-demo", master=master)
-    pipeline = start_pipeline(spark, store_path, DEMO_TABLE, "demo", workdir / "out")
-    writer = DemoWriter(store_path, changes, duration_s, seed)
-    writer.start()
+                  f" · {changes} changes over ~{duration_s:.0f}s · "
+                  + (f"over the wire at {emulator.url} · " if emulator else "")
+                  + f"starting Spark ({master})")
     try:
-        _show_progress(pipeline, writer, changes)
-        if writer.error is not None:
-            raise writer.error
-        pipeline.drain()
+        spark = local_session("tablestore-cdc-demo", master=master)
+        pipeline = start_pipeline(spark, store_path, DEMO_TABLE, "demo", workdir / "out",
+                                  options=options, endpoint=emulator.url if emulator else None)
+        writer = DemoWriter(store_path, changes, duration_s, seed, emulator=emulator)
+        writer.start()
+        try:
+            _show_progress(pipeline, writer, changes)
+            if writer.error is not None:
+                raise writer.error
+            pipeline.drain()
+        finally:
+            pipeline.stop()
+        ok = _verify_demo(pipeline, store_path, writer, wire=emulator is not None)
+        spark.stop()
     finally:
-        pipeline.stop()
-    ok = _verify_demo(pipeline, store_path, writer)
-    spark.stop()
+        if emulator is not None:
+            emulator.stop()
     return ok
 
 
@@ -256,13 +336,16 @@ def _show_progress(pipeline: Pipeline, writer: DemoWriter, changes: int,
             time.sleep(0.5)
 
 
-def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter) -> bool:
+def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
+                 wire: bool = False) -> bool:
     import pyarrow.parquet as pq
 
     from connector.sinks import deliveries_from_rows
 
     with LocalTablestore(store_path) as store:
         change_log = store.change_log(DEMO_TABLE)
+        if wire:
+            change_log = wire_sequences(change_log)
         source = rows_by_key(store.scan(DEMO_TABLE))
         channels = store.list_channels(DEMO_TABLE)
     rows = pq.read_table(pipeline.changelog_dir).to_pylist()
@@ -294,10 +377,16 @@ def demo(
     channels: Annotated[int, typer.Option(min=2, max=64, help="Initial channels.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the writer's random changes.")] = 7,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    backend: Annotated[str, typer.Option(
+        help="local: read the store file; emulator: serve it with the Tablestore emulator "
+        "and run everything over the wire (SDK writes, Tunnel reads, meta table).")]
+    = "local",
 ) -> None:
     """Run the whole pipeline on an embedded store with a live writer, then verify it."""
+    if backend not in ("local", "emulator"):
+        raise typer.BadParameter("local or emulator", param_hint="--backend")
     with reported_errors():
-        ok = run_demo(workdir.resolve(), changes, duration, channels, seed, master)
+        ok = run_demo(workdir.resolve(), changes, duration, channels, seed, master, backend)
     raise typer.Exit(0 if ok else 1)
 
 

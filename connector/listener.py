@@ -123,6 +123,7 @@ class ProgressListener(StreamingQueryListener):
         self._store: Any = None
         self._lock = threading.Lock()
         self._by_query: dict[str, set[str]] = {}  # query id -> namespaces seen in its progress
+        self._terminated: set[str] = set()  # query ids whose termination was handled
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's API names
         pass
@@ -140,6 +141,18 @@ class ProgressListener(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
         self._status(event, "stopped", getattr(event, "exception", None))
+        self._terminated.add(str(getattr(event, "id", "")))
+
+    def wait_terminated(self, timeout: float = 10.0) -> bool:
+        """Wait until every query this listener recorded has had its termination recorded
+        (Spark delivers ``onQueryTerminated`` asynchronously, after ``query.stop()`` returns:
+        call this before ``spark.stop()``). Returns whether that happened in time."""
+        deadline = time.monotonic() + timeout
+        while not set(self._by_query) <= self._terminated:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def _status(self, event: Any, status: str, reason: str | None) -> None:
         """Record ``status`` for the namespaces of the query the event is about."""

@@ -209,7 +209,7 @@ def test_namespaces_lists_the_source(real_run: RealRun) -> None:
     assert row["batches"] >= len(real_run.delivered) + 1
     rich = cli("meta", "namespaces", "--meta", real_run.meta)
     assert rich.exit_code == 0
-    assert real_run.namespace in rich.stdout and row["tunnel_id"] in rich.stdout
+    assert real_run.namespace in rich.stdout and row["latest_committed"][:8] in rich.stdout
     assert "query-progress#" not in rich.stdout  # the listener's companion record is hidden
 
 
