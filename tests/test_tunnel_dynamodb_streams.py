@@ -260,6 +260,21 @@ def test_finished_push_survives_a_new_client(tunnel_harness: StreamsHarness) -> 
     assert "DescribeStream" not in h.fake.calls
 
 
+def test_latest_tunnel_on_a_trimmed_open_shard(tunnel_harness: StreamsHarness) -> None:
+    """Creating a LATEST tunnel reads each open shard to its tip, past trimmed records."""
+    h = tunnel_harness
+    h.create_table("t", 1)
+    (root,) = h.fake.open_shards("t")
+    h.put("t", "a", 1)
+    h.put("t", "b", 2)
+    h.trim("t")
+    h.put("t", "c", 3)
+    tid = h.service.create_tunnel("t", "late", start_position=StartPosition.LATEST).tunnel_id
+    h.put("t", "d", 4)
+    got, _ = read_all(h.service, tid, root, h.service.get_checkpoint(tid, root).token)
+    assert per_key(got) == {"d": [("PUT", 4)]}
+
+
 # --- limits ----------------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from connector.errors import (
     OptionError,
     StreamNotEnabledError,
     TrimmedDataError,
+    TunnelExistsError,
     TunnelRequestError,
     UnknownChannelError,
     UnknownTableError,
@@ -229,10 +230,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
                               problem="DynamoDB Streams has no base data to snapshot",
                               allowed="Stream")
         self._arn(table)  # UnknownTableError / StreamNotEnabledError first
-        existing = self.checkpoints.tunnel_by_name(table, tunnel_name)
-        if existing is not None:
-            from connector.errors import TunnelExistsError
-
+        if self.checkpoints.tunnel_by_name(table, tunnel_name) is not None:
             raise TunnelExistsError(tunnel=tunnel_name, table=table)
         info = TunnelInfo(uuid.uuid4().hex, tunnel_name, table, TunnelType.STREAM,
                           StartPosition(start_position), time.time())
@@ -251,13 +249,23 @@ class DynamoDbStreamsTunnelService(TunnelService):
         return info
 
     def _tip(self, table: str, shard: Shard) -> str:
-        """The token after the shard's newest record now (its start when it has none)."""
+        """The token after the shard's newest record now (its start when it has none). Records
+        already trimmed are skipped: they are older than the tunnel anyway."""
         token = self._start(shard)
         while True:
-            result = self._read(table, shard.shard_id, "", token, MAX_PAGE)
-            if not result.records:
+            try:
+                result = self._read(table, shard.shard_id, "", token, MAX_PAGE)
+            except TrimmedDataError as lost:
+                token = lost.resume_token
+                if token == FINISHED:  # the shard aged out meanwhile
+                    return token
+                continue
+            if result.records:
+                token = codec.after_token(shard.shard_id,
+                                          str(int(result.records[-1].sequence)))
+            if not result.records or result.next_token == FINISHED:
+                # closed meanwhile: stay before the end so a read reaches FINISHED itself
                 return token
-            token = result.next_token
 
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
         """The tunnel and every shard of the stream with its status for this tunnel (driver):
