@@ -207,6 +207,16 @@ class MetaStore(ABC):
     @abstractmethod
     def _list_batches(self, namespace: str) -> list[BatchRecord]: ...
 
+    def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
+        """Batches in ``state``, any order. A backend with an index on the state overrides it
+        (the driver asks for committed-not-pushed batches on every commit)."""
+        return [b for b in self._list_batches(namespace) if b.state is state]
+
+    def _list_ends_of(self, namespace: str, uuids: Sequence[str]
+                      ) -> dict[str, list[EndCheckpoint]]:
+        """The end checkpoints of several batches; a backend overrides it with one query."""
+        return {u: self._list_ends(namespace, u) for u in uuids}
+
     @abstractmethod
     def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
         """Delete the batch rows and their end checkpoints (ends first, so no end outlives
@@ -293,6 +303,12 @@ class MetaStore(ABC):
     def get_end_checkpoints(self, namespace: str, uuid: str) -> dict[str, EndCheckpoint]:
         return {e.channel_id: e for e in self._list_ends(namespace, uuid)}
 
+    def get_end_checkpoints_of(self, namespace: str, uuids: Sequence[str]
+                               ) -> dict[str, dict[str, EndCheckpoint]]:
+        """``get_end_checkpoints`` for several batches at once (driver: a push)."""
+        found = self._list_ends_of(namespace, list(dict.fromkeys(uuids)))
+        return {u: {e.channel_id: e for e in found.get(u, [])} for u in uuids}
+
     # --- commit and push (driver) -----------------------------------------------------------
 
     def mark_committed(
@@ -321,8 +337,7 @@ class MetaStore(ABC):
 
     def committed_not_pushed(self, namespace: str) -> list[BatchRecord]:
         """Committed batches whose checkpoints have not reached the tunnel, oldest first."""
-        return [b for b in chain_order(self._list_batches(namespace))
-                if b.state is BatchState.COMMITTED]
+        return chain_order(self._list_batches_in_state(namespace, BatchState.COMMITTED))
 
     def mark_pushed(self, namespace: str, uuids: Iterable[str], now: float | None = None) -> None:
         at = time.time() if now is None else now

@@ -249,7 +249,7 @@ def batches(
             )
         for key in corrupt:
             table.add_row("?", key, "-", "[red]CORRUPT[/red]", "-", "-", "-", "-",
-                          "see the warning on stderr")
+                          "see stderr")
         console = _console()
         console.print(table)
         shown = sum(r["records"] for r in rows)

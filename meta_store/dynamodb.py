@@ -424,8 +424,11 @@ class DynamoDbMetaStore(MetaStore):
         return item
 
     def _query(self, operation: str, namespace: str, prefix: str,
-               projection: str | None = None) -> Iterator[dict[str, Any]]:
-        """All items of ``namespace`` whose sort key starts with ``prefix``, page by page."""
+               projection: str | None = None,
+               state_rank: int | None = None) -> Iterator[dict[str, Any]]:
+        """All items of ``namespace`` whose sort key starts with ``prefix``, page by page
+        (only batches with ``state_rank`` when given: filtered by the service, so the other
+        rows' manifests are not transferred or decoded)."""
         kwargs: dict[str, Any] = {
             "TableName": self.table, "ConsistentRead": True,
             "KeyConditionExpression": "ns = :ns AND begins_with(sk, :prefix)",
@@ -433,6 +436,9 @@ class DynamoDbMetaStore(MetaStore):
         }
         if projection:
             kwargs["ProjectionExpression"] = projection
+        if state_rank is not None:
+            kwargs["FilterExpression"] = "state_rank = :rank"
+            kwargs["ExpressionAttributeValues"][":rank"] = _n(state_rank)
         if self.page_size:
             kwargs["Limit"] = self.page_size
         while True:
@@ -639,6 +645,10 @@ class DynamoDbMetaStore(MetaStore):
     def _list_batches(self, namespace: str) -> list[BatchRecord]:
         return [self._decode_batch(namespace, item)
                 for item in self._query("list_batches", namespace, "B#")]
+
+    def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
+        return [self._decode_batch(namespace, item)
+                for item in self._query("list_batches", namespace, "B#", state_rank=state.rank)]
 
     def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
         unique = list(dict.fromkeys(uuids))

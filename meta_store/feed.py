@@ -776,6 +776,8 @@ def progress_snapshot(
         "channels": channels, "tree": channel_tree(channels),
         "throughput": throughput(records), "query": query_entry(last_query),
         "tunnel_error": view.error,
+        # rows skipped because they do not decode (only when read through InspectedStore)
+        "corrupt": store.corrupt_records() if isinstance(store, InspectedStore) else [],
     })
     return base
 

@@ -25,7 +25,9 @@ Layout (schema version ``SCHEMA_VERSION``, recorded in ``cdc_meta_schema``):
 - ``cdc_batches(ns, uuid, created_at, state_rank, record, manifest)``: ``record`` is the
   ``BatchRecord`` JSON without its manifest, ``manifest`` the ``Manifest`` JSON or NULL;
 - ``cdc_end_checkpoints(ns, uuid, channel_id, record)``: ``record`` is the ``EndCheckpoint`` JSON;
-- ``cdc_namespaces(ns, info)``: the namespace description, a JSON object of strings.
+- ``cdc_namespaces(ns, info)``: the namespace description, a JSON object of strings;
+- index ``cdc_batches_state(ns, state_rank)``: committed-not-pushed batches without a listing
+  (created on open when missing).
 
 A file that is not a meta store of ours (not SQLite, another application's database, a newer
 schema) is refused at open with ``MetaStoreUriError``; a row that does not decode raises
@@ -85,6 +87,10 @@ _DDL = (
     " channel_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (ns, uuid, channel_id))",
     "CREATE TABLE cdc_namespaces (ns TEXT PRIMARY KEY, info TEXT NOT NULL)",
 )
+
+#: committed-not-pushed batches are looked up on every commit (an index, not part of the
+#: schema version: created when missing)
+_STATE_INDEX = ("CREATE INDEX IF NOT EXISTS cdc_batches_state ON cdc_batches (ns, state_rank)")
 
 _DEFAULTS = {"busy_timeout_ms": 10_000, "lock_retries": 3}
 _LIMITS = {"busy_timeout_ms": (1, 600_000), "lock_retries": (0, 100)}
@@ -230,7 +236,7 @@ class SqliteMetaStore(MetaStore):
                     f"tablestore-cdc meta store (it has tables {', '.join(sorted(tables))} and no "
                     f"{_SCHEMA_TABLE}); use a new file",
                 )
-            for statement in _DDL:
+            for statement in (*_DDL, _STATE_INDEX):
                 conn.execute(statement)
             conn.executemany(
                 f"INSERT INTO {_SCHEMA_TABLE} (key, value) VALUES (?, ?)",
@@ -246,6 +252,8 @@ class SqliteMetaStore(MetaStore):
                     "not a tablestore-cdc meta store or it is damaged",
                 )
         marker = dict(conn.execute(f"SELECT key, value FROM {_SCHEMA_TABLE}").fetchall())
+        if marker.get("product") == PRODUCT:
+            conn.execute(_STATE_INDEX)
         if marker.get("product") != PRODUCT:
             raise MetaStoreUriError(
                 uri=self.uri, reason=f"{self.path}: schema marker says product "
@@ -451,6 +459,32 @@ class SqliteMetaStore(MetaStore):
         ).fetchall())
         return [self._decode_batch(namespace, uuid, record, manifest)
                 for uuid, record, manifest in rows]
+
+    def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
+        rows = self._run("list_batches", lambda conn: conn.execute(
+            "SELECT uuid, record, manifest FROM cdc_batches WHERE ns = ? AND state_rank = ?"
+            " ORDER BY created_at, uuid", (namespace, state.rank),
+        ).fetchall())
+        return [self._decode_batch(namespace, uuid, record, manifest)
+                for uuid, record, manifest in rows]
+
+    def _list_ends_of(self, namespace: str, uuids: Sequence[str]
+                      ) -> dict[str, list[EndCheckpoint]]:
+        def select(conn: sqlite3.Connection) -> list[Any]:
+            rows: list[Any] = []
+            for i in range(0, len(uuids), _DELETE_CHUNK):
+                chunk = list(uuids[i:i + _DELETE_CHUNK])
+                marks = ", ".join("?" * len(chunk))
+                rows += conn.execute(
+                    "SELECT uuid, channel_id, record FROM cdc_end_checkpoints WHERE ns = ?"
+                    f" AND uuid IN ({marks}) ORDER BY uuid, channel_id", (namespace, *chunk),
+                ).fetchall()
+            return rows
+
+        out: dict[str, list[EndCheckpoint]] = {u: [] for u in uuids}
+        for uuid, channel, record in self._run("get_end_checkpoints", select):
+            out[uuid].append(self._decode_end(namespace, uuid, channel, record))
+        return out
 
     def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
         unique = list(dict.fromkeys(uuids))

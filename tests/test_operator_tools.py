@@ -352,3 +352,47 @@ def test_follow_on_an_empty_store_says_it_is_waiting(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_dashboard_snapshot_survives_and_lists_a_corrupt_row(tmp_path: Path) -> None:
+    from meta_store.dashboard import DashboardApp
+
+    path = tmp_path / "m.db"
+    run = Run(path)
+    _corrupt_batch(path, run.uuids[3])
+    app = DashboardApp.open(run.uri)
+    try:
+        snapshot = json.loads(app.snapshot_json())
+    finally:
+        app.close()
+    assert snapshot["batch_count"] == 5
+    assert [c["key"] for c in snapshot["corrupt"]] == [f"{NS}/batch/{run.uuids[3]}"]
+
+
+# --- item 3: is the query alive? -----------------------------------------------------------
+
+
+def test_activity_tells_live_idle_stale_and_stopped() -> None:
+    from meta_store.feed import STALE_AFTER_S, activity
+
+    def committed(at: float) -> dict[str, Any]:
+        return {"initial": False, "times": {"committed": at}}
+
+    now = 10_000.0
+    recent = [committed(now - 3), committed(now - 2), committed(now - 1)]
+    old = [committed(now - 500), committed(now - 499), committed(now - 498)]
+    assert activity([], None, None, now)["state"] == "waiting"
+    assert activity(recent, None, 5, now)["state"] == "live"
+    assert activity(old, None, 0, now)["state"] == "idle"  # caught up: nothing to do
+    stale = activity(old, None, 7, now)
+    assert stale["state"] == "stale" and stale["last_commit_age_s"] == 498
+    assert stale["stale_after_s"] == STALE_AFTER_S
+    assert activity(old, None, None, now)["state"] == "stale"  # lag unknown
+    heartbeat = {"status": "running", "at": now - 5, "query_id": "q", "reason": None}
+    assert activity(old, heartbeat, 7, now)["state"] == "live"  # the listener heard from it
+    stopped = activity(recent, {"status": "stopped", "at": now - 1, "query_id": "q",
+                                "reason": "boom"}, 5, now)
+    assert (stopped["state"], stopped["stopped_at"], stopped["reason"]) == (
+        "stopped", now - 1, "boom")
+    slow = [committed(now - 600 * i) for i in range(4, 0, -1)]  # a 10-minute trigger
+    assert activity(slow, None, 3, now + 60)["state"] == "live"

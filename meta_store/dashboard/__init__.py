@@ -30,7 +30,12 @@ import typer
 
 from connector.errors import CdcError
 from meta_store import MetaStore
-from meta_store.feed import InspectionError, open_existing_meta_store, progress_snapshot
+from meta_store.feed import (
+    InspectedStore,
+    InspectionError,
+    open_existing_meta_store,
+    progress_snapshot,
+)
 
 log = logging.getLogger("meta_store.dashboard")
 
@@ -54,7 +59,9 @@ class DashboardApp:
 
     def __init__(self, store: MetaStore, namespace: str | None = None,
                  endpoint: str | None = None, recent: int = 50, cache_s: float = 0.5) -> None:
-        self.store = store
+        # a corrupt row is skipped (and listed in the snapshot's "corrupt") rather than failing
+        # the page
+        self.store: Any = InspectedStore(store)
         self.namespace = namespace
         self.endpoint = endpoint
         self.recent = recent

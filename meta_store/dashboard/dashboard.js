@@ -213,7 +213,9 @@ function render(snap) {
   renderChannels(snap);
   renderTree(snap);
   renderBatches(snap);
-  showError(snap.tunnel_error ? `tunnel: ${snap.tunnel_error}` : "");
+  const corrupt = (snap.corrupt || []).map(c => `corrupt meta row ${c.key} skipped (${c.reason})`);
+  showError([snap.tunnel_error ? `tunnel: ${snap.tunnel_error}` : "", ...corrupt]
+    .filter(Boolean).join(" · "));
 }
 
 async function poll() {
