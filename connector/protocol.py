@@ -68,6 +68,8 @@ log = logging.getLogger("connector.protocol")
 
 #: minted-but-never-planned UUIDs older than this are garbage-collected
 ORPHAN_RETENTION_S = 3600.0
+#: retention runs every ``metaRetentionBatches // GC_EVERY_DIV`` commits (at least every one)
+GC_EVERY_DIV = 10
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,7 @@ class StreamProtocol:
         if self._info != recorded:
             self.meta.set_namespace_info(self.namespace, self._info)
         self._committed_through: str | None = None
+        self._commits_since_gc = 1_000_000  # the first commit of a process applies retention
         self._last_refresh = 0.0
         self._force_refresh = True
         self._available_now_targets: dict[str, str] | None = None
@@ -509,6 +512,12 @@ class StreamProtocol:
         end_uuid = self.uuid_of(end)
         fault_point("commit_start")  # Spark's commit log already holds this batch
         self._commit_through(end_uuid)
+        # retention lists the namespace's batches: every commit for a small
+        # metaRetentionBatches, else every tenth of it (at most that many more are held between)
+        self._commits_since_gc += 1
+        if self._commits_since_gc < max(1, self.options.meta_retention_batches // GC_EVERY_DIV):
+            return
+        self._commits_since_gc = 0
         removed = self.meta.gc(self.namespace, self.options.meta_retention_batches,
                                ORPHAN_RETENTION_S)
         if removed:
@@ -548,8 +557,9 @@ class StreamProtocol:
         if not pending:
             return []
         newest: dict[str, EndCheckpoint] = {}
-        for batch in pending:
-            newest.update(self.meta.get_end_checkpoints(self.namespace, batch.uuid))
+        ends = self.meta.get_end_checkpoints_of(self.namespace, [b.uuid for b in pending])
+        for batch in pending:  # oldest first: the newest end of each channel wins
+            newest.update(ends[batch.uuid])
         finished = any(e.finished for e in newest.values())
         if not (force or finished or len(pending) >= self.options.commit_interval):
             return []
