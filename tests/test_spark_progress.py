@@ -1,7 +1,8 @@
 """Spark's own progress report carries the tunnel's head and lag (``reportLatestOffset``).
 
 Runs a real query on the session ``spark`` fixture against an embedded local store and reads
-``query.lastProgress["sources"][0]["latestOffset"]`` — what monitoring systems consume.
+``query.lastProgress["sources"][0]["latestOffset"]`` — what monitoring systems consume; and
+checks, without Spark, that a measurement is reused rather than repeated on every trigger.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import time
 import pytest
 
 from connector.local import LocalTablestore
-
-pytestmark = pytest.mark.slow
 
 
 def _latest(progress: dict) -> dict | None:
@@ -32,6 +31,7 @@ def _wait(condition, timeout: float, query) -> None:
     raise TimeoutError("condition not reached")
 
 
+@pytest.mark.slow
 def test_last_progress_carries_heads_and_lag(spark, tmp_path):
     store = LocalTablestore(tmp_path / "store.db")
     store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
@@ -77,4 +77,42 @@ def test_last_progress_carries_heads_and_lag(spark, tmp_path):
                    for e in final["channels"].values())
     finally:
         query.stop()
+        store.close()
+
+
+@pytest.mark.parametrize("took", [0.001, 2.0])
+def test_measurements_are_reused_for_twenty_times_their_cost(tmp_path, took):
+    """No Spark: the reporter on a real ``StreamProtocol`` over a local store, with a clock
+    the test moves (a measurement "takes" ``took`` seconds)."""
+    from connector.options import SourceOptions
+    from connector.progress import MAX_REFRESH_S, MIN_REFRESH_S, LatestOffsetReporter
+    from connector.protocol import StreamProtocol
+
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], channels=2)
+    for i in range(10):
+        store.put_row("t", {"id": i}, {})
+    protocol = StreamProtocol(SourceOptions.from_spark({
+        "endpoint": f"local://{store.path}", "table.name": "t", "tunnel.name": "q"}))
+    now = [100.0]
+    ticks = iter([])
+
+    def clock() -> float:  # each measurement's end reads the clock once more
+        return next(ticks, now[0])
+
+    reporter = LatestOffsetReporter(protocol, clock=clock)
+    try:
+        start = protocol.uuid_of(protocol.initial_offset())
+        ticks = iter([now[0], now[0] + took])
+        first = reporter.report(start)
+        assert first["recordsBehindLatest"] == 10 and reporter.measurements == 1
+        interval = min(MAX_REFRESH_S, max(MIN_REFRESH_S, 20 * took))
+        store.put_row("t", {"id": 99}, {})
+        now[0] += interval - 0.01
+        assert reporter.report(start) is first and reporter.measurements == 1  # reused
+        now[0] += 0.02
+        again = reporter.report(start)
+        assert reporter.measurements == 2 and again["recordsBehindLatest"] == 11
+    finally:
+        protocol.close()
         store.close()
