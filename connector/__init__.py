@@ -4,6 +4,7 @@ Public surface::
 
     from connector import register
     register(spark)                      # registers format("tablestore"), sets PYSPARK_PYTHON
+                                         # also on a Spark Connect session: docs/connect.md
     spark.readStream.format("tablestore").option("endpoint", "local:///abs/store.db") ...
 
 ``TablestoreDataSource`` and ``register`` are imported lazily so that the tunnel and meta-store
