@@ -1,5 +1,6 @@
 """The job attaches a ``ProgressListener``: Spark's batch ids reach the meta store, and the stop
-is recorded (``tablestore-cdc demo`` in a real subprocess, its own Spark driver)."""
+is recorded (``tablestore-cdc demo`` in a real subprocess, its own Spark driver). The same real
+run (two splits and a merge) checks ``meta diff``'s totals."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ def test_demo_records_spark_batch_ids_and_its_stop(tmp_path):
                if not b["initial"] and b["state"] != "minted"]
     assert batches and all(b["spark_batch_id"] is not None for b in batches), batches
     assert sorted(b["spark_batch_id"] for b in batches) == list(range(len(batches)))
+
+    # meta diff over the whole run (2 splits, then a merge of two split children: channels
+    # that appeared and finished between the two ends) counts every record in between
+    chain = json.loads(listing.stdout)["batches"]
+    first, last = batches[0], batches[-1]
+    between = chain[chain.index(first) + 1: chain.index(last) + 1]
+    diff = CliRunner().invoke(root_app, ["meta", "diff", first["uuid"], last["uuid"], "--meta",
+                                         meta, "--json"])
+    assert diff.exit_code == 0, diff.output
+    data = json.loads(diff.stdout)
+    assert data["records"] == sum(b["records"] for b in between) > 0
+    assert any(c["only_in"] == "between" for c in data["channels"]), data["channels"]
 
     from meta_store import open_meta_store
     from meta_store.feed import load_query_status, progress_snapshot, user_namespaces
