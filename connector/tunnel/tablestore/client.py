@@ -34,8 +34,10 @@ How the interface maps onto the wire:
   the source's own, which only matters to a new query without a Spark checkpoint.
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
-- ``has_new_data``, ``head_sequences``, ``lag``: ``None`` (the service cannot tell without
-  reading); the source then plans a batch per trigger and does not support AvailableNow.
+- ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
+  position (the service has no cheaper way to tell).
+- ``head_sequences``, ``lag``: ``None`` (the service cannot tell); the source does not support
+  AvailableNow on this backend.
 
 Errors (service code -> the product's type): 503 ``OTSTunnelServerUnavailable`` and network
 errors are retried inside the transport for a bounded time, then ``TransientTunnelError``; a
@@ -54,7 +56,7 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -166,8 +168,8 @@ class TablestoreTunnelService(TunnelService):
         self.instance = instance
         self.uri = _safe(uri) if uri else f"{self.endpoint}?instance={instance}"
         self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s)
-        #: tunnel id -> table name, learned from describe/list (for error messages)
-        self._tables: dict[str, str] = {}
+        #: tunnel id -> (table, tunnel name), learned from describe/list
+        self._tunnels: dict[str, tuple[str, str]] = {}
         #: False makes reads behave as against a service without the emulator's page limit
         self.send_max_records = send_max_records
 
@@ -292,7 +294,8 @@ class TablestoreTunnelService(TunnelService):
             return TrimmedDataError(channel_id=channel_id, tunnel_id=tunnel_id,
                                     requested=requested, earliest=earliest, lost=lost,
                                     resume_token=resume, service_message=msg)
-        return self._not_found(exc, self._tables.get(tunnel_id, "(any table)"), tunnel_id)
+        table = self._tunnels.get(tunnel_id, ("(any table)", ""))[0]
+        return self._not_found(exc, table, tunnel_id)
 
     # --- tunnels (driver) ---------------------------------------------------------------------
 
@@ -308,7 +311,7 @@ class TablestoreTunnelService(TunnelService):
         if t.HasField("stream_tunnel_config") and t.stream_tunnel_config.HasField("flag"):
             if t.stream_tunnel_config.flag == m.FLAG_LATEST:
                 start = StartPosition.LATEST
-        self._tables[t.tunnel_id] = t.table_name
+        self._tunnels[t.tunnel_id] = (t.table_name, t.tunnel_name)
         return TunnelInfo(t.tunnel_id, t.tunnel_name, t.table_name, tunnel_type, start,
                           t.create_time / 1e9 if t.HasField("create_time") else 0.0)
 
@@ -444,6 +447,33 @@ class TablestoreTunnelService(TunnelService):
         if content.iterator or not content.DESCRIPTOR.fields_by_name.get("total_count"):
             return None
         return int(content.total_count) if content.HasField("total_count") else None
+
+    def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool:
+        """Driver, ``latestOffset``: one DescribeTunnel, then a one-record read per OPEN
+        channel from its position (the service has no cheaper way to tell) -- so an idle
+        query costs a few small reads per trigger instead of an empty Spark batch. True at
+        the first channel that is missing from ``positions``, returns a record, or reads to
+        ``"finished"``; a trimmed position also counts (the batch reports it)."""
+        if tunnel_id not in self._tunnels:
+            self.list_tunnels()  # learns every tunnel's table and name
+        if tunnel_id not in self._tunnels:
+            raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
+        table, name = self._tunnels[tunnel_id]
+        for channel in self.describe_tunnel(table, name).channels:
+            if channel.status is not ChannelStatus.OPEN:
+                continue
+            token = positions.get(channel.channel_id)
+            if token is None:
+                return True
+            if token == FINISHED:
+                continue
+            try:
+                result = self.read_records(tunnel_id, channel.channel_id, token, 1)
+            except TrimmedDataError:
+                return True
+            if result.records or result.next_token == FINISHED:
+                return True
+        return False
 
     def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
         """Up to ``limit`` records after ``token`` (executor); see the module docstring for
