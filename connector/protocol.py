@@ -37,6 +37,7 @@ from connector.errors import (
     MalformedOffsetError,
     OptionError,
     StaleCheckpointError,
+    TunnelError,
     TunnelGoneError,
     TunnelReplacedError,
     UnknownBatchError,
@@ -475,7 +476,11 @@ class StreamProtocol:
             return dict.fromkeys(active, per_channel)
         offset = uuid_lib.UUID(end_uuid).int % len(active)
         rotated = active[offset:] + active[:offset]
-        backlog = self.tunnel.lag(self.tunnel_id, {ch: positions[ch].token for ch in active})
+        try:
+            backlog = self.tunnel.lag(self.tunnel_id, {ch: positions[ch].token for ch in active})
+        except TunnelError as exc:  # the backlog only shapes the split: never fail a batch on it
+            log.debug("no backlog figures (%s): splitting the read limit evenly", exc)
+            backlog = None
         if backlog is None:  # the backend cannot tell: an even split
             return _share(max_rows, dict.fromkeys(rotated, per_channel))
         asks = {}
