@@ -292,3 +292,14 @@ def test_local_cluster_over_http_only(tmp_path: Path, setup: tuple) -> None:
     assert exported.returncode == 0, exported.stderr
     readers = set(re.findall(r'"attempt": "[^/"]+/(\d+)', exported.stdout))
     assert len(readers) >= 2, readers
+
+
+def test_demo_over_the_wire(tmp_path: Path) -> None:
+    """``tablestore-cdc demo --backend emulator``: the demo pipeline with SDK writes, Tunnel
+    reads and the meta table all through the emulator, verified by the demo itself."""
+    done = subprocess.run([CLI, "demo", "--backend", "emulator", "--workdir",
+                           str(tmp_path / "demo"), "--changes", "400", "--duration", "5"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "400 changes written" in done.stdout, done.stdout
+    assert "0 lost, 0 duplicated; current state matches" in done.stdout, done.stdout
