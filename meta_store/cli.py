@@ -281,7 +281,9 @@ def show(
         t = record["times"]
         console.print(f"[bold]batch {batch.uuid}[/bold]  state={batch.state.value}"
                       f"{' (initial offset)' if record['initial'] else ''}  "
-                      f"spark batch id={record['spark_batch_id']}")
+                      "spark batch id=" + ("? (no ProgressListener reported it)"
+                                           if record["spark_batch_id"] is None
+                                           else str(record["spark_batch_id"])))
         fmt, when = _clock([t["created"], t["planned"], t["committed"], t["pushed"]])
         console.print(f"prev  {batch.prev_uuid or '- (initial offset)'}")
         console.print(f"times created {_time(t['created'], fmt)} · planned "

@@ -333,6 +333,8 @@ def test_show_token_cells_show_what_tells_them_apart(tmp_path: Path) -> None:
     assert result.exit_code == 0
     for ch, seq in (("a", 5), ("b", 5)):
         assert f"{ch}@{seq}" in result.stdout  # the tail that differs, not the shared head
+    assert "spark batch id=? (no ProgressListener reported it)" in result.stdout
+    assert "None" not in result.stdout
 
 
 def test_follow_on_an_empty_store_says_it_is_waiting(tmp_path: Path) -> None:
