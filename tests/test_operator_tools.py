@@ -398,3 +398,31 @@ def test_activity_tells_live_idle_stale_and_stopped() -> None:
         "stopped", now - 1, "boom")
     slow = [committed(now - 600 * i) for i in range(4, 0, -1)]  # a 10-minute trigger
     assert activity(slow, None, 3, now + 60)["state"] == "live"
+
+
+def test_a_corrupt_dynamodb_item_is_marked_too(moto_endpoint: str) -> None:
+    """The same tolerance on DynamoDB (a moto server on 127.0.0.1): a batch item whose
+    document was cut short is listed as corrupt, the others are read."""
+    import boto3
+
+    table = "cdc-meta-corrupt"
+    base = f"dynamodb://{table}?region=us-east-1&endpoint_url={moto_endpoint}"
+    with open_meta_store(base + "&create_table=true") as meta:
+        meta.set_namespace_info(NS, {"endpoint": "local:///nowhere/store.db", "table": "t",
+                                     "tunnel": "n", "tunnel_id": "tid"})
+        prev = None
+        for uuid in ("b0", "b1", "b2"):
+            meta.create_batch(NS, uuid, prev)
+            prev = uuid
+    client = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=moto_endpoint)
+    items = client.query(TableName=table, KeyConditionExpression="ns = :ns",
+                         ExpressionAttributeValues={":ns": {"S": NS}})["Items"]
+    victim = next(i for i in items if i["sk"]["S"].endswith("b1"))
+    client.update_item(TableName=table, Key={"ns": victim["ns"], "sk": victim["sk"]},
+                       UpdateExpression="SET doc = :d", ExpressionAttributeValues={
+                           ":d": {"S": victim["doc"]["S"][:10]}})
+    result = cli("meta", "batches", "--meta", base, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert sorted(b["uuid"] for b in data["batches"]) == ["b0", "b2"]
+    assert [c["key"] for c in data["corrupt"]] == [f"{NS}/{victim['sk']['S']}"]
