@@ -138,11 +138,11 @@ class InspectedStore:
                 return decode(self.store, *args)
             except CorruptMetaRecordError as exc:
                 self._note(exc)
-                return None
+                return _SKIPPED
 
         self.store.__dict__[decoder] = tolerant
         try:
-            return [x for x in call() if x is not None]
+            return [x for x in call() if x is not _SKIPPED]
         finally:
             del self.store.__dict__[decoder]
 
@@ -173,6 +173,17 @@ class InspectedStore:
         """What was skipped so far, as ``{"key", "reason"}`` (the ``corrupt`` field of
         ``meta batches --json`` and ``meta export``)."""
         return [{"key": k, "reason": v} for k, v in sorted(self.corrupt.items())]
+
+
+class _Skipped:
+    """What a tolerant decoder returns for a corrupt row; indexing it gives itself, since a
+    backend may pick a field of the decoded value (Tablestore's decoder returns a tuple)."""
+
+    def __getitem__(self, _: Any) -> _Skipped:
+        return self
+
+
+_SKIPPED = _Skipped()
 
 
 def corrupt_info_message(namespace: str) -> str:

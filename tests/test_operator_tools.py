@@ -426,3 +426,36 @@ def test_a_corrupt_dynamodb_item_is_marked_too(moto_endpoint: str) -> None:
     data = json.loads(result.stdout)
     assert sorted(b["uuid"] for b in data["batches"]) == ["b0", "b2"]
     assert [c["key"] for c in data["corrupt"]] == [f"{NS}/{victim['sk']['S']}"]
+
+
+def test_a_corrupt_tablestore_meta_row_is_marked_too(tmp_path_factory: Any,
+                                                     monkeypatch: Any) -> None:
+    """And on the Tablestore meta store (the local emulator over HTTP, official SDK)."""
+    pytest.importorskip("tablestore")
+    from tablestore_emulator.server import EmulatorServer
+    from tests.test_meta_store_tablestore import (
+        AK,
+        ENV,
+        INSTANCE,
+        SK,
+        table_uri,
+        tablestore_raw_writer,
+    )
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    store = tmp_path_factory.mktemp("emulator") / "store.db"
+    with EmulatorServer(str(store), INSTANCE, AK, SK) as emulator:
+        uri = table_uri(emulator)
+        with open_meta_store(uri + "&create_table=true") as meta:
+            meta.set_namespace_info(NS, {"table": "t", "tunnel": "n"})
+            prev = None
+            for uuid in ("b0", "b1", "b2"):
+                meta.create_batch(NS, uuid, prev)
+                prev = uuid
+        tablestore_raw_writer(emulator, uri)(NS, "b1", None, '{"uuid": "b1", "pre')
+        result = cli("meta", "batches", "--meta", uri, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert sorted(b["uuid"] for b in data["batches"]) == ["b0", "b2"]
+    assert [c["key"] for c in data["corrupt"]] == [f"{NS}/B#b1"]
