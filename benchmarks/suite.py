@@ -25,8 +25,10 @@ from benchmarks.memory import MemoryConfig
 from benchmarks.protocol import ProtocolConfig
 from benchmarks.recovery import RecoveryConfig
 from benchmarks.throughput import ThroughputConfig
+from benchmarks.wire import WireConfig
 
-BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery")
+BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
+              "wire")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Preset:
     freshness: FreshnessConfig
     recovery: RecoveryConfig
     memory: MemoryConfig = MemoryConfig()
+    wire: WireConfig = WireConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,6 +54,7 @@ PRESETS: dict[str, Preset] = {
         FreshnessConfig(seconds=2.0, writes_per_second=5.0),
         RecoveryConfig(trials=1, max_per_channel=100, batches_before_kill=1),
         MemoryConfig(records=20_000),
+        WireConfig(records=4_000, decode_records=4_000, repeats=1),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -90,7 +94,7 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
 
     ``spark``: an existing session to use (kept running); otherwise one is started and stopped.
     """
-    from benchmarks import commit_interval, freshness, memory, protocol, recovery, throughput
+    from benchmarks import commit_interval, freshness, memory, protocol, recovery, throughput, wire
 
     began = time.monotonic()
     results: dict[str, Any] = {"preset": preset.name, "machine": machine_facts(),
@@ -105,7 +109,8 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
             log(f"memory: one Python process reads a {preset.memory.records:,}-record "
                 "partition ...")
             results["memory"] = memory.run(preset.memory, root / "memory")
-        spark_needed = [b for b in ("throughput", "commit_interval", "freshness") if b in only]
+        spark_needed = [b for b in ("throughput", "commit_interval", "freshness", "wire")
+                        if b in only]
         if spark_needed:
             session = spark
             if session is None:
@@ -126,6 +131,10 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
                     log("freshness: stamped writes into a foreachBatch sink ...")
                     results["freshness"] = freshness.run(session, preset.freshness,
                                                          root / "freshness")
+                if "wire" in only:
+                    log("wire: PlainBuffer decode rate; tablestore over the emulator vs "
+                        "trivial source ...")
+                    results["wire"] = wire.run(session, preset.wire, root / "wire")
             finally:
                 if spark is None:
                     session.stop()
@@ -170,6 +179,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out["freshness_p99_ms"] = results["freshness"]["p99_ms"]
     if "commit_interval" in results:
         out["commit_interval"] = results["commit_interval"]["records_s"]
+    if "wire" in results:
+        w = results["wire"]
+        out["wire_decode_records_per_cpu_s"] = round(w["decode"]["records_per_cpu_s"])
+        out["wire_throughput_ratio"] = round(w["throughput"]["ratio"], 3)
+        out["wire_throughput_rows_s"] = round(w["throughput"]["wire_rows_s"])
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -262,6 +276,11 @@ def format_table(s: dict[str, Any]) -> str:
         add("recovery_rereads", s["recovery_rereads"], "{:,}")
     for interval, rate in s.get("commit_interval", {}).items():
         add(f"commit_interval {interval} (records/s)", rate, "{:,.0f}")
+    if "wire_throughput_ratio" in s:
+        add("wire_throughput_ratio", s["wire_throughput_ratio"], "{:.3f}")
+    for key in ("wire_throughput_rows_s", "wire_decode_records_per_cpu_s"):
+        if key in s:
+            add(key, s[key], "{:,.0f}")
     width = max(len(r[0]) for r in rows)
     span = max([len(r[2]) for r in rows] + [len("min .. max")]) if spread else 0
     value_head = "median" if spread else "value"

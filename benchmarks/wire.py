@@ -1,0 +1,166 @@
+"""The Tablestore wire path: PlainBuffer decode rate, and throughput over the emulator.
+
+Two figures (docs/performance.md, docs/tablestore.md):
+
+- ``decode``: records per second per core that ``connector.tunnel.tablestore.records.
+  decode_page`` turns from wire ``Record`` messages (PlainBuffer with sequence info and a
+  before-image, as the emulator encodes the benchmark table's changes) into ``Record`` objects.
+  CPU time of this one thread (``time.thread_time``), so other load on the machine does not
+  count; the best of three passes.
+- ``throughput``: records per second from ``format("tablestore")`` over
+  ``http://`` -- the emulator in its own process (``tablestore-cdc emulator``) serving a
+  pre-filled store -- into Spark's ``noop`` sink, against the trivial Python source with the same
+  rows, channels and partitions (``benchmarks.trivial_source``), side by side in the same session.
+  The meta store is SQLite (this measures the tunnel's wire path, not the meta table's).
+  ``Trigger.AvailableNow`` is not available on the wire backend, so the query runs with a
+  processing-time trigger until every record arrived; the rate is rows / the summed
+  ``triggerExecution`` of the batches that carried rows, as in ``benchmarks.throughput``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import TABLE, create_bench_table, fill, median, progress_breakdown
+from benchmarks.throughput import _trivial, before_share, register_trivial, run_noop
+from connector.local import LocalTablestore
+
+INSTANCE, KEY_ID, SECRET = "bench", "bench-key", "bench-secret"
+
+
+@dataclass(frozen=True)
+class WireConfig:
+    records: int = 200_000
+    channels: int = 4
+    decode_records: int = 50_000
+    repeats: int = 2
+
+
+def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
+    """Decode ``records`` wire records (one thread); records per CPU-second."""
+    from connector.tunnel.tablestore.records import decode_page
+    from tablestore_emulator.tunnel_api import encode_record
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = LocalTablestore(workdir / "decode.db")
+    create_bench_table(store, 1)
+    fill(store, records)
+    wire = [encode_record(r, base=False) for r in store.change_log(TABLE)]
+    store.close()
+    page = 500  # the service's page size
+    best = float("inf")
+    for _ in range(3):
+        began = time.thread_time()
+        for lo in range(0, len(wire), page):
+            decode_page(wire[lo:lo + page], "ch", "token", None)
+        best = min(best, time.thread_time() - began)
+    payload = sum(len(w.record) + len(w.origin_record) for w in wire)
+    return {"records": len(wire), "records_per_cpu_s": len(wire) / best,
+            "bytes_per_record": payload / len(wire), "cpu_s": best}
+
+
+class _Emulator:
+    def __init__(self, store: Path, log: Path) -> None:
+        cli = str(Path(sys.executable).with_name("tablestore-cdc"))
+        self.proc = subprocess.Popen(
+            [cli, "emulator", "--store", str(store), "--instance", INSTANCE,
+             "--access-key-id", KEY_ID, "--access-key-secret", SECRET, "--port", "0"],
+            stdout=subprocess.PIPE, stderr=open(log, "ab"), text=True)  # noqa: SIM115
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"emulator did not start: {line!r} (see {log})")
+        self.url = line.removeprefix("listening on ")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def _wire_df(spark: Any, url: str, meta: Path, max_per_channel: int) -> Any:
+    return (spark.readStream.format("tablestore").option("endpoint", url)
+            .option("instance.name", INSTANCE).option("access.key.id", KEY_ID)
+            .option("access.key.secret", SECRET).option("table.name", TABLE)
+            .option("tunnel.name", f"bench-{uuid.uuid4().hex[:8]}")
+            .option("meta.store", f"sqlite://{meta}")
+            .option("maxOffsetsPerChannel", str(max_per_channel)).load())
+
+
+def run_until(spark: Any, df: Any, expected: int, checkpoint: Path,
+              timeout_s: float = 1800) -> dict[str, Any]:
+    """Run ``df`` into noop with a processing-time trigger until ``expected`` rows arrived."""
+    query = (df.writeStream.format("noop").trigger(processingTime="100 milliseconds")
+             .option("checkpointLocation", str(checkpoint)).start())
+    seen: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sum(p["numInputRows"] for p in seen.values()) < expected:
+            if query.exception() is not None:
+                raise RuntimeError(f"benchmark query failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{expected} rows not delivered in {timeout_s:.0f} s")
+            for p in query.recentProgress:
+                seen[p["batchId"]] = p
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    progress = [p for p in seen.values() if p["numInputRows"] > 0]
+    rows = sum(p["numInputRows"] for p in progress)
+    seconds = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return {"rows": rows, "seconds": seconds, "batches": len(progress),
+            "rows_s": rows / seconds if seconds else 0.0,
+            "batch_ms": progress_breakdown(progress)}
+
+
+def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
+    """Both figures (see the module docstring)."""
+    register_trivial(spark)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"decode": decode_rate(config.decode_records, workdir / "decode")}
+    store_path = workdir / "wire.db"
+    store = LocalTablestore(store_path)
+    create_bench_table(store, config.channels)
+    fill(store, config.records)
+    channel_rows = [c.head_seq for c in store.list_channels(TABLE)]
+    share = before_share(store)
+    store.close()
+    expected, cap = sum(channel_rows), max(channel_rows)
+    emulator = _Emulator(store_path, workdir / "emulator.log")
+    try:
+        # warm-up, not counted: Python workers import the wire client, the JVM its row path
+        run_until(spark, _wire_df(spark, emulator.url, workdir / "warm-meta.db", cap), expected,
+                  workdir / "ckpt-warm-wire")
+        run_noop(spark, _trivial(spark, channel_rows, cap, share), workdir / "ckpt-warm")
+        runs: dict[str, list[dict[str, Any]]] = {"trivial": [], "wire": []}
+        for i in range(config.repeats):
+            runs["trivial"].append(run_noop(spark, _trivial(spark, channel_rows, cap, share),
+                                            workdir / f"ckpt-t{i}"))
+            runs["wire"].append(run_until(
+                spark, _wire_df(spark, emulator.url, workdir / f"meta-{i}.db", cap), expected,
+                workdir / f"ckpt-w{i}"))
+        for name, results in runs.items():
+            for r in results:
+                if r["rows"] != expected:
+                    raise RuntimeError(f"{name} delivered {r['rows']} rows, expected {expected}")
+    finally:
+        emulator.stop()
+    wire, trivial = (median([r["rows_s"] for r in runs[k]]) for k in ("wire", "trivial"))
+    out["throughput"] = {
+        "records": expected, "channels": config.channels, "ratio": wire / trivial,
+        "wire_rows_s": wire, "trivial_rows_s": trivial,
+        "wire_runs_rows_s": [round(r["rows_s"]) for r in runs["wire"]],
+        "trivial_runs_rows_s": [round(r["rows_s"]) for r in runs["trivial"]],
+        "wire_batch_ms": runs["wire"][0]["batch_ms"],
+        "cpu_count": os.cpu_count(),
+    }
+    return out
