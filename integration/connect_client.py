@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "rows": sum(s.get("numInputRows") or 0 for s in p.get("sources") or [])}
                    for p in progress]
         report["batches"] = batches
+        # the source's own lag report (reportLatestOffset), as a Connect client sees it
+        report["latest_offset_reported"] = any(
+            s.get("latestOffset") for p in progress for s in p.get("sources") or [])
         # listener events arrive asynchronously: wait for the batches that carried data
         with_data = sum(1 for b in batches if b["rows"])
         deadline = time.monotonic() + 30

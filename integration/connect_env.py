@@ -132,8 +132,11 @@ def stop_tree(pid: int, grace: float = 15) -> list[int]:
 
 @contextmanager
 def connect_server(work_dir: Path, conf: dict[str, str] | None = None,
+                   python: str | os.PathLike[str] | None = None,
                    timeout: float = 180) -> Iterator[str]:
     """A Spark Connect server (``local[2]``) on 127.0.0.1; yields ``sc://127.0.0.1:PORT``.
+
+    ``python`` is the server's Python for its workers (default: this interpreter).
 
     Its output goes to ``work_dir/connect-server.log``; startup failures include its tail.
     """
@@ -143,7 +146,7 @@ def connect_server(work_dir: Path, conf: dict[str, str] | None = None,
     env = {
         **os.environ,
         "SPARK_HOME": str(home),
-        "PYSPARK_PYTHON": sys.executable,  # the server's workers run the source: this venv
+        "PYSPARK_PYTHON": str(python or sys.executable),  # the server's workers run the source
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(work_dir),  # not inside the installed package
         "SPARK_PID_DIR": str(work_dir),

@@ -134,6 +134,7 @@ def test_register_and_restart_from_a_thin_client_exactly_once(client, remote, tm
             assert int(report["protobuf"].split(".")[0]) >= 6, report["protobuf"]
             assert report["server_only_modules_imported"] == []
             assert report["server_spark"] == __import__("pyspark").__version__
+            assert report["latest_offset_reported"]  # the lag report reaches the client
 
         # the second run resumed from the checkpoint: its batch ids continue the first's
         first_ids = [b["batch_id"] for b in first["batches"]]
