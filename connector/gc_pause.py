@@ -1,11 +1,15 @@
-"""Pause Python's cyclic garbage collector around one bulk build on the read path (executor).
+"""Pause Python's cyclic garbage collector around one bulk build of records (executor, writer).
 
 Behaviour is unchanged: the objects built (a page of records, an Arrow batch) form no cycles and
 reference counting frees them as before. Only the collector runs less often: it starts a
 collection every few hundred container allocations and, every so often, a full one over every
-live object; a reader holding a large partition spent about a third of its time there
-(docs/performance.md). Used by ``connector.local.store`` (per page of records) and
-``connector.schema`` (per Arrow batch).
+live object; a reader that held a large partition as ``Record`` objects spent about a third of
+its time there (docs/performance.md).
+
+Off the hot path since reads are columnar (``connector.tunnel.page``): the local store's sealed
+segments make no Python object per record. Still used where records are converted: the local
+store decoding a page of records (the unsealed tail, base data, sealing a segment) and
+``connector.schema.RecordBatchBuilder.batches``.
 """
 
 from __future__ import annotations

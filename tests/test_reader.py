@@ -101,11 +101,23 @@ def test_segments_are_sealed_and_pages_equal_the_records_conversion(service):
             for start in (0, 1, SEGMENT - 1, SEGMENT, SEGMENT + 5, len(tokens) - 2):
                 for limit in (1, 7, SEGMENT, 2 * SEGMENT + 3, 1000):
                     got = svc.read_page(tunnel.tunnel_id, channel, tokens[start], limit, layout)
+                    # a page may end early (with its segment), never empty while records remain
+                    assert 1 <= got.count <= min(limit, len(tokens) - 1 - start)
+                    if layout != _layouts(store)[0]:  # not served from segments: never short
+                        assert got.count == min(limit, len(tokens) - 1 - start)
                     want = TunnelService.read_page(svc, tunnel.tunnel_id, channel,
-                                                   tokens[start], limit, layout)
+                                                   tokens[start], got.count, layout)
                     assert got.batch.equals(want.batch), (layout, channel, start, limit)
                     assert (got.next_token, got.may_more) == (want.next_token, want.may_more)
-                    assert got.count == min(limit, len(tokens) - 1 - start)
+            # page after page, the whole channel equals one conversion of its records
+            pages, token, more = [], tokens[0], True
+            while more:
+                page = svc.read_page(tunnel.tunnel_id, channel, token, 1000, layout)
+                pages.append(page.batch)
+                token, more = page.next_token, page.may_more
+            whole = TunnelService.read_page(svc, tunnel.tunnel_id, channel, tokens[0], 1000,
+                                            layout)
+            assert pa.Table.from_batches(pages).equals(pa.Table.from_batches([whole.batch]))
 
 
 def test_page_values_match_the_change_log(service):
@@ -113,10 +125,15 @@ def test_page_values_match_the_change_log(service):
     tunnel = svc.create_tunnel("t", "q")
     layout = PageLayout.of_table(store.table_schema("t"))
     channel = store.list_channels("t")[0].channel_id
-    page = svc.read_page(tunnel.tunnel_id, channel, _tokens(svc, store, channel)[0], 1000,
-                         layout)
+    pages, token = [], _tokens(svc, store, channel)[0]
+    while True:
+        page = svc.read_page(tunnel.tunnel_id, channel, token, 1000, layout)
+        pages.append(page.batch)
+        token = page.next_token
+        if not page.may_more:
+            break
     log = [r for r in store.change_log("t") if r.channel_id == channel]
-    rows = page.batch.to_pylist()
+    rows = pa.Table.from_batches(pages).to_pylist()
     assert [r["_sequence"] for r in rows] == [r.sequence for r in log]
     assert [r["_op"] for r in rows] == [r.op.value for r in log]
     for row, rec in zip(rows, log, strict=True):
@@ -138,10 +155,15 @@ def test_trimmed_segments_and_the_tail(service):
     for ch in store.list_channels("t"):
         tokens = _tokens(svc, store, ch.channel_id)
         start = ch.trimmed_upto
-        got = svc.read_page(tunnel.tunnel_id, ch.channel_id, tokens[start], 1000, layout)
+        got, token = [], tokens[start]
+        while token != tokens[-1]:
+            page = svc.read_page(tunnel.tunnel_id, ch.channel_id, token, 1000, layout)
+            got.append(page.batch)
+            token = page.next_token
         want = TunnelService.read_page(svc, tunnel.tunnel_id, ch.channel_id, tokens[start],
                                        1000, layout)
-        assert got.batch.equals(want.batch) and got.count == ch.head_seq - start
+        assert pa.Table.from_batches(got).equals(pa.Table.from_batches([want.batch]))
+        assert want.count == ch.head_seq - start
 
 
 def _partition(store: LocalTablestore, tmp_path, **extra: str) -> tuple[StreamProtocol,

@@ -11,6 +11,12 @@ Who uses it, and where:
   the same file: on the Spark driver (planning, checkpoint pushes) and on executors (reads);
 - tests and harnesses call ``change_log`` to verify what a consumer received.
 
+Columnar segments: the write that completes ``SEGMENT_RECORDS`` unsealed changes of a channel
+also stores them as one Arrow batch (``cdc_change_segments``, LZ4 Arrow IPC) in the page shape
+of ``connector.tunnel.page``; ``read_change_page`` slices segments, so the executor's read path
+builds no Python object per record. ``cdc_changes`` stays the record of truth (``change_log``,
+trimming, ``read_records``); a segment is derived from it in the same transaction.
+
 Concurrency: several processes may open the same file at once. Each ``LocalTablestore`` owns one
 connection (never shared across processes: a child process after ``fork`` transparently opens
 its own). The file is in WAL mode, so readers never block the writer; every write transaction
@@ -936,9 +942,11 @@ class LocalTablestore:
         """Inside a transaction: up to ``limit`` records with sequence > ``after_seq`` as one
         page batch (``connector.tunnel.page``) shaped by ``layout`` (executor read path).
 
-        Sealed segments are sliced (no per-record work) when ``layout`` has the table's
-        declared columns, as the default output schema does; the records past the last
-        segment, and every record for another layout, are decoded and converted."""
+        When ``layout`` has the table's declared columns, as the default output schema does,
+        and a sealed segment holds ``after_seq + 1``, the page is a slice of that segment (no
+        per-record work, no copy) and ends with it, so it may hold fewer than ``limit``
+        records. Records past the last segment, and every record for another layout, are
+        decoded and converted."""
         import pyarrow as pa
 
         from connector.tunnel.page import (
@@ -949,39 +957,30 @@ class LocalTablestore:
         )
 
         schema = self.require_table(conn, table)
-        pieces: list[pa.RecordBatch] = []
-        pos, end = after_seq, after_seq + limit
         if limit and layout.same_columns(PageLayout.of_table(schema)):
-            # from the segment holding after_seq + 1 (found on the index, not by a scan)
+            # the segment holding after_seq + 1, found on the index
             rows = self._segments(
                 conn,
                 "SELECT first_seq, last_seq, data FROM cdc_change_segments WHERE table_name = ?1 "
-                "AND channel_id = ?2 AND first_seq <= ?4 AND last_seq > ?3 AND first_seq >= "
-                "coalesce((SELECT max(first_seq) FROM cdc_change_segments WHERE table_name = ?1 "
-                "AND channel_id = ?2 AND first_seq <= ?3 + 1), 0) ORDER BY first_seq",
-                (table, channel_id, after_seq, end),
+                "AND channel_id = ?2 AND last_seq > ?3 AND first_seq = (SELECT max(first_seq) "
+                "FROM cdc_change_segments WHERE table_name = ?1 AND channel_id = ?2 "
+                "AND first_seq <= ?3 + 1)",
+                (table, channel_id, after_seq),
             )
-            names = [name for name, _ in layout.columns]
-            for first, last, data in rows:
-                if first > pos + 1:  # not contiguous (cannot happen): decode the rest instead
-                    break
+            if rows:
+                first, last, data = rows[0]
                 segment = pa.ipc.open_stream(data).read_next_batch()
-                upto = min(last, end)
-                piece = segment.slice(pos + 1 - first, upto - pos)
+                # a slice, no copy; the page ends with the segment (a page may be short)
+                piece = segment.slice(after_seq + 1 - first, min(last - after_seq, limit))
+                names = [name for name, _ in layout.columns]
                 if names != segment.schema.names[: len(names)]:
                     piece = piece.select([*names, *(f.name for f in PAGE_METADATA)])
-                pieces.append(piece)
-                pos = upto
-        if pos < end:
-            records = self.read_changes(conn, table, channel_id, pos, end - pos)
-            if records:
-                with gc_paused():
-                    pieces.append(records_to_page(records, layout))
-        if not pieces:
+                return piece
+        records = self.read_changes(conn, table, channel_id, after_seq, limit)
+        if not records:
             return empty_page_batch(layout)
-        if len(pieces) == 1:
-            return pieces[0]
-        return pa.concat_batches(pieces)
+        with gc_paused():
+            return records_to_page(records, layout)
 
     @staticmethod
     def _segments(conn: sqlite3.Connection, query: str, args: tuple[Any, ...]) -> list[Any]:
@@ -997,7 +996,8 @@ class LocalTablestore:
     ) -> list[Record]:
         """``[record_from_row(schema, channel_id, r) for r in rows]``, decoded a page at a time.
 
-        The executor's read path (``read_changes``, base-data reads): every JSON value of the
+        Where records are decoded (``read_changes``: the tail past the last sealed segment,
+        sealing a segment, ``read_records``; base-data reads): every JSON value of the
         page is parsed by one ``json.loads`` of one array instead of up to three calls per row
         (a call costs more than parsing a small object), bytes markers are decoded only when
         the page contains one, and the cyclic garbage collector is paused meanwhile

@@ -522,9 +522,11 @@ class LocalTunnelService(TunnelService):
     def read_page(
         self, tunnel_id: str, channel_id: str, token: str, limit: int, layout: PageLayout
     ) -> Page:
-        """``read_records`` as one columnar page (executor): the store's sealed Arrow segments
-        sliced, plus the unsealed tail converted (``LocalTablestore.read_change_page``); no
-        ``Record`` per sealed change. Base-data channels go through records."""
+        """``read_records`` as one columnar page (executor): a slice of one of the store's
+        sealed Arrow segments, or the unsealed tail converted
+        (``LocalTablestore.read_change_page``); no ``Record`` per sealed change. A page ends
+        with its segment, so it may be shorter than ``limit``. Base-data channels go through
+        records."""
 
         def fetch(conn: Any, tunnel: _Tunnel, ch: _Channel, after: int) -> tuple[Any, int]:
             if ch.channel_type is ChannelType.BASE_DATA:
