@@ -219,185 +219,220 @@ def encode_row(row: Row, *, header: bool = True) -> bytes:
 # --- decoding ------------------------------------------------------------------------------
 
 
-class _Reader:
-    """A cursor over the bytes; every read checks the bounds."""
+# One flat function per level with local variables: this is the executor's hot path (a
+# method call per byte read costs more than the reading). Every read is bounds-checked:
+# ``struct`` raises on a short buffer, indexing raises IndexError, and every slice is checked
+# against ``end`` before it is taken; ``decode_row`` turns all of them into PlainBufferError.
 
-    __slots__ = ("data", "pos", "end")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-        self.end = len(data)
-
-    def fail(self, reason: str) -> PlainBufferError:
-        return PlainBufferError(reason, self.pos)
-
-    def need(self, n: int, what: str) -> None:
-        if self.pos + n > self.end:
-            raise self.fail(f"truncated: {what} needs {n} byte(s), {self.end - self.pos} left")
-
-    def peek(self) -> int:
-        return self.data[self.pos] if self.pos < self.end else -1
-
-    def byte(self, what: str) -> int:
-        self.need(1, what)
-        b = self.data[self.pos]
-        self.pos += 1
-        return b
-
-    def expect(self, tag: int, what: str) -> None:
-        got = self.byte(what)
-        if got != tag:
-            self.pos -= 1
-            raise self.fail(f"expected {what} tag 0x{tag:02x}, found 0x{got:02x}")
-
-    def u32(self, what: str) -> int:
-        self.need(4, what)
-        (v,) = _U32.unpack_from(self.data, self.pos)
-        self.pos += 4
-        return int(v)
-
-    def i32(self, what: str) -> int:
-        self.need(4, what)
-        (v,) = _I32.unpack_from(self.data, self.pos)
-        self.pos += 4
-        return int(v)
-
-    def i64(self, what: str) -> int:
-        self.need(8, what)
-        (v,) = _I64.unpack_from(self.data, self.pos)
-        self.pos += 8
-        return int(v)
-
-    def take(self, n: int, what: str) -> bytes:
-        self.need(n, what)
-        b = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return b
+_U32_AT = _U32.unpack_from
+_I32_AT = _I32.unpack_from
+_I64_AT = _I64.unpack_from
+_F64_AT = _F64.unpack_from
+_SPECIALS = {VT_INF_MIN: Special.INF_MIN, VT_INF_MAX: Special.INF_MAX,
+             VT_AUTO_INCREMENT: Special.AUTO_INCREMENT}
 
 
-def _read_value(r: _Reader, name: str) -> tuple[Any, int]:
-    """``0x05 u32 len VT payload`` -> (value, crc over VT+payload continuing from 0 handled by
-    the caller). Returns the value and the raw bytes' span for the checksum."""
-    r.expect(TAG_CELL_VALUE, "cell value")
-    length = r.u32("value length")
-    start = r.pos
-    r.need(length, f"value of {name!r}")
+def _tag_error(data: bytes, pos: int, tag: int, what: str) -> PlainBufferError:
+    if pos >= len(data):
+        return PlainBufferError(f"truncated: expected {what} tag 0x{tag:02x}", pos)
+    return PlainBufferError(f"expected {what} tag 0x{tag:02x}, found 0x{data[pos]:02x}", pos)
+
+
+def _read_value(data: bytes, pos: int, end: int, name: str) -> tuple[Any, int]:
+    """At ``pos``: ``0x05 u32 len VT payload``. Returns (value, position after it); the
+    checksum covers ``data[pos + 5:returned position]``."""
+    (length,) = _U32_AT(data, pos + 1)
+    start = pos + 5
+    stop = start + length
     if length < 1:
-        raise r.fail(f"value of {name!r} has length 0")
-    vt = r.byte("value type")
+        raise PlainBufferError(f"value of {name!r} has length 0", pos)
+    if stop > end:
+        raise PlainBufferError(f"truncated: value of {name!r} needs {length} byte(s)", start)
+    vt = data[start]
     value: Any
     if vt == VT_INTEGER or vt == VT_DOUBLE:
         if length != 9:
-            raise r.fail(f"value of {name!r}: an 8-byte type with length {length}")
-        value = r.i64("integer") if vt == VT_INTEGER else _F64.unpack(r.take(8, "double"))[0]
-    elif vt == VT_BOOLEAN:
-        if length != 2:
-            raise r.fail(f"value of {name!r}: a boolean with length {length}")
-        b = r.byte("boolean")
-        if b > 1:
-            raise r.fail(f"value of {name!r}: boolean byte {b}")
-        value = b == 1
+            raise PlainBufferError(f"value of {name!r}: an 8-byte type with length {length}",
+                                   start)
+        value = (_I64_AT if vt == VT_INTEGER else _F64_AT)(data, start + 1)[0]
     elif vt == VT_STRING or vt == VT_BLOB:
-        n = r.u32("string length")
+        (n,) = _U32_AT(data, start + 1)
         if length != 5 + n:
-            raise r.fail(f"value of {name!r}: inner length {n} does not match outer {length}")
-        raw = r.take(n, "string bytes")
+            raise PlainBufferError(
+                f"value of {name!r}: inner length {n} does not match outer {length}", start)
+        raw = data[start + 5:stop]
         if vt == VT_BLOB:
             value = raw
         else:
             try:
                 value = raw.decode("utf-8")
             except UnicodeDecodeError:
-                raise r.fail(f"value of {name!r}: STRING is not UTF-8") from None
-    elif vt in (VT_INF_MIN, VT_INF_MAX, VT_AUTO_INCREMENT):
+                raise PlainBufferError(f"value of {name!r}: STRING is not UTF-8", start) from None
+    elif vt == VT_BOOLEAN:
+        if length != 2:
+            raise PlainBufferError(f"value of {name!r}: a boolean with length {length}", start)
+        b = data[start + 1]
+        if b > 1:
+            raise PlainBufferError(f"value of {name!r}: boolean byte {b}", start + 1)
+        value = b == 1
+    elif vt in _SPECIALS:
         if length != 1:
-            raise r.fail(f"value of {name!r}: a placeholder with length {length}")
-        value = Special(vt)
+            raise PlainBufferError(f"value of {name!r}: a placeholder with length {length}",
+                                   start)
+        value = _SPECIALS[vt]
     else:
-        raise r.fail(f"value of {name!r}: unknown value type 0x{vt:02x}")
-    return value, start
+        raise PlainBufferError(f"value of {name!r}: unknown value type 0x{vt:02x}", start)
+    return value, stop
 
 
-def _read_cell(r: _Reader, in_pk: bool) -> tuple[Cell, int]:
-    r.expect(TAG_CELL, "cell")
-    r.expect(TAG_CELL_NAME, "cell name")
-    n = r.u32("cell name length")
-    raw_name = r.take(n, "cell name")
+def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[Cell, int, int]:
+    """At ``pos``: one cell (its TAG_CELL included). Returns (cell, its checksum, position
+    after it)."""
+    table = CRC8_TABLE
+    if data[pos + 1] != TAG_CELL_NAME:
+        raise _tag_error(data, pos + 1, TAG_CELL_NAME, "cell name")
+    (n,) = _U32_AT(data, pos + 2)
+    pos += 6
+    if pos + n > end:
+        raise PlainBufferError(f"truncated: cell name needs {n} byte(s)", pos)
+    raw_name = data[pos:pos + n]
+    pos += n
     try:
         name = raw_name.decode("utf-8")
     except UnicodeDecodeError:
-        raise r.fail("cell name is not UTF-8") from None
+        raise PlainBufferError("cell name is not UTF-8", pos - n) from None
     if not name:
-        raise r.fail("empty cell name")
-    crc = crc8(0, raw_name)
+        raise PlainBufferError("empty cell name", pos)
+    crc = 0
+    for byte in raw_name:
+        crc = table[crc ^ byte]
     value: Any = None
     has_value = False
-    if r.peek() == TAG_CELL_VALUE:
-        value, start = _read_value(r, name)
-        crc = crc8(crc, memoryview(r.data)[start:r.pos])
+    if pos < end and data[pos] == TAG_CELL_VALUE:
+        value, stop = _read_value(data, pos, end, name)
+        for byte in data[pos + 5:stop]:
+            crc = table[crc ^ byte]
+        pos = stop
         has_value = True
     op = CellOp.PUT
-    if r.peek() == TAG_CELL_TYPE:
-        r.pos += 1
-        code = r.byte("cell op")
+    if pos < end and data[pos] == TAG_CELL_TYPE:
+        code = data[pos + 1]
         if code not in _OPS:
-            raise r.fail(f"cell {name!r}: unknown op 0x{code:02x}")
+            raise PlainBufferError(f"cell {name!r}: unknown op 0x{code:02x}", pos + 1)
         op = _OPS[code]
+        pos += 2
     ts: int | None = None
-    if r.peek() == TAG_CELL_TIMESTAMP:
-        r.pos += 1
-        ts = r.i64("cell timestamp")
-        crc = crc8(crc, _I64.pack(ts))
+    if pos < end and data[pos] == TAG_CELL_TIMESTAMP:
+        (ts,) = _I64_AT(data, pos + 1)
+        for byte in data[pos + 1:pos + 9]:
+            crc = table[crc ^ byte]
         if ts < 0:
-            raise r.fail(f"cell {name!r}: negative timestamp {ts}")
+            raise PlainBufferError(f"cell {name!r}: negative timestamp {ts}", pos + 1)
+        pos += 9
     if op is not CellOp.PUT:
-        crc = crc8(crc, bytes([op.value]))
-    r.expect(TAG_CELL_CHECKSUM, "cell checksum")
-    stored = r.byte("cell checksum")
+        crc = table[crc ^ op.value]
+    if data[pos] != TAG_CELL_CHECKSUM:
+        raise _tag_error(data, pos, TAG_CELL_CHECKSUM, "cell checksum")
+    stored = data[pos + 1]
     if stored != crc:
-        raise r.fail(f"cell {name!r}: checksum 0x{stored:02x} != computed 0x{crc:02x}")
+        raise PlainBufferError(f"cell {name!r}: checksum 0x{stored:02x} != computed 0x{crc:02x}",
+                               pos + 1)
+    pos += 2
     if in_pk:
         if not has_value or op is not CellOp.PUT or ts is not None:
-            raise r.fail(f"primary-key cell {name!r} must have a value and nothing else")
+            raise PlainBufferError(
+                f"primary-key cell {name!r} must have a value and nothing else", pos)
     elif op is CellOp.PUT and not has_value:
-        raise r.fail(f"cell {name!r}: a put without a value")
+        raise PlainBufferError(f"cell {name!r}: a put without a value", pos)
     elif op in (CellOp.DELETE_ALL_VERSION, CellOp.DELETE_ONE_VERSION) and has_value:
-        raise r.fail(f"cell {name!r}: a delete with a value")
+        raise PlainBufferError(f"cell {name!r}: a delete with a value", pos)
     elif op is CellOp.DELETE_ALL_VERSION and ts is not None:
-        raise r.fail(f"cell {name!r}: DELETE_ALL_VERSION with a timestamp")
-    if isinstance(value, Special) and not in_pk:
-        raise r.fail(f"cell {name!r}: {value.name} is only valid in a primary key")
-    return Cell(name, value, op, ts), crc
+        raise PlainBufferError(f"cell {name!r}: DELETE_ALL_VERSION with a timestamp", pos)
+    if not in_pk and isinstance(value, Special):
+        raise PlainBufferError(f"cell {name!r}: {value.name} is only valid in a primary key", pos)
+    return Cell(name, value, op, ts), crc, pos
 
 
-def _read_extension(r: _Reader) -> SequenceInfo | None:
-    """``0x0B u32 len {0x0C u32 len seq-info}``; unknown inner tags are skipped by length."""
-    r.expect(TAG_EXTENSION, "extension")
-    length = r.u32("extension length")
-    r.need(length, "extension")
-    end = r.pos + length
+def _read_extension(data: bytes, pos: int, end: int) -> tuple[SequenceInfo | None, int]:
+    """At ``pos``: ``0x0B u32 len {0x0C u32 len seq-info}``; unknown inner items are skipped
+    by their length."""
+    (length,) = _U32_AT(data, pos + 1)
+    pos += 5
+    stop = pos + length
+    if stop > end:
+        raise PlainBufferError(f"truncated: extension needs {length} byte(s)", pos)
     seq: SequenceInfo | None = None
-    while r.pos < end:
-        tag = r.byte("extension item")
-        n = r.u32("extension item length")
-        if r.pos + n > end:
-            raise r.fail(f"extension item 0x{tag:02x} of {n} bytes overruns the extension")
+    while pos < stop:
+        tag = data[pos]
+        (n,) = _U32_AT(data, pos + 1)
+        pos += 5
+        if pos + n > stop:
+            raise PlainBufferError(
+                f"extension item 0x{tag:02x} of {n} bytes overruns the extension", pos)
         if tag != TAG_SEQ_INFO:
-            r.pos += n  # an extension this reader does not know: skip it
+            pos += n  # an extension this reader does not know: skip it
             continue
         if n != 19:
-            raise r.fail(f"sequence info of {n} bytes (expected 19)")
-        r.expect(TAG_SEQ_INFO_EPOCH, "sequence epoch")
-        epoch = r.i32("sequence epoch")
-        r.expect(TAG_SEQ_INFO_TS, "sequence timestamp")
-        ts = r.i64("sequence timestamp")
-        r.expect(TAG_SEQ_INFO_ROW_INDEX, "sequence row index")
-        idx = r.i32("sequence row index")
+            raise PlainBufferError(f"sequence info of {n} bytes (expected 19)", pos)
+        if data[pos] != TAG_SEQ_INFO_EPOCH:
+            raise _tag_error(data, pos, TAG_SEQ_INFO_EPOCH, "sequence epoch")
+        if data[pos + 5] != TAG_SEQ_INFO_TS:
+            raise _tag_error(data, pos + 5, TAG_SEQ_INFO_TS, "sequence timestamp")
+        if data[pos + 14] != TAG_SEQ_INFO_ROW_INDEX:
+            raise _tag_error(data, pos + 14, TAG_SEQ_INFO_ROW_INDEX, "sequence row index")
+        (epoch,) = _I32_AT(data, pos + 1)
+        (ts,) = _I64_AT(data, pos + 6)
+        (idx,) = _I32_AT(data, pos + 15)
         if epoch < 0 or ts < 0 or idx < 0:
-            raise r.fail(f"negative sequence info ({epoch}, {ts}, {idx})")
+            raise PlainBufferError(f"negative sequence info ({epoch}, {ts}, {idx})", pos)
         seq = SequenceInfo(epoch, ts, idx)
-    return seq
+        pos += n
+    return seq, pos
+
+
+def _decode(data: bytes, header: bool, allow_empty_pk: bool) -> Row:
+    end = len(data)
+    pos = 0
+    table = CRC8_TABLE
+    if header:
+        if _U32_AT(data, 0)[0] != HEADER:
+            raise PlainBufferError("bad header (not PlainBuffer 0x75)", 0)
+        pos = 4
+    if data[pos] != TAG_ROW_PK:
+        raise _tag_error(data, pos, TAG_ROW_PK, "row primary key")
+    pos += 1
+    row_crc = 0
+    pk: list[tuple[str, Any]] = []
+    while pos < end and data[pos] == TAG_CELL:
+        cell, crc, pos = _read_cell(data, pos, end, True)
+        pk.append((cell.name, cell.value))
+        row_crc = table[row_crc ^ crc]
+    if not pk and not allow_empty_pk:
+        raise PlainBufferError("a row without primary-key columns", pos)
+    cells: list[Cell] = []
+    if pos < end and data[pos] == TAG_ROW_DATA:
+        pos += 1
+        while pos < end and data[pos] == TAG_CELL:
+            cell, crc, pos = _read_cell(data, pos, end, False)
+            cells.append(cell)
+            row_crc = table[row_crc ^ crc]
+    marker = pos < end and data[pos] == TAG_DELETE_ROW_MARKER
+    if marker:
+        pos += 1
+    row_crc = table[row_crc ^ (1 if marker else 0)]
+    seq = None
+    if pos < end and data[pos] == TAG_EXTENSION:
+        seq, pos = _read_extension(data, pos, end)
+    if data[pos] != TAG_ROW_CHECKSUM:
+        raise _tag_error(data, pos, TAG_ROW_CHECKSUM, "row checksum")
+    stored = data[pos + 1]
+    if stored != row_crc:
+        raise PlainBufferError(f"row checksum 0x{stored:02x} != computed 0x{row_crc:02x}",
+                               pos + 1)
+    pos += 2
+    if pos != end:
+        raise PlainBufferError(f"{end - pos} byte(s) after the row", pos)
+    return Row(tuple(pk), tuple(cells), marker, seq)
 
 
 def decode_row(data: bytes, *, header: bool = True, allow_empty_pk: bool = False) -> Row:
@@ -405,39 +440,10 @@ def decode_row(data: bytes, *, header: bool = True, allow_empty_pk: bool = False
     malformed. ``allow_empty_pk`` accepts a row with no key cells (an ``origin_record``)."""
     if not isinstance(data, bytes):
         data = bytes(data)
-    r = _Reader(data)
-    if header:
-        if r.u32("header") != HEADER:
-            r.pos = 0
-            raise r.fail("bad header (not PlainBuffer 0x75)")
-    r.expect(TAG_ROW_PK, "row primary key")
-    row_crc = 0
-    pk: list[tuple[str, Any]] = []
-    while r.peek() == TAG_CELL:
-        cell, crc = _read_cell(r, in_pk=True)
-        pk.append((cell.name, cell.value))
-        row_crc = CRC8_TABLE[row_crc ^ crc]
-    if not pk and not allow_empty_pk:
-        raise r.fail("a row without primary-key columns")
-    cells: list[Cell] = []
-    if r.peek() == TAG_ROW_DATA:
-        r.pos += 1
-        while r.peek() == TAG_CELL:
-            cell, crc = _read_cell(r, in_pk=False)
-            cells.append(cell)
-            row_crc = CRC8_TABLE[row_crc ^ crc]
-    marker = r.peek() == TAG_DELETE_ROW_MARKER
-    if marker:
-        r.pos += 1
-    row_crc = CRC8_TABLE[row_crc ^ (1 if marker else 0)]
-    seq = _read_extension(r) if r.peek() == TAG_EXTENSION else None
-    r.expect(TAG_ROW_CHECKSUM, "row checksum")
-    stored = r.byte("row checksum")
-    if stored != row_crc:
-        raise r.fail(f"row checksum 0x{stored:02x} != computed 0x{row_crc:02x}")
-    if r.pos != r.end:
-        raise r.fail(f"{r.end - r.pos} byte(s) after the row")
-    return Row(tuple(pk), tuple(cells), marker, seq)
+    try:
+        return _decode(data, header, allow_empty_pk)
+    except (IndexError, struct.error):
+        raise PlainBufferError("truncated: the row ends before its checksum", len(data)) from None
 
 
 def encode_values(primary_key: Sequence[tuple[str, Any]]) -> bytes:
