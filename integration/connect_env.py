@@ -67,39 +67,44 @@ def cache_root() -> Path:
 def client_python(timeout: float = 1200) -> tuple[Path, str]:
     """``(python, requirement)`` of the cached client environment, creating it if needed.
 
-    Raises ``ClientUnavailable`` with pip's last lines when no candidate installs.
+    A candidate the registry does not have (``pyspark-client`` of a version not published) is
+    remembered as unavailable once a later candidate installed, so later runs skip it at once;
+    with no registry at all nothing is remembered. Raises ``ClientUnavailable`` with pip's last
+    lines when no candidate installs.
     """
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    failures = []
+    failures: list[str] = []
+    missing: list[tuple[Path, str]] = []  # (marker, pip's output) of candidates not found
     for requirement in client_requirements():
         spec = " ".join([requirement, *CLIENT_EXTRAS, sys.version.split()[0]])
         venv = root / f"connect-client-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
         python = venv / "bin" / "python"
         ready = venv / ".ready"
+        marker = root / f"{venv.name}.unavailable"
         with open(root / f"{venv.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one creator at a time; others wait and reuse
-            if ready.exists() and python.exists():
-                return python, requirement
-            if (root / f"{venv.name}.failed").exists():
-                failures.append(f"{requirement}: failed before (delete "
-                                f"{root / (venv.name + '.failed')} to retry)")
-                continue
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            result = subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", requirement, *CLIENT_EXTRAS],
-                capture_output=True, text=True, timeout=timeout)
-            if result.returncode == 0:
+            if not (ready.exists() and python.exists()):
+                if marker.exists():
+                    failures.append(f"{requirement}: not in the registry ({marker})")
+                    continue
+                shutil.rmtree(venv, ignore_errors=True)
+                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+                result = subprocess.run(
+                    [str(python), "-m", "pip", "install", "--quiet", requirement,
+                     *CLIENT_EXTRAS], capture_output=True, text=True, timeout=timeout)
+                if result.returncode != 0:
+                    shutil.rmtree(venv, ignore_errors=True)
+                    if "No matching distribution" in result.stderr:
+                        missing.append((marker, result.stderr))
+                    tail = " | ".join(line for line in result.stderr.splitlines()[-4:]
+                                      if not line.startswith("WARNING: Location"))
+                    failures.append(f"{requirement}: {tail}")
+                    continue
                 ready.write_text(spec + "\n")
-                return python, requirement
-            shutil.rmtree(venv, ignore_errors=True)
-            tail = " | ".join(line for line in result.stderr.splitlines()[-4:]
-                              if not line.startswith("WARNING: Location"))
-            if "No matching distribution" in result.stderr:
-                # the registry answered: this candidate does not exist, remember that
-                (root / f"{venv.name}.failed").write_text(result.stderr)
-            failures.append(f"{requirement}: {tail}")
+        for earlier, output in missing:  # the registry answered: those do not exist
+            earlier.write_text(output)
+        return python, requirement
     raise ClientUnavailable("; ".join(failures))
 
 
