@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -38,7 +39,7 @@ from connector.errors import EndCheckpointConflictError, ReplayDivergedError, Tr
 from connector.faults import fault_point, inject_transient_errors
 from connector.retry import with_retries
 from connector.tunnel import FINISHED, Record, TableSchema, TunnelService, open_tunnel_service
-from connector.tunnel.page import PageLayout, page_to_records
+from connector.tunnel.page import Page, PageLayout, page_to_records
 from meta_store import EndCheckpoint, MetaStore, open_meta_store
 
 log = logging.getLogger("connector.reader")
@@ -99,14 +100,21 @@ def attempt_identity() -> str:
 @dataclass
 class ClaimedRead:
     """One channel's rows of one batch, claimed: ``end`` is recorded in the meta store and
-    ``pages`` (page batches, ``connector.tunnel.page``) hold exactly ``end.records`` rows."""
+    ``pages`` (``connector.tunnel.page``) hold exactly ``end.records`` rows."""
 
     end: EndCheckpoint
-    pages: list[pa.RecordBatch]
+    pages: list[Page]
 
     @property
     def count(self) -> int:
-        return sum(b.num_rows for b in self.pages)
+        return sum(page.count for page in self.pages)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The page batches in order, each page dropped once handed on (memory shrinks as the
+        consumer takes them; an encoded page is decoded only here)."""
+        self.pages.reverse()
+        while self.pages:
+            yield self.pages.pop().batch
 
 
 def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
@@ -121,7 +129,7 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
         return ClaimedRead(claimed, _replay(tunnel, p, claimed, layout))
 
     start_token, pages, next_token, reached_bound = _fetch(tunnel, p, layout)
-    count = sum(b.num_rows for b in pages)
+    count = sum(page.count for page in pages)
     end = EndCheckpoint(
         channel_id=p.channel_id,
         start_token=start_token,
@@ -146,23 +154,22 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
     return ClaimedRead(end, pages)
 
 
-def _head(pages: list[pa.RecordBatch], n: int) -> list[pa.RecordBatch]:
+def _head(pages: list[Page], n: int) -> list[Page]:
     """The first ``n`` rows of ``pages`` (slices, no copy)."""
     out = []
-    for batch in pages:
+    for page in pages:
         if n <= 0:
             break
-        out.append(batch if batch.num_rows <= n else batch.slice(0, n))
-        n -= batch.num_rows
+        out.append(page if page.count <= n else page.head(n))
+        n -= page.count
     return out
 
 
-def _last_sequence(p: ChannelPartition, pages: list[pa.RecordBatch],
-                   reached_bound: bool) -> str | None:
+def _last_sequence(p: ChannelPartition, pages: list[Page], reached_bound: bool) -> str | None:
     last = p.start_last_sequence
-    for batch in reversed(pages):
-        if batch.num_rows:
-            last = batch.column("_sequence")[-1].as_py()
+    for page in reversed(pages):
+        if page.count:
+            last = page.last_sequence
             break
     if reached_bound and p.stop_after_sequence is not None:
         # everything up to the AvailableNow bound is consumed, even if the last record read
@@ -172,13 +179,13 @@ def _last_sequence(p: ChannelPartition, pages: list[pa.RecordBatch],
 
 
 def _fetch(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout
-           ) -> tuple[str, list[pa.RecordBatch], str, bool]:
+           ) -> tuple[str, list[Page], str, bool]:
     """Read from the start up to the cap, the AvailableNow bound, or what is available now.
 
     Returns (start token actually used, page batches, next token, whether the read stopped
     because nothing more is available or the bound was reached)."""
     start_token = p.start_token
-    pages: list[pa.RecordBatch] = []
+    pages: list[Page] = []
     count = 0
     token = start_token
     while count < p.max_records:
@@ -198,11 +205,11 @@ def _fetch(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout
             # re-read exactly the kept records so the next token lands right after them
             if keep:
                 exact = tunnel.read_page(p.tunnel_id, p.channel_id, token, keep, layout)
-                pages.append(exact.batch)
+                pages.append(exact)
                 token = exact.next_token
             return start_token, pages, token, True
         if page.count:
-            pages.append(page.batch)
+            pages.append(page)
             count += page.count
         token = page.next_token
         if token == FINISHED or not page.may_more:
@@ -211,9 +218,9 @@ def _fetch(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout
 
 
 def _replay(tunnel: TunnelService, p: ChannelPartition, end: EndCheckpoint,
-            layout: PageLayout) -> list[pa.RecordBatch]:
+            layout: PageLayout) -> list[Page]:
     """Read exactly the ``end.records`` records after ``end.start_token``."""
-    pages: list[pa.RecordBatch] = []
+    pages: list[Page] = []
     count = 0
     token = end.start_token
     while count < end.records:
@@ -221,7 +228,7 @@ def _replay(tunnel: TunnelService, p: ChannelPartition, end: EndCheckpoint,
                                 min(PAGE_SIZE, end.records - count), layout)
         if not page.count:
             break
-        pages.append(page.batch)
+        pages.append(page)
         count += page.count
         token = page.next_token
     if count != end.records:  # history changed under a recorded end: never guess
@@ -241,4 +248,4 @@ def read_partition(p: ChannelPartition, table: TableSchema | None = None) -> lis
         name = next(t.table_name for t in tunnel.list_tunnels() if t.tunnel_id == p.tunnel_id)
         table = tunnel.table_schema(name)
     read = claim_and_read(p, PageLayout.of_table(table))
-    return [r for batch in read.pages for r in page_to_records(batch, table, p.channel_id)]
+    return [r for batch in read.batches() for r in page_to_records(batch, table, p.channel_id)]

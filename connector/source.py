@@ -131,11 +131,10 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ChannelPartition)
         builder = RecordBatchBuilder(self.schema)
-        # the end is claimed inside claim_and_read, before any row is yielded
-        pages = claim_and_read(partition, builder.layout).pages
-        pages.reverse()
-        while pages:  # hand each page on and drop it: memory shrinks as Spark consumes
-            yield builder.project(pages.pop(), partition.channel_id)
+        # the end is claimed inside claim_and_read, before any row is yielded; each page is
+        # dropped once handed on, so memory shrinks as Spark consumes
+        for batch in claim_and_read(partition, builder.layout).batches():
+            yield builder.project(batch, partition.channel_id)
 
 
 def is_connect_session(spark: Any) -> bool:

@@ -75,7 +75,7 @@ from connector.tunnel.base import ColumnSpec, Op, Record, TableSchema
 if TYPE_CHECKING:  # pyarrow is imported where pages are built: writers of small stores skip it
     import pyarrow as pa
 
-    from connector.tunnel.page import PageLayout
+    from connector.tunnel.page import EncodedBatch, PageLayout
 
 #: The hash space channels cut into ranges: [0, KEY_SPACE).
 KEY_SPACE = 2**32
@@ -938,19 +938,19 @@ class LocalTablestore:
         after_seq: int,
         limit: int,
         layout: PageLayout,
-    ) -> pa.RecordBatch:
+    ) -> pa.RecordBatch | EncodedBatch:
         """Inside a transaction: up to ``limit`` records with sequence > ``after_seq`` as one
         page batch (``connector.tunnel.page``) shaped by ``layout`` (executor read path).
 
         When ``layout`` has the table's declared columns, as the default output schema does,
-        and a sealed segment holds ``after_seq + 1``, the page is a slice of that segment (no
-        per-record work, no copy) and ends with it, so it may hold fewer than ``limit``
-        records. Records past the last segment, and every record for another layout, are
-        decoded and converted."""
-        import pyarrow as pa
-
+        and a sealed segment holds ``after_seq + 1``, the page is a slice of that segment,
+        returned still encoded (``EncodedBatch``: the compressed bytes, decoded when the page
+        is handed on; no per-record work) and ending with the segment, so it may hold fewer
+        than ``limit`` records. Records past the last segment, and every record for another
+        layout, are decoded and converted."""
         from connector.tunnel.page import (
             PAGE_METADATA,
+            EncodedBatch,
             PageLayout,
             empty_page_batch,
             records_to_page,
@@ -969,13 +969,15 @@ class LocalTablestore:
             )
             if rows:
                 first, last, data = rows[0]
-                segment = pa.ipc.open_stream(data).read_next_batch()
-                # a slice, no copy; the page ends with the segment (a page may be short)
-                piece = segment.slice(after_seq + 1 - first, min(last - after_seq, limit))
-                names = [name for name, _ in layout.columns]
-                if names != segment.schema.names[: len(names)]:
-                    piece = piece.select([*names, *(f.name for f in PAGE_METADATA)])
-                return piece
+                # the page ends with the segment (a page may be short); kept compressed until
+                # the reader hands it on
+                count = min(last - after_seq, limit)
+                names = tuple(name for name, _ in layout.columns)
+                declared = tuple(c.name for c in (*schema.primary_key, *schema.columns))
+                return EncodedBatch(
+                    data, after_seq + 1 - first, count, sequence_str(after_seq + count),
+                    None if names == declared else (*names, *(f.name for f in PAGE_METADATA)),
+                )
         records = self.read_changes(conn, table, channel_id, after_seq, limit)
         if not records:
             return empty_page_batch(layout)

@@ -80,7 +80,13 @@ from connector.tunnel.base import (
     TunnelService,
     TunnelType,
 )
-from connector.tunnel.page import Page, PageLayout, empty_page_batch, records_to_page
+from connector.tunnel.page import (
+    EncodedBatch,
+    Page,
+    PageLayout,
+    empty_page_batch,
+    records_to_page,
+)
 
 _URI_FORM = "local:///absolute/path/to/store.db"
 BASE_PREFIX = "base-"
@@ -535,9 +541,13 @@ class LocalTunnelService(TunnelService):
             else:
                 batch = self.store.read_change_page(
                     conn, tunnel.table, channel_id, after, limit, layout)
+            if isinstance(batch, EncodedBatch):
+                return batch, batch.count
             return batch, batch.num_rows
 
         batch, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
+        if isinstance(batch, EncodedBatch):
+            return Page(None, next_token, may_more, encoded=batch)
         return Page(batch if batch is not None else empty_page_batch(layout), next_token,
                     may_more)
 

@@ -86,25 +86,77 @@ def empty_page_batch(layout: PageLayout) -> pa.RecordBatch:
 
 
 @dataclass(frozen=True)
+class EncodedBatch:
+    """Rows ``offset .. offset + count`` of an Arrow IPC stream holding one record batch
+    (compressed or not), decoded only when asked: a page can be held compactly until the
+    reader's claim is recorded. ``columns``: pick these columns (by name) after decoding."""
+
+    data: bytes
+    offset: int
+    count: int
+    last_sequence: str
+    columns: tuple[str, ...] | None = None
+
+    def decode(self) -> pa.RecordBatch:
+        batch = pa.ipc.open_stream(self.data).read_next_batch().slice(self.offset, self.count)
+        return batch.select(list(self.columns)) if self.columns is not None else batch
+
+    def head(self, n: int) -> EncodedBatch:
+        if n >= self.count:
+            return self
+        return EncodedBatch(self.data, self.offset, n, "", self.columns)
+
+
 class Page:
     """Up to ``limit`` records of one channel, columnar (see the module docstring).
 
-    ``next_token`` and ``may_more`` mean what they mean in ``ReadResult``.
+    ``next_token`` and ``may_more`` mean what they mean in ``ReadResult``. A backend builds a
+    page from an Arrow batch, ``Page(batch, next_token, may_more)``; one that stores pages
+    serialized may pass ``encoded=`` instead, and the batch is then decoded on each access of
+    ``batch`` (the reader accesses it once, when it hands the page on).
     """
 
-    batch: pa.RecordBatch
-    next_token: str
-    may_more: bool
+    __slots__ = ("_batch", "_encoded", "next_token", "may_more")
+
+    def __init__(self, batch: pa.RecordBatch | None, next_token: str, may_more: bool, *,
+                 encoded: EncodedBatch | None = None) -> None:
+        if (batch is None) == (encoded is None):
+            raise ValueError("a page holds either a batch or an encoded batch")
+        self._batch, self._encoded = batch, encoded
+        self.next_token, self.may_more = next_token, may_more
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        if self._batch is not None:
+            return self._batch
+        assert self._encoded is not None
+        return self._encoded.decode()
 
     @property
     def count(self) -> int:
-        return int(self.batch.num_rows)
+        if self._encoded is not None:
+            return self._encoded.count
+        assert self._batch is not None
+        return int(self._batch.num_rows)
 
     @property
     def last_sequence(self) -> str | None:
-        if not self.batch.num_rows:
+        if not self.count:
             return None
+        if self._encoded is not None and self._encoded.last_sequence:
+            return self._encoded.last_sequence
         return str(self.batch.column("_sequence")[-1].as_py())
+
+    def head(self, n: int) -> Page:
+        """The page's first ``n`` records (no copy; the tokens are not adjusted)."""
+        if self._encoded is not None:
+            return Page(None, self.next_token, self.may_more, encoded=self._encoded.head(n))
+        assert self._batch is not None
+        return Page(self._batch.slice(0, n), self.next_token, self.may_more)
+
+    def __repr__(self) -> str:
+        return f"Page(count={self.count}, next_token={self.next_token!r}, " \
+               f"may_more={self.may_more})"
 
 
 # --- JSON text of the _before / _extra columns -------------------------------------------------
@@ -204,6 +256,7 @@ def page_to_records(batch: pa.RecordBatch, table: TableSchema, channel_id: str) 
 
 __all__ = [
     "ENCODE_JSON",
+    "EncodedBatch",
     "PAGE_METADATA",
     "PAGE_METADATA_NAMES",
     "TABLESTORE_TO_ARROW",
