@@ -6,6 +6,9 @@
   errors map to the product's types (trimmed data is never retried, 503s and network errors
   are retried for a bounded time), responses with a bad signature are refused, reads from a
   service that pages on its own (no ``max_records``) cut pages into ``limit``-sized reads.
+- The vendor option names (connector/options.py) and what they do with secrets.
+- The retry policy and the service-code -> error-type mapping against a scripted HTTP server
+  (codes the emulator never sends: OTSTunnelExpired, OTSPermissionDenied, a 500).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from connector.errors import (
     TransientTunnelError,
     TrimmedDataError,
     TunnelAuthError,
+    TunnelExpiredError,
+    TunnelParameterError,
+    TunnelServiceError,
 )
 from connector.local import LocalTablestore
 from connector.tunnel import open_tunnel_service
@@ -392,3 +398,74 @@ def test_tunnel_id_resolves_to_its_name(tunnel_harness: EmulatorHarness) -> None
         SourceOptions.from_spark({**opts, "tunnel.name": "other"})
     with pytest.raises(OptionError, match="no tunnel with this id"):
         SourceOptions.from_spark({**opts, "tunnel.id": "nope"})
+
+
+# --- retry policy and error mapping, against a scripted server --------------------------------
+
+
+class _ScriptedServer:
+    """A tiny HTTP server answering each POST with the next scripted (status, code) -- 200
+    means an empty, correctly signed ListTunnelResponse -- and counting requests."""
+
+    def __init__(self, script: list[tuple[int, str]]) -> None:
+        import http.server
+
+        from tablestore_emulator import auth
+
+        self.script, self.requests = list(script), 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - stdlib name
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.requests += 1
+                status, code = outer.script.pop(0) if outer.script else (200, "")
+                body = (m.ListTunnelResponse().SerializeToString() if status == 200
+                        else m.Error(code=code, message=f"scripted {code}").SerializeToString())
+                headers = auth.response_headers(self.path, body, request_id="r",
+                                                access_key_id=KEY_ID, access_key_secret=SECRET)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize(
+    ("script", "requests", "error"),
+    [
+        ([(503, "OTSTunnelServerUnavailable")] * 2, 3, None),  # retried, then answered
+        ([(500, "OTSInternalServerError")], 1, TunnelServiceError),  # never retried
+        ([(400, "OTSTunnelExpired")], 1, TunnelExpiredError),
+        ([(403, "OTSPermissionDenied")], 1, TunnelAuthError),
+        ([(400, "OTSParameterInvalid")], 1, TunnelParameterError),
+    ],
+)
+def test_retry_policy_and_error_types(script: list[tuple[int, str]], requests: int,
+                                      error: type[Exception] | None) -> None:
+    server = _ScriptedServer(script)
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        if error is None:
+            assert client.list_tunnels("t") == []
+        else:
+            with pytest.raises(error) as exc:
+                client.list_tunnels("t")
+            assert exc.value.code == script[0][1] and "scripted" in str(exc.value)
+            assert not exc.value.retryable
+        assert server.requests == requests
+    finally:
+        client.close()
+        server.close()
