@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -95,6 +96,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         emu = self.server.emulator
+        if emu.stopped:
+            # a keep-alive connection outliving stop(): drop it unanswered, as a stopped service
+            # would, so the client reconnects (and finds the restarted server) instead of
+            # reading an error this server never meant to give
+            self.close_connection = True
+            return
         path = self.path.split("?", 1)[0]
         request_id = new_request_id()
         sign = True
@@ -155,6 +162,14 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections must not hold up stop()
     emulator: EmulatorServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request (a Python worker exiting) is routine: one debug
+        line, not a traceback on stderr. Anything else is still reported."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("emulator: client %s disconnected", client_address)
+            return
+        super().handle_error(request, client_address)
+
 
 class EmulatorServer:
     """A Tablestore emulator over one store file, served on ``host:port`` (0 = a free port).
@@ -188,6 +203,10 @@ class EmulatorServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._context: EmulatorContext | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._context is None
 
     @property
     def context(self) -> EmulatorContext:
