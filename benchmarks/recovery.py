@@ -32,9 +32,9 @@ from typing import Any
 from benchmarks.common import TABLE, create_bench_table, fill, median
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
-from connector.sinks import ExactlyOnceParquetSink
 from integration.processes import kill_tree, start_runner, wait_for
 from meta_store import open_meta_store
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
 
 TUNNEL = "recovery"
 

@@ -5,44 +5,41 @@ and renders its message from the class's ``template``. Errors raised on executor
 the driver by pickling; ``__reduce__`` rebuilds them from their fields, so they keep their type
 and fields on the way.
 
-Used by every package: ``connector`` (options, protocol, reader, tunnel backends) and
-``meta_store`` (meta-table backends). Nothing here imports pyspark or an SDK.
+The root ``CdcError`` and the meta store's errors live one layer down, in
+``meta_store.errors`` (``meta_store`` depends on nothing of ``connector``), and are re-exported
+here: the rest of the product imports every error from this module. Nothing here imports
+pyspark or an SDK.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-
-def _rebuild(cls: type[CdcError], fields: dict[str, Any]) -> CdcError:
-    return cls(**fields)
-
-
-class CdcError(Exception):
-    """Root of every error this product raises on purpose."""
-
-    template: ClassVar[str] = "{detail}"
-    #: True when retrying the same call later may succeed (throttling, a service restart).
-    retryable: ClassVar[bool] = False
-
-    def __init__(self, **fields: Any) -> None:
-        self.fields = fields
-        for key, value in fields.items():
-            setattr(self, key, value)
-        try:
-            message = self.template.format(**fields)
-        except (KeyError, IndexError):  # a field missing from the call: still say something
-            message = f"{self.template} {fields}"
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.fields))
-
-    def __str__(self) -> str:
-        # The rendered message as is: KeyError (a base of the Unknown*Error classes) would
-        # otherwise quote it like a repr.
-        return str(self.args[0]) if self.args else ""
-
+from meta_store.errors import (  # the root and the meta store's errors: the bottom layer
+    CdcError as CdcError,
+)
+from meta_store.errors import (
+    CorruptMetaRecordError as CorruptMetaRecordError,
+)
+from meta_store.errors import (
+    EndCheckpointConflictError as EndCheckpointConflictError,
+)
+from meta_store.errors import (
+    MetaStoreError as MetaStoreError,
+)
+from meta_store.errors import (
+    MetaStoreRequestError as MetaStoreRequestError,
+)
+from meta_store.errors import (
+    MetaStoreUriError as MetaStoreUriError,
+)
+from meta_store.errors import (
+    MetaTableMissingError as MetaTableMissingError,
+)
+from meta_store.errors import (
+    TransientMetaStoreError as TransientMetaStoreError,
+)
+from meta_store.errors import (
+    UnknownBatchError as UnknownBatchError,
+)
 
 # --- options and source identity (driver) -------------------------------------------------
 
@@ -183,55 +180,6 @@ class TunnelExpiredError(TunnelServiceError):
 
 class TunnelAuthError(TunnelServiceError):
     """OTSAuthFailed / OTSPermissionDenied, or a response whose signature does not verify."""
-
-
-# --- meta store -----------------------------------------------------------------------------
-
-
-class MetaStoreError(CdcError):
-    """Root of meta-store errors (any backend)."""
-
-
-class UnknownBatchError(MetaStoreError, KeyError):
-    template = "no batch {uuid!r} in meta-store namespace {namespace!r}"
-
-
-class EndCheckpointConflictError(MetaStoreError):
-    """A different end checkpoint is already recorded for (UUID, channel). ``stored`` holds it."""
-
-    stored: Any  # meta_store.base.EndCheckpoint (not imported: errors import nothing)
-
-    template = (
-        "batch {uuid!r} channel {channel_id!r}: an end checkpoint is already recorded "
-        "({stored_summary}); this attempt's ({attempted_summary}) was not written"
-    )
-
-
-class CorruptMetaRecordError(MetaStoreError):
-    template = "meta store {store}: record {key!r} is corrupt or foreign: {reason}"
-
-
-class MetaTableMissingError(MetaStoreError):
-    template = (
-        "meta table {table!r} does not exist at {location}; create it or pass "
-        "create_table=true in the meta-store URI"
-    )
-
-
-class MetaStoreUriError(MetaStoreError, ValueError):
-    template = "meta-store URI {uri!r}: {reason}"
-
-
-class TransientMetaStoreError(MetaStoreError):
-    retryable = True
-    template = "meta store temporarily unavailable: {detail}"
-
-
-class MetaStoreRequestError(MetaStoreError):
-    """The meta store's backend refused a request for a reason retrying will not fix
-    (access denied, validation, an item too large, a read-only or full disk, ...)."""
-
-    template = "meta store {store}: {operation} failed: {reason}"
 
 
 # --- protocol invariants -------------------------------------------------------------------

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from connector import register
-    from connector.listener import ProgressListener
+    from tablestore_cdc.listener import ProgressListener
 
     spark = SparkSession.builder.remote(args.remote).getOrCreate()
     listener = ProgressListener(args.meta)

@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.store or args.endpoint):
         parser.error("one of --store or --endpoint is required")
 
-    from connector.sinks import ExactlyOnceParquetSink
     from connector.spark import local_session
+    from tablestore_cdc.sinks import ExactlyOnceParquetSink
 
     conf = {key: value for key, _, value in (item.partition("=") for item in args.conf)}
     spark = local_session("tablestore-cdc-runner", master=args.master, conf=conf)

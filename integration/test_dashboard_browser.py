@@ -29,8 +29,8 @@ import pytest
 from connector.local import LocalTablestore
 from integration.processes import REPO, kill_tree, wait_for
 from meta_store import open_meta_store
-from meta_store.dashboard import DashboardApp, make_server
-from meta_store.feed import user_namespaces
+from tablestore_cdc.dashboard import DashboardApp, make_server
+from tablestore_cdc.feed import user_namespaces
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -48,8 +48,8 @@ pytestmark = [
 QUERY_SCRIPT = """
 import sys, time
 from pathlib import Path
-from connector.listener import ProgressListener
-from connector.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.listener import ProgressListener
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from connector.spark import local_session
 
 store, meta, checkpoint, sink, stop = sys.argv[1:6]
@@ -68,7 +68,7 @@ query.stop()
 error = query.exception()
 # onQueryTerminated reaches the listener asynchronously: let it record the stop first
 from meta_store import open_meta_store
-from meta_store.feed import load_query_status, user_namespaces
+from tablestore_cdc.feed import load_query_status, user_namespaces
 deadline = time.monotonic() + 20
 with open_meta_store(f"sqlite://{meta}") as m:
     while time.monotonic() < deadline and not any(

@@ -8,8 +8,8 @@ test writes through boto3 to a DynamoDB table on it. The query runs in its own p
 ``ExactlyOnceParquetSink``, with a SQLite meta store. It is parked at crash points
 (connector/faults.py) and killed with SIGKILL (driver and Python workers); shards roll over and
 split while it is down and while it runs. At the end the sink is compared with every record the
-stream holds (``connector.verify``): nothing lost, nothing doubled, per-key order, and the table
-materialized from the sink equals a Scan of the DynamoDB table.
+stream holds (``tablestore_cdc.verify``): nothing lost, nothing doubled, per-key order, and the
+table materialized from the sink equals a Scan of the DynamoDB table.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import requests
 from moto.server import ThreadedMotoServer
 
 from connector.faults import FAULT_DIR_ENV
-from connector.sinks import ExactlyOnceParquetSink
 from connector.tunnel.dynamodb_streams import codec
-from connector.verify import rows_by_key, verify
 from integration.processes import kill_tree, start_runner, wait_for
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.verify import rows_by_key, verify
 from tests.dynamodb_streams_fake import StreamsFake
 
 pytestmark = pytest.mark.slow

@@ -53,10 +53,10 @@ from connector.protocol import StreamProtocol
 from connector.reader import _META_STORES, _TUNNELS, read_partition
 from connector.retry import ATTEMPTS, DEADLINE_S, with_retries
 from connector.tunnel import Checkpoint, open_tunnel_service
-from connector.verify import Delivered, key_of, verify
 from integration.faults import scenarios
 from integration.faults.harness import CrashAt, RandomKill, run_scenario
 from meta_store import BatchState, EndCheckpoint, open_meta_store
+from tablestore_cdc.verify import Delivered, key_of, verify
 
 SEED = int(os.environ.get("TABLESTORE_CDC_FAULTS_SEED", "1"))
 

@@ -17,9 +17,9 @@ import pytest
 
 from connector.faults import FAULT_DIR_ENV
 from connector.local import LocalTablestore
-from connector.sinks import ExactlyOnceParquetSink
-from connector.verify import rows_by_key, verify
 from integration.processes import kill_tree, start_runner, wait_for
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.verify import rows_by_key, verify
 
 pytestmark = pytest.mark.slow
 

@@ -26,11 +26,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
-from connector.sinks import deliveries_from_rows
-from connector.verify import Delivered, rows_by_key, verify
 from integration.connect_env import REPO, ClientUnavailable, client_python, connect_server
 from meta_store import open_meta_store
-from meta_store.feed import load_query_progress, user_namespaces
+from tablestore_cdc.feed import load_query_progress, user_namespaces
+from tablestore_cdc.sinks import deliveries_from_rows
+from tablestore_cdc.verify import Delivered, rows_by_key, verify
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ do); the query (integration/runner.py, a Spark driver in its own process) reads 
   appear in no log, no file of the Spark checkpoint directory, no meta-table export and no
   progress-feed line.
 
-Verification (``connector.verify``) compares the sink with the store file's own change log,
+Verification (``tablestore_cdc.verify``) compares the sink with the store file's own change log,
 its sequences translated to what the wire carries (``%08x:%016x:%08x`` of epoch 0, the commit
 time and the store's per-channel sequence).
 """
@@ -49,10 +49,10 @@ from tablestore import (  # noqa: E402
 from tablestore.retry import WriteRetryPolicy  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
-from connector.sinks import ExactlyOnceParquetSink  # noqa: E402
 from connector.tunnel.base import Record  # noqa: E402
-from connector.verify import rows_by_key, verify  # noqa: E402
 from integration.processes import REPO, kill_tree, start_runner, wait_for  # noqa: E402
+from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
+from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 from urllib.parse import urlsplit
 
-from connector.errors import MetaStoreUriError
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -25,6 +24,7 @@ from meta_store.base import (
     MetaStore,
     chain_order,
 )
+from meta_store.errors import MetaStoreUriError
 
 #: scheme -> (dotted path of the backend class, how to install what it needs)
 META_BACKENDS: dict[str, tuple[str, str]] = {

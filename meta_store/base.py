@@ -32,7 +32,12 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from connector.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
+from meta_store.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
+
+#: The token of a channel read to its end: the tunnel's ``FINISHED`` (connector.tunnel.base),
+#: repeated here because the meta store depends on nothing above it (tests/test_layering.py
+#: checks the two agree).
+FINISHED = "finished"
 
 
 class BatchState(str, enum.Enum):  # noqa: UP042 - keep str() as is for callers
@@ -113,8 +118,6 @@ class EndCheckpoint(_Frozen):
 
     @property
     def finished(self) -> bool:
-        from connector.tunnel.base import FINISHED
-
         return self.token == FINISHED
 
     def summary(self) -> str:

@@ -67,14 +67,6 @@ import botocore.exceptions
 from botocore.config import Config
 from pydantic import TypeAdapter, ValidationError
 
-from connector.errors import (
-    CorruptMetaRecordError,
-    MetaStoreRequestError,
-    MetaStoreUriError,
-    MetaTableMissingError,
-    TransientMetaStoreError,
-    UnknownBatchError,
-)
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -82,6 +74,14 @@ from meta_store.base import (
     Manifest,
     MetaStore,
     parse_record,
+)
+from meta_store.errors import (
+    CorruptMetaRecordError,
+    MetaStoreRequestError,
+    MetaStoreUriError,
+    MetaTableMissingError,
+    TransientMetaStoreError,
+    UnknownBatchError,
 )
 
 log = logging.getLogger(__name__)

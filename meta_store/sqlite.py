@@ -48,13 +48,6 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
-from connector.errors import (
-    CorruptMetaRecordError,
-    MetaStoreRequestError,
-    MetaStoreUriError,
-    TransientMetaStoreError,
-    UnknownBatchError,
-)
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -62,6 +55,13 @@ from meta_store.base import (
     Manifest,
     MetaStore,
     parse_record,
+)
+from meta_store.errors import (
+    CorruptMetaRecordError,
+    MetaStoreRequestError,
+    MetaStoreUriError,
+    TransientMetaStoreError,
+    UnknownBatchError,
 )
 
 T = TypeVar("T")

@@ -87,14 +87,6 @@ from tablestore import (
 )
 from tablestore.retry import WriteRetryPolicy
 
-from connector.errors import (
-    CorruptMetaRecordError,
-    MetaStoreRequestError,
-    MetaStoreUriError,
-    MetaTableMissingError,
-    TransientMetaStoreError,
-    UnknownBatchError,
-)
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -102,6 +94,14 @@ from meta_store.base import (
     Manifest,
     MetaStore,
     parse_record,
+)
+from meta_store.errors import (
+    CorruptMetaRecordError,
+    MetaStoreRequestError,
+    MetaStoreUriError,
+    MetaTableMissingError,
+    TransientMetaStoreError,
+    UnknownBatchError,
 )
 
 log = logging.getLogger(__name__)

@@ -47,9 +47,9 @@ from tablestore import (  # noqa: E402
 from tablestore.retry import NoRetryPolicy  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from connector.local.cli import app as local_app  # noqa: E402
 from connector.local.store import LocalTablestore  # noqa: E402
 from connector.tunnel.base import Op  # noqa: E402
+from tablestore_cdc.local_cli import app as local_app  # noqa: E402
 from tablestore_emulator.errors import OtsError  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 
@@ -442,7 +442,7 @@ def test_writes_follow_a_channel_split_and_merge_made_by_the_local_cli(
 def test_emulator_command_serves_until_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "cli.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "connector.cli", "emulator", "--store", str(store),
+        [sys.executable, "-m", "tablestore_cdc.cli", "emulator", "--store", str(store),
          "--instance", INSTANCE, "--access-key-id", AK, "--access-key-secret", SK,
          "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -23,7 +23,7 @@ CLIENT_PATH = textwrap.dedent("""
 
     import connector
     from connector import TablestoreDataSource, register  # the package's lazy attributes
-    from connector.listener import ProgressListener
+    from tablestore_cdc.listener import ProgressListener
     from connector.source import is_connect_session
     from pyspark.serializers import CloudPickleSerializer
 

@@ -17,12 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
-from connector.sinks import deliveries_from_rows
-from connector.state_table import StateTable
-from connector.verify import key_of, rows_by_key, verify
 from integration.processes import kill_tree, wait_for
+from tablestore_cdc.sinks import deliveries_from_rows
+from tablestore_cdc.state_table import StateTable
+from tablestore_cdc.verify import key_of, rows_by_key, verify
 
-CLI = [sys.executable, "-m", "connector.cli"]
+CLI = [sys.executable, "-m", "tablestore_cdc.cli"]
 
 
 def change(op: str, channel: str, seq: int, ts: int, id_: int, **attrs):

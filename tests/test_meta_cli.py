@@ -33,17 +33,17 @@ import pytest
 from referencing import Registry, Resource
 from typer.testing import CliRunner
 
-from connector.cli import app as root_app
-from connector.listener import ProgressListener, progress_entries
 from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
-from meta_store.dashboard import DashboardApp, make_server
-from meta_store.feed import (
+from tablestore_cdc.cli import app as root_app
+from tablestore_cdc.dashboard import DashboardApp, make_server
+from tablestore_cdc.feed import (
     follow_feed,
     load_query_progress,
     record_query_progress,
     user_namespaces,
 )
+from tablestore_cdc.listener import ProgressListener, progress_entries
 
 pytest_plugins = ["tests.meta_fixtures"]  # moto_endpoint (a moto server on 127.0.0.1)
 
@@ -612,7 +612,7 @@ def test_follow_prints_only_new_or_changed_batches(tmp_path: Path) -> None:
     meta_uri = build_meta(path, batches=1)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "connector.cli", "progress", "--meta", meta_uri, "--follow",
+        [sys.executable, "-m", "tablestore_cdc.cli", "progress", "--meta", meta_uri, "--follow",
          "--interval", "0.1", "--no-tunnel"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env, cwd=REPO)
     watchdog = threading.Timer(60, proc.kill)  # a missing line must fail, not hang

@@ -32,7 +32,6 @@ from tablestore import (  # noqa: E402
 from tablestore.retry import NoRetryPolicy  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from connector.cli import app as root_app  # noqa: E402
 from connector.errors import (  # noqa: E402
     MetaStoreRequestError,
     MetaStoreUriError,
@@ -41,6 +40,7 @@ from connector.errors import (  # noqa: E402
 )
 from meta_store import BatchState, open_meta_store  # noqa: E402
 from meta_store.tablestore import TablestoreMetaStore  # noqa: E402
+from tablestore_cdc.cli import app as root_app  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 from tests.contract.meta_contract import (  # noqa: E402
     NS,

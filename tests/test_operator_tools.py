@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from connector.cli import app as root_app
 from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
-from meta_store.feed import throughput
+from tablestore_cdc.cli import app as root_app
+from tablestore_cdc.feed import throughput
 
 pytest_plugins = ["tests.meta_fixtures"]  # moto_endpoint (a moto server on 127.0.0.1)
 
@@ -344,7 +344,7 @@ def test_follow_on_an_empty_store_says_it_is_waiting(tmp_path: Path) -> None:
     uri = f"sqlite://{tmp_path / 'empty.db'}"
     open_meta_store(uri).close()
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "connector.cli", "progress", "--meta", uri,
+    proc = subprocess.Popen([sys.executable, "-m", "tablestore_cdc.cli", "progress", "--meta", uri,
                              "--follow", "--interval", "0.1", "--no-tunnel"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
     try:
@@ -357,7 +357,7 @@ def test_follow_on_an_empty_store_says_it_is_waiting(tmp_path: Path) -> None:
 
 
 def test_dashboard_snapshot_survives_and_lists_a_corrupt_row(tmp_path: Path) -> None:
-    from meta_store.dashboard import DashboardApp
+    from tablestore_cdc.dashboard import DashboardApp
 
     path = tmp_path / "m.db"
     run = Run(path)
@@ -375,7 +375,7 @@ def test_dashboard_snapshot_survives_and_lists_a_corrupt_row(tmp_path: Path) -> 
 
 
 def test_activity_tells_live_idle_stale_and_stopped() -> None:
-    from meta_store.feed import STALE_AFTER_S, activity
+    from tablestore_cdc.feed import STALE_AFTER_S, activity
 
     def committed(at: float) -> dict[str, Any]:
         return {"initial": False, "times": {"committed": at}}

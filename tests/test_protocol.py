@@ -279,7 +279,7 @@ def test_one_info_line_per_batch_without_secrets(store, caplog):
 
 
 def test_base_and_stream_snapshot_then_stream_equals_the_table(store):
-    from connector.verify import Delivered, key_of, materialize, rows_by_key
+    from tablestore_cdc.verify import Delivered, key_of, materialize, rows_by_key
 
     write(store, range(40))
     store.delete_row("t", {"id": 3})

@@ -13,7 +13,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from connector.cli import app
 from connector.errors import (
     CheckpointBehindMetaError,
     MalformedOffsetError,
@@ -29,6 +28,7 @@ from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
+from tablestore_cdc.cli import app
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from connector.local import LocalTablestore
-from connector.sinks import ExactlyOnceParquetSink, deliveries_from_rows
-from connector.verify import rows_by_key, verify
 from meta_store import open_meta_store
+from tablestore_cdc.sinks import ExactlyOnceParquetSink, deliveries_from_rows
+from tablestore_cdc.verify import rows_by_key, verify
 
 pytestmark = pytest.mark.slow
 

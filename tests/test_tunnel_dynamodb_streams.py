@@ -34,7 +34,6 @@ from connector.errors import (
     TrimmedDataError,
     TunnelRequestError,
 )
-from connector.sinks import ExactlyOnceParquetSink
 from connector.tunnel import open_tunnel_service
 from connector.tunnel.base import (
     FINISHED,
@@ -49,7 +48,8 @@ from connector.tunnel.base import (
 from connector.tunnel.dynamodb_streams import codec
 from connector.tunnel.dynamodb_streams.service import DynamoDbStreamsTunnelService
 from connector.tunnel.page import PageLayout
-from connector.verify import rows_by_key, verify
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.verify import rows_by_key, verify
 from tests.contract.tunnel_contract import TunnelContract, consume, per_key, read_all
 from tests.dynamodb_streams_fake import StreamsFake
 

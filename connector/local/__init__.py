@@ -2,7 +2,7 @@
 
 ``LocalTablestore`` holds tables, rows and a per-channel change log; the tunnel service over it
 is ``connector.tunnel.local.LocalTunnelService`` (URI ``local:///abs/path/store.db``) and the
-``tablestore-cdc local ...`` commands live in ``connector.local.cli``.
+``tablestore-cdc local ...`` commands live in ``tablestore_cdc.local_cli``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ A scenario: a fresh local store, a writer with splits and merges, the runner wri
 ``ExactlyOnceParquetSink``, the scenario's steps (kills at crash points, kills at random times,
 failing tasks, duplicate reads), a restart after each kill on the same checkpoint, and at the
 end: stop writing, wait until every change in the store's change log is in the sink, stop the
-query through its stop file, and verify (``connector.verify``): nothing lost, nothing
+query through its stop file, and verify (``tablestore_cdc.verify``): nothing lost, nothing
 duplicated, every key's changes in source order, the table rebuilt from the sink equal to the
 store's, every replay of a stored batch identical, and no stored batch rewritten.
 """
@@ -46,10 +46,10 @@ import psutil
 import pyarrow.parquet as pq
 
 from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV, POINTS
-from connector.sinks import ExactlyOnceParquetSink
-from connector.verify import rows_by_key, verify
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
 from integration.processes import REPO, kill_tree, start_runner, wait_for
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.verify import rows_by_key, verify
 
 log = logging.getLogger("integration.faults")
 

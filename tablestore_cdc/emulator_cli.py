@@ -1,7 +1,6 @@
 """``tablestore-cdc emulator``: serve the local Tablestore emulator until SIGINT/SIGTERM.
 
-Mounted by ``connector/cli.py`` (also ``python -m tablestore_emulator``). Prints exactly one
-line, ``listening on http://HOST:PORT`` (the real port when ``--port 0``), to stdout once the
+Mounted by ``tablestore_cdc/cli.py``. Prints exactly one line, ``listening on http://HOST:PORT`` (the real port when ``--port 0``), to stdout once the
 socket accepts connections, so a script or test can read the URL. Logs go to stderr.
 
 Example::
@@ -22,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from connector.cli_errors import fail, reported_errors
+from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_emulator.server import EmulatorServer
 
 

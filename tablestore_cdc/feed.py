@@ -8,12 +8,12 @@ consumed by three front ends:
   and prints only new or changed batches) — ``follow_feed``;
 - ``tablestore-cdc dashboard`` serves ``/api/progress``, a **snapshot** (recent batch records,
   per-channel positions and lag, the channel tree, throughput) — ``progress_snapshot``, served by
-  ``meta_store.dashboard``;
-- ``tablestore-cdc meta ...`` (``meta_store.cli``) uses the same read-only helpers
+  ``tablestore_cdc.dashboard``;
+- ``tablestore-cdc meta ...`` (``tablestore_cdc.meta_cli``) uses the same read-only helpers
   (``open_existing_meta_store``, ``resolve_namespace``, ``find_batch``, ``channel_view``).
 
 Everything here is read-only on the meta store and the tunnel, with one exception: the
-**query-progress record** that ``connector.listener.ProgressListener`` writes
+**query-progress record** that ``tablestore_cdc.listener.ProgressListener`` writes
 (``record_query_progress``). It is how a Spark query's own numbers (batch id, rows/s, batch
 duration) join the feed, and it is backend-neutral: it is stored through the meta store's
 ``set_namespace_info`` under a companion namespace ``"query-progress#" + namespace``, so every
@@ -237,7 +237,7 @@ def find_batch(store: MetaStore, namespace: str, uuid: str) -> BatchRecord:
     raise UnknownBatchError(uuid=uuid, namespace=namespace)
 
 
-# --- query progress (written by connector.listener) -----------------------------------------------
+# --- query progress (written by tablestore_cdc.listener) ----------------------------------
 
 
 def record_query_progress(store: MetaStore, namespace: str, entry: Mapping[str, Any],

@@ -1,6 +1,6 @@
 """``tablestore-cdc local ...``: create, write to and inspect an embedded local store.
 
-Mounted by ``connector/cli.py``. STORE is a filesystem path to the SQLite file; only
+Mounted by ``tablestore_cdc/cli.py``. STORE is a filesystem path to the SQLite file; only
 ``create-table`` creates it. Bad input ends with a one-line ``error: ...`` on stderr and exit
 code 2 (no traceback): every ``CdcError`` is reported that way. A file that is not a local
 store (another SQLite database such as a meta store, or not a database at all) is refused
@@ -34,10 +34,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from connector.cli_errors import fail, reported_errors
 from connector.local import store as store_module
 from connector.local.store import COLUMN_TYPES, LocalTablestore, WriteOp
 from connector.tunnel.base import ChannelStatus, TableSchema
+from tablestore_cdc.cli_errors import fail, reported_errors
 
 app = typer.Typer(
     help="The embedded local table store: tables, sample writes, channels, tunnels.",

@@ -30,10 +30,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from connector.cli_errors import fail, reported_errors
 from connector.local import LocalTablestore
 from connector.protocol import LOG_LEVEL_ENV
-from connector.verify import key_of, rows_by_key, verify
+from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.verify import key_of, rows_by_key, verify
 
 console = Console(stderr=True)
 result_console = Console()  # the verification line goes to stdout, for scripts
@@ -80,7 +80,7 @@ def start_pipeline(spark: Any, store_path: Path, table: str, tunnel: str, out: P
                    endpoint: str | None = None) -> Pipeline:
     """Start the change-log and current-state queries (driver). ``endpoint`` (default: the
     store file, ``local://``) may be the emulator's ``http://`` URL serving that file."""
-    from connector.state_table import StateTable
+    from tablestore_cdc.state_table import StateTable
 
     endpoint = endpoint or f"local://{store_path.resolve()}"
     reader = (spark.readStream.format("tablestore")
@@ -112,8 +112,8 @@ def start_pipeline(spark: Any, store_path: Path, table: str, tunnel: str, out: P
 def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
     """A ``ProgressListener`` for this source on ``spark`` (driver), so the dashboard, ``meta
     show`` and ``progress`` know Spark's batch ids and rates and see the query stop."""
-    from connector.listener import ProgressListener
     from connector.options import SourceOptions
+    from tablestore_cdc.listener import ProgressListener
 
     options = SourceOptions.from_spark(source_options)
     listener = ProgressListener(options.meta_store, namespaces={options.source_identity})
@@ -340,7 +340,7 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
                  wire: bool = False) -> bool:
     import pyarrow.parquet as pq
 
-    from connector.sinks import deliveries_from_rows
+    from tablestore_cdc.sinks import deliveries_from_rows
 
     with LocalTablestore(store_path) as store:
         change_log = store.change_log(DEMO_TABLE)

@@ -4,7 +4,7 @@ A ``ThreadingHTTPServer`` (standard library) serves
 
 - ``/`` — ``index.html`` with ``dashboard.js`` and ``dashboard.css`` (all local files of this
   package: no CDN, works offline), which polls ``/api/progress`` every second;
-- ``/api/progress`` — the snapshot of ``meta_store.feed.progress_snapshot`` (recent batches,
+- ``/api/progress`` — the snapshot of ``tablestore_cdc.feed.progress_snapshot`` (recent batches,
   per-channel latest positions and lag, the channel tree, throughput, the last Spark progress);
   ``409`` with ``{"error": ...}`` when the namespace is ambiguous or unknown, ``503`` when the
   meta store cannot be read;
@@ -30,14 +30,14 @@ import typer
 
 from connector.errors import CdcError
 from meta_store import MetaStore
-from meta_store.feed import (
+from tablestore_cdc.feed import (
     InspectedStore,
     InspectionError,
     open_existing_meta_store,
     progress_snapshot,
 )
 
-log = logging.getLogger("meta_store.dashboard")
+log = logging.getLogger("tablestore_cdc.dashboard")
 
 STATIC_DIR = Path(__file__).resolve().parent
 #: path -> (file in STATIC_DIR, content type); nothing else is served from disk

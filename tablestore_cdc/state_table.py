@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from connector.schema import to_json
-from connector.sinks import META_COLUMNS
-from connector.verify import key_of
+from tablestore_cdc.sinks import META_COLUMNS
+from tablestore_cdc.verify import key_of
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, pk TEXT NOT NULL, attrs TEXT NOT NULL);

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from connector.faults import fault_point
-from connector.verify import Delivered, key_of
+from tablestore_cdc.verify import Delivered, key_of
 
 REPLAY_LOG = "_replays.jsonl"
 META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
@@ -84,7 +84,7 @@ class ExactlyOnceParquetSink:
 
 def deliveries_from_rows(rows: list[dict[str, Any]], key_columns: list[str],
                          position_prefix: tuple[Any, ...] = ()) -> Iterator[Delivered]:
-    """Turn output rows (dicts) into ``Delivered`` records for ``connector.verify``."""
+    """Turn output rows (dicts) into ``Delivered`` records for ``tablestore_cdc.verify``."""
     for row in rows:
         attributes = {k: v for k, v in row.items()
                       if k not in META_COLUMNS and k not in key_columns and v is not None}

@@ -1,7 +1,7 @@
 """``tablestore-cdc meta ...``: inspect a meta table (any backend, by URI).
 
-Mounted by ``connector/cli.py`` as ``tablestore-cdc meta``; ``progress_command`` is mounted there
-as ``tablestore-cdc progress``. Runs in an operator's shell. Every command reads only, except
+Mounted by ``tablestore_cdc/cli.py`` as ``tablestore-cdc meta``; ``progress_command`` is mounted
+there as ``tablestore-cdc progress``. Runs in an operator's shell. Every command reads only, except
 ``gc --yes``. Each prints rich tables for people, or JSON for scripts with ``--json``.
 
 - ``--meta URI`` (or ``$TABLESTORE_CDC_META``) picks the store: ``sqlite:///abs/meta.db`` or
@@ -38,9 +38,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from connector.cli_errors import fail, reported_errors
 from meta_store import BatchRecord, BatchState, MetaStore
-from meta_store.feed import (
+from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.feed import (
     FEED_SCHEMA_VERSION,
     InspectedStore,
     batch_record,
@@ -595,7 +595,7 @@ def export(
                              f"checkpoint(s) of {ns} to {output}")
 
 
-# --- tablestore-cdc progress (mounted by connector/cli.py) -------------------------------------
+# --- tablestore-cdc progress (mounted by tablestore_cdc/cli.py) ---------------------------------
 
 
 def progress_command(

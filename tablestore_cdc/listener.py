@@ -2,22 +2,22 @@
 
 Usage (driver, before or after ``start()``)::
 
-    from connector.listener import ProgressListener
+    from tablestore_cdc.listener import ProgressListener
     spark.streams.addListener(ProgressListener("sqlite:///data/orders.meta.db"))
 
 Spark calls ``onQueryProgress`` on the driver (PySpark forwards the JVM listener bus event to this
 Python process) after each micro-batch. For every source of the query whose end offset is one
 of ours (``{"uuid": ..., "source": namespace}``), the listener stores an entry — batch id, input
 and processed rows/s, batch duration, query id — keyed by the batch's end UUID, with
-``meta_store.feed.record_query_progress`` (a companion record in the meta store, so it works on
+``tablestore_cdc.feed.record_query_progress`` (a companion record in the meta store, so it works on
 every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join it to the
 batch with that UUID.
 
 It also records whether the query is alive, for the dashboard's stale/stopped state: every
 progress report marks the namespace ``running``, ``onQueryIdle`` (Spark's no-data heartbeat)
 refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's exception
-(``meta_store.feed.record_query_status``). ``namespaces`` limits the listener to the sources it
-was made for (``connector.job`` passes its own), so a listener left on a shared session never
+(``tablestore_cdc.feed.record_query_status``). ``namespaces`` limits the listener to the sources it
+was made for (``tablestore_cdc.job`` passes its own), so a listener left on a shared session never
 writes another query's progress into its store.
 
 Over Spark Connect (PySpark 4) the same call on a client session runs the listener in the
@@ -43,7 +43,7 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-log = logging.getLogger("connector.listener")
+log = logging.getLogger("tablestore_cdc.listener")
 
 
 def _number(value: Any) -> float | None:
@@ -162,7 +162,7 @@ class ProgressListener(StreamingQueryListener):
 
     def _status(self, event: Any, status: str, reason: str | None) -> None:
         """Record ``status`` for the namespaces of the query the event is about."""
-        from meta_store.feed import record_query_status
+        from tablestore_cdc.feed import record_query_status
 
         try:
             query_id = str(getattr(event, "id", ""))
@@ -189,7 +189,7 @@ class ProgressListener(StreamingQueryListener):
     def record(self, progress: Any) -> int:
         """Store the entries of one progress report (a ``StreamingQueryProgress`` or a
         ``lastProgress`` dict); returns how many were stored. Raises on failure."""
-        from meta_store.feed import record_query_progress
+        from tablestore_cdc.feed import record_query_progress
 
         entries = [(ns, e) for ns, e in progress_entries(progress)
                    if self.namespaces is None or ns in self.namespaces]

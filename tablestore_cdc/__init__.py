@@ -1,0 +1,13 @@
+"""The application around the source: the ``tablestore-cdc`` command and what it runs.
+
+Layers, each standing only on those before it (tests/test_layering.py keeps it so):
+
+1. ``meta_store``          the meta table: interface, SQLite/DynamoDB/Tablestore backends,
+                           and the product's root error type;
+2. ``connector``           the Spark source: options, protocol (driver), reader (executors),
+                           tunnel interface and backends, the embedded store;
+3. ``tablestore_emulator`` a local Tablestore server over the embedded store;
+4. ``tablestore_cdc``      this package: the CLI (``cli``), the main job (``job``) with its sinks,
+                           state table and verification, the progress listener, the progress
+                           feed and dashboard, and the inspection commands (``meta_cli``).
+"""

@@ -1,0 +1,39 @@
+"""The ``tablestore-cdc`` command: one typer app, one sub-command group per concern.
+
+- ``tablestore-cdc local ...``    the embedded store (tablestore_cdc/local_cli.py)
+- ``tablestore-cdc meta ...``     meta-table inspection (tablestore_cdc/meta_cli.py)
+- ``tablestore-cdc progress``     the progress feed as JSON lines (tablestore_cdc/meta_cli.py)
+- ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
+- ``tablestore-cdc demo`` / ``replicate``  the main job (tablestore_cdc/job.py)
+- ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tablestore_cdc.dashboard import dashboard_command
+from tablestore_cdc.emulator_cli import emulator_command
+from tablestore_cdc.job import demo, replicate
+from tablestore_cdc.local_cli import app as local_app
+from tablestore_cdc.meta_cli import app as meta_app
+from tablestore_cdc.meta_cli import progress_command
+
+app = typer.Typer(
+    help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    # plain help: typer's rich help shows every flag as "--json <bool>" with this click
+    rich_markup_mode=None,
+)
+app.add_typer(local_app, name="local")
+app.add_typer(meta_app, name="meta")
+app.command("demo")(demo)
+app.command("replicate")(replicate)
+app.command("progress")(progress_command)
+app.command("dashboard")(dashboard_command)
+app.command("emulator")(emulator_command)
+
+
+if __name__ == "__main__":
+    app()
