@@ -1,6 +1,7 @@
 """``tablestore-cdc emulator``: serve the local Tablestore emulator until SIGINT/SIGTERM.
 
-Mounted by ``tablestore_cdc/cli.py``. Prints exactly one line, ``listening on http://HOST:PORT`` (the real port when ``--port 0``), to stdout once the
+Mounted by ``tablestore_cdc/cli.py``. Prints exactly one line, ``listening on http://HOST:PORT``
+(the real port when ``--port 0``), to stdout once the
 socket accepts connections, so a script or test can read the URL. Logs go to stderr.
 
 Example::
