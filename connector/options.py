@@ -230,6 +230,18 @@ class SourceOptions(BaseModel):
     # --- derived facts ----------------------------------------------------------------------
 
     @property
+    def meta_store_credentials(self) -> dict[str, str] | None:
+        """Credentials for a ``tablestore://`` meta store: those of a Tablestore endpoint (the
+        options or the driver's ``ALIBABA_CLOUD_*``, folded into the endpoint). They travel to
+        executors inside partitions, like the endpoint, and are never stored or shown."""
+        if urlsplit(self.meta_store).scheme != "tablestore":
+            return None
+        query = dict(parse_qsl(urlsplit(self.endpoint).query))
+        creds = {k: query[k] for k in ("access_key_id", "access_key_secret", "security_token")
+                 if query.get(k)}
+        return creds or None
+
+    @property
     def safe_endpoint(self) -> str:
         return strip_secrets(self.endpoint)
 

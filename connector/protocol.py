@@ -151,7 +151,7 @@ class StreamProtocol:
         self.tunnel: TunnelService = with_retries(inject_transient_errors(
             open_tunnel_service(options.endpoint)))
         self.meta: MetaStore = with_retries(inject_transient_errors(
-            open_meta_store(options.meta_store)))
+            open_meta_store(options.meta_store, options.meta_store_credentials)))
         recorded = self.meta.get_namespace_info(self.namespace) or {}
         info = self._bind_tunnel(recorded.get("tunnel_id"))
         if info.tunnel_type is not options.tunnel_type:
@@ -503,6 +503,7 @@ class StreamProtocol:
             target = self._available_now_targets.get(start.channel_id)
         return ChannelPartition(
             namespace=self.namespace, meta_uri=self.options.meta_store,
+            meta_credentials=tuple(sorted((self.options.meta_store_credentials or {}).items())),
             endpoint=self.options.endpoint, tunnel_id=self.tunnel_id, end_uuid=end_uuid,
             channel_id=start.channel_id, start_token=start.token,
             start_sequence_number=start.sequence_number, start_last_sequence=start.last_sequence,

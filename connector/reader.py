@@ -29,7 +29,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,7 +54,9 @@ class ChannelPartition(InputPartition):
 
     namespace: str
     meta_uri: str
-    endpoint: str
+    #: may carry credentials (a Tablestore endpoint's query): kept out of the repr, so a log line
+    #: or an error showing a partition never shows a secret
+    endpoint: str = field(repr=False)
     tunnel_id: str
     end_uuid: str
     channel_id: str
@@ -65,22 +67,25 @@ class ChannelPartition(InputPartition):
     #: AvailableNow: do not read records whose sequence sorts after this
     stop_after_sequence: str | None
     fail_on_data_loss: bool
+    #: credentials for a tablestore:// meta store (the URI never holds them); not shown in repr
+    meta_credentials: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 # Python workers are reused across tasks: keep one client per URI per process.
-_META_STORES: dict[str, MetaStore] = {}
+_META_STORES: dict[tuple[str, tuple[tuple[str, str], ...]], MetaStore] = {}
 _TUNNELS: dict[str, TunnelService] = {}
 
 
 def _clients(p: ChannelPartition) -> tuple[MetaStore, TunnelService]:
     # transient errors are retried (connector.retry); the injection is inert in production
-    if p.meta_uri not in _META_STORES:
-        _META_STORES[p.meta_uri] = with_retries(inject_transient_errors(
-            open_meta_store(p.meta_uri)))
+    meta_key = (p.meta_uri, p.meta_credentials)
+    if meta_key not in _META_STORES:
+        _META_STORES[meta_key] = with_retries(inject_transient_errors(
+            open_meta_store(p.meta_uri, dict(p.meta_credentials) or None)))
     if p.endpoint not in _TUNNELS:
         _TUNNELS[p.endpoint] = with_retries(inject_transient_errors(
             open_tunnel_service(p.endpoint)))
-    return _META_STORES[p.meta_uri], _TUNNELS[p.endpoint]
+    return _META_STORES[meta_key], _TUNNELS[p.endpoint]
 
 
 def attempt_identity() -> str:

@@ -13,6 +13,7 @@ only for ``tablestore://``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from meta_store.base import (
@@ -35,8 +36,13 @@ META_BACKENDS: dict[str, tuple[str, str]] = {
 }
 
 
-def open_meta_store(uri: str) -> MetaStore:
-    """Open the meta store at ``uri`` (driver, executors, CLI)."""
+def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None) -> MetaStore:
+    """Open the meta store at ``uri`` (driver, executors, CLI).
+
+    ``credentials`` (``access_key_id``, ``access_key_secret``, optional ``security_token``)
+    are for backends that take them from the caller rather than the URI, which never holds a
+    secret: the Tablestore backend (else it reads ``ALIBABA_CLOUD_*``). Other backends use their
+    own credential chains and refuse them."""
     scheme = urlsplit(uri).scheme
     if scheme not in META_BACKENDS:
         raise MetaStoreUriError(
@@ -51,7 +57,14 @@ def open_meta_store(uri: str) -> MetaStore:
         raise MetaStoreUriError(
             uri=uri, reason=f"backend unavailable ({exc}); {install_hint}"
         ) from exc
-    return getattr(module, class_name).from_uri(uri)
+    backend = getattr(module, class_name)
+    if credentials:
+        if scheme != "tablestore":
+            raise MetaStoreUriError(
+                uri=uri, reason=f"a {scheme}:// meta store takes no credentials from the source's "
+                "options (it uses its own credential chain)")
+        return backend.from_uri(uri, **credentials)
+    return backend.from_uri(uri)
 
 
 __all__ = [

@@ -116,7 +116,8 @@ def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
     from tablestore_cdc.listener import ProgressListener
 
     options = SourceOptions.from_spark(source_options)
-    listener = ProgressListener(options.meta_store, namespaces={options.source_identity})
+    listener = ProgressListener(options.meta_store, namespaces={options.source_identity},
+                                credentials=options.meta_store_credentials)
     spark.streams.addListener(listener)
     return listener
 

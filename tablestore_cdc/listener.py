@@ -121,8 +121,12 @@ class ProgressListener(StreamingQueryListener):
     ``close()`` releases it.
     """
 
-    def __init__(self, meta_uri: str, namespaces: Iterable[str] | None = None) -> None:
+    def __init__(self, meta_uri: str, namespaces: Iterable[str] | None = None,
+                 credentials: Mapping[str, str] | None = None) -> None:
+        """``credentials``: for a ``tablestore://`` meta store whose credentials are not in the
+        environment (``SourceOptions.meta_store_credentials``)."""
         self.meta_uri = meta_uri
+        self._credentials = dict(credentials) if credentials else None
         self.namespaces = None if namespaces is None else frozenset(namespaces)
         self.errors = 0
         self.recorded = 0
@@ -183,7 +187,7 @@ class ProgressListener(StreamingQueryListener):
         from meta_store import open_meta_store
 
         if self._store is None:
-            self._store = open_meta_store(self.meta_uri)
+            self._store = open_meta_store(self.meta_uri, self._credentials)
         return self._store
 
     def record(self, progress: Any) -> int:
