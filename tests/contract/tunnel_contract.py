@@ -671,3 +671,50 @@ class TunnelContract:
         final = {c.channel_id: c.status for c in h.service.describe_tunnel("t", "tun").channels}
         assert all(final[c] is ChannelStatus.TERMINATED for c in base_ids)
         assert all(final[c.channel_id] is ChannelStatus.OPEN for c in stream)
+
+    # the columnar read path ---------------------------------------------------------------
+
+    def test_read_page_equals_the_default_conversion_of_read_records(
+        self, tunnel_harness: TunnelHarness
+    ) -> None:
+        """``read_page`` (what executors call) gives, page for page, the batch the default
+        adapter builds from ``read_records`` (``records_to_page``), the same next token and
+        ``may_more`` -- for the declared layout, a layout lacking ``value`` (it lands in
+        ``_extra``) and one with a column no record has."""
+        import pyarrow as pa
+
+        from connector.tunnel.page import PageLayout, records_to_page
+
+        h = tunnel_harness
+        h.create_table("t", 1)
+        for i in range(5):
+            h.put("t", f"k{i}", i)
+        h.update("t", "k1", 10)
+        h.delete("t", "k2")
+        h.put("t", "k2", -3)
+        h.update("t", "k9", 9)  # an update of a row that did not exist
+        h.delete("t", "k0")
+        tid = self._tunnel(h, "t")
+        cid = self._only_channel(h, "t")
+        layouts = [
+            PageLayout.of_table(h.service.table_schema("t")),
+            PageLayout((("id", pa.string()),)),
+            PageLayout((("value", pa.int64()), ("id", pa.string()), ("absent", pa.float64()))),
+        ]
+        for layout in layouts:
+            token, pages, seen = h.service.get_checkpoint(tid, cid).token, 0, 0
+            while True:
+                result = h.service.read_records(tid, cid, token, 3)
+                page = h.service.read_page(tid, cid, token, 3, layout)
+                expected = records_to_page(result.records, layout)
+                assert page.batch.schema == expected.schema
+                assert page.batch.to_pylist() == expected.to_pylist()
+                assert page.batch.equals(expected)
+                assert (page.count, page.next_token, page.may_more) == (
+                    len(result.records), result.next_token, result.may_more)
+                seen += page.count
+                pages += 1
+                if not result.records or result.next_token == FINISHED:
+                    break
+                token = result.next_token
+            assert seen == len(h.change_log("t")) and pages >= 3, (seen, pages)

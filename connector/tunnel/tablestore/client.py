@@ -14,7 +14,9 @@ secrets removed (``connector.options.strip_secrets``) is this client's ``uri``: 
 that reaches logs, errors and anything stored.
 
 Who calls what (connector/tunnel/base.py): the driver calls tunnel, checkpoint and schema
-methods; executors call ``read_records`` on a client opened in their own process.
+methods; executors call ``read_page`` on a client opened in their own process, which decodes
+PlainBuffer straight into the page's Arrow columns (``records.decode_columns``);
+``read_records`` (``Record`` objects) serves the contract suite, ``has_new_data`` and tools.
 
 How the interface maps onto the wire:
 
@@ -56,7 +58,7 @@ import base64
 import binascii
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -92,8 +94,9 @@ from connector.tunnel.base import (
     TunnelService,
     TunnelType,
 )
+from connector.tunnel.page import Page, PageLayout, empty_page_batch
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.records import decode_page
+from connector.tunnel.tablestore.records import decode_columns, decode_page
 from connector.tunnel.tablestore.transport import (
     RETRY_DEADLINE_S,
     Credentials,
@@ -475,14 +478,16 @@ class TablestoreTunnelService(TunnelService):
                 return True
         return False
 
-    def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
-        """Up to ``limit`` records after ``token`` (executor); see the module docstring for
-        tokens that point inside a service page."""
+    def _fetch(self, tunnel_id: str, channel_id: str, token: str,
+               limit: int) -> tuple[Sequence[Any], int | None, str, bool] | None:
+        """The wire records of up to ``limit`` records after ``token``, with the base offset
+        of the first (``None`` if unknown), the token after them and ``may_more``; ``None``
+        for ``limit == 0`` (nothing to ask the service). Shared by both read methods."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         page_token, skip = self._check_token(channel_id, token)
         if limit == 0 and token != FINISHED:
-            return ReadResult([], token, True)
+            return None
         response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
         while skip and len(response.records) <= skip:
             # the service paged differently than when the token was made: skip whole pages
@@ -496,14 +501,36 @@ class TablestoreTunnelService(TunnelService):
             response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
         base_offset = self._base_offset(page_token)
         wanted = response.records[skip:skip + limit]
-        records = decode_page(wanted, channel_id, token,
-                              None if base_offset is None else base_offset + skip)
+        first = None if base_offset is None else base_offset + skip
         if skip + limit < len(response.records):
-            return ReadResult(records, f"{page_token}{SKIP_MARK}{skip + limit}", True)
+            return wanted, first, f"{page_token}{SKIP_MARK}{skip + limit}", True
         may_more = (response.may_more_record if response.HasField("may_more_record")
                     else len(response.records) >= 500)
-        return ReadResult(records, response.next_token,
-                          bool(may_more) and response.next_token != FINISHED)
+        return (wanted, first, response.next_token,
+                bool(may_more) and response.next_token != FINISHED)
+
+    def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
+        """Up to ``limit`` records after ``token`` as ``Record`` objects (the contract suite,
+        ``has_new_data``, tools); see the module docstring for tokens that point inside a
+        service page."""
+        fetched = self._fetch(tunnel_id, channel_id, token, limit)
+        if fetched is None:
+            return ReadResult([], token, True)
+        wanted, first, next_token, may_more = fetched
+        return ReadResult(decode_page(wanted, channel_id, token, first), next_token, may_more)
+
+    def read_page(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+                  layout: PageLayout) -> Page:
+        """Up to ``limit`` records after ``token`` as one columnar page (executor, the
+        reader's path): PlainBuffer decoded straight into the page's columns
+        (``records.decode_columns``), no ``Record`` per record; positions, tokens and errors
+        as ``read_records``."""
+        fetched = self._fetch(tunnel_id, channel_id, token, limit)
+        if fetched is None:
+            return Page(empty_page_batch(layout), token, True)
+        wanted, first, next_token, may_more = fetched
+        return Page(decode_columns(wanted, channel_id, token, first, layout), next_token,
+                    may_more)
 
 
 __all__ = ["CLIENT_ID", "TablestoreTunnelService", "split_token", "token_content"]

@@ -228,6 +228,8 @@ _U32_AT = _U32.unpack_from
 _I32_AT = _I32.unpack_from
 _I64_AT = _I64.unpack_from
 _F64_AT = _F64.unpack_from
+_DEL_ALL = int(CellOp.DELETE_ALL_VERSION)
+_DEL_ONE = int(CellOp.DELETE_ONE_VERSION)
 _SPECIALS = {VT_INF_MIN: Special.INF_MIN, VT_INF_MAX: Special.INF_MAX,
              VT_AUTO_INCREMENT: Special.AUTO_INCREMENT}
 
@@ -285,9 +287,21 @@ def _read_value(data: bytes, pos: int, end: int, name: str) -> tuple[Any, int]:
     return value, stop
 
 
-def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[Cell, int, int]:
-    """At ``pos``: one cell (its TAG_CELL included). Returns (cell, its checksum, position
-    after it)."""
+#: raw cell name -> (name, CRC-8 of the name): a page repeats the same few column names in
+#: every record, so each is decoded and checksummed once per process (bounded: cleared when full)
+_NAMES: dict[bytes, tuple[str, int]] = {}
+_NAMES_MAX = 4096
+
+#: a cell as ``_read_cell`` returns it: (name, value, op code (0 = put), timestamp in ms or None)
+RawCell = tuple[str, Any, int, int | None]
+#: a row as ``decode_raw`` returns it: (key as (name, value) pairs in wire order, attribute
+#: cells, delete marker, sequence info as (epoch, timestamp, row index) or None)
+RawRow = tuple[list[tuple[str, Any]], list[RawCell], bool, tuple[int, int, int] | None]
+
+
+def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[RawCell, int, int]:
+    """At ``pos``: one cell (its TAG_CELL included). Returns (the cell as a plain tuple, its
+    checksum, position after it)."""
     table = CRC8_TABLE
     if data[pos + 1] != TAG_CELL_NAME:
         raise _tag_error(data, pos + 1, TAG_CELL_NAME, "cell name")
@@ -297,15 +311,21 @@ def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[Cell, int,
         raise PlainBufferError(f"truncated: cell name needs {n} byte(s)", pos)
     raw_name = data[pos:pos + n]
     pos += n
-    try:
-        name = raw_name.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PlainBufferError("cell name is not UTF-8", pos - n) from None
-    if not name:
-        raise PlainBufferError("empty cell name", pos)
-    crc = 0
-    for byte in raw_name:
-        crc = table[crc ^ byte]
+    known = _NAMES.get(raw_name)
+    if known is None:
+        try:
+            name = raw_name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PlainBufferError("cell name is not UTF-8", pos - n) from None
+        if not name:
+            raise PlainBufferError("empty cell name", pos)
+        name_crc = 0
+        for byte in raw_name:
+            name_crc = table[name_crc ^ byte]
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[raw_name] = known = (name, name_crc)
+    name, crc = known
     value: Any = None
     has_value = False
     if pos < end and data[pos] == TAG_CELL_VALUE:
@@ -314,12 +334,11 @@ def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[Cell, int,
             crc = table[crc ^ byte]
         pos = stop
         has_value = True
-    op = CellOp.PUT
+    op = 0
     if pos < end and data[pos] == TAG_CELL_TYPE:
-        code = data[pos + 1]
-        if code not in _OPS:
-            raise PlainBufferError(f"cell {name!r}: unknown op 0x{code:02x}", pos + 1)
-        op = _OPS[code]
+        op = data[pos + 1]
+        if op not in _OPS:
+            raise PlainBufferError(f"cell {name!r}: unknown op 0x{op:02x}", pos + 1)
         pos += 2
     ts: int | None = None
     if pos < end and data[pos] == TAG_CELL_TIMESTAMP:
@@ -329,8 +348,8 @@ def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[Cell, int,
         if ts < 0:
             raise PlainBufferError(f"cell {name!r}: negative timestamp {ts}", pos + 1)
         pos += 9
-    if op is not CellOp.PUT:
-        crc = table[crc ^ op.value]
+    if op:
+        crc = table[crc ^ op]
     if data[pos] != TAG_CELL_CHECKSUM:
         raise _tag_error(data, pos, TAG_CELL_CHECKSUM, "cell checksum")
     stored = data[pos + 1]
@@ -339,21 +358,22 @@ def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[Cell, int,
                                pos + 1)
     pos += 2
     if in_pk:
-        if not has_value or op is not CellOp.PUT or ts is not None:
+        if not has_value or op or ts is not None:
             raise PlainBufferError(
                 f"primary-key cell {name!r} must have a value and nothing else", pos)
-    elif op is CellOp.PUT and not has_value:
+    elif not op and not has_value:
         raise PlainBufferError(f"cell {name!r}: a put without a value", pos)
-    elif op in (CellOp.DELETE_ALL_VERSION, CellOp.DELETE_ONE_VERSION) and has_value:
+    elif (op == _DEL_ALL or op == _DEL_ONE) and has_value:
         raise PlainBufferError(f"cell {name!r}: a delete with a value", pos)
-    elif op is CellOp.DELETE_ALL_VERSION and ts is not None:
+    elif op == _DEL_ALL and ts is not None:
         raise PlainBufferError(f"cell {name!r}: DELETE_ALL_VERSION with a timestamp", pos)
     if not in_pk and isinstance(value, Special):
         raise PlainBufferError(f"cell {name!r}: {value.name} is only valid in a primary key", pos)
-    return Cell(name, value, op, ts), crc, pos
+    return (name, value, op, ts), crc, pos
 
 
-def _read_extension(data: bytes, pos: int, end: int) -> tuple[SequenceInfo | None, int]:
+def _read_extension(data: bytes, pos: int, end: int) -> tuple[tuple[int, int, int] | None,
+                                                               int]:
     """At ``pos``: ``0x0B u32 len {0x0C u32 len seq-info}``; unknown inner items are skipped
     by their length."""
     (length,) = _U32_AT(data, pos + 1)
@@ -361,7 +381,7 @@ def _read_extension(data: bytes, pos: int, end: int) -> tuple[SequenceInfo | Non
     stop = pos + length
     if stop > end:
         raise PlainBufferError(f"truncated: extension needs {length} byte(s)", pos)
-    seq: SequenceInfo | None = None
+    seq: tuple[int, int, int] | None = None
     while pos < stop:
         tag = data[pos]
         (n,) = _U32_AT(data, pos + 1)
@@ -385,12 +405,12 @@ def _read_extension(data: bytes, pos: int, end: int) -> tuple[SequenceInfo | Non
         (idx,) = _I32_AT(data, pos + 15)
         if epoch < 0 or ts < 0 or idx < 0:
             raise PlainBufferError(f"negative sequence info ({epoch}, {ts}, {idx})", pos)
-        seq = SequenceInfo(epoch, ts, idx)
+        seq = (epoch, ts, idx)
         pos += n
     return seq, pos
 
 
-def _decode(data: bytes, header: bool, allow_empty_pk: bool) -> Row:
+def _decode(data: bytes, header: bool, allow_empty_pk: bool) -> RawRow:
     end = len(data)
     pos = 0
     table = CRC8_TABLE
@@ -405,11 +425,11 @@ def _decode(data: bytes, header: bool, allow_empty_pk: bool) -> Row:
     pk: list[tuple[str, Any]] = []
     while pos < end and data[pos] == TAG_CELL:
         cell, crc, pos = _read_cell(data, pos, end, True)
-        pk.append((cell.name, cell.value))
+        pk.append((cell[0], cell[1]))
         row_crc = table[row_crc ^ crc]
     if not pk and not allow_empty_pk:
         raise PlainBufferError("a row without primary-key columns", pos)
-    cells: list[Cell] = []
+    cells: list[RawCell] = []
     if pos < end and data[pos] == TAG_ROW_DATA:
         pos += 1
         while pos < end and data[pos] == TAG_CELL:
@@ -420,7 +440,7 @@ def _decode(data: bytes, header: bool, allow_empty_pk: bool) -> Row:
     if marker:
         pos += 1
     row_crc = table[row_crc ^ (1 if marker else 0)]
-    seq = None
+    seq: tuple[int, int, int] | None = None
     if pos < end and data[pos] == TAG_EXTENSION:
         seq, pos = _read_extension(data, pos, end)
     if data[pos] != TAG_ROW_CHECKSUM:
@@ -432,18 +452,28 @@ def _decode(data: bytes, header: bool, allow_empty_pk: bool) -> Row:
     pos += 2
     if pos != end:
         raise PlainBufferError(f"{end - pos} byte(s) after the row", pos)
-    return Row(tuple(pk), tuple(cells), marker, seq)
+    return pk, cells, marker, seq
 
 
-def decode_row(data: bytes, *, header: bool = True, allow_empty_pk: bool = False) -> Row:
-    """Decode exactly one row (the whole of ``data``). ``PlainBufferError`` on anything
-    malformed. ``allow_empty_pk`` accepts a row with no key cells (an ``origin_record``)."""
+def decode_raw(data: bytes, *, header: bool = True, allow_empty_pk: bool = False) -> RawRow:
+    """``decode_row`` without the dataclasses: plain tuples and lists (``RawRow``), the same
+    checks and errors. The executor's page decoder (``records``) calls this."""
     if not isinstance(data, bytes):
         data = bytes(data)
     try:
         return _decode(data, header, allow_empty_pk)
     except (IndexError, struct.error):
         raise PlainBufferError("truncated: the row ends before its checksum", len(data)) from None
+
+
+def decode_row(data: bytes, *, header: bool = True, allow_empty_pk: bool = False) -> Row:
+    """Decode exactly one row (the whole of ``data``). ``PlainBufferError`` on anything
+    malformed. ``allow_empty_pk`` accepts a row with no key cells (an ``origin_record``)."""
+    pk, cells, marker, seq = decode_raw(data, header=header, allow_empty_pk=allow_empty_pk)
+    return Row(tuple(pk),
+               tuple(Cell(name, value, _OPS[op] if op else CellOp.PUT, ts)
+                     for name, value, op, ts in cells),
+               marker, None if seq is None else SequenceInfo(*seq))
 
 
 def encode_values(primary_key: Sequence[tuple[str, Any]]) -> bytes:
@@ -456,10 +486,13 @@ __all__ = [
     "Cell",
     "CellOp",
     "PlainBufferError",
+    "RawCell",
+    "RawRow",
     "Row",
     "SequenceInfo",
     "Special",
     "crc8",
+    "decode_raw",
     "decode_row",
     "encode_row",
     "encode_values",

@@ -1,7 +1,10 @@
-"""Wire records -> the product's ``Record``: a ReadRecords page decoded on an executor.
+"""Wire records -> a page batch or ``Record`` objects: a ReadRecords page decoded on an executor.
 
-``decode_page(records, channel_id, token, base_offset)`` turns the protobuf ``Record`` list of
-one ``ReadRecordsResponse`` into ``connector.tunnel.base.Record`` objects:
+``decode_columns(records, channel_id, token, base_offset, layout)`` turns the protobuf
+``Record`` list of one ``ReadRecordsResponse`` straight into the page batch the reader hands to
+Spark (``connector.tunnel.page``; the client's ``read_page``); ``decode_page(records,
+channel_id, token, base_offset)`` into ``connector.tunnel.base.Record`` objects (the client's
+``read_records``). Both decode the same way:
 
 - ``PUT_ROW``: ``columns`` is the new row (every PUT cell); ``UPDATE_ROW``: the changed cells,
   a ``DELETE_ONE_VERSION`` / ``DELETE_ALL_VERSION`` cell becoming ``None``; ``DELETE_ROW``: no
@@ -19,8 +22,10 @@ Anything that does not decode -- bad PlainBuffer, a record without a key, an unk
 stream record without sequence info next to ones with it -- raises ``MalformedRecordError``
 naming the channel and the token the page was read from: never a wrong row.
 
-The work is split per record (``decode_one`` returns plain tuples) so a columnar page builder
-can reuse it without going through ``Record`` objects.
+Per record ``decode_one`` returns plain tuples (``plainbuffer.decode_raw``: no ``Row`` or
+``Cell`` objects); ``decode_columns`` builds the after-image row and the JSON texts exactly as
+``records_to_page`` does from ``Record`` objects, so both read paths give the same batch
+(``tests/test_tablestore_columnar.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from connector.errors import MalformedRecordError
 from connector.tunnel.base import Op, Record
+from connector.tunnel.page import ENCODE_JSON, PageLayout, page_schema
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, decode_row
+from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, decode_raw
 
 _ACTIONS = {
     m.ACTION_PUT_ROW: Op.PUT, m.ACTION_UPDATE_ROW: Op.UPDATE, m.ACTION_DELETE_ROW: Op.DELETE,
@@ -42,7 +50,12 @@ BASE_PREFIX = "!"
 #: plausible commit times in microseconds since the epoch: 2000-01-01 .. 2200-01-01
 _MIN_TS_US, _MAX_TS_US = 946_684_800_000_000, 7_258_118_400_000_000
 
+_INCREMENT = int(CellOp.INCREMENT)
+
+#: one decoded record: (op, key, columns, before, sequence or None, commit_ts_us)
 Decoded = tuple[Op, dict[str, Any], dict[str, Any], dict[str, Any] | None, str | None, int]
+#: the same with its sequence assigned (base-data records included)
+Sequenced = tuple[Op, dict[str, Any], dict[str, Any], dict[str, Any] | None, str, int]
 
 
 def key_order_string(primary_key: Sequence[tuple[str, Any]]) -> str:
@@ -70,37 +83,37 @@ def decode_one(wire: Any) -> Decoded:
     op = _ACTIONS.get(wire.action_type)
     if op is None:
         raise ValueError(f"unknown action type {wire.action_type}")
-    row = decode_row(wire.record)
-    pk = dict(row.primary_key)
-    if len(pk) != len(row.primary_key):
+    key, cells, _, seq = decode_raw(wire.record)
+    pk = dict(key)
+    if len(pk) != len(key):
         raise ValueError("a key column appears twice")
     columns: dict[str, Any] = {}
     if op is not Op.DELETE:
-        for cell in row.cells:
-            if cell.op is CellOp.PUT:
-                columns[cell.name] = cell.value
-            elif cell.op is CellOp.INCREMENT:
-                raise ValueError(f"column {cell.name!r}: an INCREMENT cell in a change record")
+        for name, value, cell_op, _ts in cells:
+            if not cell_op:  # a put
+                columns[name] = value
+            elif cell_op == _INCREMENT:
+                raise ValueError(f"column {name!r}: an INCREMENT cell in a change record")
             elif op is Op.PUT:
-                raise ValueError(f"column {cell.name!r}: a delete cell in a PUT_ROW record")
+                raise ValueError(f"column {name!r}: a delete cell in a PUT_ROW record")
             else:
-                columns[cell.name] = None
+                columns[name] = None
     before: dict[str, Any] | None = None
     if wire.HasField("origin_record"):
-        origin = decode_row(wire.origin_record, allow_empty_pk=True)
-        before = {c.name: c.value for c in origin.cells if c.op is CellOp.PUT}
-    if row.sequence is not None:
-        return op, pk, columns, before, row.sequence.sortable(), row.sequence.timestamp
-    ts_ms = max((c.timestamp_ms for c in row.cells if c.timestamp_ms is not None), default=0)
+        _, origin, _, _ = decode_raw(wire.origin_record, allow_empty_pk=True)
+        before = {name: value for name, value, cell_op, _ts in origin if not cell_op}
+    if seq is not None:
+        epoch, ts_us, index = seq
+        return op, pk, columns, before, f"{epoch:08x}:{ts_us:016x}:{index:08x}", ts_us
+    ts_ms = max((c[3] for c in cells if c[3] is not None), default=0)
     return op, pk, columns, before, None, ts_ms * 1000
 
 
-def decode_page(
-    records: Sequence[Any], channel_id: str, token: str, base_offset: int | None
-) -> list[Record]:
-    """Decode one page (executor). ``base_offset``: how many records of the channel precede
-    the page, when the token tells it (base-data sequences); ``None`` if unknown."""
-    out: list[Record] = []
+def _decode_all(records: Sequence[Any], channel_id: str, token: str,
+                base_offset: int | None) -> list[Sequenced]:
+    """Every record of a page decoded and checked, sequences assigned (see the module
+    docstring); ``MalformedRecordError`` at the first problem."""
+    out: list[Sequenced] = []
     with_seq = 0
     for i, wire in enumerate(records):
         try:
@@ -108,28 +121,87 @@ def decode_page(
         except (PlainBufferError, ValueError) as exc:
             raise MalformedRecordError(channel_id=channel_id, token=token,
                                        reason=f"record #{i}: {exc}") from None
-        if sequence is not None and not _MIN_TS_US <= ts <= _MAX_TS_US:
-            # the timestamp's unit is an assumption (microseconds): a wrong guess would give
-            # 1970 (milliseconds) or the far future (nanoseconds) -- refuse, do not mislabel
-            raise MalformedRecordError(
-                channel_id=channel_id, token=token,
-                reason=f"record #{i}: sequence timestamp {ts} is not microseconds since the "
-                "epoch between 2000 and 2200")
         if sequence is None:
             if base_offset is not None:
                 sequence = f"{BASE_PREFIX}{base_offset + i + 1:016x}"
             else:
                 sequence = BASE_PREFIX + key_order_string(tuple(pk.items()))
         else:
+            if not _MIN_TS_US <= ts <= _MAX_TS_US:
+                # the timestamp's unit is an assumption (microseconds): a wrong guess would
+                # give 1970 (milliseconds) or the far future (nanoseconds) -- refuse, do not
+                # mislabel
+                raise MalformedRecordError(
+                    channel_id=channel_id, token=token,
+                    reason=f"record #{i}: sequence timestamp {ts} is not microseconds since "
+                    "the epoch between 2000 and 2200")
             with_seq += 1
-        out.append(Record(op, pk, columns, before, sequence, ts, channel_id))
+        out.append((op, pk, columns, before, sequence, ts))
     if 0 < with_seq < len(out):
         raise MalformedRecordError(channel_id=channel_id, token=token,
                                    reason="a page mixes records with and without sequence info")
-    for a, b in zip(out, out[1:], strict=False):
-        if with_seq and not a.sequence < b.sequence:  # stream records only: by contract
-            raise MalformedRecordError(
-                channel_id=channel_id, token=token,
-                reason=f"sequences do not increase within the page ({a.sequence} then "
-                f"{b.sequence})")
+    if with_seq:  # stream records only: sequences increase by contract
+        for a, b in zip(out, out[1:], strict=False):
+            if not a[4] < b[4]:
+                raise MalformedRecordError(
+                    channel_id=channel_id, token=token,
+                    reason=f"sequences do not increase within the page ({a[4]} then {b[4]})")
     return out
+
+
+def decode_page(
+    records: Sequence[Any], channel_id: str, token: str, base_offset: int | None
+) -> list[Record]:
+    """Decode one page into ``Record`` objects (executor, ``read_records``). ``base_offset``:
+    how many records of the channel precede the page, when the token tells it (base-data
+    sequences); ``None`` if unknown."""
+    return [Record(op, pk, columns, before, sequence, ts, channel_id)
+            for op, pk, columns, before, sequence, ts
+            in _decode_all(records, channel_id, token, base_offset)]
+
+
+def decode_columns(records: Sequence[Any], channel_id: str, token: str,
+                   base_offset: int | None, layout: PageLayout) -> pa.RecordBatch:
+    """Decode one page straight into the page batch (executor, ``read_page``): the same batch
+    ``records_to_page(decode_page(...), layout)`` builds, without a ``Record`` per record.
+
+    Per record only the row after the change is made (a dict, as ``records_to_page`` makes
+    it, so values, nulls and the ``_extra`` JSON are the same); each column is then one list
+    and one ``pa.array`` call per page.
+    """
+    decoded = _decode_all(records, channel_id, token, base_offset)
+    names = layout.names()
+    rows: list[dict[str, Any]] = []
+    extras: list[str | None] = []
+    ops: list[str] = []
+    befores: list[str | None] = []
+    append_row, append_extra = rows.append, extras.append
+    append_op, append_before = ops.append, befores.append
+    delete, update = Op.DELETE, Op.UPDATE
+    for op, pk, columns, before, _sequence, _ts in decoded:
+        # the row after the change: key columns + ``Record.after_image()``
+        if op is delete:
+            values = pk
+        elif op is update and before is not None:
+            after = {**before, **columns}
+            values = dict(pk)
+            values.update({k: v for k, v in after.items() if v is not None})
+        else:  # PUT, or UPDATE without before-image: the cells as sent
+            values = {**pk, **columns}
+        append_row(values)
+        append_op(op.value)
+        append_before(None if before is None else ENCODE_JSON(before))
+        if values.keys() <= names:
+            append_extra(None)
+        else:
+            append_extra(ENCODE_JSON({k: v for k, v in values.items() if k not in names}))
+    schema = page_schema(layout)
+    arrays: list[pa.Array] = [pa.array([v.get(name) for v in rows], type=typ)
+                              for name, typ in layout.columns]
+    arrays.append(pa.array(ops, type=pa.string()))
+    arrays.append(pa.array([d[4] for d in decoded], type=pa.string()))
+    arrays.append(pa.array([d[5] for d in decoded], type=pa.int64())
+                  .cast(schema.field("_commit_ts").type))
+    arrays.append(pa.array(befores, type=pa.string()))
+    arrays.append(pa.array(extras, type=pa.string()))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
