@@ -28,6 +28,7 @@ import logging
 import os
 import time
 import uuid as uuid_lib
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -182,6 +183,13 @@ class StreamProtocol:
         #: holds waiting channels without naming their parents
         self._waiting_parents: set[str] | None = set()
         self.last_batch: BatchStats | None = None
+        #: committed batches' rows and end checkpoints, newest last: both are final once a
+        #: batch is committed (manifests are write-once, every claim is in), so the push and the
+        #: next batch's positions reuse what the commit read instead of decoding it again
+        self._committed: OrderedDict[str, tuple[BatchRecord, dict[str, EndCheckpoint]]] = (
+            OrderedDict())
+        #: what this process last pushed per channel: an unchanged position is not pushed again
+        self._pushed: dict[str, tuple[str, int]] = {}
 
     def _bind_tunnel(self, recorded_id: str | None) -> TunnelInfo:
         """The tunnel this namespace reads, checked against the id the meta table recorded.
@@ -357,8 +365,12 @@ class StreamProtocol:
     def positions_after(self, uuid: str) -> dict[str, Position]:
         """Every channel's position at the end of batch ``uuid``: its end checkpoint, or its
         manifest start for a channel that wrote none."""
-        batch = self._start_batch(uuid)
-        ends = self.meta.get_end_checkpoints(self.namespace, uuid)
+        cached = self._committed.get(uuid)
+        if cached is not None:
+            batch, ends = cached
+        else:
+            batch = self._start_batch(uuid)
+            ends = self.meta.get_end_checkpoints(self.namespace, uuid)
         positions: dict[str, Position] = {}
         for start in batch.manifest.channels if batch.manifest else ():
             end: EndCheckpoint | None = ends.get(start.channel_id)
@@ -535,17 +547,23 @@ class StreamProtocol:
         this is a no-op, since only a commit changes what is due."""
         if uuid == self._committed_through:
             return
-        for committed in self.meta.mark_committed(self.namespace, uuid):
-            self._on_committed(committed)
+        committed = self.meta.mark_committed(self.namespace, uuid)
+        if committed:  # their end checkpoints in one query
+            ends = self.meta.get_end_checkpoints_of(self.namespace, committed)
+            for u in committed:
+                self._on_committed(u, ends[u])
         self.push_if_due()
         self._committed_through = uuid
 
-    def _on_committed(self, uuid: str) -> None:
-        """The batch log line, and the generation marker once a batch 0 commits."""
+    def _on_committed(self, uuid: str, ends: dict[str, EndCheckpoint]) -> None:
+        """The batch log line, and the generation marker once a batch 0 commits; keeps the
+        batch and its ends for the push and the next batch's positions."""
         batch = self.meta.find_batch(self.namespace, uuid)
         if batch is None or batch.manifest is None:
             return
-        ends = self.meta.get_end_checkpoints(self.namespace, uuid)
+        self._committed[uuid] = (batch, ends)
+        while len(self._committed) > max(8, self.options.commit_interval + 2):
+            self._committed.popitem(last=False)
         log.info("batch %s committed: %d channel(s), %d record(s), children added %s",
                  uuid, len(ends), sum(e.records for e in ends.values()),
                  list(batch.manifest.children_added))
@@ -563,7 +581,10 @@ class StreamProtocol:
         if not pending:
             return []
         newest: dict[str, EndCheckpoint] = {}
-        ends = self.meta.get_end_checkpoints_of(self.namespace, [b.uuid for b in pending])
+        ends = {b.uuid: self._committed[b.uuid][1] for b in pending if b.uuid in self._committed}
+        missing = [b.uuid for b in pending if b.uuid not in ends]
+        if missing:  # committed by an earlier process: one query for all of them
+            ends.update(self.meta.get_end_checkpoints_of(self.namespace, missing))
         for batch in pending:  # oldest first: the newest end of each channel wins
             newest.update(ends[batch.uuid])
         finished = any(e.finished for e in newest.values())
@@ -572,12 +593,15 @@ class StreamProtocol:
         for i, (channel_id, end) in enumerate(sorted(newest.items())):
             if i == 1:
                 fault_point("mid_commit_push")
+            position = (end.token, end.sequence_number)
+            if self._pushed.get(channel_id) == position:
+                continue  # this process already pushed it: an idle channel costs no call
             try:
-                self.tunnel.checkpoint(self.tunnel_id, channel_id,
-                                       Checkpoint(end.token, end.sequence_number))
+                self.tunnel.checkpoint(self.tunnel_id, channel_id, Checkpoint(*position))
             except StaleCheckpointError:
                 # the tunnel already holds a newer checkpoint (pushed before a crash)
                 log.debug("channel %s: tunnel already ahead of %s", channel_id, end.summary())
+            self._pushed[channel_id] = position
         uuids = [b.uuid for b in pending]
         self.meta.mark_pushed(self.namespace, uuids)
         if finished:
