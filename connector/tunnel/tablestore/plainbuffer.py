@@ -152,41 +152,76 @@ _F64 = struct.Struct("<d")
 
 def _value_bytes(value: Any) -> bytes:
     """The value's type byte and payload, which is also exactly what its checksum covers."""
+    kind = type(value)
+    if kind is int:
+        return _VT_INT + _I64.pack(value)
+    if kind is str:
+        raw = value.encode("utf-8")
+        return _VT_STR + _U32.pack(len(raw)) + raw
     if isinstance(value, Special):
         return bytes([value.value])
     if isinstance(value, bool):
-        return bytes([VT_BOOLEAN, 1 if value else 0])
+        return _TRUE if value else _FALSE
     if isinstance(value, int):
-        return bytes([VT_INTEGER]) + _I64.pack(value)
+        return _VT_INT + _I64.pack(value)
     if isinstance(value, float):
-        return bytes([VT_DOUBLE]) + _F64.pack(value)
+        return _VT_DBL + _F64.pack(value)
     if isinstance(value, str):
         raw = value.encode("utf-8")
-        return bytes([VT_STRING]) + _U32.pack(len(raw)) + raw
+        return _VT_STR + _U32.pack(len(raw)) + raw
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
-        return bytes([VT_BLOB]) + _U32.pack(len(raw)) + raw
+        return _VT_BLOB + _U32.pack(len(raw)) + raw
     raise TypeError(f"PlainBuffer cannot encode a {type(value).__name__}: {value!r}")
+
+
+_VT_INT, _VT_DBL, _VT_STR, _VT_BLOB = (bytes([vt]) for vt in (VT_INTEGER, VT_DOUBLE, VT_STRING,
+                                                                VT_BLOB))
+_TRUE, _FALSE = bytes([VT_BOOLEAN, 1]), bytes([VT_BOOLEAN, 0])
+
+#: cell name -> (``0x03 0x04 u32 len name``, CRC-8 of the name): the emulator encodes the same
+#: few column names in every record (bounded: cleared when full)
+_NAME_PREFIXES: dict[str, tuple[bytes, int]] = {}
+_NAMES_MAX = 4096
 
 
 def _encode_cell(out: bytearray, name: str, value: Any, has_value: bool, op: CellOp,
                  ts_ms: int | None) -> int:
-    raw_name = name.encode("utf-8")
-    out += bytes([TAG_CELL, TAG_CELL_NAME]) + _U32.pack(len(raw_name)) + raw_name
-    crc = crc8(0, raw_name)
+    known = _NAME_PREFIXES.get(name)
+    if known is None:
+        raw_name = name.encode("utf-8")
+        if len(_NAME_PREFIXES) >= _NAMES_MAX:
+            _NAME_PREFIXES.clear()
+        known = _NAME_PREFIXES[name] = (
+            bytes([TAG_CELL, TAG_CELL_NAME]) + _U32.pack(len(raw_name)) + raw_name,
+            crc8(0, raw_name))
+    prefix, crc = known
+    out += prefix
+    table = CRC8_TABLE
     if has_value:
         vb = _value_bytes(value)
-        out += bytes([TAG_CELL_VALUE]) + _U32.pack(len(vb)) + vb
-        crc = crc8(crc, vb)
+        out += _VALUE_TAG
+        out += _U32.pack(len(vb))
+        out += vb
+        for byte in vb:
+            crc = table[crc ^ byte]
     if op is not CellOp.PUT:
-        out += bytes([TAG_CELL_TYPE, op.value])
+        out.append(TAG_CELL_TYPE)
+        out.append(op.value)
     if ts_ms is not None:
-        out += bytes([TAG_CELL_TIMESTAMP]) + _I64.pack(ts_ms)
-        crc = crc8(crc, _I64.pack(ts_ms))
+        tb = _I64.pack(ts_ms)
+        out.append(TAG_CELL_TIMESTAMP)
+        out += tb
+        for byte in tb:
+            crc = table[crc ^ byte]
     if op is not CellOp.PUT:
-        crc = crc8(crc, bytes([op.value]))
-    out += bytes([TAG_CELL_CHECKSUM, crc])
+        crc = table[crc ^ op.value]
+    out.append(TAG_CELL_CHECKSUM)
+    out.append(crc)
     return crc
+
+
+_VALUE_TAG = bytes([TAG_CELL_VALUE])
 
 
 def encode_row(row: Row, *, header: bool = True) -> bytes:
@@ -195,14 +230,16 @@ def encode_row(row: Row, *, header: bool = True) -> bytes:
     out = bytearray(_U32.pack(HEADER) if header else b"")
     row_crc = 0
     out.append(TAG_ROW_PK)
+    table = CRC8_TABLE
     for name, value in row.primary_key:
-        row_crc = crc8(row_crc, bytes([_encode_cell(out, name, value, True, CellOp.PUT, None)]))
+        row_crc = table[row_crc ^ _encode_cell(out, name, value, True, CellOp.PUT, None)]
     if row.cells:
         out.append(TAG_ROW_DATA)
         for cell in row.cells:
-            has_value = cell.op in (CellOp.PUT, CellOp.INCREMENT)
-            c = _encode_cell(out, cell.name, cell.value, has_value, cell.op, cell.timestamp_ms)
-            row_crc = crc8(row_crc, bytes([c]))
+            op = cell.op
+            has_value = op is CellOp.PUT or op is CellOp.INCREMENT
+            c = _encode_cell(out, cell.name, cell.value, has_value, op, cell.timestamp_ms)
+            row_crc = table[row_crc ^ c]
     if row.delete_marker:
         out.append(TAG_DELETE_ROW_MARKER)
     row_crc = crc8(row_crc, b"\x01" if row.delete_marker else b"\x00")
@@ -290,7 +327,6 @@ def _read_value(data: bytes, pos: int, end: int, name: str) -> tuple[Any, int]:
 #: raw cell name -> (name, CRC-8 of the name): a page repeats the same few column names in
 #: every record, so each is decoded and checksummed once per process (bounded: cleared when full)
 _NAMES: dict[bytes, tuple[str, int]] = {}
-_NAMES_MAX = 4096
 
 #: a cell as ``_read_cell`` returns it: (name, value, op code (0 = put), timestamp in ms or None)
 RawCell = tuple[str, Any, int, int | None]
