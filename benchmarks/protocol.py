@@ -24,6 +24,16 @@ run:
   headline figure, as several meta-store calls list the retained batches.
 
 ``plan_ms_1000ch`` is the median ``plan`` time alone over 1,000 channels, measured the same way.
+
+``dynamodb_64ch_keep10`` / ``dynamodb_64ch_keep100``: the same loop at 64 channels with the meta
+store on DynamoDB (a moto server on 127.0.0.1, ``benchmarks.meta_latency.moto_uri``) and
+``metaRetentionBatches`` 10 / 100, steady once that many batches are retained. Every DynamoDB
+request of the driver's store asks for ``ReturnConsumedCapacity=TOTAL`` (a botocore hook on its
+client) and ``rcu_per_batch`` / ``wcu_per_batch`` are the capacity units it consumed per batch,
+averaged over the window (retention runs every ``metaRetentionBatches // 10`` commits, so a
+window of 10 batches holds its share). Executors' claims (one ``PutItem`` per channel and batch,
+their own clients) are not in these figures. moto computes capacity units as DynamoDB does (item
+size in 4 KB read / 1 KB write units); the milliseconds are moto's, not DynamoDB's.
 """
 
 from __future__ import annotations
@@ -61,28 +71,68 @@ class ProtocolConfig:
     plan_channels: int = 1000
     plan_batches: int = 3
     plan_steady_after: int = 0
+    #: ``metaRetentionBatches`` values measured with the meta store on DynamoDB (moto server)
+    dynamodb_retentions: tuple[int, ...] = (10, 100)
+    dynamodb_channels: int = 64
+
+
+#: DynamoDB operations that report consumed capacity, and which kind of units they consume
+_CAPACITY_OPS = {"GetItem": "read", "Query": "read", "Scan": "read", "BatchGetItem": "read",
+                 "PutItem": "write", "UpdateItem": "write", "DeleteItem": "write",
+                 "BatchWriteItem": "write"}
+
+
+def count_capacity(client: Any) -> dict[str, float]:
+    """Make every request of the boto3 DynamoDB ``client`` return its consumed capacity, and
+    sum it: the returned dict's ``read`` / ``write`` grow as requests complete."""
+    totals = {"read": 0.0, "write": 0.0}
+
+    def ask(params: dict[str, Any], **_: Any) -> None:
+        params["ReturnConsumedCapacity"] = "TOTAL"
+
+    def add(kind: str) -> Any:
+        def after(parsed: dict[str, Any], **_: Any) -> None:
+            consumed = parsed.get("ConsumedCapacity") or []
+            for entry in consumed if isinstance(consumed, list) else [consumed]:
+                totals[kind] += float(entry.get("CapacityUnits") or 0.0)
+        return after
+
+    for operation, kind in _CAPACITY_OPS.items():
+        client.meta.events.register(f"provide-client-params.dynamodb.{operation}", ask)
+        client.meta.events.register(f"after-call.dynamodb.{operation}", add(kind))
+    return totals
 
 
 def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
-            workdir: Path, steady_after: int = 0) -> dict[str, Any]:
+            workdir: Path, steady_after: int = 0, meta_store: str | None = None,
+            retention: int | None = None) -> dict[str, Any]:
     """Run the batches over ``channels`` channels; per-phase medians in ms for the ``young``
-    window (after ``warmup`` batches) and, if ``steady_after``, the ``steady`` one."""
+    window (after ``warmup`` batches) and, if ``steady_after``, the ``steady`` one. With a
+    DynamoDB ``meta_store`` URI, also the capacity units its driver requests consumed."""
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / f"protocol-{channels}ch.db"
+    path = workdir / f"protocol-{channels}ch{'-' + str(retention) if retention else ''}.db"
     store = LocalTablestore(path)
     create_bench_table(store, channels)
     keys = [k for ks in keys_per_channel(channels, records_per_channel) for k in ks]
-    options = SourceOptions.from_spark({
+    spark_options = {
         "endpoint": f"local://{path}", "table.name": TABLE, "tunnel.name": "bench",
         "channelRefreshIntervalMs": "0",
-    })
+    }
+    if meta_store:
+        spark_options["meta.store"] = meta_store
+    if retention:
+        spark_options["metaRetentionBatches"] = str(retention)
+    options = SourceOptions.from_spark(spark_options)
     windows = {"young": range(warmup, warmup + batches)}
     if steady_after:
         windows["steady"] = range(max(steady_after, warmup + batches),
                                   max(steady_after, warmup + batches) + batches)
     total_batches = max(w.stop for w in windows.values())
     protocol = StreamProtocol(options)
-    phases = ("latest_offset", "commit", "plan", "total", "total_cpu")
+    capacity = None
+    if options.meta_store.startswith("dynamodb://"):
+        capacity = count_capacity(protocol.meta.wrapped.client)  # type: ignore[attr-defined]
+    phases = ("latest_offset", "commit", "plan", "total", "total_cpu", "rcu", "wcu")
     samples: dict[str, dict[str, list[float]]] = {w: {n: [] for n in phases} for w in windows}
     first_plan_ms = 0.0
     read = 0
@@ -92,6 +142,7 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         for batch in range(total_batches):
             store.batch_write(TABLE, [("put", {"id": k}, {"name": f"b{batch}", "qty": batch})
                                       for k in keys])
+            r0, w0 = (capacity["read"], capacity["write"]) if capacity else (0.0, 0.0)
             c0, t0 = time.process_time(), time.perf_counter()
             end = protocol.latest_offset(start, None)
             t1 = time.perf_counter()
@@ -100,6 +151,8 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             t2 = time.perf_counter()
             partitions = protocol.plan(start, end)
             t3, c3 = time.perf_counter(), time.process_time()
+            rcu, wcu = ((capacity["read"] - r0, capacity["write"] - w0) if capacity
+                        else (0.0, 0.0))
             if end == start or len(partitions) != channels:
                 raise RuntimeError(f"batch {batch}: {len(partitions)} partitions planned, "
                                    f"expected {channels}")
@@ -108,9 +161,11 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
                 first_plan_ms = (t3 - t2) * 1000
             for window, span in windows.items():
                 if batch in span:
-                    for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t3 - t0,
-                                                      c3 - c0), strict=True):
+                    for name, seconds in zip(phases[:5], (t1 - t0, t2 - t1, t3 - t2, t3 - t0,
+                                                          c3 - c0), strict=True):
                         samples[window][name].append(seconds * 1000)
+                    samples[window]["rcu"].append(rcu)
+                    samples[window]["wcu"].append(wcu)
             previous_end, start = end, end
     finally:
         protocol.close()
@@ -119,9 +174,13 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         raise RuntimeError(f"read {read} records, expected {total_batches * len(keys)}")
     out: dict[str, Any] = {"first_plan_ms": round(first_plan_ms, 2), "batches": batches}
     for window, by_phase in samples.items():
-        out[window] = {f"{k}_ms": round(median(v), 2) for k, v in by_phase.items()}
+        out[window] = {f"{k}_ms": round(median(by_phase[k]), 2) for k in phases[:5]}
         out[window]["total_p90_ms"] = round(percentile(by_phase["total"], 0.9), 2)
         out[window]["after_batches"] = windows[window].start
+        if capacity is not None:  # means: retention's listing comes every few batches
+            for kind in ("rcu", "wcu"):
+                out[window][f"{kind}_per_batch"] = round(sum(by_phase[kind]) / batches, 2)
+                out[window][f"{kind}_max"] = round(max(by_phase[kind]), 2)
     return out
 
 
@@ -140,4 +199,15 @@ def run(config: ProtocolConfig, workdir: Path) -> dict[str, Any]:
     out[f"{config.plan_channels}ch"] = measure(config.plan_channels, config.plan_batches, 1,
                                                config.records_per_channel, workdir,
                                                config.plan_steady_after)
+    # only the retentions the preset's steady window reaches (none in the smoke preset)
+    retentions = [k for k in config.dynamodb_retentions if k + 2 <= config.steady_after]
+    if retentions:
+        from benchmarks.meta_latency import moto_uri
+
+        for keep in retentions:
+            with moto_uri() as uri:  # a fresh moto server: nothing left from the last one
+                out[f"dynamodb_{config.dynamodb_channels}ch_keep{keep}"] = measure(
+                    config.dynamodb_channels, config.batches, config.warmup,
+                    config.records_per_channel, workdir, steady_after=keep + 2,
+                    meta_store=uri, retention=keep)
     return out

@@ -40,7 +40,12 @@ Single-table layout, partition key ``ns`` (the namespace), sort key ``sk``:
   is larger than ``COMPRESS_OVER_BYTES`` (300 KB; items are limited to 400 KB), a binary
   attribute holding the zlib-compressed JSON. Readers accept both.
 - ``E#<uuid>#<channel id>`` end checkpoints: ``doc`` (the ``EndCheckpoint`` JSON);
-- ``N#info`` the namespace description: ``info`` (a JSON object of strings).
+- ``N#info`` the namespace description: ``info`` (a JSON object of strings);
+- ``N#pending`` the committed-not-pushed index: ``uuids`` (a string set, a superset of the
+  batches in state COMMITTED: a UUID is added before its batch is marked committed and removed
+  after it is marked pushed) and ``seeded`` (set once the set was filled from a listing, for
+  tables written before the index existed). ``committed_not_pushed`` reads this one item and
+  the batches it names, not every batch row of the namespace.
 
 Atomicity: put-if-absent is ``PutItem`` with ``attribute_not_exists(sk)``; the manifest is
 set by one conditional ``UpdateItem`` (``attribute_not_exists(manifest)``) together with the
@@ -105,6 +110,8 @@ _TRANSIENT_CODES = frozenset({
 _INFO = TypeAdapter(dict[str, str])
 _BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_batch_id")
 _BATCH_WRITE_MAX = 25
+_BATCH_GET_MAX = 100
+_PENDING_SK = "N#pending"
 _UNPROCESSED_ROUNDS = 10
 
 _sessions: dict[str | None, boto3.session.Session] = {}
@@ -605,6 +612,8 @@ class DynamoDbMetaStore(MetaStore):
         if spark_batch_id is not None:
             sets.append("spark_batch_id = if_not_exists(spark_batch_id, :sbid)")
             values[":sbid"] = _n(spark_batch_id)
+        if state is BatchState.COMMITTED:  # indexed before it is committed: a superset
+            self._update_pending(namespace, "ADD", [uuid])
         try:
             self._call(
                 f"mark {state.value}", "update_item", TableName=self.table,
@@ -615,6 +624,44 @@ class DynamoDbMetaStore(MetaStore):
             )
         except _ConditionFailed:
             pass  # missing, or already at or past ``state``: never backward
+        if state is BatchState.PUSHED:  # leaves the index only once it is pushed
+            self._update_pending(namespace, "DELETE", [uuid])
+
+    def _update_pending(self, namespace: str, action: str, uuids: Sequence[str],
+                        seeded: bool = False) -> None:
+        """ADD ``uuids`` to, or DELETE them from, the namespace's committed-not-pushed set
+        (idempotent both ways); ``seeded`` also marks the set as complete."""
+        expression = f"{action} uuids :u" if uuids else ""
+        values: dict[str, Any] = {":u": {"SS": list(dict.fromkeys(uuids))}} if uuids else {}
+        if seeded:
+            expression = f"SET seeded = :t {expression}".strip()
+            values[":t"] = {"BOOL": True}
+        if not expression:
+            return
+        self._call("committed_not_pushed index", "update_item", TableName=self.table,
+                   Key=self._key(namespace, _PENDING_SK), UpdateExpression=expression,
+                   ExpressionAttributeValues=values)
+
+    def _batch_get(self, operation: str, namespace: str,
+                   sort_keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The items of ``sort_keys`` that exist (strongly consistent ``BatchGetItem``s)."""
+        found: list[dict[str, Any]] = []
+        keys = [self._key(namespace, sk) for sk in dict.fromkeys(sort_keys)]
+        for i in range(0, len(keys), _BATCH_GET_MAX):
+            request: dict[str, Any] = {self.table: {"Keys": keys[i:i + _BATCH_GET_MAX],
+                                                    "ConsistentRead": True}}
+            for attempt in range(_UNPROCESSED_ROUNDS + 1):
+                response = self._call(operation, "batch_get_item", RequestItems=request)
+                found += response.get("Responses", {}).get(self.table, [])
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                if attempt == _UNPROCESSED_ROUNDS:
+                    raise TransientMetaStoreError(
+                        detail=f"{self.uri}: DynamoDB {operation} left keys unprocessed after "
+                        f"{_UNPROCESSED_ROUNDS} rounds")
+                time.sleep(min(1.0, 0.05 * 2 ** attempt) * random.random())
+        return found
 
     def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
         sk = self._ends_prefix(uuid) + end.channel_id
@@ -647,8 +694,27 @@ class DynamoDbMetaStore(MetaStore):
                 for item in self._query("list_batches", namespace, "B#")]
 
     def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
-        return [self._decode_batch(namespace, item)
-                for item in self._query("list_batches", namespace, "B#", state_rank=state.rank)]
+        if state is not BatchState.COMMITTED:
+            return [self._decode_batch(namespace, item) for item in
+                    self._query("list_batches", namespace, "B#", state_rank=state.rank)]
+        # the index item and the batches it names: not every batch row of the namespace
+        index = self._get_item("committed_not_pushed", namespace, _PENDING_SK) or {}
+        if not index.get("seeded", {}).get("BOOL"):
+            # a table from before the index: list once, then the index is complete (batches
+            # committed from now on add themselves before they are marked)
+            batches = [self._decode_batch(namespace, item) for item in
+                       self._query("list_batches", namespace, "B#", state_rank=state.rank)]
+            self._update_pending(namespace, "ADD", [b.uuid for b in batches], seeded=True)
+            return batches
+        named = sorted(index.get("uuids", {}).get("SS", []))
+        items = self._batch_get("committed_not_pushed", namespace,
+                                [self._batch_sk(u) for u in named])
+        batches = [self._decode_batch(namespace, item) for item in items]
+        stale = set(named) - {b.uuid for b in batches if b.state is BatchState.COMMITTED}
+        if stale:  # pushed (a crash before its removal) or deleted: drop from the index
+            self._update_pending(namespace, "DELETE", sorted(stale))
+        return sorted((b for b in batches if b.state is BatchState.COMMITTED),
+                      key=lambda b: (b.created_at, b.uuid))
 
     def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
         unique = list(dict.fromkeys(uuids))

@@ -326,6 +326,28 @@ class MetaStoreContract:
         store.mark_pushed(NS, [new_uuid()])  # unknown: no-op, no row appears
         assert len(store.list_batches(NS)) == 4
 
+    def test_committed_not_pushed_after_gc_reset_and_in_another_store(
+        self, store: MetaStore, other: MetaStore
+    ) -> None:
+        """What is pending follows the batches' states whichever store marked them, and
+        batches that retention or a reset deleted never come back as pending."""
+        chain = self._chain(store, 6)
+        other.mark_committed(NS, chain[2])
+        assert [b.uuid for b in store.committed_not_pushed(NS)] == chain[:3]
+        store.mark_pushed(NS, chain[:2])
+        other.mark_committed(NS, chain[4])
+        assert [b.uuid for b in other.committed_not_pushed(NS)] == chain[2:5]
+        other.mark_pushed(NS, chain[2:5])
+        assert store.committed_not_pushed(NS) == []
+        store.mark_committed(NS, chain[5])
+        store.gc(NS, keep_committed=1)
+        assert [b.uuid for b in store.committed_not_pushed(NS)] == [chain[5]]
+        store.reset_namespace(NS)
+        assert store.committed_not_pushed(NS) == []
+        (fresh,) = self._chain_from(store, new_uuid(), 1)
+        store.mark_committed(NS, fresh)
+        assert [b.uuid for b in other.committed_not_pushed(NS)] == [fresh]
+
     def test_list_batches_in_chain_order_orphans_last(self, store: MetaStore) -> None:
         # creation times are scrambled on purpose: the chain, not the clock, decides
         r = store.create_batch(NS, new_uuid(), None, state=BatchState.PLANNED, now=50.0).uuid
