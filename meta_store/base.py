@@ -133,6 +133,10 @@ def parse_record(model: type[_Frozen], raw: str | bytes, *, store: str, key: str
         raise CorruptMetaRecordError(store=store, key=key, reason=reason) from None
 
 
+#: stands for a stored manifest that was not read (``MetaStore._list_batches_for_retention``)
+UNREAD_MANIFEST = Manifest(channels=(), planned_at=0.0)
+
+
 def chain_order(batches: Iterable[BatchRecord]) -> list[BatchRecord]:
     """Order batches along the prev chain; batches off the chain (never-used UUIDs) follow in
     creation order. Several roots (e.g. after a tunnel was recreated) each start a chain.
@@ -219,6 +223,12 @@ class MetaStore(ABC):
                       ) -> dict[str, list[EndCheckpoint]]:
         """The end checkpoints of several batches; a backend overrides it with one query."""
         return {u: self._list_ends(namespace, u) for u in uuids}
+
+    def _list_batches_for_retention(self, namespace: str) -> list[BatchRecord]:
+        """``_list_batches`` for the retention rule, which needs whether a batch has a
+        manifest, not the manifest: a backend may return ``UNREAD_MANIFEST`` in its place
+        (SQLite does: decoding every retained manifest is what retention would cost)."""
+        return self._list_batches(namespace)
 
     @abstractmethod
     def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
@@ -386,7 +396,7 @@ class MetaStore(ABC):
         ``keep_committed`` (never one still to push), and minted-but-never-planned UUIDs older
         than ``minted_older_than_s``. Never the newest batch of the chain."""
         at = time.time() if now is None else now
-        batches = self.list_batches(namespace)
+        batches = chain_order(self._list_batches_for_retention(namespace))
         # the newest N committed-or-pushed batches stay (at least one: the next batch's start);
         # of the older ones only pushed batches go, a committed one still has to be pushed
         done = [b for b in batches if b.state.rank >= BatchState.COMMITTED.rank]

@@ -49,6 +49,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 from pydantic import TypeAdapter, ValidationError
 
 from meta_store.base import (
+    UNREAD_MANIFEST,
     BatchRecord,
     BatchState,
     EndCheckpoint,
@@ -459,6 +460,15 @@ class SqliteMetaStore(MetaStore):
         ).fetchall())
         return [self._decode_batch(namespace, uuid, record, manifest)
                 for uuid, record, manifest in rows]
+
+    def _list_batches_for_retention(self, namespace: str) -> list[BatchRecord]:
+        rows = self._run("list_batches", lambda conn: conn.execute(
+            "SELECT uuid, record, manifest IS NOT NULL FROM cdc_batches WHERE ns = ?"
+            " ORDER BY created_at, uuid", (namespace,),
+        ).fetchall())
+        batches = [self._decode_batch(namespace, uuid, record, None) for uuid, record, _ in rows]
+        return [b.model_copy(update={"manifest": UNREAD_MANIFEST}) if planned else b
+                for b, (_, _, planned) in zip(batches, rows, strict=True)]
 
     def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
         rows = self._run("list_batches", lambda conn: conn.execute(
