@@ -25,7 +25,7 @@ run:
 
 ``plan_ms_1000ch`` is the median ``plan`` time alone over 1,000 channels, measured the same way.
 
-``dynamodb_64ch_keep10`` / ``dynamodb_64ch_keep100``: the same loop at 64 channels with the meta
+``dynamodb_keep10_64ch`` / ``dynamodb_keep100_64ch``: the same loop at 64 channels with the meta
 store on DynamoDB (a moto server on 127.0.0.1, ``benchmarks.meta_latency.moto_uri``) and
 ``metaRetentionBatches`` 10 / 100, steady once that many batches are retained. Every DynamoDB
 request of the driver's store asks for ``ReturnConsumedCapacity=TOTAL`` (a botocore hook on its
@@ -206,7 +206,7 @@ def run(config: ProtocolConfig, workdir: Path) -> dict[str, Any]:
 
         for keep in retentions:
             with moto_uri() as uri:  # a fresh moto server: nothing left from the last one
-                out[f"dynamodb_{config.dynamodb_channels}ch_keep{keep}"] = measure(
+                out[f"dynamodb_keep{keep}_{config.dynamodb_channels}ch"] = measure(
                     config.dynamodb_channels, config.batches, config.warmup,
                     config.records_per_channel, workdir, steady_after=keep + 2,
                     meta_store=uri, retention=keep)
