@@ -27,6 +27,8 @@ The retry loop itself is tenacity's.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from typing import Any, TypeVar
 
 from tenacity import (
@@ -64,18 +66,19 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, CdcError) and error.retryable
 
 
-def retrying(what: str = "call") -> Retrying:
-    """The retry policy: ``ATTEMPTS`` attempts within ``DEADLINE_S``, exponential backoff with
-    jitter, retryable errors only, the last error re-raised unchanged."""
+def retrying(what: str = "call", attempts: int = ATTEMPTS, first_attempt: int = 1) -> Retrying:
+    """The retry policy: ``attempts`` attempts within ``DEADLINE_S``, exponential backoff with
+    jitter, retryable errors only, the last error re-raised unchanged. ``first_attempt``: the
+    number the first of them has in the whole call (for the log line)."""
 
     def before_sleep(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
         log.info("%s failed (attempt %d of %d): %s; retrying in %.2f s", what,
-                 state.attempt_number, ATTEMPTS, error,
+                 state.attempt_number + first_attempt - 1, ATTEMPTS, error,
                  state.next_action.sleep if state.next_action else 0.0)
 
     return Retrying(
-        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(DEADLINE_S),
+        stop=stop_after_attempt(attempts) | stop_after_delay(DEADLINE_S),
         # BACKOFF_INITIAL_S * 2**(n-1) capped at BACKOFF_MAX_S, plus up to BACKOFF_JITTER_S
         wait=(wait_exponential(multiplier=BACKOFF_INITIAL_S, max=BACKOFF_MAX_S)
               + wait_random(0, BACKOFF_JITTER_S)),
@@ -95,7 +98,20 @@ class _RetryingClient(ClientProxy):
         self._kind = type(target).__name__
 
     def _call(self, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        return retrying(f"{self._kind}.{name}")(method, *args, **kwargs)
+        # The first attempt is a plain call: building tenacity's policy costs ~40 us, paid per
+        # call it would be ~40 ms per batch on a 1,000-channel tunnel. The policy only runs
+        # once an attempt failed with a retryable error.
+        try:
+            return method(*args, **kwargs)
+        except CdcError as error:
+            if not error.retryable:
+                raise
+            what = f"{self._kind}.{name}"
+            pause = BACKOFF_INITIAL_S + random.uniform(0, BACKOFF_JITTER_S)
+            log.info("%s failed (attempt 1 of %d): %s; retrying in %.2f s", what, ATTEMPTS,
+                     error, pause)
+        time.sleep(pause)
+        return retrying(what, attempts=ATTEMPTS - 1, first_attempt=2)(method, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<retrying {self._target!r}>"
