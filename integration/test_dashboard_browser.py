@@ -164,7 +164,7 @@ def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None
                                 ).count() == 1
         page.wait_for_function(
             "document.getElementById('spark-rate').textContent.includes('processed/s')",
-            timeout=30_000)  # the ProgressListener's numbers reached the page
+            timeout=90_000)  # the ProgressListener's numbers reached the page
         assert page.locator("#throughput-chart rect.bar").count() >= 2
         # the throughput figure is the caption's rows divided by the caption's seconds
         figure = page.locator("#rows-per-second").inner_text()
