@@ -32,8 +32,11 @@ from connector.tunnel.base import (
 #: scheme -> (dotted path of the backend class, how to install what it needs)
 TUNNEL_BACKENDS: dict[str, tuple[str, str]] = {
     "local": ("connector.tunnel.local:LocalTunnelService", "included"),
-    "http": ("connector.tunnel.tablestore.client:TablestoreTunnelService", "included"),
-    "https": ("connector.tunnel.tablestore.client:TablestoreTunnelService", "included"),
+    # the Tunnel wire client needs protobuf and urllib3 (the tablestore extra brings both)
+    "http": ("connector.tunnel.tablestore.client:TablestoreTunnelService",
+             "pip install 'tablestore-cdc[tablestore]'"),
+    "https": ("connector.tunnel.tablestore.client:TablestoreTunnelService",
+              "pip install 'tablestore-cdc[tablestore]'"),
     "dynamodb-streams": (
         "connector.tunnel.dynamodb_streams.service:DynamoDbStreamsTunnelService",
         "pip install 'tablestore-cdc[dynamodb]'",
