@@ -5,9 +5,9 @@ Where each piece runs:
   options (``SourceOptions``) and derives the output schema from the table's declared schema.
 - ``TablestoreStreamReader`` lives in Spark's planning process on the driver, where Spark calls
   ``initialOffset``, ``latestOffset``, ``partitions``, ``commit`` and
-  ``prepareForTriggerAvailableNow``; it delegates them to ``StreamProtocol``. Spark also calls
-  ``reportLatestOffset`` there for its progress report (``connector.progress``). Spark also pickles
-  the reader to executors to call ``read``, so it holds no live client when pickled.
+  ``prepareForTriggerAvailableNow``; it delegates them to ``StreamProtocol``. Spark calls
+  ``reportLatestOffset`` there too, for its progress report (``connector.progress``). Spark
+  pickles the reader to executors to call ``read``, so it holds no live client when pickled.
 - ``read`` runs on executors and delegates to ``connector.reader``.
 """
 
