@@ -133,6 +133,7 @@ class DataLossError(CdcError):
 class TrimmedDataError(DataLossError):
     """``resume_token`` is the first position still held, for ``failOnDataLoss=false``."""
 
+    channel_id: str
     resume_token: str
     template = (
         "channel {channel_id!r}: records from sequence {requested} were requested but the "
