@@ -34,12 +34,13 @@ from connector.errors import (
 )
 from connector.local import LocalTablestore
 from connector.tunnel import open_tunnel_service
-from connector.tunnel.base import Checkpoint, Op, Record, TunnelType
+from connector.tunnel.base import Checkpoint, Op, TunnelType
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import TablestoreTunnelService, token_content
 from connector.tunnel.tablestore.records import decode_page
 from tablestore_emulator.server import EmulatorServer
 from tests.contract.tunnel_contract import TunnelContract, consume, read_all
+from tests.test_local_store import LocalHarness
 
 INSTANCE = "inst"
 KEY_ID = "test-key-id"
@@ -53,39 +54,15 @@ def service_uri(url: str, secret: str = SECRET, **extra: str) -> str:
     return f"{url}?{query}"
 
 
-class EmulatorHarness:
+class EmulatorHarness(LocalHarness):
     """Backend side of the contract: an emulator serving the store file over HTTP, the wire
-    client as the service under test, and a writer on the same file (as a writer process)."""
+    client as the service under test, and a writer on the same file (as a writer process).
+    The writer's operations (create_table, put, split, ...) are the local harness's."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path) -> None:  # not the local harness's: no local service here
         self.writer = LocalTablestore(path)
         self.emulator = EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET).start()
         self.service = open_tunnel_service(service_uri(self.emulator.url))
-
-    def create_table(self, name: str, channels: int) -> None:
-        self.writer.create_table(name, [("id", "STRING")], [("value", "INTEGER")],
-                                 channels=channels)
-
-    def put(self, table: str, key: str, value: int) -> None:
-        self.writer.put_row(table, {"id": key}, {"value": value})
-
-    def update(self, table: str, key: str, value: int) -> None:
-        self.writer.update_row(table, {"id": key}, {"value": value})
-
-    def delete(self, table: str, key: str) -> None:
-        self.writer.delete_row(table, {"id": key})
-
-    def split(self, table: str, channel_id: str) -> tuple[str, str]:
-        return self.writer.split_channel(table, channel_id)
-
-    def merge(self, table: str, a: str, b: str) -> str:
-        return self.writer.merge_channels(table, a, b)
-
-    def trim(self, table: str) -> None:
-        self.writer.trim_history(table, keep_last=0)
-
-    def change_log(self, table: str) -> list[Record]:
-        return self.writer.change_log(table)
 
     def close(self) -> None:
         self.service.close()
