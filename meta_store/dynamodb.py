@@ -99,10 +99,10 @@ MAX_MANIFEST_BYTES = 390_000
 _PARAMS = ("region", "endpoint_url", "profile", "create_table", "retry_mode", "max_attempts",
            "connect_timeout", "read_timeout", "page_size")
 #: query keys that look like credentials: refused outright
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
+SECRET_QUERY_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
                          r"session|signature|auth", re.IGNORECASE)
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
-_TRANSIENT_CODES = frozenset({
+TRANSIENT_ERROR_CODES = frozenset({
     "ProvisionedThroughputExceededException", "ThrottlingException", "Throttling",
     "RequestLimitExceeded", "InternalServerError", "InternalFailure", "ServiceUnavailable",
     "ServiceUnavailableException", "LimitExceededException", "TransactionInProgressException",
@@ -253,7 +253,7 @@ class DynamoDbMetaStore(MetaStore):
             )
         raw: dict[str, str] = {}
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if _SECRET_KEY.search(key) and key not in _PARAMS:
+            if SECRET_QUERY_KEY.search(key) and key not in _PARAMS:
                 raise MetaStoreUriError(
                     uri=shown, reason=f"parameter {key!r} looks like a credential; credentials "
                     "are not accepted in the URI (it is shown in logs and Spark plans); use "
@@ -381,7 +381,7 @@ class DynamoDbMetaStore(MetaStore):
                 raise _ConditionFailed(exc.response.get("Item")) from None
             if code == "ResourceNotFoundException":
                 raise MetaTableMissingError(table=self.table, location=self._location()) from None
-            if code in _TRANSIENT_CODES or status >= 500:
+            if code in TRANSIENT_ERROR_CODES or status >= 500:
                 raise TransientMetaStoreError(
                     detail=f"{self.uri}: DynamoDB {operation} failed with {code or status} after "
                     f"{int(meta.get('RetryAttempts') or 0) + 1} attempt(s): {message}",

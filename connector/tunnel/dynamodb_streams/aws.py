@@ -43,17 +43,13 @@ from botocore.config import Config
 
 from connector.errors import OptionError, TransientTunnelError, TunnelRequestError
 
+# the same AWS rules as the DynamoDB meta store: credential-like query keys, retryable codes
+from meta_store.dynamodb import SECRET_QUERY_KEY, TRANSIENT_ERROR_CODES
+
 SCHEME = "dynamodb-streams"
 _PARAMS = ("checkpoint_table", "region", "endpoint_url", "profile", "create_table", "numbers",
            "max_attempts", "retry_mode", "poll_interval_ms")
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
-                         r"session|signature|auth", re.IGNORECASE)
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
-_TRANSIENT_CODES = frozenset({
-    "LimitExceededException", "ProvisionedThroughputExceededException", "ThrottlingException",
-    "Throttling", "RequestLimitExceeded", "InternalServerError", "InternalFailure",
-    "ServiceUnavailable", "ServiceUnavailableException", "TransactionInProgressException",
-})
 
 _sessions: dict[str | None, Any] = {}
 _lock = threading.Lock()
@@ -97,7 +93,7 @@ def parse_uri(uri: str) -> EndpointConfig:
     raw: dict[str, str] = {}
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key not in _PARAMS:
-            if _SECRET_KEY.search(key):
+            if SECRET_QUERY_KEY.search(key):
                 refuse(f"parameter {key!r} looks like a credential; credentials are not "
                        "accepted in the URI (it is shown in logs and Spark plans); use the "
                        "standard AWS chain (environment, profile=NAME, a role)")
@@ -216,7 +212,7 @@ def call(uri: str, operation: str, method: Callable[..., Any], **kwargs: Any) ->
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         if code in HANDLED_CODES:
             raise AwsError(code, message, exc.response) from None
-        if code in _TRANSIENT_CODES or status >= 500:
+        if code in TRANSIENT_ERROR_CODES or status >= 500:
             raise TransientTunnelError(
                 detail=f"{uri}: {operation} failed with {code or status}: {message}") from None
         raise TunnelRequestError(endpoint=uri, operation=operation,
