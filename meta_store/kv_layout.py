@@ -54,18 +54,8 @@ from typing import Any, ClassVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from meta_store.base import (
-    BatchRecord,
-    EndCheckpoint,
-    Manifest,
-    MetaStore,
-    parse_record,
-)
-from meta_store.errors import (
-    CorruptMetaRecordError,
-    MetaStoreRequestError,
-    TransientMetaStoreError,
-)
+from meta_store.base import BatchRecord, EndCheckpoint, Manifest, MetaStore, parse_record
+from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError, TransientMetaStoreError
 
 #: sort keys: batch rows, end checkpoints, the namespace's description, DynamoDB's index
 BATCH_PREFIX = "B#"
