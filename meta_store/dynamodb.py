@@ -32,20 +32,12 @@ Who opens it: the driver's planning process, each executor inside ``read()`` (it
 Opening makes no request unless ``create_table=true`` (then one ``DescribeTable``), so many
 executors opening stores do not hit DynamoDB's control-plane limits.
 
-Single-table layout, partition key ``ns`` (the namespace), sort key ``sk``:
-
-- ``B#<uuid>`` batch rows: ``doc`` (the ``BatchRecord`` JSON without the fields below),
-  ``state`` and its numeric ``state_rank``, ``committed_at``, ``pushed_at``,
-  ``spark_batch_id`` and ``manifest``. The manifest is a string (its JSON) or, when that JSON
-  is larger than ``COMPRESS_OVER_BYTES`` (300 KB; items are limited to 400 KB), a binary
-  attribute holding the zlib-compressed JSON. Readers accept both.
-- ``E#<uuid>#<channel id>`` end checkpoints: ``doc`` (the ``EndCheckpoint`` JSON);
-- ``N#info`` the namespace description: ``info`` (a JSON object of strings);
-- ``N#pending`` the committed-not-pushed index: ``uuids`` (a string set, a superset of the
-  batches in state COMMITTED: a UUID is added before its batch is marked committed and removed
-  after it is marked pushed) and ``seeded`` (set once the set was filled from a listing, for
-  tables written before the index existed). ``committed_not_pushed`` reads this one item and
-  the batches it names, not every batch row of the namespace.
+Layout: one table, partition key ``ns`` (the namespace), sort key ``sk``, rows as described in
+``meta_store.kv_layout`` (shared with the Tablestore backend). Here a manifest whose JSON is
+larger than ``COMPRESS_OVER_BYTES`` (300 KB; items are limited to 400 KB) is a binary
+``manifest`` attribute, and the ``N#pending`` item indexes the committed-not-pushed batches:
+``committed_not_pushed`` reads that one item and the batches it names, not every batch row of
+the namespace.
 
 Atomicity: put-if-absent is ``PutItem`` with ``attribute_not_exists(sk)``; the manifest is
 set by one conditional ``UpdateItem`` (``attribute_not_exists(manifest)``) together with the
@@ -56,13 +48,11 @@ on ``sk = "N#info"``; deletes use ``BatchWriteItem`` and resend ``UnprocessedIte
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -70,23 +60,24 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import boto3
 import botocore.exceptions
 from botocore.config import Config
-from pydantic import TypeAdapter, ValidationError
 
-from meta_store.base import (
-    BatchRecord,
-    BatchState,
-    EndCheckpoint,
-    Manifest,
-    MetaStore,
-    parse_record,
-)
+from meta_store.base import BatchRecord, BatchState, Manifest
 from meta_store.errors import (
-    CorruptMetaRecordError,
     MetaStoreRequestError,
     MetaStoreUriError,
     MetaTableMissingError,
     TransientMetaStoreError,
     UnknownBatchError,
+)
+from meta_store.kv_layout import (
+    BATCH_PREFIX,
+    INFO_SK,
+    PENDING_SK,
+    ConditionFailed,
+    KeyValueMetaStore,
+    ManifestStorage,
+    PlainRow,
+    batch_sk,
 )
 
 log = logging.getLogger(__name__)
@@ -107,11 +98,7 @@ TRANSIENT_ERROR_CODES = frozenset({
     "RequestLimitExceeded", "InternalServerError", "InternalFailure", "ServiceUnavailable",
     "ServiceUnavailableException", "LimitExceededException", "TransactionInProgressException",
 })
-_INFO = TypeAdapter(dict[str, str])
-_BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_batch_id")
-_BATCH_WRITE_MAX = 25
 _BATCH_GET_MAX = 100
-_PENDING_SK = "N#pending"
 _UNPROCESSED_ROUNDS = 10
 
 _sessions: dict[str | None, boto3.session.Session] = {}
@@ -124,14 +111,6 @@ def _session(profile: str | None) -> boto3.session.Session:
         if profile not in _sessions:
             _sessions[profile] = boto3.session.Session(profile_name=profile)
         return _sessions[profile]
-
-
-class _ConditionFailed(Exception):
-    """Internal: a conditional write found its condition false; ``item`` is the stored row."""
-
-    def __init__(self, item: dict[str, Any] | None) -> None:
-        super().__init__("condition failed")
-        self.item = item
 
 
 def _redact(uri: str) -> str:
@@ -158,10 +137,50 @@ def _n(value: float | int) -> dict[str, str]:
     return {"N": repr(value) if isinstance(value, float) else str(value)}
 
 
-class DynamoDbMetaStore(MetaStore):
+def _attribute(value: Any) -> dict[str, Any]:
+    """A row's value (``meta_store.kv_layout``) as a DynamoDB attribute value."""
+    if isinstance(value, str):
+        return _s(value)
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if isinstance(value, int | float):
+        return _n(value)
+    if isinstance(value, bytes):
+        return {"B": value}
+    if isinstance(value, list):
+        return {"SS": value}
+    raise TypeError(f"no DynamoDB attribute type for {value!r}")
+
+
+def _row(item: dict[str, Any]) -> PlainRow:
+    """A DynamoDB item as a row: numbers as int or float, binary as bytes, a set as a list."""
+    row: PlainRow = {}
+    for name, attribute in item.items():
+        kind, value = next(iter(attribute.items()))
+        if kind == "N":
+            try:
+                value = int(value)
+            except ValueError:
+                value = float(value)
+        elif kind == "NULL":
+            value = None
+        elif kind in ("SS", "NS", "BS"):
+            value = list(value)
+        row[name] = value
+    return row
+
+
+class DynamoDbMetaStore(KeyValueMetaStore):
     """A meta table in one DynamoDB table (see the module docstring for URI, layout, atomicity).
     Open with ``from_uri`` or ``meta_store.open_meta_store``; one instance per process (the
     boto3 client inside is thread-safe)."""
+
+    manifest_storage = ManifestStorage(
+        compress_over=COMPRESS_OVER_BYTES, max_bytes=MAX_MANIFEST_BYTES,
+        compressed_column="manifest", limit="DynamoDB items are limited to 400 KB")
+    cell = "attribute"
+    max_deletes_per_request = 25
+    delete_rounds = _UNPROCESSED_ROUNDS
 
     def __init__(
         self,
@@ -365,7 +384,7 @@ class DynamoDbMetaStore(MetaStore):
     def _call(self, operation: str, method: str, **kwargs: Any) -> Any:
         """One DynamoDB request; botocore retries transient failures itself (backoff with
         jitter). What still fails is mapped to our errors; a false condition raises
-        ``_ConditionFailed`` with the stored item when DynamoDB returned it."""
+        ``ConditionFailed`` with the stored row when DynamoDB returned it."""
         if self._closed:
             raise MetaStoreRequestError(store=self.uri, operation=operation,
                                         reason="the store is closed")
@@ -378,7 +397,8 @@ class DynamoDbMetaStore(MetaStore):
             meta = exc.response.get("ResponseMetadata", {})
             status = int(meta.get("HTTPStatusCode") or 0)
             if code == "ConditionalCheckFailedException":
-                raise _ConditionFailed(exc.response.get("Item")) from None
+                item = exc.response.get("Item")
+                raise ConditionFailed(_row(item) if item else None) from None
             if code == "ResourceNotFoundException":
                 raise MetaTableMissingError(table=self.table, location=self._location()) from None
             if code in TRANSIENT_ERROR_CODES or status >= 500:
@@ -411,28 +431,22 @@ class DynamoDbMetaStore(MetaStore):
                 store=self.uri, operation=f"DynamoDB {operation}", reason=str(exc),
             ) from None
 
+    # --- rows: the primitives of meta_store.kv_layout -------------------------------------
+
     def _key(self, namespace: str, sk: str) -> dict[str, dict[str, str]]:
         return {"ns": _s(namespace), "sk": _s(sk)}
 
-    @staticmethod
-    def _batch_sk(uuid: str) -> str:
-        return f"B#{uuid}"
+    def _item(self, namespace: str, sk: str, row: PlainRow) -> dict[str, Any]:
+        return {**self._key(namespace, sk), **{k: _attribute(v) for k, v in row.items()}}
 
-    def _ends_prefix(self, uuid: str) -> str:
-        if "#" in uuid:
-            raise MetaStoreRequestError(store=self.uri, operation="end checkpoint key",
-                                        reason=f"batch UUID {uuid!r} must not contain '#'")
-        return f"E#{uuid}#"
-
-    def _get_item(self, operation: str, namespace: str, sk: str) -> dict[str, Any] | None:
+    def _get_row(self, operation: str, namespace: str, sk: str) -> PlainRow | None:
         response = self._call(operation, "get_item", TableName=self.table,
                               Key=self._key(namespace, sk), ConsistentRead=True)
-        item: dict[str, Any] | None = response.get("Item")
-        return item
+        item = response.get("Item")
+        return None if item is None else _row(item)
 
-    def _query(self, operation: str, namespace: str, prefix: str,
-               projection: str | None = None,
-               state_rank: int | None = None) -> Iterator[dict[str, Any]]:
+    def _rows(self, operation: str, namespace: str, prefix: str, *, keys_only: bool = False,
+              state_rank: int | None = None) -> Iterator[PlainRow]:
         """All items of ``namespace`` whose sort key starts with ``prefix``, page by page
         (only batches with ``state_rank`` when given: filtered by the service, so the other
         rows' manifests are not transferred or decoded)."""
@@ -441,8 +455,8 @@ class DynamoDbMetaStore(MetaStore):
             "KeyConditionExpression": "ns = :ns AND begins_with(sk, :prefix)",
             "ExpressionAttributeValues": {":ns": _s(namespace), ":prefix": _s(prefix)},
         }
-        if projection:
-            kwargs["ProjectionExpression"] = projection
+        if keys_only:
+            kwargs["ProjectionExpression"] = "sk"
         if state_rank is not None:
             kwargs["FilterExpression"] = "state_rank = :rank"
             kwargs["ExpressionAttributeValues"][":rank"] = _n(state_rank)
@@ -450,153 +464,58 @@ class DynamoDbMetaStore(MetaStore):
             kwargs["Limit"] = self.page_size
         while True:
             page = self._call(operation, "query", **kwargs)
-            yield from page.get("Items", [])
+            yield from (_row(item) for item in page.get("Items", []))
             if not page.get("LastEvaluatedKey"):
                 return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    # --- encoding -------------------------------------------------------------------------
+    def _insert_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+        self._call(operation, "put_item", TableName=self.table,
+                   Item=self._item(namespace, sk, row),
+                   ConditionExpression="attribute_not_exists(sk)",
+                   ReturnValuesOnConditionCheckFailure="ALL_OLD")
 
-    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
-        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
+    def _put_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+        self._call(operation, "put_item", TableName=self.table,
+                   Item=self._item(namespace, sk, row))
 
-    def _encode_manifest(self, uuid: str, manifest: Manifest) -> dict[str, Any]:
-        raw = manifest.model_dump_json().encode()
-        if len(raw) <= COMPRESS_OVER_BYTES:
-            return {"S": raw.decode()}
-        packed = zlib.compress(raw, 6)
-        if len(packed) > MAX_MANIFEST_BYTES:
-            raise MetaStoreRequestError(
-                store=self.uri, operation="put_manifest",
-                reason=f"batch {uuid!r}: the manifest of {len(manifest.channels)} channels is "
-                f"{len(packed)} bytes even compressed; DynamoDB items are limited to 400 KB "
-                "(use the sqlite backend or read fewer channels per tunnel)",
-            )
-        return {"B": packed}
-
-    def _batch_item(self, namespace: str, record: BatchRecord) -> dict[str, Any]:
-        item: dict[str, Any] = {
-            **self._key(namespace, self._batch_sk(record.uuid)),
-            "doc": _s(record.model_dump_json(exclude=set(_BATCH_STATE_FIELDS))),
-            "state": _s(record.state.value),
-            "state_rank": _n(record.state.rank),
-        }
-        if record.committed_at is not None:
-            item["committed_at"] = _n(record.committed_at)
-        if record.pushed_at is not None:
-            item["pushed_at"] = _n(record.pushed_at)
-        if record.spark_batch_id is not None:
-            item["spark_batch_id"] = _n(record.spark_batch_id)
-        if record.manifest is not None:
-            item["manifest"] = self._encode_manifest(record.uuid, record.manifest)
-        return item
-
-    def _decode_batch(self, namespace: str, item: dict[str, Any]) -> BatchRecord:
-        sk = str(item.get("sk", {}).get("S", "?"))
-        key = f"{namespace}/{sk}"
-        try:
-            fields = json.loads(item["doc"]["S"])
-            if not isinstance(fields, dict):
-                raise ValueError(f"doc is a JSON {type(fields).__name__}, not an object")
-            fields["state"] = item["state"]["S"]
-            for name in ("committed_at", "pushed_at"):
-                if name in item:
-                    fields[name] = float(item[name]["N"])
-            if "spark_batch_id" in item:
-                fields["spark_batch_id"] = int(item["spark_batch_id"]["N"])
-            manifest: Manifest | None = None
-            if "manifest" in item:
-                stored = item["manifest"]
-                raw = zlib.decompress(stored["B"]) if "B" in stored else stored["S"]
-                parsed = parse_record(Manifest, raw, store=self.uri, key=key + "/manifest")
-                assert isinstance(parsed, Manifest)
-                manifest = parsed
-            fields["manifest"] = manifest
-            batch = BatchRecord.model_validate(fields)
-        except CorruptMetaRecordError:
-            raise
-        except KeyError as exc:
-            raise self._corrupt(key, f"attribute {exc} is missing or of the wrong type") from None
-        except ValidationError as exc:
-            raise self._corrupt(key, exc.errors()[0].get("msg", str(exc))) from None
-        except (ValueError, TypeError, zlib.error) as exc:
-            raise self._corrupt(key, str(exc)) from None
-        if sk != self._batch_sk(batch.uuid):
-            raise self._corrupt(key, f"the row holds batch {batch.uuid!r}")
-        return batch
-
-    def _decode_end(self, namespace: str, uuid: str, item: dict[str, Any]) -> EndCheckpoint:
-        sk = str(item.get("sk", {}).get("S", "?"))
-        key = f"{namespace}/{sk}"
-        doc = item.get("doc", {}).get("S")
-        if not isinstance(doc, str):
-            raise self._corrupt(key, "attribute 'doc' (a JSON string) is missing")
-        end = parse_record(EndCheckpoint, doc, store=self.uri, key=key)
-        assert isinstance(end, EndCheckpoint)
-        if sk != self._ends_prefix(uuid) + end.channel_id:
-            raise self._corrupt(key, f"the row holds channel {end.channel_id!r}")
-        return end
-
-    # --- primitives -----------------------------------------------------------------------
-
-    def _put_batch_if_absent(self, namespace: str, record: BatchRecord) -> BatchRecord:
-        item = self._batch_item(namespace, record)
-        for _ in range(3):  # the stored row may be deleted (gc) between put and read
-            try:
-                self._call("create_batch", "put_item", TableName=self.table, Item=item,
-                           ConditionExpression="attribute_not_exists(sk)",
-                           ReturnValuesOnConditionCheckFailure="ALL_OLD")
-                return record
-            except _ConditionFailed as failed:
-                stored = failed.item or self._get_item(
-                    "create_batch", namespace, self._batch_sk(record.uuid))
-                if stored is not None:
-                    return self._decode_batch(namespace, stored)
-        raise TransientMetaStoreError(
-            detail=f"{self.uri}: batch {record.uuid!r} kept appearing and disappearing")
-
-    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
-        item = self._get_item("get_batch", namespace, self._batch_sk(uuid))
-        return None if item is None else self._decode_batch(namespace, item)
+    # --- writes that change a batch row ---------------------------------------------------
 
     def _set_manifest_if_absent(
         self, namespace: str, uuid: str, manifest: Manifest
     ) -> BatchRecord:
-        encoded = self._encode_manifest(uuid, manifest)
-        key = self._key(namespace, self._batch_sk(uuid))
-        try:  # the usual case: a minted row becomes planned with its manifest, in one write
-            response = self._call(
-                "put_manifest", "update_item", TableName=self.table, Key=key,
-                UpdateExpression="SET manifest = :m, #state = :planned, state_rank = :rank",
-                ConditionExpression="attribute_exists(sk) AND attribute_not_exists(manifest)"
-                                    " AND state_rank = :minted",
-                ExpressionAttributeNames={"#state": "state"},
-                ExpressionAttributeValues={
-                    ":m": encoded, ":planned": _s(BatchState.PLANNED.value),
-                    ":rank": _n(BatchState.PLANNED.rank), ":minted": _n(BatchState.MINTED.rank)},
-                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-            return self._decode_batch(namespace, response["Attributes"])
-        except _ConditionFailed as failed:
-            stored = failed.item or self._get_item("put_manifest", namespace, key["sk"]["S"])
-        if stored is None:
-            raise UnknownBatchError(uuid=uuid, namespace=namespace)
-        if "manifest" in stored:
-            return self._decode_batch(namespace, stored)
-        try:  # a row already past minted without a manifest: set the manifest alone
-            response = self._call(
-                "put_manifest", "update_item", TableName=self.table, Key=key,
-                UpdateExpression="SET manifest = :m",
-                ConditionExpression="attribute_exists(sk) AND attribute_not_exists(manifest)",
-                ExpressionAttributeValues={":m": encoded},
-                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-            return self._decode_batch(namespace, response["Attributes"])
-        except _ConditionFailed as failed:
-            stored = failed.item or self._get_item("put_manifest", namespace, key["sk"]["S"])
+        ((_, encoded),) = self._manifest_cells(uuid, manifest).items()
+        values = {":m": _attribute(encoded)}
+        # the usual case: a minted row becomes planned with its manifest, in one write
+        stored = self._update_manifest(
+            namespace, uuid, "SET manifest = :m, #state = :planned, state_rank = :rank",
+            {**values, ":planned": _s(BatchState.PLANNED.value),
+             ":rank": _n(BatchState.PLANNED.rank), ":minted": _n(BatchState.MINTED.rank)},
+            " AND state_rank = :minted", {"#state": "state"})
+        if stored is not None and "manifest" not in stored:
+            # a row already past minted without a manifest: set the manifest alone
+            stored = self._update_manifest(namespace, uuid, "SET manifest = :m", values)
         if stored is None:
             raise UnknownBatchError(uuid=uuid, namespace=namespace)
         return self._decode_batch(namespace, stored)
+
+    def _update_manifest(self, namespace: str, uuid: str, update: str, values: dict[str, Any],
+                         condition: str = "", names: dict[str, str] | None = None
+                         ) -> PlainRow | None:
+        """One ``UpdateItem`` of the batch row, conditioned on its having no manifest yet: the
+        row as written, or as stored when the condition failed (None: there is no row)."""
+        try:
+            response = self._call(
+                "put_manifest", "update_item", TableName=self.table,
+                Key=self._key(namespace, batch_sk(uuid)), UpdateExpression=update,
+                ConditionExpression="attribute_exists(sk) AND attribute_not_exists(manifest)"
+                + condition, ExpressionAttributeValues=values,
+                **({"ExpressionAttributeNames": names} if names else {}),
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+            return _row(response["Attributes"])
+        except ConditionFailed as failed:
+            return failed.row or self._get_row("put_manifest", namespace, batch_sk(uuid))
 
     def _advance_state(
         self, namespace: str, uuid: str, state: BatchState, at: float,
@@ -617,15 +536,17 @@ class DynamoDbMetaStore(MetaStore):
         try:
             self._call(
                 f"mark {state.value}", "update_item", TableName=self.table,
-                Key=self._key(namespace, self._batch_sk(uuid)),
+                Key=self._key(namespace, batch_sk(uuid)),
                 UpdateExpression="SET " + ", ".join(sets),
                 ConditionExpression="attribute_exists(sk) AND state_rank < :rank",
                 ExpressionAttributeNames={"#state": "state"}, ExpressionAttributeValues=values,
             )
-        except _ConditionFailed:
+        except ConditionFailed:
             pass  # missing, or already at or past ``state``: never backward
         if state is BatchState.PUSHED:  # leaves the index only once it is pushed
             self._update_pending(namespace, "DELETE", [uuid])
+
+    # --- the committed-not-pushed index ---------------------------------------------------
 
     def _update_pending(self, namespace: str, action: str, uuids: Sequence[str],
                         seeded: bool = False) -> None:
@@ -639,20 +560,20 @@ class DynamoDbMetaStore(MetaStore):
         if not expression:
             return
         self._call("committed_not_pushed index", "update_item", TableName=self.table,
-                   Key=self._key(namespace, _PENDING_SK), UpdateExpression=expression,
+                   Key=self._key(namespace, PENDING_SK), UpdateExpression=expression,
                    ExpressionAttributeValues=values)
 
     def _batch_get(self, operation: str, namespace: str,
-                   sort_keys: Sequence[str]) -> list[dict[str, Any]]:
-        """The items of ``sort_keys`` that exist (strongly consistent ``BatchGetItem``s)."""
-        found: list[dict[str, Any]] = []
+                   sort_keys: Sequence[str]) -> list[PlainRow]:
+        """The rows of ``sort_keys`` that exist (strongly consistent ``BatchGetItem``s)."""
+        found: list[PlainRow] = []
         keys = [self._key(namespace, sk) for sk in dict.fromkeys(sort_keys)]
         for i in range(0, len(keys), _BATCH_GET_MAX):
             request: dict[str, Any] = {self.table: {"Keys": keys[i:i + _BATCH_GET_MAX],
                                                     "ConsistentRead": True}}
             for attempt in range(_UNPROCESSED_ROUNDS + 1):
                 response = self._call(operation, "batch_get_item", RequestItems=request)
-                found += response.get("Responses", {}).get(self.table, [])
+                found += map(_row, response.get("Responses", {}).get(self.table, []))
                 request = response.get("UnprocessedKeys") or {}
                 if not request:
                     break
@@ -663,92 +584,44 @@ class DynamoDbMetaStore(MetaStore):
                 time.sleep(min(1.0, 0.05 * 2 ** attempt) * random.random())
         return found
 
-    def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
-        sk = self._ends_prefix(uuid) + end.channel_id
-        for _ in range(3):
-            try:
-                self._call("put_end_checkpoint", "put_item", TableName=self.table,
-                           Item={**self._key(namespace, sk), "doc": _s(end.model_dump_json())},
-                           ConditionExpression="attribute_not_exists(sk)",
-                           ReturnValuesOnConditionCheckFailure="ALL_OLD")
-                return end
-            except _ConditionFailed as failed:
-                stored = failed.item or self._get_item("put_end_checkpoint", namespace, sk)
-                if stored is not None:
-                    return self._decode_end(namespace, uuid, stored)
-        raise TransientMetaStoreError(
-            detail=f"{self.uri}: end checkpoint {sk!r} kept appearing and disappearing")
-
-    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
-        item = self._get_item("get_end_checkpoint", namespace,
-                              self._ends_prefix(uuid) + channel_id)
-        return None if item is None else self._decode_end(namespace, uuid, item)
-
-    def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]:
-        return [self._decode_end(namespace, uuid, item)
-                for item in self._query("get_end_checkpoints", namespace,
-                                        self._ends_prefix(uuid))]
-
-    def _list_batches(self, namespace: str) -> list[BatchRecord]:
-        return [self._decode_batch(namespace, item)
-                for item in self._query("list_batches", namespace, "B#")]
-
     def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
         if state is not BatchState.COMMITTED:
-            return [self._decode_batch(namespace, item) for item in
-                    self._query("list_batches", namespace, "B#", state_rank=state.rank)]
+            return [self._decode_batch(namespace, row) for row in
+                    self._rows("list_batches", namespace, BATCH_PREFIX, state_rank=state.rank)]
         # the index item and the batches it names: not every batch row of the namespace
-        index = self._get_item("committed_not_pushed", namespace, _PENDING_SK) or {}
-        if not index.get("seeded", {}).get("BOOL"):
+        index = self._get_row("committed_not_pushed", namespace, PENDING_SK) or {}
+        if index.get("seeded") is not True:
             # a table from before the index: list once, then the index is complete (batches
             # committed from now on add themselves before they are marked)
-            batches = [self._decode_batch(namespace, item) for item in
-                       self._query("list_batches", namespace, "B#", state_rank=state.rank)]
+            batches = [self._decode_batch(namespace, row) for row in
+                       self._rows("list_batches", namespace, BATCH_PREFIX, state_rank=state.rank)]
             self._update_pending(namespace, "ADD", [b.uuid for b in batches], seeded=True)
             return batches
-        named = sorted(index.get("uuids", {}).get("SS", []))
-        items = self._batch_get("committed_not_pushed", namespace,
-                                [self._batch_sk(u) for u in named])
-        batches = [self._decode_batch(namespace, item) for item in items]
+        named = sorted(index.get("uuids", []))
+        rows = self._batch_get("committed_not_pushed", namespace, [batch_sk(u) for u in named])
+        batches = [self._decode_batch(namespace, row) for row in rows]
         stale = set(named) - {b.uuid for b in batches if b.state is BatchState.COMMITTED}
         if stale:  # pushed (a crash before its removal) or deleted: drop from the index
             self._update_pending(namespace, "DELETE", sorted(stale))
         return sorted((b for b in batches if b.state is BatchState.COMMITTED),
                       key=lambda b: (b.created_at, b.uuid))
 
-    def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
-        unique = list(dict.fromkeys(uuids))
-        end_keys = [item["sk"]["S"] for u in unique
-                    for item in self._query("gc", namespace, self._ends_prefix(u), "sk")]
-        self._batch_delete(namespace, end_keys)  # ends first: no end outlives its batch
-        self._batch_delete(namespace, [self._batch_sk(u) for u in unique])
+    # --- deletes and the namespace listing ------------------------------------------------
 
-    def _batch_delete(self, namespace: str, sort_keys: list[str]) -> None:
-        for i in range(0, len(sort_keys), _BATCH_WRITE_MAX):
-            requests: list[dict[str, Any]] = [
-                {"DeleteRequest": {"Key": self._key(namespace, sk)}}
-                for sk in sort_keys[i:i + _BATCH_WRITE_MAX]]
-            for round_ in range(_UNPROCESSED_ROUNDS):
-                response = self._call("gc", "batch_write_item",
-                                      RequestItems={self.table: requests})
-                requests = response.get("UnprocessedItems", {}).get(self.table, [])
-                if not requests:
-                    break
-                # DynamoDB accepted part of the batch (throttled): resend the rest after a
-                # jittered backoff; botocore does not resend UnprocessedItems by itself
-                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** round_)))
-            else:
-                raise TransientMetaStoreError(
-                    detail=f"{self.uri}: gc: {len(requests)} deletes still unprocessed after "
-                    f"{_UNPROCESSED_ROUNDS} rounds",
-                )
+    def _delete_some(self, namespace: str, sort_keys: Sequence[str]) -> list[str]:
+        """One ``BatchWriteItem``; DynamoDB may accept part of it (throttled) and name the
+        rest in ``UnprocessedItems``."""
+        response = self._call("gc", "batch_write_item", RequestItems={self.table: [
+            {"DeleteRequest": {"Key": self._key(namespace, sk)}} for sk in sort_keys]})
+        return [request["DeleteRequest"]["Key"]["sk"]["S"]
+                for request in response.get("UnprocessedItems", {}).get(self.table, [])]
 
     def list_namespaces(self) -> list[str]:
         """Namespaces that have a description (``set_namespace_info``), sorted: a paginated
         Scan filtered on ``sk = "N#info"``. CLI, read-only; it reads the whole table."""
         kwargs: dict[str, Any] = {
             "TableName": self.table, "ConsistentRead": True, "ProjectionExpression": "ns",
-            "FilterExpression": "sk = :info", "ExpressionAttributeValues": {":info": _s("N#info")},
+            "FilterExpression": "sk = :info", "ExpressionAttributeValues": {":info": _s(INFO_SK)},
         }
         if self.page_size:
             kwargs["Limit"] = self.page_size
@@ -760,28 +633,8 @@ class DynamoDbMetaStore(MetaStore):
                 return sorted(found)
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
-        payload = json.dumps(_INFO.validate_python(dict(info)), sort_keys=True)
-        self._call("set_namespace_info", "put_item", TableName=self.table,
-                   Item={**self._key(namespace, "N#info"), "info": _s(payload)})
-
-    def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
-        item = self._get_item("get_namespace_info", namespace, "N#info")
-        if item is None:
-            return None
-        try:
-            return _INFO.validate_json(item["info"]["S"])
-        except (KeyError, ValidationError) as exc:
-            raise self._corrupt(f"{namespace}/N#info",
-                                str(exc).splitlines()[0]) from None
-
     def close(self) -> None:
         """Close the client's connection pool (idempotent)."""
         if not self._closed:
             self._closed = True
             self._client.close()
-
-    def __repr__(self) -> str:
-        return f"DynamoDbMetaStore(uri={self.uri!r})"
-
-    __str__ = __repr__

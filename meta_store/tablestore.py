@@ -29,16 +29,10 @@ Who opens it: the driver's planning process, each executor inside ``read()`` (si
 requests), the inspection CLI and the dashboard. Opening makes no request unless
 ``create_table=true`` (then DescribeTable, and CreateTable when missing).
 
-Table layout (the DynamoDB backend's single-table layout), primary key ``ns`` (STRING, the
-namespace) + ``sk`` (STRING):
-
-- ``B#<uuid>`` batch rows: ``doc`` (the ``BatchRecord`` JSON without the fields below),
-  ``state``, ``state_rank``, ``version`` (bumped by every change of the row),
-  ``committed_at``, ``pushed_at``, ``spark_batch_id``, and the manifest: ``manifest`` (its JSON,
-  a string) or, when that JSON is over ``MAX_COLUMN_BYTES``, ``manifest_z`` (zlib-compressed,
-  binary);
-- ``E#<uuid>#<channel id>`` end checkpoints: ``doc`` (the ``EndCheckpoint`` JSON);
-- ``N#info``: ``info`` (a JSON object of strings).
+Layout: primary key ``ns`` (STRING, the namespace) + ``sk`` (STRING), rows as described in
+``meta_store.kv_layout`` (shared with the DynamoDB backend). Here a manifest whose JSON is over
+``MAX_COLUMN_BYTES`` is the binary column ``manifest_z`` (zlib-compressed), and every batch row
+has a ``version`` column for the optimistic updates below.
 
 Service limits respected: a column value is at most 2 MB (``MAX_COLUMN_BYTES`` keeps a margin;
 a manifest still larger after compression raises ``MetaStoreRequestError``), a primary-key
@@ -54,18 +48,15 @@ Reads are strongly consistent (as Tablestore's always are).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import re
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from pydantic import TypeAdapter, ValidationError
 from tablestore import (
     INF_MAX,
     INF_MIN,
@@ -87,21 +78,21 @@ from tablestore import (
 )
 from tablestore.retry import WriteRetryPolicy
 
-from meta_store.base import (
-    BatchRecord,
-    BatchState,
-    EndCheckpoint,
-    Manifest,
-    MetaStore,
-    parse_record,
-)
+from meta_store.base import BatchRecord, BatchState, Manifest
 from meta_store.errors import (
-    CorruptMetaRecordError,
     MetaStoreRequestError,
     MetaStoreUriError,
     MetaTableMissingError,
     TransientMetaStoreError,
     UnknownBatchError,
+)
+from meta_store.kv_layout import (
+    INFO_SK,
+    ConditionFailed,
+    KeyValueMetaStore,
+    ManifestStorage,
+    PlainRow,
+    batch_sk,
 )
 
 log = logging.getLogger(__name__)
@@ -131,13 +122,7 @@ _TRANSIENT_CODES = frozenset({
     "OTSQuotaExhausted", "OTSTimeout", "OTSInternalServerError", "OTSServerUnavailable",
     "OTSCapacityUnitExhausted",
 })
-_INFO = TypeAdapter(dict[str, str])
-_BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_batch_id")
 _OPTIMISTIC_ROUNDS = 20
-
-
-class _ConditionFailed(Exception):
-    """Internal: a conditional write found its condition false."""
 
 
 class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
@@ -169,10 +154,28 @@ def _prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-class TablestoreMetaStore(MetaStore):
+def _columns(row: PlainRow) -> list[tuple[str, Any]]:
+    """A row's values (``meta_store.kv_layout``) as the SDK's columns (binary: bytearray)."""
+    return [(name, bytearray(v) if isinstance(v, bytes) else v) for name, v in row.items()]
+
+
+def _row(sk: str, row: Any) -> PlainRow:
+    """An SDK row as a row of ``meta_store.kv_layout`` (binary as bytes)."""
+    return {"sk": sk, **{name: bytes(v) if isinstance(v, bytearray) else v
+                         for name, v, *_ in row.attribute_columns}}
+
+
+class TablestoreMetaStore(KeyValueMetaStore):
     """A meta table in one Tablestore table (see the module docstring for URI, layout,
     atomicity). Open with ``from_uri`` or ``meta_store.open_meta_store``; one instance per
     process (the ``OTSClient`` inside is thread-safe)."""
+
+    manifest_storage = ManifestStorage(
+        compress_over=MAX_COLUMN_BYTES, max_bytes=MAX_COLUMN_BYTES,
+        compressed_column="manifest_z", limit="a Tablestore column holds at most 2 MB")
+    cell = "column"
+    new_batch_columns = {"version": 0}
+    max_deletes_per_request = BATCH_WRITE_MAX
 
     def __init__(
         self,
@@ -197,7 +200,7 @@ class TablestoreMetaStore(MetaStore):
         self.uri = uri or f"tablestore://{instance}/{table}?{query}"
         self.instance, self.table, self.endpoint = instance, table, endpoint
         self.page_size = page_size
-        self.max_attempts = max_attempts
+        self.max_attempts = self.delete_rounds = max_attempts
         key_id = access_key_id or os.environ.get(ENV_ACCESS_KEY_ID)
         secret = access_key_secret or os.environ.get(ENV_ACCESS_KEY_SECRET)
         token = security_token or os.environ.get(ENV_SECURITY_TOKEN) or None
@@ -361,7 +364,7 @@ class TablestoreMetaStore(MetaStore):
     def _call(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One SDK call, mapped to our errors. The SDK retries service errors itself (its
         policy, ``max_attempts``); network errors, which it does not retry, are retried here.
-        A false row condition raises ``_ConditionFailed``."""
+        A false row condition raises ``ConditionFailed``."""
         if self._closed:
             raise MetaStoreRequestError(store=self.uri, operation=operation,
                                         reason="the store is closed")
@@ -371,7 +374,7 @@ class TablestoreMetaStore(MetaStore):
             except OTSServiceError as exc:
                 code, status = exc.get_error_code(), exc.get_http_status()
                 if code == "OTSConditionCheckFail":
-                    raise _ConditionFailed() from None
+                    raise ConditionFailed() from None
                 if code == "OTSObjectNotExist":
                     raise MetaTableMissingError(
                         table=self.table, location=f"instance {self.instance} at {self.endpoint}"
@@ -399,6 +402,8 @@ class TablestoreMetaStore(MetaStore):
                 time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
         raise AssertionError("unreachable")  # pragma: no cover
 
+    # --- rows: the primitives of meta_store.kv_layout -------------------------------------
+
     def _pk(self, namespace: str, sk: str) -> list[tuple[str, str]]:
         for what, value in (("namespace", namespace), ("key", sk)):
             if len(value.encode()) > MAX_KEY_BYTES:
@@ -409,144 +414,50 @@ class TablestoreMetaStore(MetaStore):
                 )
         return [("ns", namespace), ("sk", sk)]
 
-    @staticmethod
-    def _batch_sk(uuid: str) -> str:
-        return f"B#{uuid}"
-
-    def _ends_prefix(self, uuid: str) -> str:
-        if "#" in uuid:
-            raise MetaStoreRequestError(store=self.uri, operation="end checkpoint key",
-                                        reason=f"batch UUID {uuid!r} must not contain '#'")
-        return f"E#{uuid}#"
-
-    def _get(self, operation: str, namespace: str, sk: str) -> dict[str, Any] | None:
+    def _get_row(self, operation: str, namespace: str, sk: str) -> PlainRow | None:
         _, row, _ = self._call(operation, self._client.get_row, self.table,
                                self._pk(namespace, sk), max_version=1)
-        if row is None:
-            return None
-        return {"sk": sk, **self._columns(row)}
+        return None if row is None else _row(sk, row)
 
-    @staticmethod
-    def _columns(row: Any) -> dict[str, Any]:
-        return {name: bytes(v) if isinstance(v, bytearray) else v
-                for name, v, *_ in row.attribute_columns}
-
-    def _range(self, operation: str, namespace: str, prefix: str,
-               columns: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
-        """Rows of ``namespace`` whose sort key starts with ``prefix``, page by page."""
+    def _rows(self, operation: str, namespace: str, prefix: str, *,
+              keys_only: bool = False) -> Iterator[PlainRow]:
         start: Any = self._pk(namespace, prefix)
         end = self._pk(namespace, _prefix_end(prefix))
         while start is not None:
             _, start, rows, _ = self._call(
                 operation, self._client.get_range, self.table, "FORWARD", start, end,
-                columns_to_get=list(columns) if columns else None, limit=self.page_size,
+                columns_to_get=["doc"] if keys_only else None, limit=self.page_size,
                 max_version=1,
             )
             for row in rows:
-                yield {"sk": dict(row.primary_key)["sk"], **self._columns(row)}
+                yield _row(dict(row.primary_key)["sk"], row)
 
-    # --- encoding -------------------------------------------------------------------------
+    def _insert_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+        self._call(operation, self._client.put_row, self.table,
+                   Row(self._pk(namespace, sk), _columns(row)),
+                   Condition(RowExistenceExpectation.EXPECT_NOT_EXIST))
 
-    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
-        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
+    def _put_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+        self._call(operation, self._client.put_row, self.table,
+                   Row(self._pk(namespace, sk), _columns(row)),
+                   Condition(RowExistenceExpectation.IGNORE))
 
-    def _manifest_columns(self, uuid: str, manifest: Manifest) -> list[tuple[str, Any]]:
-        raw = manifest.model_dump_json().encode()
-        if len(raw) <= MAX_COLUMN_BYTES:
-            return [("manifest", raw.decode())]
-        packed = zlib.compress(raw, 6)
-        if len(packed) > MAX_COLUMN_BYTES:
-            raise MetaStoreRequestError(
-                store=self.uri, operation="put_manifest",
-                reason=f"batch {uuid!r}: the manifest of {len(manifest.channels)} channels is "
-                f"{len(packed)} bytes even compressed; a Tablestore column holds at most 2 MB "
-                "(use the sqlite backend or read fewer channels per tunnel)",
-            )
-        return [("manifest_z", bytearray(packed))]
+    # --- writes that change a batch row: optimistic, on its version -----------------------
 
-    def _batch_columns(self, record: BatchRecord) -> list[tuple[str, Any]]:
-        cols: list[tuple[str, Any]] = [
-            ("doc", record.model_dump_json(exclude=set(_BATCH_STATE_FIELDS))),
-            ("state", record.state.value),
-            ("state_rank", record.state.rank),
-            ("version", 0),
-        ]
-        if record.committed_at is not None:
-            cols.append(("committed_at", float(record.committed_at)))
-        if record.pushed_at is not None:
-            cols.append(("pushed_at", float(record.pushed_at)))
-        if record.spark_batch_id is not None:
-            cols.append(("spark_batch_id", record.spark_batch_id))
-        if record.manifest is not None:
-            cols += self._manifest_columns(record.uuid, record.manifest)
-        return cols
-
-    def _decode_batch(self, namespace: str, item: dict[str, Any]) -> tuple[BatchRecord, int]:
-        """The batch and the row's ``version``."""
-        sk = str(item.get("sk", "?"))
-        key = f"{namespace}/{sk}"
+    def _read_batch(self, operation: str, namespace: str, uuid: str
+                    ) -> tuple[BatchRecord, int] | None:
+        """The batch and its row's ``version``, or None."""
+        row = self._get_row(operation, namespace, batch_sk(uuid))
+        if row is None:
+            return None
+        batch = self._decode_batch(namespace, row)
         try:
-            fields = json.loads(item["doc"])
-            if not isinstance(fields, dict):
-                raise ValueError(f"doc is a JSON {type(fields).__name__}, not an object")
-            fields["state"] = item["state"]
-            for name in ("committed_at", "pushed_at", "spark_batch_id"):
-                if name in item:
-                    fields[name] = item[name]
-            manifest: Manifest | None = None
-            if "manifest" in item or "manifest_z" in item:
-                raw = (zlib.decompress(item["manifest_z"]) if "manifest_z" in item
-                       else item["manifest"])
-                parsed = parse_record(Manifest, raw, store=self.uri, key=key + "/manifest")
-                assert isinstance(parsed, Manifest)
-                manifest = parsed
-            fields["manifest"] = manifest
-            batch = BatchRecord.model_validate(fields)
-            version = int(item.get("version", 0))
-        except CorruptMetaRecordError:
-            raise
-        except KeyError as exc:
-            raise self._corrupt(key, f"column {exc} is missing") from None
-        except ValidationError as exc:
-            raise self._corrupt(key, exc.errors()[0].get("msg", str(exc))) from None
-        except (ValueError, TypeError, zlib.error) as exc:
-            raise self._corrupt(key, str(exc)) from None
-        if sk != self._batch_sk(batch.uuid):
-            raise self._corrupt(key, f"the row holds batch {batch.uuid!r}")
-        return batch, version
+            return batch, int(row.get("version", 0))
+        except (ValueError, TypeError) as exc:
+            raise self._corrupt(f"{namespace}/{row['sk']}", f"version: {exc}") from None
 
-    def _decode_end(self, namespace: str, uuid: str, item: dict[str, Any]) -> EndCheckpoint:
-        sk = str(item.get("sk", "?"))
-        key = f"{namespace}/{sk}"
-        doc = item.get("doc")
-        if not isinstance(doc, str):
-            raise self._corrupt(key, "column 'doc' (a JSON string) is missing")
-        end = parse_record(EndCheckpoint, doc, store=self.uri, key=key)
-        assert isinstance(end, EndCheckpoint)
-        if sk != self._ends_prefix(uuid) + end.channel_id:
-            raise self._corrupt(key, f"the row holds channel {end.channel_id!r}")
-        return end
-
-    # --- primitives -----------------------------------------------------------------------
-
-    def _put_if_absent(self, operation: str, namespace: str, sk: str,
-                       columns: list[tuple[str, Any]]) -> dict[str, Any] | None:
-        """PutRow with EXPECT_NOT_EXIST; ``None`` when ours was written, else the stored row."""
-        for _ in range(3):  # the stored row may be deleted (gc) between put and read
-            try:
-                self._call(operation, self._client.put_row, self.table,
-                           Row(self._pk(namespace, sk), columns),
-                           Condition(RowExistenceExpectation.EXPECT_NOT_EXIST))
-                return None
-            except _ConditionFailed:
-                stored = self._get(operation, namespace, sk)
-                if stored is not None:
-                    return stored
-        raise TransientMetaStoreError(
-            detail=f"{self.uri}: row {sk!r} kept appearing and disappearing")
-
-    def _update_if_version(self, operation: str, namespace: str, sk: str, version: int,
-                           columns: list[tuple[str, Any]]) -> bool:
+    def _update_if_version(self, operation: str, namespace: str, uuid: str, version: int,
+                           row: PlainRow) -> bool:
         """UpdateRow conditioned on the row's ``version``; False when another writer won."""
         condition = Condition(
             RowExistenceExpectation.EXPECT_EXIST,
@@ -555,41 +466,31 @@ class TablestoreMetaStore(MetaStore):
         )
         try:
             self._call(operation, self._client.update_row, self.table,
-                       Row(self._pk(namespace, sk),
-                           {"put": [*columns, ("version", version + 1)]}),
+                       Row(self._pk(namespace, batch_sk(uuid)),
+                           {"put": [*_columns(row), ("version", version + 1)]}),
                        condition)
             return True
-        except _ConditionFailed:
+        except ConditionFailed:
             return False
-
-    def _put_batch_if_absent(self, namespace: str, record: BatchRecord) -> BatchRecord:
-        sk = self._batch_sk(record.uuid)
-        stored = self._put_if_absent("create_batch", namespace, sk, self._batch_columns(record))
-        return record if stored is None else self._decode_batch(namespace, stored)[0]
-
-    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
-        item = self._get("get_batch", namespace, self._batch_sk(uuid))
-        return None if item is None else self._decode_batch(namespace, item)[0]
 
     def _set_manifest_if_absent(
         self, namespace: str, uuid: str, manifest: Manifest
     ) -> BatchRecord:
-        sk = self._batch_sk(uuid)
-        encoded = self._manifest_columns(uuid, manifest)
+        encoded = self._manifest_cells(uuid, manifest)
         for _ in range(_OPTIMISTIC_ROUNDS):
-            item = self._get("put_manifest", namespace, sk)
-            if item is None:
+            read = self._read_batch("put_manifest", namespace, uuid)
+            if read is None:
                 raise UnknownBatchError(uuid=uuid, namespace=namespace)
-            batch, version = self._decode_batch(namespace, item)
+            batch, version = read
             if batch.manifest is not None:
                 return batch
-            columns = list(encoded)
+            changes = dict(encoded)
             updated = batch.model_copy(update={"manifest": manifest})
             if batch.state is BatchState.MINTED:
-                columns += [("state", BatchState.PLANNED.value),
-                            ("state_rank", BatchState.PLANNED.rank)]
+                changes |= {"state": BatchState.PLANNED.value,
+                            "state_rank": BatchState.PLANNED.rank}
                 updated = updated.model_copy(update={"state": BatchState.PLANNED})
-            if self._update_if_version("put_manifest", namespace, sk, version, columns):
+            if self._update_if_version("put_manifest", namespace, uuid, version, changes):
                 return updated
         raise TransientMetaStoreError(
             detail=f"{self.uri}: batch {uuid!r}: the manifest write lost "
@@ -599,75 +500,36 @@ class TablestoreMetaStore(MetaStore):
         self, namespace: str, uuid: str, state: BatchState, at: float,
         spark_batch_id: int | None = None,
     ) -> None:
-        sk = self._batch_sk(uuid)
         for _ in range(_OPTIMISTIC_ROUNDS):
-            item = self._get(f"mark {state.value}", namespace, sk)
-            if item is None:
+            read = self._read_batch(f"mark {state.value}", namespace, uuid)
+            if read is None:
                 return  # missing: no-op
-            batch, version = self._decode_batch(namespace, item)
+            batch, version = read
             if batch.state.rank >= state.rank:
                 return  # never backward
-            columns: list[tuple[str, Any]] = [("state", state.value),
-                                              ("state_rank", state.rank)]
+            changes: PlainRow = {"state": state.value, "state_rank": state.rank}
             if state.rank >= BatchState.COMMITTED.rank and batch.committed_at is None:
-                columns.append(("committed_at", float(at)))
+                changes["committed_at"] = float(at)
             if state is BatchState.PUSHED and batch.pushed_at is None:
-                columns.append(("pushed_at", float(at)))
+                changes["pushed_at"] = float(at)
             if spark_batch_id is not None and batch.spark_batch_id is None:
-                columns.append(("spark_batch_id", spark_batch_id))
-            if self._update_if_version(f"mark {state.value}", namespace, sk, version, columns):
+                changes["spark_batch_id"] = spark_batch_id
+            if self._update_if_version(f"mark {state.value}", namespace, uuid, version, changes):
                 return
         raise TransientMetaStoreError(
             detail=f"{self.uri}: batch {uuid!r}: marking it {state.value} lost "
             f"{_OPTIMISTIC_ROUNDS} races in a row")
 
-    def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
-        sk = self._ends_prefix(uuid) + end.channel_id
-        stored = self._put_if_absent("put_end_checkpoint", namespace, sk,
-                                     [("doc", end.model_dump_json())])
-        return end if stored is None else self._decode_end(namespace, uuid, stored)
+    # --- deletes and the namespace listing ------------------------------------------------
 
-    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
-        item = self._get("get_end_checkpoint", namespace, self._ends_prefix(uuid) + channel_id)
-        return None if item is None else self._decode_end(namespace, uuid, item)
-
-    def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]:
-        return [self._decode_end(namespace, uuid, item)
-                for item in self._range("get_end_checkpoints", namespace,
-                                        self._ends_prefix(uuid))]
-
-    def _list_batches(self, namespace: str) -> list[BatchRecord]:
-        return [self._decode_batch(namespace, item)[0]
-                for item in self._range("list_batches", namespace, "B#")]
-
-    def _delete_batches(self, namespace: str, uuids: Sequence[str]) -> None:
-        unique = list(dict.fromkeys(uuids))
-        end_keys = [item["sk"] for u in unique
-                    for item in self._range("gc", namespace, self._ends_prefix(u), ["doc"])]
-        self._batch_delete(namespace, end_keys)  # ends first: no end outlives its batch
-        self._batch_delete(namespace, [self._batch_sk(u) for u in unique])
-
-    def _batch_delete(self, namespace: str, sort_keys: list[str]) -> None:
-        for i in range(0, len(sort_keys), BATCH_WRITE_MAX):
-            pending = sort_keys[i:i + BATCH_WRITE_MAX]
-            for round_ in range(self.max_attempts):
-                request = BatchWriteRowRequest()
-                request.add(TableInBatchWriteRowItem(self.table, [
-                    DeleteRowItem(Row(self._pk(namespace, sk)),
-                                  Condition(RowExistenceExpectation.IGNORE))
-                    for sk in pending]))
-                result = self._call("gc", self._client.batch_write_row, request)
-                _, failed = result.get_delete()
-                # BatchWriteRow succeeds row by row: resend the rows that failed
-                pending = [pending[f.index] for f in failed]
-                if not pending:
-                    break
-                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** round_)))
-            else:
-                raise TransientMetaStoreError(
-                    detail=f"{self.uri}: gc: {len(pending)} deletes still failing after "
-                    f"{self.max_attempts} rounds",
-                )
+    def _delete_some(self, namespace: str, sort_keys: Sequence[str]) -> list[str]:
+        """One BatchWriteRow; it succeeds row by row, and names the rows that failed."""
+        request = BatchWriteRowRequest()
+        request.add(TableInBatchWriteRowItem(self.table, [
+            DeleteRowItem(Row(self._pk(namespace, sk)), Condition(RowExistenceExpectation.IGNORE))
+            for sk in sort_keys]))
+        _, failed = self._call("gc", self._client.batch_write_row, request).get_delete()
+        return [sort_keys[f.index] for f in failed]
 
     def list_namespaces(self) -> list[str]:
         """Namespaces that have a description (``set_namespace_info``), sorted. CLI,
@@ -682,24 +544,9 @@ class TablestoreMetaStore(MetaStore):
             )
             for row in rows:
                 pk = dict(row.primary_key)
-                if pk.get("sk") == "N#info":
+                if pk.get("sk") == INFO_SK:
                     found.add(pk["ns"])
         return sorted(found)
-
-    def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
-        payload = json.dumps(_INFO.validate_python(dict(info)), sort_keys=True)
-        self._call("set_namespace_info", self._client.put_row, self.table,
-                   Row(self._pk(namespace, "N#info"), [("info", payload)]),
-                   Condition(RowExistenceExpectation.IGNORE))
-
-    def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
-        item = self._get("get_namespace_info", namespace, "N#info")
-        if item is None:
-            return None
-        try:
-            return _INFO.validate_json(item["info"])
-        except (KeyError, ValidationError) as exc:
-            raise self._corrupt(f"{namespace}/N#info", str(exc).splitlines()[0]) from None
 
     def close(self) -> None:
         """Close the client's connection pool (idempotent)."""
@@ -709,8 +556,3 @@ class TablestoreMetaStore(MetaStore):
                 self._client.connection.pool.clear()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
-
-    def __repr__(self) -> str:
-        return f"TablestoreMetaStore(uri={self.uri!r})"
-
-    __str__ = __repr__

@@ -113,7 +113,7 @@ class InspectedStore:
     it in ``corrupt`` (key -> reason, as ``CorruptMetaRecordError`` names them); every other
     attribute is the store's own. The skipping relies on the backends decoding row by row in
     ``_decode_batch`` / ``_decode_end``: for one call, the wrapped instance's decoder returns
-    ``None`` instead of raising (a backend without them fails on the row as before). Never used
+    a marker instead of raising (a backend without them fails on the row as before). Never used
     by the protocol, which must stop on a corrupt row.
     """
 
@@ -175,15 +175,8 @@ class InspectedStore:
         return [{"key": k, "reason": v} for k, v in sorted(self.corrupt.items())]
 
 
-class _Skipped:
-    """What a tolerant decoder returns for a corrupt row; indexing it gives itself, since a
-    backend may pick a field of the decoded value (Tablestore's decoder returns a tuple)."""
-
-    def __getitem__(self, _: Any) -> _Skipped:
-        return self
-
-
-_SKIPPED = _Skipped()
+#: what a tolerant decoder returns for a corrupt row
+_SKIPPED = object()
 
 
 def corrupt_info_message(namespace: str) -> str:
