@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from connector.local import store as store_module
-from connector.local.store import COLUMN_TYPES, LocalTablestore, WriteOp
 from connector.tunnel.base import ChannelStatus, TableSchema
+from connector.tunnel.local import store as store_module
+from connector.tunnel.local.store import COLUMN_TYPES, LocalTablestore, WriteOp
 from tablestore_cdc.cli_errors import fail, reported_errors
 
 app = typer.Typer(

@@ -33,7 +33,6 @@ from connector.errors import (
     UnknownTableError,
 )
 from connector.local import LocalTablestore
-from connector.local.store import KEY_SPACE, key_hash
 from connector.tunnel import open_tunnel_service
 from connector.tunnel.base import (
     FINISHED,
@@ -45,6 +44,7 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local import LocalTunnelService
+from connector.tunnel.local.store import KEY_SPACE, key_hash
 from tablestore_cdc.local_cli import app as cli_app
 from tests.contract.tunnel_contract import ConsumerState, TunnelContract, consume, consume_pass
 

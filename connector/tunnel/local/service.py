@@ -62,7 +62,6 @@ from connector.errors import (
     UnknownChannelError,
     UnknownTunnelError,
 )
-from connector.local.store import LocalTablestore, sequence_str
 from connector.tunnel.base import (
     FINISHED,
     ChannelInfo,
@@ -80,6 +79,7 @@ from connector.tunnel.base import (
     TunnelService,
     TunnelType,
 )
+from connector.tunnel.local.store import LocalTablestore, sequence_str
 from connector.tunnel.page import (
     EncodedBatch,
     Page,
