@@ -44,7 +44,8 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local import LocalTunnelService
-from connector.tunnel.local.store import KEY_SPACE, key_hash
+from connector.tunnel.local.channels import KEY_SPACE
+from connector.tunnel.local.values import key_hash
 from tablestore_cdc.local_cli import app as cli_app
 from tests.contract.tunnel_contract import ConsumerState, TunnelContract, consume, consume_pass
 

@@ -27,7 +27,7 @@ from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
-from connector.tunnel.local.store import dumps_values, key_hash
+from connector.tunnel.local.values import dumps_values, key_hash
 from tablestore_cdc.cli import app
 
 

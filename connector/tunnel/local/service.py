@@ -79,7 +79,12 @@ from connector.tunnel.base import (
     TunnelService,
     TunnelType,
 )
-from connector.tunnel.local.store import LocalTablestore, sequence_str
+from connector.tunnel.local.changelog import read_changes, records_from_rows
+from connector.tunnel.local.channels import channel_row, channel_rows
+from connector.tunnel.local.rows import rows_in_hash_range
+from connector.tunnel.local.segments import read_page
+from connector.tunnel.local.store import LocalTablestore
+from connector.tunnel.local.values import sequence_str
 from connector.tunnel.page import (
     EncodedBatch,
     Page,
@@ -230,7 +235,7 @@ class LocalTunnelService(TunnelService):
             b[0]: _Channel(b[0], ChannelType.BASE_DATA, (), True, b[2], 0) for b in bases
         }
         base_of = {b[1]: b[0] for b in bases}
-        for ch in self.store.channel_rows(conn, tunnel.table):
+        for ch in channel_rows(conn, tunnel.table):
             extra = (base_of[ch.channel_id],) if ch.channel_id in base_of else ()
             out[ch.channel_id] = _Channel(
                 ch.channel_id,
@@ -252,7 +257,7 @@ class LocalTunnelService(TunnelService):
             if row is not None:
                 return _Channel(channel_id, ChannelType.BASE_DATA, (), True, row[0], 0)
         else:
-            ch = self.store.channel_row(conn, tunnel.table, channel_id)
+            ch = channel_row(conn, tunnel.table, channel_id)
             if ch is not None:
                 base = conn.execute(
                     "SELECT channel_id FROM cdc_base_channels WHERE tunnel_id = ? "
@@ -354,7 +359,7 @@ class LocalTunnelService(TunnelService):
             from_head = (
                 tunnel_type is TunnelType.BASE_AND_STREAM or start_position is StartPosition.LATEST
             )
-            for ch in self.store.channel_rows(conn, table):
+            for ch in channel_rows(conn, table):
                 if from_head:
                     starts[ch.channel_id] = (
                         FINISHED if ch.closed else encode_token(table, ch.channel_id, ch.head_seq)
@@ -363,7 +368,7 @@ class LocalTunnelService(TunnelService):
                     starts[ch.channel_id] = encode_token(table, ch.channel_id, ch.trimmed_upto)
                 if tunnel_type is TunnelType.BASE_AND_STREAM and not ch.closed:
                     base_id = BASE_PREFIX + ch.channel_id
-                    rows = self.store.snapshot_rows(conn, table, ch.range_lo, ch.range_hi)
+                    rows = rows_in_hash_range(conn, table, ch.range_lo, ch.range_hi)
                     conn.execute(
                         "INSERT INTO cdc_base_channels (tunnel_id, channel_id, stream_channel_id,"
                         " head_seq, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -519,7 +524,8 @@ class LocalTunnelService(TunnelService):
             if ch.channel_type is ChannelType.BASE_DATA:
                 records = self._read_base(conn, tunnel, channel_id, after, limit)
             else:
-                records = self.store.read_changes(conn, tunnel.table, channel_id, after, limit)
+                schema = self.store.require_table(conn, tunnel.table)
+                records = read_changes(conn, schema, channel_id, after, limit)
             return records, len(records)
 
         records, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
@@ -530,7 +536,7 @@ class LocalTunnelService(TunnelService):
     ) -> Page:
         """``read_records`` as one columnar page (executor): a slice of one of the store's
         sealed Arrow segments, or the unsealed tail converted
-        (``LocalTablestore.read_change_page``); no ``Record`` per sealed change. A page ends
+        (``segments.read_page``); no ``Record`` per sealed change. A page ends
         with its segment, so it may be shorter than ``limit``. Base-data channels go through
         records."""
 
@@ -539,8 +545,8 @@ class LocalTunnelService(TunnelService):
                 batch = records_to_page(
                     self._read_base(conn, tunnel, channel_id, after, limit), layout)
             else:
-                batch = self.store.read_change_page(
-                    conn, tunnel.table, channel_id, after, limit, layout)
+                schema = self.store.require_table(conn, tunnel.table)
+                batch = read_page(conn, schema, channel_id, after, limit, layout)
             if isinstance(batch, EncodedBatch):
                 return batch, batch.count
             return batch, batch.num_rows
@@ -620,7 +626,7 @@ class LocalTunnelService(TunnelService):
             "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             (tunnel.tunnel_id, channel_id, after, limit),
         ).fetchall()
-        return self.store.records_from_rows(
+        return records_from_rows(
             schema, channel_id, [(r[0], Op.PUT.value, r[1], r[2], None, r[3]) for r in rows]
         )
 
