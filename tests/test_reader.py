@@ -76,7 +76,7 @@ def service(tmp_path, small_segments):
 
 def _tokens(svc: LocalTunnelService, store: LocalTablestore, channel: str) -> list[str]:
     """The token after each sequence 0..head of the channel."""
-    from connector.tunnel.local.service import encode_token
+    from connector.tunnel.local.tunnels import encode_token
 
     head = next(c.head_seq for c in store.list_channels("t") if c.channel_id == channel)
     return [encode_token("t", channel, s) for s in range(head + 1)]
