@@ -691,7 +691,7 @@ def test_acceptance_concurrent_writer_and_reader_with_split_and_merge(tmp_path: 
 
 
 def _token_seq(token: str) -> int:
-    """The sequence inside a local token (format documented in connector/tunnel/local.py)."""
+    """The sequence inside a local token (format: connector/tunnel/local/tunnels.py)."""
     return int(json.loads(base64.b64decode(token))["s"])
 
 

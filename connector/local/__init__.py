@@ -8,6 +8,6 @@ they share, one package); this module only re-exports the store's public names. 
 
 from __future__ import annotations
 
-from connector.tunnel.local.store import ChannelRow, LocalTablestore
+from connector.tunnel.local import ChannelRow, LocalTablestore
 
 __all__ = ["ChannelRow", "LocalTablestore"]

@@ -354,4 +354,4 @@ class LocalTablestore:
             return all_changes(conn, self.require_table(conn, table))
 
 
-__all__ = ["BUSY_TIMEOUT_MS", "ChannelRow", "LocalTablestore", "WriteOp"]
+__all__ = ["BUSY_TIMEOUT_MS", "LocalTablestore"]
