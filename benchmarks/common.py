@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from connector.local import LocalTablestore
-from connector.local.store import KEY_SPACE, dumps_values, key_hash
+from connector.tunnel.local.channels import KEY_SPACE
+from connector.tunnel.local.values import dumps_values, key_hash
 
 #: the row shape every Spark benchmark reads: key, a short string, an integer
 TABLE = "bench"

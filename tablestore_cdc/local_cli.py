@@ -21,7 +21,6 @@ import base64
 import datetime as dt
 import json
 import random
-import re
 import sqlite3
 import sys
 import time
@@ -34,9 +33,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from connector.local import store as store_module
-from connector.local.store import COLUMN_TYPES, LocalTablestore, WriteOp
 from connector.tunnel.base import ChannelStatus, TableSchema
+from connector.tunnel.local.rows import WriteOp
+from connector.tunnel.local.schema import TABLES as STORE_TABLES
+from connector.tunnel.local.store import LocalTablestore
+from connector.tunnel.local.values import COLUMN_TYPES
 from tablestore_cdc.cli_errors import fail, reported_errors
 
 app = typer.Typer(
@@ -49,8 +50,6 @@ StoreArg = Annotated[Path, typer.Argument(help="Path of the store's SQLite file.
 TableArg = Annotated[str, typer.Argument(help="Table name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-#: the tables a local store holds (from the store's own schema); a file with none is foreign
-STORE_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", store_module._SCHEMA))
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 #: Writes at or above this count show a progress bar (on a terminal).

@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-from connector.local.store import LocalTablestore
+from connector.tunnel.local import LocalTablestore
 from tablestore_emulator import auth
 from tablestore_emulator.errors import OtsError, internal_error, parameter_invalid
 

@@ -47,7 +47,7 @@ from tablestore import (  # noqa: E402
 from tablestore.retry import NoRetryPolicy  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from connector.local.store import LocalTablestore  # noqa: E402
+from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel.base import Op  # noqa: E402
 from tablestore_cdc.local_cli import app as local_app  # noqa: E402
 from tablestore_emulator.errors import OtsError  # noqa: E402

@@ -33,7 +33,6 @@ from connector.errors import (
     UnknownTableError,
 )
 from connector.local import LocalTablestore
-from connector.local.store import KEY_SPACE, key_hash
 from connector.tunnel import open_tunnel_service
 from connector.tunnel.base import (
     FINISHED,
@@ -45,6 +44,8 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local import LocalTunnelService
+from connector.tunnel.local.channels import KEY_SPACE
+from connector.tunnel.local.values import key_hash
 from tablestore_cdc.local_cli import app as cli_app
 from tests.contract.tunnel_contract import ConsumerState, TunnelContract, consume, consume_pass
 
@@ -690,7 +691,7 @@ def test_acceptance_concurrent_writer_and_reader_with_split_and_merge(tmp_path: 
 
 
 def _token_seq(token: str) -> int:
-    """The sequence inside a local token (format documented in connector/tunnel/local.py)."""
+    """The sequence inside a local token (format: connector/tunnel/local/tunnels.py)."""
     return int(json.loads(base64.b64decode(token))["s"])
 
 

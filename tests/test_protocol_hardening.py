@@ -22,12 +22,12 @@ from connector.errors import (
     TunnelReplacedError,
 )
 from connector.local import LocalTablestore
-from connector.local.store import dumps_values, key_hash
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
+from connector.tunnel.local.values import dumps_values, key_hash
 from tablestore_cdc.cli import app
 
 

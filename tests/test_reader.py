@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-import connector.local.store as store_module
+import connector.tunnel.local.segments as segments_module
 from connector.errors import ReplayDivergedError, TrimmedDataError
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
@@ -36,7 +36,7 @@ SEGMENT = 16  # records per sealed segment in these tests (the store's default i
 
 @pytest.fixture
 def small_segments(monkeypatch):
-    monkeypatch.setattr(store_module, "SEGMENT_RECORDS", SEGMENT)
+    monkeypatch.setattr(segments_module, "SEGMENT_RECORDS", SEGMENT)
 
 
 def _mixed_writes(store: LocalTablestore, n: int) -> None:
@@ -76,7 +76,7 @@ def service(tmp_path, small_segments):
 
 def _tokens(svc: LocalTunnelService, store: LocalTablestore, channel: str) -> list[str]:
     """The token after each sequence 0..head of the channel."""
-    from connector.tunnel.local import encode_token
+    from connector.tunnel.local.tunnels import encode_token
 
     head = next(c.head_seq for c in store.list_channels("t") if c.channel_id == channel)
     return [encode_token("t", channel, s) for s in range(head + 1)]

@@ -1,12 +1,13 @@
-"""The embedded local table store (one SQLite file): the product's default backend.
+"""The embedded local table store under its public name: ``from connector.local import
+LocalTablestore``.
 
-``LocalTablestore`` holds tables, rows and a per-channel change log; the tunnel service over it
-is ``connector.tunnel.local.LocalTunnelService`` (URI ``local:///abs/path/store.db``) and the
+The code lives in ``connector.tunnel.local`` (the store, its tunnel service and the tables
+they share, one package); this module only re-exports the store's public names. The
 ``tablestore-cdc local ...`` commands live in ``tablestore_cdc.local_cli``.
 """
 
 from __future__ import annotations
 
-from connector.local.store import ChannelRow, LocalTablestore
+from connector.tunnel.local import ChannelRow, LocalTablestore
 
 __all__ = ["ChannelRow", "LocalTablestore"]

@@ -18,8 +18,9 @@ Columns of a page batch, in this order (``page_schema``):
 ``_channel_id`` is not in a page: the reader adds it (one constant per partition).
 
 Who builds pages: a backend that stores changes columnar overrides ``read_page`` (the local
-store seals changes into Arrow segments, ``connector.local.store``); any other backend gets the
-default ``TunnelService.read_page``, which converts ``read_records`` with ``records_to_page``.
+store seals changes into Arrow segments, ``connector.tunnel.local.segments``); any other
+backend gets the default ``TunnelService.read_page``, which converts ``read_records`` with
+``records_to_page``.
 Runs on executors (and in the local store's writer, which seals segments).
 """
 

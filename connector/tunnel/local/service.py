@@ -3,15 +3,18 @@
 The reference implementation of ``TunnelService``: the contract suite
 (``tests/contract/tunnel_contract.py``) is written against it first. Tunnel state (tunnels,
 per-tunnel checkpoints, base-data snapshots) lives in the same SQLite file as the tables
-(``connector.local.store``), so a writer process, the Spark driver and executors all see one
-consistent state.
+(``schema``), so a writer process, the Spark driver and executors all see one consistent state.
+This class holds the contract's rules; the SQL on the tunnel's tables and the token format are
+in ``tunnels``, the reads of the change log in ``changelog`` and ``segments``.
 
 Who calls what, and where:
 - the Spark driver: ``from_uri``, ``create_tunnel``/``ensure_tunnel``, ``describe_tunnel``,
   ``get_checkpoint``, ``checkpoint`` (push), ``has_new_data``, ``table_schema``;
 - executors: ``read_page`` (columnar; ``read_records`` for other callers) on a service opened
   inside ``read()`` (one per process);
-- the inspection CLI / dashboard: ``list_tunnels``, ``describe_tunnel``, ``lag``.
+- the inspection CLI / dashboard: ``list_tunnels``, ``describe_tunnel``, ``lag``;
+- the emulator's tunnel routes (``tablestore_emulator.tunnel_api``): the same methods, and
+  ``_tunnel_by_id`` / ``_channel`` inside ``store.transaction()``.
 
 Semantics, per tunnel (several tunnels on a table are fully independent):
 - A channel is TERMINATED once its FINISHED checkpoint was pushed for the tunnel; WAIT while
@@ -32,21 +35,16 @@ Semantics, per tunnel (several tunnels on a table are fully independent):
   is at the channel's head. (Reads record "end reached" once per channel and tunnel: the only
   write a read ever does.)
 
-Tokens are standard base64 of a small JSON ``{"t": table, "c": channel, "s": sequence}``:
-"after sequence s of channel c". They do not depend on the tunnel, so a position can be
-compared across tunnels of a table. ``FINISHED`` is the literal ``"finished"``.
+Tokens ("after sequence s of channel c", independent of the tunnel) are described in
+``tunnels``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -59,10 +57,8 @@ from connector.errors import (
     StaleCheckpointError,
     TrimmedDataError,
     TunnelExistsError,
-    UnknownChannelError,
     UnknownTunnelError,
 )
-from connector.local.store import LocalTablestore, sequence_str
 from connector.tunnel.base import (
     FINISHED,
     ChannelInfo,
@@ -70,9 +66,7 @@ from connector.tunnel.base import (
     ChannelStatus,
     ChannelType,
     Checkpoint,
-    Op,
     ReadResult,
-    Record,
     StartPosition,
     TableSchema,
     TunnelDescription,
@@ -80,6 +74,13 @@ from connector.tunnel.base import (
     TunnelService,
     TunnelType,
 )
+from connector.tunnel.local import tunnels
+from connector.tunnel.local.changelog import read_changes
+from connector.tunnel.local.channels import channel_rows
+from connector.tunnel.local.segments import read_page
+from connector.tunnel.local.store import LocalTablestore
+from connector.tunnel.local.tunnels import TunnelChannel, TunnelRow
+from connector.tunnel.local.values import sequence_str
 from connector.tunnel.page import (
     EncodedBatch,
     Page,
@@ -89,71 +90,6 @@ from connector.tunnel.page import (
 )
 
 _URI_FORM = "local:///absolute/path/to/store.db"
-BASE_PREFIX = "base-"
-
-
-@dataclass(frozen=True)
-class _Tunnel:
-    tunnel_id: str
-    table: str
-    name: str
-    tunnel_type: TunnelType
-    start_position: StartPosition
-    created_at: float
-
-    def info(self) -> TunnelInfo:
-        return TunnelInfo(
-            self.tunnel_id,
-            self.name,
-            self.table,
-            self.tunnel_type,
-            self.start_position,
-            self.created_at,
-        )
-
-
-@dataclass(frozen=True)
-class _Channel:
-    """A channel as one tunnel sees it (stream or this tunnel's base-data channel)."""
-
-    channel_id: str
-    channel_type: ChannelType
-    parent_ids: tuple[str, ...]  # includes the base-data channel for BaseAndStream tunnels
-    closed: bool
-    head_seq: int
-    trimmed_upto: int
-
-
-def encode_token(table: str, channel_id: str, seq: int) -> str:
-    """The token "after sequence ``seq`` of ``channel_id``" (0 = the channel's beginning)."""
-    raw = json.dumps({"t": table, "c": channel_id, "s": seq}, separators=(",", ":"))
-    return base64.b64encode(raw.encode("utf-8")).decode("ascii")
-
-
-def _decode_token(token: Any, table: str, channel: _Channel) -> int:
-    """The sequence a (non-FINISHED) token stands for; ``MalformedTokenError`` if it is not a
-    token this store issued for ``channel``."""
-    cid = channel.channel_id
-
-    def bad(reason: str) -> MalformedTokenError:
-        return MalformedTokenError(channel_id=cid, token=token, reason=reason)
-
-    if not isinstance(token, str) or not token:
-        raise bad("a token is a non-empty string")
-    try:
-        body = json.loads(base64.b64decode(token.encode("ascii"), validate=True))
-    except (ValueError, UnicodeError, binascii.Error):
-        raise bad("not base64 of a local-store token") from None
-    if not isinstance(body, dict) or set(body) != {"t", "c", "s"}:
-        raise bad("not a local-store token")
-    seq = body["s"]
-    if body["t"] != table or body["c"] != cid:
-        raise bad(f"it belongs to channel {body['c']!r} of table {body['t']!r}")
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise bad(f"bad sequence {seq!r}")
-    if seq > channel.head_seq:
-        raise bad(f"sequence {seq} is past the channel's head {channel.head_seq}")
-    return seq
 
 
 class LocalTunnelService(TunnelService):
@@ -199,119 +135,29 @@ class LocalTunnelService(TunnelService):
 
     # --- lookups (inside a transaction) -----------------------------------------------------
 
-    def _tunnel_by_id(self, conn: Any, tunnel_id: str) -> _Tunnel:
-        row = conn.execute(
-            "SELECT tunnel_id, table_name, tunnel_name, tunnel_type, start_position, created_at "
-            "FROM cdc_tunnels WHERE tunnel_id = ?",
-            (tunnel_id,),
-        ).fetchone()
-        if row is None:
-            raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
-        return _Tunnel(row[0], row[1], row[2], TunnelType(row[3]), StartPosition(row[4]), row[5])
+    def _tunnel_by_id(self, conn: Any, tunnel_id: str) -> TunnelRow:
+        """The tunnel, or ``UnknownTunnelError`` (also called by the emulator's routes)."""
+        return tunnels.tunnel_by_id(conn, tunnel_id)
 
-    def _tunnel_by_name(self, conn: Any, table: str, name: str) -> _Tunnel:
+    def _tunnel_by_name(self, conn: Any, table: str, name: str) -> TunnelRow:
         self.store.require_table(conn, table)
-        row = conn.execute(
-            "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ? AND tunnel_name = ?",
-            (table, name),
-        ).fetchone()
-        if row is None:
+        tunnel_id = tunnels.tunnel_id_by_name(conn, table, name)
+        if tunnel_id is None:
             raise UnknownTunnelError(tunnel=name, table=table)
-        return self._tunnel_by_id(conn, row[0])
+        return tunnels.tunnel_by_id(conn, tunnel_id)
 
-    def _channels(self, conn: Any, tunnel: _Tunnel) -> dict[str, _Channel]:
-        """Every channel the tunnel knows: its base-data channels first, then stream channels."""
-        bases = conn.execute(
-            "SELECT channel_id, stream_channel_id, head_seq FROM cdc_base_channels "
-            "WHERE tunnel_id = ? ORDER BY channel_id",
-            (tunnel.tunnel_id,),
-        ).fetchall()
-        out: dict[str, _Channel] = {
-            b[0]: _Channel(b[0], ChannelType.BASE_DATA, (), True, b[2], 0) for b in bases
-        }
-        base_of = {b[1]: b[0] for b in bases}
-        for ch in self.store.channel_rows(conn, tunnel.table):
-            extra = (base_of[ch.channel_id],) if ch.channel_id in base_of else ()
-            out[ch.channel_id] = _Channel(
-                ch.channel_id,
-                ChannelType.STREAM,
-                ch.parent_ids + extra,
-                ch.closed,
-                ch.head_seq,
-                ch.trimmed_upto,
-            )
-        return out
-
-    def _channel(self, conn: Any, tunnel: _Tunnel, channel_id: str) -> _Channel:
-        """One channel of the tunnel (cheaper than ``_channels``), or ``UnknownChannelError``."""
-        if isinstance(channel_id, str) and channel_id.startswith(BASE_PREFIX):
-            row = conn.execute(
-                "SELECT head_seq FROM cdc_base_channels WHERE tunnel_id = ? AND channel_id = ?",
-                (tunnel.tunnel_id, channel_id),
-            ).fetchone()
-            if row is not None:
-                return _Channel(channel_id, ChannelType.BASE_DATA, (), True, row[0], 0)
-        else:
-            ch = self.store.channel_row(conn, tunnel.table, channel_id)
-            if ch is not None:
-                base = conn.execute(
-                    "SELECT channel_id FROM cdc_base_channels WHERE tunnel_id = ? "
-                    "AND stream_channel_id = ?",
-                    (tunnel.tunnel_id, channel_id),
-                ).fetchone()
-                return _Channel(
-                    channel_id,
-                    ChannelType.STREAM,
-                    ch.parent_ids + ((base[0],) if base else ()),
-                    ch.closed,
-                    ch.head_seq,
-                    ch.trimmed_upto,
-                )
-        raise UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel.tunnel_id)
-
-    def _stored(
-        self, conn: Any, tunnel_id: str, ids: list[str] | None = None
-    ) -> dict[str, Checkpoint]:
-        if ids is None:
-            rows = conn.execute(
-                "SELECT channel_id, token, sequence_number FROM cdc_checkpoints "
-                "WHERE tunnel_id = ?",
-                (tunnel_id,),
-            ).fetchall()
-        else:
-            marks = ",".join("?" * len(ids))
-            rows = conn.execute(
-                "SELECT channel_id, token, sequence_number FROM cdc_checkpoints "
-                f"WHERE tunnel_id = ? AND channel_id IN ({marks})",
-                (tunnel_id, *ids),
-            ).fetchall()
-        return {r[0]: Checkpoint(r[1], r[2]) for r in rows}
-
-    @staticmethod
-    def _status(ch: _Channel, stored: Mapping[str, Checkpoint]) -> ChannelStatus:
-        own = stored.get(ch.channel_id)
-        if own is not None and own.finished:
-            return ChannelStatus.TERMINATED
-        for parent in ch.parent_ids:
-            cp = stored.get(parent)
-            if cp is None or not cp.finished:
-                return ChannelStatus.WAIT
-        return ChannelStatus.OPEN
+    def _channel(self, conn: Any, tunnel: TunnelRow, channel_id: str) -> TunnelChannel:
+        """One channel of the tunnel, or ``UnknownChannelError`` (also called by the
+        emulator's routes)."""
+        return tunnels.tunnel_channel(conn, tunnel, channel_id)
 
     def _status_of(
-        self, conn: Any, tunnel: _Tunnel, ch: _Channel
+        self, conn: Any, tunnel: TunnelRow, ch: TunnelChannel
     ) -> tuple[ChannelStatus, Checkpoint]:
-        stored = self._stored(conn, tunnel.tunnel_id, [ch.channel_id, *ch.parent_ids])
-        return self._status(ch, stored), self._position(tunnel, ch, stored)
-
-    def _position(
-        self, tunnel: _Tunnel, ch: _Channel, stored: Mapping[str, Checkpoint]
-    ) -> Checkpoint:
-        """The stored checkpoint, else the start position (beginning of the channel); the
-        LATEST / BaseAndStream / trimmed-EARLIEST starts are stored at tunnel creation."""
-        return stored.get(ch.channel_id) or Checkpoint(
-            encode_token(tunnel.table, ch.channel_id, 0), 0
-        )
+        """The channel's status for the tunnel and its position (stored or start)."""
+        stored = tunnels.stored_checkpoints(
+            conn, tunnel.tunnel_id, [ch.channel_id, *ch.parent_ids])
+        return tunnels.channel_status(ch, stored), tunnels.position(tunnel, ch, stored)
 
     # --- tunnels (driver) ---------------------------------------------------------------------
 
@@ -327,103 +173,56 @@ class LocalTunnelService(TunnelService):
         tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
         if not isinstance(tunnel_name, str) or not tunnel_name:
             raise ValueError(f"a tunnel name must be a non-empty string, got {tunnel_name!r}")
-        tunnel = _Tunnel(
+        tunnel = TunnelRow(
             str(uuid.uuid4()), table, tunnel_name, tunnel_type, start_position, time.time()
         )
         with self.store.transaction(write=True) as conn:
             self.store.require_table(conn, table)
-            if conn.execute(
-                "SELECT 1 FROM cdc_tunnels WHERE table_name = ? AND tunnel_name = ?",
-                (table, tunnel_name),
-            ).fetchone():
+            if tunnels.tunnel_id_by_name(conn, table, tunnel_name) is not None:
                 raise TunnelExistsError(tunnel=tunnel_name, table=table)
-            conn.execute(
-                "INSERT INTO cdc_tunnels (tunnel_id, table_name, tunnel_name, tunnel_type, "
-                "start_position, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    tunnel.tunnel_id,
-                    table,
-                    tunnel_name,
-                    tunnel_type.value,
-                    start_position.value,
-                    tunnel.created_at,
-                ),
-            )
+            tunnels.insert_tunnel(conn, tunnel)
             starts: dict[str, str] = {}
-            ts_us = int(tunnel.created_at * 1e6)
             from_head = (
                 tunnel_type is TunnelType.BASE_AND_STREAM or start_position is StartPosition.LATEST
             )
-            for ch in self.store.channel_rows(conn, table):
+            for ch in channel_rows(conn, table):
                 if from_head:
-                    starts[ch.channel_id] = (
-                        FINISHED if ch.closed else encode_token(table, ch.channel_id, ch.head_seq)
-                    )
+                    starts[ch.channel_id] = FINISHED if ch.closed else tunnels.encode_token(
+                        table, ch.channel_id, ch.head_seq)
                 elif ch.trimmed_upto > 0:  # EARLIEST: the earliest record still held
-                    starts[ch.channel_id] = encode_token(table, ch.channel_id, ch.trimmed_upto)
+                    starts[ch.channel_id] = tunnels.encode_token(
+                        table, ch.channel_id, ch.trimmed_upto)
                 if tunnel_type is TunnelType.BASE_AND_STREAM and not ch.closed:
-                    base_id = BASE_PREFIX + ch.channel_id
-                    rows = self.store.snapshot_rows(conn, table, ch.range_lo, ch.range_hi)
-                    conn.execute(
-                        "INSERT INTO cdc_base_channels (tunnel_id, channel_id, stream_channel_id,"
-                        " head_seq, created_at) VALUES (?, ?, ?, ?, ?)",
-                        (tunnel.tunnel_id, base_id, ch.channel_id, len(rows), tunnel.created_at),
-                    )
-                    conn.executemany(
-                        "INSERT INTO cdc_base_records (tunnel_id, channel_id, seq, pk, columns, "
-                        "commit_ts_us) VALUES (?, ?, ?, ?, ?, ?)",
-                        [
-                            (tunnel.tunnel_id, base_id, i, pk, attrs, ts_us)
-                            for i, (pk, attrs) in enumerate(rows, start=1)
-                        ],
-                    )
-            conn.executemany(
-                "INSERT INTO cdc_checkpoints (tunnel_id, channel_id, token, sequence_number, "
-                "updated_at) VALUES (?, ?, ?, 0, ?)",
-                [(tunnel.tunnel_id, c, tok, tunnel.created_at) for c, tok in starts.items()],
-            )
+                    tunnels.snapshot_base_data(conn, tunnel, ch)
+            tunnels.store_start_positions(conn, tunnel, starts)
         return tunnel.info()
 
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
         """The tunnel and every channel (closed ones too) with its status for this tunnel."""
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_name(conn, table, tunnel_name)
-            channels = self._channels(conn, tunnel)
-            stored = self._stored(conn, tunnel.tunnel_id)
+            channels = tunnels.tunnel_channels(conn, tunnel)
+            stored = tunnels.stored_checkpoints(conn, tunnel.tunnel_id)
         return TunnelDescription(
             tunnel.info(),
             tuple(
-                ChannelInfo(c.channel_id, self._status(c, stored), c.channel_type, c.parent_ids)
+                ChannelInfo(c.channel_id, tunnels.channel_status(c, stored), c.channel_type,
+                            c.parent_ids)
                 for c in channels.values()
             ),
         )
 
     def list_tunnels(self, table: str | None = None) -> list[TunnelInfo]:
         with self.store.transaction() as conn:
-            if table is None:
-                ids = conn.execute(
-                    "SELECT tunnel_id FROM cdc_tunnels ORDER BY table_name, tunnel_name"
-                ).fetchall()
-            else:
+            if table is not None:
                 self.store.require_table(conn, table)
-                ids = conn.execute(
-                    "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ? ORDER BY tunnel_name",
-                    (table,),
-                ).fetchall()
-            return [self._tunnel_by_id(conn, r[0]).info() for r in ids]
+            return [tunnels.tunnel_by_id(conn, tid).info()
+                    for tid in tunnels.tunnel_ids(conn, table)]
 
     def delete_tunnel(self, table: str, tunnel_name: str) -> None:
         """Delete the tunnel, its checkpoints and its base-data snapshot."""
         with self.store.transaction(write=True) as conn:
-            tid = self._tunnel_by_name(conn, table, tunnel_name).tunnel_id
-            for t in (
-                "cdc_tunnels",
-                "cdc_checkpoints",
-                "cdc_reached_end",
-                "cdc_base_channels",
-                "cdc_base_records",
-            ):
-                conn.execute(f"DELETE FROM {t} WHERE tunnel_id = ?", (tid,))
+            tunnels.delete_tunnel(conn, self._tunnel_by_name(conn, table, tunnel_name).tunnel_id)
 
     def table_schema(self, table: str) -> TableSchema:
         return self.store.table_schema(table)
@@ -434,7 +233,8 @@ class LocalTunnelService(TunnelService):
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_id(conn, tunnel_id)
             ch = self._channel(conn, tunnel, channel_id)
-            return self._position(tunnel, ch, self._stored(conn, tunnel_id, [channel_id]))
+            stored = tunnels.stored_checkpoints(conn, tunnel_id, [channel_id])
+            return tunnels.position(tunnel, ch, stored)
 
     def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
         """Push a checkpoint (driver, from the source's commit).
@@ -457,9 +257,9 @@ class LocalTunnelService(TunnelService):
             if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
                 raise invalid(f"sequence number must be a non-negative integer, got {seqno!r}")
             if not checkpoint.finished:
-                _decode_token(checkpoint.token, tunnel.table, ch)
+                tunnels.decode_token(checkpoint.token, tunnel.table, ch)
             status, current = self._status_of(conn, tunnel, ch)
-            stored = self._stored(conn, tunnel_id, [channel_id]).get(channel_id)
+            stored = tunnels.stored_checkpoints(conn, tunnel_id, [channel_id]).get(channel_id)
             if stored is not None and seqno < stored.sequence_number:
                 raise StaleCheckpointError(
                     channel_id=channel_id,
@@ -484,24 +284,14 @@ class LocalTunnelService(TunnelService):
                         "FINISHED pushed for a channel in WAIT (its parents are not "
                         "finished for this tunnel)"
                     )
-                at_head = _decode_token(current.token, tunnel.table, ch) == ch.head_seq
-                reached = conn.execute(
-                    "SELECT 1 FROM cdc_reached_end WHERE tunnel_id = ? AND channel_id = ?",
-                    (tunnel_id, channel_id),
-                ).fetchone()
-                if not (at_head or reached):
+                at_head = tunnels.decode_token(current.token, tunnel.table, ch) == ch.head_seq
+                if not (at_head or tunnels.end_reached(conn, tunnel_id, channel_id)):
                     raise invalid(
                         f"FINISHED pushed but the channel's end (sequence "
                         f"{ch.head_seq}) was never reached by this tunnel: no read "
                         "returned FINISHED and the stored position is before it"
                     )
-            conn.execute(
-                "INSERT INTO cdc_checkpoints (tunnel_id, channel_id, token, sequence_number, "
-                "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tunnel_id, channel_id) DO "
-                "UPDATE SET token = excluded.token, sequence_number = excluded.sequence_number, "
-                "updated_at = excluded.updated_at",
-                (tunnel_id, channel_id, checkpoint.token, seqno, time.time()),
-            )
+            tunnels.put_checkpoint(conn, tunnel_id, channel_id, checkpoint, time.time())
 
     # --- data (executors) -------------------------------------------------------------------
 
@@ -515,11 +305,12 @@ class LocalTunnelService(TunnelService):
         to continue from when the user accepts the loss.
         """
 
-        def fetch(conn: Any, tunnel: _Tunnel, ch: _Channel, after: int) -> tuple[Any, int]:
+        def fetch(conn: Any, tunnel: TunnelRow, ch: TunnelChannel, after: int) -> tuple[Any, int]:
+            schema = self.store.require_table(conn, tunnel.table)
             if ch.channel_type is ChannelType.BASE_DATA:
-                records = self._read_base(conn, tunnel, channel_id, after, limit)
+                records = tunnels.read_base(conn, schema, tunnel_id, channel_id, after, limit)
             else:
-                records = self.store.read_changes(conn, tunnel.table, channel_id, after, limit)
+                records = read_changes(conn, schema, channel_id, after, limit)
             return records, len(records)
 
         records, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
@@ -530,17 +321,17 @@ class LocalTunnelService(TunnelService):
     ) -> Page:
         """``read_records`` as one columnar page (executor): a slice of one of the store's
         sealed Arrow segments, or the unsealed tail converted
-        (``LocalTablestore.read_change_page``); no ``Record`` per sealed change. A page ends
+        (``segments.read_page``); no ``Record`` per sealed change. A page ends
         with its segment, so it may be shorter than ``limit``. Base-data channels go through
         records."""
 
-        def fetch(conn: Any, tunnel: _Tunnel, ch: _Channel, after: int) -> tuple[Any, int]:
+        def fetch(conn: Any, tunnel: TunnelRow, ch: TunnelChannel, after: int) -> tuple[Any, int]:
+            schema = self.store.require_table(conn, tunnel.table)
             if ch.channel_type is ChannelType.BASE_DATA:
                 batch = records_to_page(
-                    self._read_base(conn, tunnel, channel_id, after, limit), layout)
+                    tunnels.read_base(conn, schema, tunnel_id, channel_id, after, limit), layout)
             else:
-                batch = self.store.read_change_page(
-                    conn, tunnel.table, channel_id, after, limit, layout)
+                batch = read_page(conn, schema, channel_id, after, limit, layout)
             if isinstance(batch, EncodedBatch):
                 return batch, batch.count
             return batch, batch.num_rows
@@ -557,7 +348,7 @@ class LocalTunnelService(TunnelService):
         channel_id: str,
         token: str,
         limit: int,
-        fetch: Callable[[Any, _Tunnel, _Channel, int], tuple[Any, int]],
+        fetch: Callable[[Any, TunnelRow, TunnelChannel, int], tuple[Any, int]],
     ) -> tuple[Any, str, bool]:
         """The checks and token arithmetic of a read; ``fetch(conn, tunnel, channel, after)``
         returns (payload, count) of the records after ``after`` (at most ``limit``)."""
@@ -579,7 +370,7 @@ class LocalTunnelService(TunnelService):
                         reason="FINISHED given for a channel still open",
                     )
                 return None, FINISHED, False
-            after = _decode_token(token, tunnel.table, ch)
+            after = tunnels.decode_token(token, tunnel.table, ch)
             if ch.trimmed_upto > after:
                 raise TrimmedDataError(
                     channel_id=channel_id,
@@ -587,41 +378,19 @@ class LocalTunnelService(TunnelService):
                     requested=after + 1,
                     earliest=ch.trimmed_upto + 1,
                     lost=ch.trimmed_upto - after,
-                    resume_token=encode_token(tunnel.table, channel_id, ch.trimmed_upto),
+                    resume_token=tunnels.encode_token(tunnel.table, channel_id, ch.trimmed_upto),
                 )
             payload, count = fetch(conn, tunnel, ch, after)
             last = after + count  # sequences are gapless after the trim point
             finished = ch.closed and last == ch.head_seq
-            mark = (
-                finished
-                and not conn.execute(
-                    "SELECT 1 FROM cdc_reached_end WHERE tunnel_id = ? AND channel_id = ?",
-                    (tunnel_id, channel_id),
-                ).fetchone()
-            )
+            mark = finished and not tunnels.end_reached(conn, tunnel_id, channel_id)
         if mark:
             with self.store.transaction(write=True) as conn:
-                conn.execute(
-                    "INSERT OR IGNORE INTO cdc_reached_end (tunnel_id, channel_id) VALUES (?, ?)",
-                    (tunnel_id, channel_id),
-                )
+                tunnels.mark_end_reached(conn, tunnel_id, channel_id)
         return (
             payload,
-            FINISHED if finished else encode_token(tunnel.table, channel_id, last),
+            FINISHED if finished else tunnels.encode_token(tunnel.table, channel_id, last),
             last < ch.head_seq,
-        )
-
-    def _read_base(
-        self, conn: Any, tunnel: _Tunnel, channel_id: str, after: int, limit: int
-    ) -> list[Record]:
-        schema = self.store.require_table(conn, tunnel.table)
-        rows = conn.execute(
-            "SELECT seq, pk, columns, commit_ts_us FROM cdc_base_records WHERE tunnel_id = ? "
-            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (tunnel.tunnel_id, channel_id, after, limit),
-        ).fetchall()
-        return self.store.records_from_rows(
-            schema, channel_id, [(r[0], Op.PUT.value, r[1], r[2], None, r[3]) for r in rows]
         )
 
     # --- progress (driver, CLI) ---------------------------------------------------------------
@@ -633,17 +402,17 @@ class LocalTunnelService(TunnelService):
         queries; never scans records."""
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_id(conn, tunnel_id)
-            channels = self._channels(conn, tunnel)
-            stored = self._stored(conn, tunnel_id)
+            channels = tunnels.tunnel_channels(conn, tunnel)
+            stored = tunnels.stored_checkpoints(conn, tunnel_id)
         for ch in channels.values():
-            if self._status(ch, stored) is not ChannelStatus.OPEN:
+            if tunnels.channel_status(ch, stored) is not ChannelStatus.OPEN:
                 continue
             token = positions.get(ch.channel_id)
             if token is None:
                 return True
             if token == FINISHED:
                 continue
-            if _decode_token(token, tunnel.table, ch) < ch.head_seq or ch.closed:
+            if tunnels.decode_token(token, tunnel.table, ch) < ch.head_seq or ch.closed:
                 return True
         return False
 
@@ -652,7 +421,7 @@ class LocalTunnelService(TunnelService):
         ("" when empty). Driver, ``prepareForTriggerAvailableNow``."""
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_id(conn, tunnel_id)
-            channels = self._channels(conn, tunnel)
+            channels = tunnels.tunnel_channels(conn, tunnel)
         return {ch.channel_id: sequence_str(ch.head_seq) if ch.head_seq else ""
                 for ch in channels.values()}
 
@@ -663,35 +432,23 @@ class LocalTunnelService(TunnelService):
         out: dict[str, ChannelLag] = {}
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_id(conn, tunnel_id)
-            stored = self._stored(conn, tunnel_id)
-            for ch in self._channels(conn, tunnel).values():
-                if self._status(ch, stored) is ChannelStatus.TERMINATED:
+            stored = tunnels.stored_checkpoints(conn, tunnel_id)
+            for ch in tunnels.tunnel_channels(conn, tunnel).values():
+                if tunnels.channel_status(ch, stored) is ChannelStatus.TERMINATED:
                     continue
-                token = positions.get(ch.channel_id) or self._position(tunnel, ch, stored).token
+                token = positions.get(ch.channel_id) or tunnels.position(tunnel, ch, stored).token
                 if token == FINISHED:
                     out[ch.channel_id] = ChannelLag(ch.channel_id, 0, 0.0)
                     continue
-                seq = _decode_token(token, tunnel.table, ch)
+                seq = tunnels.decode_token(token, tunnel.table, ch)
                 behind = max(0, ch.head_seq - seq)
                 age = 0.0
                 if behind:
-                    if ch.channel_type is ChannelType.BASE_DATA:
-                        sql = (
-                            "SELECT commit_ts_us FROM cdc_base_records WHERE tunnel_id = ? "
-                            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1"
-                        )
-                        key = tunnel_id
-                    else:
-                        sql = (
-                            "SELECT commit_ts_us FROM cdc_changes WHERE table_name = ? "
-                            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1"
-                        )
-                        key = tunnel.table
-                    row = conn.execute(sql, (key, ch.channel_id, seq)).fetchone()
-                    if row is not None:
-                        age = max(0.0, (now_us - row[0]) / 1e6)
+                    oldest_us = tunnels.first_unread_commit_ts(conn, tunnel, ch, seq)
+                    if oldest_us is not None:
+                        age = max(0.0, (now_us - oldest_us) / 1e6)
                 out[ch.channel_id] = ChannelLag(ch.channel_id, behind, age)
         return out
 
 
-__all__ = ["BASE_PREFIX", "LocalTunnelService", "encode_token"]
+__all__ = ["LocalTunnelService"]

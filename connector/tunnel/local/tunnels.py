@@ -1,0 +1,385 @@
+"""The tunnel's half of a local store file: tunnels, checkpoints, base data, tokens.
+
+Everything ``LocalTunnelService`` (``service``) keeps in the tunnel's tables (``schema``:
+``cdc_tunnels``, ``cdc_checkpoints``, ``cdc_reached_end``, ``cdc_base_channels``,
+``cdc_base_records``), the tokens it issues, and the rule that gives a channel its status for
+one tunnel. The service holds the ``TunnelService`` contract and calls these inside its
+transactions: on the Spark driver (tunnel creation, planning, checkpoint pushes), on executors
+(reads), and in the emulator's tunnel routes.
+
+Tokens are standard base64 of a small JSON ``{"t": table, "c": channel, "s": sequence}``:
+"after sequence s of channel c". They do not depend on the tunnel, so a position can be
+compared across tunnels of a table. ``FINISHED`` is the literal ``"finished"``. Stored
+checkpoints hold them, so their format is part of the file's (tests/test_local_store_format.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from connector.errors import MalformedTokenError, UnknownChannelError, UnknownTunnelError
+from connector.tunnel.base import (
+    ChannelStatus,
+    ChannelType,
+    Checkpoint,
+    Op,
+    Record,
+    StartPosition,
+    TableSchema,
+    TunnelInfo,
+    TunnelType,
+)
+from connector.tunnel.local.changelog import records_from_rows
+from connector.tunnel.local.channels import ChannelRow, channel_row, channel_rows
+from connector.tunnel.local.rows import rows_in_hash_range
+
+#: the id of a BaseAndStream tunnel's base-data channel is this + its stream channel's id
+BASE_PREFIX = "base-"
+
+
+@dataclass(frozen=True)
+class TunnelRow:
+    """One tunnel as ``cdc_tunnels`` keeps it."""
+
+    tunnel_id: str
+    table: str
+    name: str
+    tunnel_type: TunnelType
+    start_position: StartPosition
+    created_at: float
+
+    def info(self) -> TunnelInfo:
+        return TunnelInfo(
+            self.tunnel_id,
+            self.name,
+            self.table,
+            self.tunnel_type,
+            self.start_position,
+            self.created_at,
+        )
+
+
+@dataclass(frozen=True)
+class TunnelChannel:
+    """A channel as one tunnel sees it (stream or this tunnel's base-data channel)."""
+
+    channel_id: str
+    channel_type: ChannelType
+    parent_ids: tuple[str, ...]  # includes the base-data channel for BaseAndStream tunnels
+    closed: bool
+    head_seq: int
+    trimmed_upto: int
+
+
+# --- tokens --------------------------------------------------------------------------------------
+
+
+def encode_token(table: str, channel_id: str, seq: int) -> str:
+    """The token "after sequence ``seq`` of ``channel_id``" (0 = the channel's beginning)."""
+    raw = json.dumps({"t": table, "c": channel_id, "s": seq}, separators=(",", ":"))
+    return base64.b64encode(raw.encode("utf-8")).decode("ascii")
+
+
+def decode_token(token: Any, table: str, channel: TunnelChannel) -> int:
+    """The sequence a (non-FINISHED) token stands for; ``MalformedTokenError`` if it is not a
+    token this store issued for ``channel``."""
+    cid = channel.channel_id
+
+    def bad(reason: str) -> MalformedTokenError:
+        return MalformedTokenError(channel_id=cid, token=token, reason=reason)
+
+    if not isinstance(token, str) or not token:
+        raise bad("a token is a non-empty string")
+    try:
+        body = json.loads(base64.b64decode(token.encode("ascii"), validate=True))
+    except (ValueError, UnicodeError, binascii.Error):
+        raise bad("not base64 of a local-store token") from None
+    if not isinstance(body, dict) or set(body) != {"t", "c", "s"}:
+        raise bad("not a local-store token")
+    seq = body["s"]
+    if body["t"] != table or body["c"] != cid:
+        raise bad(f"it belongs to channel {body['c']!r} of table {body['t']!r}")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise bad(f"bad sequence {seq!r}")
+    if seq > channel.head_seq:
+        raise bad(f"sequence {seq} is past the channel's head {channel.head_seq}")
+    return seq
+
+
+# --- tunnels -------------------------------------------------------------------------------------
+
+
+def tunnel_by_id(conn: sqlite3.Connection, tunnel_id: str) -> TunnelRow:
+    """The tunnel, or ``UnknownTunnelError``."""
+    row = conn.execute(
+        "SELECT tunnel_id, table_name, tunnel_name, tunnel_type, start_position, created_at "
+        "FROM cdc_tunnels WHERE tunnel_id = ?",
+        (tunnel_id,),
+    ).fetchone()
+    if row is None:
+        raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
+    return TunnelRow(row[0], row[1], row[2], TunnelType(row[3]), StartPosition(row[4]), row[5])
+
+
+def tunnel_id_by_name(conn: sqlite3.Connection, table: str, name: str) -> str | None:
+    """The id of the tunnel named ``name`` on ``table``, or ``None``."""
+    row = conn.execute(
+        "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ? AND tunnel_name = ?",
+        (table, name),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def tunnel_ids(conn: sqlite3.Connection, table: str | None) -> list[str]:
+    """The ids of every tunnel (ordered by table and name), or of ``table``'s (by name)."""
+    if table is None:
+        rows = conn.execute(
+            "SELECT tunnel_id FROM cdc_tunnels ORDER BY table_name, tunnel_name"
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ? ORDER BY tunnel_name",
+            (table,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def insert_tunnel(conn: sqlite3.Connection, tunnel: TunnelRow) -> None:
+    conn.execute(
+        "INSERT INTO cdc_tunnels (tunnel_id, table_name, tunnel_name, tunnel_type, "
+        "start_position, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            tunnel.tunnel_id,
+            tunnel.table,
+            tunnel.name,
+            tunnel.tunnel_type.value,
+            tunnel.start_position.value,
+            tunnel.created_at,
+        ),
+    )
+
+
+def delete_tunnel(conn: sqlite3.Connection, tunnel_id: str) -> None:
+    """Delete the tunnel, its checkpoints and its base-data snapshot."""
+    for t in (
+        "cdc_tunnels",
+        "cdc_checkpoints",
+        "cdc_reached_end",
+        "cdc_base_channels",
+        "cdc_base_records",
+    ):
+        conn.execute(f"DELETE FROM {t} WHERE tunnel_id = ?", (tunnel_id,))
+
+
+# --- channels as one tunnel sees them ------------------------------------------------------------
+
+
+def tunnel_channels(conn: sqlite3.Connection, tunnel: TunnelRow) -> dict[str, TunnelChannel]:
+    """Every channel the tunnel knows: its base-data channels first, then stream channels."""
+    bases = conn.execute(
+        "SELECT channel_id, stream_channel_id, head_seq FROM cdc_base_channels "
+        "WHERE tunnel_id = ? ORDER BY channel_id",
+        (tunnel.tunnel_id,),
+    ).fetchall()
+    out: dict[str, TunnelChannel] = {
+        b[0]: TunnelChannel(b[0], ChannelType.BASE_DATA, (), True, b[2], 0) for b in bases
+    }
+    base_of = {b[1]: b[0] for b in bases}
+    for ch in channel_rows(conn, tunnel.table):
+        extra = (base_of[ch.channel_id],) if ch.channel_id in base_of else ()
+        out[ch.channel_id] = TunnelChannel(
+            ch.channel_id,
+            ChannelType.STREAM,
+            ch.parent_ids + extra,
+            ch.closed,
+            ch.head_seq,
+            ch.trimmed_upto,
+        )
+    return out
+
+
+def tunnel_channel(conn: sqlite3.Connection, tunnel: TunnelRow, channel_id: str) -> TunnelChannel:
+    """One channel of the tunnel (cheaper than ``tunnel_channels``), or
+    ``UnknownChannelError``."""
+    if isinstance(channel_id, str) and channel_id.startswith(BASE_PREFIX):
+        row = conn.execute(
+            "SELECT head_seq FROM cdc_base_channels WHERE tunnel_id = ? AND channel_id = ?",
+            (tunnel.tunnel_id, channel_id),
+        ).fetchone()
+        if row is not None:
+            return TunnelChannel(channel_id, ChannelType.BASE_DATA, (), True, row[0], 0)
+    else:
+        ch = channel_row(conn, tunnel.table, channel_id)
+        if ch is not None:
+            base = conn.execute(
+                "SELECT channel_id FROM cdc_base_channels WHERE tunnel_id = ? "
+                "AND stream_channel_id = ?",
+                (tunnel.tunnel_id, channel_id),
+            ).fetchone()
+            return TunnelChannel(
+                channel_id,
+                ChannelType.STREAM,
+                ch.parent_ids + ((base[0],) if base else ()),
+                ch.closed,
+                ch.head_seq,
+                ch.trimmed_upto,
+            )
+    raise UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel.tunnel_id)
+
+
+# --- checkpoints and status ----------------------------------------------------------------------
+
+
+def stored_checkpoints(
+    conn: sqlite3.Connection, tunnel_id: str, ids: list[str] | None = None
+) -> dict[str, Checkpoint]:
+    """The checkpoints stored for the tunnel: of every channel, or of ``ids`` only."""
+    if ids is None:
+        rows = conn.execute(
+            "SELECT channel_id, token, sequence_number FROM cdc_checkpoints "
+            "WHERE tunnel_id = ?",
+            (tunnel_id,),
+        ).fetchall()
+    else:
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(
+            "SELECT channel_id, token, sequence_number FROM cdc_checkpoints "
+            f"WHERE tunnel_id = ? AND channel_id IN ({marks})",
+            (tunnel_id, *ids),
+        ).fetchall()
+    return {r[0]: Checkpoint(r[1], r[2]) for r in rows}
+
+
+def channel_status(ch: TunnelChannel, stored: Mapping[str, Checkpoint]) -> ChannelStatus:
+    """TERMINATED once the channel's FINISHED was stored; WAIT while a parent is not
+    TERMINATED; OPEN otherwise."""
+    own = stored.get(ch.channel_id)
+    if own is not None and own.finished:
+        return ChannelStatus.TERMINATED
+    for parent in ch.parent_ids:
+        cp = stored.get(parent)
+        if cp is None or not cp.finished:
+            return ChannelStatus.WAIT
+    return ChannelStatus.OPEN
+
+
+def position(
+    tunnel: TunnelRow, ch: TunnelChannel, stored: Mapping[str, Checkpoint]
+) -> Checkpoint:
+    """The stored checkpoint, else the start position (beginning of the channel); the
+    LATEST / BaseAndStream / trimmed-EARLIEST starts are stored at tunnel creation."""
+    return stored.get(ch.channel_id) or Checkpoint(
+        encode_token(tunnel.table, ch.channel_id, 0), 0
+    )
+
+
+def store_start_positions(
+    conn: sqlite3.Connection, tunnel: TunnelRow, starts: Mapping[str, str]
+) -> None:
+    """At tunnel creation: the start token of each channel that does not start at its
+    beginning, as a checkpoint with sequence number 0."""
+    conn.executemany(
+        "INSERT INTO cdc_checkpoints (tunnel_id, channel_id, token, sequence_number, "
+        "updated_at) VALUES (?, ?, ?, 0, ?)",
+        [(tunnel.tunnel_id, c, tok, tunnel.created_at) for c, tok in starts.items()],
+    )
+
+
+def put_checkpoint(
+    conn: sqlite3.Connection, tunnel_id: str, channel_id: str, checkpoint: Checkpoint, now: float
+) -> None:
+    """Store (insert or replace) the channel's checkpoint for the tunnel."""
+    conn.execute(
+        "INSERT INTO cdc_checkpoints (tunnel_id, channel_id, token, sequence_number, "
+        "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tunnel_id, channel_id) DO "
+        "UPDATE SET token = excluded.token, sequence_number = excluded.sequence_number, "
+        "updated_at = excluded.updated_at",
+        (tunnel_id, channel_id, checkpoint.token, checkpoint.sequence_number, now),
+    )
+
+
+def end_reached(conn: sqlite3.Connection, tunnel_id: str, channel_id: str) -> bool:
+    """Whether a read of this tunnel returned FINISHED for the channel."""
+    return conn.execute(
+        "SELECT 1 FROM cdc_reached_end WHERE tunnel_id = ? AND channel_id = ?",
+        (tunnel_id, channel_id),
+    ).fetchone() is not None
+
+
+def mark_end_reached(conn: sqlite3.Connection, tunnel_id: str, channel_id: str) -> None:
+    """Inside a write transaction: record that a read of this tunnel reached the channel's end
+    (the only write a read ever does)."""
+    conn.execute(
+        "INSERT OR IGNORE INTO cdc_reached_end (tunnel_id, channel_id) VALUES (?, ?)",
+        (tunnel_id, channel_id),
+    )
+
+
+# --- base data (BaseAndStream tunnels) -----------------------------------------------------------
+
+
+def snapshot_base_data(conn: sqlite3.Connection, tunnel: TunnelRow, stream: ChannelRow) -> None:
+    """At tunnel creation, in its write transaction: the base-data channel of the open channel
+    ``stream``, one PUT per row in its key range (``base-<channel id>``)."""
+    base_id = BASE_PREFIX + stream.channel_id
+    rows = rows_in_hash_range(conn, tunnel.table, stream.range_lo, stream.range_hi)
+    conn.execute(
+        "INSERT INTO cdc_base_channels (tunnel_id, channel_id, stream_channel_id,"
+        " head_seq, created_at) VALUES (?, ?, ?, ?, ?)",
+        (tunnel.tunnel_id, base_id, stream.channel_id, len(rows), tunnel.created_at),
+    )
+    ts_us = int(tunnel.created_at * 1e6)
+    conn.executemany(
+        "INSERT INTO cdc_base_records (tunnel_id, channel_id, seq, pk, columns, "
+        "commit_ts_us) VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (tunnel.tunnel_id, base_id, i, pk, attrs, ts_us)
+            for i, (pk, attrs) in enumerate(rows, start=1)
+        ],
+    )
+
+
+def read_base(
+    conn: sqlite3.Connection,
+    schema: TableSchema,
+    tunnel_id: str,
+    channel_id: str,
+    after: int,
+    limit: int,
+) -> list[Record]:
+    """Up to ``limit`` records of a base-data channel with sequence > ``after``."""
+    rows = conn.execute(
+        "SELECT seq, pk, columns, commit_ts_us FROM cdc_base_records WHERE tunnel_id = ? "
+        "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (tunnel_id, channel_id, after, limit),
+    ).fetchall()
+    return records_from_rows(
+        schema, channel_id, [(r[0], Op.PUT.value, r[1], r[2], None, r[3]) for r in rows]
+    )
+
+
+def first_unread_commit_ts(
+    conn: sqlite3.Connection, tunnel: TunnelRow, ch: TunnelChannel, after: int
+) -> int | None:
+    """The commit time (µs) of the channel's first record after sequence ``after``, or
+    ``None`` when there is none (how old the oldest unread change is: ``lag``)."""
+    if ch.channel_type is ChannelType.BASE_DATA:
+        sql = (
+            "SELECT commit_ts_us FROM cdc_base_records WHERE tunnel_id = ? "
+            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1"
+        )
+        key = tunnel.tunnel_id
+    else:
+        sql = (
+            "SELECT commit_ts_us FROM cdc_changes WHERE table_name = ? "
+            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1"
+        )
+        key = tunnel.table
+    row = conn.execute(sql, (key, ch.channel_id, after)).fetchone()
+    return None if row is None else int(row[0])
