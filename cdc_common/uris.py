@@ -95,7 +95,19 @@ def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
         if _hidden(key, value, known_keys):
             pair = f"{raw_key}={MASK}"
         shown.append(pair)
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{'&'.join(shown)}" if shown else "")
+    return _head(uri, parts.scheme, netloc, parts.path) + (f"?{'&'.join(shown)}" if shown else "")
+
+
+def _head(uri: str, scheme: str, netloc: str, path: str) -> str:
+    """``scheme://netloc/path`` as written: ``//`` where the URI has it, and always before a
+    host or an absolute path (``local:/abs`` has always been shown as ``local:///abs``), none
+    where the URI has no ``//`` (``sqlite:relative.db``, ``meta.db``)."""
+    slashes = uri[len(scheme) + 1 if scheme else 0:].startswith("//")
+    if scheme and (slashes or netloc or path.startswith("/")):
+        return f"{scheme}://{netloc}{path}"
+    if scheme:
+        return f"{scheme}:{path}"
+    return f"//{netloc}{path}" if slashes else path
 
 
 # --- query models ---------------------------------------------------------------------------
