@@ -39,6 +39,9 @@ SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|key|session|si
                         re.IGNORECASE)
 #: What a hidden value is shown as.
 MASK = "***"
+#: A Tablestore instance name (the ``INSTANCE`` of ``tablestore://INSTANCE/TABLE``, a Tablestore
+#: endpoint's ``instance``): a letter, then letters, digits or ``-``.
+TABLESTORE_INSTANCE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,63}$")
 
 
 def is_secret_key(key: str) -> bool:

@@ -16,7 +16,7 @@ import difflib
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
@@ -29,7 +29,7 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
-from cdc_common.uris import redact_uri, shown_value
+from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
@@ -132,6 +132,14 @@ class SourceOptions(BaseModel):
             raise ValueError("has leading or trailing whitespace")
         return value
 
+    @field_validator("instance_name")
+    @classmethod
+    def _instance(cls, value: str | None) -> str | None:
+        if value is not None and not TABLESTORE_INSTANCE.match(value):
+            raise ValueError("is not a Tablestore instance name (a letter, then letters, digits "
+                             "or -)")
+        return value
+
     @field_validator("tunnel_type", mode="before")
     @classmethod
     def _tunnel_type(cls, value: Any) -> Any:
@@ -167,6 +175,12 @@ class SourceOptions(BaseModel):
         if parts.scheme == "local" and (parts.netloc or not parts.path.startswith("/")):
             raise ValueError("a local endpoint needs an absolute path: local:///abs/path/store.db")
         return value
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # ``endpoint`` stays out (repr=False); ``meta.store`` is shown redacted, as a URI with
+        # a secret in it (refused when the store is opened) may be logged before that
+        for name, value in super().__repr_args__():
+            yield name, redact_uri(value) if name == "meta_store" else value
 
     # --- construction -------------------------------------------------------------------
 

@@ -94,7 +94,14 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
-from cdc_common.uris import HttpOrigin, UriBool, UriQuery, parse_query, redact_uri
+from cdc_common.uris import (
+    TABLESTORE_INSTANCE,
+    HttpOrigin,
+    UriBool,
+    UriQuery,
+    parse_query,
+    redact_uri,
+)
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -126,7 +133,6 @@ SDK_LOGGER = "meta_store.tablestore.sdk"
 #: where credentials come from instead of the URI
 _CREDENTIALS = (f"set {ALIBABA_ACCESS_KEY_ID}/{ALIBABA_ACCESS_KEY_SECRET} or pass them in the "
                 "source's options")
-_INSTANCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,63}$")
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 _KEY_SCHEMA = [("ns", "STRING"), ("sk", "STRING")]
 _TRANSIENT_CODES = frozenset({
@@ -253,7 +259,7 @@ class TablestoreMetaStore(MetaStore):
             raise MetaStoreUriError(
                 uri=shown, reason="use tablestore://INSTANCE/TABLE?endpoint=https://...",
             )
-        if not _INSTANCE_NAME.match(instance):
+        if not TABLESTORE_INSTANCE.match(instance):
             raise MetaStoreUriError(
                 uri=shown, reason=f"instance name {instance!r} is not valid (a letter, then "
                 "letters, digits or -)",
