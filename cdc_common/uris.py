@@ -50,12 +50,10 @@ def is_secret_key(key: str) -> bool:
 
 
 def has_user_info(value: str) -> bool:
-    """Is ``value`` a URL that carries user info (``scheme://user:password@host``)?"""
-    try:
-        parts = urlsplit(value)
-    except ValueError:  # not even a URL: assume the worst if it could hide a password
-        return "@" in value
-    return bool(parts.scheme) and "@" in parts.netloc
+    """Could ``value`` be a URL carrying user info (``scheme://user:password@host``)? Any ``@``
+    after ``://`` counts: a password holding ``/`` or ``?`` would end the host part early for
+    ``urlsplit``, and hiding a harmless value costs less than showing a password."""
+    return "@" in value.partition("://")[2]
 
 
 def _hidden(key: str, value: str, known_keys: Collection[str] | None) -> bool:

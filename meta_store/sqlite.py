@@ -168,7 +168,7 @@ class SqliteMetaStore(MetaStore):
         if parts.netloc:
             raise MetaStoreUriError(
                 uri=shown, reason=f"the path must be absolute: sqlite:///abs/path/meta.db (three "
-                f"slashes); {parts.netloc!r} was read as a host name",
+                f"slashes); {parts.netloc.rpartition('@')[2]!r} was read as a host name",
             )
         path = unquote(parts.path)
         if not path or not os.path.isabs(path) or path.endswith("/"):
