@@ -100,11 +100,12 @@ def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
 
 
 def _head(uri: str, scheme: str, netloc: str, path: str) -> str:
-    """``scheme://netloc/path`` as written: ``//`` where the URI has it, and always before a
-    host or an absolute path (``local:/abs`` has always been shown as ``local:///abs``), none
-    where the URI has no ``//`` (``sqlite:relative.db``, ``meta.db``)."""
+    """``scheme://netloc/path``. The ``//`` is always there before a host, an absolute or an
+    empty path, as the namespace has always had it (``local:/abs`` is shown as ``local:///abs``,
+    ``dynamodb-streams:?q`` as ``dynamodb-streams://?q``); only a relative path keeps the form
+    it was written in (``sqlite:relative.db``, ``meta.db``), which no backend accepts."""
     slashes = uri[len(scheme) + 1 if scheme else 0:].startswith("//")
-    if scheme and (slashes or netloc or path.startswith("/")):
+    if scheme and (slashes or netloc or not path or path.startswith("/")):
         return f"{scheme}://{netloc}{path}"
     if scheme:
         return f"{scheme}:{path}"

@@ -32,6 +32,7 @@ from cdc_common.uris import (
     ("sqlite:relative/meta.db", "sqlite:relative/meta.db"),
     ("meta.db", "meta.db"),
     ("dynamodb://", "dynamodb://"),
+    ("dynamodb-streams:?checkpoint_table=c", "dynamodb-streams://?checkpoint_table=c"),
     ("dynamodb-streams://?checkpoint_table=c", "dynamodb-streams://?checkpoint_table=c"),
     ("https://AK:pw@host:1/p?a=1#frag", "https://host:1/p?a=1"),
     ("x://h?Access%5FKey=s&b=%41&c", "x://h?b=%41&c"),  # keys are decoded before the rule

@@ -8,15 +8,24 @@ new namespace. The expected strings below were produced by the code before the r
 unified (``cdc_common.uris``) and must not change. The same holds for the tunnel clients'
 ``uri`` and the meta stores' ``uri``, which reach logs, exports and the feed.
 
+Beyond the table of forms, property tests generate every form each backend accepts (parameter
+order, percent-encoding, ``scheme:`` without ``//``, ...) and compare the redaction with the
+function the namespaces were written with, kept here as the reference.
+
 No request is made: URIs are parsed and clients constructed, nothing is opened over the network.
 """
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
+from connector.errors import OptionError
 from connector.options import SourceOptions
 from meta_store import open_meta_store
 
@@ -182,3 +191,90 @@ def test_meta_store_uri_is_pinned(no_credential_env: None, monkeypatch: pytest.M
         expected = META_STORES[uri].format(tmp=tmp_path)
         assert store.uri == expected
         assert repr(store) == f"{type(store).__name__}(uri={expected!r})"
+
+
+# --- the same bytes for every accepted form, not only the ones above ----------------------------
+
+
+def strip_secrets_before_unification(uri: str) -> str:
+    """``connector.options.strip_secrets`` as it was when every existing namespace was written:
+    the reference the one redaction must agree with on every endpoint a backend accepts."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    secret_words = ("secret", "token", "key", "password")
+    query = "&".join(
+        kv for kv in parts.query.split("&")
+        if kv and not any(word in kv.split("=", 1)[0].lower() for word in secret_words)
+    )
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+NAME = st.text(alphabet=string.ascii_letters + string.digits + "_.-", min_size=1, max_size=12)
+STREAMS_VALUES = {
+    "region": st.sampled_from(["us-east-1", "eu-west-1"]),
+    "endpoint_url": st.sampled_from(["http://127.0.0.1:5000", "https://ddb.local:443/x"]),
+    "profile": NAME,
+    "create_table": st.sampled_from(["true", "false", "TRUE"]),
+    "numbers": st.sampled_from(["double", "decimal"]),
+    "max_attempts": st.integers(1, 50).map(str),
+    "retry_mode": st.sampled_from(["standard", "adaptive"]),
+    "poll_interval_ms": st.integers(0, 60_000).map(str),
+}
+
+
+@st.composite
+def streams_endpoints(draw: st.DrawFn) -> str:
+    keys = draw(st.lists(st.sampled_from(sorted(STREAMS_VALUES)), unique=True))
+    pairs = [("checkpoint_table", draw(NAME))] + [(k, draw(STREAMS_VALUES[k])) for k in keys]
+    pairs = draw(st.permutations(pairs))
+    encode = draw(st.booleans())
+    query = "&".join(f"{k}={quote(v, safe='') if encode else v}" for k, v in pairs)
+    head = draw(st.sampled_from(["dynamodb-streams://", "dynamodb-streams:", "dynamodb-streams:/",
+                                 "dynamodb-streams:///"]))
+    table = draw(st.one_of(st.just(""), NAME)) if head == "dynamodb-streams://" else ""
+    return f"{head}{table}?{query}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(endpoint=streams_endpoints())
+def test_every_accepted_streams_endpoint_keeps_its_namespace(endpoint: str) -> None:
+    from connector.tunnel.dynamodb_streams.aws import parse_uri
+
+    try:
+        parse_uri(endpoint)
+    except OptionError:
+        assume(False)  # a form the backend refuses never had a namespace
+    opts = SourceOptions.from_spark({**BASE, "endpoint": endpoint,
+                                     "meta.store": "sqlite:///m.db"})
+    assert opts.safe_endpoint == strip_secrets_before_unification(endpoint)
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.lists(NAME.filter(lambda s: s not in (".", "..")), min_size=1, max_size=4),
+       head=st.sampled_from(["local://", "local:"]))
+def test_every_accepted_local_endpoint_keeps_its_namespace(path: list[str], head: str) -> None:
+    endpoint = f"{head}/{'/'.join(path)}"
+    opts = SourceOptions.from_spark({**BASE, "endpoint": endpoint})
+    assert opts.safe_endpoint == strip_secrets_before_unification(endpoint)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scheme=st.sampled_from(["http", "https"]),
+       host=st.sampled_from(["127.0.0.1:8080", "myinst.cn-hangzhou.ots.aliyuncs.com", "[::1]:9"]),
+       slash=st.booleans(), instance_in_query=st.booleans(),
+       key_id=NAME, secret=NAME, token=st.one_of(st.none(), NAME))
+def test_every_accepted_tablestore_endpoint_keeps_its_namespace(
+    no_credential_env: None, scheme: str, host: str, slash: bool, instance_in_query: bool,
+    key_id: str, secret: str, token: str | None,
+) -> None:
+    endpoint = f"{scheme}://{host}{'/' if slash else ''}"
+    options = {**BASE, "access.key.id": key_id, "access.key.secret": secret}
+    if instance_in_query:
+        endpoint += "?instance=inst"
+    else:
+        options["instance.name"] = "inst"
+    if token is not None:
+        options["security.token"] = token
+    opts = SourceOptions.from_spark({**options, "endpoint": endpoint})
+    assert opts.safe_endpoint == strip_secrets_before_unification(opts.endpoint)
