@@ -302,7 +302,7 @@ def default_meta_store(endpoint: str) -> str | None:
 
 def _shown(field: str, value: Any) -> Any:
     """An option value as an error may show it: secrets masked, endpoints redacted."""
-    if field == "endpoint" and isinstance(value, str):
+    if field in ("endpoint", "meta_store") and isinstance(value, str):
         return redact_uri(value)
     if isinstance(value, str) and value:
         return shown_value(field, value)
