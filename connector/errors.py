@@ -5,18 +5,16 @@ and renders its message from the class's ``template``. Errors raised on executor
 the driver by pickling; ``__reduce__`` rebuilds them from their fields, so they keep their type
 and fields on the way.
 
-The root ``CdcError`` and the meta store's errors live one layer down, in
-``meta_store.errors`` (``meta_store`` depends on nothing of ``connector``), and are re-exported
-here: the rest of the product imports every error from this module. Nothing here imports
-pyspark or an SDK.
+The root ``CdcError`` lives in the foundation (``cdc_common.errors``) and the meta store's
+errors one layer down (``meta_store.errors``; ``meta_store`` depends on nothing of
+``connector``); both are re-exported here: the rest of the product imports every error from
+this module. Nothing here imports pyspark or an SDK.
 """
 
 from __future__ import annotations
 
-from meta_store.errors import (  # the root and the meta store's errors: the bottom layer
-    CdcError as CdcError,
-)
-from meta_store.errors import (
+from cdc_common.errors import CdcError as CdcError  # the root: the bottom layer
+from meta_store.errors import (  # the meta store's errors, one layer down
     CorruptMetaRecordError as CorruptMetaRecordError,
 )
 from meta_store.errors import (

@@ -16,12 +16,20 @@ import difflib
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cdc_common.credentials import (
+    ALIBABA_ACCESS_KEY_ID,
+    ALIBABA_ACCESS_KEY_SECRET,
+    ALIBABA_SECURITY_TOKEN,
+    alibaba_credentials,
+)
+from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
@@ -48,10 +56,10 @@ OPTIONS: dict[str, tuple[str, str]] = {
                       "first label)"),
     "tunnel.id": ("tunnel_id", "the id of an existing tunnel on the table (instead of, or "
                   "checked against, tunnel.name)"),
-    "access.key.id": ("access_key_id", "an AccessKey id (else ALIBABA_CLOUD_ACCESS_KEY_ID)"),
+    "access.key.id": ("access_key_id", f"an AccessKey id (else {ALIBABA_ACCESS_KEY_ID})"),
     "access.key.secret": ("access_key_secret",
-                          "an AccessKey secret (else ALIBABA_CLOUD_ACCESS_KEY_SECRET)"),
-    "security.token": ("security_token", "an STS token (else ALIBABA_CLOUD_SECURITY_TOKEN)"),
+                          f"an AccessKey secret (else {ALIBABA_ACCESS_KEY_SECRET})"),
+    "security.token": ("security_token", f"an STS token (else {ALIBABA_SECURITY_TOKEN})"),
     "catalog": ("catalog", 'JSON {"columns": {"name": {"type": "string|long|double|boolean|'
                 'binary"}, ...}}'),
     "checkpoint.table": ("checkpoint_table", "a table name in the same instance for the meta "
@@ -63,10 +71,6 @@ DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
                     "security_token", "checkpoint_table")
-#: the environment variables credentials come from when not given as options
-ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
-ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
-ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
 #: the vendor catalog's type names -> Tablestore's
 CATALOG_TYPES = {
     "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
@@ -95,7 +99,7 @@ class SourceOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     #: for a Tablestore endpoint this carries the instance and the credentials (query
-    #: parameters stripped by ``safe_endpoint``): never log or store it, use ``safe_endpoint``
+    #: parameters dropped by ``safe_endpoint``): never log or store it, use ``safe_endpoint``
     endpoint: str = Field(repr=False)
     table_name: str = Field(min_length=1)
     tunnel_name: str = Field(min_length=1)
@@ -126,6 +130,14 @@ class SourceOptions(BaseModel):
             raise ValueError("is blank")
         if value != value.strip():
             raise ValueError("has leading or trailing whitespace")
+        return value
+
+    @field_validator("instance_name")
+    @classmethod
+    def _instance(cls, value: str | None) -> str | None:
+        if value is not None and not TABLESTORE_INSTANCE.match(value):
+            raise ValueError("is not a Tablestore instance name (a letter, then letters, digits "
+                             "or -)")
         return value
 
     @field_validator("tunnel_type", mode="before")
@@ -164,6 +176,12 @@ class SourceOptions(BaseModel):
             raise ValueError("a local endpoint needs an absolute path: local:///abs/path/store.db")
         return value
 
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # ``endpoint`` stays out (repr=False); ``meta.store`` is shown redacted, as a URI with
+        # a secret in it (refused when the store is opened) may be logged before that
+        for name, value in super().__repr_args__():
+            yield name, redact_uri(value) if name == "meta_store" else value
+
     # --- construction -------------------------------------------------------------------
 
     @classmethod
@@ -178,7 +196,9 @@ class SourceOptions(BaseModel):
                                       "supported", allowed="use .option('endpoint', ...)")
                 close = difflib.get_close_matches(key.lower(), _BY_LOWER, n=1, cutoff=0.6)
                 hint = f"did you mean '{_BY_LOWER[close[0]]}'?" if close else "no similar option"
-                raise OptionError(option=key, value=value, problem=f"unknown option; {hint}",
+                # a misspelt secret option (acess.key.secret) must not show its value either
+                raise OptionError(option=key, value=shown_value(key, value),
+                                  problem=f"unknown option; {hint}",
                                   allowed=", ".join(OPTIONS))
             values[OPTIONS[canonical][0]] = value
         for required in ("endpoint", "table.name", "tunnel.name"):
@@ -243,13 +263,17 @@ class SourceOptions(BaseModel):
 
     @property
     def safe_endpoint(self) -> str:
-        return strip_secrets(self.endpoint)
+        """The endpoint as it may be shown and stored (``cdc_common.uris.redact_uri``: no user
+        info, no secret query pair). Part of ``source_identity``, and stored in the namespace
+        description: its form for an endpoint in use never changes (tests/test_uri_pins.py)."""
+        return redact_uri(self.endpoint)
 
     @property
     def source_identity(self) -> str:
         """What a Spark checkpoint directory is bound to: endpoint + table + tunnel.
 
-        Also the meta-store namespace, so it never contains secrets."""
+        Also the meta-store namespace, so it never contains secrets, and an existing meta table
+        is found again only while its bytes stay the same (``safe_endpoint``)."""
         return f"{self.safe_endpoint}#{self.table_name}#{self.tunnel_name}"
 
     @property
@@ -265,19 +289,6 @@ def _problem(message: str) -> str:
     return message
 
 
-def strip_secrets(uri: str) -> str:
-    """Drop user info and query parameters that look like credentials from a URI."""
-    parts = urlsplit(uri)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    secret_words = ("secret", "token", "key", "password")
-    query = "&".join(
-        kv for kv in parts.query.split("&")
-        if kv and not any(word in kv.split("=", 1)[0].lower() for word in secret_words)
-    )
-    # not urlunsplit: it turns "local:///abs" into "local:/abs"
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-
-
 def default_meta_store(endpoint: str) -> str | None:
     """For a local endpoint, a SQLite meta store beside the store file; else none. (A
     Tablestore endpoint's default, a table in the same instance, is set by
@@ -290,11 +301,11 @@ def default_meta_store(endpoint: str) -> str | None:
 
 
 def _shown(field: str, value: Any) -> Any:
-    """An option value as an error may show it: secrets masked, endpoints stripped."""
-    if field in ("access_key_secret", "security_token", "access_key_id") and value:
-        return "***"
-    if field == "endpoint" and isinstance(value, str):
-        return strip_secrets(value)
+    """An option value as an error may show it: secrets masked, endpoints redacted."""
+    if field in ("endpoint", "meta_store") and isinstance(value, str):
+        return redact_uri(value)
+    if isinstance(value, str) and value:
+        return shown_value(field, value)
     return value
 
 
@@ -324,18 +335,18 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     """Fold the instance and credentials into a Tablestore endpoint's query (driver).
 
     The endpoint travels to executors inside partitions (they open their own clients); every
-    copy that is logged or stored goes through ``strip_secrets``, which drops the credential
+    copy that is logged or stored goes through ``redact_uri``, which drops the credential
     parameters. Credentials not given as options come from the environment of the driver."""
     values = dict(values)
     endpoint = str(values["endpoint"])
     parts = urlsplit(endpoint)
     if parts.username or parts.password:
-        raise OptionError(option="endpoint", value=strip_secrets(endpoint),
+        raise OptionError(option="endpoint", value=redact_uri(endpoint),
                           problem="credentials do not belong in the endpoint",
                           allowed="access.key.id / access.key.secret options or "
-                          f"{ENV_ACCESS_KEY_ID} / {ENV_ACCESS_KEY_SECRET}")
+                          f"{ALIBABA_ACCESS_KEY_ID} / {ALIBABA_ACCESS_KEY_SECRET}")
     if parts.path not in ("", "/"):
-        raise OptionError(option="endpoint", value=strip_secrets(endpoint),
+        raise OptionError(option="endpoint", value=redact_uri(endpoint),
                           problem="a Tablestore endpoint has no path",
                           allowed="https://INSTANCE.REGION.ots.aliyuncs.com")
     query = dict(parse_qsl(parts.query))
@@ -347,16 +358,11 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
         raise OptionError(option="instance.name", value=None,
                           problem="is required for this endpoint (its host does not name the "
                           "instance)", allowed=OPTIONS["instance.name"][1])
-    creds = {
-        "access_key_id": values.get("access_key_id") or query.get("access_key_id")
-        or os.environ.get(ENV_ACCESS_KEY_ID),
-        "access_key_secret": values.get("access_key_secret")
-        or query.get("access_key_secret") or os.environ.get(ENV_ACCESS_KEY_SECRET),
-        "security_token": values.get("security_token") or query.get("security_token")
-        or os.environ.get(ENV_SECURITY_TOKEN),
-    }
-    for field, env in (("access_key_id", ENV_ACCESS_KEY_ID),
-                       ("access_key_secret", ENV_ACCESS_KEY_SECRET)):
+    given = alibaba_credentials(*(values.get(field) or query.get(field) for field in
+                                  ("access_key_id", "access_key_secret", "security_token")))
+    creds = asdict(given)
+    for field, env in (("access_key_id", ALIBABA_ACCESS_KEY_ID),
+                       ("access_key_secret", ALIBABA_ACCESS_KEY_SECRET)):
         if not creds[field]:
             raise OptionError(option=_FIELD_TO_OPTION[field], value=None,
                               problem=f"is required for a Tablestore endpoint (or set {env})",

@@ -6,16 +6,18 @@
 - ``tablestore://INSTANCE/TABLE?endpoint=https://...&create_table=true`` — a Tablestore table
   (or the local emulator, ``endpoint=http://127.0.0.1:PORT``) (``pip install '.[tablestore]'``).
 
-Backends are imported lazily so boto3 is only needed for ``dynamodb://`` and the tablestore SDK
-only for ``tablestore://``.
+Backends are imported lazily (``cdc_common.registry``) so boto3 is only needed for
+``dynamodb://`` and the tablestore SDK only for ``tablestore://``; a missing one is refused with
+the ``pip install`` line that brings it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+from cdc_common.registry import Backend, BackendRegistry
+from cdc_common.uris import redact_uri
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -27,13 +29,18 @@ from meta_store.base import (
 )
 from meta_store.errors import MetaStoreUriError
 
-#: scheme -> (dotted path of the backend class, how to install what it needs)
-META_BACKENDS: dict[str, tuple[str, str]] = {
-    "sqlite": ("meta_store.sqlite:SqliteMetaStore", "included"),
-    "dynamodb": ("meta_store.dynamodb:DynamoDbMetaStore", "pip install 'tablestore-cdc[dynamodb]'"),
-    "tablestore": ("meta_store.tablestore:TablestoreMetaStore",
-                   "pip install 'tablestore-cdc[tablestore]'"),
-}
+#: scheme -> the meta-store backend class and how to install what it needs
+META_BACKENDS = BackendRegistry(
+    {
+        "sqlite": Backend("meta_store.sqlite:SqliteMetaStore"),
+        "dynamodb": Backend("meta_store.dynamodb:DynamoDbMetaStore",
+                            "pip install 'tablestore-cdc[dynamodb]'"),
+        "tablestore": Backend("meta_store.tablestore:TablestoreMetaStore",
+                              "pip install 'tablestore-cdc[tablestore]'"),
+    },
+    refuse=lambda uri, problem, allowed: MetaStoreUriError(uri=uri, reason=f"{problem}; "
+                                                           f"use {allowed}"),
+)
 
 
 def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None) -> MetaStore:
@@ -43,28 +50,17 @@ def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None) -> M
     are for backends that take them from the caller rather than the URI, which never holds a
     secret: the Tablestore backend (else it reads ``ALIBABA_CLOUD_*``). Other backends use their
     own credential chains and refuse them."""
-    scheme = urlsplit(uri).scheme
-    if scheme not in META_BACKENDS:
-        raise MetaStoreUriError(
-            uri=uri, reason=f"unsupported scheme {scheme!r}; use one of "
-            + ", ".join(f"{s}://" for s in sorted(META_BACKENDS)),
-        )
-    target, install_hint = META_BACKENDS[scheme]
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise MetaStoreUriError(
-            uri=uri, reason=f"backend unavailable ({exc}); {install_hint}"
-        ) from exc
-    backend = getattr(module, class_name)
+    backend = META_BACKENDS.load(uri)
     if credentials:
+        scheme = urlsplit(uri).scheme
         if scheme != "tablestore":
             raise MetaStoreUriError(
-                uri=uri, reason=f"a {scheme}:// meta store takes no credentials from the source's "
-                "options (it uses its own credential chain)")
-        return backend.from_uri(uri, **credentials)
-    return backend.from_uri(uri)
+                uri=redact_uri(uri), reason=f"a {scheme}:// meta store takes no credentials from "
+                "the source's options (it uses its own credential chain)")
+        store: MetaStore = backend.from_uri(uri, **credentials)
+    else:
+        store = backend.from_uri(uri)
+    return store
 
 
 __all__ = [

@@ -32,12 +32,8 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
 from meta_store.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
-
-#: The token of a channel read to its end: the tunnel's ``FINISHED`` (connector.tunnel.base),
-#: repeated here because the meta store depends on nothing above it (tests/test_layering.py
-#: checks the two agree).
-FINISHED = "finished"
 
 
 class BatchState(str, enum.Enum):  # noqa: UP042 - keep str() as is for callers

@@ -17,11 +17,13 @@ with these optional query parameters (anything else is refused, naming what is a
 - ``connect_timeout`` / ``read_timeout`` (seconds, default 5 / 20);
 - ``page_size``: the ``Limit`` of each Query/Scan page (default: DynamoDB's 1 MB pages).
 
+The query is validated by ``DynamoDbUriQuery`` (``cdc_common.uris.parse_query``).
+
 Credentials: only the standard AWS chain (environment, ``profile``, container/instance role).
-A URI that carries credentials (``user:secret@``, ``aws_secret_access_key=``, ``token=``...)
-is refused with ``MetaStoreUriError`` whose message hides the values: the URI travels in Spark
-options, plans and logs, so it must never hold a secret. ``.uri``, ``repr`` and ``str`` show
-only the parameters above.
+A URI that carries credentials (``user:secret@``, ``aws_secret_access_key=``, ``token=``...:
+``cdc_common.uris``'s one rule) is refused with ``MetaStoreUriError`` whose message hides the
+values: the URI travels in Spark options, plans and logs, so it must never hold a secret.
+``.uri``, ``repr`` and ``str`` show only the parameters above.
 
 boto3 sessions are cached per profile for the life of the process (creating one costs
 ~50 ms, and executors open a store per ``read()``); credentials are therefore resolved once
@@ -54,13 +56,17 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlencode, urlsplit
 
 import boto3
 import botocore.exceptions
 from botocore.config import Config
+from pydantic import Field
 
+from cdc_common.aws_errors import is_transient
+from cdc_common.credentials import AWS_CREDENTIAL_CHAIN, AWS_DEFAULT_REGION
+from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query, redact_uri
 from meta_store.base import BatchRecord, BatchState, Manifest
 from meta_store.errors import (
     MetaStoreRequestError,
@@ -87,17 +93,7 @@ COMPRESS_OVER_BYTES = 300_000
 #: Hard stop before DynamoDB's 400 KB item limit (the rest of the row is small).
 MAX_MANIFEST_BYTES = 390_000
 
-_PARAMS = ("region", "endpoint_url", "profile", "create_table", "retry_mode", "max_attempts",
-           "connect_timeout", "read_timeout", "page_size")
-#: query keys that look like credentials: refused outright
-SECRET_QUERY_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
-                         r"session|signature|auth", re.IGNORECASE)
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
-TRANSIENT_ERROR_CODES = frozenset({
-    "ProvisionedThroughputExceededException", "ThrottlingException", "Throttling",
-    "RequestLimitExceeded", "InternalServerError", "InternalFailure", "ServiceUnavailable",
-    "ServiceUnavailableException", "LimitExceededException", "TransactionInProgressException",
-})
 _BATCH_GET_MAX = 100
 _UNPROCESSED_ROUNDS = 10
 
@@ -113,20 +109,23 @@ def _session(profile: str | None) -> boto3.session.Session:
         return _sessions[profile]
 
 
-def _redact(uri: str) -> str:
-    """The URI for messages: no userinfo, and values of parameters we do not know hidden."""
-    def strip_userinfo(url: str) -> str:
-        netloc = urlsplit(url).netloc
-        return url.replace(netloc, netloc.rpartition("@")[2], 1) if "@" in netloc else url
+class DynamoDbUriQuery(UriQuery):
+    """The query of a ``dynamodb://TABLE?...`` URI (module docstring)."""
 
-    try:
-        base, _, rest = uri.partition("?")
-        query = [(k, strip_userinfo(v) if k == "endpoint_url" else v if k in _PARAMS else "***")
-                 for k, v in parse_qsl(rest.partition("#")[0], keep_blank_values=True)]
-        base = strip_userinfo(base)
-        return f"{base}?{urlencode(query, safe='*/:')}" if query else base
-    except ValueError:
-        return "dynamodb://<unparseable URI>"
+    credentials_hint: ClassVar[str] = f"use {AWS_CREDENTIAL_CHAIN}"
+
+    region: str | None = None
+    endpoint_url: HttpEndpoint | None = Field(None, description="http(s)://host[:port]")
+    profile: str | None = None
+    create_table: UriBool = False
+    retry_mode: Literal["standard", "adaptive"] = Field("standard",
+                                                        description="standard or adaptive")
+    max_attempts: int = Field(8, ge=1, le=50, description="an integer from 1 to 50")
+    connect_timeout: float = Field(5.0, ge=0.001, le=600.0,
+                                   description="a number from 0.001 to 600.0")
+    read_timeout: float = Field(20.0, ge=0.001, le=600.0,
+                                description="a number from 0.001 to 600.0")
+    page_size: int | None = Field(None, ge=1, le=10_000, description="an integer from 1 to 10000")
 
 
 def _s(value: str) -> dict[str, str]:
@@ -217,7 +216,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         if not self.region:
             raise MetaStoreUriError(
                 uri=self.uri, reason="no AWS region: pass region=... in the URI or set "
-                "AWS_DEFAULT_REGION / a profile region",
+                f"{AWS_DEFAULT_REGION} / a profile region",
             )
         settings: dict[str, Any] = {
             "region_name": self.region,
@@ -244,7 +243,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
     @classmethod
     def from_uri(cls, uri: str) -> DynamoDbMetaStore:
         """Open ``dynamodb://TABLE?...`` (driver, executors, CLI); see the module docstring."""
-        shown = _redact(uri)
+        shown = redact_uri(uri, DynamoDbUriQuery.model_fields)
         try:
             parts = urlsplit(uri)
         except ValueError as exc:
@@ -253,8 +252,8 @@ class DynamoDbMetaStore(KeyValueMetaStore):
             raise MetaStoreUriError(uri=shown, reason="not a dynamodb:// URI")
         if "@" in parts.netloc:
             raise MetaStoreUriError(
-                uri=shown, reason="credentials are not accepted in the URI; use the standard "
-                "AWS chain (environment variables, profile=NAME, an instance or task role)",
+                uri=shown, reason=f"credentials are not accepted in the URI; use "
+                f"{AWS_CREDENTIAL_CHAIN}",
             )
         table = parts.netloc
         if not table:
@@ -270,72 +269,9 @@ class DynamoDbMetaStore(KeyValueMetaStore):
             raise MetaStoreUriError(
                 uri=shown, reason="nothing may follow the table name but ?parameters",
             )
-        raw: dict[str, str] = {}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if SECRET_QUERY_KEY.search(key) and key not in _PARAMS:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"parameter {key!r} looks like a credential; credentials "
-                    "are not accepted in the URI (it is shown in logs and Spark plans); use "
-                    "the standard AWS chain (environment variables, profile=NAME, a role)",
-                )
-            if key not in _PARAMS:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"unknown parameter {key!r}; allowed: "
-                    + ", ".join(_PARAMS),
-                )
-            if key in raw:
-                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} given twice")
-            if not value:
-                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} is empty")
-            raw[key] = value
-        options: dict[str, Any] = {}
-        for key in ("region", "profile"):
-            if key in raw:
-                options[key] = raw[key]
-        if "endpoint_url" in raw:
-            endpoint = urlsplit(raw["endpoint_url"])
-            if endpoint.scheme not in ("http", "https") or not endpoint.hostname:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"endpoint_url must be http(s)://host[:port], got "
-                    f"{raw['endpoint_url']!r}",
-                )
-            if "@" in endpoint.netloc:
-                raise MetaStoreUriError(
-                    uri=shown, reason="credentials are not accepted in endpoint_url; use the "
-                    "standard AWS chain",
-                )
-            options["endpoint_url"] = raw["endpoint_url"]
-        if "create_table" in raw:
-            flag = raw["create_table"].lower()
-            if flag not in ("true", "false"):
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"create_table must be true or false, got "
-                    f"{raw['create_table']!r}",
-                )
-            options["create_table"] = flag == "true"
-        if "retry_mode" in raw:
-            if raw["retry_mode"] not in ("standard", "adaptive"):
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"retry_mode must be standard or adaptive, got "
-                    f"{raw['retry_mode']!r}",
-                )
-            options["retry_mode"] = raw["retry_mode"]
-        for key, low, high, kind in (("max_attempts", 1, 50, int), ("page_size", 1, 10_000, int),
-                                     ("connect_timeout", 0.001, 600.0, float),
-                                     ("read_timeout", 0.001, 600.0, float)):
-            if key not in raw:
-                continue
-            try:
-                number = kind(raw[key])
-            except ValueError:
-                number = None
-            if number is None or not low <= number <= high:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"{key} must be a{'n integer' if kind is int else ' number'}"
-                    f" from {low} to {high}, got {raw[key]!r}",
-                )
-            options[key] = number
-        return cls(table, **options)
+        query = parse_query(parts.query, DynamoDbUriQuery,
+                            lambda reason: MetaStoreUriError(uri=shown, reason=reason))
+        return cls(table, **query.model_dump())
 
     def _ensure_table(self) -> None:
         """``create_table=true``: create the table when missing, wait until active, and check
@@ -401,7 +337,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
                 raise ConditionFailed(_row(item) if item else None) from None
             if code == "ResourceNotFoundException":
                 raise MetaTableMissingError(table=self.table, location=self._location()) from None
-            if code in TRANSIENT_ERROR_CODES or status >= 500:
+            if is_transient(code, status):
                 raise TransientMetaStoreError(
                     detail=f"{self.uri}: DynamoDB {operation} failed with {code or status} after "
                     f"{int(meta.get('RetryAttempts') or 0) + 1} attempt(s): {message}",
@@ -422,9 +358,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         except botocore.exceptions.NoCredentialsError:
             raise MetaStoreRequestError(
                 store=self.uri, operation=f"DynamoDB {operation}",
-                reason="no AWS credentials found; provide them through the standard chain "
-                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile=NAME, an instance or task "
-                "role)",
+                reason=f"no AWS credentials found; provide them through {AWS_CREDENTIAL_CHAIN}",
             ) from None
         except botocore.exceptions.BotoCoreError as exc:
             raise MetaStoreRequestError(

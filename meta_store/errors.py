@@ -1,49 +1,17 @@
-"""The root of the product's typed errors, and the meta store's own errors.
+"""The meta store's errors, on the product's root error ``CdcError`` (``cdc_common.errors``).
 
-This is the bottom layer: ``meta_store`` depends on nothing else of the product, and
-``connector.errors`` (tunnel, option and protocol errors) builds on the root defined here and
-re-exports everything below, so callers import errors from ``connector.errors`` as before.
-
-Every error is raised with keyword fields only (``UnknownBatchError(uuid=..., namespace=...)``)
-and renders its message from the class's ``template``. Errors raised on executors travel back to
-the driver by pickling; ``__reduce__`` rebuilds them from their fields, so they keep their type
-and fields on the way. Nothing here imports pyspark or an SDK.
+``CdcError`` is re-exported here, so code of the meta-store layer imports every error it needs
+from this module; ``connector.errors`` re-exports all of these in turn, and the rest of the
+product imports errors from there. Every error is raised with keyword fields only
+(``UnknownBatchError(uuid=..., namespace=...)``), renders its message from its ``template`` and
+survives pickling (``CdcError.__reduce__``). Nothing here imports pyspark or an SDK.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-
-def _rebuild(cls: type[CdcError], fields: dict[str, Any]) -> CdcError:
-    return cls(**fields)
-
-
-class CdcError(Exception):
-    """Root of every error this product raises on purpose."""
-
-    template: ClassVar[str] = "{detail}"
-    #: True when retrying the same call later may succeed (throttling, a service restart).
-    retryable: ClassVar[bool] = False
-
-    def __init__(self, **fields: Any) -> None:
-        self.fields = fields
-        for key, value in fields.items():
-            setattr(self, key, value)
-        try:
-            message = self.template.format(**fields)
-        except (KeyError, IndexError):  # a field missing from the call: still say something
-            message = f"{self.template} {fields}"
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.fields))
-
-    def __str__(self) -> str:
-        # The rendered message as is: KeyError (a base of the Unknown*Error classes) would
-        # otherwise quote it like a repr.
-        return str(self.args[0]) if self.args else ""
-
+from cdc_common.errors import CdcError as CdcError
 
 # --- meta store -----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """SQLite meta store: the embedded default for one machine (driver + local executors).
 
-URI: ``sqlite:///abs/path/meta.db`` with optional query parameters
+URI: ``sqlite:///abs/path/meta.db`` with optional query parameters (``SqliteUriQuery``,
+validated by ``cdc_common.uris.parse_query``)
 
 - ``busy_timeout_ms`` (default 10000): how long one statement waits for another process's
   write lock before SQLite gives up with "database is locked";
@@ -43,11 +44,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import unquote, urlencode, urlsplit
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
+from cdc_common.uris import UriQuery, parse_query, redact_uri
 from meta_store.base import (
     UNREAD_MANIFEST,
     BatchRecord,
@@ -94,7 +96,6 @@ _DDL = (
 _STATE_INDEX = ("CREATE INDEX IF NOT EXISTS cdc_batches_state ON cdc_batches (ns, state_rank)")
 
 _DEFAULTS = {"busy_timeout_ms": 10_000, "lock_retries": 3}
-_LIMITS = {"busy_timeout_ms": (1, 600_000), "lock_retries": (0, 100)}
 #: SQLite result codes (primary, low byte) meaning "another connection holds the lock"
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 _INFO = TypeAdapter(dict[str, str])
@@ -114,14 +115,15 @@ def _is_locked(exc: sqlite3.Error) -> bool:
     return "database is locked" in text or "database is busy" in text or "is locked" in text
 
 
-def _redact(uri: str) -> str:
-    """The URI for messages: values of query parameters we do not know are hidden."""
-    base, _, rest = uri.partition("?")
-    if not rest:
-        return uri
-    query = [(k, v if k in _DEFAULTS else "***")
-             for k, v in parse_qsl(rest.partition("#")[0], keep_blank_values=True)]
-    return f"{base}?{urlencode(query, safe='*/:')}"
+class SqliteUriQuery(UriQuery):
+    """The query of a ``sqlite:///abs/path/meta.db?...`` URI (module docstring)."""
+
+    credentials_hint: ClassVar[str] = "a SQLite file takes no credentials"
+
+    busy_timeout_ms: int = Field(_DEFAULTS["busy_timeout_ms"], ge=1, le=600_000,
+                                 description="an integer from 1 to 600000")
+    lock_retries: int = Field(_DEFAULTS["lock_retries"], ge=0, le=100,
+                              description="an integer from 0 to 100")
 
 
 class SqliteMetaStore(MetaStore):
@@ -159,14 +161,14 @@ class SqliteMetaStore(MetaStore):
     def from_uri(cls, uri: str) -> SqliteMetaStore:
         """Open ``sqlite:///abs/path/meta.db[?busy_timeout_ms=..&lock_retries=..]``
         (driver, executors, CLI). Creates the file and schema when absent."""
-        shown = _redact(uri)
+        shown = redact_uri(uri, SqliteUriQuery.model_fields)
         parts = urlsplit(uri)
         if parts.scheme != "sqlite":
             raise MetaStoreUriError(uri=shown, reason="not a sqlite:// URI")
         if parts.netloc:
             raise MetaStoreUriError(
                 uri=shown, reason=f"the path must be absolute: sqlite:///abs/path/meta.db (three "
-                f"slashes); {parts.netloc!r} was read as a host name",
+                f"slashes); {parts.netloc.rpartition('@')[2]!r} was read as a host name",
             )
         path = unquote(parts.path)
         if not path or not os.path.isabs(path) or path.endswith("/"):
@@ -176,26 +178,8 @@ class SqliteMetaStore(MetaStore):
             )
         if parts.fragment:
             raise MetaStoreUriError(uri=shown, reason="a fragment (#...) is not allowed")
-        options: dict[str, int] = {}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key not in _DEFAULTS:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"unknown parameter {key!r}; allowed: "
-                    + ", ".join(sorted(_DEFAULTS)),
-                )
-            if key in options:
-                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} given twice")
-            low, high = _LIMITS[key]
-            try:
-                number = int(value)
-            except ValueError:
-                number = low - 1
-            if not low <= number <= high:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"parameter {key!r} must be an integer from {low} to "
-                    f"{high}, got {value!r}",
-                )
-            options[key] = number
+        query = parse_query(parts.query, SqliteUriQuery,
+                            lambda reason: MetaStoreUriError(uri=shown, reason=reason))
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             raise MetaStoreUriError(
@@ -203,11 +187,7 @@ class SqliteMetaStore(MetaStore):
             )
         if os.path.isdir(path):
             raise MetaStoreUriError(uri=shown, reason=f"{path!r} is a directory, not a file")
-        return cls(
-            path,
-            busy_timeout_ms=options.get("busy_timeout_ms", _DEFAULTS["busy_timeout_ms"]),
-            lock_retries=options.get("lock_retries", _DEFAULTS["lock_retries"]),
-        )
+        return cls(path, busy_timeout_ms=query.busy_timeout_ms, lock_retries=query.lock_retries)
 
     def _init_schema(self, conn: sqlite3.Connection) -> None:
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]

@@ -17,13 +17,15 @@ is refused, naming what is allowed):
 - ``page_size``: the ``limit`` of each GetRange page (default: the service's pages, at most
   5000 rows or 4 MB).
 
+The query is validated by ``TablestoreUriQuery`` (``cdc_common.uris.parse_query``).
+
 Credentials: ``access_key_id`` / ``access_key_secret`` / ``security_token`` keyword arguments
 of ``from_uri`` or the constructor (the source's options), else the environment variables
 ``ALIBABA_CLOUD_ACCESS_KEY_ID``, ``ALIBABA_CLOUD_ACCESS_KEY_SECRET`` and the optional
-``ALIBABA_CLOUD_SECURITY_TOKEN`` (STS). A URI that carries credentials (``user:secret@``,
-``access_key_secret=``, ``token=``...) is refused with ``MetaStoreUriError`` whose message hides
-the values: the URI travels in Spark options, plans and logs. ``.uri``/``repr`` show only the
-parameters above.
+``ALIBABA_CLOUD_SECURITY_TOKEN`` (STS) (``cdc_common.credentials``). A URI that carries
+credentials (``user:secret@``, ``access_key_secret=``, ``token=``...: ``cdc_common.uris``'s one
+rule) is refused with ``MetaStoreUriError`` whose message hides the values: the URI travels in
+Spark options, plans and logs. ``.uri``/``repr`` show only the parameters above.
 
 Who opens it: the driver's planning process, each executor inside ``read()`` (single-row
 requests), the inspection CLI and the dashboard. Opening makes no request unless
@@ -49,14 +51,14 @@ Reads are strongly consistent (as Tablestore's always are).
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from typing import Any, ClassVar
+from urllib.parse import urlencode, urlsplit
 
+from pydantic import Field
 from tablestore import (
     INF_MAX,
     INF_MIN,
@@ -78,6 +80,20 @@ from tablestore import (
 )
 from tablestore.retry import WriteRetryPolicy
 
+from cdc_common.credentials import (
+    ALIBABA_ACCESS_KEY_ID,
+    ALIBABA_ACCESS_KEY_SECRET,
+    ALIBABA_SECURITY_TOKEN,
+    alibaba_credentials,
+)
+from cdc_common.uris import (
+    TABLESTORE_INSTANCE,
+    HttpOrigin,
+    UriBool,
+    UriQuery,
+    parse_query,
+    redact_uri,
+)
 from meta_store.base import BatchRecord, BatchState, Manifest
 from meta_store.errors import (
     MetaStoreRequestError,
@@ -103,17 +119,12 @@ MAX_COLUMN_BYTES = 2_000_000
 MAX_KEY_BYTES = 1024
 #: Rows per BatchWriteRow (the service's limit).
 BATCH_WRITE_MAX = 200
-#: The environment variables credentials come from when not passed in.
-ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
-ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
-ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
 #: The SDK's logger: it logs every service error (expected ones too, such as a lost race).
 SDK_LOGGER = "meta_store.tablestore.sdk"
 
-_PARAMS = ("endpoint", "create_table", "max_attempts", "socket_timeout", "page_size")
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
-                         r"session|signature|auth", re.IGNORECASE)
-_INSTANCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,63}$")
+#: where credentials come from instead of the URI
+_CREDENTIALS = (f"set {ALIBABA_ACCESS_KEY_ID}/{ALIBABA_ACCESS_KEY_SECRET} or pass them in the "
+                "source's options")
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 _KEY_SCHEMA = [("ns", "STRING"), ("sk", "STRING")]
 _TRANSIENT_CODES = frozenset({
@@ -133,20 +144,18 @@ class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
         self.max_retry_times = max_attempts - 1
 
 
-def _redact(uri: str) -> str:
-    """The URI for messages: no userinfo, values of unknown parameters hidden."""
-    def strip_userinfo(url: str) -> str:
-        netloc = urlsplit(url).netloc
-        return url.replace(netloc, netloc.rpartition("@")[2], 1) if "@" in netloc else url
+class TablestoreUriQuery(UriQuery):
+    """The query of a ``tablestore://INSTANCE/TABLE?...`` URI (module docstring)."""
 
-    try:
-        base, _, rest = uri.partition("?")
-        query = [(k, strip_userinfo(v) if k == "endpoint" else v if k in _PARAMS else "***")
-                 for k, v in parse_qsl(rest.partition("#")[0], keep_blank_values=True)]
-        base = strip_userinfo(base)
-        return f"{base}?{urlencode(query, safe='*/:')}" if query else base
-    except ValueError:
-        return "tablestore://<unparseable URI>"
+    credentials_hint: ClassVar[str] = _CREDENTIALS
+
+    endpoint: HttpOrigin = Field(description="http(s)://host[:port], e.g. "
+                                 "https://INSTANCE.cn-hangzhou.ots.aliyuncs.com")
+    create_table: UriBool = False
+    max_attempts: int = Field(8, ge=1, le=50, description="an integer from 1 to 50")
+    socket_timeout: float = Field(20.0, ge=0.001, le=600.0,
+                                  description="a number from 0.001 to 600.0")
+    page_size: int | None = Field(None, ge=1, le=5000, description="an integer from 1 to 5000")
 
 
 def _prefix_end(prefix: str) -> str:
@@ -201,22 +210,21 @@ class TablestoreMetaStore(KeyValueMetaStore):
         self.instance, self.table, self.endpoint = instance, table, endpoint
         self.page_size = page_size
         self.max_attempts = self.delete_rounds = max_attempts
-        key_id = access_key_id or os.environ.get(ENV_ACCESS_KEY_ID)
-        secret = access_key_secret or os.environ.get(ENV_ACCESS_KEY_SECRET)
-        token = security_token or os.environ.get(ENV_SECURITY_TOKEN) or None
-        if not key_id or not secret:
+        creds = alibaba_credentials(access_key_id, access_key_secret, security_token)
+        if not creds.complete:
             raise MetaStoreRequestError(
                 store=self.uri, operation="open",
-                reason=f"no Tablestore credentials: set {ENV_ACCESS_KEY_ID} and "
-                f"{ENV_ACCESS_KEY_SECRET} (and {ENV_SECURITY_TOKEN} for STS), or pass them "
-                "in the source's options",
+                reason=f"no Tablestore credentials: set {ALIBABA_ACCESS_KEY_ID} and "
+                f"{ALIBABA_ACCESS_KEY_SECRET} (and {ALIBABA_SECURITY_TOKEN} for STS), or pass "
+                "them in the source's options",
             )
         sdk_log = logging.getLogger(SDK_LOGGER)
         if sdk_log.level == logging.NOTSET:
             sdk_log.setLevel(logging.CRITICAL)  # our typed errors carry what it would log
         try:
             self._client = OTSClient(
-                endpoint, key_id, secret, instance, sts_token=token,
+                endpoint, creds.access_key_id, creds.access_key_secret, instance,
+                sts_token=creds.security_token,
                 socket_timeout=socket_timeout, retry_policy=_RetryPolicy(max_attempts),
                 logger_name=SDK_LOGGER,
             )
@@ -239,7 +247,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
     ) -> TablestoreMetaStore:
         """Open ``tablestore://INSTANCE/TABLE?endpoint=...`` (driver, executors, CLI);
         credentials as keyword arguments or from the environment (module docstring)."""
-        shown = _redact(uri)
+        shown = redact_uri(uri, TablestoreUriQuery.model_fields)
         try:
             parts = urlsplit(uri)
         except ValueError as exc:
@@ -248,16 +256,14 @@ class TablestoreMetaStore(KeyValueMetaStore):
             raise MetaStoreUriError(uri=shown, reason="not a tablestore:// URI")
         if "@" in parts.netloc:
             raise MetaStoreUriError(
-                uri=shown, reason="credentials are not accepted in the URI; set "
-                f"{ENV_ACCESS_KEY_ID}/{ENV_ACCESS_KEY_SECRET} or pass them in the source's "
-                "options",
+                uri=shown, reason=f"credentials are not accepted in the URI; {_CREDENTIALS}",
             )
         instance, table = parts.netloc, parts.path.removeprefix("/")
         if not instance or not table:
             raise MetaStoreUriError(
                 uri=shown, reason="use tablestore://INSTANCE/TABLE?endpoint=https://...",
             )
-        if not _INSTANCE_NAME.match(instance):
+        if not TABLESTORE_INSTANCE.match(instance):
             raise MetaStoreUriError(
                 uri=shown, reason=f"instance name {instance!r} is not valid (a letter, then "
                 "letters, digits or -)",
@@ -269,66 +275,13 @@ class TablestoreMetaStore(KeyValueMetaStore):
             )
         if parts.fragment:
             raise MetaStoreUriError(uri=shown, reason="a URI fragment (#...) is not allowed")
-        raw: dict[str, str] = {}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if _SECRET_KEY.search(key) and key not in _PARAMS:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"parameter {key!r} looks like a credential; credentials "
-                    "are not accepted in the URI (it is shown in logs and Spark plans); set "
-                    f"{ENV_ACCESS_KEY_ID}/{ENV_ACCESS_KEY_SECRET} or use the source's options",
-                )
-            if key not in _PARAMS:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"unknown parameter {key!r}; allowed: " + ", ".join(_PARAMS),
-                )
-            if key in raw:
-                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} given twice")
-            if not value:
-                raise MetaStoreUriError(uri=shown, reason=f"parameter {key!r} is empty")
-            raw[key] = value
-        if "endpoint" not in raw:
-            raise MetaStoreUriError(
-                uri=shown, reason="parameter 'endpoint' is required, e.g. "
-                "endpoint=https://INSTANCE.cn-hangzhou.ots.aliyuncs.com",
-            )
-        endpoint = urlsplit(raw["endpoint"])
-        if (endpoint.scheme not in ("http", "https") or not endpoint.hostname
-                or endpoint.path not in ("", "/") or endpoint.query):
-            raise MetaStoreUriError(
-                uri=shown, reason=f"endpoint must be http(s)://host[:port], got "
-                f"{raw['endpoint']!r}",
-            )
-        if "@" in endpoint.netloc:
-            raise MetaStoreUriError(
-                uri=shown, reason="credentials are not accepted in endpoint; set "
-                f"{ENV_ACCESS_KEY_ID}/{ENV_ACCESS_KEY_SECRET}",
-            )
-        options: dict[str, Any] = {"endpoint": raw["endpoint"].rstrip("/")}
-        if "create_table" in raw:
-            flag = raw["create_table"].lower()
-            if flag not in ("true", "false"):
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"create_table must be true or false, got "
-                    f"{raw['create_table']!r}",
-                )
-            options["create_table"] = flag == "true"
-        for key, low, high, kind in (("max_attempts", 1, 50, int), ("page_size", 1, 5000, int),
-                                     ("socket_timeout", 0.001, 600.0, float)):
-            if key not in raw:
-                continue
-            try:
-                number = kind(raw[key])
-            except ValueError:
-                number = None
-            if number is None or not low <= number <= high:
-                raise MetaStoreUriError(
-                    uri=shown, reason=f"{key} must be a{'n integer' if kind is int else ' number'}"
-                    f" from {low} to {high}, got {raw[key]!r}",
-                )
-            options[key] = number
-        return cls(instance, table, access_key_id=access_key_id,
-                   access_key_secret=access_key_secret, security_token=security_token,
-                   **options)
+        query = parse_query(parts.query, TablestoreUriQuery,
+                            lambda reason: MetaStoreUriError(uri=shown, reason=reason))
+        return cls(instance, table, endpoint=query.endpoint.rstrip("/"),
+                   create_table=query.create_table, max_attempts=query.max_attempts,
+                   socket_timeout=query.socket_timeout, page_size=query.page_size,
+                   access_key_id=access_key_id, access_key_secret=access_key_secret,
+                   security_token=security_token)
 
     def _ensure_table(self) -> None:
         """``create_table=true``: create the table when missing; check an existing table's key."""

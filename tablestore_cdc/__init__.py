@@ -2,8 +2,9 @@
 
 Layers, each standing only on those before it (tests/test_layering.py keeps it so):
 
-1. ``meta_store``          the meta table: interface, SQLite/DynamoDB/Tablestore backends,
-                           and the product's root error type;
+0. ``cdc_common``          the foundation: the root error type, the ``FINISHED`` token, URI
+                           redaction and query models, the backend registry, credential names;
+1. ``meta_store``          the meta table: interface, SQLite/DynamoDB/Tablestore backends;
 2. ``connector``           the Spark source: options, protocol (driver), reader (executors),
                            tunnel interface and backends, the embedded store;
 3. ``tablestore_emulator`` a local Tablestore server over the embedded store;

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+from cdc_common.tokens import FINISHED
 from connector.errors import (
     CdcError,
     CorruptMetaRecordError,
@@ -53,8 +54,6 @@ QUERY_PROGRESS_PREFIX = "query-progress#"
 QUERY_PROGRESS_KEEP = 200
 #: the shortest UUID prefix ``find_batch`` accepts
 MIN_PREFIX = 4
-#: FINISHED token (kept as a literal so this module does not import the tunnel package eagerly)
-FINISHED = "finished"
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
 from connector.protocol import LOG_LEVEL_ENV
 from connector.tunnel.local import LocalTablestore
 from tablestore_cdc.cli_errors import fail, reported_errors
@@ -239,8 +240,8 @@ def _start_demo_emulator(store_path: Path) -> tuple[Any, dict[str, str]]:
 
     key_id, secret = "demo-" + secrets.token_hex(4), secrets.token_urlsafe(18)
     server = EmulatorServer(str(store_path), DEMO_INSTANCE, key_id, secret).start()
-    os.environ["ALIBABA_CLOUD_ACCESS_KEY_ID"] = key_id
-    os.environ["ALIBABA_CLOUD_ACCESS_KEY_SECRET"] = secret
+    os.environ[ALIBABA_ACCESS_KEY_ID] = key_id
+    os.environ[ALIBABA_ACCESS_KEY_SECRET] = secret
     options = {"instance.name": DEMO_INSTANCE, "access.key.id": key_id,
                "access.key.secret": secret,
                "catalog": '{"columns": {"customer": {"type": "string"}, "amount": '

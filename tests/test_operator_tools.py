@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cdc_common.tokens import FINISHED
 from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
 from tablestore_cdc.cli import app as root_app
@@ -28,7 +29,6 @@ from tablestore_cdc.feed import throughput
 pytest_plugins = ["tests.meta_fixtures"]  # moto_endpoint (a moto server on 127.0.0.1)
 
 NS = "local:///nowhere/store.db#t#n"
-FINISHED = "finished"
 
 
 def cli(*args: Any, columns: int = 220) -> Any:

@@ -191,6 +191,26 @@ def test_wrong_secret_is_a_typed_auth_error(tunnel_harness: EmulatorHarness) -> 
     assert "wrong-secret" not in str(exc.value) and SECRET not in str(exc.value)
 
 
+def test_a_secret_with_url_characters_reaches_the_service_intact(tmp_path: Path) -> None:
+    """The options fold the secret into the endpoint's query, percent-encoded once; the client
+    decodes it once (a second decoding turned ``%41`` into ``A`` and failed the signature)."""
+    from connector.options import SourceOptions
+
+    secret = "s%41e+c/r=e&t"
+    writer = LocalTablestore(tmp_path / "store.db")
+    writer.create_table("t", [("id", "STRING")])
+    emulator = EmulatorServer(str(tmp_path / "store.db"), INSTANCE, KEY_ID, secret).start()
+    try:
+        opts = SourceOptions.from_spark(_vendor_options(emulator.url, **{
+            "access.key.secret": secret}))
+        with open_tunnel_service(opts.endpoint) as service:
+            assert service.list_tunnels("t") == []
+            assert secret not in service.uri and "s%41e" not in opts.source_identity
+    finally:
+        emulator.stop()
+        writer.close()
+
+
 def test_response_with_bad_signature_is_refused(tunnel_harness: EmulatorHarness) -> None:
     h = tunnel_harness
     h.create_table("t", 1)

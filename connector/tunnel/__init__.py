@@ -1,14 +1,13 @@
 """Tunnel-service backends, chosen by URI scheme.
 
 ``open_tunnel_service("local:///abs/path/store.db")`` returns a ``TunnelService``. Backends are
-imported lazily, so an SDK a backend needs is only required when that scheme is used.
+imported lazily (``cdc_common.registry``), so an SDK a backend needs is only required when that
+scheme is used; a missing one is refused with the ``pip install`` line that brings it.
 """
 
 from __future__ import annotations
 
-import importlib
-from urllib.parse import urlsplit
-
+from cdc_common.registry import Backend, BackendRegistry
 from connector.errors import OptionError
 from connector.tunnel.base import (
     FINISHED,
@@ -29,41 +28,29 @@ from connector.tunnel.base import (
     TunnelType,
 )
 
-#: scheme -> (dotted path of the backend class, how to install what it needs)
-TUNNEL_BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("connector.tunnel.local:LocalTunnelService", "included"),
-    # the Tunnel wire client needs protobuf and urllib3 (the tablestore extra brings both)
-    "http": ("connector.tunnel.tablestore.client:TablestoreTunnelService",
-             "pip install 'tablestore-cdc[tablestore]'"),
-    "https": ("connector.tunnel.tablestore.client:TablestoreTunnelService",
-              "pip install 'tablestore-cdc[tablestore]'"),
-    "dynamodb-streams": (
-        "connector.tunnel.dynamodb_streams.service:DynamoDbStreamsTunnelService",
-        "pip install 'tablestore-cdc[dynamodb]'",
-    ),
-}
+_TABLESTORE = Backend("connector.tunnel.tablestore.client:TablestoreTunnelService",
+                      # the Tunnel wire client needs protobuf and urllib3 (the extra brings both)
+                      "pip install 'tablestore-cdc[tablestore]'")
+#: scheme -> the tunnel backend class and how to install what it needs
+TUNNEL_BACKENDS = BackendRegistry(
+    {
+        "local": Backend("connector.tunnel.local:LocalTunnelService"),
+        "http": _TABLESTORE,
+        "https": _TABLESTORE,
+        "dynamodb-streams": Backend(
+            "connector.tunnel.dynamodb_streams.service:DynamoDbStreamsTunnelService",
+            "pip install 'tablestore-cdc[dynamodb]'"),
+    },
+    refuse=lambda uri, problem, allowed: OptionError(option="endpoint", value=uri,
+                                                     problem=problem, allowed=allowed),
+)
 
 
 def open_tunnel_service(uri: str) -> TunnelService:
-    """Open a client for the tunnel service at ``uri`` (driver or executor)."""
-    scheme = urlsplit(uri).scheme
-    if scheme not in TUNNEL_BACKENDS:
-        raise OptionError(
-            option="endpoint",
-            value=uri,
-            problem="unsupported endpoint scheme",
-            allowed=", ".join(f"{s}://..." for s in sorted(TUNNEL_BACKENDS)),
-        )
-    target, install_hint = TUNNEL_BACKENDS[scheme]
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:  # an optional SDK is missing
-        raise OptionError(
-            option="endpoint", value=uri, problem=f"backend unavailable ({exc})",
-            allowed=install_hint,
-        ) from exc
-    return getattr(module, class_name).from_uri(uri)
+    """Open a client for the tunnel service at ``uri`` (driver or executor). An unknown scheme
+    or a backend whose SDK is missing raises ``OptionError`` naming ``endpoint``."""
+    service: TunnelService = TUNNEL_BACKENDS.load(uri).from_uri(uri)
+    return service
 
 
 __all__ = [

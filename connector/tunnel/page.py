@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connector.tunnel.base import Op, Record, TableSchema
+from connector.tunnel.types import Op, Record, TableSchema
 
 #: Tablestore type name -> Arrow type of a page column (the Spark type's Arrow form)
 TABLESTORE_TO_ARROW: dict[str, pa.DataType] = {

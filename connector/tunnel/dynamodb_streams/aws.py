@@ -21,8 +21,10 @@ URI::
   connection errors; what still fails becomes ``TransientTunnelError``, which
   ``connector.retry`` retries again around the whole call.
 
-Credentials come only from the standard AWS chain (environment, ``profile``, a role). A URI
-carrying credentials is refused with ``OptionError`` that hides the values.
+The query is validated by ``EndpointQuery`` (``cdc_common.uris.parse_query``). Credentials come
+only from the standard AWS chain (environment, ``profile``, a role). A URI carrying credentials
+(user info, a secret-looking key: ``cdc_common.uris``'s one rule) is refused with
+``OptionError`` that hides the values.
 
 boto3 is imported here and in ``service``/``checkpoints`` only: this package is imported lazily
 by ``connector.tunnel.open_tunnel_service``, never by ``import connector``.
@@ -34,21 +36,20 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
 from botocore.config import Config
+from pydantic import Field
 
+from cdc_common.aws_errors import is_transient
+from cdc_common.credentials import AWS_CREDENTIAL_CHAIN, AWS_DEFAULT_REGION
+from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query, redact_uri
 from connector.errors import OptionError, TransientTunnelError, TunnelRequestError
 
-# the same AWS rules as the DynamoDB meta store: credential-like query keys, retryable codes
-from meta_store.dynamodb import SECRET_QUERY_KEY, TRANSIENT_ERROR_CODES
-
 SCHEME = "dynamodb-streams"
-_PARAMS = ("checkpoint_table", "region", "endpoint_url", "profile", "create_table", "numbers",
-           "max_attempts", "retry_mode", "poll_interval_ms")
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 
 _sessions: dict[str | None, Any] = {}
@@ -72,81 +73,45 @@ class EndpointConfig:
     poll_interval_ms: int = 1000
 
 
+class EndpointQuery(UriQuery):
+    """The query of a ``dynamodb-streams://`` endpoint (module docstring)."""
+
+    credentials_hint: ClassVar[str] = f"use {AWS_CREDENTIAL_CHAIN}"
+
+    checkpoint_table: str = Field(
+        pattern=_TABLE_NAME.pattern,
+        description="a DynamoDB table name (it keeps the tunnels and their checkpoints)")
+    region: str | None = None
+    endpoint_url: HttpEndpoint | None = Field(None, description="http(s)://host[:port]")
+    profile: str | None = None
+    create_table: UriBool = False
+    numbers: Literal["double", "decimal"] = Field("double", description="double or decimal")
+    max_attempts: int = Field(8, ge=1, le=50, description="an integer from 1 to 50")
+    retry_mode: Literal["standard", "adaptive"] = Field("standard",
+                                                        description="standard or adaptive")
+    poll_interval_ms: int = Field(1000, ge=0, le=60_000, description="an integer from 0 to 60000")
+
+
 def parse_uri(uri: str) -> EndpointConfig:
     """Validate the endpoint URI (driver, executors). Raises ``OptionError`` naming the part."""
+    shown = redact_uri(uri, EndpointQuery.model_fields)
 
-    def refuse(problem: str) -> NoReturn:
-        raise OptionError(option="endpoint", value=shown, problem=problem,
-                          allowed=f"{SCHEME}://[TABLE]?checkpoint_table=NAME&region=...; "
-                          f"parameters: {', '.join(_PARAMS)}")
+    def refuse(problem: str) -> OptionError:
+        return OptionError(option="endpoint", value=shown, problem=problem,
+                           allowed=f"{SCHEME}://[TABLE]?checkpoint_table=NAME&region=...; "
+                           f"parameters: {', '.join(EndpointQuery.model_fields)}")
 
-    shown = _redact(uri)
     parts = urlsplit(uri)
     if parts.scheme != SCHEME:
-        refuse(f"not a {SCHEME}:// URI")
+        raise refuse(f"not a {SCHEME}:// URI")
     if "@" in parts.netloc:
-        refuse("credentials are not accepted in the URI; use the standard AWS chain")
+        raise refuse(f"credentials are not accepted in the URI; use {AWS_CREDENTIAL_CHAIN}")
     if parts.netloc and not _TABLE_NAME.match(parts.netloc):
-        refuse(f"table name {parts.netloc!r} is not valid")
+        raise refuse(f"table name {parts.netloc!r} is not valid")
     if parts.path not in ("", "/") or parts.fragment:
-        refuse("nothing may follow the table name but ?parameters")
-    raw: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key not in _PARAMS:
-            if SECRET_QUERY_KEY.search(key):
-                refuse(f"parameter {key!r} looks like a credential; credentials are not "
-                       "accepted in the URI (it is shown in logs and Spark plans); use the "
-                       "standard AWS chain (environment, profile=NAME, a role)")
-            refuse(f"unknown parameter {key!r}")
-        if key in raw or not value:
-            refuse(f"parameter {key!r} is empty or given twice")
-        raw[key] = value
-    if "checkpoint_table" not in raw:
-        refuse("checkpoint_table=NAME is required (the DynamoDB table that keeps tunnels "
-               "and their checkpoints)")
-    if not _TABLE_NAME.match(raw["checkpoint_table"]):
-        refuse("checkpoint_table is not a valid table name")
-    endpoint_url = raw.get("endpoint_url")
-    if endpoint_url is not None:
-        ep = urlsplit(endpoint_url)
-        if ep.scheme not in ("http", "https") or not ep.hostname or "@" in ep.netloc:
-            refuse("endpoint_url must be http(s)://host[:port] without credentials")
-    flag = raw.get("create_table", "false").lower()
-    if flag not in ("true", "false"):
-        refuse("create_table must be true or false")
-    numbers = raw.get("numbers", "double")
-    if numbers not in ("double", "decimal"):
-        refuse("numbers must be double or decimal")
-    retry_mode = raw.get("retry_mode", "standard")
-    if retry_mode not in ("standard", "adaptive"):
-        refuse("retry_mode must be standard or adaptive")
-    try:
-        max_attempts = int(raw.get("max_attempts", "8"))
-    except ValueError:
-        max_attempts = 0
-    if not 1 <= max_attempts <= 50:
-        refuse("max_attempts must be an integer from 1 to 50")
-    try:
-        poll_interval_ms = int(raw.get("poll_interval_ms", "1000"))
-    except ValueError:
-        poll_interval_ms = -1
-    if not 0 <= poll_interval_ms <= 60_000:
-        refuse("poll_interval_ms must be an integer from 0 to 60000")
-    return EndpointConfig(
-        uri=shown, table=parts.netloc or None, checkpoint_table=raw["checkpoint_table"],
-        region=raw.get("region"), endpoint_url=endpoint_url, profile=raw.get("profile"),
-        create_table=flag == "true", numbers=numbers, max_attempts=max_attempts,
-        retry_mode=retry_mode, poll_interval_ms=poll_interval_ms,
-    )
-
-
-def _redact(uri: str) -> str:
-    """The URI for messages: no userinfo; values of unknown parameters hidden."""
-    base, _, query = uri.partition("?")
-    scheme, sep, rest = base.partition("://")
-    shown = [f"{k}={v}" if k in _PARAMS and "@" not in v else f"{k}=***"
-             for k, v in parse_qsl(query, keep_blank_values=True)]
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}" + ("?" + "&".join(shown) if shown else "")
+        raise refuse("nothing may follow the table name but ?parameters")
+    query = parse_query(parts.query, EndpointQuery, refuse)
+    return EndpointConfig(uri=shown, table=parts.netloc or None, **query.model_dump())
 
 
 def clients(cfg: EndpointConfig) -> tuple[Any, Any]:
@@ -163,7 +128,8 @@ def clients(cfg: EndpointConfig) -> tuple[Any, Any]:
         region = cfg.region or session.region_name
         if not region:
             raise OptionError(option="endpoint", value=cfg.uri, problem="no AWS region",
-                              allowed="region=... in the URI, AWS_DEFAULT_REGION or a profile")
+                              allowed=f"region=... in the URI, {AWS_DEFAULT_REGION} or a "
+                              "profile")
         settings: dict[str, Any] = {
             "region_name": region,
             "retries": {"mode": cfg.retry_mode, "total_max_attempts": cfg.max_attempts},
@@ -212,7 +178,7 @@ def call(uri: str, operation: str, method: Callable[..., Any], **kwargs: Any) ->
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         if code in HANDLED_CODES:
             raise AwsError(code, message, exc.response) from None
-        if code in TRANSIENT_ERROR_CODES or status >= 500:
+        if is_transient(code, status):
             raise TransientTunnelError(
                 detail=f"{uri}: {operation} failed with {code or status}: {message}") from None
         raise TunnelRequestError(endpoint=uri, operation=operation,
@@ -222,7 +188,7 @@ def call(uri: str, operation: str, method: Callable[..., Any], **kwargs: Any) ->
     except botocore.exceptions.NoCredentialsError:
         raise TunnelRequestError(
             endpoint=uri, operation=operation,
-            reason="no AWS credentials found; provide them through the standard chain "
-            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile=NAME, a role)") from None
+            reason=f"no AWS credentials found; provide them through {AWS_CREDENTIAL_CHAIN}",
+        ) from None
     except botocore.exceptions.BotoCoreError as exc:
         raise TunnelRequestError(endpoint=uri, operation=operation, reason=str(exc)) from None

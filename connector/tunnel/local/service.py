@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from cdc_common.uris import redact_uri
 from connector.errors import (
     ChannelNotReadableError,
     InvalidCheckpointError,
@@ -109,7 +110,9 @@ class LocalTunnelService(TunnelService):
             problem = "not a local:// URI"
         elif parts.netloc:
             problem = (
-                f"the store path must be absolute: '{parts.netloc}' was read as a host; "
+                # (the host without its user info: that may hold a password)
+                f"the store path must be absolute: '{parts.netloc.rpartition('@')[2]}' was read "
+                "as a host; "
                 "use three slashes"
             )
         elif not path.startswith("/"):
@@ -119,11 +122,12 @@ class LocalTunnelService(TunnelService):
         elif path.endswith("/"):
             problem = "the path names a directory, not a store file"
         if problem:
-            raise OptionError(option="endpoint", value=uri, problem=problem, allowed=_URI_FORM)
+            raise OptionError(option="endpoint", value=redact_uri(uri), problem=problem,
+                              allowed=_URI_FORM)
         if not Path(path).is_file():
             raise OptionError(
                 option="endpoint",
-                value=uri,
+                value=redact_uri(uri),
                 problem=f"no local store file at {path}; create it with "
                 f"`tablestore-cdc local create-table {path} TABLE --pk id:INTEGER`",
                 allowed="an existing local store file",

@@ -9,9 +9,11 @@ connector/options.py)::
         &access_key_id=...&access_key_secret=...&security_token=...
 
 ``instance`` defaults to the host's first label; credentials missing from the URI come from
-``ALIBABA_CLOUD_ACCESS_KEY_ID`` / ``_SECRET`` / ``ALIBABA_CLOUD_SECURITY_TOKEN``. The URI with
-secrets removed (``connector.options.strip_secrets``) is this client's ``uri``: the only form
-that reaches logs, errors and anything stored.
+``ALIBABA_CLOUD_ACCESS_KEY_ID`` / ``_SECRET`` / ``ALIBABA_CLOUD_SECURITY_TOKEN``
+(``cdc_common.credentials``). The query is validated by ``EndpointQuery``
+(``cdc_common.uris.parse_query``: unknown, repeated or empty keys are refused). The URI with
+secrets removed (``cdc_common.uris.redact_uri``, the source's ``safe_endpoint``) is this
+client's ``uri``: the only form that reaches logs, errors and anything stored.
 
 Who calls what (connector/tunnel/base.py): the driver calls tunnel, checkpoint and schema
 methods; executors call ``read_page`` on a client opened in their own process, which decodes
@@ -56,12 +58,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
+from pydantic import Field
+
+from cdc_common.credentials import (
+    ALIBABA_ACCESS_KEY_ID,
+    ALIBABA_ACCESS_KEY_SECRET,
+    ALIBABA_SECURITY_TOKEN,
+    alibaba_credentials,
+)
+from cdc_common.uris import UriQuery, parse_query, redact_uri
 from connector.errors import (
     ChannelNotReadableError,
     InvalidCheckpointError,
@@ -110,12 +120,7 @@ from connector.tunnel.tablestore.transport import (
 CLIENT_ID = "tablestore-cdc"
 #: separates a page token from a record count in a client token (not a base64 character)
 SKIP_MARK = "~"
-ENV_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
-ENV_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
-ENV_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
 _URI_FORM = "https://INSTANCE.REGION.ots.aliyuncs.com (or http://127.0.0.1:PORT?instance=NAME)"
-_URI_PARAMS = {"instance", "access_key_id", "access_key_secret", "security_token",
-               "retry_deadline_s"}
 _TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(\S*)\]")
 _STORED = re.compile(r"\[stored=(-?\d+)\]")
 
@@ -131,10 +136,19 @@ _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
 _COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
 
 
-def _safe(uri: str) -> str:
-    from connector.options import strip_secrets  # lazy: options imports the tunnel package
+class EndpointQuery(UriQuery):
+    """The query of an ``http(s)://`` endpoint: the source's options fold the instance and the
+    credentials into it (connector/options.py), so executors can open their own client."""
 
-    return strip_secrets(uri)
+    credentials_hint: ClassVar[str] = (
+        f"use the access.key.id / access.key.secret / security.token options or "
+        f"{ALIBABA_ACCESS_KEY_ID} / {ALIBABA_ACCESS_KEY_SECRET} / {ALIBABA_SECURITY_TOKEN}")
+
+    instance: str | None = Field(None, description="the instance name")
+    access_key_id: str | None = Field(None, repr=False)
+    access_key_secret: str | None = Field(None, repr=False)
+    security_token: str | None = Field(None, repr=False)
+    retry_deadline_s: float = Field(RETRY_DEADLINE_S, description="a number of seconds")
 
 
 def split_token(token: str) -> tuple[str, int]:
@@ -169,7 +183,8 @@ class TablestoreTunnelService(TunnelService):
                  send_max_records: bool = True) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
-        self.uri = _safe(uri) if uri else f"{self.endpoint}?instance={instance}"
+        self.uri = (redact_uri(uri, EndpointQuery.model_fields) if uri
+                    else f"{self.endpoint}?instance={instance}")
         self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
@@ -185,8 +200,8 @@ class TablestoreTunnelService(TunnelService):
         parts = urlsplit(uri)
 
         def bad(problem: str) -> OptionError:
-            return OptionError(option="endpoint", value=_safe(uri), problem=problem,
-                               allowed=_URI_FORM)
+            return OptionError(option="endpoint", value=redact_uri(uri, EndpointQuery.model_fields),
+                               problem=problem, allowed=_URI_FORM)
 
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise bad("not an http(s)://HOST endpoint")
@@ -195,33 +210,23 @@ class TablestoreTunnelService(TunnelService):
                       "access.key.id / access.key.secret options or the environment")
         if parts.path not in ("", "/"):
             raise bad("a Tablestore endpoint has no path")
-        params: dict[str, str] = {}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key not in _URI_PARAMS:
-                raise bad(f"unknown endpoint parameter {key!r}")
-            params[key] = unquote(value)
-        instance = params.get("instance") or ""
+        query = parse_query(parts.query, EndpointQuery, bad)
+        instance = query.instance or ""
         if not instance:
             host = parts.hostname
             if host.endswith(".aliyuncs.com") and host.count(".") >= 3:
                 instance = host.split(".", 1)[0]
             else:
                 raise bad("no instance name: set the instance.name option (or ?instance=)")
-        key_id = params.get("access_key_id") or os.environ.get(ENV_KEY_ID, "")
-        secret = params.get("access_key_secret") or os.environ.get(ENV_KEY_SECRET, "")
-        token = params.get("security_token") or os.environ.get(ENV_TOKEN) or None
-        if not key_id or not secret:
+        creds = alibaba_credentials(query.access_key_id, query.access_key_secret,
+                                    query.security_token)
+        if not creds.access_key_id or not creds.access_key_secret:
             raise bad(f"no credentials: set access.key.id and access.key.secret, or "
-                      f"{ENV_KEY_ID} and {ENV_KEY_SECRET}")
-        deadline = RETRY_DEADLINE_S
-        if "retry_deadline_s" in params:
-            try:
-                deadline = float(params["retry_deadline_s"])
-            except ValueError:
-                raise bad("retry_deadline_s must be a number of seconds") from None
+                      f"{ALIBABA_ACCESS_KEY_ID} and {ALIBABA_ACCESS_KEY_SECRET}")
         endpoint = f"{parts.scheme}://{parts.netloc}"
-        return cls(endpoint, instance, Credentials(key_id, secret, token), uri=uri,
-                   retry_deadline_s=deadline)
+        return cls(endpoint, instance, Credentials(creds.access_key_id, creds.access_key_secret,
+                                                   creds.security_token),
+                   uri=uri, retry_deadline_s=query.retry_deadline_s)
 
     def close(self) -> None:
         self._transport.close()

@@ -1,0 +1,18 @@
+"""The foundation every other package of the product stands on; it imports none of them.
+
+    cdc_common  <-  meta_store  <-  connector  <-  tablestore_emulator  <-  tablestore_cdc
+
+What lives here is what more than one layer needs, written once:
+
+- ``errors``: the root error ``CdcError`` (message template, keyword fields, pickling);
+- ``tokens``: the tunnel tokens every layer compares against (``FINISHED``);
+- ``uris``: the one redaction of URIs, the one rule for which query keys are secrets, and the
+  helper that validates a backend URI's query with a pydantic model;
+- ``registry``: backends chosen by URI scheme, imported lazily, with a ``pip install`` hint
+  (used by the tunnel backends and the meta-store backends);
+- ``credentials``: the environment variable names of each cloud's credentials;
+- ``aws_errors``: which AWS error codes are worth retrying (DynamoDB meta store and DynamoDB
+  Streams tunnel).
+
+Nothing here imports pyspark or a cloud SDK.
+"""
