@@ -15,7 +15,12 @@ is refused, naming what is allowed):
   retries network errors, both with jittered exponential backoff;
 - ``socket_timeout`` (seconds, default 20);
 - ``page_size``: the ``limit`` of each GetRange page (default: the service's pages, at most
-  5000 rows or 4 MB).
+  5000 rows or 4 MB);
+- ``ca_bundle``: a PEM file of CA certificates that verifies an ``https`` endpoint (the source
+  passes its ``ssl.ca.bundle`` option here); else ``REQUESTS_CA_BUNDLE`` / ``SSL_CERT_FILE``,
+  else the SDK's own (certifi). The SDK takes no CA of its own, so its connection pool is
+  rebuilt with this one (``_trust_ca``). A certificate or host name that does not verify is a
+  ``MetaStoreRequestError`` at once, naming the endpoint and what to fix (``meta_store.tls``).
 
 Credentials: ``access_key_id`` / ``access_key_secret`` / ``security_token`` keyword arguments
 of ``from_uri`` or the constructor (the source's options), else the environment variables
@@ -87,6 +92,7 @@ from tablestore import (
 )
 from tablestore.retry import WriteRetryPolicy
 
+from meta_store import tls
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -119,7 +125,8 @@ ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
 #: The SDK's logger: it logs every service error (expected ones too, such as a lost race).
 SDK_LOGGER = "meta_store.tablestore.sdk"
 
-_PARAMS = ("endpoint", "create_table", "max_attempts", "socket_timeout", "page_size")
+_PARAMS = ("endpoint", "create_table", "max_attempts", "socket_timeout", "page_size",
+           "ca_bundle")
 _SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|key_id|"
                          r"session|signature|auth", re.IGNORECASE)
 _INSTANCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,63}$")
@@ -146,6 +153,21 @@ class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
 
     def __init__(self, max_attempts: int) -> None:
         self.max_retry_times = max_attempts - 1
+
+
+def _trust_ca(client: OTSClient, bundle: str) -> None:
+    """Make the SDK's connections verify the server with ``bundle``. The SDK (6.4) builds its
+    urllib3 pool with certifi's CAs and takes no CA option, so the pool
+    (``OTSClient.connection.pool``) is rebuilt with the SDK's own settings and this bundle.
+    The SDK is pinned to 6.4.x; tests/test_meta_store_tablestore.py covers this over https."""
+    import urllib3
+
+    connection = client.connection
+    connection.pool = urllib3.PoolManager(
+        connection.NUM_POOLS, headers=None, cert_reqs="CERT_REQUIRED", ca_certs=bundle,
+        timeout=client.socket_timeout, maxsize=client.max_connection, block=True,
+        ssl_version=client.ssl_version,
+    )
 
 
 def _redact(uri: str) -> str:
@@ -184,6 +206,7 @@ class TablestoreMetaStore(MetaStore):
         max_attempts: int = 8,
         socket_timeout: float = 20.0,
         page_size: int | None = None,
+        ca_bundle: str | None = None,
         access_key_id: str | None = None,
         access_key_secret: str | None = None,
         security_token: str | None = None,
@@ -192,7 +215,7 @@ class TablestoreMetaStore(MetaStore):
         given = {"endpoint": endpoint, "create_table": "true" if create_table else None,
                  "max_attempts": max_attempts if max_attempts != 8 else None,
                  "socket_timeout": socket_timeout if socket_timeout != 20.0 else None,
-                 "page_size": page_size}
+                 "page_size": page_size, "ca_bundle": ca_bundle}
         query = urlencode({k: v for k, v in given.items() if v is not None}, safe="/:")
         self.uri = uri or f"tablestore://{instance}/{table}?{query}"
         self.instance, self.table, self.endpoint = instance, table, endpoint
@@ -219,6 +242,12 @@ class TablestoreMetaStore(MetaStore):
             )
         except OTSClientError as exc:
             raise MetaStoreUriError(uri=self.uri, reason=str(exc)) from None
+        bundle = tls.ca_bundle(ca_bundle) if endpoint.startswith("https://") else None
+        if bundle:
+            problem = tls.ca_bundle_problem(bundle)
+            if problem:
+                raise MetaStoreUriError(uri=self.uri, reason=f"ca_bundle: {problem}")
+            _trust_ca(self._client, bundle)
         self._closed = False
         if create_table:
             self._ensure_table()
@@ -309,6 +338,8 @@ class TablestoreMetaStore(MetaStore):
                     f"{raw['create_table']!r}",
                 )
             options["create_table"] = flag == "true"
+        if "ca_bundle" in raw:
+            options["ca_bundle"] = raw["ca_bundle"]
         for key, low, high, kind in (("max_attempts", 1, 50, int), ("page_size", 1, 5000, int),
                                      ("socket_timeout", 0.001, 600.0, float)):
             if key not in raw:
@@ -391,6 +422,11 @@ class TablestoreMetaStore(MetaStore):
                     store=self.uri, operation=f"Tablestore {operation}", reason=str(exc),
                 ) from None
             except Exception as exc:  # urllib3/socket errors: the request may not have arrived
+                problem = tls.tls_problem(exc, self.endpoint)
+                if problem is not None:  # a configuration error: retrying cannot fix it
+                    raise MetaStoreRequestError(
+                        store=self.uri, operation=f"Tablestore {operation}", reason=problem,
+                    ) from None
                 if attempt == self.max_attempts:
                     raise TransientMetaStoreError(
                         detail=f"{self.uri}: Tablestore {operation} could not reach "
