@@ -168,6 +168,9 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
         for key, value in results["protocol"].items():
             out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
+            if "tunnel_calls_per_batch" in headline(value):
+                out[f"protocol_tunnel_calls_per_batch_{key}"] = \
+                    headline(value)["tunnel_calls_per_batch"]
         out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
     if "memory" in results:
         m = results["memory"]
