@@ -100,7 +100,9 @@ class Checkpoint:
 
     The consumer chooses ``sequence_number``; it must never decrease for a channel. The
     Spark source uses the number of records consumed from the channel so far, plus one for
-    the FINISHED checkpoint.
+    the FINISHED checkpoint. A backend whose service numbers pushes itself (Tablestore: each
+    push carries the stored number + 1, as the official SDKs push) checks the consumer's
+    number but does not send it, and ``get_checkpoint`` returns the service's number.
     """
 
     token: str
@@ -246,8 +248,9 @@ class TunnelService(ABC):
     @abstractmethod
     def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
         """Push a checkpoint. Equal sequence again is accepted (idempotent); a lower one raises
-        ``StaleCheckpointError``. Pushing ``FINISHED`` terminates the channel for this tunnel
-        and releases children whose parents are all terminated."""
+        ``StaleCheckpointError`` (a backend whose service numbers pushes raises it when the
+        service refuses the push after a re-read). Pushing ``FINISHED`` terminates the channel
+        for this tunnel and releases children whose parents are all terminated."""
 
     # --- data (executors) -------------------------------------------------------------------
 
