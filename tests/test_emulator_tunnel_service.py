@@ -22,6 +22,7 @@ from tablestore_emulator import auth
 from tablestore_emulator.server import EmulatorServer
 from tablestore_emulator.tunnel_clients import ChannelState, ClientGone, TunnelClients
 from tests.contract.tunnel_service_contract import TunnelServiceContract, call, refused
+from tests.test_local_store import LocalHarness
 
 INSTANCE, KEY_ID, SECRET = "inst", "test-key-id", "test-secret-3f9a1c"
 
@@ -36,29 +37,18 @@ class Clock:
         return self.now
 
 
-class EmulatorServiceHarness:
-    """The emulator on a store file, a writer on the same file, a transport with no retries."""
+class EmulatorServiceHarness(LocalHarness):
+    """The emulator on a store file, a writer on the same file (the local harness's writer
+    operations: create_table, put, split, trim ...), a transport with no retries, and the
+    emulator's client state machine on a clock the test moves."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path) -> None:  # not the local harness's: no local service
         self.writer = LocalTablestore(path)
         self.emulator = EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET).start()
         self.clock = Clock()
         self.emulator.context.state["tunnel_clients"] = TunnelClients(self.clock)
         self.transport = Transport(self.emulator.url, INSTANCE, Credentials(KEY_ID, SECRET),
                                    retry_deadline_s=0)
-
-    def create_table(self, name: str, channels: int) -> None:
-        self.writer.create_table(name, [("id", "STRING")], [("value", "INTEGER")],
-                                 channels=channels)
-
-    def put(self, table: str, key: str, value: int) -> None:
-        self.writer.put_row(table, {"id": key}, {"value": value})
-
-    def split(self, table: str, channel_id: str) -> tuple[str, str]:
-        return self.writer.split_channel(table, channel_id)
-
-    def trim(self, table: str) -> None:
-        self.writer.trim_history(table, keep_last=0)
 
     def advance(self, seconds: float) -> None:
         self.clock.now += seconds

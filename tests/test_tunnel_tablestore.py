@@ -428,26 +428,21 @@ def test_tunnel_id_resolves_to_its_name(tunnel_harness: EmulatorHarness) -> None
 # --- retry policy and error mapping, against a scripted server --------------------------------
 
 
-class _ScriptedServer:
-    """A tiny HTTP server answering each POST with the next scripted ``(status, code[,
-    message])`` -- code ``""``: a bare, non-protobuf body, as a proxy's -- and, once the script
-    is used up, a correctly signed success for the path (``ListTable`` lists ``tables``, other
-    paths an empty message). Counts requests per path. ``error_secret`` signs error answers
-    (``None``: unsigned, as the service's auth refusals)."""
+class _FakeServer:
+    """A tiny HTTP server on 127.0.0.1 answering each POST with ``answer(path, body)`` ->
+    ``(status, body, signing secret or None)``; the answer is signed as the service signs
+    (``tablestore_emulator.auth``) unless the secret is ``None``. Records the paths asked."""
 
-    def __init__(self, script: list[tuple], tables: tuple[str, ...] = ("t",),
-                 error_secret: str | None = SECRET, routes: dict | None = None) -> None:
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        raise NotImplementedError
+
+    def start(self) -> None:
         import http.server
-
-        from tablestore.protobuf import table_store_pb2 as pb
 
         from tablestore_emulator import auth
 
-        self.script, self.requests = list(script), 0
-        self.paths: list[str] = []
-        ok = {"/ListTable": pb.ListTableResponse(table_names=tables).SerializeToString(),
-              **(routes or {})}
         outer = self
+        self.paths: list[str] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -456,36 +451,59 @@ class _ScriptedServer:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802 - stdlib name
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.requests += 1
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 outer.paths.append(self.path)
-                status, code, *rest = outer.script.pop(0) if outer.script else (200, "")
-                message = rest[0] if rest else f"scripted {code}"
+                status, payload, secret = outer.answer(self.path, body)
                 headers = {"x-ots-requestid": "r"}
-                if status == 200:
-                    body = ok.get(self.path, b"")
-                elif not code:
-                    body = b"<html>502 Bad Gateway</html>"
-                else:
-                    body = m.Error(code=code, message=message).SerializeToString()
-                if status == 200 or (code and error_secret is not None):
-                    headers = auth.response_headers(
-                        self.path, body, request_id="r", access_key_id=KEY_ID,
-                        access_key_secret=SECRET if status == 200 else str(error_secret))
+                if secret is not None:
+                    headers = auth.response_headers(self.path, payload, request_id="r",
+                                                    access_key_id=KEY_ID,
+                                                    access_key_secret=secret)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(payload)
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
+    @property
+    def requests(self) -> int:
+        return len(self.paths)
+
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class _ScriptedServer(_FakeServer):
+    """Answers each POST with the next scripted ``(status, code[, message])`` -- code ``""``:
+    a bare, non-protobuf body, as a proxy's -- and, once the script is used up, a signed
+    success for the path (``ListTable`` lists ``tables``; ``routes`` may give other paths'
+    bodies; else an empty message). ``error_secret`` signs error answers (``None``: unsigned,
+    as the service's auth refusals)."""
+
+    def __init__(self, script: list[tuple], tables: tuple[str, ...] = ("t",),
+                 error_secret: str | None = SECRET, routes: dict | None = None) -> None:
+        from tablestore.protobuf import table_store_pb2 as pb
+
+        self.script, self.error_secret = list(script), error_secret
+        self.ok = {"/ListTable": pb.ListTableResponse(table_names=tables).SerializeToString(),
+                   **(routes or {})}
+        self.start()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        status, code, *rest = self.script.pop(0) if self.script else (200, "")
+        if status == 200:
+            return 200, self.ok.get(path, b""), SECRET
+        if not code:
+            return status, b"<html>502 Bad Gateway</html>", None
+        message = rest[0] if rest else f"scripted {code}"
+        return status, m.Error(code=code, message=message).SerializeToString(), \
+            self.error_secret
 
 
 def _list(client: TablestoreTunnelService) -> object:
@@ -579,7 +597,7 @@ def test_trimmed_in_the_documented_shape_is_trimmed_data(tunnel_harness: Emulato
 # --- "not there", confirmed before anything is created ----------------------------------------
 
 
-class _FakeTunnelService:
+class _FakeTunnelService(_FakeServer):
     """A small Tunnel service answering as the service's reference documents, for shapes the
     emulator does not send: one table ``t``; a missing tunnel refused with ``missing`` (status,
     code); ``refuse_describe`` makes DescribeTunnel refuse an existing tunnel too. Messages are
@@ -587,69 +605,39 @@ class _FakeTunnelService:
 
     def __init__(self, missing: tuple[int, str] = (404, "OTSObjectNotExist"),
                  refuse_describe: bool = False) -> None:
-        import http.server
+        self.missing, self.refuse_describe = missing, refuse_describe
+        self.tunnels: dict[str, str] = {}
+        self.start()
 
+    def _info(self, name: str) -> object:
+        return m.TunnelInfo(tunnel_id=self.tunnels[name], tunnel_type="Stream", table_name="t",
+                            instance_name=INSTANCE, stream_id="s", stage="ProcessStream",
+                            tunnel_name=name, create_time=1)
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
         from tablestore.protobuf import table_store_pb2 as pb
 
-        from tablestore_emulator import auth
+        def refuse(status: int, code: str) -> tuple[int, bytes, str | None]:
+            return status, m.Error(code=code, message="zz 42").SerializeToString(), SECRET
 
-        self.tunnels: dict[str, str] = {}
-        self.paths: list[str] = []
-        outer = self
-
-        def info(name: str) -> object:
-            return m.TunnelInfo(tunnel_id=outer.tunnels[name], tunnel_type="Stream",
-                                table_name="t", instance_name=INSTANCE, stream_id="s",
-                                stage="ProcessStream", tunnel_name=name, create_time=1)
-
-        def answer(path: str, body: bytes) -> tuple[int, bytes]:
-            def refuse(status: int, code: str) -> tuple[int, bytes]:
-                return status, m.Error(code=code, message="zz 42").SerializeToString()
-
-            if path == "/ListTable":
-                return 200, pb.ListTableResponse(table_names=["t"]).SerializeToString()
-            if path == "/tunnel/list":
-                return 200, m.ListTunnelResponse(
-                    tunnels=[info(n) for n in outer.tunnels]).SerializeToString()
-            if path == "/tunnel/create":
-                name = m.parse(m.CreateTunnelRequest, body).tunnel.tunnel_name
-                outer.tunnels[name] = f"id-{name}"
-                return 200, m.CreateTunnelResponse(tunnel_id=f"id-{name}").SerializeToString()
-            if path == "/tunnel/describe":
-                name = m.parse(m.DescribeTunnelRequest, body).tunnel_name
-                if name not in outer.tunnels:
-                    return refuse(*missing)
-                if refuse_describe:
-                    return refuse(400, "OTSParameterInvalid")
-                return 200, m.DescribeTunnelResponse(tunnel=info(name)).SerializeToString()
+        if path == "/ListTable":
+            reply = pb.ListTableResponse(table_names=["t"])
+        elif path == "/tunnel/list":
+            reply = m.ListTunnelResponse(tunnels=[self._info(n) for n in self.tunnels])
+        elif path == "/tunnel/create":
+            name = m.parse(m.CreateTunnelRequest, body).tunnel.tunnel_name
+            self.tunnels[name] = f"id-{name}"
+            reply = m.CreateTunnelResponse(tunnel_id=f"id-{name}")
+        elif path == "/tunnel/describe":
+            name = m.parse(m.DescribeTunnelRequest, body).tunnel_name
+            if name not in self.tunnels:
+                return refuse(*self.missing)
+            if self.refuse_describe:
+                return refuse(400, "OTSParameterInvalid")
+            reply = m.DescribeTunnelResponse(tunnel=self._info(name))
+        else:
             return refuse(400, "OTSParameterInvalid")
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - stdlib name
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.paths.append(self.path)
-                status, payload = answer(self.path, body)
-                headers = auth.response_headers(self.path, payload, request_id="r",
-                                                access_key_id=KEY_ID, access_key_secret=SECRET)
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return 200, reply.SerializeToString(), SECRET
 
 
 @pytest.mark.parametrize("missing", [(404, "OTSObjectNotExist"), (400, "OTSParameterInvalid")])
