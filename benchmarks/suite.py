@@ -267,6 +267,8 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted((k for k in s if k.startswith("protocol_ms_per_batch_")),
                       key=lambda k: int(k.rsplit("_", 1)[1].removesuffix("ch"))):
         add(key, s[key])
+    for key in sorted(k for k in s if k.startswith("protocol_tunnel_calls_per_batch_")):
+        add(key, s[key], "{:.1f}")
     for key in ("memory_peak_rss_mb", "memory_arrow_mb"):
         if key in s:
             add(key, s[key])
