@@ -25,6 +25,14 @@ run:
 
 ``plan_ms_1000ch`` is the median ``plan`` time alone over 1,000 channels, measured the same way.
 
+``wire_16ch``: the same loop with the tunnel over the wire -- the Tablestore client against the
+emulator (``tablestore_emulator``, in this process, on 127.0.0.1) -- and the SQLite meta store,
+so the figures are the driver's tunnel protocol cost: ``tunnel_calls_per_batch`` (requests the
+driver sent during ``latest_offset + commit + plan``, executors' reads excluded) and
+``calls_by_path`` (the same, per RPC, summed over the window). Every batch pushes every
+channel's checkpoint, so this shows what a push costs (one Checkpoint per channel once the
+client knows the stored sequence number; a GetCheckpoint first for a channel it has not seen).
+
 ``dynamodb_keep10_64ch`` / ``dynamodb_keep100_64ch``: the same loop at 64 channels with the meta
 store on DynamoDB (a moto server on 127.0.0.1, ``benchmarks.meta_latency.moto_uri``) and
 ``metaRetentionBatches`` 10 / 100, steady once that many batches are retained. Every DynamoDB
@@ -74,6 +82,8 @@ class ProtocolConfig:
     #: ``metaRetentionBatches`` values measured with the meta store on DynamoDB (moto server)
     dynamodb_retentions: tuple[int, ...] = (10, 100)
     dynamodb_channels: int = 64
+    #: channel counts measured with the tunnel over the wire (the emulator)
+    wire_channels: tuple[int, ...] = (16,)
 
 
 #: DynamoDB operations that report consumed capacity, and which kind of units they consume
@@ -103,14 +113,39 @@ def count_capacity(client: Any) -> dict[str, float]:
     return totals
 
 
+class _CountedEmulator:
+    """The emulator on the bench store, every request counted by path (its route table
+    wrapped): the wire variant's tunnel."""
+
+    def __init__(self, path: Path) -> None:
+        from tablestore_emulator.server import EmulatorServer
+
+        self.server = EmulatorServer(str(path), "bench", "bench-key", "bench-secret").start()
+        self.calls: dict[str, int] = {}
+
+        def counted(route: str, handler: Any) -> Any:
+            def run(ctx: Any, body: bytes) -> bytes:
+                self.calls[route] = self.calls.get(route, 0) + 1
+                return handler(ctx, body)
+            return run
+
+        self.server.routes = {r: counted(r, h) for r, h in self.server.routes.items()}
+
+    def options(self) -> dict[str, str]:
+        return {"endpoint": self.server.url, "instance.name": "bench",
+                "access.key.id": "bench-key", "access.key.secret": "bench-secret"}
+
+
 def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             workdir: Path, steady_after: int = 0, meta_store: str | None = None,
-            retention: int | None = None) -> dict[str, Any]:
+            retention: int | None = None, wire: bool = False) -> dict[str, Any]:
     """Run the batches over ``channels`` channels; per-phase medians in ms for the ``young``
     window (after ``warmup`` batches) and, if ``steady_after``, the ``steady`` one. With a
-    DynamoDB ``meta_store`` URI, also the capacity units its driver requests consumed."""
+    DynamoDB ``meta_store`` URI, also the capacity units its driver requests consumed. With
+    ``wire``, the tunnel is the emulator over HTTP and the driver's tunnel calls are counted."""
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / f"protocol-{channels}ch{'-' + str(retention) if retention else ''}.db"
+    suffix = ("-" + str(retention) if retention else "") + ("-wire" if wire else "")
+    path = workdir / f"protocol-{channels}ch{suffix}.db"
     store = LocalTablestore(path)
     create_bench_table(store, channels)
     keys = [k for ks in keys_per_channel(channels, records_per_channel) for k in ks]
@@ -118,6 +153,10 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         "endpoint": f"local://{path}", "table.name": TABLE, "tunnel.name": "bench",
         "channelRefreshIntervalMs": "0",
     }
+    emulator = _CountedEmulator(path) if wire else None
+    if emulator is not None:
+        spark_options.update(emulator.options())
+        spark_options["meta.store"] = f"sqlite://{workdir}/protocol-{channels}ch-wire.meta.db"
     if meta_store:
         spark_options["meta.store"] = meta_store
     if retention:
@@ -134,6 +173,7 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         capacity = count_capacity(protocol.meta.wrapped.client)  # type: ignore[attr-defined]
     phases = ("latest_offset", "commit", "plan", "total", "total_cpu", "rcu", "wcu")
     samples: dict[str, dict[str, list[float]]] = {w: {n: [] for n in phases} for w in windows}
+    calls: dict[str, dict[str, int]] = {w: {} for w in windows}
     first_plan_ms = 0.0
     read = 0
     try:
@@ -143,6 +183,7 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             store.batch_write(TABLE, [("put", {"id": k}, {"name": f"b{batch}", "qty": batch})
                                       for k in keys])
             r0, w0 = (capacity["read"], capacity["write"]) if capacity else (0.0, 0.0)
+            calls0 = dict(emulator.calls) if emulator is not None else {}
             c0, t0 = time.process_time(), time.perf_counter()
             end = protocol.latest_offset(start, None)
             t1 = time.perf_counter()
@@ -153,6 +194,8 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             t3, c3 = time.perf_counter(), time.process_time()
             rcu, wcu = ((capacity["read"] - r0, capacity["write"] - w0) if capacity
                         else (0.0, 0.0))
+            batch_calls = ({r: n - calls0.get(r, 0) for r, n in emulator.calls.items()
+                            if n != calls0.get(r, 0)} if emulator is not None else {})
             if end == start or len(partitions) != channels:
                 raise RuntimeError(f"batch {batch}: {len(partitions)} partitions planned, "
                                    f"expected {channels}")
@@ -166,9 +209,13 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
                         samples[window][name].append(seconds * 1000)
                     samples[window]["rcu"].append(rcu)
                     samples[window]["wcu"].append(wcu)
+                    for route, n in batch_calls.items():
+                        calls[window][route] = calls[window].get(route, 0) + n
             previous_end, start = end, end
     finally:
         protocol.close()
+        if emulator is not None:
+            emulator.server.stop()
         store.close()
     if read != total_batches * len(keys):
         raise RuntimeError(f"read {read} records, expected {total_batches * len(keys)}")
@@ -181,6 +228,10 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             for kind in ("rcu", "wcu"):
                 out[window][f"{kind}_per_batch"] = round(sum(by_phase[kind]) / batches, 2)
                 out[window][f"{kind}_max"] = round(max(by_phase[kind]), 2)
+        if emulator is not None:
+            out[window]["tunnel_calls_per_batch"] = round(sum(calls[window].values()) / batches,
+                                                          2)
+            out[window]["calls_by_path"] = dict(sorted(calls[window].items()))
     return out
 
 
@@ -199,6 +250,10 @@ def run(config: ProtocolConfig, workdir: Path) -> dict[str, Any]:
     out[f"{config.plan_channels}ch"] = measure(config.plan_channels, config.plan_batches, 1,
                                                config.records_per_channel, workdir,
                                                config.plan_steady_after)
+    for channels in config.wire_channels:
+        out[f"wire_{channels}ch"] = measure(channels, config.batches, config.warmup,
+                                            config.records_per_channel, workdir,
+                                            config.steady_after, wire=True)
     # only the retentions the preset's steady window reaches (none in the smoke preset)
     retentions = [k for k in config.dynamodb_retentions if k + 2 <= config.steady_after]
     if retentions:

@@ -168,6 +168,9 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
         for key, value in results["protocol"].items():
             out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
+            if "tunnel_calls_per_batch" in headline(value):
+                out[f"protocol_tunnel_calls_per_batch_{key}"] = \
+                    headline(value)["tunnel_calls_per_batch"]
         out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
     if "memory" in results:
         m = results["memory"]
@@ -264,6 +267,8 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted((k for k in s if k.startswith("protocol_ms_per_batch_")),
                       key=lambda k: int(k.rsplit("_", 1)[1].removesuffix("ch"))):
         add(key, s[key])
+    for key in sorted(k for k in s if k.startswith("protocol_tunnel_calls_per_batch_")):
+        add(key, s[key], "{:.1f}")
     for key in ("memory_peak_rss_mb", "memory_arrow_mb"):
         if key in s:
             add(key, s[key])

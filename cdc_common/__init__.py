@@ -12,7 +12,9 @@ What lives here is what more than one layer needs, written once:
   (used by the tunnel backends and the meta-store backends);
 - ``credentials``: the environment variable names of each cloud's credentials;
 - ``aws_errors``: which AWS error codes are worth retrying (DynamoDB meta store and DynamoDB
-  Streams tunnel).
+  Streams tunnel);
+- ``tls``: which CA bundle verifies an https Tablestore endpoint, and how a TLS failure is
+  worded (the Tunnel wire client and the Tablestore meta store).
 
 Nothing here imports pyspark or a cloud SDK.
 """

@@ -163,6 +163,13 @@ class MalformedRecordError(TunnelError, ValueError):
     template = "channel {channel_id!r}: a record read from token {token!r} is malformed: {reason}"
 
 
+class EndpointTlsError(TunnelError):
+    """An https endpoint's certificate, host name or TLS cannot be verified: a configuration
+    error, reported at once (never retried). ``problem`` names the endpoint and what to fix."""
+
+    template = "{problem}"
+
+
 class TunnelServiceError(TunnelError):
     """The Tablestore Tunnel service refused a request; ``code`` and ``message`` are its own."""
 

@@ -64,13 +64,19 @@ OPTIONS: dict[str, tuple[str, str]] = {
                 'binary"}, ...}}'),
     "checkpoint.table": ("checkpoint_table", "a table name in the same instance for the meta "
                          "store (default tablestore_cdc_meta)"),
+    "ssl.ca.bundle": ("ssl_ca_bundle", "the path of a PEM file of CA certificates that verifies "
+                      "an https endpoint, on the driver and every executor (else "
+                      "REQUESTS_CA_BUNDLE, then SSL_CERT_FILE, then the system's)"),
 }
 #: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
 #: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
 DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
-                    "security_token", "checkpoint_table")
+                    "security_token", "checkpoint_table", "ssl_ca_bundle")
+#: endpoint parameters that say how to reach the service, not which service it is: left out of
+#: the source identity (moving a CA bundle must not orphan a checkpoint directory)
+_TRANSPORT_PARAMS = ("ca_bundle",)
 #: the vendor catalog's type names -> Tablestore's
 CATALOG_TYPES = {
     "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
@@ -121,6 +127,9 @@ class SourceOptions(BaseModel):
     #: the vendor's catalog, parsed: attribute columns as (name, Tablestore type)
     catalog: tuple[tuple[str, str], ...] | None = None
     checkpoint_table: str | None = Field(default=None, min_length=1)
+    #: the CA bundle verifying an https endpoint (the option, else the driver's environment);
+    #: folded into the endpoint and the meta-store URI as ``ca_bundle=`` (a path, no secret)
+    ssl_ca_bundle: str | None = Field(default=None, min_length=1)
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -272,9 +281,11 @@ class SourceOptions(BaseModel):
     def source_identity(self) -> str:
         """What a Spark checkpoint directory is bound to: endpoint + table + tunnel.
 
-        Also the meta-store namespace, so it never contains secrets, and an existing meta table
+        Also the meta-store namespace, so it never contains secrets (nor the CA bundle's path,
+        which says how to reach the service, not which one it is), and an existing meta table
         is found again only while its bytes stay the same (``safe_endpoint``)."""
-        return f"{self.safe_endpoint}#{self.table_name}#{self.tunnel_name}"
+        endpoint = _drop_params(self.safe_endpoint, _TRANSPORT_PARAMS)
+        return f"{endpoint}#{self.table_name}#{self.tunnel_name}"
 
     @property
     def source_digest(self) -> str:
@@ -287,6 +298,13 @@ def _problem(message: str) -> str:
     if message == "Field required":
         return "is required for this endpoint"
     return message
+
+
+def _drop_params(uri: str, names: tuple[str, ...]) -> str:
+    """``uri`` without the query parameters ``names`` (the rest kept as written)."""
+    base, mark, query = uri.partition("?")
+    kept = "&".join(kv for kv in query.split("&") if kv and kv.split("=", 1)[0] not in names)
+    return f"{base}?{kept}" if mark and kept else base
 
 
 def default_meta_store(endpoint: str) -> str | None:
@@ -367,16 +385,49 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
             raise OptionError(option=_FIELD_TO_OPTION[field], value=None,
                               problem=f"is required for a Tablestore endpoint (or set {env})",
                               allowed=OPTIONS[_FIELD_TO_OPTION[field]][1])
+    bundle = _ca_bundle_option(parts.scheme, values.get("ssl_ca_bundle") or query.get("ca_bundle"))
     params = {"instance": instance}
     params.update({k: v for k, v in creds.items() if v})
+    if bundle:
+        params["ca_bundle"] = bundle
     values["endpoint"] = f"{parts.scheme}://{parts.netloc}?{urlencode(params)}"
     values["instance_name"] = instance
+    values["ssl_ca_bundle"] = bundle
+    with_ca = f"&ca_bundle={quote(bundle, safe='')}" if bundle else ""
     if "meta_store" not in values:
         table = values.get("checkpoint_table") or DEFAULT_CHECKPOINT_TABLE
         target = quote(f"{parts.scheme}://{parts.netloc}", safe="")
         values["meta_store"] = (f"tablestore://{instance}/{table}?endpoint={target}"
-                                "&create_table=true")
+                                f"&create_table=true{with_ca}")
+    else:
+        meta = urlsplit(str(values["meta_store"]))
+        meta_query = dict(parse_qsl(meta.query))
+        if (meta.scheme == "tablestore" and bundle and "ca_bundle" not in meta_query
+                and meta_query.get("endpoint", "").startswith("https://")):
+            values["meta_store"] = f"{values['meta_store']}{'&' if meta.query else '?'}" + \
+                with_ca.lstrip("&")  # the same CA verifies a meta table over https
     return values
+
+
+def _ca_bundle_option(scheme: str, given: str | None) -> str | None:
+    """The CA bundle of an https endpoint: the option, else the driver's REQUESTS_CA_BUNDLE /
+    SSL_CERT_FILE, checked here so a bad one fails before the query starts (``OptionError``
+    naming ``ssl.ca.bundle``); ``None`` for the system's trust store."""
+    from cdc_common.tls import ca_bundle_origin, ca_bundle_problem
+
+    if scheme != "https":
+        if given:
+            raise OptionError(option="ssl.ca.bundle", value=given,
+                              problem="applies to an https endpoint only",
+                              allowed="leave it out for http://, or use the https endpoint")
+        return None
+    bundle, origin = ca_bundle_origin(given)
+    problem = ca_bundle_problem(bundle) if bundle else None
+    if problem:
+        source = "" if origin == "given" else f" (from {origin})"
+        raise OptionError(option="ssl.ca.bundle", value=bundle, problem=problem + source,
+                          allowed=OPTIONS["ssl.ca.bundle"][1])
+    return bundle
 
 
 def resolve_tunnel_id(endpoint: str, table: str, tunnel_id: str, name: str | None) -> str:

@@ -599,6 +599,12 @@ class StreamProtocol:
             try:
                 self.tunnel.checkpoint(self.tunnel_id, channel_id, Checkpoint(*position))
             except StaleCheckpointError:
+                # A refused "finished" would keep the channel's children in WAIT for good:
+                # it passes only when the tunnel holds "finished" already, else it fails the
+                # commit loudly (the backend has retried it after re-reading the stored number)
+                if end.finished and not self.tunnel.get_checkpoint(self.tunnel_id,
+                                                                   channel_id).finished:
+                    raise
                 # the tunnel already holds a newer checkpoint (pushed before a crash)
                 log.debug("channel %s: tunnel already ahead of %s", channel_id, end.summary())
             self._pushed[channel_id] = position

@@ -15,7 +15,12 @@ is refused, naming what is allowed):
   retries network errors, both with jittered exponential backoff;
 - ``socket_timeout`` (seconds, default 20);
 - ``page_size``: the ``limit`` of each GetRange page (default: the service's pages, at most
-  5000 rows or 4 MB).
+  5000 rows or 4 MB);
+- ``ca_bundle``: a PEM file of CA certificates that verifies an ``https`` endpoint (the source
+  passes its ``ssl.ca.bundle`` option here); else ``REQUESTS_CA_BUNDLE`` / ``SSL_CERT_FILE``,
+  else the SDK's own (certifi). The SDK takes no CA of its own, so its connection pool is
+  rebuilt with this one (``_trust_ca``). A certificate or host name that does not verify is a
+  ``MetaStoreRequestError`` at once, naming the endpoint and what to fix (``cdc_common.tls``).
 
 The query is validated by ``TablestoreUriQuery`` (``cdc_common.uris.parse_query``).
 
@@ -80,6 +85,7 @@ from tablestore import (
 )
 from tablestore.retry import WriteRetryPolicy
 
+from cdc_common import tls
 from cdc_common.credentials import (
     ALIBABA_ACCESS_KEY_ID,
     ALIBABA_ACCESS_KEY_SECRET,
@@ -144,6 +150,21 @@ class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
         self.max_retry_times = max_attempts - 1
 
 
+def _trust_ca(client: OTSClient, bundle: str) -> None:
+    """Make the SDK's connections verify the server with ``bundle``. The SDK (6.4) builds its
+    urllib3 pool with certifi's CAs and takes no CA option, so the pool
+    (``OTSClient.connection.pool``) is rebuilt with the SDK's own settings and this bundle.
+    The SDK is pinned to 6.4.x; tests/test_meta_store_tablestore.py covers this over https."""
+    import urllib3
+
+    connection = client.connection
+    connection.pool = urllib3.PoolManager(
+        connection.NUM_POOLS, headers=None, cert_reqs="CERT_REQUIRED", ca_certs=bundle,
+        timeout=client.socket_timeout, maxsize=client.max_connection, block=True,
+        ssl_version=client.ssl_version,
+    )
+
+
 class TablestoreUriQuery(UriQuery):
     """The query of a ``tablestore://INSTANCE/TABLE?...`` URI (module docstring)."""
 
@@ -156,6 +177,7 @@ class TablestoreUriQuery(UriQuery):
     socket_timeout: float = Field(20.0, ge=0.001, le=600.0,
                                   description="a number from 0.001 to 600.0")
     page_size: int | None = Field(None, ge=1, le=5000, description="an integer from 1 to 5000")
+    ca_bundle: str | None = Field(None, description="the path of a PEM file of CA certificates")
 
 
 def _prefix_end(prefix: str) -> str:
@@ -196,6 +218,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
         max_attempts: int = 8,
         socket_timeout: float = 20.0,
         page_size: int | None = None,
+        ca_bundle: str | None = None,
         access_key_id: str | None = None,
         access_key_secret: str | None = None,
         security_token: str | None = None,
@@ -204,7 +227,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
         given = {"endpoint": endpoint, "create_table": "true" if create_table else None,
                  "max_attempts": max_attempts if max_attempts != 8 else None,
                  "socket_timeout": socket_timeout if socket_timeout != 20.0 else None,
-                 "page_size": page_size}
+                 "page_size": page_size, "ca_bundle": ca_bundle}
         query = urlencode({k: v for k, v in given.items() if v is not None}, safe="/:")
         self.uri = uri or f"tablestore://{instance}/{table}?{query}"
         self.instance, self.table, self.endpoint = instance, table, endpoint
@@ -230,6 +253,12 @@ class TablestoreMetaStore(KeyValueMetaStore):
             )
         except OTSClientError as exc:
             raise MetaStoreUriError(uri=self.uri, reason=str(exc)) from None
+        bundle = tls.ca_bundle(ca_bundle) if endpoint.startswith("https://") else None
+        if bundle:
+            problem = tls.ca_bundle_problem(bundle)
+            if problem:
+                raise MetaStoreUriError(uri=self.uri, reason=f"ca_bundle: {problem}")
+            _trust_ca(self._client, bundle)
         self._closed = False
         if create_table:
             self._ensure_table()
@@ -280,6 +309,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
         return cls(instance, table, endpoint=query.endpoint.rstrip("/"),
                    create_table=query.create_table, max_attempts=query.max_attempts,
                    socket_timeout=query.socket_timeout, page_size=query.page_size,
+                   ca_bundle=query.ca_bundle,
                    access_key_id=access_key_id, access_key_secret=access_key_secret,
                    security_token=security_token)
 
@@ -347,6 +377,11 @@ class TablestoreMetaStore(KeyValueMetaStore):
                     store=self.uri, operation=f"Tablestore {operation}", reason=str(exc),
                 ) from None
             except Exception as exc:  # urllib3/socket errors: the request may not have arrived
+                problem = tls.tls_problem(exc, self.endpoint)
+                if problem is not None:  # a configuration error: retrying cannot fix it
+                    raise MetaStoreRequestError(
+                        store=self.uri, operation=f"Tablestore {operation}", reason=problem,
+                    ) from None
                 if attempt == self.max_attempts:
                     raise TransientMetaStoreError(
                         detail=f"{self.uri}: Tablestore {operation} could not reach "

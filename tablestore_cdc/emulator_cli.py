@@ -1,19 +1,21 @@
 """``tablestore-cdc emulator``: serve the local Tablestore emulator until SIGINT/SIGTERM.
 
 Mounted by ``tablestore_cdc/cli.py``. Prints exactly one line, ``listening on http://HOST:PORT``
-(the real port when ``--port 0``), to stdout once the
-socket accepts connections, so a script or test can read the URL. Logs go to stderr.
+(``https://`` with ``--tls-cert`` and ``--tls-key``; the real port when ``--port 0``), to stdout
+once the socket accepts connections, so a script or test can read the URL. Logs go to stderr.
 
 Example::
 
     tablestore-cdc emulator --store /tmp/s.db --instance demo \\
-        --access-key-id AK --access-key-secret SK --port 0
+        --access-key-id AK --access-key-secret SK --port 0 \\
+        [--tls-cert server.pem --tls-key server.key]
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -44,6 +46,15 @@ def emulator_command(
     channels: Annotated[
         int, typer.Option("--channels", help="Change-log channels per created table.")
     ] = 4,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", help="Serve https with this PEM certificate (chain); "
+                     "needs --tls-key."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option("--tls-key", help="The PEM private key of --tls-cert."),
+    ] = None,
 ) -> None:
     """Serve a local Tablestore emulator (table API, and tunnel API when available)."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -55,6 +66,11 @@ def emulator_command(
         fail(f"--port must be in 0..65535, got {port}")
     if not 1 <= channels <= 1024:
         fail(f"--channels must be in 1..1024, got {channels}")
+    if (tls_cert is None) != (tls_key is None):
+        fail("--tls-cert and --tls-key go together: give both to serve https, or neither")
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            fail(f"{flag}: no file at {path}")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -63,9 +79,15 @@ def emulator_command(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     with reported_errors():
         server = EmulatorServer(
-            str(store), instance, access_key_id, access_key_secret, host, port, channels=channels
+            str(store), instance, access_key_id, access_key_secret, host, port, channels=channels,
+            tls_cert=str(tls_cert) if tls_cert else None,
+            tls_key=str(tls_key) if tls_key else None,
         )
-        server.start()
+        try:
+            server.start()
+        except ssl.SSLError as exc:
+            fail(f"--tls-cert/--tls-key: cannot load the certificate and key ({exc.reason or exc}):"
+                 " give a PEM certificate and the PEM private key that belongs to it")
     try:
         print(f"listening on {server.url}", flush=True)
         while not stop.wait(0.5):

@@ -5,6 +5,8 @@ Called by ``server`` for every POST, table API (``/PutRow`` ...) and tunnel API
 
 Request (what the SDKs send, and what is checked here):
 - ``x-ots-accesskeyid`` must be the configured key id, ``x-ots-instancename`` the instance;
+- ``x-ots-apiversion`` present (any value: Java sends "2015-12-31", Go "2018-04-01" on tunnel
+  calls; both SDKs mark it, and the instance name, mandatory);
 - ``x-ots-date`` within 15 minutes of now (only ``YYYY-MM-DDTHH:MM:SS`` is parsed: the Go SDK's
   fraction is malformed, so the fraction is not validated);
 - ``x-ots-contentmd5`` = base64(MD5(body));
@@ -33,6 +35,9 @@ MAX_CLOCK_SKEW = dt.timedelta(minutes=15)
 #: The value the service sends in x-ots-contenttype.
 CONTENT_TYPE = "protocol buffer"
 _SIGNATURE_HEADER = "x-ots-signature"
+#: headers every request must carry (the SDKs always send them)
+_REQUIRED_HEADERS = ("x-ots-date", "x-ots-apiversion", "x-ots-accesskeyid",
+                     "x-ots-instancename", "x-ots-contentmd5", _SIGNATURE_HEADER)
 _DATE_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})")
 
 
@@ -93,13 +98,13 @@ def verify_request(
 
     ``headers`` must be keyed by lower-case names.
     """
-    for name in ("x-ots-date", "x-ots-accesskeyid", "x-ots-contentmd5", _SIGNATURE_HEADER):
+    for name in _REQUIRED_HEADERS:
         if not headers.get(name):
             raise parameter_invalid(f"Missing header: '{name}'.")
     if headers["x-ots-accesskeyid"] != access_key_id:
         raise auth_failed("The AccessKeyID is disabled or does not exist.")
-    instance_name = headers.get("x-ots-instancename")
-    if instance_name is not None and instance_name != instance:
+    instance_name = headers["x-ots-instancename"]
+    if instance_name != instance:
         raise OtsError(403, "OTSAuthFailed", f"Instance {instance_name!r} does not exist.")
     when = parse_ots_date(headers["x-ots-date"])
     now = now or dt.datetime.now(dt.UTC)

@@ -10,6 +10,9 @@ Routes: the table API from ``tablestore_emulator.table_api.ROUTES`` (``/CreateTa
 (already authenticated), returns the serialized protobuf response, and raises
 ``errors.OtsError`` for a service error. The server renders both the way the service does.
 
+Given a certificate and key (``tls_cert`` / ``tls_key``) it serves https, as the service does;
+each connection's TLS handshake runs in that connection's thread.
+
 Threads: one thread per connection (``ThreadingHTTPServer``). All handlers share one
 ``LocalTablestore`` (its transactions are serialized by its own lock); handlers that read then
 write (row conditions) hold ``ctx.write_lock`` across both so a condition stays true until the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import ssl
 import sys
 import threading
 import uuid
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: Largest request body accepted (the service's limit on a request is 5 MB; leave headroom).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+#: How long a connection may take to complete the TLS handshake (https only).
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -91,6 +97,16 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _HTTPServer
 
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.request, ssl.SSLSocket):
+            # the TLS handshake runs here, in this connection's thread, not in the accept
+            # loop: a client that never completes it (or refuses the certificate) holds up
+            # no one else
+            self.request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+            self.request.do_handshake()
+            self.request.settimeout(None)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("%s %s", self.address_string(), format % args)
 
@@ -124,8 +140,8 @@ class _Handler(BaseHTTPRequestHandler):
                 sign = False  # the client may hold another secret: an auth error is unsigned
                 raise
             handler = emu.routes.get(path)
-            if handler is None:
-                raise OtsError(404, "OTSUnsupportOperation", f"Unsupported operation: {path}.")
+            if handler is None:  # the service's error reference: 400, not 404
+                raise parameter_invalid(f"Unsupported operation: {path}.")
             status, payload = 200, handler(emu.context, body)
         except OtsError as exc:
             status, payload = exc.http_status, _error_body(exc)
@@ -163,9 +179,10 @@ class _HTTPServer(ThreadingHTTPServer):
     emulator: EmulatorServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up mid-request (a Python worker exiting) is routine: one debug
-        line, not a traceback on stderr. Anything else is still reported."""
-        if isinstance(sys.exc_info()[1], ConnectionError):
+        """A client that hangs up mid-request (a Python worker exiting), or refuses or botches
+        the TLS handshake, is routine: one debug line, not a traceback on stderr. Anything
+        else is still reported."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLError, TimeoutError)):
             log.debug("emulator: client %s disconnected", client_address)
             return
         super().handle_error(request, client_address)
@@ -175,8 +192,9 @@ class EmulatorServer:
     """A Tablestore emulator over one store file, served on ``host:port`` (0 = a free port).
 
     ``start()`` binds and serves in a background thread; ``url`` is then
-    ``http://HOST:PORT``; ``stop()`` closes the socket and the store. Also a context manager.
-    ``channels``: how many change-log channels CreateTable gives a table.
+    ``http://HOST:PORT`` (``https://`` when ``tls_cert`` and ``tls_key`` name a PEM
+    certificate chain and its private key); ``stop()`` closes the socket and the store. Also a
+    context manager. ``channels``: how many change-log channels CreateTable gives a table.
     ``corrupt_response_signatures`` (test switch) makes every response's signature wrong.
     """
 
@@ -190,7 +208,11 @@ class EmulatorServer:
         port: int = 0,
         *,
         channels: int = 4,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("serving https takes both a certificate and its key")
         self.store_path = str(store_path)
         self.instance = instance
         self.access_key_id = access_key_id
@@ -198,6 +220,7 @@ class EmulatorServer:
         self.host = host
         self.port = port
         self.channels = channels
+        self.tls_cert, self.tls_key = tls_cert, tls_key
         self.corrupt_response_signatures = False
         self.routes: dict[str, Handler] = {}
         self._httpd: _HTTPServer | None = None
@@ -219,18 +242,26 @@ class EmulatorServer:
         if self._httpd is None:
             raise RuntimeError("the emulator is not started")
         host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self.tls_cert else 'http'}://{host!s}:{port}"
 
     def start(self) -> EmulatorServer:
         """Open the store, bind, and serve in a daemon thread. Returns self."""
         if self._httpd is not None:
             return self
         self.routes = load_routes()
+        tls = None
+        if self.tls_cert is not None:  # before the store opens: a bad file fails alone
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            tls.load_cert_chain(self.tls_cert, self.tls_key)
         store = LocalTablestore(self.store_path)
         self._context = EmulatorContext(
             store=store, instance=self.instance, store_path=store.path, channels=self.channels
         )
         httpd = _HTTPServer((self.host, self.port), _Handler)
+        if tls is not None:
+            httpd.socket = tls.wrap_socket(httpd.socket, server_side=True,
+                                           do_handshake_on_connect=False)
         httpd.emulator = self
         self._httpd = httpd
         self._thread = threading.Thread(

@@ -4,11 +4,14 @@
 handler parses the protobuf request (``connector.tunnel.tablestore.messages``), calls the
 embedded store's ``LocalTunnelService`` -- the reference semantics: tunnels per table, Stream and
 BaseAndStream, a child in ``WAIT`` until every parent's checkpoint for that tunnel is
-``"finished"`` (base channels before stream channels), the checkpoint sequence rule, trimming --
-and answers the way the service does.
+``"finished"`` (base channels before stream channels), trimming -- and answers the way the
+service does. Connected workers and channel ownership (Connect, Heartbeat, Shutdown) are the
+client state machine of ``tablestore_emulator.tunnel_clients``.
 
 What the wire sees, and where it is the emulator's own choice (docs/tablestore.md):
 
+- Base-data channels are ``BaseData_<stream channel>`` on the wire (the SDKs' form); the store
+  names them ``base-<stream channel>``, and only this module translates.
 - Tokens are standard base64 of a ``Token{version=2, content=TokenContentV2}``. A stream
   channel's ``iterator`` holds the store's own position token; a base-data channel's iterator is
   empty (the one thing the SDKs inspect) and its ``primary_key`` holds the position instead.
@@ -18,15 +21,25 @@ What the wire sees, and where it is the emulator's own choice (docs/tablestore.m
   deleted columns are ``DELETE_ALL_VERSION`` cells; a DELETE is the key plus the delete marker;
   ``origin_record`` is the before-image (an empty key section, then the columns), absent when
   the row did not exist.
-- Errors: trimmed data is 503 ``OTSTunnelServerUnavailable`` whose message begins
-  ``OTSTrimmedDataAccess`` (as the service's), followed by ``[resume=<token>]`` -- the first
-  position still held, an emulator addition the client uses when present. Stale checkpoints are
-  400 ``OTSSequenceNumberNotMatch``. Unknown tables/tunnels are 404 ``OTSObjectNotExist``,
-  other refusals 400 ``OTSParameterInvalid``, with messages starting with a fixed phrase
-  (``MESSAGE_*`` below) the client recognises.
+- Checkpoints follow the SDKs' rule: a push must carry the stored sequence number + 1 (both
+  SDKs push exactly that), else 400 ``OTSSequenceNumberNotMatch``. The service documents only
+  that a smaller number is refused; the emulator takes the strictest reading, so a client that
+  passes here passes whatever the service accepts.
+- Errors as the service's error reference documents them: a missing table or tunnel is 400
+  ``OTSParameterInvalid`` (so are an unknown channel, a bad token, a WAIT channel, a refused
+  checkpoint); trimmed data is 400 ``OTSTunnelServerUnavailable`` whose message begins
+  ``OTSTrimmedDataAccess``, followed by ``[requested=.. earliest=.. lost=.. resume=<token>]`` --
+  the first position still held, an emulator addition the client uses when present; a
+  heartbeat of a client that is not connected is 410 ``OTSResourceGone``.
+- ``DescribeTunnel`` fills ``ChannelInfo.client_id`` (the owner), ``channel_count`` (records
+  before the channel's checkpoint), ``channel_rpo`` (commit time of the last record before it,
+  nanoseconds; 0 for base-data channels and before the first record) and ``tunnel_rpo`` (the
+  oldest ``channel_rpo`` of the stream channels still being read).
+- ``/tunnel/getrpo`` (the Go SDK's ``GetRpo``) answers two JSON documents keyed by tunnel id
+  (see ``get_rpo``); their keys' meaning is the emulator's reading, unverified.
 - ``ChannelInfo.parent_ids`` (field 1000) carries the lineage; the service has no such field.
-- ConnectTunnel, Heartbeat and ShutdownTunnel are accepted for SDK compatibility; reads and
-  checkpoints accept any client id (as the service does for the vendor's Spark connector).
+- Reads, GetCheckpoint and Checkpoint accept any client id, connected or not (as the service
+  does for the vendor's Spark connector, and as this project's client relies on).
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import uuid
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,22 +72,39 @@ from connector.tunnel.base import (
     StartPosition,
     TunnelType,
 )
-from connector.tunnel.local import LocalTunnelService
+from connector.tunnel.local import BASE_PREFIX, LocalTunnelService
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
-from tablestore_emulator.errors import OtsError
+from tablestore_emulator.errors import OtsError, parameter_invalid
 from tablestore_emulator.server import EmulatorContext
+from tablestore_emulator.tunnel_clients import ChannelState, ClientGone, TunnelClients
 
-#: the message phrases the client maps back to typed errors (connector.tunnel.tablestore.client)
-MESSAGE_NO_TABLE = "Requested table does not exist"
-MESSAGE_NO_TUNNEL = "Tunnel does not exist"
-MESSAGE_NO_CHANNEL = "Channel does not exist"
-MESSAGE_BAD_TOKEN = "Invalid token"
-MESSAGE_NOT_READABLE = "Channel is not readable"
-MESSAGE_BAD_CHECKPOINT = "Invalid checkpoint"
 TRIMMED_PREFIX = "OTSTrimmedDataAccess"
+#: how the SDKs name a base-data channel (the Go SDK tells base from stream channels by it)
+BASE_WIRE_PREFIX = "BaseData_"
 
 _MAX_ROW_INDEX = 2**31 - 1
+_STATUS_NAMES = {number: name for name, number in m.CHANNEL_STATUS.items()}
+
+
+# --- channel ids ------------------------------------------------------------------------------
+
+
+def wire_channel_id(store_id: str) -> str:
+    """The id the wire shows for a store channel (``base-X`` -> ``BaseData_X``)."""
+    if store_id.startswith(BASE_PREFIX):
+        return BASE_WIRE_PREFIX + store_id[len(BASE_PREFIX):]
+    return store_id
+
+
+def store_channel_id(wire_id: str) -> str:
+    """The store's id for a channel the wire names; the store's own base form is not a wire
+    id (400, as any unknown channel)."""
+    if wire_id.startswith(BASE_WIRE_PREFIX):
+        return BASE_PREFIX + wire_id[len(BASE_WIRE_PREFIX):]
+    if wire_id.startswith(BASE_PREFIX):
+        raise parameter_invalid(f"Channel does not exist: {wire_id}")
+    return wire_id
 
 
 # --- tokens -----------------------------------------------------------------------------------
@@ -105,8 +135,7 @@ def local_token(token: str, channel_id: str) -> str:
         return FINISHED
 
     def bad(reason: str) -> OtsError:
-        return OtsError(400, "OTSParameterInvalid",
-                        f"{MESSAGE_BAD_TOKEN} for channel {channel_id}: {reason}")
+        return parameter_invalid(f"Invalid token for channel {channel_id}: {reason}")
 
     try:
         raw = base64.b64decode(token.encode("ascii"), validate=True)
@@ -129,32 +158,34 @@ def local_token(token: str, channel_id: str) -> str:
 
 
 def _to_ots(exc: Exception) -> OtsError:
-    """The service error for one of the store's typed errors."""
+    """The service error for one of the store's typed errors (statuses and codes from the
+    service's error reference; the messages are the emulator's own)."""
     fields = getattr(exc, "fields", {})
+    channel = wire_channel_id(str(fields.get("channel_id", "")))
     if isinstance(exc, UnknownTableError):
-        return OtsError(404, "OTSObjectNotExist", f"{MESSAGE_NO_TABLE}: {fields['table']}")
+        return parameter_invalid(f"The requested table does not exist: {fields['table']}")
     if isinstance(exc, UnknownTunnelError):
-        return OtsError(404, "OTSObjectNotExist", f"{MESSAGE_NO_TUNNEL}: {fields['tunnel']}")
+        return parameter_invalid(f"The tunnel does not exist: {fields['tunnel']}")
     if isinstance(exc, UnknownChannelError):
-        return OtsError(400, "OTSParameterInvalid", f"{MESSAGE_NO_CHANNEL}: {fields['channel_id']}")
+        return parameter_invalid(f"Channel does not exist: {channel}")
     if isinstance(exc, TunnelExistsError):
         return OtsError(409, "OTSTunnelExist", f"Tunnel already exists: {fields['tunnel']}")
     if isinstance(exc, ChannelNotReadableError):
-        return OtsError(400, "OTSParameterInvalid",
-                        f"{MESSAGE_NOT_READABLE}: {fields['channel_id']} is {fields['status']}")
+        return parameter_invalid(f"Channel is not readable: {channel} is {fields['status']}")
     if isinstance(exc, MalformedTokenError):
-        return OtsError(400, "OTSParameterInvalid",
-                        f"{MESSAGE_BAD_TOKEN} for channel {fields['channel_id']}: "
-                        f"{fields['reason']}")
+        return parameter_invalid(f"Invalid token for channel {channel}: {fields['reason']}")
     if isinstance(exc, StaleCheckpointError):
-        return OtsError(400, "OTSSequenceNumberNotMatch",
-                        f"sequence number {fields['pushed']} is smaller than the stored "
-                        f"{fields['stored']} [stored={fields['stored']}]")
+        return _sequence_not_match(fields["pushed"], fields["stored"])
     if isinstance(exc, InvalidCheckpointError):
-        return OtsError(400, "OTSParameterInvalid", f"{MESSAGE_BAD_CHECKPOINT}: {fields['reason']}")
+        return parameter_invalid(f"Invalid checkpoint for channel {channel}: {fields['reason']}")
     if isinstance(exc, TransientTunnelError):
         return OtsError(503, "OTSTunnelServerUnavailable", "Tunnel server is busy, retry later.")
-    return OtsError(400, "OTSParameterInvalid", str(exc))
+    return parameter_invalid(str(exc))
+
+
+def _sequence_not_match(pushed: object, stored: int) -> OtsError:
+    return OtsError(400, "OTSSequenceNumberNotMatch",
+                    f"Sequence number {pushed} is not the stored {stored} + 1 [stored={stored}]")
 
 
 _STORE_ERRORS = (
@@ -172,6 +203,16 @@ def _service(ctx: EmulatorContext) -> LocalTunnelService:
         return service  # type: ignore[no-any-return]
 
 
+def tunnel_clients(ctx: EmulatorContext) -> TunnelClients:
+    """The emulator's client state machine (created on first use; a test may install one
+    with its own clock first: ``ctx.state["tunnel_clients"] = TunnelClients(clock)``)."""
+    with ctx.lock:
+        clients = ctx.state.get("tunnel_clients")
+        if clients is None:
+            clients = ctx.state["tunnel_clients"] = TunnelClients()
+        return clients  # type: ignore[no-any-return]
+
+
 def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., bytes]]:
     """Parse the request (400 on a malformed one), run the handler, map the store's errors."""
 
@@ -180,7 +221,7 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
             try:
                 request = m.parse(request_type, body)
             except m.MessageError as exc:
-                raise OtsError(400, "OTSParameterInvalid", str(exc)) from None
+                raise parameter_invalid(str(exc)) from None
             try:
                 response = fn(ctx, _service(ctx), request)
             except _STORE_ERRORS as exc:
@@ -197,8 +238,16 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
 # --- tunnels ----------------------------------------------------------------------------------
 
 
+def _progress(service: LocalTunnelService, tunnel_id: str) -> dict[str, tuple[int, int]]:
+    """Per store channel id: (records before its checkpoint, commit time in ns of the last of
+    them; 0 for base-data channels and before the first record)."""
+    return {channel_id: (count, (last_us or 0) * 1000)
+            for channel_id, (count, last_us) in service.consumed(tunnel_id).items()}
+
+
 def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
-                 name: str) -> tuple[Any, list[Any]]:
+                 name: str) -> tuple[Any, list[Any], int]:
+    """``(TunnelInfo, [ChannelInfo], tunnel_rpo)`` of one tunnel."""
     desc = service.describe_tunnel(table, name)
     t = desc.tunnel
     base_open = any(c.channel_type is ChannelType.BASE_DATA
@@ -218,13 +267,28 @@ def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
     info.stream_tunnel_config.flag = (
         m.FLAG_LATEST if t.start_position is StartPosition.LATEST else m.FLAG_EARLIEST
     )
-    channels = []
+    owners = tunnel_clients(ctx).owners(t.tunnel_id)
+    progress = _progress(service, t.tunnel_id)
+    channels, reading = [], []
     for c in desc.channels:
-        ci = m.ChannelInfo(channel_id=c.channel_id, channel_type=c.channel_type.value,
-                           channel_status=c.status.value)
-        ci.parent_ids.extend(c.parent_ids)
+        wire_id = wire_channel_id(c.channel_id)
+        count, rpo = progress.get(c.channel_id, (0, 0))
+        ci = m.ChannelInfo(channel_id=wire_id, channel_type=c.channel_type.value,
+                           channel_status=c.status.value, channel_count=count,
+                           channel_rpo=rpo)
+        if wire_id in owners:
+            ci.client_id = owners[wire_id]
+        ci.parent_ids.extend(wire_channel_id(p) for p in c.parent_ids)
         channels.append(ci)
-    return info, channels
+        if c.channel_type is ChannelType.STREAM and c.status is ChannelStatus.OPEN and rpo:
+            reading.append(rpo)
+    return info, channels, min(reading, default=0)
+
+
+def _tunnel_by_id(service: LocalTunnelService, tunnel_id: str) -> Any:
+    """The store's record of a tunnel (``UnknownTunnelError`` -> 400 when missing)."""
+    with service.store.transaction() as conn:
+        return service._tunnel_by_id(conn, tunnel_id)
 
 
 @_route(m.CreateTunnelRequest)
@@ -234,27 +298,26 @@ def create_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -
     types = {m.TUNNEL_TYPE["Stream"]: TunnelType.STREAM,
              m.TUNNEL_TYPE["BaseAndStream"]: TunnelType.BASE_AND_STREAM}
     if t.tunnel_type not in types:
-        raise OtsError(400, "OTSParameterInvalid",
-                       "The emulator supports Stream and BaseAndStream tunnels only.")
+        raise parameter_invalid("The emulator supports Stream and BaseAndStream tunnels only.")
     start = StartPosition.EARLIEST
     config = t.stream_tunnel_config
     if t.HasField("stream_tunnel_config"):
         if config.HasField("startOffset") or config.HasField("endOffset"):
-            raise OtsError(400, "OTSParameterInvalid",
-                           "The emulator does not support start/end offsets; use flag.")
+            raise parameter_invalid("The emulator does not support start/end offsets; use flag.")
         if config.HasField("flag") and config.flag == m.FLAG_LATEST:
             start = StartPosition.LATEST
     if not t.tunnel_name:
-        raise OtsError(400, "OTSParameterInvalid", "tunnel_name is empty.")
+        raise parameter_invalid("tunnel_name is empty.")
     info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start)
     return m.CreateTunnelResponse(tunnel_id=info.tunnel_id)
 
 
 @_route(m.DescribeTunnelRequest)
 def describe_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/describe: the tunnel and its channels with their status for it."""
-    info, channels = _tunnel_info(ctx, service, req.table_name, req.tunnel_name)
-    return m.DescribeTunnelResponse(tunnel=info, channels=channels, tunnel_rpo=0)
+    """/tunnel/describe: the tunnel, its channels with their status for it, their owners and
+    progress."""
+    info, channels, tunnel_rpo = _tunnel_info(ctx, service, req.table_name, req.tunnel_name)
+    return m.DescribeTunnelResponse(tunnel=info, channels=channels, tunnel_rpo=tunnel_rpo)
 
 
 @_route(m.ListTunnelRequest)
@@ -263,44 +326,102 @@ def list_tunnels(ctx: EmulatorContext, service: LocalTunnelService, req: Any) ->
     table = req.table_name if req.HasField("table_name") and req.table_name else None
     out = m.ListTunnelResponse()
     for t in service.list_tunnels(table):
-        info, _ = _tunnel_info(ctx, service, t.table_name, t.tunnel_name)
+        info, _, _ = _tunnel_info(ctx, service, t.table_name, t.tunnel_name)
         out.tunnels.append(info)
     return out
 
 
 @_route(m.DeleteTunnelRequest)
 def delete_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/delete: the tunnel and its checkpoints."""
+    """/tunnel/delete: the tunnel, its checkpoints and its connected clients."""
+    tunnel_id = service.describe_tunnel(req.table_name, req.tunnel_name).tunnel.tunnel_id
     service.delete_tunnel(req.table_name, req.tunnel_name)
+    tunnel_clients(ctx).forget(tunnel_id)
     return m.DeleteTunnelResponse()
+
+
+# --- connected clients ------------------------------------------------------------------------
 
 
 @_route(m.ConnectRequest)
 def connect(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/connect: a fresh client id (the emulator does not track clients)."""
-    with service.store.transaction() as conn:
-        service._tunnel_by_id(conn, req.tunnel_id)
-    return m.ConnectResponse(client_id=f"{req.tunnel_id}-{uuid.uuid4().hex[:12]}")
+    """/tunnel/connect: a new client id; ``ClientConfig.timeout`` (seconds) is how long it may
+    go without a heartbeat before its channels move to other clients."""
+    _tunnel_by_id(service, req.tunnel_id)
+    config = req.client_config
+    client_id = tunnel_clients(ctx).connect(
+        req.tunnel_id, config.timeout if config.HasField("timeout") else None,
+        config.client_tag if config.HasField("client_tag") else "")
+    return m.ConnectResponse(client_id=client_id)
 
 
 @_route(m.HeartbeatRequest)
 def heartbeat(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/heartbeat: every OPEN channel assigned to the caller, at version 0 (the
-    emulator does not balance channels between clients)."""
-    with service.store.transaction() as conn:
-        tunnel = service._tunnel_by_id(conn, req.tunnel_id)
+    """/tunnel/heartbeat: the client's channels in, the server's view of its channels out
+    (``tunnel_clients.TunnelClients.heartbeat``); 410 ``OTSResourceGone`` for a client that is
+    not connected (never was, shut down, or missed heartbeats past its timeout)."""
+    tunnel = _tunnel_by_id(service, req.tunnel_id)
     desc = service.describe_tunnel(tunnel.table, tunnel.name)
+    readable = [wire_channel_id(c.channel_id) for c in desc.channels
+                if c.status is ChannelStatus.OPEN]
+    terminated = [wire_channel_id(c.channel_id) for c in desc.channels
+                  if c.status is ChannelStatus.TERMINATED]
+    reported = [ChannelState(c.channel_id, int(c.version), _STATUS_NAMES[c.status])
+                for c in req.channels]
+    try:
+        view = tunnel_clients(ctx).heartbeat(req.tunnel_id, req.client_id, reported,
+                                             readable, terminated)
+    except ClientGone as exc:
+        raise OtsError(410, "OTSResourceGone", str(exc)) from None
     out = m.HeartbeatResponse()
-    for c in desc.channels:
-        if c.status is ChannelStatus.OPEN:
-            out.channels.add(channel_id=c.channel_id, version=0, status=1)
+    for c in view:
+        out.channels.add(channel_id=c.channel_id, version=c.version,
+                         status=m.CHANNEL_STATUS[c.status])
     return out
 
 
 @_route(m.ShutdownRequest)
 def shutdown(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/shutdown: accepted."""
+    """/tunnel/shutdown: the client is dropped and its channels are free at once."""
+    _tunnel_by_id(service, req.tunnel_id)
+    tunnel_clients(ctx).shutdown(req.tunnel_id, req.client_id)
     return m.ShutdownResponse()
+
+
+@_route(m.GetRpoRequest)
+def get_rpo(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
+    """/tunnel/getrpo (the Go SDK's ``GetRpo``): two JSON documents. ``rpo_infos``:
+    ``{tunnel id: {channel id: {ChannelTyp, Status, TotalCount, AccessTime, RpoTime}}}``;
+    ``tunnel_rpo_infos``: ``{tunnel id: {Status, TotalCount, AccessTime, RpoTime}}``.
+    TotalCount is the records before the checkpoint, RpoTime the commit time of the last of
+    them and AccessTime the last checkpoint pushed through this emulator (both nanoseconds,
+    0 when unknown); the tunnel's Status is its stage. The Go SDK's model names these keys;
+    what the service puts under them is unverified."""
+    if not req.HasField("tunnel_id") or not req.tunnel_id:
+        raise parameter_invalid("tunnel_id is required.")
+    tunnel = _tunnel_by_id(service, req.tunnel_id)
+    info, channels, tunnel_rpo = _tunnel_info(ctx, service, tunnel.table, tunnel.name)
+    pushed = _checkpoint_times(ctx)
+    per_channel = {
+        c.channel_id: {"ChannelTyp": c.channel_type, "Status": c.channel_status,
+                       "TotalCount": c.channel_count, "RpoTime": c.channel_rpo,
+                       "AccessTime": pushed.get((req.tunnel_id, c.channel_id), 0)}
+        for c in channels
+    }
+    summary = {"Status": info.stage, "TotalCount": sum(c.channel_count for c in channels),
+               "AccessTime": max((v["AccessTime"] for v in per_channel.values()), default=0),
+               "RpoTime": tunnel_rpo}
+    return m.GetRpoResponse(
+        tunnel_id=req.tunnel_id,
+        rpo_infos=json.dumps({req.tunnel_id: per_channel}).encode(),
+        tunnel_rpo_infos=json.dumps({req.tunnel_id: summary}).encode(),
+    )
+
+
+def _checkpoint_times(ctx: EmulatorContext) -> dict[tuple[str, str], int]:
+    """(tunnel id, wire channel id) -> when its last checkpoint was pushed here (ns)."""
+    with ctx.lock:
+        return ctx.state.setdefault("checkpoint_times", {})  # type: ignore[no-any-return]
 
 
 # --- checkpoints and records -------------------------------------------------------------------
@@ -314,20 +435,31 @@ def _is_base(service: LocalTunnelService, tunnel_id: str, channel_id: str) -> bo
 
 @_route(m.GetCheckpointRequest)
 def get_checkpoint(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/getcheckpoint: the stored checkpoint, else the channel's start position."""
-    base = _is_base(service, req.tunnel_id, req.channel_id)
-    cp = service.get_checkpoint(req.tunnel_id, req.channel_id)
+    """/tunnel/getcheckpoint: the stored checkpoint, else the channel's start position (any
+    client id)."""
+    channel = store_channel_id(req.channel_id)
+    base = _is_base(service, req.tunnel_id, channel)
+    cp = service.get_checkpoint(req.tunnel_id, channel)
     return m.GetCheckpointResponse(checkpoint=wire_token(cp.token, base),
                                    sequence_number=cp.sequence_number)
 
 
 @_route(m.CheckpointRequest)
 def checkpoint(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/checkpoint: accepted when the sequence is not lower than the stored one."""
-    _is_base(service, req.tunnel_id, req.channel_id)  # unknown tunnel/channel first
+    """/tunnel/checkpoint (any client id): accepted when the sequence number is the stored
+    one + 1 (the SDKs' rule; 400 ``OTSSequenceNumberNotMatch`` otherwise), and when the store
+    accepts the position (a FINISHED only at a closed channel's end...)."""
+    channel = store_channel_id(req.channel_id)
+    _is_base(service, req.tunnel_id, channel)  # unknown tunnel/channel first
     token = local_token(req.checkpoint, req.channel_id)
-    service.checkpoint(req.tunnel_id, req.channel_id,
-                       Checkpoint(token, int(req.sequence_number)))
+    pushed = int(req.sequence_number)
+    with ctx.write_lock:  # the rule's check and the write as one step for every client
+        stored = service.get_checkpoint(req.tunnel_id, channel).sequence_number
+        if pushed != stored + 1:
+            raise _sequence_not_match(pushed, stored)
+        service.checkpoint(req.tunnel_id, channel, Checkpoint(token, pushed))
+    with ctx.lock:
+        _checkpoint_times(ctx)[(req.tunnel_id, req.channel_id)] = time.time_ns()
     return m.CheckpointResponse()
 
 
@@ -368,19 +500,20 @@ def encode_record(record: Any, base: bool) -> Any:
 
 @_route(m.ReadRecordsRequest)
 def read_records(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
-    """/tunnel/readrecords: up to ``READ_PAGE`` records after the token (fewer when the
-    emulator-only ``max_records`` asks for fewer)."""
-    base = _is_base(service, req.tunnel_id, req.channel_id)
+    """/tunnel/readrecords (any client id): up to ``READ_PAGE`` records after the token
+    (fewer when the emulator-only ``max_records`` asks for fewer)."""
+    channel = store_channel_id(req.channel_id)
+    base = _is_base(service, req.tunnel_id, channel)
     token = local_token(req.token, req.channel_id)
     page = READ_PAGE
     if req.HasField("max_records") and req.max_records > 0:
         page = min(page, req.max_records)
     try:
-        result = service.read_records(req.tunnel_id, req.channel_id, token, page)
+        result = service.read_records(req.tunnel_id, channel, token, page)
     except TrimmedDataError as exc:
         resume = wire_token(exc.resume_token, base)
         raise OtsError(
-            503, "OTSTunnelServerUnavailable",
+            400, "OTSTunnelServerUnavailable",
             f"{TRIMMED_PREFIX} Requested stream data is already trimmed or does not exist. "
             f"[requested={exc.fields['requested']} earliest={exc.fields['earliest']} "
             f"lost={exc.fields['lost']} "
@@ -403,4 +536,5 @@ ROUTES: dict[str, Callable[[EmulatorContext, bytes], bytes]] = {
     "/tunnel/getcheckpoint": get_checkpoint,
     "/tunnel/readrecords": read_records,
     "/tunnel/checkpoint": checkpoint,
+    "/tunnel/getrpo": get_rpo,
 }

@@ -391,3 +391,53 @@ def test_out_of_range_and_blank_options_are_refused_at_load(extra, option):
     with pytest.raises(OptionError, match=f"'{option}'"):
         SourceOptions.from_spark({"endpoint": "local:///data/s.db", "table.name": "t",
                                   "tunnel.name": "q", **extra})
+
+
+# --- a refused "finished" push is never lost silently ------------------------------------------
+
+
+def test_a_refused_finished_push_fails_the_commit_instead_of_stranding_children(store):
+    """Another writer pushed a higher sequence number for the parent (not "finished"): the
+    source's "finished" push is refused as stale. Before, the refusal was logged at DEBUG and
+    the batch marked pushed: the parent never terminated, its children stayed in WAIT and the
+    query read nothing more from that key range, silently. Now the commit fails, naming it."""
+    from connector.errors import StaleCheckpointError
+    from connector.tunnel.base import ChannelStatus, Checkpoint
+
+    write(store, range(20))
+    proto = StreamProtocol(options(store))
+    start = proto.initial_offset()
+    parent = store.list_channels("t")[0].channel_id
+    children = store.split_channel("t", parent)
+    other = LocalTunnelService(LocalTablestore(store.path))
+    other.checkpoint(proto.tunnel_id, parent,
+                     Checkpoint(other.get_checkpoint(proto.tunnel_id, parent).token, 10_000))
+    with pytest.raises(StaleCheckpointError, match=parent):
+        drain(proto, start)
+    statuses = {c.channel_id: c.status for c in other.describe_tunnel("t", "q").channels}
+    assert {statuses[c] for c in children} == {ChannelStatus.WAIT}
+    proto.close()
+    other.close()
+
+
+def test_a_finished_push_behind_a_finished_tunnel_checkpoint_is_fine(store):
+    """The tunnel holds "finished" already (pushed by an earlier process, with a higher
+    number): the refusal of the source's own "finished" push changes nothing, and the query
+    goes on to the children."""
+    from connector.tunnel.base import FINISHED, Checkpoint
+
+    write(store, range(20))
+    proto = StreamProtocol(options(store))
+    start = proto.initial_offset()
+    parent = store.list_channels("t")[0].channel_id
+    store.split_channel("t", parent)
+    write(store, range(20, 40))
+    other = LocalTunnelService(LocalTablestore(store.path))
+    token = other.get_checkpoint(proto.tunnel_id, parent).token
+    while token != FINISHED:
+        token = other.read_records(proto.tunnel_id, parent, token, 100).next_token
+    other.checkpoint(proto.tunnel_id, parent, Checkpoint(FINISHED, 10_000))
+    _, records = drain(proto, start)
+    assert len({(r.primary_key["id"], r.sequence, r.channel_id) for r in records}) == 40
+    proto.close()
+    other.close()

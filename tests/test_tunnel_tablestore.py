@@ -1,14 +1,23 @@
 """The Tablestore Tunnel wire client against the project's emulator, over HTTP on 127.0.0.1.
 
 - ``TestTablestoreTunnelContract``: the shared tunnel contract (tests/contract/tunnel_contract.py)
-  through ``TablestoreTunnelService`` -> signed HTTP -> ``tablestore_emulator`` -> the store.
+  through ``TablestoreTunnelService`` -> signed HTTP -> ``tablestore_emulator`` -> the store
+  (sequence numbers by the SDKs' stored + 1 rule instead of the consumer's).
 - Wire-level behaviour: tokens are base64 ``Token`` envelopes, records carry sequence info,
   errors map to the product's types (trimmed data is never retried, 503s and network errors
   are retried for a bounded time), responses with a bad signature are refused, reads from a
   service that pages on its own (no ``max_records``) cut pages into ``limit``-sized reads.
 - The vendor option names (connector/options.py) and what they do with secrets.
-- The retry policy and the service-code -> error-type mapping against a scripted HTTP server
-  (codes the emulator never sends: OTSTunnelExpired, OTSPermissionDenied, a 500).
+- The retry policy (the Java SDK's for idempotent calls), error-response validation and the
+  service-code -> error-type mapping against a scripted HTTP server (codes and shapes the
+  emulator never sends: OTSTunnelExpired, OTSPermissionDenied, 5xx, a bare 502, a trimmed
+  message without the emulator's detail).
+- "Not there" confirmed by ListTable / ListTunnel before ``ensure_tunnel`` creates, in both
+  shapes the service uses (404 ``OTSObjectNotExist`` from a small fake, 400
+  ``OTSParameterInvalid`` from the emulator and the fake), and not created when the lists
+  show the tunnel.
+- Checkpoint pushes: stored + 1, one call per push, a refused push re-read and retried once,
+  then raised (never silent); the rule over a SIGKILL and a new process (slow).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from connector.errors import (
     TunnelExpiredError,
     TunnelParameterError,
     TunnelServiceError,
+    UnknownTableError,
 )
 from connector.local import LocalTablestore
 from connector.tunnel import open_tunnel_service
@@ -78,7 +88,45 @@ def tunnel_harness(tmp_path: Path):
 
 
 class TestTablestoreTunnelContract(TunnelContract):
-    pass
+    """The shared contract, but for sequence numbers: the service numbers pushes itself (the
+    official SDKs push the stored number + 1, and the emulator refuses anything else), so a
+    pushed checkpoint comes back with the service's number, not the consumer's. The two
+    contract tests about the consumer's numbers are replaced by the SDK rule's here."""
+
+    def test_independent_checkpoints_per_tunnel(self, tunnel_harness: EmulatorHarness) -> None:
+        h = tunnel_harness
+        h.create_table("t", 1)
+        for i in range(4):
+            h.put("t", f"k{i}", i)
+        one, two = self._tunnel(h, "t", "one"), self._tunnel(h, "t", "two")
+        cid = self._only_channel(h, "t", "one")
+        res = h.service.read_records(one, cid, h.service.get_checkpoint(one, cid).token, 3)
+        h.service.checkpoint(one, cid, Checkpoint(res.next_token, 3))
+        assert h.service.get_checkpoint(one, cid) == Checkpoint(res.next_token, 1)
+        start_two = h.service.get_checkpoint(two, cid)
+        assert start_two.token != res.next_token and start_two.sequence_number == 0
+        assert len(read_all(h.service, two, cid, start_two.token)[0]) == 4
+        assert len(read_all(h.service, one, cid, res.next_token)[0]) == 1
+
+    def test_stale_checkpoint_rejected_equal_accepted(self, tunnel_harness: EmulatorHarness
+                                                      ) -> None:
+        """The SDK rule instead: whatever number the consumer gives, the push carries the
+        stored + 1; the same position again is not pushed; a lower consumer number is no
+        longer a refusal (the service does not see it)."""
+        h = tunnel_harness
+        h.create_table("t", 1)
+        for i in range(3):
+            h.put("t", f"k{i}", i)
+        tid = self._tunnel(h, "t")
+        cid = self._only_channel(h, "t")
+        res = h.service.read_records(tid, cid, h.service.get_checkpoint(tid, cid).token, 2)
+        h.service.checkpoint(tid, cid, Checkpoint(res.next_token, 5))
+        h.service.checkpoint(tid, cid, Checkpoint(res.next_token, 5))  # held: not pushed
+        h.service.checkpoint(tid, cid, Checkpoint(res.next_token, 4))
+        assert h.service.get_checkpoint(tid, cid) == Checkpoint(res.next_token, 1)
+        more = h.service.read_records(tid, cid, res.next_token, 10)
+        h.service.checkpoint(tid, cid, Checkpoint(more.next_token, 6))
+        assert h.service.get_checkpoint(tid, cid) == Checkpoint(more.next_token, 2)
 
 
 # --- wire-level behaviour --------------------------------------------------------------------
@@ -400,69 +448,366 @@ def test_tunnel_id_resolves_to_its_name(tunnel_harness: EmulatorHarness) -> None
 # --- retry policy and error mapping, against a scripted server --------------------------------
 
 
-class _ScriptedServer:
-    """A tiny HTTP server answering each POST with the next scripted (status, code) -- 200
-    means an empty, correctly signed ListTunnelResponse -- and counting requests."""
+class _FakeServer:
+    """A tiny HTTP server on 127.0.0.1 answering each POST with ``answer(path, body)`` ->
+    ``(status, body, signing secret or None)``; the answer is signed as the service signs
+    (``tablestore_emulator.auth``) unless the secret is ``None``. Records the paths asked."""
 
-    def __init__(self, script: list[tuple[int, str]]) -> None:
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        raise NotImplementedError
+
+    def start(self) -> None:
         import http.server
 
         from tablestore_emulator import auth
 
-        self.script, self.requests = list(script), 0
         outer = self
+        self.paths: list[str] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *args: object) -> None:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802 - stdlib name
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.requests += 1
-                status, code = outer.script.pop(0) if outer.script else (200, "")
-                body = (m.ListTunnelResponse().SerializeToString() if status == 200
-                        else m.Error(code=code, message=f"scripted {code}").SerializeToString())
-                headers = auth.response_headers(self.path, body, request_id="r",
-                                                access_key_id=KEY_ID, access_key_secret=SECRET)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.paths.append(self.path)
+                status, payload, secret = outer.answer(self.path, body)
+                headers = {"x-ots-requestid": "r"}
+                if secret is not None:
+                    headers = auth.response_headers(self.path, payload, request_id="r",
+                                                    access_key_id=KEY_ID,
+                                                    access_key_secret=secret)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(payload)
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    @property
+    def requests(self) -> int:
+        return len(self.paths)
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
 
 
+class _ScriptedServer(_FakeServer):
+    """Answers each POST with the next scripted ``(status, code[, message])`` -- code ``""``:
+    a bare, non-protobuf body, as a proxy's -- and, once the script is used up, a signed
+    success for the path (``ListTable`` lists ``tables``; ``routes`` may give other paths'
+    bodies; else an empty message). ``error_secret`` signs error answers (``None``: unsigned,
+    as the service's auth refusals)."""
+
+    def __init__(self, script: list[tuple], tables: tuple[str, ...] = ("t",),
+                 error_secret: str | None = SECRET, routes: dict | None = None) -> None:
+        from tablestore.protobuf import table_store_pb2 as pb
+
+        self.script, self.error_secret = list(script), error_secret
+        self.ok = {"/ListTable": pb.ListTableResponse(table_names=tables).SerializeToString(),
+                   **(routes or {})}
+        self.start()
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        status, code, *rest = self.script.pop(0) if self.script else (200, "")
+        if status == 200:
+            return 200, self.ok.get(path, b""), SECRET
+        if not code:
+            return status, b"<html>502 Bad Gateway</html>", None
+        message = rest[0] if rest else f"scripted {code}"
+        return status, m.Error(code=code, message=message).SerializeToString(), \
+            self.error_secret
+
+
+def _list(client: TablestoreTunnelService) -> object:
+    return client.list_tunnels("t")
+
+
+def _delete(client: TablestoreTunnelService) -> object:
+    return client.delete_tunnel("t", "tun")
+
+
 @pytest.mark.parametrize(
-    ("script", "requests", "error"),
+    ("call", "script", "requests", "error"),
     [
-        ([(503, "OTSTunnelServerUnavailable")] * 2, 3, None),  # retried, then answered
-        ([(500, "OTSInternalServerError")], 1, TunnelServiceError),  # never retried
-        ([(400, "OTSTunnelExpired")], 1, TunnelExpiredError),
-        ([(403, "OTSPermissionDenied")], 1, TunnelAuthError),
-        ([(400, "OTSParameterInvalid")], 1, TunnelParameterError),
+        # idempotent calls (ListTunnel): the Java SDK's list, any 5xx, a bare 5xx body
+        (_list, [(503, "OTSTunnelServerUnavailable")] * 2, 3, None),
+        (_list, [(500, "OTSInternalServerError")], 2, None),
+        (_list, [(503, "OTSServerUnavailable"), (503, "OTSTimeout")], 3, None),
+        (_list, [(502, "")], 2, None),
+        (_list, [(400, "OTSTunnelExpired")], 1, TunnelExpiredError),
+        (_list, [(403, "OTSPermissionDenied")], 1, TunnelAuthError),
+        # refused in the "not there" shape, but ListTable shows the table: not confirmed
+        (_list, [(400, "OTSParameterInvalid")], 2, TunnelParameterError),
+        # a call that changes state (DeleteTunnel): only the tunnel server's "busy" is retried
+        (_delete, [(503, "OTSTunnelServerUnavailable")], 2, None),
+        (_delete, [(500, "OTSInternalServerError")], 1, TunnelServiceError),
+        (_delete, [(503, "OTSServerUnavailable")], 1, TunnelServiceError),
     ],
 )
-def test_retry_policy_and_error_types(script: list[tuple[int, str]], requests: int,
+def test_retry_policy_and_error_types(call, script: list[tuple[int, str]], requests: int,
                                       error: type[Exception] | None) -> None:
     server = _ScriptedServer(script)
     client = open_tunnel_service(service_uri(server.url))
     try:
         if error is None:
-            assert client.list_tunnels("t") == []
+            call(client)
         else:
             with pytest.raises(error) as exc:
-                client.list_tunnels("t")
+                call(client)
             assert exc.value.code == script[0][1] and "scripted" in str(exc.value)
             assert not exc.value.retryable
         assert server.requests == requests
     finally:
         client.close()
         server.close()
+
+
+def test_error_responses_are_validated_as_the_python_sdk_does() -> None:
+    # an error answer signed with another secret: never believed
+    server = _ScriptedServer([(400, "OTSTunnelExpired")], error_secret="someone-else")
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        with pytest.raises(TunnelAuthError, match="signature") as exc:
+            client.list_tunnels("t")
+        assert exc.value.code == "ResponseInvalid"
+    finally:
+        client.close()
+        server.close()
+    # unsigned answers are accepted as the service sends its auth refusals
+    server = _ScriptedServer([(403, "OTSAuthFailed")], error_secret=None)
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        with pytest.raises(TunnelAuthError) as exc:
+            client.list_tunnels("t")
+        assert exc.value.code == "OTSAuthFailed"
+    finally:
+        client.close()
+        server.close()
+
+
+def test_trimmed_in_the_documented_shape_is_trimmed_data(tunnel_harness: EmulatorHarness
+                                                         ) -> None:
+    """400 OTSTunnelServerUnavailable "OTSTrimmedDataAccess ..." with nothing after it (the
+    service's message; the emulator's ``[resume=...]`` detail absent) -> TrimmedDataError at
+    once, no position to resume from."""
+    h = tunnel_harness
+    tid, cid = _one_channel(h)
+    token = h.service.get_checkpoint(tid, cid).token
+    message = "OTSTrimmedDataAccess Requested stream data is already trimmed or does not exist."
+    server = _ScriptedServer([(400, "OTSTunnelServerUnavailable", message)])
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        with pytest.raises(TrimmedDataError) as exc:
+            client.read_records(tid, cid, token, 10)
+        assert server.requests == 1 and exc.value.resume_token == ""
+        assert exc.value.service_message == message
+    finally:
+        client.close()
+        server.close()
+
+
+# --- "not there", confirmed before anything is created ----------------------------------------
+
+
+class _FakeTunnelService(_FakeServer):
+    """A small Tunnel service answering as the service's reference documents, for shapes the
+    emulator does not send: one table ``t``; a missing tunnel refused with ``missing`` (status,
+    code); ``refuse_describe`` makes DescribeTunnel refuse an existing tunnel too. Messages are
+    arbitrary: the client must not read meaning into them."""
+
+    def __init__(self, missing: tuple[int, str] = (404, "OTSObjectNotExist"),
+                 refuse_describe: bool = False) -> None:
+        self.missing, self.refuse_describe = missing, refuse_describe
+        self.tunnels: dict[str, str] = {}
+        self.start()
+
+    def _info(self, name: str) -> object:
+        return m.TunnelInfo(tunnel_id=self.tunnels[name], tunnel_type="Stream", table_name="t",
+                            instance_name=INSTANCE, stream_id="s", stage="ProcessStream",
+                            tunnel_name=name, create_time=1)
+
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        from tablestore.protobuf import table_store_pb2 as pb
+
+        def refuse(status: int, code: str) -> tuple[int, bytes, str | None]:
+            return status, m.Error(code=code, message="zz 42").SerializeToString(), SECRET
+
+        if path == "/ListTable":
+            reply = pb.ListTableResponse(table_names=["t"])
+        elif path == "/tunnel/list":
+            reply = m.ListTunnelResponse(tunnels=[self._info(n) for n in self.tunnels])
+        elif path == "/tunnel/create":
+            name = m.parse(m.CreateTunnelRequest, body).tunnel.tunnel_name
+            self.tunnels[name] = f"id-{name}"
+            reply = m.CreateTunnelResponse(tunnel_id=f"id-{name}")
+        elif path == "/tunnel/describe":
+            name = m.parse(m.DescribeTunnelRequest, body).tunnel_name
+            if name not in self.tunnels:
+                return refuse(*self.missing)
+            if self.refuse_describe:
+                return refuse(400, "OTSParameterInvalid")
+            reply = m.DescribeTunnelResponse(tunnel=self._info(name))
+        else:
+            return refuse(400, "OTSParameterInvalid")
+        return 200, reply.SerializeToString(), SECRET
+
+
+@pytest.mark.parametrize("missing", [(404, "OTSObjectNotExist"), (400, "OTSParameterInvalid")])
+def test_create_when_missing_in_both_shapes_confirmed_by_list(missing: tuple[int, str]) -> None:
+    service = _FakeTunnelService(missing)
+    client = open_tunnel_service(service_uri(service.url))
+    try:
+        info = client.ensure_tunnel("t", "tun")
+        assert (info.tunnel_id, info.tunnel_name) == ("id-tun", "tun")
+        assert service.paths == ["/tunnel/describe", "/ListTable", "/tunnel/list",
+                                 "/tunnel/create", "/tunnel/describe"]
+    finally:
+        client.close()
+        service.close()
+
+
+def test_a_refusal_the_lists_do_not_confirm_creates_nothing() -> None:
+    """DescribeTunnel answers 400 OTSParameterInvalid although ListTunnel lists the tunnel:
+    the request was bad for another reason; nothing is created, the service's error stands."""
+    service = _FakeTunnelService(refuse_describe=True)
+    service.tunnels["tun"] = "id-tun"
+    client = open_tunnel_service(service_uri(service.url))
+    try:
+        with pytest.raises(TunnelParameterError, match="zz 42"):
+            client.ensure_tunnel("t", "tun")
+        assert "/tunnel/create" not in service.paths
+    finally:
+        client.close()
+        service.close()
+
+
+def test_create_when_missing_against_the_emulator(tunnel_harness: EmulatorHarness) -> None:
+    h = tunnel_harness
+    h.create_table("t", 1)
+    paths = _count_requests(h.emulator)
+    info = h.service.ensure_tunnel("t", "new-tunnel")
+    assert info.tunnel_name == "new-tunnel"
+    assert paths == ["/tunnel/describe", "/ListTable", "/tunnel/list", "/tunnel/create",
+                     "/tunnel/describe"]
+    with pytest.raises(UnknownTableError):
+        h.service.ensure_tunnel("nope", "x")
+
+
+def _count_requests(emulator: EmulatorServer) -> list[str]:
+    """The paths the emulator serves from now on, in order (its route table wrapped)."""
+    seen: list[str] = []
+
+    def counted(path: str, handler):  # noqa: ANN001, ANN202 - a test shim
+        def run(ctx, body):  # noqa: ANN001, ANN202
+            seen.append(path)
+            return handler(ctx, body)
+        return run
+
+    emulator.routes = {p: counted(p, fn) for p, fn in emulator.routes.items()}
+    return seen
+
+
+# --- checkpoints: the SDKs' stored + 1 -----------------------------------------------------------
+
+
+def test_checkpoint_pushes_cost_one_call_and_follow_stored_plus_one(
+    tunnel_harness: EmulatorHarness,
+) -> None:
+    h = tunnel_harness
+    tid, cid = _one_channel(h, 6)
+    start = h.service.get_checkpoint(tid, cid).token
+    tokens = []
+    token = start
+    for _ in range(3):
+        token = h.service.read_records(tid, cid, token, 2).next_token
+        tokens.append(token)
+    fresh = TablestoreTunnelService.from_uri(service_uri(h.emulator.url))  # a new process
+    paths = _count_requests(h.emulator)
+    fresh.checkpoint(tid, cid, Checkpoint(tokens[0], 2))
+    assert paths == ["/tunnel/getcheckpoint", "/tunnel/checkpoint"]  # first push of a channel
+    paths.clear()
+    fresh.checkpoint(tid, cid, Checkpoint(tokens[1], 4))
+    fresh.checkpoint(tid, cid, Checkpoint(tokens[1], 4))  # held already: no call
+    assert paths == ["/tunnel/checkpoint"]
+    assert h.service.get_checkpoint(tid, cid) == Checkpoint(tokens[1], 2)
+    # another writer pushes in between: refused, re-read, pushed at the re-read number + 1
+    h.service.checkpoint(tid, cid, Checkpoint(tokens[0], 9))
+    paths.clear()
+    fresh.checkpoint(tid, cid, Checkpoint(tokens[2], 6))
+    assert paths == ["/tunnel/checkpoint", "/tunnel/getcheckpoint", "/tunnel/checkpoint"]
+    assert h.service.get_checkpoint(tid, cid) == Checkpoint(tokens[2], 4)
+    fresh.close()
+
+
+def test_a_refused_finished_push_is_never_silent(tunnel_harness: EmulatorHarness) -> None:
+    """A service that keeps refusing a push (another writer racing every time): the client
+    re-reads and tries once more, then raises -- it does not report success."""
+    from connector.errors import StaleCheckpointError
+
+    h = tunnel_harness
+    tid, cid = _one_channel(h, 1)
+    token = h.service.get_checkpoint(tid, cid).token
+    routes: dict[str, bytes] = {
+        "/tunnel/getcheckpoint": m.GetCheckpointResponse(checkpoint=token,
+                                                         sequence_number=3).SerializeToString()}
+    server = _ScriptedServer([(200, ""), (400, "OTSSequenceNumberNotMatch"), (200, ""),
+                              (400, "OTSSequenceNumberNotMatch"), (200, "")], routes=routes)
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        with pytest.raises(StaleCheckpointError, match="refused twice"):
+            client.checkpoint(tid, cid, Checkpoint("finished", 2))
+        assert server.paths == ["/tunnel/getcheckpoint", "/tunnel/checkpoint",
+                                "/tunnel/getcheckpoint", "/tunnel/checkpoint",
+                                "/tunnel/getcheckpoint"]
+    finally:
+        client.close()
+        server.close()
+
+
+_PUSHER = """
+import sys, time
+from connector.tunnel import open_tunnel_service
+from connector.tunnel.base import Checkpoint
+client = open_tunnel_service(sys.argv[1])
+tid, cid, token = sys.argv[2], sys.argv[3], sys.argv[4]
+for i in range(3):
+    token = client.read_records(tid, cid, token, 1).next_token
+    client.checkpoint(tid, cid, Checkpoint(token, 100 + i))
+print("pushed", flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_stored_plus_one_holds_over_sigkill_and_restart(tunnel_harness: EmulatorHarness) -> None:
+    """A process pushes three checkpoints and is SIGKILLed; a new process (no memory of the
+    numbers) goes on: its pushes are the stored number + 1, which the emulator requires."""
+    h = tunnel_harness
+    tid, cid = _one_channel(h, 5)
+    start = h.service.get_checkpoint(tid, cid)
+    uri = service_uri(h.emulator.url)
+    proc = subprocess.Popen([sys.executable, "-c", _PUSHER, uri, tid, cid, start.token],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "pushed"
+    finally:
+        proc.kill()
+        proc.wait()
+    killed_at = h.service.get_checkpoint(tid, cid)
+    assert killed_at.sequence_number == start.sequence_number + 3
+    restarted = TablestoreTunnelService.from_uri(uri)
+    token = killed_at.token
+    for i in range(2):
+        token = restarted.read_records(tid, cid, token, 1).next_token
+        restarted.checkpoint(tid, cid, Checkpoint(token, 1 + i))  # a "lower" consumer number
+    assert restarted.get_checkpoint(tid, cid) == Checkpoint(token,
+                                                           start.sequence_number + 5)
+    restarted.close()

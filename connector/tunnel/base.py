@@ -129,8 +129,9 @@ class TunnelService(ABC):
     @abstractmethod
     def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
         """Push a checkpoint. Equal sequence again is accepted (idempotent); a lower one raises
-        ``StaleCheckpointError``. Pushing ``FINISHED`` terminates the channel for this tunnel
-        and releases children whose parents are all terminated."""
+        ``StaleCheckpointError`` (a backend whose service numbers pushes raises it when the
+        service refuses the push after a re-read). Pushing ``FINISHED`` terminates the channel
+        for this tunnel and releases children whose parents are all terminated."""
 
     # --- data (executors) -------------------------------------------------------------------
 

@@ -87,7 +87,9 @@ class Checkpoint:
 
     The consumer chooses ``sequence_number``; it must never decrease for a channel. The
     Spark source uses the number of records consumed from the channel so far, plus one for
-    the FINISHED checkpoint.
+    the FINISHED checkpoint. A backend whose service numbers pushes itself (Tablestore: each
+    push carries the stored number + 1, as the official SDKs push) checks the consumer's
+    number but does not send it, and ``get_checkpoint`` returns the service's number.
     """
 
     token: str

@@ -429,6 +429,27 @@ class LocalTunnelService(TunnelService):
         return {ch.channel_id: sequence_str(ch.head_seq) if ch.head_seq else ""
                 for ch in channels.values()}
 
+    def consumed(self, tunnel_id: str) -> dict[str, tuple[int, int | None]]:
+        """Per channel of the tunnel (any status): (records before its stored checkpoint, commit
+        time in microseconds of the last of them, ``None`` for base-data channels and before
+        the first record). The emulator's DescribeTunnel progress fields come from it."""
+        out: dict[str, tuple[int, int | None]] = {}
+        with self.store.transaction() as conn:
+            tunnel = self._tunnel_by_id(conn, tunnel_id)
+            stored = tunnels.stored_checkpoints(conn, tunnel_id)
+            for ch in tunnels.tunnel_channels(conn, tunnel).values():
+                token = tunnels.position(tunnel, ch, stored).token
+                count = (ch.head_seq if token == FINISHED
+                         else tunnels.decode_token(token, tunnel.table, ch))
+                last_us = None
+                if ch.channel_type is ChannelType.STREAM and count > 0:
+                    schema = self.store.require_table(conn, tunnel.table)
+                    last = read_changes(conn, schema, ch.channel_id, count - 1, 1)
+                    if last and int(last[0].sequence) == count:
+                        last_us = last[0].commit_ts_us
+                out[ch.channel_id] = (count, last_us)
+        return out
+
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
         """Per channel not TERMINATED: records behind the head and the age of the oldest
         unread change (0.0 when caught up). Position = ``positions`` or the stored one."""

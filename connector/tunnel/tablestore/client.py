@@ -10,10 +10,13 @@ connector/options.py)::
 
 ``instance`` defaults to the host's first label; credentials missing from the URI come from
 ``ALIBABA_CLOUD_ACCESS_KEY_ID`` / ``_SECRET`` / ``ALIBABA_CLOUD_SECURITY_TOKEN``
-(``cdc_common.credentials``). The query is validated by ``EndpointQuery``
-(``cdc_common.uris.parse_query``: unknown, repeated or empty keys are refused). The URI with
-secrets removed (``cdc_common.uris.redact_uri``, the source's ``safe_endpoint``) is this
-client's ``uri``: the only form that reaches logs, errors and anything stored.
+(``cdc_common.credentials``). ``ca_bundle`` (a file path; the source option ``ssl.ca.bundle``)
+is the CA bundle that verifies an https endpoint, else ``REQUESTS_CA_BUNDLE`` /
+``SSL_CERT_FILE``, else the system's (``cdc_common.tls``). The query is validated by
+``EndpointQuery`` (``cdc_common.uris.parse_query``: unknown, repeated or empty keys are
+refused). The URI with secrets removed (``cdc_common.uris.redact_uri``, the source's
+``safe_endpoint``) is this client's ``uri``: the only form that reaches logs, errors and
+anything stored.
 
 Who calls what (connector/tunnel/base.py): the driver calls tunnel, checkpoint and schema
 methods; executors call ``read_page`` on a client opened in their own process, which decodes
@@ -28,6 +31,15 @@ How the interface maps onto the wire:
 - ``get_checkpoint`` / ``checkpoint`` / ``read_records``: GetCheckpoint, Checkpoint and
   ReadRecords with a fixed client id (``CLIENT_ID``) and no Connect/Heartbeat -- what the
   vendor's Spark connector does.
+- ``checkpoint``: pushes carry the sequence number the official SDKs push, the stored one + 1
+  (Go ``checkpointer.go``, Java ``TunnelStateMachine``: GetCheckpoint's number + 1, then one
+  more per successful push); the consumer's own number is not sent. The client remembers the
+  stored number per channel (from its last GetCheckpoint or successful push), so a push costs
+  one call; it reads the number (GetCheckpoint) only for a channel it has not seen in this
+  process, and when the service answers ``OTSSequenceNumberNotMatch`` (another writer pushed
+  in between), then pushes once more at the re-read number + 1. A position the tunnel already
+  holds is not pushed again. A push still refused after the re-read raises
+  ``StaleCheckpointError``; the protocol never lets that pass silently for ``"finished"``.
 - ``read_records(limit)``: ReadRecords has no limit. The request carries the emulator-only
   ``max_records``; a service that ignores it may return a longer page, and then the client
   returns the first ``limit`` records with the token ``"<page token>~<k>"`` ("k records after
@@ -43,15 +55,24 @@ How the interface maps onto the wire:
 - ``head_sequences``, ``lag``: ``None`` (the service cannot tell); the source does not support
   AvailableNow on this backend.
 
-Errors (service code -> the product's type): 503 ``OTSTunnelServerUnavailable`` and network
-errors are retried inside the transport for a bounded time, then ``TransientTunnelError``; a
-message beginning ``OTSTrimmedDataAccess`` is ``TrimmedDataError`` at once (never retried);
-``OTSSequenceNumberNotMatch`` is ``StaleCheckpointError``; ``OTSTunnelExist`` is
-``TunnelExistsError``; ``OTSTunnelExpired``, ``OTSAuthFailed`` / ``OTSPermissionDenied`` and
-``OTSParameterInvalid`` are ``TunnelExpiredError``, ``TunnelAuthError`` and
-``TunnelParameterError`` carrying the service's message, except where the message names a more
-precise case the emulator reports (unknown table/tunnel/channel, bad token, WAIT channel,
-rejected FINISHED), which map to the same types the local backend raises.
+Errors (service code -> the product's type): retryable ones (``transport``'s rules, the
+SDKs') are retried inside the transport for a bounded time, then ``TransientTunnelError``; an
+``OTSTunnelServerUnavailable`` whose message begins ``OTSTrimmedDataAccess`` is
+``TrimmedDataError`` at once (never retried); ``OTSSequenceNumberNotMatch`` is handled by
+``checkpoint``; ``OTSTunnelExist`` is ``TunnelExistsError``; ``OTSTunnelExpired``,
+``OTSAuthFailed`` / ``OTSPermissionDenied`` are ``TunnelExpiredError`` and ``TunnelAuthError``.
+The service says "not there" in two shapes -- 404 ``OTSObjectNotExist`` and 400
+``OTSParameterInvalid`` ("parameter incorrect or the requested data table does not exist") --
+and the second also means a bad request. So a refusal in either shape is *confirmed* before
+it becomes ``UnknownTableError`` / ``UnknownTunnelError`` / ``UnknownChannelError`` (and before
+``ensure_tunnel`` creates anything): ListTable for the table, ListTunnel for the tunnel,
+DescribeTunnel for the channel and its status (a WAIT channel is
+``ChannelNotReadableError``; a refused ``"finished"`` push or a push to a terminated channel
+``InvalidCheckpointError``; any other refused read or push names the token,
+``MalformedTokenError``). What cannot be confirmed stays ``TunnelParameterError`` /
+``TunnelServiceError`` carrying the service's code and message; messages are never parsed for
+meaning. An https endpoint whose certificate or host name does not verify is
+``EndpointTlsError`` at once.
 """
 
 from __future__ import annotations
@@ -71,9 +92,11 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
+from cdc_common.tls import ca_bundle, ca_bundle_problem
 from cdc_common.uris import UriQuery, parse_query, redact_uri
 from connector.errors import (
     ChannelNotReadableError,
+    EndpointTlsError,
     InvalidCheckpointError,
     MalformedTokenError,
     OptionError,
@@ -81,6 +104,7 @@ from connector.errors import (
     TransientTunnelError,
     TrimmedDataError,
     TunnelAuthError,
+    TunnelError,
     TunnelExistsError,
     TunnelExpiredError,
     TunnelParameterError,
@@ -109,9 +133,11 @@ from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.records import decode_columns, decode_page
 from connector.tunnel.tablestore.transport import (
     RETRY_DEADLINE_S,
+    TRIMMED_PREFIX,
     Credentials,
     ResponseValidationError,
     ServiceError,
+    TlsError,
     Transport,
     Unavailable,
 )
@@ -121,16 +147,10 @@ CLIENT_ID = "tablestore-cdc"
 #: separates a page token from a record count in a client token (not a base64 character)
 SKIP_MARK = "~"
 _URI_FORM = "https://INSTANCE.REGION.ots.aliyuncs.com (or http://127.0.0.1:PORT?instance=NAME)"
+#: the emulator's addition to a trimmed-data message (the first position still held)
 _TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(\S*)\]")
-_STORED = re.compile(r"\[stored=(-?\d+)\]")
-
-#: the emulator's message phrases (tablestore_emulator.tunnel_api.MESSAGE_*)
-_NO_TABLE = "Requested table does not exist"
-_NO_TUNNEL = "Tunnel does not exist"
-_NO_CHANNEL = "Channel does not exist"
-_BAD_TOKEN = "Invalid token"
-_NOT_READABLE = "Channel is not readable"
-_BAD_CHECKPOINT = "Invalid checkpoint"
+#: the two shapes in which the service refuses a table, tunnel or channel that is not there
+_NOT_THERE_CODES = ("OTSObjectNotExist", "OTSParameterInvalid")
 
 _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
 _COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
@@ -149,6 +169,11 @@ class EndpointQuery(UriQuery):
     access_key_secret: str | None = Field(None, repr=False)
     security_token: str | None = Field(None, repr=False)
     retry_deadline_s: float = Field(RETRY_DEADLINE_S, description="a number of seconds")
+    ca_bundle: str | None = Field(None, description="the path of a PEM file of CA certificates")
+
+
+class _SequenceNotMatch(Exception):
+    """Internal: the service refused a push's sequence number (``checkpoint`` re-reads)."""
 
 
 def split_token(token: str) -> tuple[str, int]:
@@ -180,14 +205,18 @@ class TablestoreTunnelService(TunnelService):
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
                  uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
-                 send_max_records: bool = True) -> None:
+                 send_max_records: bool = True, ca_bundle: str | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.uri = (redact_uri(uri, EndpointQuery.model_fields) if uri
                     else f"{self.endpoint}?instance={instance}")
-        self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s)
+        self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s,
+                                    ca_bundle=ca_bundle)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
+        #: (tunnel id, channel id) -> (sequence number, checkpoint) the service holds, as last
+        #: seen by this client (GetCheckpoint, or a push it accepted): the next push is + 1
+        self._stored: dict[tuple[str, str], tuple[int, str]] = {}
         #: False makes reads behave as against a service without the emulator's page limit
         self.send_max_records = send_max_records
 
@@ -223,10 +252,18 @@ class TablestoreTunnelService(TunnelService):
         if not creds.access_key_id or not creds.access_key_secret:
             raise bad(f"no credentials: set access.key.id and access.key.secret, or "
                       f"{ALIBABA_ACCESS_KEY_ID} and {ALIBABA_ACCESS_KEY_SECRET}")
+        bundle = None
+        if parts.scheme == "https":
+            bundle = ca_bundle(query.ca_bundle)
+            problem = ca_bundle_problem(bundle) if bundle else None
+            if problem:
+                raise OptionError(option="ssl.ca.bundle", value=bundle, problem=problem,
+                                  allowed="a PEM file of CA certificates (the option, else "
+                                  "REQUESTS_CA_BUNDLE or SSL_CERT_FILE)")
         endpoint = f"{parts.scheme}://{parts.netloc}"
         return cls(endpoint, instance, Credentials(creds.access_key_id, creds.access_key_secret,
                                                    creds.security_token),
-                   uri=uri, retry_deadline_s=query.retry_deadline_s)
+                   uri=uri, retry_deadline_s=query.retry_deadline_s, ca_bundle=bundle)
 
     def close(self) -> None:
         self._transport.close()
@@ -245,6 +282,8 @@ class TablestoreTunnelService(TunnelService):
         except ResponseValidationError as exc:
             raise TunnelAuthError(endpoint=self.uri, operation=path, code="ResponseInvalid",
                                   http_status=200, message=str(exc)) from None
+        except TlsError as exc:
+            raise EndpointTlsError(problem=str(exc)) from None
         except ServiceError as exc:
             mapped = on_error(exc) if on_error is not None else None
             raise (mapped or self._generic(path, exc)) from None
@@ -267,43 +306,88 @@ class TablestoreTunnelService(TunnelService):
             return TunnelParameterError(**fields)
         return TunnelServiceError(**fields)
 
-    def _not_found(self, exc: ServiceError, table: str, tunnel: str) -> Exception | None:
-        if exc.code == "OTSObjectNotExist" or exc.message.startswith(_NO_TABLE):
-            if exc.message.startswith(_NO_TUNNEL):
-                return UnknownTunnelError(tunnel=tunnel, table=table)
+    # --- "not there", confirmed ---------------------------------------------------------------
+
+    def _table_exists(self, table: str) -> bool | None:
+        """Does ListTable list ``table``? ``None`` when it cannot be told."""
+        from tablestore.protobuf import table_store_pb2 as pb
+
+        try:
+            names = self._call("/ListTable", pb.ListTableRequest(), pb.ListTableResponse)
+        except TunnelError:
+            return None
+        return table in names.table_names
+
+    def _tunnel_exists(self, table: str, tunnel_name: str) -> bool | None:
+        """Does ListTunnel of ``table`` list ``tunnel_name``? ``None`` when it cannot be told."""
+        try:
+            return any(t.tunnel_name == tunnel_name for t in self.list_tunnels(table))
+        except UnknownTableError:
+            return False
+        except TunnelError:
+            return None
+
+    def _find_tunnel(self, tunnel_id: str) -> tuple[str, str] | None:
+        """(table, name) of the tunnel with this id, confirmed by ListTunnel (of its table
+        when known, else of every table); ``None`` when there is none. Errors propagate."""
+        table = self._tunnels.get(tunnel_id, (None, ""))[0]
+        try:
+            tunnels = self.list_tunnels(table)
+        except UnknownTableError:
+            return None
+        found = [t for t in tunnels if t.tunnel_id == tunnel_id]
+        return (found[0].table_name, found[0].tunnel_name) if found else None
+
+    def _not_there(self, exc: ServiceError, table: str,
+                   tunnel_name: str | None = None) -> Exception | None:
+        """A table or tunnel call refused in one of the "not there" shapes: which one is
+        missing, as ListTable / ListTunnel confirm; ``None`` (the generic error) when
+        neither is, or when it cannot be told."""
+        if exc.code not in _NOT_THERE_CODES:
+            return None
+        exists = self._table_exists(table)
+        if exists is False:
             return UnknownTableError(table=table, endpoint=self.uri)
-        if exc.message.startswith(_NO_TUNNEL):
-            return UnknownTunnelError(tunnel=tunnel, table=table)
+        if exists and tunnel_name is not None and self._tunnel_exists(table, tunnel_name) is False:
+            return UnknownTunnelError(tunnel=tunnel_name, table=table)
         return None
 
-    def _channel_error(self, exc: ServiceError, tunnel_id: str, channel_id: str,
-                       token: str) -> Exception | None:
+    def _channel_error(self, exc: ServiceError, tunnel_id: str, channel_id: str, token: str,
+                       push: Checkpoint | None = None) -> Exception | None:
+        """A channel call (read, get or push a checkpoint) refused: trimmed data by its code
+        and message prefix (the service's documented shape); "not there" confirmed by
+        ListTunnel and DescribeTunnel, which also tell a WAIT or terminated channel."""
         msg = exc.message
-        if msg.startswith(_NO_CHANNEL):
-            return UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel_id)
-        if msg.startswith(_BAD_TOKEN):
-            return MalformedTokenError(channel_id=channel_id, token=token, reason=msg)
-        if msg.startswith(_NOT_READABLE):
-            status = msg.rsplit(" ", 1)[-1]
-            return ChannelNotReadableError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                           status=status)
-        if msg.startswith(_BAD_CHECKPOINT):
-            return InvalidCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                          reason=msg)
-        if exc.code == "OTSSequenceNumberNotMatch":
-            found = _STORED.search(msg)
-            return StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                        pushed="(this push)",
-                                        stored=int(found.group(1)) if found else "(unknown)")
-        if exc.code == "OTSTunnelServerUnavailable" and msg.startswith("OTSTrimmedDataAccess"):
+        if exc.code == "OTSTunnelServerUnavailable" and msg.startswith(TRIMMED_PREFIX):
             detail = _TRIM_DETAIL.search(msg)
             requested, earliest, lost, resume = (
                 detail.groups() if detail else ("(unknown)", "(unknown)", "(unknown)", ""))
             return TrimmedDataError(channel_id=channel_id, tunnel_id=tunnel_id,
                                     requested=requested, earliest=earliest, lost=lost,
                                     resume_token=resume, service_message=msg)
-        table = self._tunnels.get(tunnel_id, ("(any table)", ""))[0]
-        return self._not_found(exc, table, tunnel_id)
+        if exc.code not in _NOT_THERE_CODES:
+            return None
+        try:
+            tunnel = self._find_tunnel(tunnel_id)
+            if tunnel is None:
+                return UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
+            channels = {c.channel_id: c for c in self.describe_tunnel(*tunnel).channels}
+        except TunnelError:
+            return None  # cannot be told: the service's own error stands
+        channel = channels.get(channel_id)
+        if channel is None:
+            return UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel_id)
+        if push is not None:
+            if push.finished or channel.status is ChannelStatus.TERMINATED:
+                return InvalidCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                              reason=f"refused by the service: {msg}")
+            return MalformedTokenError(channel_id=channel_id, token=token, reason=msg)
+        if channel.status is ChannelStatus.WAIT:
+            return ChannelNotReadableError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                           status=channel.status.value)
+        if token:  # a read: the channel is there and readable, so the token is refused
+            return MalformedTokenError(channel_id=channel_id, token=token, reason=msg)
+        return None
 
     # --- tunnels (driver) ---------------------------------------------------------------------
 
@@ -341,7 +425,7 @@ class TablestoreTunnelService(TunnelService):
         def on_error(exc: ServiceError) -> Exception | None:
             if exc.code == "OTSTunnelExist":
                 return TunnelExistsError(tunnel=tunnel_name, table=table)
-            return self._not_found(exc, table, tunnel_name)
+            return self._not_there(exc, table)
 
         self._call("/tunnel/create", request, m.CreateTunnelResponse, on_error)
         return self.describe_tunnel(table, tunnel_name).tunnel
@@ -349,7 +433,7 @@ class TablestoreTunnelService(TunnelService):
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
         response = self._call(
             "/tunnel/describe", m.DescribeTunnelRequest(table_name=table, tunnel_name=tunnel_name),
-            m.DescribeTunnelResponse, lambda e: self._not_found(e, table, tunnel_name))
+            m.DescribeTunnelResponse, lambda e: self._not_there(e, table, tunnel_name))
         channels = []
         for c in response.channels:
             try:
@@ -367,13 +451,13 @@ class TablestoreTunnelService(TunnelService):
         if table is not None:
             request.table_name = table
         response = self._call("/tunnel/list", request, m.ListTunnelResponse,
-                              lambda e: self._not_found(e, table or "", ""))
+                              (lambda e: self._not_there(e, table)) if table else None)
         return [self._info(t) for t in response.tunnels]
 
     def delete_tunnel(self, table: str, tunnel_name: str) -> None:
         self._call("/tunnel/delete",
                    m.DeleteTunnelRequest(table_name=table, tunnel_name=tunnel_name),
-                   m.DeleteTunnelResponse, lambda e: self._not_found(e, table, tunnel_name))
+                   m.DeleteTunnelResponse, lambda e: self._not_there(e, table, tunnel_name))
 
     def table_schema(self, table: str) -> TableSchema:
         """DescribeTable through the table API (the SDK's protobuf messages, imported here)."""
@@ -381,7 +465,7 @@ class TablestoreTunnelService(TunnelService):
 
         response = self._call("/DescribeTable", pb.DescribeTableRequest(table_name=table),
                               pb.DescribeTableResponse,
-                              lambda e: self._not_found(e, table, ""))
+                              lambda e: self._not_there(e, table))
         meta = response.table_meta
         return TableSchema(
             meta.table_name or table,
@@ -409,31 +493,59 @@ class TablestoreTunnelService(TunnelService):
         return page, skip
 
     def get_checkpoint(self, tunnel_id: str, channel_id: str) -> Checkpoint:
+        """The stored checkpoint and the service's sequence number for it (the number of
+        pushes the service counted, not a record count)."""
         request = m.GetCheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
                                          channel_id=channel_id)
         response = self._call("/tunnel/getcheckpoint", request, m.GetCheckpointResponse,
                               lambda e: self._channel_error(e, tunnel_id, channel_id, ""))
-        return Checkpoint(response.checkpoint, int(response.sequence_number))
+        stored = Checkpoint(response.checkpoint, int(response.sequence_number))
+        self._stored[(tunnel_id, channel_id)] = (stored.sequence_number, stored.token)
+        return stored
 
     def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
+        """Push ``checkpoint.token`` (a mid-page token pushes its page token) at the stored
+        sequence number + 1, the SDKs' rule; ``checkpoint.sequence_number`` is checked but not
+        sent (module docstring). A position the tunnel already holds is not pushed again."""
         page, _ = self._check_token(channel_id, checkpoint.token)
         seqno = checkpoint.sequence_number
         if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
             raise InvalidCheckpointError(
                 channel_id=channel_id, tunnel_id=tunnel_id,
                 reason=f"sequence number must be a non-negative integer, got {seqno!r}")
-        request = m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
-                                      channel_id=channel_id, checkpoint=page,
-                                      sequence_number=seqno)
+        key = (tunnel_id, channel_id)
+        stored = self._stored.get(key)
+        if stored is None:  # a channel this process has not seen: read what the tunnel holds
+            got = self.get_checkpoint(tunnel_id, channel_id)
+            stored = (got.sequence_number, got.token)
 
         def on_error(exc: ServiceError) -> Exception | None:
-            mapped = self._channel_error(exc, tunnel_id, channel_id, checkpoint.token)
-            if isinstance(mapped, StaleCheckpointError):
-                mapped = StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                              pushed=seqno, stored=mapped.fields["stored"])
-            return mapped
+            if exc.code == "OTSSequenceNumberNotMatch":
+                return _SequenceNotMatch(exc.message)
+            return self._channel_error(exc, tunnel_id, channel_id, checkpoint.token,
+                                       push=checkpoint)
 
-        self._call("/tunnel/checkpoint", request, m.CheckpointResponse, on_error)
+        for attempt in (1, 2):
+            if stored[1] == page:
+                return  # held already (pushed before a crash, or by this process)
+            request = m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
+                                          channel_id=channel_id, checkpoint=page,
+                                          sequence_number=stored[0] + 1)
+            try:
+                self._call("/tunnel/checkpoint", request, m.CheckpointResponse, on_error)
+            except _SequenceNotMatch as refused:
+                # another writer pushed in between (or an earlier attempt of ours landed
+                # unseen): the SDKs re-read the stored number and go on from it + 1
+                pushed = stored[0] + 1
+                got = self.get_checkpoint(tunnel_id, channel_id)
+                stored = (got.sequence_number, got.token)
+                if attempt == 2 and stored[1] != page:
+                    raise StaleCheckpointError(
+                        channel_id=channel_id, tunnel_id=tunnel_id, pushed=pushed,
+                        stored=f"{stored[0]} (refused twice: {refused})") from None
+                continue
+            self._stored[key] = (stored[0] + 1, page)
+            return
 
     # --- data (executors) -------------------------------------------------------------------
 

@@ -172,6 +172,13 @@ _MESSAGES: dict[str, list[tuple[str, int, int, str]]] = {
         ("sequence_number", 5, _REQ, "int64"),
     ],
     "CheckpointResponse": [],
+    # the Go SDK's only (GP): the tunnel's consumption summary, two JSON documents
+    "GetRpoRequest": [("tunnel_id", 1, _OPT, "string"), ("limit", 2, _OPT, "int32")],
+    "GetRpoResponse": [
+        ("rpo_infos", 1, _OPT, "bytes"),
+        ("tunnel_rpo_infos", 2, _OPT, "bytes"),
+        ("tunnel_id", 3, _OPT, "string"),
+    ],
 }
 
 
@@ -236,9 +243,12 @@ ReadRecordsRequest: Any = _CLASSES["ReadRecordsRequest"]
 ReadRecordsResponse: Any = _CLASSES["ReadRecordsResponse"]
 CheckpointRequest: Any = _CLASSES["CheckpointRequest"]
 CheckpointResponse: Any = _CLASSES["CheckpointResponse"]
+GetRpoRequest: Any = _CLASSES["GetRpoRequest"]
+GetRpoResponse: Any = _CLASSES["GetRpoResponse"]
 
 #: enum numbers
 TUNNEL_TYPE = {"BaseData": 1, "Stream": 2, "BaseAndStream": 3}
+CHANNEL_STATUS = {"OPEN": 1, "CLOSING": 2, "CLOSE": 3, "TERMINATED": 4}
 ACTION_PUT_ROW, ACTION_UPDATE_ROW, ACTION_DELETE_ROW = 1, 2, 3
 FLAG_LATEST, FLAG_EARLIEST = 0, 1
 

@@ -5,7 +5,9 @@ response body, after checking what the vendor SDKs check on every 2xx response: 
 (``x-ots-contentmd5``), the content type header, and the ``Authorization: OTS <id>:<sig>``
 signature over the sorted ``x-ots-*`` response headers and the path. A response that fails any
 of it is never used (``ResponseValidationError``): a proxy or a man in the middle cannot feed
-the reader rows.
+the reader rows. Error responses are checked as the Python SDK checks them
+(``tablestore.protocol.OTSProtocol.handle_error``): the MD5 and date when present, the
+signature when present (except on a 403 ``OTSAuthFailed``, which the service sends unsigned).
 
 Signing (the service's v2 scheme, as both SDKs implement it): headers ``x-ots-date`` (UTC,
 milliseconds), ``x-ots-apiversion``, ``x-ots-accesskeyid``, ``x-ots-instancename``,
@@ -13,10 +15,22 @@ milliseconds), ``x-ots-apiversion``, ``x-ots-accesskeyid``, ``x-ots-instancename
 base64(HMAC-SHA1(secret, ``"PATH\\nPOST\\n\\n"`` + each ``x-ots-*`` header as ``name:value\\n``
 sorted by name)).
 
-Retries: only a 503 ``OTSTunnelServerUnavailable`` whose message does not begin
-``OTSTrimmedDataAccess`` and network errors (refused, reset, timeout) are retried, with
-exponential backoff, for at most ``RETRY_DEADLINE_S``; then ``Unavailable`` is raised and the
-caller's own bounded retry layer (``connector.retry``) may try the whole call again.
+https: the server's certificate and host name are always verified, against the CA bundle
+given (``ca_bundle``: the source option ``ssl.ca.bundle``, else ``REQUESTS_CA_BUNDLE`` /
+``SSL_CERT_FILE``, else the system's trust store; ``cdc_common.tls``). A certificate or
+host-name failure, or a server that does not speak TLS, raises ``TlsError`` at once: a
+configuration error, never retried.
+
+Retries, with exponential backoff, for at most ``RETRY_DEADLINE_S`` per call; then
+``Unavailable`` is raised and the caller's own bounded retry layer (``connector.retry``) may
+try the whole call again:
+
+- any call: network errors (refused, reset, timeout) and ``OTSTunnelServerUnavailable`` whose
+  message does not begin ``OTSTrimmedDataAccess`` (a non-protobuf 5xx body counts as one, the
+  Go SDK's rule);
+- idempotent calls (``IDEMPOTENT_PATHS``: the Java SDK's list of reads) also
+  ``OTSTimeout``, ``OTSInternalServerError``, ``OTSServerUnavailable`` and any 5xx status (the
+  Java SDK's ``DefaultRetryStrategy``).
 
 Secrets: the key secret and the STS token live only in this object's ``Credentials`` (whose
 ``repr`` hides them); nothing here logs headers or puts them in an exception.
@@ -38,14 +52,25 @@ from typing import Any
 
 import urllib3
 
+from cdc_common.tls import tls_problem
 from connector.tunnel.tablestore import messages as m
 
 log = logging.getLogger("connector.tunnel.tablestore")
 
 API_VERSION = "2015-12-31"
 USER_AGENT = "tablestore-cdc"
-#: a network error or a retryable 503 is retried for at most this long per call (seconds)
+#: a network error or a retryable service error is retried for at most this long per call (s)
 RETRY_DEADLINE_S = 15.0
+#: calls that read only, so any server-side failure may be retried (the Java SDK's
+#: ``OperationNames.IdempotentActionTool``; GetRpo reads too)
+IDEMPOTENT_PATHS = frozenset({
+    "/tunnel/list", "/tunnel/describe", "/tunnel/readrecords", "/tunnel/getcheckpoint",
+    "/tunnel/getrpo", "/ListTable", "/DescribeTable",
+})
+#: retried on idempotent calls besides OTSTunnelServerUnavailable (Java ``DefaultRetryStrategy``)
+IDEMPOTENT_RETRY_CODES = frozenset({"OTSTimeout", "OTSInternalServerError",
+                                    "OTSServerUnavailable"})
+TRIMMED_PREFIX = "OTSTrimmedDataAccess"
 BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 2.0
 #: how far a response's x-ots-date may be from this machine's clock (the SDKs' rule)
@@ -79,7 +104,19 @@ class Unavailable(Exception):
 
 
 class ResponseValidationError(Exception):
-    """A 2xx response whose MD5, signature or date does not verify."""
+    """A response whose MD5, signature or date does not verify."""
+
+
+class TlsError(Exception):
+    """The endpoint's TLS cannot be verified (untrusted certificate, wrong host name, no TLS on
+    the port); the message is one line naming the endpoint and what to fix."""
+
+
+def retryable(exc: ServiceError, idempotent: bool) -> bool:
+    """Whether ``exc`` is worth another attempt of the same call (module docstring)."""
+    if exc.code == "OTSTunnelServerUnavailable":
+        return not exc.message.startswith(TRIMMED_PREFIX)
+    return idempotent and (exc.code in IDEMPOTENT_RETRY_CODES or 500 <= exc.http_status < 600)
 
 
 def _hmac_sha1_b64(secret: str, text: str) -> str:
@@ -117,14 +154,16 @@ class Transport:
     itself: the client opens a new one in each process."""
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials,
-                 retry_deadline_s: float = RETRY_DEADLINE_S) -> None:
+                 retry_deadline_s: float = RETRY_DEADLINE_S, ca_bundle: str | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.credentials = credentials
         self.retry_deadline_s = retry_deadline_s
+        self.ca_bundle = ca_bundle
         self._pool = urllib3.PoolManager(
             num_pools=2, maxsize=4, retries=False,
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+            cert_reqs="CERT_REQUIRED", ca_certs=ca_bundle,
         )
 
     def close(self) -> None:
@@ -146,21 +185,29 @@ class Transport:
         headers["User-Agent"] = USER_AGENT
         return headers
 
-    def _validate(self, path: str, headers: dict[str, str], body: bytes) -> None:
+    def _validate(self, path: str, headers: dict[str, str], body: bytes,
+                  success: bool = True, check_signature: bool = True) -> None:
+        """A 2xx response must carry and pass every check; an error response is checked on
+        what it carries (the Python SDK's ``handle_error``)."""
         def bad(reason: str) -> ResponseValidationError:
             return ResponseValidationError(f"{path}: response rejected: {reason}")
 
         md5 = headers.get("x-ots-contentmd5")
-        if md5 is None or md5 != content_md5(body):
+        if (success or md5 is not None) and md5 != content_md5(body):
             raise bad("x-ots-contentmd5 missing or not the body's MD5")
-        if "x-ots-contenttype" not in headers:
+        if success and "x-ots-contenttype" not in headers:
             raise bad("x-ots-contenttype missing")
-        when = _parse_date(headers.get("x-ots-date", ""))
-        if when is None or abs((dt.datetime.now(dt.UTC) - when).total_seconds()) > MAX_CLOCK_SKEW_S:
-            raise bad("x-ots-date missing or more than 15 minutes off this machine's clock")
-        auth = headers.get("authorization", "")
+        if success or "x-ots-date" in headers:
+            when = _parse_date(headers.get("x-ots-date", ""))
+            if when is None or abs((dt.datetime.now(dt.UTC) - when).total_seconds()
+                                   ) > MAX_CLOCK_SKEW_S:
+                raise bad("x-ots-date missing or more than 15 minutes off this machine's clock")
+        auth = headers.get("authorization")
+        if not check_signature or (auth is None and not success):
+            return
         expected = response_signature(path, headers, self.credentials.access_key_secret)
         prefix = f"OTS {self.credentials.access_key_id}:"
+        auth = auth or ""
         if not (auth.startswith(prefix) and hmac.compare_digest(auth[len(prefix):], expected)):
             raise bad("the Authorization signature does not verify")
 
@@ -169,6 +216,9 @@ class Transport:
             resp = self._pool.request("POST", self.endpoint + path, body=body,
                                       headers=self._headers(path, body), preload_content=True)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            problem = tls_problem(exc, self.endpoint)
+            if problem is not None:
+                raise TlsError(problem) from None
             raise Unavailable(f"{type(exc).__name__}: {exc}") from None
         headers = {k.lower(): v for k, v in resp.headers.items()}
         data = bytes(resp.data or b"")
@@ -183,11 +233,16 @@ class Transport:
             # the Go SDK's rule: a 5xx without a protobuf body is "server unavailable"
             code = "OTSTunnelServerUnavailable" if resp.status >= 500 else "OTSClientError"
             message = data[:200].decode("utf-8", "replace")
+        # the service leaves its authentication refusals unsigned (it cannot know the key)
+        self._validate(path, headers, data, success=False,
+                       check_signature=not (resp.status == 403 and code == "OTSAuthFailed"))
         raise ServiceError(resp.status, code, message, request_id)
 
     def call(self, path: str, body: bytes) -> bytes:
         """POST ``body`` to ``path``; the validated response body. Raises ``ServiceError``,
-        ``Unavailable`` (after bounded retries) or ``ResponseValidationError``."""
+        ``Unavailable`` (after bounded retries), ``ResponseValidationError`` or
+        ``TlsError``."""
+        idempotent = path in IDEMPOTENT_PATHS
         deadline = time.monotonic() + self.retry_deadline_s
         delay = BACKOFF_INITIAL_S
         attempt = 0
@@ -196,10 +251,7 @@ class Transport:
             try:
                 return self._once(path, body)
             except ServiceError as exc:
-                retryable = (exc.http_status == 503
-                             and exc.code == "OTSTunnelServerUnavailable"
-                             and not exc.message.startswith("OTSTrimmedDataAccess"))
-                if not retryable:
+                if not retryable(exc, idempotent):
                     raise
                 last: Exception = exc
             except Unavailable as exc:
