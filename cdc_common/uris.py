@@ -67,11 +67,17 @@ def shown_value(key: str, value: str, known_keys: Collection[str] | None = None)
     return MASK if _hidden(key, value, known_keys) else value
 
 
+#: query keys that say how to reach a service, not which service it is: left out of every shown
+#: and stored form (the CA bundle's path of an https endpoint, ``cdc_common.tls``)
+TRANSPORT_KEYS = frozenset({"ca_bundle"})
+
+
 def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
     """``uri`` as it may be shown, logged or stored: ``scheme://host[:port]/path?query``.
 
     The user info and the fragment are dropped, and so is every query pair whose key is a secret
-    (``is_secret_key``); a value that is a URL with user info becomes ``***``, and so does the
+    (``is_secret_key``) or says how to reach the service rather than which one it is
+    (``TRANSPORT_KEYS``: moving a CA bundle must not change a namespace); a value that is a URL with user info becomes ``***``, and so does the
     value of any key outside ``known_keys`` when the caller gives them (a backend's message about
     its own URI). Every other pair is kept exactly as written (percent-encoding included), in
     order. Not ``urlunsplit``: it would turn ``local:///abs`` into ``local:/abs``.
@@ -91,7 +97,7 @@ def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
             continue
         raw_key, _, raw_value = pair.partition("=")
         key, value = unquote_plus(raw_key), unquote_plus(raw_value)
-        if is_secret_key(key):
+        if is_secret_key(key) or key in TRANSPORT_KEYS:
             continue
         if _hidden(key, value, known_keys):
             pair = f"{raw_key}={MASK}"

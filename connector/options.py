@@ -74,9 +74,6 @@ DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
                     "security_token", "checkpoint_table", "ssl_ca_bundle")
-#: endpoint parameters that say how to reach the service, not which service it is: left out of
-#: the source identity (moving a CA bundle must not orphan a checkpoint directory)
-_TRANSPORT_PARAMS = ("ca_bundle",)
 #: the vendor catalog's type names -> Tablestore's
 CATALOG_TYPES = {
     "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
@@ -284,8 +281,7 @@ class SourceOptions(BaseModel):
         Also the meta-store namespace, so it never contains secrets (nor the CA bundle's path,
         which says how to reach the service, not which one it is), and an existing meta table
         is found again only while its bytes stay the same (``safe_endpoint``)."""
-        endpoint = _drop_params(self.safe_endpoint, _TRANSPORT_PARAMS)
-        return f"{endpoint}#{self.table_name}#{self.tunnel_name}"
+        return f"{self.safe_endpoint}#{self.table_name}#{self.tunnel_name}"
 
     @property
     def source_digest(self) -> str:
@@ -298,13 +294,6 @@ def _problem(message: str) -> str:
     if message == "Field required":
         return "is required for this endpoint"
     return message
-
-
-def _drop_params(uri: str, names: tuple[str, ...]) -> str:
-    """``uri`` without the query parameters ``names`` (the rest kept as written)."""
-    base, mark, query = uri.partition("?")
-    kept = "&".join(kv for kv in query.split("&") if kv and kv.split("=", 1)[0] not in names)
-    return f"{base}?{kept}" if mark and kept else base
 
 
 def default_meta_store(endpoint: str) -> str | None:

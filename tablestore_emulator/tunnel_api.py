@@ -72,7 +72,8 @@ from connector.tunnel.base import (
     StartPosition,
     TunnelType,
 )
-from connector.tunnel.local import BASE_PREFIX, LocalTunnelService
+from connector.tunnel.local import LocalTunnelService
+from connector.tunnel.local.tunnels import BASE_PREFIX
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
 from tablestore_emulator.errors import OtsError, parameter_invalid

@@ -22,6 +22,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import pytest
+import trustme
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -119,11 +120,30 @@ SOURCES: dict[str, tuple[dict[str, str], str, str]] = {
 
 @pytest.fixture
 def no_credential_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in CREDENTIAL_ENV:
+    for name in (*CREDENTIAL_ENV, *CA_BUNDLE_ENV):  # the pins are of URIs written before https
         monkeypatch.delenv(name, raising=False)
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(name, value)
+
+
+#: where an https endpoint's CA bundle comes from when no option names one (cdc_common.tls)
+CA_BUNDLE_ENV = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_a_ca_bundle_from_the_environment_leaves_the_namespace_as_pinned(
+        no_credential_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        name: str) -> None:
+    """A CA bundle says how to reach the service, not which one it is: folded into the URIs
+    for executors, never into a shown or stored form."""
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text(trustme.CA().cert_pem.bytes().decode())
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    options, safe_endpoint, _ = SOURCES[name]
+    opts = SourceOptions.from_spark({**BASE, **options})
+    assert opts.source_identity == f"{safe_endpoint}#orders#t1"
+    assert "ca_bundle" not in opts.safe_endpoint
 
 
 @pytest.mark.parametrize("name", SOURCES)
