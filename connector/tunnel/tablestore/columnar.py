@@ -38,9 +38,9 @@ from connector.errors import MalformedRecordError
 from connector.tunnel.page import PageLayout, page_schema
 
 try:
-    from connector.tunnel.tablestore import _columnar  # type: ignore[attr-defined]
+    from connector.tunnel.tablestore import _columnar
 except ImportError:  # built without a C compiler: the pure-Python decoder serves
-    _columnar = None
+    _columnar = None  # type: ignore[assignment]
 
 log = logging.getLogger("connector.tunnel.tablestore")
 
