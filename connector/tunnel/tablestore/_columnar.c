@@ -144,6 +144,7 @@ static inline int buf_reserve(Buf *b, Py_ssize_t extra) {
 }
 
 static inline int buf_put(Buf *b, const void *p, Py_ssize_t n) {
+    if (n == 0) return OK; /* b->p may still be NULL */
     if (buf_reserve(b, n) != OK) return FAILED;
     memcpy(b->p + b->len, p, (size_t)n);
     b->len += n;
