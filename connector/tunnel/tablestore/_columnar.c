@@ -1007,6 +1007,10 @@ typedef struct {
     int32_t *col_ids, *bef_ids, *val_ids;
     Py_ssize_t n_col, n_bef, n_val;
     PyObject *reason;
+    /* the records' class and its HasField, looked up once per page: calling the unbound
+     * method skips making a bound method per record */
+    PyTypeObject *has_field_type;
+    PyObject *has_field;
 } Page;
 
 static PyObject *S_action_type, *S_record, *S_origin_record, *S_HasField;
@@ -1030,6 +1034,19 @@ static inline void val_set(Page *pg, uint32_t stamp, int32_t id, const Value *v)
         pg->val_ids[pg->n_val++] = id;
     }
     t->val_val[id] = *v;
+}
+
+/* wire.HasField("origin_record") */
+static PyObject *has_field(Page *pg, PyObject *wire) {
+    if (Py_TYPE(wire) != pg->has_field_type) {
+        Py_CLEAR(pg->has_field);
+        pg->has_field_type = Py_TYPE(wire);
+        pg->has_field = PyObject_GetAttr((PyObject *)Py_TYPE(wire), S_HasField);
+        if (pg->has_field == NULL) PyErr_Clear();
+    }
+    if (pg->has_field == NULL) return PyObject_CallMethodOneArg(wire, S_HasField, S_origin_record);
+    PyObject *args[] = {wire, S_origin_record};
+    return PyObject_Vectorcall(pg->has_field, args, 2, NULL);
 }
 
 /* "record #i: <reason>" */
@@ -1177,7 +1194,7 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
     if (PyBytes_GET_SIZE(origin) > 0) {
         has_before = 1; /* a set bytes field; an unset one reads b"" */
     } else {
-        PyObject *has = PyObject_CallMethodOneArg(wire, S_HasField, S_origin_record);
+        PyObject *has = has_field(pg, wire);
         if (has == NULL) {
             PyErr_Clear();
             r = FALLBACK;
@@ -1447,6 +1464,7 @@ static PyObject *decode_page(PyObject *self, PyObject *args) {
 out:
     Py_DECREF(seq);
     Py_XDECREF(pg.reason);
+    Py_XDECREF(pg.has_field);
     if (pg.cols != NULL) {
         for (Py_ssize_t j = 0; j < ncolumns; j++) column_free(&pg.cols[j]);
         PyMem_Free(pg.cols);
