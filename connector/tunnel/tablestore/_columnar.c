@@ -1066,6 +1066,15 @@ static int record_error_named(Page *pg, Py_ssize_t i, int32_t id, const char *fm
     return record_error(pg, i, reason);
 }
 
+/* One PlainBuffer row of record #i (its ``record`` or ``origin_record`` bytes). */
+static int decode_bytes(Page *pg, Py_ssize_t i, PyObject *bytes, int allow_empty_pk,
+                        RawRow *row) {
+    Ctx c = {(const uint8_t *)PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes), &pg->names,
+             NULL};
+    int r = decode_row(&c, allow_empty_pk, row);
+    return r == MALFORMED ? record_error(pg, i, c.reason) : r;
+}
+
 /* key_order_string(): the key's order-preserving encoding (a base record's sequence) */
 static int key_order(Buf *b, const CellList *pk) {
     for (Py_ssize_t k = 0; k < pk->n; k++) {
@@ -1133,13 +1142,7 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
         return FALLBACK;
     }
     PyObject *origin = NULL; /* a reference while the record's values point into it */
-    Ctx c = {(const uint8_t *)PyBytes_AS_STRING(record), PyBytes_GET_SIZE(record), t, NULL};
-    r = decode_row(&c, 0, &pg->row);
-    if (r == MALFORMED) {
-        r = record_error(pg, i, c.reason);
-        goto done;
-    }
-    if (r != OK) goto done;
+    if ((r = decode_bytes(pg, i, record, 0, &pg->row)) != OK) goto done;
 
     /* the key: a dict of its cells; a name twice is an error */
     const CellList *pk = &pg->row.pk;
@@ -1209,13 +1212,7 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
         }
     }
     if (has_before) {
-        Ctx oc = {(const uint8_t *)PyBytes_AS_STRING(origin), PyBytes_GET_SIZE(origin), t, NULL};
-        r = decode_row(&oc, 1, &pg->origin);
-        if (r == MALFORMED) {
-            r = record_error(pg, i, oc.reason);
-            goto done;
-        }
-        if (r != OK) goto done;
+        if ((r = decode_bytes(pg, i, origin, 1, &pg->origin)) != OK) goto done;
         const CellList *od = &pg->origin.data;
         if ((r = ensure_ids(pg, pk->n + data->n + od->n + 1)) != OK) goto done;
         for (Py_ssize_t k = 0; k < od->n; k++) {
