@@ -3,11 +3,13 @@
 Two figures (docs/performance.md, docs/tablestore.md):
 
 - ``decode``: records per second per core that ``connector.tunnel.tablestore.records.
-  decode_columns`` turns from wire ``Record`` messages (PlainBuffer with sequence info and a
-  before-image, as the emulator encodes the benchmark table's changes) into page batches (what
-  the client's ``read_page`` does); the details also give the rate through ``Record`` objects
-  (the default adapter). CPU time of this one thread (``time.thread_time``), so other load on
-  the machine does not count; the best of three passes.
+  decode_columns`` turns from wire ``Record`` messages (PlainBuffer with sequence info, as the
+  emulator encodes the benchmark table's changes) into page batches (what the client's
+  ``read_page`` does) -- with the compiled decoder when it is built, and with the pure-Python
+  fallback in the same run; the details also give the rate through ``Record`` objects (the
+  default adapter) and on records with a before-image (the JSON text columns).
+  CPU time of this one thread (``time.thread_time``), so other load on the machine does not
+  count; the best of three passes.
 - ``throughput``: records per second from ``format("tablestore")`` over
   ``http://`` -- the emulator in its own process (``tablestore-cdc emulator``) serving a
   pre-filled store -- into Spark's ``noop`` sink, against the trivial Python source with the same
@@ -49,11 +51,23 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
     """Decode ``records`` wire records (one thread); records per CPU-second.
 
     ``records_per_cpu_s``: the read path, wire records -> page batch
-    (``records.decode_columns``, what ``read_page`` does); ``records_path_per_cpu_s``: the
-    same through ``Record`` objects (``decode_page`` + ``records_to_page``, the default
-    adapter), for comparison; ``decode_page_per_cpu_s``: ``Record`` objects only."""
+    (``records.decode_columns``, what ``read_page`` does: the compiled decoder when it is built;
+    ``decoder`` says which ran); ``records_per_cpu_s_python``: the same pages through the
+    pure-Python decoder (``decode_columns_python``, the fallback), in the same run;
+    ``records_path_per_cpu_s``: the same through ``Record`` objects (``decode_page`` +
+    ``records_to_page``, the default adapter), for comparison; ``decode_page_per_cpu_s``:
+    ``Record`` objects only. The benchmark table's changes carry no before-image and only
+    declared columns; ``json_*`` repeat the two page decoders on the same records each given a
+    before-image with an undeclared column (``_before`` JSON text on every row, ``_extra`` on
+    the updates, whose after-image merges the before-image)."""
     from connector.tunnel.page import PageLayout, records_to_page
-    from connector.tunnel.tablestore.records import decode_columns, decode_page
+    from connector.tunnel.tablestore.columnar import compiled_available
+    from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, encode_row
+    from connector.tunnel.tablestore.records import (
+        decode_columns,
+        decode_columns_python,
+        decode_page,
+    )
     from tablestore_emulator.tunnel_api import encode_record
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -65,23 +79,42 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
     store.close()
     page = 500  # the service's page size
 
-    def best_of_three(decode: Any) -> float:
+    def best_of_three(decode: Any, pages_of: list[Any] = wire) -> float:
         best = float("inf")
         for _ in range(3):
             began = time.thread_time()
-            for lo in range(0, len(wire), page):
-                decode(wire[lo:lo + page])
+            for lo in range(0, len(pages_of), page):
+                decode(pages_of[lo:lo + page])
             best = min(best, time.thread_time() - began)
         return best
 
     columns = best_of_three(lambda w: decode_columns(w, "ch", "token", None, layout))
+    python = best_of_three(lambda w: decode_columns_python(w, "ch", "token", None, layout))
     via_records = best_of_three(
         lambda w: records_to_page(decode_page(w, "ch", "token", None), layout))
     objects = best_of_three(lambda w: decode_page(w, "ch", "token", None))
+
+    # the JSON writers' share: a before-image of three values, one of them undeclared
+    with_json = []
+    for i, w in enumerate(wire):
+        r = type(w)()
+        r.CopyFrom(w)
+        r.origin_record = encode_row(Row((), (
+            Cell("name", f"old-name-{i:08d}", CellOp.PUT, 1), Cell("qty", i - 1, CellOp.PUT, 1),
+            Cell("score", i / 7, CellOp.PUT, 1))))
+        with_json.append(r)
+    json_columns = best_of_three(lambda w: decode_columns(w, "ch", "token", None, layout),
+                                 with_json)
+    json_python = best_of_three(
+        lambda w: decode_columns_python(w, "ch", "token", None, layout), with_json)
     payload = sum(len(w.record) + len(w.origin_record) for w in wire)
-    return {"records": len(wire), "records_per_cpu_s": len(wire) / columns,
+    return {"records": len(wire), "decoder": "compiled" if compiled_available() else "python",
+            "records_per_cpu_s": len(wire) / columns,
+            "records_per_cpu_s_python": len(wire) / python,
             "records_path_per_cpu_s": len(wire) / via_records,
             "decode_page_per_cpu_s": len(wire) / objects,
+            "json_records_per_cpu_s": len(wire) / json_columns,
+            "json_records_per_cpu_s_python": len(wire) / json_python,
             "bytes_per_record": payload / len(wire), "cpu_s": columns}
 
 

@@ -32,6 +32,8 @@ POSITIVE_KEYS = (
     "memory_peak_rss_mb",
     "memory_arrow_mb",
     "memory_peak_over_arrow",
+    "wire_decode_records_per_cpu_s",
+    "wire_decode_records_per_cpu_s_python",
 )
 
 

@@ -5,7 +5,9 @@ exactly the batch the default adapter builds, ``records_to_page(decode_page(...)
 values, nulls and the ``_before`` / ``_extra`` JSON text. Checked here on hand-built wire
 records (every value type, UPDATE with both delete-cell ops, with and without a before-image,
 DELETE, base-data records, attributes the layout does not declare), over HTTP against the
-emulator, and for corrupted bytes (the typed error names channel and token).
+emulator, and for corrupted bytes (the typed error names channel and token). Every test runs
+with each decoder: the compiled one (``columnar``, no hand-over to the Python path allowed on
+these pages) and the pure-Python fallback (tests/test_decoders.py compares the two directly).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from connector.tunnel import open_tunnel_service
 from connector.tunnel.base import FINISHED, ChannelStatus, TunnelService, TunnelType
 from connector.tunnel.page import PageLayout, records_to_page
 from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore import records as records_module
+from connector.tunnel.tablestore.columnar import (
+    compiled_available,
+    compiled_required,
+    decode_compiled,
+)
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
 from connector.tunnel.tablestore.records import decode_columns, decode_page
 from tablestore_emulator.server import EmulatorServer
@@ -94,6 +102,26 @@ LAYOUTS = {
         (("missing", pa.float64()), ("pk_b", pa.binary()), ("pk_i", pa.int64()),
          ("pk_s", pa.string()))),
 }
+
+
+def _compiled_only(*args: Any) -> pa.RecordBatch:
+    batch = decode_compiled(*args)
+    assert batch is not None, "the compiled decoder handed a well-typed page to the Python path"
+    return batch
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which decoder ``decode_columns`` (and so the client's ``read_page``) uses."""
+    if request.param == "compiled":
+        if not compiled_available():
+            if compiled_required():
+                pytest.fail("the compiled PlainBuffer decoder is required but not built")
+            pytest.skip("the compiled PlainBuffer decoder is not built")
+        monkeypatch.setattr(records_module, "decode_compiled", _compiled_only)
+    else:
+        monkeypatch.setattr(records_module, "decode_compiled", lambda *args: None)
+    return str(request.param)
 
 
 def _same(records: list[Any], base_offset: int | None, layout: PageLayout) -> pa.RecordBatch:

@@ -22,10 +22,13 @@ Anything that does not decode -- bad PlainBuffer, a record without a key, an unk
 stream record without sequence info next to ones with it -- raises ``MalformedRecordError``
 naming the channel and the token the page was read from: never a wrong row.
 
-Per record ``decode_one`` returns plain tuples (``plainbuffer.decode_raw``: no ``Row`` or
-``Cell`` objects); ``decode_columns`` builds the after-image row and the JSON texts exactly as
-``records_to_page`` does from ``Record`` objects, so both read paths give the same batch
-(``tests/test_tablestore_columnar.py``).
+``decode_columns`` has two implementations giving the same batch and the same errors: the
+compiled decoder (``columnar``: C, PlainBuffer straight into Arrow buffers), used when it is
+installed, and ``decode_columns_python``, the fallback and reference: per record
+``decode_one`` returns plain tuples (``plainbuffer.decode_raw``: no ``Row`` or ``Cell``
+objects), then it builds the after-image row and the JSON texts exactly as ``records_to_page``
+does from ``Record`` objects, so both read paths give the same batch
+(``tests/test_tablestore_columnar.py``, ``tests/test_decoders.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from connector.errors import MalformedRecordError
 from connector.tunnel.base import Op, Record
 from connector.tunnel.page import ENCODE_JSON, PageLayout, page_schema
 from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore.columnar import decode_compiled
 from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, decode_raw
 
 _ACTIONS = {
@@ -164,6 +168,20 @@ def decode_columns(records: Sequence[Any], channel_id: str, token: str,
                    base_offset: int | None, layout: PageLayout) -> pa.RecordBatch:
     """Decode one page straight into the page batch (executor, ``read_page``): the same batch
     ``records_to_page(decode_page(...), layout)`` builds, without a ``Record`` per record.
+
+    The compiled decoder (``columnar.decode_compiled``) when it is installed and the page is
+    one it fills; else the pure-Python one, ``decode_columns_python``. Both give the same
+    batch and the same errors."""
+    batch = decode_compiled(records, channel_id, token, base_offset, layout)
+    if batch is not None:
+        return batch
+    return decode_columns_python(records, channel_id, token, base_offset, layout)
+
+
+def decode_columns_python(records: Sequence[Any], channel_id: str, token: str,
+                          base_offset: int | None, layout: PageLayout) -> pa.RecordBatch:
+    """``decode_columns`` in pure Python: the fallback, and the reference the compiled
+    decoder is tested against.
 
     Per record only the row after the change is made (a dict, as ``records_to_page`` makes
     it, so values, nulls and the ``_extra`` JSON are the same); each column is then one list

@@ -1,0 +1,12 @@
+# The compiled PlainBuffer page decoder (_columnar.c); its Python side is columnar.py.
+from collections.abc import Sequence
+from typing import Any
+
+#: per page column: (null count, validity bitmap or None, buffer 1, buffer 2 or None)
+ColumnBuffers = tuple[int, bytes | None, bytes, bytes | None]
+#: (rows, the buffers of every page column in schema order) | a malformed page's reason |
+#: None (the Python path decodes this page)
+Decoded = tuple[int, tuple[ColumnBuffers, ...]] | str | None
+
+def decode_page(records: Sequence[Any], names: tuple[bytes, ...], kinds: bytes,
+                base_offset: int | None, /) -> Decoded: ...

@@ -1,0 +1,375 @@
+"""The compiled PlainBuffer page decoder against the pure-Python one: identical batches, errors.
+
+``columnar.decode_compiled`` (C, ``_columnar.c``) and ``records.decode_columns_python`` must
+turn the same wire records into the same page batch -- schema, values, nulls, float bits, the
+``_before`` / ``_extra`` JSON text byte for byte -- and refuse the same malformed input with the
+same ``MalformedRecordError`` (same message). Checked on generated pages (hypothesis: every
+value type incl. NaN / infinities / -0.0, non-ASCII and empty strings, every cell op, before-
+images, base records, layouts declaring some columns, mismatched column types), on every
+truncation and every bit flip of a record and of its before-image, and on corrupted bytes of
+generated pages. Also: ``make test`` requires the compiled decoder, and without it the
+fallback is announced once per process, at the first decode.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
+from hypothesis import strategies as st
+
+from connector.errors import MalformedRecordError
+from connector.tunnel.page import PageLayout
+from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore.columnar import (
+    REQUIRE_COMPILED_ENV,
+    compiled_available,
+    compiled_required,
+    decode_compiled,
+)
+from connector.tunnel.tablestore.plainbuffer import (
+    Cell,
+    CellOp,
+    Row,
+    SequenceInfo,
+    Special,
+    encode_row,
+)
+from connector.tunnel.tablestore.records import decode_columns, decode_columns_python
+
+REPO = Path(__file__).resolve().parents[1]
+TS_US = 1_750_000_000_000_000
+
+needs_compiled = pytest.mark.skipif(
+    not compiled_available() and not compiled_required(),
+    reason="the compiled decoder is not installed (make test requires it)")
+
+
+def test_the_compiled_decoder_is_installed_where_required() -> None:
+    """``make test`` sets TABLESTORE_CDC_REQUIRE_COMPILED_DECODER=1: a build that silently fell
+    back to the pure-Python decoder must fail the suite, not pass it untested."""
+    if not compiled_required():
+        pytest.skip(f"{REQUIRE_COMPILED_ENV} is not set")
+    assert compiled_available(), (
+        "the compiled PlainBuffer decoder (connector.tunnel.tablestore._columnar) is not "
+        "built: reinstall with a C compiler (make .venv/.installed-stamp)")
+
+
+# --- comparing outcomes -----------------------------------------------------------------------
+
+
+def canonical(batch: pa.RecordBatch) -> tuple[Any, ...]:
+    """Everything a page batch says, floats by their bits (NaN != NaN in ``equals``)."""
+    batch.validate(full=True)
+    columns = []
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        values = column.to_pylist()
+        if pa.types.is_floating(field.type):
+            values = [None if v is None else struct.pack("<d", v).hex() for v in values]
+        columns.append((field.name, column.null_count, values))
+    return batch.schema, batch.num_rows, columns
+
+
+def outcome(decode: Any, records: list[Any], base_offset: int | None,
+            layout: PageLayout) -> tuple[Any, ...]:
+    try:
+        batch = decode(records, "ch-1", "tok-1", base_offset, layout)
+    except Exception as exc:  # noqa: BLE001 -- whatever it is, both must raise it
+        if isinstance(exc, MalformedRecordError):
+            assert exc.fields["channel_id"] == "ch-1" and exc.fields["token"] == "tok-1"
+        return "error", type(exc), str(exc)
+    assert batch is not None
+    return ("batch", *canonical(batch))
+
+
+def assert_same(records: list[Any], base_offset: int | None, layout: PageLayout, *,
+                must_compile: bool) -> tuple[Any, ...]:
+    """The compiled decoder's outcome equals the Python one's; ``must_compile``: the page is
+    one the compiled decoder fills itself (no hand-over to the Python path)."""
+    handed_over = []
+
+    def compiled(*args: Any) -> pa.RecordBatch:
+        batch = decode_compiled(*args)
+        if batch is None:
+            handed_over.append(True)
+            return decode_columns_python(*args)
+        return batch
+
+    expected = outcome(decode_columns_python, records, base_offset, layout)
+    got = outcome(compiled, records, base_offset, layout)
+    if handed_over:
+        assert not must_compile, "the compiled decoder handed a well-typed page over"
+    if currently_in_test_context():  # hypothesis statistics (pytest --hypothesis-show-statistics)
+        event(f"outcome: {expected[0]}{', handed to the Python path' if handed_over else ''}")
+    assert got == expected
+    return got
+
+
+# --- generated pages ------------------------------------------------------------------------
+
+TYPES = {"INTEGER": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
+         "STRING": pa.string(), "BINARY": pa.binary()}
+#: a few names, so cells, keys and before-images collide; non-ASCII and astral ones included
+NAMES = ["id", "n", "a", "b", "é", "☃", "\U0001f600x", "Z", "a\"\\\n", "long_column_name"]
+#: each name's usual type (a generated value of another type is a declared-type mismatch)
+NAME_TYPE = dict(zip(NAMES, ["STRING", "INTEGER", "INTEGER", "DOUBLE", "STRING", "BOOLEAN",
+                             "BINARY", "STRING", "INTEGER", "DOUBLE"], strict=True))
+
+VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "INTEGER": st.integers(-2**63, 2**63 - 1),
+    "DOUBLE": st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0.0, -0.0, math.nan, math.inf, -math.inf, 1e16, 1e-7, 0.1]),
+    "BOOLEAN": st.booleans(),
+    "STRING": st.text(max_size=12) | st.sampled_from(["", "ascii", "ké", "\x00\x1f\x7f",
+                                                       "\U0001f600", "\u2028"]),
+    "BINARY": st.binary(max_size=10),
+}
+
+
+@st.composite
+def value_of(draw: Any, name: str, mismatch: bool) -> Any:
+    kind = NAME_TYPE[name]
+    if mismatch and draw(st.integers(0, 9)) == 0:
+        kind = draw(st.sampled_from(sorted(VALUES)))
+    return draw(VALUES[kind])
+
+
+@st.composite
+def cells(draw: Any, mismatch: bool, ops: bool) -> tuple[Cell, ...]:
+    out = []
+    for name in draw(st.lists(st.sampled_from(NAMES), max_size=6)):
+        op = CellOp.PUT
+        if ops:
+            op = draw(st.sampled_from([CellOp.PUT] * 3 + [CellOp.DELETE_ALL_VERSION,
+                                                          CellOp.DELETE_ONE_VERSION]))
+        ts = None
+        if op is not CellOp.DELETE_ALL_VERSION:
+            ts = draw(st.none() | st.integers(0, 2**45))
+        value = draw(value_of(name, mismatch)) if op is CellOp.PUT else None
+        out.append(Cell(name, value, op, ts))
+    return tuple(out)
+
+
+@st.composite
+def wire_record(draw: Any, index: int | None, mismatch: bool) -> Any:
+    action = draw(st.sampled_from([m.ACTION_PUT_ROW, m.ACTION_UPDATE_ROW, m.ACTION_DELETE_ROW]))
+    key_names = draw(st.lists(st.sampled_from(NAMES[:4]), min_size=1, max_size=3, unique=True))
+    key = tuple((k, draw(value_of(k, mismatch))) for k in key_names)
+    body = draw(cells(mismatch, ops=action == m.ACTION_UPDATE_ROW))
+    # increasing, now and then not (a malformed page)
+    epoch = draw(st.sampled_from([0] * 9 + [1]))
+    seq = None if index is None else SequenceInfo(epoch, TS_US + index, index)
+    record = m.Record(action_type=action,
+                      record=encode_row(Row(key, body, action == m.ACTION_DELETE_ROW, seq)))
+    if draw(st.booleans()):
+        before = draw(cells(mismatch, ops=False))
+        record.origin_record = encode_row(Row((), before))
+    return record
+
+
+@st.composite
+def pages(draw: Any, mismatch: bool = False) -> tuple[list[Any], int | None, PageLayout]:
+    n = draw(st.integers(0, 6))
+    stream = draw(st.booleans())
+    records = [draw(wire_record(i if stream else None, mismatch)) for i in range(n)]
+    base_offset = None if stream else draw(st.none() | st.integers(0, 2**40))
+    declared = draw(st.lists(st.sampled_from(NAMES), unique=True))
+    columns = []
+    for name in declared:
+        kind = NAME_TYPE[name]
+        if mismatch and draw(st.integers(0, 4)) == 0:
+            kind = draw(st.sampled_from(sorted(TYPES)))
+        columns.append((name, TYPES[kind]))
+    return records, base_offset, PageLayout(tuple(columns))
+
+
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@needs_compiled
+@SETTINGS
+@given(pages())
+def test_identical_batches_on_generated_pages(page: tuple[list[Any], int | None,
+                                                          PageLayout]) -> None:
+    records, base_offset, layout = page
+    assert_same(records, base_offset, layout, must_compile=True)
+
+
+@needs_compiled
+@SETTINGS
+@given(pages(mismatch=True))
+def test_identical_outcomes_with_mismatched_types(page: tuple[list[Any], int | None,
+                                                              PageLayout]) -> None:
+    """Values of another type than their declared column: pyarrow's conversion (or its error)
+    on the Python path decides for both."""
+    records, base_offset, layout = page
+    assert_same(records, base_offset, layout, must_compile=False)
+
+
+@st.composite
+def corrupted_pages(draw: Any) -> tuple[list[Any], int | None, PageLayout]:
+    records, base_offset, layout = draw(pages().filter(lambda p: len(p[0]) > 0))
+    victim = m.Record()
+    i = draw(st.integers(0, len(records) - 1))
+    victim.CopyFrom(records[i])
+    field = "origin_record" if victim.HasField("origin_record") and draw(st.booleans()) \
+        else "record"
+    data = bytearray(getattr(victim, field))
+    how = draw(st.sampled_from(["truncate", "flip", "overwrite", "insert", "delete"]))
+    at = draw(st.integers(0, len(data) - 1))
+    if how == "truncate":
+        del data[at:]
+    elif how == "flip":
+        data[at] ^= 1 << draw(st.integers(0, 7))
+    elif how == "overwrite":
+        data[at] = draw(st.integers(0, 255))
+    elif how == "insert":
+        data[at:at] = draw(st.binary(min_size=1, max_size=3))
+    else:
+        del data[at]
+    setattr(victim, field, bytes(data))
+    event(f"corruption: {how} in {field}")
+    return records[:i] + [victim] + records[i + 1:], base_offset, layout
+
+
+@needs_compiled
+@SETTINGS
+@given(corrupted_pages())
+def test_identical_errors_on_corrupted_pages(page: tuple[list[Any], int | None,
+                                                         PageLayout]) -> None:
+    records, base_offset, layout = page
+    assert_same(records, base_offset, layout, must_compile=False)
+
+
+# --- every truncation and bit flip of one record ------------------------------------------
+
+KEY = (("id", "ké"), ("n", -7), ("b", b"\x00\xff"))
+FULL = (Cell("a", 2**62, CellOp.PUT, 1_700_000_000_000), Cell("b", -2.5, CellOp.PUT, 1),
+        Cell("t", True, CellOp.PUT, 2), Cell("s", "héllo ✓", CellOp.PUT, 3),
+        Cell("e", "", CellOp.PUT, 4), Cell("x", b"\x01\x02", CellOp.PUT, 5),
+        Cell("gone", None, CellOp.DELETE_ALL_VERSION),
+        Cell("old", None, CellOp.DELETE_ONE_VERSION, 7))
+BEFORE = (Cell("a", 1, CellOp.PUT, 9), Cell("s", "old", CellOp.PUT, 9),
+          Cell("x", b"\xaa", CellOp.PUT, 9), Cell("f", math.nan, CellOp.PUT, 9))
+LAYOUT = PageLayout((("id", pa.string()), ("n", pa.int64()), ("b", pa.binary()),
+                     ("a", pa.int64()), ("s", pa.string()), ("t", pa.bool_())))
+
+
+def _update() -> Any:
+    return m.Record(action_type=m.ACTION_UPDATE_ROW,
+                    record=encode_row(Row(KEY, FULL, False, SequenceInfo(0, TS_US, 42))),
+                    origin_record=encode_row(Row((), BEFORE)))
+
+
+def _corruptions(data: bytes) -> list[bytes]:
+    out = [data[:n] for n in range(len(data))]
+    for pos in range(len(data)):
+        for bit in range(8):
+            bad = bytearray(data)
+            bad[pos] ^= 1 << bit
+            out.append(bytes(bad))
+    return out
+
+
+@needs_compiled
+@pytest.mark.parametrize("field", ["record", "origin_record"])
+def test_every_truncation_and_bit_flip_gives_the_same_outcome(field: str) -> None:
+    """Every prefix and every single-bit flip of the record (and of its before-image): both
+    decoders raise the same error, or -- a flip the format cannot see, e.g. in the sequence
+    extension -- give the same batch."""
+    good = _update()
+    errors = 0
+    for bad in _corruptions(getattr(good, field)):
+        record = m.Record()
+        record.CopyFrom(good)
+        setattr(record, field, bad)
+        result = assert_same([good, record] if field == "origin_record" else [record], None,
+                             LAYOUT, must_compile=False)
+        errors += result[0] == "error"
+    assert errors > 0.8 * len(getattr(good, field)) * 9
+
+
+@needs_compiled
+def test_edge_values_decode_in_the_compiled_decoder() -> None:
+    """Spot checks of what the generated pages cover, on one hand-made page: NaN, infinities,
+    -0.0, a float's repr, astral characters and control bytes in the JSON; no hand-over."""
+    extra_cells = (Cell("f", math.nan), Cell("g", -math.inf), Cell("h", -0.0),
+                   Cell("r", 0.1 + 0.2), Cell("big", 1e300), Cell("u", "\U0001f600\x01\u2028"),
+                   Cell("q", "\"\\/\t"), Cell("bin", b""), Cell("i", -2**63))
+    record = m.Record(action_type=m.ACTION_PUT_ROW,
+                      record=encode_row(Row((("id", "k"),), extra_cells, False,
+                                            SequenceInfo(0, TS_US, 1))),
+                      origin_record=encode_row(Row((), (Cell("z", math.inf),))))
+    layout = PageLayout((("id", pa.string()), ("f", pa.float64()), ("h", pa.float64())))
+    got = assert_same([record], None, layout, must_compile=True)
+    columns = {name: values for name, _, values in got[3]}
+    assert columns["f"] == [struct.pack("<d", math.nan).hex()]
+    assert columns["h"] == [struct.pack("<d", -0.0).hex()]
+    assert columns["_extra"] == [
+        '{"big":1e+300,"bin":{"$binary":""},"g":-Infinity,"i":-9223372036854775808,'
+        '"q":"\\"\\\\/\\t","r":0.30000000000000004,"u":"\\ud83d\\ude00\\u0001\\u2028"}']
+    assert columns["_before"] == ['{"z":Infinity}']
+
+
+@needs_compiled
+def test_what_the_compiled_decoder_hands_to_the_python_path() -> None:
+    """A declared column of another type, a range bound in a key, an unsupported layout
+    type: the Python path decides (here: pyarrow converts the integer; refuses the bound)."""
+    record = m.Record(action_type=m.ACTION_PUT_ROW,
+                      record=encode_row(Row((("id", "k"),), (Cell("v", 3),), False,
+                                            SequenceInfo(0, TS_US, 1))))
+    as_float = PageLayout((("id", pa.string()), ("v", pa.float64())))
+    assert decode_compiled([record], "ch", "tok", None, as_float) is None
+    assert decode_columns([record], "ch", "tok", None, as_float).column("v").to_pylist() == [3.0]
+    int32 = PageLayout((("id", pa.string()), ("v", pa.int32())))
+    assert decode_compiled([record], "ch", "tok", None, int32) is None
+    assert decode_columns([record], "ch", "tok", None, int32).column("v").to_pylist() == [3]
+    bound = m.Record(action_type=m.ACTION_PUT_ROW,
+                     record=encode_row(Row((("id", Special.INF_MAX),))))
+    assert decode_compiled([bound], "ch", "tok", None, as_float) is None
+    with pytest.raises(TypeError):  # key_order_string: today's Python path, not a wrong row
+        decode_columns([bound], "ch", "tok", None, as_float)
+
+
+# --- the fallback, announced once ------------------------------------------------------------
+
+FALLBACK_SCRIPT = textwrap.dedent("""
+    import logging, sys
+    sys.modules["connector.tunnel.tablestore._columnar"] = None  # as if never built
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="LOG %(name)s %(levelname)s %(message)s")
+    import tablestore_cdc.cli  # noqa: F401 -- the CLI's import says nothing
+    print("imported", flush=True)
+    import pyarrow as pa
+    from connector.tunnel.page import PageLayout
+    from connector.tunnel.tablestore import messages as m
+    from connector.tunnel.tablestore.columnar import compiled_available
+    from connector.tunnel.tablestore.plainbuffer import Row, SequenceInfo, encode_row
+    from connector.tunnel.tablestore.records import decode_columns
+    assert not compiled_available()
+    record = m.Record(action_type=1, record=encode_row(
+        Row((("id", 1),), (), False, SequenceInfo(0, 1_750_000_000_000_000, 1))))
+    layout = PageLayout((("id", pa.int64()),))
+    for _ in range(3):
+        assert decode_columns([record], "ch", "tok", None, layout).num_rows == 1
+    print("decoded", flush=True)
+""")
+
+
+def test_the_fallback_is_announced_once_at_the_first_decode() -> None:
+    run = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], capture_output=True,
+                         text=True, cwd=REPO, timeout=120, check=True)
+    lines = [line for line in run.stdout.splitlines() if line.strip()]
+    warnings = [line for line in lines if "pure-Python decoder" in line]
+    assert len(warnings) == 1, lines
+    assert warnings[0].startswith("LOG connector.tunnel.tablestore WARNING")
+    assert lines.index(warnings[0]) > lines.index("imported"), lines
