@@ -75,12 +75,13 @@ TRANSPORT_KEYS = frozenset({"ca_bundle"})
 def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
     """``uri`` as it may be shown, logged or stored: ``scheme://host[:port]/path?query``.
 
-    The user info and the fragment are dropped, and so is every query pair whose key is a secret
-    (``is_secret_key``) or says how to reach the service rather than which one it is
-    (``TRANSPORT_KEYS``: moving a CA bundle must not change a namespace); a value that is a URL with user info becomes ``***``, and so does the
-    value of any key outside ``known_keys`` when the caller gives them (a backend's message about
-    its own URI). Every other pair is kept exactly as written (percent-encoding included), in
-    order. Not ``urlunsplit``: it would turn ``local:///abs`` into ``local:/abs``.
+    The user info and the fragment are dropped, and so is every query pair whose key is a
+    secret (``is_secret_key``) or says how to reach the service rather than which one it is
+    (``TRANSPORT_KEYS``: moving a CA bundle must not change a namespace); a value that is a URL
+    with user info becomes ``***``, and so does the value of any key outside ``known_keys`` when
+    the caller gives them (a backend's message about its own URI). Every other pair is kept
+    exactly as written (percent-encoding included), in order. Not ``urlunsplit``: it would turn
+    ``local:///abs`` into ``local:/abs``.
 
     The meta-store namespace is built from this (``SourceOptions.source_identity``): the output
     for a URI in use must stay byte-identical (``tests/test_uri_pins.py``).
