@@ -1,7 +1,7 @@
 """The driver side of the UUID-offset protocol (docs/protocol.md).
 
 ``StreamProtocol`` is owned by the stream reader in Spark's planning process on the driver; it is
-never pickled to executors (``ChannelPartition``s are). Spark calls, per micro-batch::
+never pickled to executors (``ChannelPartition``s, ``connector.partition``, are). Spark calls, per micro-batch::
 
     latestOffset(start)  -> latest_offset   mint a UUID (or return start: nothing new)
     commit(end of N-1)   -> commit          mark committed; push checkpoints when due
@@ -46,7 +46,7 @@ from connector.errors import (
 )
 from connector.faults import fault_point, inject_transient_errors
 from connector.options import SourceOptions
-from connector.reader import ChannelPartition
+from connector.partition import ChannelPartition
 from connector.retry import with_retries
 from connector.tunnel import (
     FINISHED,

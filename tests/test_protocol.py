@@ -19,8 +19,9 @@ from connector.errors import (
 )
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
+from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import ChannelPartition, read_partition
+from connector.reader import read_partition
 from connector.tunnel import FINISHED, ChannelStatus, Record
 from meta_store import BatchState
 
