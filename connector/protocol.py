@@ -1,13 +1,14 @@
 """The driver side of the UUID-offset protocol (docs/protocol.md).
 
-``StreamProtocol`` is owned by the stream reader in Spark's planning process on the driver; it is
-never pickled to executors (``ChannelPartition``s, ``connector.partition``, are). Spark calls, per micro-batch::
+``StreamProtocol`` is owned by the stream reader (``connector.source``) in Spark's planning
+process on the driver; it is never pickled to executors (``ChannelPartition``s are:
+``connector.partition``). Spark calls, per micro-batch::
 
     latestOffset(start)  -> latest_offset   mint a UUID (or return start: nothing new)
     commit(end of N-1)   -> commit          mark committed; push checkpoints when due
     partitions(start,end)-> plan            reuse or write the batch manifest; one partition
                                             per readable channel
-    read(partition)      -> connector.reader.read_partition (executors)
+    read(partition)      -> connector.reader.claim_and_read (executors)
 
 Invariants kept here:
 - the initial offset is deterministic per source identity (Spark calls ``initialOffset`` again
@@ -24,8 +25,6 @@ Invariants kept here:
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 import uuid as uuid_lib
 from collections import OrderedDict
@@ -34,8 +33,6 @@ from dataclasses import dataclass
 
 from connector.errors import (
     CheckpointBehindMetaError,
-    CheckpointMismatchError,
-    MalformedOffsetError,
     OptionError,
     StaleCheckpointError,
     TunnelError,
@@ -47,6 +44,10 @@ from connector.errors import (
 from connector.faults import fault_point, inject_transient_errors
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
+from connector.planning.logs import configure_planner_logging, log
+from connector.planning.offsets import initial_uuid, offset_json, uuid_of
+from connector.planning.positions import Position, positions_after_batch
+from connector.planning.read_limits import read_caps
 from connector.retry import with_retries
 from connector.tunnel import (
     FINISHED,
@@ -66,26 +67,10 @@ from meta_store import (
     open_meta_store,
 )
 
-log = logging.getLogger("connector.protocol")
-
 #: minted-but-never-planned UUIDs older than this are garbage-collected
 ORPHAN_RETENTION_S = 3600.0
 #: retention runs every ``metaRetentionBatches // GC_EVERY_DIV`` commits (at least every one)
 GC_EVERY_DIV = 10
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a channel stands at the end of a batch (or the start of the next)."""
-
-    token: str
-    sequence_number: int
-    last_sequence: str | None
-    parent_ids: tuple[str, ...] = ()
-
-    @property
-    def finished(self) -> bool:
-        return self.token == FINISHED
 
 
 @dataclass
@@ -97,48 +82,6 @@ class BatchStats:
     children_added: tuple[str, ...]
     replay: bool
     plan_ms: float
-
-
-LOG_LEVEL_ENV = "TABLESTORE_CDC_LOG_LEVEL"
-
-
-def configure_planner_logging() -> None:
-    """Spark's planning process starts with no logging configured, which would drop the
-    per-batch INFO line: log this package to stderr (Spark's driver log) at the level in
-    ``TABLESTORE_CDC_LOG_LEVEL`` (default INFO), unless the process already configured logging."""
-    package = logging.getLogger("connector")
-    if package.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    package.addHandler(handler)
-    package.setLevel(os.environ.get(LOG_LEVEL_ENV, "INFO").upper())
-
-
-def _share(total: int, asks: dict[str, int]) -> dict[str, int]:
-    """Split ``total`` max-min fairly: no channel gets more than it asks for, and none gets
-    less than an equal share unless it asked for less. ``asks`` is in rotation order: when a
-    share does not divide evenly, the first channels get the extra unit."""
-    caps = dict.fromkeys(asks, 0)
-    left = total
-    hungry = [ch for ch, ask in asks.items() if ask > 0]
-    while hungry and left > 0:
-        share, extra = divmod(left, len(hungry))
-        if share == 0:
-            for ch in hungry[:left]:
-                caps[ch] += 1
-            break
-        for ch in hungry:
-            give = min(share, asks[ch] - caps[ch])
-            caps[ch] += give
-            left -= give
-        still = [ch for ch in hungry if caps[ch] < asks[ch]]
-        if len(still) == len(hungry):  # nobody was satisfied: only the remainder is left
-            for ch in still[:left]:
-                caps[ch] += 1
-            break
-        hungry = still
-    return caps
 
 
 class StreamProtocol:
@@ -229,35 +172,17 @@ class StreamProtocol:
     # --- offsets -----------------------------------------------------------------------------
 
     def offset(self, uuid: str, max_rows: int | None = None) -> dict:
-        """The offset Spark logs. ``maxRows`` carries the batch's read limit, so a replay
-        plans the same caps even if the minted row was collected (older offsets lack it)."""
-        offset: dict = {"uuid": uuid, "source": self.namespace}
-        if max_rows is not None:
-            offset["maxRows"] = max_rows
-        return offset
+        """The offset Spark logs (``connector.planning.offsets``)."""
+        return offset_json(self.namespace, uuid, max_rows)
 
     def uuid_of(self, offset: dict) -> str:
         """The UUID of an offset from Spark's log; refuses an offset of another source
         (``CheckpointMismatchError``) and one this source did not write
         (``MalformedOffsetError``)."""
-        if not isinstance(offset, dict) or "source" not in offset:
-            raise MalformedOffsetError(offset=offset, problem="not an offset of this source: "
-                                       "it has no 'source'")
-        found = offset.get("source")
-        if found != self.namespace:
-            raise CheckpointMismatchError(expected=self.namespace, found=found)
-        uuid = offset.get("uuid")
-        if not isinstance(uuid, str) or not uuid:
-            raise MalformedOffsetError(offset=offset, problem="'uuid' is missing or not a string")
-        max_rows = offset.get("maxRows")
-        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                     or max_rows < 1):
-            raise MalformedOffsetError(offset=offset, problem="'maxRows' is not an integer >= 1")
-        return uuid
+        return uuid_of(offset, self.namespace)
 
     def _initial_uuid(self, generation: int) -> str:
-        return str(uuid_lib.uuid5(uuid_lib.NAMESPACE_URL,
-                                  f"{self.namespace}#{self.tunnel_id}#{generation}"))
+        return initial_uuid(self.namespace, self.tunnel_id, generation)
 
     @property
     def _marked_generation(self) -> int:
@@ -363,24 +288,16 @@ class StreamProtocol:
     # --- planning ------------------------------------------------------------------------------
 
     def positions_after(self, uuid: str) -> dict[str, Position]:
-        """Every channel's position at the end of batch ``uuid``: its end checkpoint, or its
-        manifest start for a channel that wrote none."""
+        """Every channel's position at the end of batch ``uuid``
+        (``connector.planning.positions``), from the batch this process committed when it
+        kept it, else from the meta table."""
         cached = self._committed.get(uuid)
         if cached is not None:
             batch, ends = cached
         else:
             batch = self._start_batch(uuid)
             ends = self.meta.get_end_checkpoints(self.namespace, uuid)
-        positions: dict[str, Position] = {}
-        for start in batch.manifest.channels if batch.manifest else ():
-            end: EndCheckpoint | None = ends.get(start.channel_id)
-            if end is not None:
-                positions[start.channel_id] = Position(end.token, end.sequence_number,
-                                                       end.last_sequence, start.parent_ids)
-            else:
-                positions[start.channel_id] = Position(start.token, start.sequence_number,
-                                                       start.last_sequence, start.parent_ids)
-        return positions
+        return positions_after_batch(batch, ends)
 
     def plan(self, start: dict, end: dict) -> list[ChannelPartition]:
         """``partitions(start, end)``: one partition per readable channel of the batch."""
@@ -424,8 +341,7 @@ class StreamProtocol:
                 if status.get(channel_id) is ChannelStatus.TERMINATED:
                     del positions[channel_id]
             for start in self._tunnel_starts(exclude=set(positions), channels=description.channels):
-                positions[start.channel_id] = Position(start.token, start.sequence_number,
-                                                       start.last_sequence, start.parent_ids)
+                positions[start.channel_id] = Position.at_start(start)
                 children.append(start.channel_id)
             self._last_refresh = time.monotonic()
             self._force_refresh = False
@@ -472,42 +388,28 @@ class StreamProtocol:
 
     def _caps(self, positions: dict[str, Position], max_rows: int | None,
               end_uuid: str) -> dict[str, int]:
-        """Per-channel record caps: ``maxOffsetsPerChannel``, and a ``ReadMaxRows`` total given
-        where the data is.
+        """Per-channel record caps (``connector.planning.read_limits``). A ``ReadMaxRows``
+        total is given where the data is, so only then is the tunnel asked for the backlog.
+        The caps go into the manifest: a replay reads them from there, never recomputes them."""
+        active = [ch for ch, p in positions.items() if not p.finished]
+        backlog = None
+        if max_rows is not None and active:
+            backlog = self._backlog({ch: positions[ch].token for ch in active})
+        return read_caps(active, per_channel=self.options.max_offsets_per_channel,
+                         max_rows=max_rows, batch_uuid=end_uuid, backlog=backlog,
+                         waiting_parents=self._waiting_parents)
 
-        Each channel asks for its backlog (the tunnel's ``lag``; a channel the tunnel cannot
-        tell about asks for ``maxOffsetsPerChannel``); a parent that children wait for asks for
-        at least one (reading it to its end releases them). The total is shared max-min fairly
-        among the asks, and what is left over is spread evenly, so records that arrive between
-        planning and reading are still read. Without backlog figures the total is split evenly.
-        Ties and remainders rotate with the batch UUID so no channel starves. The caps go into
-        the manifest: a replay reads them from there, never recomputes them."""
-        active = sorted(ch for ch, p in positions.items() if not p.finished)
-        per_channel = self.options.max_offsets_per_channel
-        if max_rows is None or not active:
-            return dict.fromkeys(active, per_channel)
-        offset = uuid_lib.UUID(end_uuid).int % len(active)
-        rotated = active[offset:] + active[:offset]
+    def _backlog(self, tokens: dict[str, str]) -> dict[str, int | None] | None:
+        """Records behind per channel at ``tokens`` (the tunnel's ``lag``); ``None`` when the
+        backend cannot tell."""
         try:
-            backlog = self.tunnel.lag(self.tunnel_id, {ch: positions[ch].token for ch in active})
+            lags = self.tunnel.lag(self.tunnel_id, tokens)
         except TunnelError as exc:  # the backlog only shapes the split: never fail a batch on it
             log.debug("no backlog figures (%s): splitting the read limit evenly", exc)
-            backlog = None
-        if backlog is None:  # the backend cannot tell: an even split
-            return _share(max_rows, dict.fromkeys(rotated, per_channel))
-        asks = {}
-        for ch in rotated:
-            behind = backlog[ch].records_behind if ch in backlog else None
-            asks[ch] = per_channel if behind is None else min(per_channel, behind)
-        waiting = self._waiting_parents
-        for ch in (rotated[:1] if waiting is None else [c for c in rotated if c in waiting]):
-            asks[ch] = max(asks[ch], 1)  # parents' ends release children
-        caps = _share(max_rows, asks)
-        left = max_rows - sum(caps.values())
-        if left > 0:
-            extra = _share(left, {ch: per_channel - caps[ch] for ch in rotated})
-            caps = {ch: caps[ch] + extra[ch] for ch in rotated}
-        return caps
+            return None
+        if lags is None:
+            return None
+        return {ch: lag.records_behind for ch, lag in lags.items()}
 
     def _partition(self, end_uuid: str, start: ChannelStart) -> ChannelPartition:
         target = None

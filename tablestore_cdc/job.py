@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from connector.local import LocalTablestore
-from connector.protocol import LOG_LEVEL_ENV
+from connector.planning.logs import LOG_LEVEL_ENV
 from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.verify import key_of, rows_by_key, verify
 
