@@ -264,14 +264,15 @@ class StreamProtocol:
         return {ch: lag.records_behind for ch, lag in lags.items()}
 
     def _partition(self, end_uuid: str, start: ChannelStart) -> ChannelPartition:
+        """The plain data an executor needs to read ``start``'s channel of batch ``end_uuid``."""
         return ChannelPartition(
             namespace=self.namespace, meta_uri=self.options.meta_store,
             meta_credentials=tuple(sorted((self.options.meta_store_credentials or {}).items())),
             endpoint=self.options.endpoint, tunnel_id=self.tunnel_id, end_uuid=end_uuid,
             channel_id=start.channel_id, start_token=start.token,
             start_sequence_number=start.sequence_number, start_last_sequence=start.last_sequence,
-            max_records=start.max_records, stop_after_sequence=self.tracker.stop_after(
-                start.channel_id),
+            max_records=start.max_records,
+            stop_after_sequence=self.tracker.stop_after(start.channel_id),
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
 
