@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.suite import BENCHMARKS, PRESETS, combine, format_table, run_suite, summary
-from connector.protocol import LOG_LEVEL_ENV
+from connector.planning.logs import LOG_LEVEL_ENV
 
 
 def main(argv: list[str] | None = None) -> int:

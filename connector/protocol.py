@@ -1,13 +1,19 @@
-"""The driver side of the UUID-offset protocol (docs/protocol.md).
+"""The driver side of the UUID-offset protocol (docs/protocol.md): one micro-batch, step by step.
 
-``StreamProtocol`` is owned by the stream reader in Spark's planning process on the driver; it is
-never pickled to executors (``ChannelPartition``s are). Spark calls, per micro-batch::
+``StreamProtocol`` is owned by the stream reader (``connector.source``) in Spark's planning
+process on the driver; it is never pickled to executors (``ChannelPartition``s are:
+``connector.partition``). Spark calls, per micro-batch::
 
     latestOffset(start)  -> latest_offset   mint a UUID (or return start: nothing new)
     commit(end of N-1)   -> commit          mark committed; push checkpoints when due
     partitions(start,end)-> plan            reuse or write the batch manifest; one partition
                                             per readable channel
-    read(partition)      -> connector.reader.read_partition (executors)
+    read(partition)      -> connector.reader.claim_and_read (executors)
+
+The steps call the pieces in ``connector.planning``: ``offsets`` (the offset JSON),
+``namespace`` (tunnel binding, generations of initial offsets), ``positions`` (where channels
+stand after a batch), ``tracker`` (which channels a new batch reads), ``read_limits`` (their
+caps) and ``pushes`` (commit catch-up, checkpoint pushes).
 
 Invariants kept here:
 - the initial offset is deterministic per source identity (Spark calls ``initialOffset`` again
@@ -24,68 +30,29 @@ Invariants kept here:
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 import uuid as uuid_lib
-from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from connector.errors import (
-    CheckpointBehindMetaError,
-    CheckpointMismatchError,
-    MalformedOffsetError,
-    OptionError,
-    StaleCheckpointError,
-    TunnelError,
-    TunnelGoneError,
-    TunnelReplacedError,
-    UnknownBatchError,
-    UnknownTunnelError,
-)
+from connector.errors import CheckpointBehindMetaError, TunnelError, UnknownBatchError
 from connector.faults import fault_point, inject_transient_errors
 from connector.options import SourceOptions
-from connector.reader import ChannelPartition
+from connector.partition import ChannelPartition
+from connector.planning.logs import configure_planner_logging, log
+from connector.planning.namespace import NamespaceRecord
+from connector.planning.offsets import offset_json, uuid_of
+from connector.planning.positions import Position, positions_after_batch
+from connector.planning.pushes import CheckpointPushes
+from connector.planning.read_limits import read_caps
+from connector.planning.tracker import ChannelTracker
 from connector.retry import with_retries
-from connector.tunnel import (
-    FINISHED,
-    ChannelStatus,
-    Checkpoint,
-    TunnelInfo,
-    TunnelService,
-    open_tunnel_service,
-)
-from meta_store import (
-    BatchRecord,
-    BatchState,
-    ChannelStart,
-    EndCheckpoint,
-    Manifest,
-    MetaStore,
-    open_meta_store,
-)
-
-log = logging.getLogger("connector.protocol")
+from connector.tunnel import FINISHED, TunnelService, open_tunnel_service
+from meta_store import BatchRecord, BatchState, ChannelStart, Manifest, MetaStore, open_meta_store
 
 #: minted-but-never-planned UUIDs older than this are garbage-collected
 ORPHAN_RETENTION_S = 3600.0
 #: retention runs every ``metaRetentionBatches // GC_EVERY_DIV`` commits (at least every one)
 GC_EVERY_DIV = 10
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a channel stands at the end of a batch (or the start of the next)."""
-
-    token: str
-    sequence_number: int
-    last_sequence: str | None
-    parent_ids: tuple[str, ...] = ()
-
-    @property
-    def finished(self) -> bool:
-        return self.token == FINISHED
 
 
 @dataclass
@@ -97,48 +64,6 @@ class BatchStats:
     children_added: tuple[str, ...]
     replay: bool
     plan_ms: float
-
-
-LOG_LEVEL_ENV = "TABLESTORE_CDC_LOG_LEVEL"
-
-
-def configure_planner_logging() -> None:
-    """Spark's planning process starts with no logging configured, which would drop the
-    per-batch INFO line: log this package to stderr (Spark's driver log) at the level in
-    ``TABLESTORE_CDC_LOG_LEVEL`` (default INFO), unless the process already configured logging."""
-    package = logging.getLogger("connector")
-    if package.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    package.addHandler(handler)
-    package.setLevel(os.environ.get(LOG_LEVEL_ENV, "INFO").upper())
-
-
-def _share(total: int, asks: dict[str, int]) -> dict[str, int]:
-    """Split ``total`` max-min fairly: no channel gets more than it asks for, and none gets
-    less than an equal share unless it asked for less. ``asks`` is in rotation order: when a
-    share does not divide evenly, the first channels get the extra unit."""
-    caps = dict.fromkeys(asks, 0)
-    left = total
-    hungry = [ch for ch, ask in asks.items() if ask > 0]
-    while hungry and left > 0:
-        share, extra = divmod(left, len(hungry))
-        if share == 0:
-            for ch in hungry[:left]:
-                caps[ch] += 1
-            break
-        for ch in hungry:
-            give = min(share, asks[ch] - caps[ch])
-            caps[ch] += give
-            left -= give
-        still = [ch for ch in hungry if caps[ch] < asks[ch]]
-        if len(still) == len(hungry):  # nobody was satisfied: only the remainder is left
-            for ch in still[:left]:
-                caps[ch] += 1
-            break
-        hungry = still
-    return caps
 
 
 class StreamProtocol:
@@ -153,74 +78,17 @@ class StreamProtocol:
             open_tunnel_service(options.endpoint)))
         self.meta: MetaStore = with_retries(inject_transient_errors(
             open_meta_store(options.meta_store, options.meta_store_credentials)))
-        recorded = self.meta.get_namespace_info(self.namespace) or {}
-        info = self._bind_tunnel(recorded.get("tunnel_id"))
-        if info.tunnel_type is not options.tunnel_type:
-            raise OptionError(option="tunnel.type", value=options.tunnel_type.value,
-                              problem=f"tunnel {options.tunnel_name!r} already exists with type "
-                              f"{info.tunnel_type.value}",
-                              allowed=f"{info.tunnel_type.value}, or another tunnel.name")
-        self.tunnel_id = info.tunnel_id
-        self._info = {
-            **recorded,
-            "endpoint": options.safe_endpoint, "table": options.table_name,
-            "tunnel": options.tunnel_name, "tunnel_id": self.tunnel_id,
-        }
-        if recorded.get("tunnel_id") != self.tunnel_id:
-            self._info.pop("committed_generation", None)  # generations of another tunnel
-        if self._info != recorded:
-            self.meta.set_namespace_info(self.namespace, self._info)
+        self.namespace_record = NamespaceRecord(options, self.tunnel, self.meta)
+        self.tunnel_id = self.namespace_record.tunnel_id
+        self.tracker = ChannelTracker(self.tunnel, options, self.tunnel_id)
+        self.pushes = CheckpointPushes(self.meta, self.tunnel, self.namespace, self.tunnel_id,
+                                       options.commit_interval)
         self._committed_through: str | None = None
         self._commits_since_gc = 1_000_000  # the first commit of a process applies retention
-        self._last_refresh = 0.0
-        self._force_refresh = True
-        self._available_now_targets: dict[str, str] | None = None
         #: a batch known to have no planned successor (this process planned it last, or
         #: looked): ``latestOffset`` from it need not search the chain for one
         self._known_tip: str | None = None
-        #: from the last channel refresh: parents of channels waiting for them (a finished
-        #: parent needs a share of the read limit to reach FINISHED), or None when the tunnel
-        #: holds waiting channels without naming their parents
-        self._waiting_parents: set[str] | None = set()
         self.last_batch: BatchStats | None = None
-        #: committed batches' rows and end checkpoints, newest last: both are final once a
-        #: batch is committed (manifests are write-once, every claim is in), so the push and the
-        #: next batch's positions reuse what the commit read instead of decoding it again
-        self._committed: OrderedDict[str, tuple[BatchRecord, dict[str, EndCheckpoint]]] = (
-            OrderedDict())
-        #: what this process last pushed per channel: an unchanged position is not pushed again
-        self._pushed: dict[str, tuple[str, int]] = {}
-
-    def _bind_tunnel(self, recorded_id: str | None) -> TunnelInfo:
-        """The tunnel this namespace reads, checked against the id the meta table recorded.
-
-        A namespace with committed batches is bound to its tunnel id: if the tunnel was deleted
-        (and perhaps created again under the same name), its positions mean nothing to the
-        current tunnel, so the query is refused (``TunnelReplacedError``/``TunnelGoneError``)
-        and no tunnel is created. A namespace with nothing committed binds to the tunnel as it
-        is, creating it when missing."""
-        o = self.options
-        try:
-            current: TunnelInfo | None = self.tunnel.describe_tunnel(o.table_name,
-                                                                     o.tunnel_name).tunnel
-        except UnknownTunnelError:
-            current = None
-        if recorded_id and (current is None or current.tunnel_id != recorded_id):
-            if self._has_committed():
-                fields = {"table": o.table_name, "tunnel": o.tunnel_name,
-                          "namespace": self.namespace, "recorded_id": recorded_id}
-                if current is None:
-                    raise TunnelGoneError(**fields)
-                raise TunnelReplacedError(**fields, current_id=current.tunnel_id)
-        if current is not None:
-            return current
-        return self.tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
-                                         o.starting_position)
-
-    def _has_committed(self) -> bool:
-        """Does the namespace hold a committed batch (an initial batch does not count)?"""
-        return any(b.prev_uuid is not None and b.state.rank >= BatchState.COMMITTED.rank
-                   for b in self.meta.list_batches(self.namespace))
 
     def close(self) -> None:
         self.tunnel.close()
@@ -229,63 +97,14 @@ class StreamProtocol:
     # --- offsets -----------------------------------------------------------------------------
 
     def offset(self, uuid: str, max_rows: int | None = None) -> dict:
-        """The offset Spark logs. ``maxRows`` carries the batch's read limit, so a replay
-        plans the same caps even if the minted row was collected (older offsets lack it)."""
-        offset: dict = {"uuid": uuid, "source": self.namespace}
-        if max_rows is not None:
-            offset["maxRows"] = max_rows
-        return offset
+        """The offset Spark logs (``connector.planning.offsets``)."""
+        return offset_json(self.namespace, uuid, max_rows)
 
     def uuid_of(self, offset: dict) -> str:
         """The UUID of an offset from Spark's log; refuses an offset of another source
         (``CheckpointMismatchError``) and one this source did not write
         (``MalformedOffsetError``)."""
-        if not isinstance(offset, dict) or "source" not in offset:
-            raise MalformedOffsetError(offset=offset, problem="not an offset of this source: "
-                                       "it has no 'source'")
-        found = offset.get("source")
-        if found != self.namespace:
-            raise CheckpointMismatchError(expected=self.namespace, found=found)
-        uuid = offset.get("uuid")
-        if not isinstance(uuid, str) or not uuid:
-            raise MalformedOffsetError(offset=offset, problem="'uuid' is missing or not a string")
-        max_rows = offset.get("maxRows")
-        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                     or max_rows < 1):
-            raise MalformedOffsetError(offset=offset, problem="'maxRows' is not an integer >= 1")
-        return uuid
-
-    def _initial_uuid(self, generation: int) -> str:
-        return str(uuid_lib.uuid5(uuid_lib.NAMESPACE_URL,
-                                  f"{self.namespace}#{self.tunnel_id}#{generation}"))
-
-    @property
-    def _marked_generation(self) -> int:
-        """The generation after the newest one recorded as used in the namespace info (a
-        hint: ``_open_generation`` checks it against the meta rows)."""
-        return int(self._info.get("committed_generation", "-1")) + 1
-
-    def _open_generation(self) -> int:
-        """The first generation whose initial batch has no committed successor in the meta
-        table, from the recorded marker on. Derived from the rows, so a lost marker write
-        cannot hand a new query an initial offset an earlier query already committed after;
-        the marker is rewritten (idempotently) when the rows show it is behind."""
-        children: dict[str, list[BatchRecord]] = {}
-        for b in self.meta.list_batches(self.namespace):
-            if b.prev_uuid is not None:
-                children.setdefault(b.prev_uuid, []).append(b)
-        generation = self._marked_generation
-        while any(c.state.rank >= BatchState.COMMITTED.rank
-                  for c in children.get(self._initial_uuid(generation), ())):
-            generation += 1
-        if generation != self._marked_generation:
-            self._record_generation(generation - 1)
-        return generation
-
-    def _record_generation(self, generation: int) -> None:
-        if int(self._info.get("committed_generation", "-1")) < generation:
-            self._info["committed_generation"] = str(generation)
-            self.meta.set_namespace_info(self.namespace, self._info)
+        return uuid_of(offset, self.namespace)
 
     def initial_offset(self) -> dict:
         """``initialOffset``: the same UUID every time until batch 0 of this query commits.
@@ -295,16 +114,47 @@ class StreamProtocol:
         (a new checkpoint directory) starts the next generation from the tunnel's pushed
         checkpoints, while a restart of the same query never calls ``initialOffset`` again.
         """
-        uuid = self._initial_uuid(self._open_generation())
+        uuid = self.namespace_record.initial_uuid()
         existing = self.meta.find_batch(self.namespace, uuid)
         if existing is None:
-            manifest = Manifest(channels=tuple(self._tunnel_starts(exclude=set())),
+            manifest = Manifest(channels=tuple(self.tracker.starts(exclude=set())),
                                 planned_at=time.time())
             existing = self.meta.create_batch(self.namespace, uuid, None,
                                               state=BatchState.PUSHED, manifest=manifest)
         log.info("initial offset %s (%d channels)", uuid,
                  len(existing.manifest.channels) if existing.manifest else 0)
         return self.offset(uuid)
+
+    def latest_offset(self, start: dict, max_rows: int | None) -> dict:
+        """``latestOffset(start, limit)``: mint the end UUID of the next batch, or return
+        ``start`` when nothing is new (``skipEmptyBatches``) or an AvailableNow run is done."""
+        start_uuid = self.uuid_of(start)
+        fault_point("latest_offset_start")
+        # Spark asks for a new batch only once the batch ending at `start` is in its commit
+        # log: catch up a commit lost in a crash before anything else.
+        self._commit_through(start_uuid)
+        # Spark's checkpoint is behind the meta table: replay the stored chain exactly (this
+        # works even when retention took `start` itself; positions_after refuses otherwise)
+        successor = self._planned_successor(start_uuid)
+        if successor is not None:
+            log.info("batch %s was planned after %s before (Spark's checkpoint is behind the "
+                     "meta table): replaying it", successor.uuid, start_uuid)
+            return self.offset(successor.uuid, successor.max_rows)
+        positions = self.positions_after(start_uuid)
+        if self.tracker.available_now:
+            check = self.tracker.available_now_check(positions)
+            if check.release:
+                self.push_if_due(force=True)  # a finished channel's children join the run
+            if check.done:
+                return start
+        elif self.options.skip_empty_batches:
+            tokens = {ch: p.token for ch, p in positions.items()}
+            if self.tunnel.has_new_data(self.tunnel_id, tokens) is False:
+                return start
+        end_uuid = str(uuid_lib.uuid4())
+        self.meta.create_batch(self.namespace, end_uuid, start_uuid, max_rows=max_rows)
+        fault_point("after_latest_offset")
+        return self.offset(end_uuid, max_rows)
 
     def _start_batch(self, uuid: str) -> BatchRecord:
         """The batch an offset from Spark's log ends; ``CheckpointBehindMetaError`` when the
@@ -333,54 +183,19 @@ class StreamProtocol:
             return None
         return min(planned, key=lambda b: (b.created_at, b.uuid))
 
-    def latest_offset(self, start: dict, max_rows: int | None) -> dict:
-        """``latestOffset(start, limit)``: mint the end UUID of the next batch, or return
-        ``start`` when nothing is new (``skipEmptyBatches``) or an AvailableNow run is done."""
-        start_uuid = self.uuid_of(start)
-        fault_point("latest_offset_start")
-        # Spark asks for a new batch only once the batch ending at `start` is in its commit
-        # log: catch up a commit lost in a crash before anything else.
-        self._commit_through(start_uuid)
-        # Spark's checkpoint is behind the meta table: replay the stored chain exactly (this
-        # works even when retention took `start` itself; positions_after refuses otherwise)
-        successor = self._planned_successor(start_uuid)
-        if successor is not None:
-            log.info("batch %s was planned after %s before (Spark's checkpoint is behind the "
-                     "meta table): replaying it", successor.uuid, start_uuid)
-            return self.offset(successor.uuid, successor.max_rows)
-        positions = self.positions_after(start_uuid)
-        if self._available_now_targets is not None and self._available_now_done(positions):
-            return start
-        if self.options.skip_empty_batches and self._available_now_targets is None:
-            tokens = {ch: p.token for ch, p in positions.items()}
-            if self.tunnel.has_new_data(self.tunnel_id, tokens) is False:
-                return start
-        end_uuid = str(uuid_lib.uuid4())
-        self.meta.create_batch(self.namespace, end_uuid, start_uuid, max_rows=max_rows)
-        fault_point("after_latest_offset")
-        return self.offset(end_uuid, max_rows)
-
     # --- planning ------------------------------------------------------------------------------
 
     def positions_after(self, uuid: str) -> dict[str, Position]:
-        """Every channel's position at the end of batch ``uuid``: its end checkpoint, or its
-        manifest start for a channel that wrote none."""
-        cached = self._committed.get(uuid)
+        """Every channel's position at the end of batch ``uuid``
+        (``connector.planning.positions``), from the batch this process committed when it
+        kept it, else from the meta table."""
+        cached = self.pushes.committed_batch(uuid)
         if cached is not None:
             batch, ends = cached
         else:
             batch = self._start_batch(uuid)
             ends = self.meta.get_end_checkpoints(self.namespace, uuid)
-        positions: dict[str, Position] = {}
-        for start in batch.manifest.channels if batch.manifest else ():
-            end: EndCheckpoint | None = ends.get(start.channel_id)
-            if end is not None:
-                positions[start.channel_id] = Position(end.token, end.sequence_number,
-                                                       end.last_sequence, start.parent_ids)
-            else:
-                positions[start.channel_id] = Position(start.token, start.sequence_number,
-                                                       start.last_sequence, start.parent_ids)
-        return positions
+        return positions_after_batch(batch, ends)
 
     def plan(self, start: dict, end: dict) -> list[ChannelPartition]:
         """``partitions(start, end)``: one partition per readable channel of the batch."""
@@ -410,31 +225,10 @@ class StreamProtocol:
         return partitions
 
     def _new_manifest(self, start_uuid: str, end_uuid: str, max_rows: int | None) -> Manifest:
+        """A new batch's manifest: the positions after ``start``, brought up to date by the
+        channel tracker, each unfinished channel with its cap."""
         positions = self.positions_after(start_uuid)
-        children: list[str] = []
-        if self._refresh_due():
-            description = self.tunnel.describe_tunnel(self.options.table_name,
-                                                      self.options.tunnel_name)
-            status = {c.channel_id: c.status for c in description.channels}
-            waiting = [c for c in description.channels if c.status is ChannelStatus.WAIT]
-            self._waiting_parents = (None if any(not c.parent_ids for c in waiting)
-                                     else {p for c in waiting for p in c.parent_ids})
-            # a finished channel leaves the manifests once the tunnel confirms the push
-            for channel_id in [ch for ch, p in positions.items() if p.finished]:
-                if status.get(channel_id) is ChannelStatus.TERMINATED:
-                    del positions[channel_id]
-            for start in self._tunnel_starts(exclude=set(positions), channels=description.channels):
-                positions[start.channel_id] = Position(start.token, start.sequence_number,
-                                                       start.last_sequence, start.parent_ids)
-                children.append(start.channel_id)
-            self._last_refresh = time.monotonic()
-            self._force_refresh = False
-        targets = self._available_now_targets
-        if targets is not None:  # AvailableNow: channels born after the run started wait
-            for channel_id in children:
-                if channel_id not in targets:
-                    del positions[channel_id]
-            children = [c for c in children if c in targets]
+        children = self.tracker.refresh(positions)
         caps = self._caps(positions, max_rows, end_uuid)
         channels = tuple(
             ChannelStart(channel_id=ch, token=p.token, sequence_number=p.sequence_number,
@@ -444,82 +238,41 @@ class StreamProtocol:
         )
         return Manifest(channels=channels, children_added=tuple(children), planned_at=time.time())
 
-    def _tunnel_starts(self, exclude: set[str], channels: Iterable | None = None
-                       ) -> list[ChannelStart]:
-        """Readable channels the tunnel offers that are not in ``exclude``, with their pushed
-        checkpoints. Only OPEN channels: the tunnel keeps a child in WAIT until all its
-        parents' FINISHED checkpoints are pushed."""
-        if channels is None:
-            channels = self.tunnel.describe_tunnel(self.options.table_name,
-                                                   self.options.tunnel_name).channels
-        starts = []
-        for c in channels:
-            if c.channel_id in exclude or c.status is not ChannelStatus.OPEN:
-                continue
-            checkpoint = self.tunnel.get_checkpoint(self.tunnel_id, c.channel_id)
-            if checkpoint.finished:
-                continue
-            starts.append(ChannelStart(
-                channel_id=c.channel_id, token=checkpoint.token,
-                sequence_number=checkpoint.sequence_number,
-                max_records=self.options.max_offsets_per_channel, parent_ids=c.parent_ids,
-            ))
-        return starts
-
-    def _refresh_due(self) -> bool:
-        interval_s = self.options.channel_refresh_interval_ms / 1000
-        return self._force_refresh or time.monotonic() - self._last_refresh >= interval_s
-
     def _caps(self, positions: dict[str, Position], max_rows: int | None,
               end_uuid: str) -> dict[str, int]:
-        """Per-channel record caps: ``maxOffsetsPerChannel``, and a ``ReadMaxRows`` total given
-        where the data is.
+        """Per-channel record caps (``connector.planning.read_limits``). A ``ReadMaxRows``
+        total is given where the data is, so only then is the tunnel asked for the backlog.
+        The caps go into the manifest: a replay reads them from there, never recomputes them."""
+        active = [ch for ch, p in positions.items() if not p.finished]
+        backlog = None
+        if max_rows is not None and active:
+            backlog = self._backlog({ch: positions[ch].token for ch in active})
+        return read_caps(active, per_channel=self.options.max_offsets_per_channel,
+                         max_rows=max_rows, batch_uuid=end_uuid, backlog=backlog,
+                         waiting_parents=self.tracker.waiting_parents)
 
-        Each channel asks for its backlog (the tunnel's ``lag``; a channel the tunnel cannot
-        tell about asks for ``maxOffsetsPerChannel``); a parent that children wait for asks for
-        at least one (reading it to its end releases them). The total is shared max-min fairly
-        among the asks, and what is left over is spread evenly, so records that arrive between
-        planning and reading are still read. Without backlog figures the total is split evenly.
-        Ties and remainders rotate with the batch UUID so no channel starves. The caps go into
-        the manifest: a replay reads them from there, never recomputes them."""
-        active = sorted(ch for ch, p in positions.items() if not p.finished)
-        per_channel = self.options.max_offsets_per_channel
-        if max_rows is None or not active:
-            return dict.fromkeys(active, per_channel)
-        offset = uuid_lib.UUID(end_uuid).int % len(active)
-        rotated = active[offset:] + active[:offset]
+    def _backlog(self, tokens: dict[str, str]) -> dict[str, int | None] | None:
+        """Records behind per channel at ``tokens`` (the tunnel's ``lag``); ``None`` when the
+        backend cannot tell."""
         try:
-            backlog = self.tunnel.lag(self.tunnel_id, {ch: positions[ch].token for ch in active})
+            lags = self.tunnel.lag(self.tunnel_id, tokens)
         except TunnelError as exc:  # the backlog only shapes the split: never fail a batch on it
             log.debug("no backlog figures (%s): splitting the read limit evenly", exc)
-            backlog = None
-        if backlog is None:  # the backend cannot tell: an even split
-            return _share(max_rows, dict.fromkeys(rotated, per_channel))
-        asks = {}
-        for ch in rotated:
-            behind = backlog[ch].records_behind if ch in backlog else None
-            asks[ch] = per_channel if behind is None else min(per_channel, behind)
-        waiting = self._waiting_parents
-        for ch in (rotated[:1] if waiting is None else [c for c in rotated if c in waiting]):
-            asks[ch] = max(asks[ch], 1)  # parents' ends release children
-        caps = _share(max_rows, asks)
-        left = max_rows - sum(caps.values())
-        if left > 0:
-            extra = _share(left, {ch: per_channel - caps[ch] for ch in rotated})
-            caps = {ch: caps[ch] + extra[ch] for ch in rotated}
-        return caps
+            return None
+        if lags is None:
+            return None
+        return {ch: lag.records_behind for ch, lag in lags.items()}
 
     def _partition(self, end_uuid: str, start: ChannelStart) -> ChannelPartition:
-        target = None
-        if self._available_now_targets is not None:
-            target = self._available_now_targets.get(start.channel_id)
+        """The plain data an executor needs to read ``start``'s channel of batch ``end_uuid``."""
         return ChannelPartition(
             namespace=self.namespace, meta_uri=self.options.meta_store,
             meta_credentials=tuple(sorted((self.options.meta_store_credentials or {}).items())),
             endpoint=self.options.endpoint, tunnel_id=self.tunnel_id, end_uuid=end_uuid,
             channel_id=start.channel_id, start_token=start.token,
             start_sequence_number=start.sequence_number, start_last_sequence=start.last_sequence,
-            max_records=start.max_records, stop_after_sequence=target,
+            max_records=start.max_records,
+            stop_after_sequence=self.tracker.stop_after(start.channel_id),
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
 
@@ -547,106 +300,23 @@ class StreamProtocol:
         this is a no-op, since only a commit changes what is due."""
         if uuid == self._committed_through:
             return
-        committed = self.meta.mark_committed(self.namespace, uuid)
-        if committed:  # their end checkpoints in one query
-            ends = self.meta.get_end_checkpoints_of(self.namespace, committed)
-            for u in committed:
-                self._on_committed(u, ends[u])
+        for batch in self.pushes.record_commits(uuid):
+            self.namespace_record.note_committed(batch)  # a batch 0 uses up its generation
         self.push_if_due()
         self._committed_through = uuid
-
-    def _on_committed(self, uuid: str, ends: dict[str, EndCheckpoint]) -> None:
-        """The batch log line, and the generation marker once a batch 0 commits; keeps the
-        batch and its ends for the push and the next batch's positions."""
-        batch = self.meta.find_batch(self.namespace, uuid)
-        if batch is None or batch.manifest is None:
-            return
-        self._committed[uuid] = (batch, ends)
-        while len(self._committed) > max(8, self.options.commit_interval + 2):
-            self._committed.popitem(last=False)
-        log.info("batch %s committed: %d channel(s), %d record(s), children added %s",
-                 uuid, len(ends), sum(e.records for e in ends.values()),
-                 list(batch.manifest.children_added))
-        # the marker is a hint (initial_offset derives the generation from the rows), so a
-        # lost write here costs nothing but a look at the rows
-        generation = self._marked_generation
-        if batch.prev_uuid == self._initial_uuid(generation):
-            self._record_generation(generation)
 
     def push_if_due(self, force: bool = False) -> list[str]:
         """Push the newest committed checkpoint of every channel to the tunnel when
         ``commitInterval`` committed batches are waiting, or at once when one of them finished
         a channel (its children are released only by that push). Returns pushed UUIDs."""
-        pending = self.meta.committed_not_pushed(self.namespace)
-        if not pending:
-            return []
-        newest: dict[str, EndCheckpoint] = {}
-        ends = {b.uuid: self._committed[b.uuid][1] for b in pending if b.uuid in self._committed}
-        missing = [b.uuid for b in pending if b.uuid not in ends]
-        if missing:  # committed by an earlier process: one query for all of them
-            ends.update(self.meta.get_end_checkpoints_of(self.namespace, missing))
-        for batch in pending:  # oldest first: the newest end of each channel wins
-            newest.update(ends[batch.uuid])
-        finished = any(e.finished for e in newest.values())
-        if not (force or finished or len(pending) >= self.options.commit_interval):
-            return []
-        for i, (channel_id, end) in enumerate(sorted(newest.items())):
-            if i == 1:
-                fault_point("mid_commit_push")
-            position = (end.token, end.sequence_number)
-            if self._pushed.get(channel_id) == position:
-                continue  # this process already pushed it: an idle channel costs no call
-            try:
-                self.tunnel.checkpoint(self.tunnel_id, channel_id, Checkpoint(*position))
-            except StaleCheckpointError:
-                # A refused "finished" would keep the channel's children in WAIT for good:
-                # it passes only when the tunnel holds "finished" already, else it fails the
-                # commit loudly (the backend has retried it after re-reading the stored number)
-                if end.finished and not self.tunnel.get_checkpoint(self.tunnel_id,
-                                                                   channel_id).finished:
-                    raise
-                # the tunnel already holds a newer checkpoint (pushed before a crash)
-                log.debug("channel %s: tunnel already ahead of %s", channel_id, end.summary())
-            self._pushed[channel_id] = position
-        uuids = [b.uuid for b in pending]
-        self.meta.mark_pushed(self.namespace, uuids)
-        if finished:
-            self._force_refresh = True  # released children join the very next batch
-        log.info("pushed checkpoints of %d channel(s) for %d batch(es)%s", len(newest),
-                 len(uuids), " (a channel finished)" if finished else "")
-        return uuids
+        push = self.pushes.push_if_due(force)
+        if push.finished:
+            self.tracker.request_refresh()  # released children join the very next batch
+        return push.uuids
 
     # --- Trigger.AvailableNow -----------------------------------------------------------------
 
     def prepare_available_now(self) -> None:
-        """Fix the stopping point: every channel's newest record now. Channels created later
-        are not read; channels that exist now (even waiting children) are read up to it."""
-        heads = self.tunnel.head_sequences(self.tunnel_id)
-        if heads is None:
-            raise NotImplementedError(
-                f"the tunnel backend of {self.options.safe_endpoint} cannot report channel "
-                "heads, so Trigger.AvailableNow is not supported for it"
-            )
-        self._available_now_targets = heads
-        self._force_refresh = True
-
-    def _available_now_done(self, positions: dict[str, Position]) -> bool:
-        targets = self._available_now_targets or {}
-        description = self.tunnel.describe_tunnel(self.options.table_name,
-                                                  self.options.tunnel_name)
-        terminated = {c.channel_id for c in description.channels
-                      if c.status is ChannelStatus.TERMINATED}
-        for channel_id, target in targets.items():
-            position = positions.get(channel_id)
-            if position is None:
-                # not read yet: done only if it had nothing, or it is already terminated
-                if target and channel_id not in terminated:
-                    return False
-                continue
-            if position.finished:
-                if channel_id not in terminated:
-                    self.push_if_due(force=True)  # release its children
-                continue
-            if target and (position.last_sequence or "") < target:
-                return False
-        return True
+        """``prepareForTriggerAvailableNow``: fix the stopping point, every channel's newest
+        record now (``ChannelTracker.prepare_available_now``)."""
+        self.tracker.prepare_available_now()

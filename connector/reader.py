@@ -1,8 +1,9 @@
 """The executor side: read one channel of one batch, deterministically.
 
-``ChannelPartition`` is what the driver's planner sends to executors: plain picklable data only
-(ids, tokens, URIs, limits), never a live client. ``claim_and_read`` runs inside the stream
-reader's ``read()`` in a Python worker on an executor and follows one rule:
+``ChannelPartition`` (``connector.partition``) is what the driver's planner sends to executors:
+plain picklable data only (ids, tokens, URIs, limits), never a live client. ``claim_and_read``
+runs inside the stream reader's ``read()`` in a Python worker on an executor and follows one
+rule:
 
     **the end of a channel's read is claimed in the meta store before any row is handed out.**
 
@@ -29,14 +30,14 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import InputPartition
 
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
 from connector.faults import fault_point, inject_transient_errors
+from connector.partition import ChannelPartition
 from connector.retry import with_retries
 from connector.tunnel import FINISHED, Record, TableSchema, TunnelService, open_tunnel_service
 from connector.tunnel.page import Page, PageLayout, page_to_records
@@ -46,29 +47,6 @@ log = logging.getLogger("connector.reader")
 
 #: records per tunnel call (one Arrow batch handed to Spark); a cap above it takes several calls
 PAGE_SIZE = 8192
-
-
-@dataclass(frozen=True)
-class ChannelPartition(InputPartition):
-    """One channel of one batch (built on the driver, read on an executor)."""
-
-    namespace: str
-    meta_uri: str
-    #: may carry credentials (a Tablestore endpoint's query): kept out of the repr, so a log line
-    #: or an error showing a partition never shows a secret
-    endpoint: str = field(repr=False)
-    tunnel_id: str
-    end_uuid: str
-    channel_id: str
-    start_token: str
-    start_sequence_number: int
-    start_last_sequence: str | None
-    max_records: int
-    #: AvailableNow: do not read records whose sequence sorts after this
-    stop_after_sequence: str | None
-    fail_on_data_loss: bool
-    #: credentials for a tablestore:// meta store (the URI never holds them); not shown in repr
-    meta_credentials: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 # Python workers are reused across tasks: keep one client per URI per process.

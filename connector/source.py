@@ -30,7 +30,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from connector.options import SourceOptions
-from connector.reader import ChannelPartition, claim_and_read
+from connector.partition import ChannelPartition
+from connector.reader import claim_and_read
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
 from connector.tunnel import open_tunnel_service
 

@@ -42,6 +42,7 @@ from connector.errors import (
     MetaTableMissingError,
     UnknownBatchError,
 )
+from connector.planning.positions import positions_after_batch
 from meta_store import BatchRecord, BatchState, EndCheckpoint, MetaStore, open_meta_store
 from meta_store.base import chain_order
 
@@ -313,16 +314,11 @@ def position(token: str, sequence_number: int, last_sequence: str | None) -> dic
 
 
 def positions_after(batch: BatchRecord, ends: Mapping[str, EndCheckpoint]) -> dict[str, dict]:
-    """Every channel's position at the end of ``batch``: its end checkpoint, or its manifest
-    start for a channel that recorded none (yet). Same rule as the protocol's."""
-    out: dict[str, dict] = {}
-    for start in batch.manifest.channels if batch.manifest else ():
-        end = ends.get(start.channel_id)
-        if end is not None:
-            out[start.channel_id] = position(end.token, end.sequence_number, end.last_sequence)
-        else:
-            out[start.channel_id] = position(start.token, start.sequence_number,
-                                             start.last_sequence)
+    """Every channel's position at the end of ``batch`` as the feed shows it: the planner's
+    rule (``connector.planning.positions``: its end checkpoint, or its manifest start for a
+    channel that recorded none yet), and also any end outside the manifest."""
+    out = {channel_id: position(p.token, p.sequence_number, p.last_sequence)
+           for channel_id, p in positions_after_batch(batch, ends).items()}
     for channel_id, end in ends.items():  # an end outside the manifest (never expected)
         out.setdefault(channel_id, position(end.token, end.sequence_number, end.last_sequence))
     return out

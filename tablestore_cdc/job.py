@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
-from connector.protocol import LOG_LEVEL_ENV
+from connector.planning.logs import LOG_LEVEL_ENV
 from connector.tunnel.local import LocalTablestore
 from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.verify import key_of, rows_by_key, verify

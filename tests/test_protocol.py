@@ -19,8 +19,9 @@ from connector.errors import (
 )
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
+from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import ChannelPartition, read_partition
+from connector.reader import read_partition
 from connector.tunnel import FINISHED, ChannelStatus, Record
 from meta_store import BatchState
 
@@ -174,7 +175,7 @@ def test_a_finished_channel_is_never_planned_again_while_its_push_is_pending(sto
     # carried as FINISHED, not re-added from the tunnel's stale checkpoint
     end2 = {"uuid": "00000000-0000-4000-8000-000000000002", "source": proto.namespace}
     proto.meta.create_batch(proto.namespace, end2["uuid"], proto.uuid_of(end1))
-    proto._force_refresh = True
+    proto.tracker.request_refresh()
     parts = proto.plan(end1, end2)
     assert parent not in {p.channel_id for p in parts}
     manifest = proto.meta.get_batch(proto.namespace, end2["uuid"]).manifest

@@ -23,8 +23,9 @@ import connector.tunnel.local.segments as segments_module
 from connector.errors import ReplayDivergedError, TrimmedDataError
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
+from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import _TUNNELS, ChannelPartition, claim_and_read
+from connector.reader import _TUNNELS, claim_and_read
 from connector.schema import output_schema
 from connector.source import TablestoreStreamReader
 from connector.tunnel import FINISHED, TunnelService

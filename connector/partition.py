@@ -1,0 +1,36 @@
+"""What travels from the driver to executors: one channel of one batch.
+
+``ChannelPartition`` is built by the driver's planner (``connector.protocol.StreamProtocol.plan``)
+and pickled by Spark to an executor, where ``connector.reader.claim_and_read`` reads it. It is
+plain picklable data only (ids, tokens, URIs, limits), never a live client: executors open their
+own clients from the URIs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql.datasource import InputPartition
+
+
+@dataclass(frozen=True)
+class ChannelPartition(InputPartition):
+    """One channel of one batch (built on the driver, read on an executor)."""
+
+    namespace: str
+    meta_uri: str
+    #: may carry credentials (a Tablestore endpoint's query): kept out of the repr, so a log line
+    #: or an error showing a partition never shows a secret
+    endpoint: str = field(repr=False)
+    tunnel_id: str
+    end_uuid: str
+    channel_id: str
+    start_token: str
+    start_sequence_number: int
+    start_last_sequence: str | None
+    max_records: int
+    #: AvailableNow: do not read records whose sequence sorts after this
+    stop_after_sequence: str | None
+    fail_on_data_loss: bool
+    #: credentials for a tablestore:// meta store (the URI never holds them); not shown in repr
+    meta_credentials: tuple[tuple[str, str], ...] = field(default=(), repr=False)

@@ -1,0 +1,16 @@
+"""The pieces of the driver protocol; ``connector.protocol.StreamProtocol`` tells the story of one
+micro-batch by calling them. All of them live in Spark's planning process on the driver.
+
+- ``offsets``: the offset JSON Spark logs, and the derived UUIDs of initial offsets (pure);
+- ``namespace``: the namespace's record in the meta table: its tunnel binding and the
+  generations of initial offsets;
+- ``positions``: where each channel stands after a batch (pure; the progress feed uses it too);
+- ``tracker``: which channels a new batch reads: discovery, lineage, terminated channels, the
+  AvailableNow bound (Flink's SplitTracker);
+- ``read_limits``: each channel's cap in a new batch (pure);
+- ``pushes``: commit catch-up and checkpoint pushes to the tunnel;
+- ``logs``: the planner's logger and its setup.
+
+Nothing is imported here, so a caller of one piece (the feed imports ``positions``) loads only
+that piece.
+"""
