@@ -43,6 +43,11 @@ from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
 
 QUERY_ID_PROPERTY = "tablestore-cdc.query-id"
 BATCH_ID_PROPERTY = "tablestore-cdc.batch-id"
+#: pyiceberg retries a refused commit itself by rebasing the transaction's snapshots onto the
+#: new head, which would commit a batch a zombie attempt already committed (appends rebase
+#: cleanly): the sink's own retry re-checks the summary first, so the table property turns
+#: pyiceberg's off
+NO_LIBRARY_RETRY = "commit.retry.num-retries"
 
 
 def _pyiceberg() -> Any:
@@ -78,9 +83,13 @@ class IcebergApplySink(ApplySink):
 
     @property
     def conflict_errors(self) -> tuple[type[BaseException], ...]:
-        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+        from pyiceberg.exceptions import (
+            CommitFailedException,
+            TableAlreadyExistsError,
+            ValidationException,
+        )
 
-        return (CommitFailedException, TableAlreadyExistsError)
+        return (CommitFailedException, TableAlreadyExistsError, ValidationException)
 
     def catalog(self) -> Any:
         """The catalog, opened once per process (not pickled with the sink)."""
@@ -111,6 +120,9 @@ class IcebergApplySink(ApplySink):
     def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
                     options: ApplyOptions) -> ApplyResult:
         table = self.table()
+        if table is not None and table.properties.get(NO_LIBRARY_RETRY) != "0":
+            with table.transaction() as setting:  # a metadata-only commit, once per table
+                setting.set_properties({NO_LIBRARY_RETRY: "0"})
         if table is not None:
             recorded = committed_batch(table, app_id)
             if recorded is not None and recorded >= batch_id:
@@ -120,7 +132,8 @@ class IcebergApplySink(ApplySink):
         if table is None:
             catalog = self.catalog()
             catalog.create_namespace_if_not_exists(self.identifier.rpartition(".")[0])
-            table = catalog.create_table(self.identifier, schema=plan.layout.schema)
+            table = catalog.create_table(self.identifier, schema=plan.layout.schema,
+                                         properties={NO_LIBRARY_RETRY: "0"})
         summary = {QUERY_ID_PROPERTY: app_id, BATCH_ID_PROPERTY: str(batch_id)}
         transaction = table.transaction()
         if plan.layout.added:
@@ -153,7 +166,7 @@ def committed_batch(table: Any, app_id: str) -> int | None:
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         summary = snapshot.summary
         if summary is not None and summary.get(QUERY_ID_PROPERTY) == app_id:
-            return int(summary[BATCH_ID_PROPERTY])
+            return int(str(summary.get(BATCH_ID_PROPERTY)))
     return None
 
 
@@ -171,12 +184,11 @@ def _scd1_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
 
 def _scd2_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
                ) -> tuple[Any | None, list[dict[str, Any]]]:
-    from pyiceberg.expressions import And, IsNull
-
+    expressions = _expressions()
     keys = options.key_columns
     if not plan.closes:
         return None, list(plan.upserts)
-    open_versions = And(keys_filter(keys, plan.closes), IsNull(END_AT))
+    open_versions = expressions.And(keys_filter(keys, plan.closes), expressions.IsNull(END_AT))
     current = table.scan(row_filter=open_versions).to_arrow().to_pylist()
     closed = [{**row, END_AT: plan.closes[tuple(row[k] for k in keys)]} for row in current]
     return (open_versions if closed else None), closed + plan.upserts
@@ -184,11 +196,18 @@ def _scd2_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
 
 def keys_filter(key_columns: tuple[str, ...], keys: Iterable[Key]) -> Any:
     """A pyiceberg row filter matching exactly ``keys``."""
-    from pyiceberg.expressions import And, EqualTo, In, Or
-
+    e = _expressions()
     keys = list(dict.fromkeys(keys))
     if len(key_columns) == 1:
-        return In(key_columns[0], {key[0] for key in keys})
-    return functools.reduce(Or, [And(*[EqualTo(c, v) for c, v in zip(key_columns, key,
-                                                                      strict=True)])
-                                 for key in keys])
+        return e.In(key_columns[0], {key[0] for key in keys})
+    return functools.reduce(e.Or, [e.And(*[e.EqualTo(c, v) for c, v in zip(key_columns, key,
+                                                                          strict=True)])
+                                   for key in keys])
+
+
+def _expressions() -> Any:
+    """``pyiceberg.expressions`` (its classes take positional terms at run time; typed as Any
+    because their pydantic signatures say otherwise)."""
+    import pyiceberg.expressions
+
+    return pyiceberg.expressions
