@@ -32,6 +32,9 @@ POSITIVE_KEYS = (
     "memory_peak_rss_mb",
     "memory_arrow_mb",
     "memory_peak_over_arrow",
+    "lakehouse_apply_ratio",
+    "lakehouse_apply_changes_s",
+    "lakehouse_append_rows_s",
 )
 
 
