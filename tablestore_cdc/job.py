@@ -483,8 +483,9 @@ def replicate(
     with reported_errors():
         from tablestore_cdc.lakehouse import open_apply_sink
 
-        open_apply_sink(apply.target, key_columns=("_",), scd=scd, schema_drift=schema_drift,
-                        soft_delete_column=soft_delete_column)  # bad options: before Spark
+        # a bad target or option fails here, before Spark starts
+        open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
+                        soft_delete_column=soft_delete_column)
         spark = local_session("tablestore-cdc-replicate", master=master)
         pipeline = start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
                                   trigger_ms)

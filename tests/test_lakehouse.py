@@ -401,3 +401,20 @@ def test_a_commit_lost_to_another_writer_is_retried_and_a_zombie_batch_is_not_do
     assert (result.committed, result.attempts) == (False, 2)
     assert sorted(r["id"] for r in target.rows() if r["id"] >= 20) == [20, 21]
 
+
+
+def test_replicate_refuses_a_bad_target_or_policy_before_starting_spark(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")])
+    base = [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store", str(store.path),
+            "--table", "t", "--output", str(tmp_path / "out")]
+    for extra, message in (
+            (["--schema-drift", "ignore"], "option 'schema_drift': unknown policy"),
+            (["--target", "iceberg:///tmp/wh"], "table=NAMESPACE.TABLE is required"),
+            (["--scd", "2", "--soft-delete-column", "_deleted"], "SCD type 2 already keeps")):
+        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr

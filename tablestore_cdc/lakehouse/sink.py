@@ -60,8 +60,8 @@ class ApplySink(ABC):
         self.scd, self.schema_drift = scd, schema_drift
         self.soft_delete_column = soft_delete_column
         self.app_id = app_id
-        if self.key_columns:
-            self.options(self.key_columns)  # fail at construction on a bad option
+        # fail at construction on a bad option (keys, when not given, come with the batch)
+        self.options(self.key_columns or ("<key>",))
 
     def options(self, key_columns: tuple[str, ...]) -> ApplyOptions:
         return ApplyOptions(key_columns=key_columns, scd=self.scd,
