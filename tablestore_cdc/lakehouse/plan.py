@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -113,8 +115,7 @@ def key_columns_of(schema: pa.Schema | Any) -> tuple[str, ...]:
 # --- 1. order ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """One change of the batch: its key, where it came from and the row's image after it."""
 
     key: Key
@@ -124,6 +125,8 @@ class Change:
     commit_ts: dt.datetime | None
     #: attribute columns after the change (declared columns and ``_extra``), {} for a DELETE
     image: Mapping[str, Any]
+    #: the part of ``image`` that came from ``_extra`` (undeclared attributes)
+    extra: Mapping[str, Any]
 
     @property
     def deleted(self) -> bool:
@@ -136,18 +139,26 @@ def read_changes(batch: pa.Table, key_columns: Sequence[str]) -> list[Change]:
         if name not in batch.column_names:
             raise ChangeBatchError(column=name)
     attributes = [n for n in batch.column_names if n not in META_COLUMNS and n not in key_columns]
-    has_extra = "_extra" in batch.column_names
+
+    def column(name: str) -> list[Any]:
+        return batch.column(name).to_pylist()
+
+    keys = list(zip(*[column(k) for k in key_columns], strict=True))
+    values = list(zip(*[column(a) for a in attributes], strict=True)) if attributes \
+        else [()] * batch.num_rows
+    extras = column("_extra") if "_extra" in batch.column_names else [None] * batch.num_rows
     changes = []
-    for row in batch.to_pylist():
-        deleted = row["_op"] == "DELETE"
+    for key, op, channel_id, sequence, commit_ts, row, extra_json in zip(
+            keys, column("_op"), column("_channel_id"), column("_sequence"),
+            column("_commit_ts"), values, extras, strict=True):
         image: dict[str, Any] = {}
-        if not deleted:
-            image = {name: row[name] for name in attributes}
-            if has_extra and row["_extra"]:
-                image.update({k: _from_json(v) for k, v in json.loads(row["_extra"]).items()})
-        changes.append(Change(key=tuple(row[k] for k in key_columns), op=row["_op"],
-                              channel_id=row["_channel_id"], sequence=row["_sequence"],
-                              commit_ts=row["_commit_ts"], image=image))
+        extra: dict[str, Any] = {}
+        if op != "DELETE":
+            image = dict(zip(attributes, row, strict=True))
+            if extra_json:
+                extra = {k: _from_json(v) for k, v in json.loads(extra_json).items()}
+                image.update(extra)
+        changes.append(Change(key, op, channel_id, sequence, commit_ts, image, extra))
     return changes
 
 
@@ -156,10 +167,12 @@ def ordered_changes(changes: Iterable[Change]) -> dict[Key, list[Change]]:
     by_key_channel: dict[Key, dict[str, list[Change]]] = defaultdict(lambda: defaultdict(list))
     for change in changes:
         by_key_channel[change.key][change.channel_id].append(change)
+    by_sequence = attrgetter("sequence")
     ordered: dict[Key, list[Change]] = {}
     for key, channels in by_key_channel.items():
-        runs = [sorted(run, key=lambda c: c.sequence) for run in channels.values()]
-        runs.sort(key=lambda run: (_ts(run[0]), _ts(run[-1]), run[0].channel_id))
+        runs = [sorted(run, key=by_sequence) for run in channels.values()]
+        if len(runs) > 1:  # the key moved channels (a split or merge) within this batch
+            runs.sort(key=lambda run: (_ts(run[0]), _ts(run[-1]), run[0].channel_id))
         ordered[key] = [change for run in runs for change in run]
     return ordered
 
@@ -180,10 +193,10 @@ class TargetLayout:
     #: True when the target keeps unknown attributes in its ``_extra`` JSON column
     keeps_extra: bool = False
 
-    @property
-    def data_columns(self) -> list[str]:
-        """Columns an image fills (not keys, not system columns, not ``_extra``)."""
-        return [n for n in self.schema.names if n != EXTRA_COLUMN]
+    @functools.cached_property
+    def data_columns(self) -> frozenset[str]:
+        """Columns an image may fill (every column but ``_extra``)."""
+        return frozenset(n for n in self.schema.names if n != EXTRA_COLUMN)
 
 
 def initial_schema(declared: pa.Schema, options: ApplyOptions) -> pa.Schema:
@@ -197,24 +210,42 @@ def initial_schema(declared: pa.Schema, options: ApplyOptions) -> pa.Schema:
     return pa.schema(fields + options.system_fields())
 
 
-def plan_layout(target: pa.Schema, changes: Sequence[Change], options: ApplyOptions,
-                table: str) -> TargetLayout:
+def plan_layout(target: pa.Schema, declared: pa.Schema, changes: Sequence[Change],
+                options: ApplyOptions, table: str) -> TargetLayout:
     """The target's columns for this batch under ``options.schema_drift`` (see module doc);
-    raises ``SchemaDriftError`` / ``ColumnTypeConflictError``."""
+    raises ``SchemaDriftError`` / ``ColumnTypeConflictError``. Declared columns are checked by
+    their type in the batch's schema, ``_extra`` values one by one."""
     known = {f.name: f.type for f in target}
     new_types: dict[str, pa.DataType] = {}
+
+    def first_with(name: str) -> Change:
+        return next(c for c in changes if c.image.get(name) is not None)
+
+    for f in declared:
+        if f.name in META_COLUMNS or f.name in options.key_columns:
+            continue
+        if not any(c.image.get(f.name) is not None for c in changes):
+            continue  # no value to store: nothing new, nothing to check
+        if f.name in known:
+            if not _type_fits(f.type, known[f.name]):
+                change = first_with(f.name)
+                raise _conflict(table, f.name, known[f.name], change.image[f.name], change)
+        elif options.schema_drift == "fail":
+            _drift(table, first_with(f.name), known)
+        elif options.schema_drift == "add":
+            new_types[f.name] = _normal_field(f, nullable=True).type
     for change in changes:
-        for name, value in change.image.items():
+        for name, value in change.extra.items():
+            if value is None:
+                continue  # a null for a column nobody has: nothing to keep
             if name in known:
-                if value is not None and not _fits(value, known[name]):
+                if not _fits(value, known[name]):
                     raise _conflict(table, name, known[name], value, change)
                 continue
-            if options.schema_drift == "fail" and value is not None:
-                raise SchemaDriftError(table=table, channel_id=change.channel_id,
-                                       sequence=change.sequence,
-                                       columns=sorted(set(change.image) - set(known)))
-            if options.schema_drift != "add" or value is None:
-                continue  # keep: into _extra; a null for a column nobody has: nothing to keep
+            if options.schema_drift == "fail":
+                _drift(table, change, known)
+            if options.schema_drift != "add":
+                continue  # keep: into _extra
             inferred = _type_of(value)
             seen = new_types.get(name)
             if seen is None or (pa.types.is_integer(seen) and pa.types.is_floating(inferred)):
@@ -226,6 +257,28 @@ def plan_layout(target: pa.Schema, changes: Sequence[Change], options: ApplyOpti
         added.append(pa.field(EXTRA_COLUMN, pa.string()))  # a target made under another policy
     return TargetLayout(schema=pa.schema([*target, *added]), added=added,
                         keeps_extra=options.schema_drift == "keep")
+
+
+def _drift(table: str, change: Change, known: Mapping[str, Any]) -> None:
+    new = sorted(k for k, v in change.image.items() if k not in known and v is not None)
+    raise SchemaDriftError(table=table, channel_id=change.channel_id, sequence=change.sequence,
+                           columns=new)
+
+
+def _type_fits(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether every value of a column of type ``source`` fits a column of type ``target``."""
+    if source == target:
+        return True
+    if pa.types.is_integer(source):
+        return (pa.types.is_integer(target) or pa.types.is_floating(target)
+                or pa.types.is_decimal(target))
+    kinds = (pa.types.is_floating, pa.types.is_timestamp, pa.types.is_boolean)
+    if any(kind(source) and kind(target) for kind in kinds):
+        return True
+    strings = (pa.types.is_string, pa.types.is_large_string)
+    binaries = (pa.types.is_binary, pa.types.is_large_binary)
+    return any(any(k(source) for k in group) and any(k(target) for k in group)
+               for group in (strings, binaries))
 
 
 def _normal_field(f: pa.Field, nullable: bool) -> pa.Field:
@@ -309,7 +362,7 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
     """The whole plan for one batch (``target`` None: the table does not exist yet)."""
     changes = read_changes(batch, options.key_columns)
     schema = target if target is not None else initial_schema(batch.schema, options)
-    layout = plan_layout(schema, changes, options, table)
+    layout = plan_layout(schema, batch.schema, changes, options, table)
     if target is None:  # a new table is created with its columns, not evolved into them
         layout = TargetLayout(layout.schema, added=[], keeps_extra=layout.keeps_extra)
     by_key = ordered_changes(changes)
@@ -358,7 +411,7 @@ def reduce_scd2(by_key: Mapping[Key, list[Change]], options: ApplyOptions,
 def _row(key: Key, image: Mapping[str, Any], options: ApplyOptions, layout: TargetLayout,
          system: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = dict(zip(options.key_columns, key, strict=True))
-    columns = set(layout.data_columns)
+    columns = layout.data_columns
     leftover = {}
     for name, value in image.items():
         if name in columns and name not in row:
