@@ -92,8 +92,12 @@ def _and_apply(parquet: Any, target: str, scd: int) -> Any:
     apply = open_apply_sink(target, scd=scd)
 
     def both(df: Any, batch_id: int) -> None:
-        parquet(df, batch_id)
-        apply(df, batch_id)
+        df.persist()  # read the batch from the source once for both sinks
+        try:
+            parquet(df, batch_id)
+            apply(df, batch_id)
+        finally:
+            df.unpersist()
 
     return both
 
