@@ -492,8 +492,8 @@ def replicate(
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     from connector.options import strip_secrets
 
-    console.print(f"replicating {table} from {strip_secrets(endpoint)} into {apply.target} (SCD {scd}, "
-                  f"schema drift {schema_drift}) — Ctrl-C to stop")
+    console.print(f"replicating {table} from {strip_secrets(endpoint)} into {apply.target} "
+                  f"(SCD {scd}, schema drift {schema_drift}) — Ctrl-C to stop")
     try:
         while True:
             pipeline.check()
