@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py $(DECODER_C)
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "error: Python 3.11+ is required, found %d.%d" % v[:2])'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dynamodb,tablestore]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dynamodb,tablestore,lakehouse]'
 	touch $(STAMP)
 
 java-check:

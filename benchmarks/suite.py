@@ -21,6 +21,7 @@ from typing import Any
 from benchmarks.commit_interval import CommitIntervalConfig
 from benchmarks.common import load_average, machine_facts, median
 from benchmarks.freshness import FreshnessConfig
+from benchmarks.lakehouse_apply import LakehouseApplyConfig
 from benchmarks.memory import MemoryConfig
 from benchmarks.protocol import ProtocolConfig
 from benchmarks.recovery import RecoveryConfig
@@ -28,7 +29,7 @@ from benchmarks.throughput import ThroughputConfig
 from benchmarks.wire import WireConfig
 
 BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
-              "wire")
+              "wire", "lakehouse_apply")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Preset:
     recovery: RecoveryConfig
     memory: MemoryConfig = MemoryConfig()
     wire: WireConfig = WireConfig()
+    lakehouse_apply: LakehouseApplyConfig = LakehouseApplyConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -55,6 +57,7 @@ PRESETS: dict[str, Preset] = {
         RecoveryConfig(trials=1, max_per_channel=100, batches_before_kill=1),
         MemoryConfig(records=20_000),
         WireConfig(records=4_000, decode_records=4_000, repeats=1),
+        LakehouseApplyConfig(batches=2, batch_size=500),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -95,7 +98,16 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
 
     ``spark``: an existing session to use (kept running); otherwise one is started and stopped.
     """
-    from benchmarks import commit_interval, freshness, memory, protocol, recovery, throughput, wire
+    from benchmarks import (
+        commit_interval,
+        freshness,
+        lakehouse_apply,
+        memory,
+        protocol,
+        recovery,
+        throughput,
+        wire,
+    )
 
     began = time.monotonic()
     results: dict[str, Any] = {"preset": preset.name, "machine": machine_facts(),
@@ -106,6 +118,10 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
         if "protocol" in only:
             log("protocol: driving StreamProtocol directly ...")
             results["protocol"] = protocol.run(preset.protocol, root / "protocol")
+        if "lakehouse_apply" in only:
+            log("lakehouse_apply: changes applied into Delta vs a plain append of them ...")
+            results["lakehouse_apply"] = lakehouse_apply.run(preset.lakehouse_apply,
+                                                             root / "lakehouse_apply")
         if "memory" in only:
             log(f"memory: one Python process reads a {preset.memory.records:,}-record "
                 "partition ...")
@@ -190,6 +206,13 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["decode"]["records_per_cpu_s_python"])
         out["wire_throughput_ratio"] = round(w["throughput"]["ratio"], 3)
         out["wire_throughput_rows_s"] = round(w["throughput"]["wire_rows_s"])
+    if "lakehouse_apply" in results:
+        a = results["lakehouse_apply"]
+        out["lakehouse_apply_ratio"] = round(a["ratio"], 4)
+        out["lakehouse_apply_changes_s"] = round(a["apply_changes_s"])
+        out["lakehouse_append_rows_s"] = round(a["append_rows_s"])
+        if "iceberg_apply_changes_s" in a:
+            out["lakehouse_iceberg_apply_changes_s"] = round(a["iceberg_apply_changes_s"])
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -288,6 +311,12 @@ def format_table(s: dict[str, Any]) -> str:
         add("wire_throughput_ratio", s["wire_throughput_ratio"], "{:.3f}")
     for key in ("wire_throughput_rows_s", "wire_decode_records_per_cpu_s",
                 "wire_decode_records_per_cpu_s_python"):
+        if key in s:
+            add(key, s[key], "{:,.0f}")
+    if "lakehouse_apply_ratio" in s:
+        add("lakehouse_apply_ratio", s["lakehouse_apply_ratio"], "{:.4f}")
+    for key in ("lakehouse_apply_changes_s", "lakehouse_append_rows_s",
+                "lakehouse_iceberg_apply_changes_s"):
         if key in s:
             add(key, s[key], "{:,.0f}")
     width = max(len(r[0]) for r in rows)

@@ -71,6 +71,11 @@ POINTS = (
     "commit_start",
     # driver: some channels' checkpoints pushed, others not
     "mid_commit_push",
+    # driver (the Delta/Iceberg apply sink, tablestore_cdc.lakehouse): the batch's commit is
+    # prepared (Iceberg: its data files written) but not committed
+    "before_target_commit",
+    # driver (the apply sink): the batch committed into the table; Spark's commit log not written
+    "after_target_commit",
 )
 
 log = logging.getLogger("connector.faults")

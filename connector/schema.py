@@ -46,7 +46,7 @@ from connector.errors import OptionError
 from connector.gc_pause import gc_paused
 from connector.tunnel.base import Record, TableSchema
 from connector.tunnel.page import PageLayout, records_to_page
-from connector.tunnel.page import to_json as to_json  # re-exported: tablestore_cdc.state_table
+from connector.tunnel.page import to_json as to_json  # re-exported: tablestore_cdc.lakehouse.plan
 
 TABLESTORE_TO_SPARK: dict[str, DataType] = {
     "INTEGER": LongType(),

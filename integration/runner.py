@@ -2,10 +2,12 @@
 
     python -m integration.runner (--store /abs/store.db | --endpoint URI) --table t --tunnel n \
         --checkpoint DIR --sink DIR [--option key=value ...] [--master local[2]] \
-        [--meta-store URI] [--conf spark.key=value ...]
+        [--meta-store URI] [--conf spark.key=value ...] [--target URI [--scd 1|2]]
 
 The query writes into an ``ExactlyOnceParquetSink`` (skips batch ids already committed), so the
-process can be SIGKILLed at any moment and restarted on the same checkpoint. It stops cleanly when
+process can be SIGKILLed at any moment and restarted on the same checkpoint. With ``--target``
+each batch is then also applied into a Delta or Iceberg table (``tablestore_cdc.lakehouse``,
+exactly once by its own commit records). It stops cleanly when
 the file ``--stop-file`` appears, and with ``--available-now`` it stops by itself. Used by the
 restart tests, the fault-injection harness and the benchmarks; it runs as the Spark driver.
 """
@@ -16,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the store)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark configuration setting for the session")
+    parser.add_argument("--target", help="also apply each batch into this table "
+                        "(delta:///abs/path or iceberg:///abs/warehouse?table=ns.name)")
+    parser.add_argument("--scd", type=int, default=1, help="SCD type of --target (1 or 2)")
     args = parser.parse_args(argv)
     if not (args.store or args.endpoint):
         parser.error("one of --store or --endpoint is required")
@@ -52,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.option:
         key, _, value = item.partition("=")
         reader = reader.option(key, value)
-    writer = (reader.load().writeStream.foreachBatch(ExactlyOnceParquetSink(args.sink))
+    sink = ExactlyOnceParquetSink(args.sink)
+    if args.target:
+        sink = _and_apply(sink, args.target, args.scd)
+    writer = (reader.load().writeStream.foreachBatch(sink)
               .option("checkpointLocation", args.checkpoint))
     if args.available_now:
         writer = writer.trigger(availableNow=True)
@@ -73,6 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     print("runner: stopped cleanly", flush=True)
     spark.stop()
     return 0
+
+
+def _and_apply(parquet: Any, target: str, scd: int) -> Any:
+    """A ``foreachBatch`` function: the Parquet sink first (the harness verifies delivery
+    there), then the apply sink (the harness compares its table with the source)."""
+    from tablestore_cdc.lakehouse import open_apply_sink
+
+    apply = open_apply_sink(target, scd=scd)
+
+    def both(df: Any, batch_id: int) -> None:
+        df.persist()  # read the batch from the source once for both sinks
+        try:
+            parquet(df, batch_id)
+            apply(df, batch_id)
+        finally:
+            df.unpersist()
+
+    return both
 
 
 if __name__ == "__main__":

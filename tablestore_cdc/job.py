@@ -1,17 +1,18 @@
-"""The main job: a CDC pipeline from a table into a Parquet change log and a current-state table.
+"""The main job: a CDC pipeline from a table into a Parquet change log and a queryable table.
 
 Two streaming queries in one Spark driver:
 
 1. ``readStream.format("tablestore")`` -> Spark's Parquet **file sink** (``<out>/changelog``):
    every insert, update and delete, exactly once (the file sink's own log makes writes atomic);
-2. ``readStream.parquet(<out>/changelog)`` -> ``foreachBatch`` -> ``StateTable``
-   (``<out>/state.db``): the current state, applied idempotently by (``_channel_id``,
-   ``_sequence``).
+2. ``readStream.parquet(<out>/changelog)`` -> ``foreachBatch`` -> an apply sink
+   (``tablestore_cdc.lakehouse``): the table's current state (SCD type 1) or its history (SCD
+   type 2) in a Delta Lake or Iceberg table, one idempotent commit per batch (docs/lakehouse.md).
 
 ``tablestore-cdc demo`` builds an embedded store, runs a writer with channel splits and a merge
 while the pipeline runs, shows live progress, then verifies nothing was lost or doubled and that
-the current state equals the source table. ``tablestore-cdc replicate`` runs the same pipeline on
-a user's store until stopped; a restart resumes exactly (checkpoints live under ``<out>``).
+the Delta table equals the source table row by row. ``tablestore-cdc replicate`` runs the same
+pipeline on any endpoint until stopped; a restart resumes exactly (checkpoints live under
+``<out>``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ class Pipeline:
 
     changelog: Any
     state_query: Any
-    state: Any
+    #: the apply sink of the second query (``tablestore_cdc.lakehouse.ApplySink``)
+    sink: Any
+    target: str
+    key_columns: tuple[str, ...]
     changelog_dir: Path
     delivered_by_batch: dict[int, int] = field(default_factory=dict)
     listener: Any = None  # the ProgressListener attached by start_pipeline
@@ -58,6 +62,10 @@ class Pipeline:
         for progress in self.changelog.recentProgress:
             self.delivered_by_batch[progress["batchId"]] = progress["numInputRows"]
         return sum(self.delivered_by_batch.values()), len(self.delivered_by_batch)
+
+    def applied_batch(self) -> int | None:
+        """The newest batch of the apply query recorded in the target table."""
+        return self.sink.committed_batch(str(self.state_query.id))
 
     def check(self) -> None:
         for query in (self.changelog, self.state_query):
@@ -76,38 +84,50 @@ class Pipeline:
             self.listener.wait_terminated(timeout=10)
 
 
-def start_pipeline(spark: Any, store_path: Path, table: str, tunnel: str, out: Path,
-                   options: dict[str, str] | None = None, trigger_ms: int = 0,
-                   endpoint: str | None = None) -> Pipeline:
-    """Start the change-log and current-state queries (driver). ``endpoint`` (default: the
-    store file, ``local://``) may be the emulator's ``http://`` URL serving that file."""
-    from tablestore_cdc.state_table import StateTable
+@dataclass(frozen=True)
+class ApplySettings:
+    """Where and how the second query applies the changes (``--target``, ``--scd``, ...)."""
 
-    endpoint = endpoint or f"local://{store_path.resolve()}"
+    target: str
+    scd: int = 1
+    schema_drift: str = "fail"
+    soft_delete_column: str | None = None
+
+
+def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path,
+                   apply: ApplySettings, options: dict[str, str] | None = None,
+                   trigger_ms: int = 0) -> Pipeline:
+    """Start the change-log and apply queries (driver) on any ``endpoint`` the source reads
+    (``local://``, the emulator's or a service's ``http(s)://``, ``dynamodb-streams://``)."""
+    from tablestore_cdc.lakehouse import open_apply_sink
+    from tablestore_cdc.lakehouse.plan import key_columns_of
+
     reader = (spark.readStream.format("tablestore")
               .option("endpoint", endpoint)
               .option("table.name", table).option("tunnel.name", tunnel))
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     changes = reader.load()
+    # the source marks key columns non-nullable; the change log read back from files does not
+    key_columns = key_columns_of(changes.schema)
+    sink = open_apply_sink(apply.target, key_columns=key_columns, scd=apply.scd,
+                           schema_drift=apply.schema_drift,
+                           soft_delete_column=apply.soft_delete_column)
     listener = _attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})
-    with LocalTablestore(store_path) as store:
-        key_columns = [c.name for c in store.table_schema(table).primary_key]
     changelog_dir = out / "changelog"
     trigger = {"processingTime": f"{trigger_ms} milliseconds"}
     changelog = (changes.writeStream.format("parquet").queryName("changelog")
                  .option("path", str(changelog_dir))
                  .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
                  .trigger(**trigger).start())
-    state = StateTable(out / "state.db", key_columns)
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
-                   .writeStream.queryName("current_state")
-                   .foreachBatch(lambda df, _: state.apply(r.asDict() for r in df.collect()))
-                   .option("checkpointLocation", str(out / "_checkpoints" / "state"))
+                   .writeStream.queryName("apply").foreachBatch(sink)
+                   .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
                    .trigger(**trigger).start())
-    return Pipeline(changelog, state_query, state, changelog_dir, listener=listener)
+    return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
+                    listener=listener)
 
 
 def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
@@ -293,8 +313,10 @@ def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed
                   + f"starting Spark ({master})")
     try:
         spark = local_session("tablestore-cdc-demo", master=master)
-        pipeline = start_pipeline(spark, store_path, DEMO_TABLE, "demo", workdir / "out",
-                                  options=options, endpoint=emulator.url if emulator else None)
+        endpoint = emulator.url if emulator else f"local://{store_path}"
+        target = ApplySettings(f"delta://{workdir / 'out' / DEMO_TABLE}")
+        pipeline = start_pipeline(spark, endpoint, DEMO_TABLE, "demo", workdir / "out", target,
+                                  options=options)
         writer = DemoWriter(store_path, changes, duration_s, seed, emulator=emulator)
         writer.start()
         try:
@@ -340,9 +362,12 @@ def _show_progress(pipeline: Pipeline, writer: DemoWriter, changes: int,
 
 def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
                  wire: bool = False) -> bool:
+    """Compare the change log with the store's, and the Delta table (read back with deltalake,
+    not through the sink) with the store's table row by row; print where the table is."""
     import pyarrow.parquet as pq
 
     from tablestore_cdc.sinks import deliveries_from_rows
+    from tablestore_cdc.verify import read_delta, table_state
 
     with LocalTablestore(store_path) as store:
         change_log = store.change_log(DEMO_TABLE)
@@ -352,19 +377,33 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
         channels = store.list_channels(DEMO_TABLE)
     rows = pq.read_table(pipeline.changelog_dir).to_pylist()
     result = verify(change_log, deliveries_from_rows(rows, ["order_id"]), check_order=False)
-    state = pipeline.state.rows()
+    table_path = pipeline.target.removeprefix("delta://")
+    state = table_state(read_delta(table_path), pipeline.key_columns)
     state_ok = {k: dict(v) for k, v in source.items()} == state
     _, batches = pipeline.poll()
+    _print_where(table_path)
     line = (f"demo: {result.expected} changes written ({writer.splits} splits, {writer.merges} "
             f"merge(s), {len(channels)} channels), {result.delivered} delivered in {batches} "
             f"batches: {result.lost} lost, {result.duplicated} duplicated; current state "
-            f"{'matches' if state_ok else 'DIFFERS FROM'} the source table ({len(source)} rows)")
+            f"{'matches' if state_ok else 'DIFFERS FROM'} the source table row by row "
+            f"({len(source)} rows in the Delta table)")
     ok = result.lost == 0 and result.duplicated == 0 and state_ok
     result_console.print(f"[{'green' if ok else 'red'}]{line}", soft_wrap=True)
     if not ok:
         console.print(f"examples: {result.examples}; state keys differing: "
                       f"{sorted(set(state) ^ set(source))[:5]}")
     return ok
+
+
+def _print_where(table_path: str) -> None:
+    """Where the Delta table is and how to query it (printed, not run: neither DuckDB nor
+    Polars is a dependency)."""
+    result_console.print(
+        f"demo: the current state is the Delta table {table_path}\n"
+        f"  DuckDB:  python -c \"import duckdb; duckdb.sql(\\\"SELECT status, count(*), "
+        f"round(sum(amount), 2) FROM delta_scan('{table_path}') GROUP BY status\\\").show()\"\n"
+        f"  Polars:  python -c \"import polars as pl; print(pl.read_delta('{table_path}'))\"",
+        soft_wrap=True, highlight=False, markup=False)
 
 
 # --- commands -----------------------------------------------------------------------------------
@@ -393,9 +432,27 @@ def demo(
 
 
 def replicate(
-    store: Annotated[Path, typer.Option(help="The local store file (local:// endpoint).")],
     table: Annotated[str, typer.Option(help="The table to replicate.")],
-    output: Annotated[Path, typer.Option(help="Change log, state table and checkpoints.")],
+    output: Annotated[Path, typer.Option(help="Change log and checkpoints (and the default "
+                                         "target).")],
+    store: Annotated[Path | None, typer.Option(
+        help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        help="The source endpoint, as the reader's endpoint option: local:///abs/store.db, "
+        "the emulator's or a Tablestore instance's http(s):// URL, dynamodb-streams://...")]
+    = None,
+    target: Annotated[str | None, typer.Option(
+        help="Where changes are applied: delta:///abs/path or "
+        "iceberg:///abs/warehouse?table=namespace.table (default: delta://OUTPUT/TABLE).")]
+    = None,
+    scd: Annotated[int, typer.Option(
+        min=1, max=2, help="1: the current state; 2: one row per version with __START_AT and "
+        "__END_AT.")] = 1,
+    schema_drift: Annotated[str, typer.Option(
+        help="An attribute the target has no column for: fail, add (new nullable column) or "
+        "keep (in the target's _extra JSON column).")] = "fail",
+    soft_delete_column: Annotated[str | None, typer.Option(
+        help="SCD 1: a DELETE sets this boolean column instead of removing the row.")] = None,
     tunnel: Annotated[str, typer.Option(help="Tunnel name (created if missing).")]
     = "replicate",
     option: Annotated[list[str] | None, typer.Option(
@@ -404,29 +461,47 @@ def replicate(
     trigger_ms: Annotated[int, typer.Option(help="Trigger interval in ms (0 = ASAP).")] = 0,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
 ) -> None:
-    """Replicate a table into OUTPUT until stopped (Ctrl-C); a restart resumes exactly."""
+    """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C); a restart
+    resumes exactly."""
     from connector.spark import local_session
 
-    if not store.exists():
-        fail(f"store {store} does not exist")
+    if (store is None) == (endpoint is None):
+        fail("give exactly one of --store or --endpoint")
+    if store is not None:
+        if not store.exists():
+            fail(f"store {store} does not exist")
+        endpoint = f"local://{store.resolve()}"
+    assert endpoint is not None
     extra = {}
     for item in option or []:
         key, sep, value = item.partition("=")
         if not sep:
             fail(f"--option {item!r}: expected KEY=VALUE")
         extra[key] = value
+    output = output.resolve()
+    apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
+                          soft_delete_column)
     with reported_errors():
+        from tablestore_cdc.lakehouse import open_apply_sink
+
+        # a bad target or option fails here, before Spark starts
+        open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
+                        soft_delete_column=soft_delete_column)
         spark = local_session("tablestore-cdc-replicate", master=master)
-        pipeline = start_pipeline(spark, store, table, tunnel, output.resolve(), extra,
+        pipeline = start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
                                   trigger_ms)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    console.print(f"replicating {table} from {store} into {output} — Ctrl-C to stop")
+    from connector.options import strip_secrets
+
+    console.print(f"replicating {table} from {strip_secrets(endpoint)} into {apply.target} "
+                  f"(SCD {scd}, schema drift {schema_drift}) — Ctrl-C to stop")
     try:
         while True:
             pipeline.check()
             delivered, batches = pipeline.poll()
-            console.print(f"delivered {delivered} change(s) in {batches} batch(es); "
-                          f"state rows {len(pipeline.state)}", end="\r")
+            applied = pipeline.applied_batch()
+            console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
+                          f"at apply batch {'-' if applied is None else applied}", end="\r")
             time.sleep(2)
     except KeyboardInterrupt:
         console.print("\nstopping…")
@@ -436,4 +511,4 @@ def replicate(
     console.print("stopped cleanly; run the same command again to resume")
 
 
-__all__ = ["demo", "replicate", "start_pipeline", "key_of"]
+__all__ = ["ApplySettings", "demo", "replicate", "start_pipeline", "key_of"]

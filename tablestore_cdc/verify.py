@@ -129,3 +129,110 @@ def rows_by_key(rows: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
                 ) -> dict[str, Mapping[str, Any]]:
     """(primary key, attribute columns) pairs -> the ``source_rows`` mapping of ``verify``."""
     return {key_of(pk): attrs for pk, attrs in rows}
+
+
+# --- tables the apply sink writes (tablestore_cdc.lakehouse), read back on their own --------------
+# Read with deltalake / pyiceberg directly, never through the sink's code, so a sink bug cannot
+# hide behind a matching reader.
+
+#: columns the apply sink adds to a table (SCD 2 validity; ``_extra`` is merged back)
+SCD2_COLUMNS = ("__START_AT", "__END_AT")
+
+
+def read_delta(path: str) -> list[dict[str, Any]]:
+    """Every row of the Delta table at ``path`` (``deltalake``)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(path).to_pyarrow_table().to_pylist()
+
+
+def read_iceberg(catalog_properties: Mapping[str, str], identifier: str,
+                 catalog_name: str = "tablestore_cdc") -> list[dict[str, Any]]:
+    """Every row of an Iceberg table (``pyiceberg``: the catalog, then a full scan). The SQL
+    catalog keeps tables per catalog name: the sink's default is ``tablestore_cdc``."""
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog(catalog_name, **catalog_properties)
+    return catalog.load_table(identifier).scan().to_arrow().to_pylist()
+
+
+def _attributes(row: Mapping[str, Any], key_columns: Sequence[str],
+                skip: Sequence[str] = ()) -> dict[str, Any]:
+    attrs = {k: v for k, v in row.items() if k not in key_columns and k not in skip
+             and k not in SCD2_COLUMNS and k != "_extra" and v is not None}
+    if row.get("_extra"):
+        attrs.update(json.loads(row["_extra"]))
+    return attrs
+
+
+def table_state(rows: Iterable[Mapping[str, Any]], key_columns: Sequence[str],
+                soft_delete_column: str | None = None) -> dict[str, dict[str, Any]]:
+    """key -> attribute columns of the live rows of an applied table: SCD 1 rows not flagged
+    deleted, or SCD 2 open versions (``__END_AT`` null). Compare with ``rows_by_key``."""
+    state: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if "__END_AT" in row and row["__END_AT"] is not None:
+            continue
+        if soft_delete_column and row.get(soft_delete_column):
+            continue
+        key = key_of({k: row[k] for k in key_columns})
+        if key in state:
+            raise AssertionError(f"key {key} has two live rows in the table")
+        state[key] = _attributes(row, key_columns, (soft_delete_column or "",))
+    return state
+
+
+#: one SCD 2 version: (start, end or None, attribute columns), times in epoch microseconds
+Version = tuple[int, int | None, dict[str, Any]]
+
+
+def source_history(change_log: Sequence[Record]) -> dict[str, list[Version]]:
+    """key -> the versions the change log implies: one per PUT/UPDATE, valid until the key's
+    next change (open for the last one unless a DELETE ends it)."""
+    by_key: dict[str, list[Record]] = defaultdict(list)
+    for record in change_log:  # change_log: parents before children, each channel in order
+        by_key[key_of(record.primary_key)].append(record)
+    history: dict[str, list[Version]] = {}
+    for key, records in by_key.items():
+        versions = []
+        for record, following in zip(records, [*records[1:], None], strict=True):
+            after = record.after_image()
+            if after is not None:
+                versions.append((record.commit_ts_us,
+                                 None if following is None else following.commit_ts_us,
+                                 {k: v for k, v in after.items() if v is not None}))
+        if versions:
+            history[key] = versions
+    return history
+
+
+def table_history(rows: Iterable[Mapping[str, Any]], key_columns: Sequence[str]
+                  ) -> dict[str, list[Version]]:
+    """key -> the versions in an SCD 2 table, ordered like ``source_history``'s."""
+    history: dict[str, list[Version]] = defaultdict(list)
+    for row in rows:
+        end = row["__END_AT"]
+        history[key_of({k: row[k] for k in key_columns})].append(
+            (_micros(row["__START_AT"]), None if end is None else _micros(end),
+             _attributes(row, key_columns)))
+    return {k: sorted(v, key=_version_order) for k, v in history.items()}
+
+
+def history_mismatches(source: Mapping[str, list[Version]],
+                       table: Mapping[str, list[Version]]) -> list[str]:
+    """Keys whose versions differ (compared in (start, end) order)."""
+    return sorted(k for k in set(source) | set(table)
+                  if sorted(source.get(k, []), key=_version_order) != table.get(k, []))
+
+
+def _version_order(version: Version) -> tuple[int, float, str]:
+    """(start, end, image): versions of one commit time (one atomic batch write touching a key
+    twice) compare as a multiset."""
+    return (version[0], float("inf") if version[1] is None else version[1],
+            json.dumps(version[2], sort_keys=True, default=str))
+
+
+def _micros(value: Any) -> int:
+    import datetime as dt
+
+    return (value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)

@@ -34,6 +34,9 @@ POSITIVE_KEYS = (
     "memory_peak_over_arrow",
     "wire_decode_records_per_cpu_s",
     "wire_decode_records_per_cpu_s_python",
+    "lakehouse_apply_ratio",
+    "lakehouse_apply_changes_s",
+    "lakehouse_append_rows_s",
 )
 
 

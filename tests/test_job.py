@@ -1,4 +1,5 @@
-"""The main job: the idempotent state table, `tablestore-cdc demo` and `replicate` end to end.
+"""The main job: the idempotent current-state table, `tablestore-cdc demo` and `replicate` end to
+end.
 
 The CLI runs are real subprocesses (each its own Spark driver), so a job's ``spark.stop()`` never
 touches the shared test session.
@@ -13,14 +14,15 @@ import subprocess
 import sys
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
 from integration.processes import kill_tree, wait_for
+from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import deliveries_from_rows
-from tablestore_cdc.state_table import StateTable
-from tablestore_cdc.verify import key_of, rows_by_key, verify
+from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state, verify
 
 CLI = [sys.executable, "-m", "tablestore_cdc.cli"]
 
@@ -32,16 +34,23 @@ def change(op: str, channel: str, seq: int, ts: int, id_: int, **attrs):
 
 
 def test_state_table_applies_each_change_once_in_commit_order(tmp_path):
-    state = StateTable(tmp_path / "state.db", ["id"])
+    """The job's current-state table (a Delta table through the apply sink)."""
+    state = DeltaApplySink(tmp_path / "state", key_columns=["id"])
     batch = [
         change("PUT", "ch-1", 1, 10, 1, v=1),
         change("PUT", "ch-1", 2, 11, 2, v=2),
         change("UPDATE", "ch-3", 1, 13, 1, v=3),  # a child channel, later commit time
         change("DELETE", "ch-1", 3, 12, 2),
     ]
-    assert state.apply(reversed(batch)) == 4  # delivery order inside a batch does not matter
-    assert state.apply(batch) == 0  # a replayed batch changes nothing
-    assert state.rows() == {key_of({"id": 1}): {"v": 3}}
+    schema = pa.schema([("id", pa.int64()), ("v", pa.int64()), ("_op", pa.string()),
+                        ("_channel_id", pa.string()), ("_sequence", pa.string()),
+                        ("_commit_ts", pa.timestamp("us", tz="UTC")), ("_before", pa.string()),
+                        ("_extra", pa.string())])
+    # delivery order inside a batch does not matter
+    assert state.apply(pa.Table.from_pylist(batch[::-1], schema), "q", 0).changes == 4
+    assert not state.apply(pa.Table.from_pylist(batch, schema), "q", 0).committed  # a replay
+    rows = read_delta(str(tmp_path / "state"))
+    assert table_state(rows, ["id"]) == {key_of({"id": 1}): {"v": 3}}
 
 
 @pytest.mark.slow
@@ -87,8 +96,8 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            wait_for(lambda: (out / "state.db").exists()
-                     and StateTable(out / "state.db", ["id"]).rows()
+            wait_for(lambda: (out / "t" / "_delta_log").exists()
+                     and table_state(read_delta(str(out / "t")), ["id"])
                      == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()},
                      300, "state caught up", process)
             os.killpg(process.pid, signal.SIGINT)  # Ctrl-C

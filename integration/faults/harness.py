@@ -49,7 +49,16 @@ from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
 from integration.processes import REPO, kill_tree, start_runner, wait_for
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
-from tablestore_cdc.verify import rows_by_key, verify
+from tablestore_cdc.verify import (
+    history_mismatches,
+    read_delta,
+    read_iceberg,
+    rows_by_key,
+    source_history,
+    table_history,
+    table_state,
+    verify,
+)
 
 log = logging.getLogger("integration.faults")
 
@@ -134,6 +143,12 @@ class Scenario:
     tail_s: float = 3.0
     #: the run must have split and merged channels (the writer makes sure it does)
     splits_required: bool = True
+    #: also apply every batch into a table: "delta" or "iceberg" (tablestore_cdc.lakehouse)
+    target: str | None = None
+    scd: int = 1
+    #: read over the wire: an emulator (in this process) serves the store file; the query reads
+    #: its Tunnel API and keeps its meta table in the emulated instance
+    wire: bool = False
 
     @property
     def kills(self) -> int:
@@ -171,6 +186,9 @@ class Result:
     #: duplicate reads that claimed more than the held attempt had read (it then followed them)
     duplicates_ahead: int = 0
     seconds: float = 0.0
+    #: rows of the applied table (live rows) and keys whose row or history differs from the source
+    target_rows: int = 0
+    target_mismatches: int = 0
     #: crash points reached, with where the process was (``mid_read@executor-jvm``)
     hits: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -185,6 +203,9 @@ class Result:
             extra.append(f"transient-errors={self.injected_errors}")
         if self.task_failures:
             extra.append(f"task-failures={self.task_failures}")
+        if self.target_rows or self.target_mismatches:
+            extra.append(f"table-rows={self.target_rows} table-mismatches="
+                         f"{self.target_mismatches}")
         if self.duplicate_reads:
             extra.append(f"duplicate-reads={self.duplicate_reads}"
                          f" (ahead={self.duplicates_ahead})")
@@ -198,6 +219,46 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "ok": self.ok}
+
+
+# --- the applied table (Delta or Iceberg) -----------------------------------------------------
+
+#: the emulated instance of wire scenarios, its throwaway key, and the reader's options
+WIRE_INSTANCE = "faults"
+WIRE_KEY_ID = "faults-key"
+WIRE_SECRET = "faults-Secret-2Lk9"
+WIRE_OPTIONS = {
+    "instance.name": WIRE_INSTANCE, "access.key.id": WIRE_KEY_ID,
+    "access.key.secret": WIRE_SECRET, "checkpoint.table": "cdc_meta",
+    "catalog": '{"columns": {"id": {"type": "long"}, "name": {"type": "string"}, '
+               '"qty": {"type": "long"}}}',
+}
+
+
+@dataclass(frozen=True)
+class TargetTable:
+    """Where a scenario's apply sink writes, and how to read it back without the sink."""
+
+    kind: str
+    uri: str
+    location: str
+
+    @classmethod
+    def of(cls, kind: str, directory: Path) -> TargetTable:
+        if kind == "delta":
+            path = directory / "delta" / TABLE
+            return cls(kind, f"delta://{path}", str(path))
+        if kind == "iceberg":
+            warehouse = directory / "warehouse"
+            return cls(kind, f"iceberg://{warehouse}?table=cdc.{TABLE}", str(warehouse))
+        raise ValueError(f"unknown target {kind!r}: delta or iceberg")
+
+    def rows(self) -> list[dict[str, Any]]:
+        if self.kind == "delta":
+            return read_delta(self.location)
+        from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+
+        return read_iceberg(sqlite_catalog_properties(self.location), f"cdc.{TABLE}")
 
 
 # --- the sink, watched while the query runs ---------------------------------------------------
@@ -277,6 +338,8 @@ class ScenarioRun:
         self.extra_env: dict[str, str] = {}
         self.result = Result(scenario.name, kills=0)
         self.duplicates: list[Duplicate] = []
+        self.emulator: Any = None
+        self.target = TargetTable.of(scenario.target, self.dir) if scenario.target else None
 
     # --- processes -----------------------------------------------------------------------------
 
@@ -288,10 +351,17 @@ class ScenarioRun:
         return env
 
     def _args(self) -> list[str]:
-        args = ["--store", str(self.store_path), "--table", TABLE, "--tunnel", "faults",
+        source = (["--endpoint", self.emulator.url] if self.emulator is not None
+                  else ["--store", str(self.store_path)])
+        args = [*source, "--table", TABLE, "--tunnel", "faults",
                 "--checkpoint", str(self.dir / "checkpoint"), "--sink", str(self.sink.path),
                 "--stop-file", str(self.stop_file), "--master", self.scenario.master,
                 "--option", f"commitInterval={self.scenario.commit_interval}"]
+        if self.emulator is not None:
+            for key, value in WIRE_OPTIONS.items():
+                args += ["--option", f"{key}={value}"]
+        if self.target is not None:
+            args += ["--target", self.target.uri, "--scd", str(self.scenario.scd)]
         for key, value in self.scenario.options:
             args += ["--option", f"{key}={value}"]
         for key, value in self.scenario.conf:
@@ -363,13 +433,20 @@ class ScenarioRun:
 
     def written(self) -> set[tuple[str, str]]:
         """(channel, sequence) of every change in the store's change log now."""
+        return {(r.channel_id, r.sequence) for r in self.change_log()}
+
+    def change_log(self) -> list[Any]:
+        """The store's change log, with sequences as the query sees them (over the wire: as
+        the emulator carries them)."""
         from connector.local import LocalTablestore
+        from tablestore_cdc.job import wire_sequences
 
         store = LocalTablestore(self.store_path, create=False)
         try:
-            return {(r.channel_id, r.sequence) for r in store.change_log(TABLE)}
+            log = store.change_log(TABLE)
         finally:
             store.close()
+        return wire_sequences(log) if self.scenario.wire else log
 
     def wait_new_batch(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Wait until the sink stores a batch it did not have (the query makes progress)."""
@@ -463,6 +540,8 @@ class ScenarioRun:
         try:
             if s.meta == "dynamodb":
                 self._start_moto()
+            if s.wire:
+                self._start_emulator()
             writer.start()
             self.start()
             for step in s.steps:
@@ -491,6 +570,7 @@ class ScenarioRun:
             ("runner", lambda: kill_tree(self.runner.pid) if self.runner is not None else 0),
             ("sweep", self.sweep),
             ("moto", self._stop_moto),
+            ("emulator", lambda: self.emulator.stop() if self.emulator is not None else None),
         ]
         for what, action in actions:
             try:
@@ -527,10 +607,12 @@ class ScenarioRun:
         r = self.result
         store = LocalTablestore(self.store_path, create=False)
         try:
-            change_log = store.change_log(TABLE)
             source_rows = rows_by_key(store.scan(TABLE))
         finally:
             store.close()
+        change_log = self.change_log()
+        if self.target is not None:
+            self._verify_target(change_log, source_rows)
         v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), source_rows)
         r.changes, r.delivered = v.expected, v.delivered
         r.lost, r.duplicated, r.out_of_order = v.lost, v.duplicated, v.keys_out_of_order
@@ -574,6 +656,40 @@ class ScenarioRun:
             problem = self._check_duplicate(duplicate)
             if problem:
                 r.problems.append(problem)
+
+    def _verify_target(self, change_log: list[Any], source_rows: dict[str, Any]) -> None:
+        """The applied table, read back with deltalake / pyiceberg: its live rows equal the
+        source table row by row; with SCD 2 every key's versions equal the change log's."""
+        assert self.target is not None
+        r = self.result
+        rows = self.target.rows()
+        state = table_state(rows, KEY_COLUMNS)
+        r.target_rows = len(state)
+        source = {k: dict(v) for k, v in source_rows.items()}
+        differ = {k for k in set(state) | set(source) if state.get(k) != source.get(k)}
+        if differ:
+            r.problems.append(f"the {self.target.kind} table differs from the source in "
+                              f"{len(differ)} key(s), e.g. {sorted(differ)[:3]}")
+        if self.scenario.scd == 2:
+            history = history_mismatches(source_history(change_log),
+                                         table_history(rows, KEY_COLUMNS))
+            differ |= set(history)
+            if history:
+                r.problems.append(f"the {self.target.kind} table's history differs from the "
+                                  f"change log's in {len(history)} key(s), e.g. {history[:3]}")
+        r.target_mismatches = len(differ)
+
+    # --- the emulator (wire scenarios) -----------------------------------------------------
+
+    def _start_emulator(self) -> None:
+        from tablestore_emulator.server import EmulatorServer
+
+        self.emulator = EmulatorServer(str(self.store_path), WIRE_INSTANCE, WIRE_KEY_ID,
+                                       WIRE_SECRET).start()
+        # the meta table lives in the emulated instance; its store takes these from the
+        # environment in the runner and in this process
+        self.extra_env = {**self.extra_env, "ALIBABA_CLOUD_ACCESS_KEY_ID": WIRE_KEY_ID,
+                          "ALIBABA_CLOUD_ACCESS_KEY_SECRET": WIRE_SECRET}
 
     def _check_duplicate(self, duplicate: Duplicate) -> str | None:
         """The duplicate read's records must be exactly what Spark delivered for that channel

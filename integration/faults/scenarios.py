@@ -111,10 +111,36 @@ def cluster_scenarios(seed: int) -> list[Scenario]:
     ]
 
 
+def lakehouse_scenarios(seed: int, wire: bool) -> list[Scenario]:
+    """The query also applies every batch into a Delta or an Iceberg table
+    (``tablestore_cdc.lakehouse``), killed before and after the table's commit and at a random
+    time; on the embedded store, or over the wire (the emulator serves the store file)."""
+    rng = random.Random(f"lakehouse:{seed}:{wire}")
+    where = "over the emulator" if wire else "on the embedded store"
+    prefix = "lakehouse/wire-" if wire else "lakehouse/"
+    target_kills = (CrashAt("before_target_commit"), CrashAt("after_target_commit"))
+    # each batch also commits into the table: a gentler writer and larger batches let the
+    # query catch up with it between kills on a loaded 2-core machine
+    pace = {"rate": 12.0, "options": (("maxOffsetsPerChannel", "100"),)}
+    return [
+        Scenario(name=f"{prefix}delta-scd{1 if wire else 2}",
+                 why=f"kills around the Delta commit {where}; the table equals the source"
+                 + ("" if wire else ", its history the change log's"),
+                 steps=(*target_kills, *random_kills(1, rng)), commit_interval=2,
+                 target="delta", scd=1 if wire else 2, wire=wire, **pace),
+        Scenario(name=f"{prefix}iceberg-scd2",
+                 why=f"kills around the Iceberg commit {where}; the table equals the source, "
+                 "its history the change log's",
+                 steps=target_kills, commit_interval=2, target="iceberg", scd=2, wire=wire,
+                 **pace),
+    ]
+
+
 def full(seed: int = 1, kills: int = 50) -> list[Scenario]:
     """The full matrix (``faults_full``)."""
     return [*crash_matrix(), *random_kill_scenarios(kills, seed), *other_faults(),
-            *cluster_scenarios(seed)]
+            *cluster_scenarios(seed), *lakehouse_scenarios(seed, wire=False),
+            *lakehouse_scenarios(seed, wire=True)]
 
 
 def quick(seed: int = 1, kills: int = 2) -> list[Scenario]:
@@ -130,4 +156,5 @@ def quick(seed: int = 1, kills: int = 2) -> list[Scenario]:
         *other_faults(),
         Scenario(name="quick/random", why="kills at random times",
                  steps=random_kills(kills, rng), commit_interval=2),
+        *lakehouse_scenarios(seed, wire=False),
     ]

@@ -1,0 +1,16 @@
+"""Apply a change stream into the tables people query: Delta Lake and Apache Iceberg.
+
+``plan.py`` orders and reduces a micro-batch (SCD type 1 or 2, schema drift), ``sink.py`` is
+the ``foreachBatch`` side (query id, conflict retries), ``delta.py`` and ``iceberg.py`` make the
+one idempotent commit per batch, ``target.py`` opens a sink from a ``--target`` URI.
+docs/lakehouse.md describes the whole.
+"""
+
+from tablestore_cdc.lakehouse.delta import DeltaApplySink
+from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
+from tablestore_cdc.lakehouse.plan import END_AT, START_AT, ApplyOptions
+from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
+from tablestore_cdc.lakehouse.target import open_apply_sink
+
+__all__ = ["ApplyOptions", "ApplyResult", "ApplySink", "DeltaApplySink", "END_AT",
+           "IcebergApplySink", "START_AT", "open_apply_sink"]

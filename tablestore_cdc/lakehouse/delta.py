@@ -1,0 +1,158 @@
+"""Apply changes into a Delta Lake table with ``deltalake`` (delta-rs; driver, no JVM).
+
+Exactly once through Delta's **application transactions** (the ``txn`` action, what Spark's
+``txnAppId`` / ``txnVersion`` write): every commit of a batch carries ``Transaction(app_id =
+the streaming query id, version = the batch id)``. Before committing, the sink reads the
+table's latest version for the app id (``DeltaTable.transaction_version``) and skips a batch at
+or below it; the data and the ``txn`` action are one commit, so "applied" and "recorded" cannot
+come apart. Two writers racing with the same batch: delta-rs' conflict check fails the later
+commit (``CommitFailedError``), the sink reloads and finds the batch recorded.
+
+One commit per batch, one MERGE:
+
+- SCD 1: the source holds each touched key once, ``__apply`` = ``upsert`` (its final image)
+  or ``delete``; matched deletes are removed (or, with a soft-delete column, flagged), matched
+  upserts update every column, unmatched upserts are inserted;
+- SCD 2: the source holds the batch's new versions (never matching: their merge key is null)
+  and one ``close`` row per touched key whose merge key matches the key's open version
+  (``__END_AT IS NULL``), which gets ``__END_AT`` = the key's first change time here.
+
+The first batch creates the table in its commit (``write_deltalake``, with the ``txn``). New
+columns (``schema_drift=add``) are added by a schema-only commit just before the MERGE (delta-rs'
+``merge_schema`` mixes up rows when some source columns are excluded); a replay finds them there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+
+from tablestore_cdc.lakehouse.plan import (
+    END_AT,
+    ApplyOptions,
+    ApplyPlan,
+    plan_batch,
+    to_arrow,
+)
+from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
+
+#: the MERGE source's own columns (never written to the target)
+APPLY = "__apply"
+CLOSE_AT = "__close_at"
+MERGE_KEY = "__merge_"
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("the Delta target needs deltalake: pip install "
+                          "'tablestore-cdc[lakehouse]'") from exc
+    return deltalake
+
+
+class DeltaApplySink(ApplySink):
+    """``changes.writeStream.foreachBatch(DeltaApplySink("/data/orders", scd=2))``
+
+    ``table_uri``: a path or any URI delta-rs writes (``storage_options`` for cloud stores).
+    Options as ``ApplySink`` (``key_columns``, ``scd``, ``schema_drift``,
+    ``soft_delete_column``, ``app_id``)."""
+
+    def __init__(self, table_uri: str | os.PathLike[str], *,
+                 storage_options: dict[str, str] | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.table_uri = str(table_uri)
+        self.storage_options = storage_options
+
+    @property
+    def conflict_errors(self) -> tuple[type[BaseException], ...]:
+        return (_deltalake().exceptions.CommitFailedError,)
+
+    def table(self) -> Any | None:
+        """The table as it is now (``DeltaTable``), or None if it does not exist yet."""
+        deltalake = _deltalake()
+        try:
+            return deltalake.DeltaTable(self.table_uri, storage_options=self.storage_options)
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+
+    def committed_batch(self, app_id: str) -> int | None:
+        table = self.table()
+        return None if table is None else table.transaction_version(app_id)
+
+    def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
+                    options: ApplyOptions) -> ApplyResult:
+        deltalake = _deltalake()
+        from deltalake.transaction import CommitProperties, Transaction
+
+        table = self.table()
+        recorded = None if table is None else table.transaction_version(app_id)
+        if recorded is not None and recorded >= batch_id:
+            return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
+        target = None if table is None else pa.schema(table.schema().to_arrow())
+        plan = plan_batch(batch, target, options, self.table_uri)
+        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+        self._before_commit()
+        if table is None:
+            deltalake.write_deltalake(self.table_uri, to_arrow(plan.upserts, plan.layout.schema),
+                                      storage_options=self.storage_options,
+                                      commit_properties=commit)
+        else:
+            if plan.layout.added:
+                fields = deltalake.Schema.from_arrow(pa.schema(plan.layout.added)).fields
+                table.alter.add_columns(fields)
+            merge = _scd2_merge if options.scd == 2 else _scd1_merge
+            merge(table, plan, options, commit)
+        self._after_commit()
+        return self._result(batch_id, plan, self.table().version())  # type: ignore[union-attr]
+
+
+def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:
+    return " AND ".join(f"t.`{k}` = {source.format(k)}" for k in key_columns)
+
+
+def _scd1_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any) -> None:
+    schema = plan.layout.schema
+    keys = options.key_columns
+    rows = [{**row, APPLY: "upsert"} for row in plan.upserts]
+    rows += [{**dict(zip(keys, key, strict=True)), APPLY: "delete"} for key in plan.deletes]
+    if not rows:
+        return
+    source = to_arrow(rows, schema.append(pa.field(APPLY, pa.string())))
+    merger = table.merge(source, _predicate(keys), source_alias="s", target_alias="t",
+                         commit_properties=commit)
+    deleted, upsert = f"s.{APPLY} = 'delete'", f"s.{APPLY} = 'upsert'"
+    if options.soft_delete_column:
+        merger = merger.when_matched_update({f"`{options.soft_delete_column}`": "true"},
+                                            predicate=deleted)
+    else:
+        merger = merger.when_matched_delete(predicate=deleted)
+    (merger.when_matched_update_all(predicate=upsert, except_cols=[APPLY])
+     .when_not_matched_insert_all(predicate=upsert, except_cols=[APPLY])
+     .execute())
+
+
+def _scd2_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any) -> None:
+    schema = plan.layout.schema
+    keys = options.key_columns
+    merge_keys = [pa.field(MERGE_KEY + k, schema.field(k).type) for k in keys]
+    helpers = [pa.field(APPLY, pa.string()), pa.field(CLOSE_AT, schema.field(END_AT).type),
+               *merge_keys]
+    rows = [{**row, APPLY: "version"} for row in plan.upserts]
+    for key, close_at in plan.closes.items():
+        key_values = dict(zip(keys, key, strict=True))
+        rows.append({**key_values, APPLY: "close", CLOSE_AT: close_at,
+                     **{MERGE_KEY + k: v for k, v in key_values.items()}})
+    if not rows:
+        return
+    source = to_arrow(rows, pa.schema([*schema, *helpers]))
+    predicate = (_predicate(keys, "s.`" + MERGE_KEY + "{}`")
+                 + f" AND t.`{END_AT}` IS NULL")
+    (table.merge(source, predicate, source_alias="s", target_alias="t",
+                 commit_properties=commit)
+     .when_matched_update({f"`{END_AT}`": f"s.{CLOSE_AT}"}, predicate=f"s.{APPLY} = 'close'")
+     .when_not_matched_insert_all(predicate=f"s.{APPLY} = 'version'",
+                                  except_cols=[f.name for f in helpers])
+     .execute())

@@ -1,0 +1,213 @@
+"""Apply changes into an Apache Iceberg table with ``pyiceberg`` (driver, no JVM).
+
+Exactly once through the **snapshot summary** and the catalog's optimistic concurrency: every
+snapshot a batch makes carries ``tablestore-cdc.query-id`` and ``tablestore-cdc.batch-id``.
+Before committing, the sink walks the table's snapshots from the current one back to the
+newest of its query and skips a batch at or below the batch id recorded there. The batch's
+snapshots (a delete and an append, and a schema change if columns are added) are one catalog
+commit that requires the table's current snapshot to be the one the sink read
+(``AssertRefSnapshotId``); if another writer committed meanwhile the catalog refuses
+(``CommitFailedException``), and the sink reloads, checks the summary again and re-plans.
+
+Row-level changes are copy-on-write with a key filter (``pyiceberg`` writes no delete files):
+
+- SCD 1: delete every touched key's row, append the final images (with a soft-delete column,
+  keys deleted here without an image in the batch keep their current row, flagged);
+- SCD 2: read the touched keys' open versions (``__END_AT IS NULL``), delete them, append them
+  closed (``__END_AT`` = the key's first change time here) together with the new versions.
+
+The default catalog is pyiceberg's SQL catalog on a SQLite file (``open_apply_sink``:
+``iceberg:///abs/warehouse?table=ns.name``); any catalog ``pyiceberg.catalog.load_catalog``
+accepts can be passed as properties.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tablestore_cdc.lakehouse.plan import (
+    END_AT,
+    ApplyOptions,
+    ApplyPlan,
+    Key,
+    plan_batch,
+    to_arrow,
+)
+from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
+
+QUERY_ID_PROPERTY = "tablestore-cdc.query-id"
+BATCH_ID_PROPERTY = "tablestore-cdc.batch-id"
+#: pyiceberg retries a refused commit itself by rebasing the transaction's snapshots onto the
+#: new head, which would commit a batch a zombie attempt already committed (appends rebase
+#: cleanly): the sink's own retry re-checks the summary first, so the table property turns
+#: pyiceberg's off
+NO_LIBRARY_RETRY = "commit.retry.num-retries"
+
+
+def _pyiceberg() -> Any:
+    try:
+        import pyiceberg.catalog
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("the Iceberg target needs pyiceberg: pip install "
+                          "'tablestore-cdc[lakehouse]'") from exc
+    return pyiceberg
+
+
+def sqlite_catalog_properties(warehouse: str, catalog_db: str | None = None) -> dict[str, str]:
+    """pyiceberg SQL-catalog properties: the catalog in a SQLite file (default
+    ``<warehouse>/catalog.db``), data and metadata files under ``warehouse`` (absolute path)."""
+    db = catalog_db or f"{warehouse.rstrip('/')}/catalog.db"
+    return {"type": "sql", "uri": f"sqlite:///{db}", "warehouse": f"file://{warehouse}"}
+
+
+class IcebergApplySink(ApplySink):
+    """``changes.writeStream.foreachBatch(IcebergApplySink(props, "cdc.orders", scd=2))``
+
+    ``catalog_properties``: what ``pyiceberg.catalog.load_catalog`` takes (see
+    ``sqlite_catalog_properties``); ``identifier``: ``namespace.table`` (the namespace is created
+    if missing). Options as ``ApplySink``."""
+
+    def __init__(self, catalog_properties: Mapping[str, str], identifier: str,
+                 *, catalog_name: str = "tablestore_cdc", **options: Any) -> None:
+        super().__init__(**options)
+        self.catalog_properties = dict(catalog_properties)
+        self.catalog_name = catalog_name
+        self.identifier = identifier
+        self._catalog: Any = None
+
+    @property
+    def conflict_errors(self) -> tuple[type[BaseException], ...]:
+        from pyiceberg.exceptions import (
+            CommitFailedException,
+            TableAlreadyExistsError,
+            ValidationException,
+        )
+
+        return (CommitFailedException, TableAlreadyExistsError, ValidationException)
+
+    def catalog(self) -> Any:
+        """The catalog, opened once per process (not pickled with the sink)."""
+        if self._catalog is None:
+            uri = self.catalog_properties.get("uri", "")
+            if uri.startswith("sqlite:///"):  # a new SQLite catalog: its directory must exist
+                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            self._catalog = _pyiceberg().catalog.load_catalog(self.catalog_name,
+                                                              **self.catalog_properties)
+        return self._catalog
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_catalog": None}
+
+    def table(self) -> Any | None:
+        """The table as it is now (``pyiceberg.table.Table``), or None if it does not exist."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog().load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def committed_batch(self, app_id: str) -> int | None:
+        table = self.table()
+        return None if table is None else committed_batch(table, app_id)
+
+    def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
+                    options: ApplyOptions) -> ApplyResult:
+        table = self.table()
+        if table is not None and table.properties.get(NO_LIBRARY_RETRY) != "0":
+            with table.transaction() as setting:  # a metadata-only commit, once per table
+                setting.set_properties({NO_LIBRARY_RETRY: "0"})
+        if table is not None:
+            recorded = committed_batch(table, app_id)
+            if recorded is not None and recorded >= batch_id:
+                return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
+        target = None if table is None else table.schema().as_arrow()
+        plan = plan_batch(batch, target, options, self.identifier)
+        if table is None:
+            catalog = self.catalog()
+            catalog.create_namespace_if_not_exists(self.identifier.rpartition(".")[0])
+            table = catalog.create_table(self.identifier, schema=plan.layout.schema,
+                                         properties={NO_LIBRARY_RETRY: "0"})
+        summary = {QUERY_ID_PROPERTY: app_id, BATCH_ID_PROPERTY: str(batch_id)}
+        transaction = table.transaction()
+        if plan.layout.added:
+            with transaction.update_schema() as update:
+                update.union_by_name(pa.schema(plan.layout.added))
+        schema = transaction.table_metadata.schema().as_arrow()
+        if options.scd == 2:
+            delete_filter, rows = _scd2_rows(table, plan, options)
+        else:
+            delete_filter, rows = _scd1_rows(table, plan, options)
+        if delete_filter is None and not rows and not plan.layout.added:
+            return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
+        if delete_filter is not None and table.current_snapshot() is not None:
+            with warnings.catch_warnings():  # "did not match any records": new keys only
+                warnings.filterwarnings("ignore", "Delete operation did not match")
+                transaction.delete(delete_filter, snapshot_properties=summary)
+        if rows:
+            transaction.append(to_arrow(rows, schema), snapshot_properties=summary)
+        self._before_commit()  # data files written, the catalog not yet pointed at them
+        table = transaction.commit_transaction()
+        self._after_commit()
+        snapshot = table.current_snapshot()
+        return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id)
+
+
+def committed_batch(table: Any, app_id: str) -> int | None:
+    """The batch id in the newest snapshot of ``app_id`` on the table's main branch."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        summary = snapshot.summary
+        if summary is not None and summary.get(QUERY_ID_PROPERTY) == app_id:
+            return int(str(summary.get(BATCH_ID_PROPERTY)))
+    return None
+
+
+def _scd1_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
+               ) -> tuple[Any | None, list[dict[str, Any]]]:
+    keys = options.key_columns
+    rows = list(plan.upserts)
+    touched = [tuple(row[k] for k in keys) for row in plan.upserts] + plan.deletes
+    flag = options.soft_delete_column
+    if flag and plan.deletes:  # deleted here, last image in the table: keep it, flagged
+        current = table.scan(row_filter=keys_filter(keys, plan.deletes)).to_arrow().to_pylist()
+        rows += [{**row, flag: True} for row in current]
+    return (keys_filter(keys, touched) if touched else None), rows
+
+
+def _scd2_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
+               ) -> tuple[Any | None, list[dict[str, Any]]]:
+    expressions = _expressions()
+    keys = options.key_columns
+    if not plan.closes:
+        return None, list(plan.upserts)
+    open_versions = expressions.And(keys_filter(keys, plan.closes), expressions.IsNull(END_AT))
+    current = table.scan(row_filter=open_versions).to_arrow().to_pylist()
+    closed = [{**row, END_AT: plan.closes[tuple(row[k] for k in keys)]} for row in current]
+    return (open_versions if closed else None), closed + plan.upserts
+
+
+def keys_filter(key_columns: tuple[str, ...], keys: Iterable[Key]) -> Any:
+    """A pyiceberg row filter matching exactly ``keys``."""
+    e = _expressions()
+    keys = list(dict.fromkeys(keys))
+    if len(key_columns) == 1:
+        return e.In(key_columns[0], {key[0] for key in keys})
+    return functools.reduce(e.Or, [e.And(*[e.EqualTo(c, v) for c, v in zip(key_columns, key,
+                                                                          strict=True)])
+                                   for key in keys])
+
+
+def _expressions() -> Any:
+    """``pyiceberg.expressions`` (its classes take positional terms at run time; typed as Any
+    because their pydantic signatures say otherwise)."""
+    import pyiceberg.expressions
+
+    return pyiceberg.expressions

@@ -1,0 +1,142 @@
+"""The ``foreachBatch`` side every target shares (driver).
+
+``query = changes.writeStream.foreachBatch(DeltaApplySink(...)).start()``: Spark calls the sink
+on the driver with each micro-batch and its batch id. The sink collects the batch to Arrow on
+the driver (bound the batch with ``maxOffsetsPerTrigger``), finds the streaming query's id, and
+hands both to its target (``apply``), which makes **one commit** carrying the pair
+(query id, batch id) and skips a batch whose id is already recorded for that query: a batch
+Spark replays after a crash changes nothing. Why the query id: it is stored in the checkpoint
+and survives restarts, and a new checkpoint (batch ids from 0 again) gets a new one.
+
+A target's commit can lose a race with another writer of the same table (optimistic
+concurrency); ``apply`` then reloads the table, checks again whether the batch is already
+there (the other writer may have been a zombie of this very query), plans again and retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from connector.faults import fault_point
+from tablestore_cdc.lakehouse.errors import ApplyOptionError, QueryIdUnknownError
+from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, key_columns_of
+
+log = logging.getLogger("tablestore_cdc.lakehouse")
+
+#: Spark sets it on the thread that runs a streaming batch (``foreachBatch`` included)
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: commits tried per batch when other writers keep winning the race
+COMMIT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What ``apply`` did with one batch."""
+
+    batch_id: int
+    #: False when the batch was already in the target (a replay) or had no effect
+    committed: bool
+    changes: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    #: the target version (Delta) or snapshot id (Iceberg) after the commit
+    version: int | None = None
+    attempts: int = 1
+
+
+class ApplySink(ABC):
+    """Base of ``DeltaApplySink`` and ``IcebergApplySink``: options, ``foreachBatch`` entry,
+    the conflict-retry loop. Subclasses implement ``_apply_once`` and ``committed_batch``."""
+
+    def __init__(self, *, key_columns: tuple[str, ...] | list[str] | None = None,
+                 scd: int = 1, schema_drift: str = "fail",
+                 soft_delete_column: str | None = None, app_id: str | None = None) -> None:
+        self.key_columns = tuple(key_columns) if key_columns else None
+        self.scd, self.schema_drift = scd, schema_drift
+        self.soft_delete_column = soft_delete_column
+        self.app_id = app_id
+        # fail at construction on a bad option (keys, when not given, come with the batch)
+        self.options(self.key_columns or ("<key>",))
+
+    def options(self, key_columns: tuple[str, ...]) -> ApplyOptions:
+        return ApplyOptions(key_columns=key_columns, scd=self.scd,
+                            schema_drift=self.schema_drift,
+                            soft_delete_column=self.soft_delete_column)
+
+    # --- foreachBatch ------------------------------------------------------------------------
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        """The ``foreachBatch`` function (driver)."""
+        app_id = self.app_id or _query_id(df, batch_id)
+        key_columns = self.key_columns or key_columns_of(df.schema)
+        if not key_columns:
+            raise ApplyOptionError(option="key_columns", value=None,
+                                   problem="the batch's schema marks no key column (a change "
+                                   "log read back from files loses the marks)",
+                                   allowed="key_columns=[...] given to the sink")
+        self.apply(df.toArrow(), app_id, batch_id, key_columns)
+
+    # --- one batch ---------------------------------------------------------------------------
+
+    def apply(self, batch: pa.Table, app_id: str, batch_id: int,
+              key_columns: tuple[str, ...] | None = None) -> ApplyResult:
+        """Apply one batch of changes (the source's output schema) exactly once."""
+        options = self.options(tuple(key_columns or self.key_columns or ()))
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                result = self._apply_once(batch, app_id, batch_id, options)
+            except self.conflict_errors as exc:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.warning("batch %d: commit lost a race (%s); reloading and retrying",
+                            batch_id, exc)
+                continue
+            if attempt > 1:
+                result = ApplyResult(**{**result.__dict__, "attempts": attempt})
+            log.info("batch %d: %s", batch_id, result)
+            return result
+        raise AssertionError("unreachable")
+
+    @property
+    def conflict_errors(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that mean "another writer committed first": reload and try again."""
+        return ()
+
+    @abstractmethod
+    def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
+                    options: ApplyOptions) -> ApplyResult:
+        """Load the table, skip if ``batch_id`` is recorded for ``app_id``, plan, commit."""
+
+    @abstractmethod
+    def committed_batch(self, app_id: str) -> int | None:
+        """The highest batch id of ``app_id`` the target holds (None: none)."""
+
+    @staticmethod
+    def _before_commit() -> None:
+        fault_point("before_target_commit")
+
+    @staticmethod
+    def _after_commit() -> None:
+        fault_point("after_target_commit")
+
+    @staticmethod
+    def _result(batch_id: int, plan: ApplyPlan, version: int | None) -> ApplyResult:
+        return ApplyResult(batch_id=batch_id, committed=True, changes=plan.changes,
+                           upserts=len(plan.upserts),
+                           deletes=len(plan.deletes) + len(plan.closes), version=version)
+
+
+def _query_id(df: Any, batch_id: int) -> str:
+    """The running streaming query's id (a local property of the batch's thread)."""
+    try:
+        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    except Exception:  # Spark Connect has no SparkContext
+        query_id = None
+    if not query_id:
+        raise QueryIdUnknownError(batch_id=batch_id)
+    return str(query_id)
