@@ -62,8 +62,8 @@ from connector.tunnel.base import (
 from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
+from tablestore_emulator.context import EmulatorContext
 from tablestore_emulator.errors import OtsError
-from tablestore_emulator.server import EmulatorContext
 
 #: the message phrases the client maps back to typed errors (connector.tunnel.tablestore.client)
 MESSAGE_NO_TABLE = "Requested table does not exist"
