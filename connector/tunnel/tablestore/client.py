@@ -58,6 +58,7 @@ import base64
 import binascii
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -166,11 +167,14 @@ class TablestoreTunnelService(TunnelService):
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
                  uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
-                 send_max_records: bool = True) -> None:
+                 send_max_records: bool = True, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """``clock`` and ``sleep`` time the transport's retries (tests pass a fake clock)."""
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.uri = _safe(uri) if uri else f"{self.endpoint}?instance={instance}"
-        self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s)
+        self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s,
+                                    clock=clock, sleep=sleep)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
         #: False makes reads behave as against a service without the emulator's page limit
