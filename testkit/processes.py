@@ -1,7 +1,11 @@
 """Process-tree tools for the kill tests: start a Spark driver, SIGKILL it with every child.
 
-PySpark's daemon workers leave the driver's process group, so killing the group is not enough:
-``kill_tree`` collects the whole tree (psutil) first, then SIGKILLs all of it at once.
+``start_runner`` starts ``python -m testkit.runner`` (one streaming query in its own process,
+``testkit/runner.py``); ``kill_tree`` SIGKILLs it with all its descendants. PySpark's daemon
+workers leave the driver's process group, so killing the group is not enough: ``kill_tree``
+collects the whole tree (psutil) first, then SIGKILLs all of it at once;
+``kill_at_crash_point`` does both around a crash point of ``connector/faults.py``. Used by the
+restart and fault tests (``integration/``), the job tests and the recovery benchmark.
 """
 
 from __future__ import annotations
@@ -9,21 +13,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from testkit.waiting import wait_until
+
+#: the repository root: child processes run there, so they import the checkout
 REPO = Path(__file__).resolve().parent.parent
 
 
 def start_runner(args: list[str], log_path: Path, env: dict[str, str] | None = None
                  ) -> subprocess.Popen:
-    """Start ``python -m integration.runner ARGS`` as a new session, output to ``log_path``."""
+    """Start ``python -m testkit.runner ARGS`` as a new session, output to ``log_path``."""
     full_env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})}
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-    return subprocess.Popen([sys.executable, "-m", "integration.runner", *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "testkit.runner", *args], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, env=full_env,
                             start_new_session=True)
 
@@ -44,14 +49,16 @@ def kill_tree(pid: int) -> int:
     return len(victims)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str,
-             process: subprocess.Popen | None = None, interval: float = 0.2) -> None:
-    """Poll ``condition`` until true; fail with ``what`` on timeout or if ``process`` died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"process exited with {process.returncode} while waiting: {what}")
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting: {what}")
+def kill_at_crash_point(args: list[str], log_path: Path, env: dict[str, str], fault_dir: Path,
+                        point: str, timeout: float) -> int:
+    """Arm ``point`` in ``fault_dir`` (``connector/faults.py``: the runner's environment must
+    name it), start the runner, wait until one of its processes parks there, SIGKILL the whole
+    tree; returns how many processes were killed. ``hit-<point>`` is left for the caller."""
+    (fault_dir / f"arm-{point}").touch()
+    runner = start_runner(args, log_path, env)
+    try:
+        wait_until(f"a process to reach crash point {point}", (fault_dir / f"hit-{point}").exists,
+                   timeout=timeout, process=runner)
+    finally:
+        killed = kill_tree(runner.pid)
+    return killed
