@@ -28,7 +28,7 @@ demo: $(STAMP) java-check
 
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser)
 test: $(STAMP) java-check
-	$(BIN)/python -m pytest -m "not faults_full and not benchmark" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not faults_full" $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
 test-fast: $(STAMP)
