@@ -7,7 +7,8 @@ The product's packages stand on each other in one direction only:
 A module may import from its own package and from packages to its left, never to its right,
 and never the test support (``testkit``, ``tests``, ``integration``, ``benchmarks``).
 ``testkit`` may import any product package; ``tests/``, ``integration/`` and ``benchmarks/`` may
-import the product and ``testkit``, and ``tests/`` and ``integration/`` not each other. Within the product no module import cycle exists.
+import the product and ``testkit``, and ``tests/`` and ``integration/`` not each other. Within
+the product no module import cycle exists.
 
 Checked on the source text (every ``import``/``from`` statement, including those inside
 functions and under ``if TYPE_CHECKING:``), so a lazy import cannot hide a wrong-way dependency
