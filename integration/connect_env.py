@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 STARTED = re.compile(r"Spark Connect server started at: [^\s:]+:(\d+)")
 #: ``TABLESTORE_CDC_CONNECT_CLIENT`` overrides the client requirement (e.g. another version)
 CLIENT_ENV = "TABLESTORE_CDC_CONNECT_CLIENT"
-#: what ``connector``'s client path imports besides PySpark (pyarrow and pandas come with it)
+#: what the client path needs besides PySpark: ``connector`` imports pydantic and tenacity;
+#: PySpark's Connect client itself requires pandas (``pyspark.sql.connect.utils``), which
+#: ``pyspark-client`` may not bring (pyarrow comes with it)
 CLIENT_EXTRAS = ("pydantic>=2.6", "tenacity>=8", "pandas>=2,<3")
 
 
