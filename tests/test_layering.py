@@ -64,18 +64,22 @@ def _existing(packages: list[str]) -> list[str]:
     return [p for p in packages if (ROOT / p).is_dir()]
 
 
+def _imports_of(folder: str, names: set[str]) -> list[str]:
+    """``path:line imports name`` for every import of ``names`` in ``folder``."""
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in _python_files(folder)
+        for name, line in sorted(_top_levels(path))
+        if name in names
+    ]
+
+
 @pytest.mark.parametrize("package", LAYERS)
 def test_imports_go_one_way(package: str) -> None:
     if not (ROOT / package).is_dir():
         pytest.skip(f"{package}/ does not exist yet")
     allowed = set(LAYERS[: LAYERS.index(package) + 1])
-    forbidden = (set(LAYERS) - allowed) | set(TEST_SUPPORT)
-    wrong = [
-        f"{path.relative_to(ROOT)}:{line} imports {name}"
-        for path in _python_files(package)
-        for name, line in sorted(_top_levels(path))
-        if name in forbidden
-    ]
+    wrong = _imports_of(package, (set(LAYERS) - allowed) | set(TEST_SUPPORT))
     assert not wrong, f"{package} may only import {sorted(allowed)}:\n" + "\n".join(wrong)
 
 
@@ -83,12 +87,7 @@ def test_imports_go_one_way(package: str) -> None:
 def test_test_code_imports_the_product_testkit_and_itself(folder: str) -> None:
     allowed = {folder, *LAYERS, *TEST_CODE_MAY_IMPORT[folder]}
     forbidden = set(TEST_SUPPORT) - allowed
-    wrong = [
-        f"{path.relative_to(ROOT)}:{line} imports {name}"
-        for path in _python_files(folder)
-        for name, line in sorted(_top_levels(path))
-        if name in forbidden
-    ]
+    wrong = _imports_of(folder, forbidden)
     assert not wrong, f"{folder} may not import {sorted(forbidden)}:\n" + "\n".join(wrong)
 
 
