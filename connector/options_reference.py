@@ -22,7 +22,7 @@ import sys
 import tempfile
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
-def option_table(headings: set[str] = frozenset()) -> str:
+def option_table(headings: Set[str] = frozenset()) -> str:
     """The reference table in Markdown. An option whose name is a heading of the page
     (``### `name```) links to it."""
     rows = ["| option | type | default | allowed values | meaning |",
