@@ -33,7 +33,7 @@ demo: $(STAMP) java-check
 
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser)
 test: $(STAMP) java-check
-	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not benchmark" $(PYTEST_ARGS)
+	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full" $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
 test-fast: $(STAMP)

@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.common import percentile, progress_breakdown
 from connector.local import LocalTablestore
+from testkit.waiting import wait_until
 
 TABLE = "fresh"
 
@@ -59,7 +60,8 @@ def run(spark: Any, config: FreshnessConfig, workdir: Path) -> dict[str, Any]:
              .option("checkpointLocation", str(workdir / f"ckpt-{uuid.uuid4().hex}")).start())
     try:
         store.put_row(TABLE, {"id": -1}, {"stamp": time.time()})  # warm-up, not counted
-        _wait(lambda: len(latencies) >= 1, config.timeout_s, query)
+        wait_until("the warm-up write delivered", lambda: len(latencies), lambda n: n >= 1,
+                   timeout=config.timeout_s, interval=0.05, query=query)
         with lock:
             latencies.clear()
             batches.clear()
@@ -67,7 +69,8 @@ def run(spark: Any, config: FreshnessConfig, workdir: Path) -> dict[str, Any]:
         writer = threading.Thread(target=_write, args=(store, writes, config.writes_per_second))
         writer.start()
         writer.join()
-        _wait(lambda: len(latencies) >= writes, config.timeout_s, query)
+        wait_until(f"all {writes} writes delivered", lambda: len(latencies),
+                   lambda n: n >= writes, timeout=config.timeout_s, interval=0.05, query=query)
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     finally:
         query.stop()
@@ -93,12 +96,3 @@ def _write(store: LocalTablestore, writes: int, rate: float) -> None:
             time.sleep(delay)
         store.put_row(TABLE, {"id": i}, {"stamp": time.time()})
 
-
-def _wait(condition: Any, timeout: float, query: Any) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if query.exception() is not None:
-            raise RuntimeError(f"freshness query failed: {query.exception()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError("freshness: not every write was delivered in time")
-        time.sleep(0.05)

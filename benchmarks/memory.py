@@ -9,7 +9,8 @@ batch, as a worker does once it has written the batch to the JVM. That process r
 
 - ``peak_rss_mb``: its peak resident set (``ru_maxrss``) over the whole run;
 - ``baseline_rss_mb``: its resident set after the imports (pyspark, pyarrow, the connector, and
-  pandas, which pyarrow loads on its first conversion of a Python list), before reading;
+  pandas if it is installed: pyarrow loads it on its first conversion of a Python list), before
+  reading;
 - ``arrow_mb``: the summed ``nbytes`` of the yielded Arrow batches (the rows' Arrow size);
 - ``peak_over_arrow``: ``peak_rss_mb / arrow_mb`` (the issue's target: <= 2.5).
 
@@ -90,7 +91,7 @@ def worker(context_path: str, out_path: str) -> None:
     with open_tunnel_service(options.endpoint) as tunnel:
         schema = output_schema(tunnel.table_schema(options.table_name))
     reader = TablestoreStreamReader(options, schema)
-    pyarrow.array([0])  # pyarrow loads pandas on its first conversion of a Python list
+    pyarrow.array([0])  # pyarrow loads pandas (if installed) on its first conversion of a list
     baseline = _rss_mb()
     rows = nbytes = batches = 0
     for batch in reader.read(partition):

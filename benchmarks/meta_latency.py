@@ -34,6 +34,7 @@ from contextlib import contextmanager
 
 from meta_store import open_meta_store
 from meta_store.base import EndCheckpoint, MetaStore
+from testkit.waiting import wait_until
 
 NAMESPACE = "bench;table=orders;tunnel=t1"
 
@@ -94,16 +95,17 @@ def moto_uri() -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
                              "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.05)
+        wait_until(f"the moto server to listen on port {port}", listening, timeout=30,
+                   interval=0.05, process=proc)
         yield (f"dynamodb://cdc-bench?region=us-east-1&endpoint_url=http://127.0.0.1:{port}"
                "&create_table=true")
     finally:

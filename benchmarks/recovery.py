@@ -1,9 +1,9 @@
 """Recovery after a SIGKILL of the Spark driver tree: time to the first new batch, records re-read.
 
-What is measured: a query runs in its own process (``integration.runner``: ``local[2]``, an
+What is measured: a query runs in its own process (``testkit.runner``: ``local[2]``, an
 ``ExactlyOnceParquetSink``, ``maxOffsetsPerChannel`` small so it runs many batches) over a
 pre-filled embedded store. Once ``batches_before_kill`` batches are in the sink, the whole
-process tree is SIGKILLed at that arbitrary moment (``integration.processes.kill_tree``), and the
+process tree is SIGKILLed at that arbitrary moment (``testkit.processes.kill_tree``), and the
 runner is started again on the same checkpoint.
 
 - ``recovery_s``: from the restart (process start) to the first sink batch with an id above every
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,10 @@ from typing import Any
 from benchmarks.common import TABLE, create_bench_table, fill, median
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
-from integration.processes import kill_tree, start_runner, wait_for
 from meta_store import open_meta_store
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from testkit.processes import kill_tree, start_runner
+from testkit.waiting import wait_until
 
 TUNNEL = "recovery"
 
@@ -96,25 +96,21 @@ def run(config: RecoveryConfig, workdir: Path) -> dict[str, Any]:
     def newest() -> int:
         return max(sink.committed_batches(), default=-1)
 
-    def batch_above(n: int) -> Callable[[], bool]:
-        return lambda: newest() > n
-
-    def started_more_than(n: int) -> Callable[[], bool]:
-        return lambda: _started_lines(log) > n
+    def wait_batch_above(n: int, what: str, interval: float = 0.2) -> None:
+        wait_until(f"{what} (a sink batch above {n})", newest, lambda batch: batch > n,
+                   timeout=config.timeout_s, interval=interval, process=runner)
 
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
     runner = start_runner(args, log)
     try:
-        wait_for(batch_above(-1), config.timeout_s, "first batch", runner)
+        wait_batch_above(-1, "first batch")
         cold_start_s = time.monotonic() - started
         for _ in range(config.trials):
             target = newest() + config.batches_before_kill
-            wait_for(batch_above(target - 1), config.timeout_s, "batches before kill", runner,
-                     interval=0.02)
+            wait_batch_above(target - 1, "batches before kill", interval=0.02)
             seen = time.monotonic()
-            wait_for(batch_above(target), config.timeout_s, "one more batch", runner,
-                     interval=0.02)
+            wait_batch_above(target, "one more batch", interval=0.02)
             # land the kill in the middle of the next batch, where it costs the most
             time.sleep((time.monotonic() - seen) / 2)
             kill_tree(runner.pid)
@@ -124,11 +120,12 @@ def run(config: RecoveryConfig, workdir: Path) -> dict[str, Any]:
             starts = _started_lines(log)
             restarted = time.monotonic()
             runner = start_runner(args, log)
-            wait_for(started_more_than(starts), config.timeout_s, "query started after restart",
-                     runner, interval=0.05)
+            wait_until("query started after restart", lambda: _started_lines(log),
+                       lambda lines, starts=starts: lines > starts,
+                       timeout=config.timeout_s, interval=0.05,
+                       process=runner)
             query_started_s = time.monotonic() - restarted
-            wait_for(batch_above(stored_at_kill), config.timeout_s,
-                     "first new batch after restart", runner, interval=0.05)
+            wait_batch_above(stored_at_kill, "first new batch after restart", interval=0.05)
             trials.append({"recovery_s": round(time.monotonic() - restarted, 2),
                            "query_started_s": round(query_started_s, 2),
                            "rereads": rereads, "replayed_batch": replayed,

@@ -35,6 +35,7 @@ from typing import Any
 from benchmarks.common import TABLE, create_bench_table, fill, median, progress_breakdown
 from benchmarks.throughput import _trivial, before_share, register_trivial, run_noop
 from connector.local import LocalTablestore
+from testkit.waiting import wait_until
 
 INSTANCE, KEY_ID, SECRET = "bench", "bench-key", "bench-secret"
 
@@ -152,16 +153,15 @@ def run_until(spark: Any, df: Any, expected: int, checkpoint: Path,
     query = (df.writeStream.format("noop").trigger(processingTime="100 milliseconds")
              .option("checkpointLocation", str(checkpoint)).start())
     seen: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
+
+    def rows_seen() -> int:
+        for p in query.recentProgress:
+            seen[p["batchId"]] = p
+        return sum(p["numInputRows"] for p in seen.values())
+
     try:
-        while sum(p["numInputRows"] for p in seen.values()) < expected:
-            if query.exception() is not None:
-                raise RuntimeError(f"benchmark query failed: {query.exception()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{expected} rows not delivered in {timeout_s:.0f} s")
-            for p in query.recentProgress:
-                seen[p["batchId"]] = p
-            time.sleep(0.2)
+        wait_until(f"{expected} rows into noop", rows_seen, lambda rows: rows >= expected,
+                   timeout=timeout_s, query=query)
     finally:
         query.stop()
     progress = [p for p in seen.values() if p["numInputRows"] > 0]

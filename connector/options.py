@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -33,44 +33,105 @@ from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
-#: canonical option name -> (model field, what is allowed; shown in errors and docs)
-OPTIONS: dict[str, tuple[str, str]] = {
-    "endpoint": ("endpoint", "a tunnel-service URI, e.g. local:///abs/path/store.db"),
-    "table.name": ("table_name", "the source table's name (no surrounding whitespace)"),
-    "tunnel.name": ("tunnel_name", "a tunnel name, created if missing (no surrounding "
-                    "whitespace)"),
-    "tunnel.type": ("tunnel_type", "Stream or BaseAndStream"),
-    "startingPosition": ("starting_position", "earliest or latest"),
-    "meta.store": ("meta_store", "a meta-store URI: sqlite:///abs/path.db or dynamodb://TABLE?..."),
-    "maxOffsetsPerChannel": ("max_offsets_per_channel", "an integer >= 1 and <= 2147483647"),
-    "maxOffsetsPerTrigger": ("max_offsets_per_trigger",
-                             "an integer >= 1 and <= 9223372036854775807 (a Java long)"),
-    "commitInterval": ("commit_interval", "an integer >= 1 and <= 2147483647"),
-    "channelRefreshIntervalMs": ("channel_refresh_interval_ms",
-                                 "an integer >= 0 and <= 2147483647"),
-    "metaRetentionBatches": ("meta_retention_batches", "an integer >= 1 and <= 2147483647"),
-    "failOnDataLoss": ("fail_on_data_loss", "true or false"),
-    "skipEmptyBatches": ("skip_empty_batches", "true or false"),
-    # the vendor's connector's names for a Tablestore endpoint (docs/tablestore.md)
-    "instance.name": ("instance_name", "the Tablestore instance (default: the endpoint host's "
-                      "first label)"),
-    "tunnel.id": ("tunnel_id", "the id of an existing tunnel on the table (instead of, or "
-                  "checked against, tunnel.name)"),
-    "access.key.id": ("access_key_id", f"an AccessKey id (else {ALIBABA_ACCESS_KEY_ID})"),
-    "access.key.secret": ("access_key_secret",
-                          f"an AccessKey secret (else {ALIBABA_ACCESS_KEY_SECRET})"),
-    "security.token": ("security_token", f"an STS token (else {ALIBABA_SECURITY_TOKEN})"),
-    "catalog": ("catalog", 'JSON {"columns": {"name": {"type": "string|long|double|boolean|'
-                'binary"}, ...}}'),
-    "checkpoint.table": ("checkpoint_table", "a table name in the same instance for the meta "
-                         "store (default tablestore_cdc_meta)"),
-    "ssl.ca.bundle": ("ssl_ca_bundle", "the path of a PEM file of CA certificates that verifies "
-                      "an https endpoint, on the driver and every executor (else "
-                      "REQUESTS_CA_BUNDLE, then SSL_CERT_FILE, then the system's)"),
-}
 #: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
 #: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
 DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
+
+
+class OptionSpec(NamedTuple):
+    """One reader option. ``field``: the ``SourceOptions`` field it sets; ``allowed``: what is
+    allowed (errors show it, and docs/options.md); ``meaning``: one line for docs/options.md.
+    ``type`` and ``default`` as docs/options.md shows them, only where the field's annotation
+    and default do not say it (URIs; defaults derived from other options). The reference table
+    is generated from these and the fields (``connector/options_reference.py``)."""
+
+    field: str
+    allowed: str
+    meaning: str
+    type: str | None = None
+    default: str | None = None
+
+
+#: canonical option name -> its definition
+OPTIONS: dict[str, OptionSpec] = {
+    "endpoint": OptionSpec(
+        "endpoint", "a tunnel-service URI, e.g. local:///abs/path/store.db",
+        "the tunnel service: local:// (embedded store), http(s):// (Tablestore), "
+        "dynamodb-streams://", type="URI"),
+    "table.name": OptionSpec(
+        "table_name", "the source table's name (no surrounding whitespace)", "the source table"),
+    "tunnel.name": OptionSpec(
+        "tunnel_name", "a tunnel name, created if missing (no surrounding whitespace)",
+        "the tunnel to read through; created if missing",
+        default="required (unless tunnel.id is given)"),
+    "tunnel.type": OptionSpec(
+        "tunnel_type", "Stream or BaseAndStream",
+        "Stream, or BaseAndStream: a consistent snapshot first, then the stream; used when the "
+        "tunnel is created"),
+    "startingPosition": OptionSpec(
+        "starting_position", "earliest or latest",
+        "where a new Stream tunnel starts; used when the tunnel is created"),
+    "meta.store": OptionSpec(
+        "meta_store", "a meta-store URI: sqlite:///abs/path.db, dynamodb://TABLE?... or "
+        "tablestore://INSTANCE/TABLE?endpoint=...",
+        "where the source keeps what each UUID offset stands for", type="URI",
+        default="SQLite beside a local store; a table in the instance for a Tablestore "
+        "endpoint; else required"),
+    "maxOffsetsPerChannel": OptionSpec(
+        "max_offsets_per_channel", "an integer >= 1 and <= 2147483647",
+        "record cap per channel per batch"),
+    "maxOffsetsPerTrigger": OptionSpec(
+        "max_offsets_per_trigger", "an integer >= 1 and <= 9223372036854775807 (a Java long)",
+        "total cap per batch (offered to Spark as its read limit)"),
+    "commitInterval": OptionSpec(
+        "commit_interval", "an integer >= 1 and <= 2147483647",
+        "push checkpoints to the tunnel every N committed batches; at once when a channel "
+        "finishes"),
+    "channelRefreshIntervalMs": OptionSpec(
+        "channel_refresh_interval_ms", "an integer >= 0 and <= 2147483647",
+        "least time between two reads of the channel list"),
+    "metaRetentionBatches": OptionSpec(
+        "meta_retention_batches", "an integer >= 1 and <= 2147483647",
+        "committed batches kept in the meta table"),
+    "failOnDataLoss": OptionSpec(
+        "fail_on_data_loss", "true or false",
+        "fail when needed records were trimmed; false skips the gap with a warning"),
+    "skipEmptyBatches": OptionSpec(
+        "skip_empty_batches", "true or false",
+        "run no batch while the tunnel reports nothing new"),
+    # the vendor's connector's names for a Tablestore endpoint (docs/tablestore.md)
+    "instance.name": OptionSpec(
+        "instance_name", "the Tablestore instance (default: the endpoint host's first label)",
+        "the Tablestore instance", default="the endpoint host's first label"),
+    "tunnel.id": OptionSpec(
+        "tunnel_id", "the id of an existing tunnel on the table (instead of, or checked "
+        "against, tunnel.name)", "an existing tunnel, by id"),
+    "access.key.id": OptionSpec(
+        "access_key_id", f"an AccessKey id (else {ALIBABA_ACCESS_KEY_ID})",
+        "the AccessKey id", default=f"the environment's {ALIBABA_ACCESS_KEY_ID}"),
+    "access.key.secret": OptionSpec(
+        "access_key_secret", f"an AccessKey secret (else {ALIBABA_ACCESS_KEY_SECRET})",
+        "the AccessKey secret (never logged or stored)",
+        default=f"the environment's {ALIBABA_ACCESS_KEY_SECRET}"),
+    "security.token": OptionSpec(
+        "security_token", f"an STS token (else {ALIBABA_SECURITY_TOKEN})",
+        "an STS token (never logged or stored)",
+        default=f"the environment's {ALIBABA_SECURITY_TOKEN}"),
+    "catalog": OptionSpec(
+        "catalog", 'JSON {"columns": {"name": {"type": "string|long|double|boolean|binary"}, '
+        '...}}', "the attribute columns' types (Tablestore declares only the key)",
+        type="JSON"),
+    "checkpoint.table": OptionSpec(
+        "checkpoint_table", "a table name in the same instance for the meta store (default "
+        "tablestore_cdc_meta)", "the meta table in the endpoint's instance",
+        default=f"`{DEFAULT_CHECKPOINT_TABLE}`"),
+    "ssl.ca.bundle": OptionSpec(
+        "ssl_ca_bundle", "the path of a PEM file of CA certificates that verifies an https "
+        "endpoint, on the driver and every executor (else REQUESTS_CA_BUNDLE, then "
+        "SSL_CERT_FILE, then the system's)",
+        "the CA bundle that verifies an https endpoint (the tunnel and the meta table)",
+        type="path", default="REQUESTS_CA_BUNDLE, then SSL_CERT_FILE, then the system's"),
+}
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
                     "security_token", "checkpoint_table", "ssl_ca_bundle")
@@ -84,7 +145,7 @@ _BY_LOWER = {name.lower(): name for name in OPTIONS}
 #: upper bounds: what Spark's JVM side can hold (ReadMaxRows is a Java long)
 _INT_MAX = 2**31 - 1
 _LONG_MAX = 2**63 - 1
-_FIELD_TO_OPTION = {field: name for name, (field, _) in OPTIONS.items()}
+_FIELD_TO_OPTION = {spec.field: name for name, spec in OPTIONS.items()}
 
 
 def _parse_bool(value: Any) -> Any:
@@ -206,13 +267,13 @@ class SourceOptions(BaseModel):
                 raise OptionError(option=key, value=shown_value(key, value),
                                   problem=f"unknown option; {hint}",
                                   allowed=", ".join(OPTIONS))
-            values[OPTIONS[canonical][0]] = value
+            values[OPTIONS[canonical].field] = value
         for required in ("endpoint", "table.name", "tunnel.name"):
             if required == "tunnel.name" and values.get("tunnel_id"):
                 continue  # resolved from the tunnel id below
-            if OPTIONS[required][0] not in values:
+            if OPTIONS[required].field not in values:
                 raise OptionError(option=required, value=None, problem="is required",
-                                  allowed=OPTIONS[required][1])
+                                  allowed=OPTIONS[required].allowed)
         tablestore = urlsplit(str(values["endpoint"])).scheme in ("http", "https")
         if tablestore:
             values = _tablestore_endpoint(values)
@@ -235,9 +296,10 @@ class SourceOptions(BaseModel):
             error = exc.errors()[0]
             field = str(error["loc"][0]) if error["loc"] else "?"
             option = _FIELD_TO_OPTION.get(field, field)
+            spec = OPTIONS.get(option)
             raise OptionError(option=option, value=_shown(field, values.get(field)),
                               problem=_problem(error["msg"]),
-                              allowed=OPTIONS.get(option, ("", "see docs/options.md"))[1]) from None
+                              allowed=spec.allowed if spec else "see docs/options.md") from None
         return built
 
     def declared_schema(self, table: TableSchema) -> TableSchema:
@@ -364,7 +426,7 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     if not instance:
         raise OptionError(option="instance.name", value=None,
                           problem="is required for this endpoint (its host does not name the "
-                          "instance)", allowed=OPTIONS["instance.name"][1])
+                          "instance)", allowed=OPTIONS["instance.name"].allowed)
     given = alibaba_credentials(*(values.get(field) or query.get(field) for field in
                                   ("access_key_id", "access_key_secret", "security_token")))
     creds = asdict(given)
@@ -373,7 +435,7 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
         if not creds[field]:
             raise OptionError(option=_FIELD_TO_OPTION[field], value=None,
                               problem=f"is required for a Tablestore endpoint (or set {env})",
-                              allowed=OPTIONS[_FIELD_TO_OPTION[field]][1])
+                              allowed=OPTIONS[_FIELD_TO_OPTION[field]].allowed)
     bundle = _ca_bundle_option(parts.scheme, values.get("ssl_ca_bundle") or query.get("ca_bundle"))
     params = {"instance": instance}
     params.update({k: v for k, v in creds.items() if v})
@@ -415,7 +477,7 @@ def _ca_bundle_option(scheme: str, given: str | None) -> str | None:
     if problem:
         source = "" if origin == "given" else f" (from {origin})"
         raise OptionError(option="ssl.ca.bundle", value=bundle, problem=problem + source,
-                          allowed=OPTIONS["ssl.ca.bundle"][1])
+                          allowed=OPTIONS["ssl.ca.bundle"].allowed)
     return bundle
 
 

@@ -21,7 +21,8 @@ was lost:
 Where it is applied: ``StreamProtocol.__init__`` (the driver's planning process) and
 ``connector.reader._clients`` (Python workers on executors) wrap the clients they open, around
 ``connector.faults.inject_transient_errors`` (inert unless the fault harness switches it on).
-The retry loop itself is tenacity's.
+The retry loop itself is tenacity's; the pauses go through ``sleep`` (``time.sleep``; tests pass
+a fake clock's to check the backoff without waiting for it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tenacity import (
@@ -66,10 +68,12 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, CdcError) and error.retryable
 
 
-def retrying(what: str = "call", attempts: int = ATTEMPTS, first_attempt: int = 1) -> Retrying:
+def retrying(what: str = "call", attempts: int = ATTEMPTS, first_attempt: int = 1,
+             sleep: Callable[[float], None] = time.sleep) -> Retrying:
     """The retry policy: ``attempts`` attempts within ``DEADLINE_S``, exponential backoff with
     jitter, retryable errors only, the last error re-raised unchanged. ``first_attempt``: the
-    number the first of them has in the whole call (for the log line)."""
+    number the first of them has in the whole call (for the log line); ``sleep``: how to
+    pause between attempts."""
 
     def before_sleep(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -85,6 +89,7 @@ def retrying(what: str = "call", attempts: int = ATTEMPTS, first_attempt: int = 
         retry=retry_if_exception(is_retryable),
         reraise=True,
         before_sleep=before_sleep,
+        sleep=sleep,
     )
 
 
@@ -93,9 +98,10 @@ class _RetryingClient(ClientProxy):
 
     passthrough = _NOT_RETRIED
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, sleep: Callable[[float], None]) -> None:
         super().__init__(target)
         self._kind = type(target).__name__
+        self._sleep = sleep
 
     def _call(self, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         # The first attempt is a plain call: building tenacity's policy costs ~40 us, paid per
@@ -110,16 +116,18 @@ class _RetryingClient(ClientProxy):
             pause = BACKOFF_INITIAL_S + random.uniform(0, BACKOFF_JITTER_S)
             log.info("%s failed (attempt 1 of %d): %s; retrying in %.2f s", what, ATTEMPTS,
                      error, pause)
-        time.sleep(pause)
-        return retrying(what, attempts=ATTEMPTS - 1, first_attempt=2)(method, *args, **kwargs)
+        self._sleep(pause)
+        return retrying(what, attempts=ATTEMPTS - 1, first_attempt=2, sleep=self._sleep)(
+            method, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<retrying {self._target!r}>"
 
 
-def with_retries(client: Client) -> Client:
+def with_retries(client: Client, sleep: Callable[[float], None] = time.sleep) -> Client:
     """``client`` (a ``TunnelService`` or ``MetaStore``) with its calls retried on transient
-    errors; typed as the client itself, attribute access passes through."""
+    errors; typed as the client itself, attribute access passes through. ``sleep`` pauses
+    between attempts."""
     if isinstance(client, _RetryingClient):
         return client  # type: ignore[return-value]
-    return _RetryingClient(client)  # type: ignore[return-value]
+    return _RetryingClient(client, sleep)  # type: ignore[return-value]

@@ -23,18 +23,21 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
+from testkit.waiting import wait_until
+
 REPO = Path(__file__).resolve().parent.parent
 STARTED = re.compile(r"Spark Connect server started at: [^\s:]+:(\d+)")
 #: ``TABLESTORE_CDC_CONNECT_CLIENT`` overrides the client requirement (e.g. another version)
 CLIENT_ENV = "TABLESTORE_CDC_CONNECT_CLIENT"
-#: what ``connector``'s client path imports besides PySpark (pyarrow and pandas come with it)
+#: what the client path needs besides PySpark: ``connector`` imports pydantic and tenacity;
+#: PySpark's Connect client itself requires pandas (``pyspark.sql.connect.utils``), which
+#: ``pyspark-client`` may not bring (pyarrow comes with it)
 CLIENT_EXTRAS = ("pydantic>=2.6", "tenacity>=8", "pandas>=2,<3")
 
 
@@ -183,8 +186,9 @@ def connect_server(work_dir: Path, conf: dict[str, str] | None = None,
 
 
 def _wait_started(process: subprocess.Popen, log_path: Path, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """The port the server's log says it listens on; its last log lines if it exits first."""
+
+    def port_in_log() -> int | None:
         text = log_path.read_text(errors="replace")
         match = STARTED.search(text)
         if match:
@@ -192,5 +196,9 @@ def _wait_started(process: subprocess.Popen, log_path: Path, timeout: float) -> 
         if process.poll() is not None:
             raise RuntimeError(f"Connect server exited with {process.returncode}:\n"
                                + "\n".join(text.splitlines()[-20:]))
-        time.sleep(0.5)
-    raise TimeoutError(f"Connect server did not start in {timeout:.0f}s; log: {log_path}")
+        return None
+
+    port = wait_until(f"the Connect server to start (log: {log_path})", port_in_log,
+                      lambda found: found is not None, timeout=timeout, interval=0.5)
+    assert port is not None
+    return port

@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 
 from connector.local import LocalTablestore
-from integration.processes import REPO, kill_tree, wait_for
 from meta_store import open_meta_store
 from tablestore_cdc.dashboard import DashboardApp, make_server
 from tablestore_cdc.feed import user_namespaces
+from testkit.processes import REPO, kill_tree
+from testkit.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -51,6 +52,7 @@ from pathlib import Path
 from tablestore_cdc.listener import ProgressListener
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from connector.spark import local_session
+from testkit.waiting import wait_until
 
 store, meta, checkpoint, sink, stop = sys.argv[1:6]
 spark = local_session("dashboard-browser-test", master="local[2]")
@@ -66,15 +68,18 @@ while query.isActive and not Path(stop).exists():
     time.sleep(0.2)
 query.stop()
 error = query.exception()
-# onQueryTerminated reaches the listener asynchronously: let it record the stop first
+# onQueryTerminated reaches the listener asynchronously: let it record the stop first (if it
+# never does, the test's own check of the page's "stopped" state says so)
 from meta_store import open_meta_store
 from tablestore_cdc.feed import load_query_status, user_namespaces
-deadline = time.monotonic() + 20
 with open_meta_store(f"sqlite://{meta}") as m:
-    while time.monotonic() < deadline and not any(
-            (load_query_status(m, ns) or {}).get("status") == "stopped"
-            for ns in user_namespaces(m)):
-        time.sleep(0.2)
+    try:
+        wait_until("the listener to record the stop",
+                   lambda: [(load_query_status(m, ns) or {}).get("status")
+                            for ns in user_namespaces(m)],
+                   lambda statuses: "stopped" in statuses, timeout=20)
+    except TimeoutError as exc:
+        print(exc, flush=True)
 spark.stop()
 sys.exit(1 if error else 0)
 """
@@ -124,8 +129,8 @@ def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None
     server = None
     app = None
     try:
-        wait_for(lambda: _committed_batches(meta_uri) >= 1, 120, "the query's first batch",
-                 process=proc)
+        wait_until("the query's first committed batch", lambda: _committed_batches(meta_uri),
+                   lambda n: n >= 1, timeout=120, process=proc)
         app = DashboardApp.open(meta_uri, cache_s=0.2)
         server = make_server(app, "127.0.0.1", 0)
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -2,9 +2,9 @@
 the query restarts, and every change arrives exactly once, in order per key.
 
 The moto server runs in this test process on 127.0.0.1 with the shard map of
-``tests/dynamodb_streams_fake.py`` patched in (moto alone has one shard and no lineage); the
+``testkit/dynamodb_streams_fake.py`` patched in (moto alone has one shard and no lineage); the
 test writes through boto3 to a DynamoDB table on it. The query runs in its own process
-(integration/runner.py, a real local Spark) reading ``dynamodb-streams://`` into an
+(testkit/runner.py, a real local Spark) reading ``dynamodb-streams://`` into an
 ``ExactlyOnceParquetSink``, with a SQLite meta store. It is parked at crash points
 (connector/faults.py) and killed with SIGKILL (driver and Python workers); shards roll over and
 split while it is down and while it runs. At the end the sink is compared with every record the
@@ -21,21 +21,21 @@ from typing import Any
 
 import boto3
 import pytest
-import requests
-from moto.server import ThreadedMotoServer
 
 from connector.faults import FAULT_DIR_ENV
 from connector.tunnel.dynamodb_streams import codec
-from integration.processes import kill_tree, start_runner, wait_for
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
-from tests.dynamodb_streams_fake import StreamsFake
+from testkit.aws import AWS_TEST_ENV, threaded_moto_server
+from testkit.dynamodb_streams_fake import StreamsFake
+from testkit.processes import kill_at_crash_point, kill_tree, start_runner
+from testkit.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-REGION = "us-east-1"
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": REGION}
+REGION = AWS_TEST_ENV["AWS_DEFAULT_REGION"]
+AWS_ENV = {name: AWS_TEST_ENV[name]
+           for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
 KEYS = 60
 
 
@@ -44,15 +44,10 @@ def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, StreamsFake]]:
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     fake = StreamsFake().install()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    requests.post(f"{url}/moto-api/reset", timeout=10)
     try:
-        yield url, fake
+        with threaded_moto_server() as url:
+            yield url, fake
     finally:
-        server.stop()
         fake.uninstall()
 
 
@@ -69,6 +64,10 @@ def write_changes(ddb: Any, start: int, n: int) -> None:
         else:
             ddb.put_item(TableName="t", Item={**key, "name": {"S": f"n{i}"},
                                               "qty": {"N": str(i)}})
+
+
+def delivered(sink: ExactlyOnceParquetSink) -> int:
+    return sum(1 for _ in sink.deliveries(["id"]))
 
 
 def reshape(fake: StreamsFake, step: int) -> None:
@@ -126,12 +125,7 @@ def test_sigkill_and_restart_with_rolling_and_splitting_shards(
 
     # 1. SIGKILL at two protocol steps; reshape the shard map and write while the query is down
     for step, point in enumerate(("mid_read", "after_sink_write")):
-        (faults / f"arm-{point}").touch()
-        runner = start_runner(args, log, env)
-        try:
-            wait_for((faults / f"hit-{point}").exists, 240, f"crash point {point}", runner)
-        finally:
-            killed = kill_tree(runner.pid)
+        killed = kill_at_crash_point(args, log, env, faults, point, timeout=240)
         assert killed >= 2, "the driver and its Python workers should have been killed"
         write_changes(ddb, 300 + 100 * step, 100)
         reshape(fake, step)
@@ -139,14 +133,14 @@ def test_sigkill_and_restart_with_rolling_and_splitting_shards(
     # 2. restart; reshape and write while it runs; run until everything is delivered
     runner = start_runner(args, log, env)
     try:
-        wait_for(lambda: sum(1 for _ in sink.deliveries(["id"])) >= 500, 240,
-                 "the backlog delivered", runner)
+        wait_until("the backlog of 500 changes delivered", lambda: delivered(sink),
+                   lambda n: n >= 500, timeout=240, process=runner)
         write_changes(ddb, 500, 100)
         reshape(fake, 2)
         write_changes(ddb, 600, 60)
         expected = len(fake.held("t"))
-        wait_for(lambda: sum(1 for _ in sink.deliveries(["id"])) >= expected, 240,
-                 f"{expected} changes delivered", runner)
+        wait_until(f"{expected} changes delivered", lambda: delivered(sink),
+                   lambda n: n >= expected, timeout=240, process=runner)
         (tmp_path / "stop").touch()
         assert runner.wait(120) == 0, log.read_text()[-3000:]
     finally:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,6 @@ from connector.faults import (
     fault_point,
     inject_transient_errors,
 )
-from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import _META_STORES, _TUNNELS, read_partition
@@ -57,6 +55,8 @@ from integration.faults import scenarios
 from integration.faults.harness import CrashAt, RandomKill, run_scenario
 from meta_store import BatchState, EndCheckpoint, open_meta_store
 from tablestore_cdc.verify import Delivered, key_of, verify
+from testkit.clock import FakeClock
+from testkit.fixtures import local_store
 
 SEED = int(os.environ.get("TABLESTORE_CDC_FAULTS_SEED", "1"))
 
@@ -91,11 +91,12 @@ def test_transient_errors_are_retried_until_success(k: int) -> None:
 
 def test_retries_are_bounded_then_the_error_is_raised() -> None:
     flaky = FailsFirst(100, TransientMetaStoreError(detail="down"))
-    began = time.monotonic()
+    clock = FakeClock()
+    began = clock.monotonic()
     with pytest.raises(TransientMetaStoreError):
-        with_retries(flaky).call("never")
+        with_retries(flaky, sleep=clock.sleep).call("never")
     assert flaky.calls == ATTEMPTS
-    assert time.monotonic() - began < DEADLINE_S + 1
+    assert clock.monotonic() - began < DEADLINE_S + 1
 
 
 @pytest.mark.parametrize("error", [
@@ -113,8 +114,7 @@ def test_permanent_errors_are_not_retried(error: Exception) -> None:
 
 @pytest.fixture
 def store(tmp_path: Path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=3)
+    s = local_store(tmp_path / "store.db", channels=3)
     yield s
     s.close()
 

@@ -1,6 +1,6 @@
 """SIGKILL the Spark driver mid-batch, restart on the same checkpoint, prove exactly-once.
 
-The query runs in its own process (integration/runner.py) into an ``ExactlyOnceParquetSink``.
+The query runs in its own process (testkit/runner.py) into an ``ExactlyOnceParquetSink``.
 The test parks it at a crash point (connector/faults.py), kills the whole process tree with
 SIGKILL, writes more changes (with a split), restarts, and finally compares the sink with the
 store's change log: nothing lost, nothing doubled, per-key order and final state equal. A crash
@@ -17,9 +17,10 @@ import pytest
 
 from connector.faults import FAULT_DIR_ENV
 from connector.local import LocalTablestore
-from integration.processes import kill_tree, start_runner, wait_for
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
+from testkit.processes import kill_at_crash_point, kill_tree, start_runner
+from testkit.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +52,7 @@ def test_sigkill_mid_batch_and_restart_is_exactly_once(tmp_path: Path) -> None:
 
     # 1. the batch is in the sink but not in Spark's commit log: Spark must replay it
     for point in ("after_sink_write", "mid_read", "mid_commit_push"):
-        (faults / f"arm-{point}").touch()
-        runner = start_runner(args, log, env)
-        try:
-            wait_for((faults / f"hit-{point}").exists, 180, f"crash point {point}", runner)
-        finally:
-            killed = kill_tree(runner.pid)
+        killed = kill_at_crash_point(args, log, env, faults, point, timeout=180)
         assert killed >= 2, "the driver and its Python workers should have been killed"
         (faults / f"hit-{point}").unlink()
         # more changes while the query is down, with a split
@@ -68,8 +64,8 @@ def test_sigkill_mid_batch_and_restart_is_exactly_once(tmp_path: Path) -> None:
     runner = start_runner(args, log, env)
     expected = len(store.change_log("t"))
     try:
-        wait_for(lambda: sum(1 for _ in sink.deliveries(["id"])) >= expected, 240,
-                 f"{expected} changes delivered", runner)
+        wait_until(f"{expected} changes delivered", lambda: sum(1 for _ in sink.deliveries(["id"])),
+                   lambda n: n >= expected, timeout=240, process=runner)
         (tmp_path / "stop").touch()
         assert runner.wait(120) == 0, log.read_text()[-3000:]
     finally:

@@ -3,7 +3,7 @@
 Every process is real: the emulator (``tablestore-cdc emulator``) serves one store file over
 HTTP on 127.0.0.1; the official ``tablestore`` SDK writes puts, updates and deletes through it;
 the table's channels split and merge on the same file meanwhile (as the service's partitions
-do); the query (integration/runner.py, a Spark driver in its own process) reads with
+do); the query (testkit/runner.py, a Spark driver in its own process) reads with
 ``format("tablestore")`` and the vendor connector's option names, over HTTP only, into an
 ``ExactlyOnceParquetSink``; its meta table is a table in the same emulated instance.
 
@@ -54,9 +54,10 @@ from tablestore.retry import WriteRetryPolicy  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel.base import Record  # noqa: E402
-from integration.processes import REPO, kill_tree, start_runner, wait_for  # noqa: E402
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
+from testkit.processes import REPO, kill_tree, start_runner  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -189,8 +190,8 @@ def finish_and_verify(tmp_path: Path, store: LocalTablestore, sink: ExactlyOnceP
                       runner: subprocess.Popen, log: Path) -> None:
     expected = len(store.change_log("t"))
     try:
-        wait_for(lambda: delivered(sink) >= expected, 300, f"{expected} changes delivered",
-                 runner)
+        wait_until(f"{expected} changes delivered", lambda: delivered(sink),
+                   lambda n: n >= expected, timeout=300, process=runner)
         (tmp_path / "stop").touch()
         assert runner.wait(120) == 0, log.read_text()[-3000:]
     finally:
@@ -207,11 +208,13 @@ def test_sigkill_and_restart_over_the_wire(tmp_path: Path, setup: tuple) -> None
     args, log = runner_args(tmp_path, emulator.url, sink), tmp_path / "runner.log"
     runner = start_runner(args, log, NO_ENV_CREDENTIALS)
     try:
-        wait_for(lambda: delivered(sink) >= 40, 240, "first batches delivered", runner)
+        wait_until("40 changes delivered", lambda: delivered(sink), lambda n: n >= 40,
+                   timeout=240, process=runner)
         first = store.list_channels("t")[0].channel_id
         store.split_channel("t", first)  # while the query runs
         write_changes(client, 150, 100)
-        wait_for(lambda: delivered(sink) >= 120, 240, "more batches delivered", runner)
+        wait_until("120 changes delivered", lambda: delivered(sink), lambda n: n >= 120,
+                   timeout=240, process=runner)
     finally:
         assert kill_tree(runner.pid) >= 2
     # more changes while the query is down, and a merge of the split's children
@@ -233,12 +236,14 @@ def test_emulator_outage_is_survived(tmp_path: Path, setup: tuple) -> None:
     args, log = runner_args(tmp_path, emulator.url, sink), tmp_path / "runner.log"
     runner = start_runner(args, log, META_ENV)
     try:
-        wait_for(lambda: delivered(sink) >= 40, 240, "first batches delivered", runner)
+        wait_until("40 changes delivered", lambda: delivered(sink), lambda n: n >= 40,
+                   timeout=240, process=runner)
         write_changes(client, 120, 80)
         emulator.kill()  # the service goes away mid-run
         store.split_channel("t", store.list_channels("t")[0].channel_id)
         # a short outage: the tunnel transport rides out RETRY_DEADLINE_S (15 s); the
-        # Tablestore meta store's own budget (about 5 s, meta_store/tablestore.py) is the bound
+        # Tablestore meta store's own budget (about 5 s, meta_store/tablestore.py) is the bound;
+        # let time pass: the outage lasts this long whatever the query does meanwhile
         time.sleep(2)
         assert runner.poll() is None, "the query must ride out a short outage"
         emulator.start()  # same port, same store file
@@ -247,7 +252,7 @@ def test_emulator_outage_is_survived(tmp_path: Path, setup: tuple) -> None:
     except BaseException:
         kill_tree(runner.pid)
         raise
-    # the same runner process delivers everything: it never exited (wait_for checks)
+    # the same runner process delivers everything: it never exited (wait_until checks)
     finish_and_verify(tmp_path, store, sink, runner, log)
 
 
@@ -320,7 +325,8 @@ def test_https_end_to_end(tmp_path: Path) -> None:
                "TABLESTORE_CDC_LOG_LEVEL": "DEBUG"}
         runner = start_runner(args, log, env)
         try:
-            wait_for(lambda: delivered(sink) >= 40, 240, "first batches delivered", runner)
+            wait_until("40 changes delivered", lambda: delivered(sink), lambda n: n >= 40,
+                       timeout=240, process=runner)
             store.split_channel("t", store.list_channels("t")[0].channel_id)
             write_changes(client, 120, 100)
         except BaseException:
@@ -344,7 +350,8 @@ def test_local_cluster_over_http_only(tmp_path: Path, setup: tuple) -> None:
     log = tmp_path / "runner.log"
     runner = start_runner(args, log, META_ENV)
     try:
-        wait_for(lambda: delivered(sink) >= 40, 300, "first batches delivered", runner)
+        wait_until("40 changes delivered", lambda: delivered(sink), lambda n: n >= 40,
+                   timeout=300, process=runner)
         store.split_channel("t", store.list_channels("t")[0].channel_id)
         write_changes(client, 120, 120)
     except BaseException:

@@ -25,7 +25,6 @@ from typing import Annotated
 import typer
 
 from tablestore_cdc.cli_errors import fail, reported_errors
-from tablestore_emulator.server import EmulatorServer
 
 
 def emulator_command(
@@ -56,7 +55,10 @@ def emulator_command(
         typer.Option("--tls-key", help="The PEM private key of --tls-cert."),
     ] = None,
 ) -> None:
-    """Serve a local Tablestore emulator (table API, and tunnel API when available)."""
+    """Serve a local Tablestore emulator (table API and tunnel API)."""
+    # imported here: the emulator needs the ``tablestore`` extra, the rest of the CLI does not
+    from tablestore_emulator.server import EmulatorServer
+
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     for name in ("tablestore.encoder", "tablestore.decoder"):  # "native codec not available"
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
+from cdc_common.uris import redact_uri
 from connector.planning.logs import LOG_LEVEL_ENV
 from connector.tunnel.local import LocalTablestore
 from tablestore_cdc.cli_errors import fail, reported_errors
@@ -491,9 +492,7 @@ def replicate(
         pipeline = start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
                                   trigger_ms)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    from connector.options import strip_secrets
-
-    console.print(f"replicating {table} from {strip_secrets(endpoint)} into {apply.target} "
+    console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
                   f"(SCD {scd}, schema drift {schema_drift}) — Ctrl-C to stop")
     try:
         while True:

@@ -4,11 +4,11 @@
 ``tablestore-cdc emulator`` command (tablestore_cdc/cli.py), which serves until SIGINT/SIGTERM.
 
 Routes: the table API from ``tablestore_emulator.table_api.ROUTES`` (``/CreateTable``,
-``/PutRow`` ...) and, when that module exists, the tunnel API from
-``tablestore_emulator.tunnel_api.ROUTES`` (``/tunnel/...``). A route handler is
-``handler(ctx: EmulatorContext, body: bytes) -> bytes``: it gets the request's protobuf bytes
-(already authenticated), returns the serialized protobuf response, and raises
-``errors.OtsError`` for a service error. The server renders both the way the service does.
+``/PutRow`` ...) and the tunnel API from ``tablestore_emulator.tunnel_api.ROUTES``
+(``/tunnel/...``). A route handler is ``handler(ctx: EmulatorContext, body: bytes) -> bytes``
+(``context.py``): it gets the request's protobuf bytes (already authenticated), returns the
+serialized protobuf response, and raises ``errors.OtsError`` for a service error. The server
+renders both the way the service does.
 
 Given a certificate and key (``tls_cert`` / ``tls_key``) it serves https, as the service does;
 each connection's TLS handshake runs in that connection's thread.
@@ -22,20 +22,20 @@ not take that lock: a condition is atomic against emulator clients only.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import ssl
 import sys
 import threading
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
+from tablestore.protobuf import table_store_pb2 as pb
+
 from connector.tunnel.local import LocalTablestore
-from tablestore_emulator import auth
+from tablestore_emulator import auth, table_api, tunnel_api
+from tablestore_emulator.context import EmulatorContext, Handler
 from tablestore_emulator.errors import OtsError, internal_error, parameter_invalid
 
 log = logging.getLogger(__name__)
@@ -46,42 +46,9 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
-@dataclass
-class EmulatorContext:
-    """What every route handler gets: the store, the instance, shared state.
-
-    ``state`` is a free dict for API modules that keep in-memory state across requests (keyed by
-    module name, e.g. ``state["tunnel"]``); guard it with ``lock``.
-    """
-
-    store: LocalTablestore
-    instance: str
-    store_path: str
-    write_lock: threading.RLock = field(default_factory=threading.RLock)
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    state: dict[str, Any] = field(default_factory=dict)
-    #: Change-log channels a table gets at CreateTable.
-    channels: int = 4
-    #: Row cap of one GetRange page (the service's is 5000; tests lower it).
-    range_page_rows: int = 5000
-
-
-Handler = Callable[[EmulatorContext, bytes], bytes]
-
-
 def load_routes() -> dict[str, Handler]:
-    """Every route the emulator serves: table API, plus tunnel API when its module exists."""
-    from tablestore_emulator.table_api import ROUTES as table_routes
-
-    routes: dict[str, Handler] = dict(table_routes)
-    try:
-        tunnel_api = importlib.import_module("tablestore_emulator.tunnel_api")
-    except ModuleNotFoundError as exc:
-        if exc.name != "tablestore_emulator.tunnel_api":
-            raise
-    else:
-        routes.update(tunnel_api.ROUTES)
-    return routes
+    """Every route the emulator serves: the table API and the tunnel API."""
+    return {**table_api.ROUTES, **tunnel_api.ROUTES}
 
 
 def new_request_id() -> str:
@@ -169,8 +136,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _error_body(exc: OtsError) -> bytes:
-    from tablestore.protobuf import table_store_pb2 as pb
-
     return pb.Error(code=exc.code, message=exc.message).SerializeToString()
 
 

@@ -41,6 +41,7 @@ from connector.errors import (
 )
 from connector.tunnel.base import TableSchema
 from tablestore_emulator import plainbuffer as plb
+from tablestore_emulator.context import EmulatorContext, Handler
 from tablestore_emulator.errors import (
     OtsError,
     condition_check_fail,
@@ -50,7 +51,6 @@ from tablestore_emulator.errors import (
     server_unavailable,
     unsupported_operation,
 )
-from tablestore_emulator.server import EmulatorContext, Handler
 
 # --- the service's limits that the emulator enforces ------------------------------------------
 

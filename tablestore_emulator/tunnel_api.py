@@ -76,8 +76,8 @@ from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.local.tunnels import BASE_PREFIX
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
+from tablestore_emulator.context import EmulatorContext
 from tablestore_emulator.errors import OtsError, parameter_invalid
-from tablestore_emulator.server import EmulatorContext
 from tablestore_emulator.tunnel_clients import ChannelState, ClientGone, TunnelClients
 
 TRIMMED_PREFIX = "OTSTrimmedDataAccess"

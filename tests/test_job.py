@@ -12,17 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
-from integration.processes import kill_tree, wait_for
 from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import deliveries_from_rows
 from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state, verify
+from testkit.processes import kill_tree
+from testkit.waiting import wait_until
 
 CLI = [sys.executable, "-m", "tablestore_cdc.cli"]
 
@@ -96,10 +96,11 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            wait_for(lambda: (out / "t" / "_delta_log").exists()
-                     and table_state(read_delta(str(out / "t")), ["id"])
-                     == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()},
-                     300, "state caught up", process)
+            wait_until("the Delta table to equal the store's table",
+                       lambda: (out / "t" / "_delta_log").exists()
+                       and table_state(read_delta(str(out / "t")), ["id"])
+                       == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()},
+                       timeout=300, process=process)
             os.killpg(process.pid, signal.SIGINT)  # Ctrl-C
             output, _ = process.communicate(timeout=120)
             assert process.returncode == 0, output[-3000:]
@@ -112,7 +113,6 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
     write(store, 300, 200)
     store.split_channel("t", store.list_channels("t")[0].channel_id)
     write(store, 500, 200)
-    time.sleep(0.5)
     run_until_caught_up()
 
     rows = pq.read_table(out / "changelog").to_pylist()

@@ -44,8 +44,7 @@ from tablestore_cdc.feed import (
     user_namespaces,
 )
 from tablestore_cdc.listener import ProgressListener, progress_entries
-
-pytest_plugins = ["tests.meta_fixtures"]  # moto_endpoint (a moto server on 127.0.0.1)
+from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO / "docs" / "progress-feed.schema.json"
@@ -103,14 +102,6 @@ def copy_sqlite(src: Path, dst: Path) -> Path:
     return dst
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting: {what}")
-        time.sleep(0.2)
-
-
 # --- the real run (slow, once per module) ---------------------------------------------------------
 
 
@@ -139,14 +130,14 @@ def _write(store: LocalTablestore, ids: range, tag: str) -> None:
 def _drain(query: Any, delivered: dict[int, int], expected: int, timeout: float = 120) -> None:
     """processAllAvailable until the sink has seen ``expected`` rows (a split's children join
     only after the parent's FINISHED push, one batch later)."""
-    deadline = time.monotonic() + timeout
-    while sum(delivered.values()) < expected:
-        assert query.exception() is None, query.exception()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"sink saw {sum(delivered.values())} of {expected} rows")
-        query.processAllAvailable()
+
+    def rows_after_processing() -> int:
         if sum(delivered.values()) < expected:
-            time.sleep(0.3)
+            query.processAllAvailable()
+        return sum(delivered.values())
+
+    wait_until(f"{expected} rows in the sink", rows_after_processing,
+               lambda rows: rows >= expected, timeout=timeout, interval=0.3, query=query)
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +174,9 @@ def real_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     try:
         meta = open_meta_store(meta_uri)
         namespace = user_namespaces(meta)[0]
-        wait_for(lambda: {e["batch_id"] for e in load_query_progress(meta, namespace).values()}
-                 >= set(delivered), 30, "the listener's progress of every batch")
+        wait_until(f"the listener's progress of batches {sorted(delivered)}",
+                   lambda: {e["batch_id"] for e in load_query_progress(meta, namespace).values()},
+                   lambda recorded: recorded >= set(delivered), timeout=30)
         meta.close()
     finally:
         spark.streams.removeListener(listener)

@@ -9,7 +9,7 @@
 - write exactly those rows when it runs ``scenario`` again: earlier releases, and processes of
   mixed versions sharing one table, read what this one writes.
 
-DynamoDB runs on a moto server (``tests/meta_fixtures.py``), Tablestore on the project's
+DynamoDB runs on a moto server (``testkit/aws.py``), Tablestore on the project's
 emulator; raw rows are read and planted with boto3 and the Tablestore SDK, bypassing the store.
 
 The files are data, not expectations to refresh when a test fails: a different stored format
@@ -37,8 +37,6 @@ import pytest
 from meta_store import open_meta_store
 from meta_store.base import FINISHED, BatchRecord, BatchState, EndCheckpoint, MetaStore
 from tests.contract.meta_contract import make_end, make_manifest
-
-pytest_plugins = ["tests.meta_fixtures"]  # moto_endpoint (a moto server on 127.0.0.1)
 
 GOLDEN = Path(__file__).parent / "data" / "meta_kv_layout"
 REGION = "us-east-1"
@@ -283,7 +281,7 @@ def test_the_two_backends_read_the_same_records() -> None:
 def main() -> None:
     """Rewrite the golden files with this checkout's code (see the module docstring)."""
     from tablestore_emulator.server import EmulatorServer
-    from tests.meta_fixtures import AWS_TEST_ENV, start_moto_server, stop_moto_server
+    from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
 
     os.environ.update(AWS_TEST_ENV)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,

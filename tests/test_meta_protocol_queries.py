@@ -17,8 +17,6 @@ from moto import mock_aws
 from meta_store import BatchState, MetaStore, open_meta_store
 from tests.contract.meta_contract import NS, OTHER_NS, make_end, make_manifest, new_uuid
 
-pytest_plugins = ["tests.meta_fixtures"]
-
 
 @pytest.fixture(params=["sqlite", "dynamodb"])
 def store(request: Any, tmp_path: Any) -> Iterator[MetaStore]:

@@ -2,7 +2,7 @@
 
 - ``TestSqliteMetaStore``: a real SQLite file in a temp directory;
 - ``TestDynamoDbInProcess``: moto's in-process ``mock_aws`` (a URI without ``endpoint_url``);
-- ``TestDynamoDbServer``: a moto server on 127.0.0.1 (``tests/meta_fixtures.py``), shared by
+- ``TestDynamoDbServer``: a moto server on 127.0.0.1 (``testkit/aws.py``), shared by
   child processes in the race test.
 
 Throttling and service errors are injected with a botocore ``before-send`` hook that answers
@@ -45,9 +45,6 @@ from tests.contract.meta_contract import (
     make_manifest,
     new_uuid,
 )
-
-#: the session fixtures ``aws_env`` (fake credentials) and ``moto_endpoint`` (a moto server)
-pytest_plugins = ["tests.meta_fixtures"]
 
 REGION = "us-east-1"
 

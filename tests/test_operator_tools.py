@@ -26,8 +26,6 @@ from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_m
 from tablestore_cdc.cli import app as root_app
 from tablestore_cdc.feed import throughput
 
-pytest_plugins = ["tests.meta_fixtures"]  # moto_endpoint (a moto server on 127.0.0.1)
-
 NS = "local:///nowhere/store.db#t#n"
 
 

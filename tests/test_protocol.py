@@ -17,32 +17,13 @@ from connector.errors import (
     ReplayDivergedError,
     TrimmedDataError,
 )
-from connector.local import LocalTablestore
-from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import FINISHED, ChannelStatus, Record
 from meta_store import BatchState
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=2)
-    yield s
-    s.close()
-
-
-def options(store: LocalTablestore, **extra: str) -> SourceOptions:
-    return SourceOptions.from_spark({
-        "endpoint": f"local://{store.path}", "table.name": "t", "tunnel.name": "q", **extra,
-    })
-
-
-def write(store: LocalTablestore, ids: range, v: int = 0) -> None:
-    for i in ids:
-        store.put_row("t", {"id": i}, {"v": v or i})
+from testkit.fixtures import options_for as options
+from testkit.fixtures import put_rows as write
 
 
 def run_batch(proto: StreamProtocol, start: dict, commit: bool = True

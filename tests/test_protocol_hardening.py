@@ -29,25 +29,8 @@ from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.local.values import dumps_values, key_hash
 from tablestore_cdc.cli import app
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=2)
-    yield s
-    s.close()
-
-
-def options(store: LocalTablestore, **extra: str) -> SourceOptions:
-    return SourceOptions.from_spark({
-        "endpoint": f"local://{store.path}", "table.name": "t", "tunnel.name": "q", **extra,
-    })
-
-
-def write(store: LocalTablestore, ids: range | list[int], v: int = 0) -> None:
-    for i in ids:
-        store.put_row("t", {"id": i}, {"v": v or i})
+from testkit.fixtures import options_for as options
+from testkit.fixtures import put_rows as write
 
 
 def keys(records: list[Record]) -> list[tuple[str, str]]:

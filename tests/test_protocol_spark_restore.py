@@ -19,14 +19,6 @@ from connector.local import LocalTablestore
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=2)
-    yield s
-    s.close()
-
-
 def run(spark, store: LocalTablestore, checkpoint: Path, sink: dict[int, list]) -> None:
     def collect(df, batch_id):
         sink[batch_id] = sorted((r["_channel_id"], r["_sequence"]) for r in df.collect())

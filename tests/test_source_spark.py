@@ -7,7 +7,6 @@ live in integration/test_restart.py (they need the driver in its own process).
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from connector.local import LocalTablestore
 from meta_store import open_meta_store
 from tablestore_cdc.sinks import ExactlyOnceParquetSink, deliveries_from_rows
 from tablestore_cdc.verify import rows_by_key, verify
+from testkit.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,17 +57,6 @@ def write_changes(store: LocalTablestore, n: int, keys: int = 60, start: int = 0
             store.put_row("t", key, {"name": f"n{i}", "qty": i})
 
 
-def wait_until(condition, timeout: float, query=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query is not None and query.exception() is not None:
-            raise AssertionError(f"query failed: {query.exception()}")
-        if condition():
-            return
-        time.sleep(0.25)
-    raise TimeoutError("condition not reached")
-
-
 def delivered_count(sink: ExactlyOnceParquetSink) -> int:
     return sum(1 for _ in sink.deliveries(["id"]))
 
@@ -89,7 +78,8 @@ def test_end_to_end_with_concurrent_writer_splits_and_merge(spark, store, tmp_pa
     thread.start()
     thread.join()
     expected = len(store.change_log("t"))
-    wait_until(lambda: delivered_count(sink) >= expected, 120, query)
+    wait_until(f"{expected} changes in the sink", lambda: delivered_count(sink),
+               lambda n: n >= expected, timeout=120, interval=0.25, query=query)
     query.stop()
     assert query.exception() is None
     result = verify(store.change_log("t"), sink.deliveries(["id"]),
@@ -160,14 +150,39 @@ def test_available_now_stops_at_the_start_time_end(spark, store, tmp_path):
     assert sorted(delivered) == sorted(before_start)
 
 
+def idle_triggers(query, after_rows: int = 0) -> int:
+    """Triggers that ran no batch since the last batch that ran, as Spark reports them (a
+    progress entry without ``addBatch``, at most one per ``noDataProgressEventInterval``);
+    0 until the last batch reported read ``after_rows`` rows (0 also when no batch ran)."""
+    idle, last_rows = 0, 0
+    for progress in query.recentProgress:
+        if "addBatch" in progress["durationMs"]:
+            idle, last_rows = 0, progress["numInputRows"]
+        else:
+            idle += 1
+    return idle if last_rows == after_rows else 0
+
+
+@pytest.fixture
+def idle_triggers_reported(spark):
+    """Queries started in the test report every idle trigger (Spark's default: one report per
+    10 s), so a test can wait for "Spark asked and found nothing" instead of sleeping."""
+    key = "spark.sql.streaming.noDataProgressEventInterval"
+    spark.conf.set(key, "100ms")
+    yield
+    spark.conf.unset(key)
+
+
+@pytest.mark.usefixtures("idle_triggers_reported")
 def test_idle_tunnel_runs_no_batches(spark, store, tmp_path):
     batches: list[int] = []
     query = (stream(spark, store).writeStream
              .foreachBatch(lambda df, batch_id: batches.append(df.count()))
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
-    # wait for Spark's first trigger (slow under load), then idle a while
-    wait_until(lambda: bool(query.recentProgress), 120, query)
-    time.sleep(3)
+    # wait until Spark has triggered a few times and run no batch (slow under load); a second
+    # batch ends the wait too: the assertion below reports it
+    wait_until("3 idle triggers", lambda: (idle_triggers(query), len(batches)),
+               lambda seen: seen[0] >= 3 or seen[1] > 1, timeout=120, query=query)
     # Spark runs one empty batch 0 on a fresh start (its first offset is new to it); after
     # that an idle tunnel runs nothing and mints no UUIDs
     assert batches in ([], [0])
@@ -176,8 +191,11 @@ def test_idle_tunnel_runs_no_batches(spark, store, tmp_path):
     (namespace,) = meta.list_namespaces()
     assert len(meta.list_batches(namespace)) == 1  # only the initial offset
     store.put_row("t", {"id": 1}, {"name": "x"})
-    wait_until(lambda: batches == [*idle, 1], 60, query)
-    time.sleep(2)
+    wait_until(f"batches {[*idle, 1]}", lambda: list(batches),
+               lambda seen: seen == [*idle, 1], timeout=60, query=query)
+    wait_until("3 idle triggers after the batch of 1 row",
+               lambda: (idle_triggers(query, after_rows=1), len(batches)),
+               lambda seen: seen[0] >= 3 or seen[1] > len(idle) + 1, timeout=60, query=query)
     query.stop()
     assert batches == [*idle, 1]
 

@@ -8,27 +8,16 @@ checks, without Spark, that a measurement is reused rather than repeated on ever
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from connector.local import LocalTablestore
+from testkit.waiting import wait_until
 
 
 def _latest(progress: dict) -> dict | None:
     value = progress["sources"][0]["latestOffset"]
     return json.loads(value) if isinstance(value, str) else value
-
-
-def _wait(condition, timeout: float, query) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query.exception() is not None:
-            raise AssertionError(f"query failed: {query.exception()}")
-        if condition():
-            return
-        time.sleep(0.2)
-    raise TimeoutError("condition not reached")
 
 
 @pytest.mark.slow
@@ -48,7 +37,8 @@ def test_last_progress_carries_heads_and_lag(spark, tmp_path):
              .option("checkpointLocation", str(tmp_path / "ckpt"))
              .trigger(processingTime="200 milliseconds").start())
     try:
-        _wait(lambda: query.lastProgress is not None, 120, query)
+        wait_until("the first progress report", lambda: query.lastProgress, timeout=120,
+                   query=query)
         first = _latest(query.lastProgress)
         # batch 0 was planned from the very start: everything is still behind
         assert first is not None, query.lastProgress
@@ -70,7 +60,8 @@ def test_last_progress_carries_heads_and_lag(spark, tmp_path):
             behind.append(latest["recordsBehindLatest"])
             return latest["recordsBehindLatest"] == 0 and sum(seen) == 300
 
-        _wait(caught_up, 180, query)
+        wait_until("the lag to reach 0 with all 300 rows read", caught_up, timeout=180,
+                   query=query)
         assert any(0 < b < 300 for b in behind), behind
         final = _latest(query.lastProgress)
         assert all(e["recordsBehind"] == 0 and e["secondsBehind"] == 0

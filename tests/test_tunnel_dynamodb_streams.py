@@ -1,7 +1,7 @@
 """The DynamoDB Streams tunnel backend against a moto server on 127.0.0.1.
 
 - ``TestDynamoDbStreamsContract``: the shared tunnel contract (tests/contract/tunnel_contract.py)
-  on moto with the shard map of ``tests/dynamodb_streams_fake.py`` (moto alone has one shard
+  on moto with the shard map of ``testkit/dynamodb_streams_fake.py`` (moto alone has one shard
   and no lineage). Writes go through boto3 to moto's DynamoDB; merges do not exist in DynamoDB
   Streams (a shard has one parent), so the tests needing them are skipped.
 - Lineage beyond the contract: rollover chains, splits of splits, a parent that aged out,
@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import requests
-from moto.server import ThreadedMotoServer
 
 from connector.errors import (
     OptionError,
@@ -50,19 +49,18 @@ from connector.tunnel.dynamodb_streams.service import DynamoDbStreamsTunnelServi
 from connector.tunnel.page import PageLayout
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
+from testkit.aws import AWS_TEST_ENV, threaded_moto_server
+from testkit.dynamodb_streams_fake import StreamsFake
+from testkit.waiting import wait_until
 from tests.contract.tunnel_contract import TunnelContract, consume, per_key, read_all
-from tests.dynamodb_streams_fake import StreamsFake
 
 REGION = "us-east-1"
 
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with threaded_moto_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +72,8 @@ def streams_fake() -> Iterator[StreamsFake]:
 
 @pytest.fixture(autouse=True)
 def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", REGION)):
-        monkeypatch.setenv(name, value)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.setenv(name, AWS_TEST_ENV[name])
 
 
 class StreamsHarness:
@@ -367,7 +364,7 @@ def test_lag_is_the_age_of_the_oldest_unread_record(tunnel_harness: StreamsHarne
     start = h.service.get_checkpoint(tid, root).token
     assert h.service.lag(tid, {}) == {root: ChannelLag(root, None, 0.0)}
     h.put("t", "a", 1)
-    time.sleep(0.3)
+    time.sleep(0.3)  # let time pass: the lag asserted is the record's age on the wall clock
     behind = h.service.lag(tid, {root: start})[root]
     assert behind.records_behind is None and behind.seconds_behind is not None
     assert 0.2 <= behind.seconds_behind < 60
@@ -598,8 +595,7 @@ def spark_with_aws(spark: Any) -> Iterator[Any]:
 
     env = spark.sparkContext.environment
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_DEFAULT_REGION": REGION})
+    env.update({name: AWS_TEST_ENV[name] for name in names})
     register(spark)
     try:
         yield spark
@@ -640,11 +636,10 @@ def test_spark_stream_with_declared_schema_across_a_split(
             else:
                 h.update("t", f"k{i % 10}", i)
         expected = len(h.fake.held("t"))
-        deadline = time.monotonic() + 120
-        while sum(1 for _ in sink.deliveries(["id"])) < expected:
-            assert query.exception() is None, query.exception()
-            assert time.monotonic() < deadline, "changes not delivered in time"
-            time.sleep(0.25)
+        wait_until(f"{expected} changes in the sink",
+                   lambda: sum(1 for _ in sink.deliveries(["id"])),
+                   lambda delivered: delivered >= expected, timeout=120, interval=0.25,
+                   query=query)
     finally:
         query.stop()
     rows = [r for b in sink.committed_batches()

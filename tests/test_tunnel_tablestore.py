@@ -48,7 +48,9 @@ from connector.tunnel.base import Checkpoint, Op, TunnelType
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import TablestoreTunnelService, token_content
 from connector.tunnel.tablestore.records import decode_page
+from connector.tunnel.tablestore.transport import Credentials
 from tablestore_emulator.server import EmulatorServer
+from testkit.clock import FakeClock
 from tests.contract.tunnel_contract import TunnelContract, consume, read_all
 from tests.test_local_store import LocalHarness
 
@@ -222,10 +224,14 @@ def test_trimmed_is_not_retried_and_names_the_channel(tunnel_harness: EmulatorHa
     for i in range(3):
         h.put("t", f"k{i}", i)
     h.trim("t")
-    began = time.monotonic()
+    clock = FakeClock()
+    service = TablestoreTunnelService(h.emulator.url, INSTANCE, Credentials(KEY_ID, SECRET),
+                                      clock=clock.monotonic, sleep=clock.sleep)
+    began = clock.monotonic()
     with pytest.raises(TrimmedDataError) as exc:
-        h.service.read_records(tid, cid, start, 10)
-    assert time.monotonic() - began < 1.0  # answered at once, not retried
+        service.read_records(tid, cid, start, 10)
+    service.close()
+    assert clock.monotonic() - began < 1.0  # answered at once, not retried
     assert exc.value.lost == "3" and "OTSTrimmedDataAccess" in exc.value.service_message
 
 
@@ -271,17 +277,20 @@ def test_unreachable_service_retried_then_transient(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = open_tunnel_service(service_uri(f"http://127.0.0.1:{port}", retry_deadline_s="0.5"))
-    began = time.monotonic()
+    clock = FakeClock()
+    client = TablestoreTunnelService(f"http://127.0.0.1:{port}", INSTANCE,
+                                     Credentials(KEY_ID, SECRET), retry_deadline_s=0.5,
+                                     clock=clock.monotonic, sleep=clock.sleep)
+    began = clock.monotonic()
     with pytest.raises(TransientTunnelError):
         client.list_tunnels("t")
-    assert 0.3 < time.monotonic() - began < 5  # retried for about the deadline, then gave up
+    assert 0.3 < clock.monotonic() - began < 5  # retried for about the deadline, then gave up
 
 
 _SERVE = (
-    "import sys, time; from tablestore_emulator.server import EmulatorServer; "
+    "import sys; from tablestore_emulator.server import EmulatorServer; "
     "e = EmulatorServer(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
-    "port=int(sys.argv[5])).start(); print(e.url, flush=True); time.sleep(3600)"
+    "port=int(sys.argv[5])).start(); print(e.url, flush=True); e.serve_forever()"
 )
 
 
@@ -302,7 +311,14 @@ def test_emulator_killed_and_restarted_mid_read_is_survived(tmp_path: Path) -> N
     writer.create_table("t", [("id", "STRING")], [("value", "INTEGER")], channels=1)
     proc, url = _spawn_emulator(path)
     port = int(url.rsplit(":", 1)[1])
-    client = open_tunnel_service(service_uri(url))
+    outage_met = threading.Event()
+
+    def sleep_noting_the_outage(seconds: float) -> None:  # the transport's backoff
+        outage_met.set()
+        time.sleep(seconds)
+
+    client = TablestoreTunnelService(url, INSTANCE, Credentials(KEY_ID, SECRET),
+                                     sleep=sleep_noting_the_outage)
     restarted: list[subprocess.Popen[str]] = []
     try:
         tid = client.create_tunnel("t", "tun").tunnel_id
@@ -311,9 +327,10 @@ def test_emulator_killed_and_restarted_mid_read_is_survived(tmp_path: Path) -> N
         writer.put_row("t", {"id": "a"}, {"value": 1})
         proc.kill()
         proc.wait()
+        outage_met.clear()
 
-        def restart() -> None:
-            time.sleep(1.0)
+        def restart() -> None:  # once the read below has failed against the dead emulator
+            outage_met.wait(60)
             restarted.append(_spawn_emulator(path, port)[0])
 
         t = threading.Thread(target=restart)

@@ -3,11 +3,11 @@
 Where things run:
 - this module runs in the **harness process** (``python -m integration.faults`` or pytest); so
   does the scenario's ``Writer`` thread, which keeps writing through every kill;
-- the query runs in a **runner process** (``integration.runner``: the Spark driver, its JVM,
+- the query runs in a **runner process** (``testkit.runner``: the Spark driver, its JVM,
   the planning Python process, Python workers; in ``local-cluster`` mode also executor JVMs and
   their workers), started with ``TABLESTORE_CDC_FAULT_DIR`` pointing at the scenario's fault
   directory so that crash points can be armed from here (``connector.faults``);
-- a kill is ``integration.processes.kill_tree``: SIGKILL of the runner and every descendant at
+- a kill is ``testkit.processes.kill_tree``: SIGKILL of the runner and every descendant at
   once; a sweep then SIGKILLs any straggler that slipped out of the tree (a worker forked while
   the tree was collected), found by pid through the scenario's unique fault directory in its
   environment;
@@ -47,7 +47,6 @@ import pyarrow.parquet as pq
 
 from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV, POINTS
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
-from integration.processes import REPO, kill_tree, start_runner, wait_for
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import (
     history_mismatches,
@@ -59,6 +58,9 @@ from tablestore_cdc.verify import (
     table_state,
     verify,
 )
+from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
+from testkit.processes import REPO, kill_tree, start_runner
+from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.faults")
 
@@ -412,8 +414,8 @@ class ScenarioRun:
     def wait_query_started(self) -> None:
         assert self.runner is not None and self.runner_log is not None
         log_path = self.runner_log
-        wait_for(lambda: "runner: query" in log_path.read_text(errors="replace"),
-                 STARTUP_TIMEOUT_S, "the query to start", self.runner)
+        wait_until("the query to start", lambda: "runner: query" in log_path.read_text(
+            errors="replace"), timeout=STARTUP_TIMEOUT_S, process=self.runner)
 
     def wait_caught_up(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Wait until the sink holds every change written so far: the query has caught up with
@@ -425,8 +427,9 @@ class ScenarioRun:
         while True:  # until the changes written meanwhile are delivered within a few seconds
             began = time.monotonic()
             written = self.written()
-            wait_for(lambda w=written: self.watcher.covers(w), max(1.0, deadline - began),
-                     "the query to catch up with the writer", self.runner, interval=0.3)
+            wait_until("the query to catch up with the writer",
+                       lambda w=written: self.watcher.covers(w),
+                       timeout=max(1.0, deadline - began), interval=0.3, process=self.runner)
             if time.monotonic() - began < 3.0:
                 break
         self.wait_new_batch(timeout)
@@ -451,12 +454,13 @@ class ScenarioRun:
     def wait_new_batch(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Wait until the sink stores a batch it did not have (the query makes progress)."""
         before = self.watcher.poll()
-        wait_for(lambda: self.watcher.poll() > before, timeout, "a new batch in the sink",
-                 self.runner)
+        wait_until(f"a new batch in the sink (it held {before})", self.watcher.poll,
+                   lambda batches: batches > before, timeout=timeout, process=self.runner)
 
     def wait_hit(self, point: str, timeout: float = 240.0) -> None:
         hit = self.faults / f"hit-{point}"
-        wait_for(hit.exists, timeout, f"a process to reach crash point {point}", self.runner)
+        wait_until(f"a process to reach crash point {point}", hit.exists, timeout=timeout,
+                   process=self.runner)
         where = _where(int(hit.read_text()))
         self.result.hits.append(f"{point}@{where}")
         if (self.scenario.master.startswith("local-cluster") and point in EXECUTOR_POINTS
@@ -547,7 +551,7 @@ class ScenarioRun:
             for step in s.steps:
                 self.step(step)
             self.wait_new_batch()
-            time.sleep(s.tail_s)
+            time.sleep(s.tail_s)  # let time pass: the writer goes on, the query follows
             writer.finish()
             self._drain_and_stop()
         except Exception as exc:  # the scenario fails; still verify what was delivered
@@ -580,8 +584,9 @@ class ScenarioRun:
 
     def _drain_and_stop(self) -> None:
         expected = self.written()
-        wait_for(lambda: self.watcher.covers(expected), DRAIN_TIMEOUT_S,
-                 f"all {len(expected)} changes delivered", self.runner, interval=0.5)
+        wait_until(f"all {len(expected)} changes delivered",
+                   lambda: self.watcher.covers(expected), timeout=DRAIN_TIMEOUT_S, interval=0.5,
+                   process=self.runner)
         self.stop_file.touch()
         assert self.runner is not None
         try:
@@ -714,8 +719,6 @@ class ScenarioRun:
     # --- DynamoDB on moto -------------------------------------------------------------------
 
     def _start_moto(self) -> None:
-        from tests.meta_fixtures import AWS_TEST_ENV, start_moto_server
-
         self.moto, endpoint = start_moto_server()
         self.meta_uri = (f"dynamodb://cdc_meta?region=us-east-1&endpoint_url={endpoint}"
                          "&create_table=true")
@@ -727,8 +730,6 @@ class ScenarioRun:
 
     def _stop_moto(self) -> None:
         if self.moto is not None:
-            from tests.meta_fixtures import stop_moto_server
-
             stop_moto_server(self.moto)
             self.moto = None
 

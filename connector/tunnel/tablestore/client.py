@@ -80,6 +80,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -205,13 +206,16 @@ class TablestoreTunnelService(TunnelService):
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
                  uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
-                 send_max_records: bool = True, ca_bundle: str | None = None) -> None:
+                 send_max_records: bool = True, ca_bundle: str | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """``clock`` and ``sleep`` time the transport's retries (tests pass a fake clock)."""
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.uri = (redact_uri(uri, EndpointQuery.model_fields) if uri
                     else f"{self.endpoint}?instance={instance}")
         self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s,
-                                    ca_bundle=ca_bundle)
+                                    ca_bundle=ca_bundle, clock=clock, sleep=sleep)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
         #: (tunnel id, channel id) -> (sequence number, checkpoint) the service holds, as last

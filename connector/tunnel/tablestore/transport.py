@@ -47,6 +47,7 @@ import hmac
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,15 +152,22 @@ def _parse_date(value: str) -> dt.datetime | None:
 
 class Transport:
     """One endpoint, one instance, one key pair; a small connection pool. Not fork-safe by
-    itself: the client opens a new one in each process."""
+    itself: the client opens a new one in each process.
+
+    ``clock`` and ``sleep`` time the retries (``time.monotonic`` and ``time.sleep``; tests pass
+    a fake clock to check the backoff without waiting for it)."""
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials,
-                 retry_deadline_s: float = RETRY_DEADLINE_S, ca_bundle: str | None = None) -> None:
+                 retry_deadline_s: float = RETRY_DEADLINE_S, *, ca_bundle: str | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.credentials = credentials
         self.retry_deadline_s = retry_deadline_s
         self.ca_bundle = ca_bundle
+        self._clock = clock
+        self._sleep = sleep
         self._pool = urllib3.PoolManager(
             num_pools=2, maxsize=4, retries=False,
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
@@ -243,7 +251,7 @@ class Transport:
         ``Unavailable`` (after bounded retries), ``ResponseValidationError`` or
         ``TlsError``."""
         idempotent = path in IDEMPOTENT_PATHS
-        deadline = time.monotonic() + self.retry_deadline_s
+        deadline = self._clock() + self.retry_deadline_s
         delay = BACKOFF_INITIAL_S
         attempt = 0
         while True:
@@ -256,12 +264,12 @@ class Transport:
                 last: Exception = exc
             except Unavailable as exc:
                 last = exc
-            if time.monotonic() + delay > deadline:
+            if self._clock() + delay > deadline:
                 raise Unavailable(f"{path}: {last} (gave up after {attempt} attempt(s))")
             # WARNING: an outage is worth seeing, and executors' Python workers show only that
             log.warning("%s %s failed (attempt %d): %s; retrying in %.2f s", self.endpoint,
                         path, attempt, last, delay)
-            time.sleep(delay + random.uniform(0, delay / 4))
+            self._sleep(delay + random.uniform(0, delay / 4))
             delay = min(delay * 2, BACKOFF_MAX_S)
 
 

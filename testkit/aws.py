@@ -1,26 +1,26 @@
-"""Fixtures for the meta-store tests: fake AWS credentials and a moto server on 127.0.0.1.
+"""Fake AWS for tests: credentials, and moto servers on 127.0.0.1 in two shapes.
 
-Import them into a test module (``from tests.meta_fixtures import aws_env, moto_endpoint``);
-they are session-scoped, so one moto server serves the whole test session and is stopped at
-its end.
-
-The moto server runs in a child process (not in the pytest process: an in-process
-``mock_aws`` resets moto's backends, which would wipe a server living in the same process) and
-handles one request at a time. DynamoDB makes every conditional write atomic; moto checks the
-condition and writes the item without a lock, so two concurrent writers could both "win" on a
-threaded moto. Serializing requests gives moto DynamoDB's atomicity, which the multi-process
-race tests rely on.
+- ``start_moto_server()``: a moto server in a child process that handles one request at a
+  time. Used for the meta-store tests (through the ``moto_endpoint`` fixture of
+  ``testkit.fixtures``) and by the fault harness. It runs outside the pytest process because an
+  in-process ``mock_aws`` resets moto's backends, which would wipe a server living in the same
+  process. Serialized because DynamoDB makes every conditional write atomic while moto checks
+  the condition and writes the item without a lock: two concurrent writers could both "win" on
+  a threaded moto. Serializing requests gives moto DynamoDB's atomicity, which the
+  multi-process race tests rely on.
+- ``threaded_moto_server()``: moto's ``ThreadedMotoServer`` in this process, the shape the
+  DynamoDB Streams tests need: ``testkit.dynamodb_streams_fake`` patches moto in-process, and
+  the patch holds for a server in the same process only.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 
-import pytest
+import requests
 
 #: Environment for boto3 in the tests and their child processes: fake keys, no real config.
 AWS_TEST_ENV = {
@@ -76,26 +76,17 @@ def stop_moto_server(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
-@pytest.fixture(scope="session")
-def aws_env() -> Iterator[dict[str, str]]:
-    """Fake credentials and region for boto3 (inherited by spawned child processes); the
-    user's real AWS config files are hidden."""
-    with tempfile.TemporaryDirectory() as empty, pytest.MonkeyPatch.context() as mp:
-        for key, value in AWS_TEST_ENV.items():
-            mp.setenv(key, value)
-        mp.setenv("AWS_CONFIG_FILE", os.path.join(empty, "config"))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.path.join(empty, "credentials"))
-        mp.delenv("AWS_PROFILE", raising=False)
-        mp.delenv("AWS_ENDPOINT_URL", raising=False)
-        mp.delenv("AWS_ENDPOINT_URL_DYNAMODB", raising=False)
-        yield dict(AWS_TEST_ENV)
+@contextmanager
+def threaded_moto_server() -> Iterator[str]:
+    """moto's threaded server in this process on 127.0.0.1, its state reset; yields its URL."""
+    from moto.server import ThreadedMotoServer
 
-
-@pytest.fixture(scope="session")
-def moto_endpoint(aws_env: dict[str, str]) -> Iterator[str]:
-    """URL of a moto server on 127.0.0.1 for the whole session."""
-    proc, endpoint = start_moto_server()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
     try:
-        yield endpoint
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        requests.post(f"{url}/moto-api/reset", timeout=10)
+        yield url
     finally:
-        stop_moto_server(proc)
+        server.stop()

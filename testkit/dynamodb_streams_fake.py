@@ -1,5 +1,8 @@
 """A shard map for moto's DynamoDB Streams: splits, rollovers, lineage, trimming, expiry.
 
+It patches moto's internals (``DynamoDBStreamsHandler``, ``StreamShard``), which change between
+minor versions: pyproject's test extra pins moto to the minor this was written against (5.2).
+
 moto 5.2.5 gives every table one shard with no ``ParentShardId`` and no
 ``EndingSequenceNumber``, a ``NextShardIterator`` that is never null, iterators that never
 expire and no trimming. ``StreamsFake`` patches moto *in-process* (``ThreadedMotoServer`` runs
@@ -24,7 +27,7 @@ to it, the stream looks like the real service's:
 
 Only the Streams side is faked: the table, its items and the stream records' content are
 moto's. Tests use it through ``tests/test_tunnel_dynamodb_streams.py`` and
-``integration/test_dynamodb_streams_spark.py``.
+``integration/test_dynamodb_streams_spark.py``, with ``testkit.aws.threaded_moto_server``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run one tablestore streaming query in its own process until told to stop.
 
-    python -m integration.runner (--store /abs/store.db | --endpoint URI) --table t --tunnel n \
+    python -m testkit.runner (--store /abs/store.db | --endpoint URI) --table t --tunnel n \
         --checkpoint DIR --sink DIR [--option key=value ...] [--master local[2]] \
         [--meta-store URI] [--conf spark.key=value ...] [--target URI [--scd 1|2]]
 
@@ -9,7 +9,8 @@ process can be SIGKILLed at any moment and restarted on the same checkpoint. Wit
 each batch is then also applied into a Delta or Iceberg table (``tablestore_cdc.lakehouse``,
 exactly once by its own commit records). It stops cleanly when
 the file ``--stop-file`` appears, and with ``--available-now`` it stops by itself. Used by the
-restart tests, the fault-injection harness and the benchmarks; it runs as the Spark driver.
+restart tests, the fault-injection harness and the benchmarks (started by
+``testkit.processes.start_runner``); it runs as the Spark driver.
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""The pytest fixtures tests share, defined once.
+
+``tests/conftest.py`` and ``integration/conftest.py`` import the ones their tests use; a test
+module that needs another shape of the same thing (a store with other columns) defines its own
+fixture of the same name, which takes precedence in that module.
+
+- ``spark`` (session): one real local Spark (``local[2]``) with ``format("tablestore")``
+  registered; it takes 5-11 s to start, so the whole session shares it.
+- ``store``: an embedded store with table ``t`` (key ``id`` INTEGER, attribute ``v`` INTEGER,
+  2 channels); ``local_store`` builds the same with another channel count, ``put_rows`` writes
+  to it and ``options_for`` gives the reader options of tunnel ``q`` on it.
+- ``aws_env`` (session): fake AWS credentials and region for boto3, inherited by child
+  processes; the user's real AWS config files are hidden.
+- ``moto_endpoint`` (session): the URL of a serialized moto server on 127.0.0.1
+  (``testkit.aws.start_moto_server``), stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector.local import LocalTablestore
+from connector.options import SourceOptions
+from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
+
+
+def local_store(path: Path, channels: int = 2) -> LocalTablestore:
+    """An embedded store at ``path`` with table ``t``: key ``id`` INTEGER, attribute ``v``
+    INTEGER, ``channels`` change channels."""
+    store = LocalTablestore(path)
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                       channels=channels)
+    return store
+
+
+def put_rows(store: LocalTablestore, ids: range | list[int], v: int = 0) -> None:
+    """PUT rows ``ids`` of table ``t``, one transaction each; ``v`` is the id unless given."""
+    for i in ids:
+        store.put_row("t", {"id": i}, {"v": v or i})
+
+
+def options_for(store: LocalTablestore, **extra: str) -> SourceOptions:
+    """The validated reader options of table ``t`` through tunnel ``q`` on ``store``."""
+    return SourceOptions.from_spark({
+        "endpoint": f"local://{store.path}", "table.name": "t", "tunnel.name": "q", **extra,
+    })
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A real local Spark (2 cores) with ``format("tablestore")`` registered."""
+    from connector.spark import local_session
+
+    session = local_session("tablestore-cdc-tests", master="local[2]")
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LocalTablestore]:
+    """``local_store`` in the test's temporary directory, closed after the test."""
+    s = local_store(tmp_path / "store.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def aws_env() -> Iterator[dict[str, str]]:
+    """Fake credentials and region for boto3 (inherited by spawned child processes); the
+    user's real AWS config files are hidden."""
+    with tempfile.TemporaryDirectory() as empty, pytest.MonkeyPatch.context() as mp:
+        for key, value in AWS_TEST_ENV.items():
+            mp.setenv(key, value)
+        mp.setenv("AWS_CONFIG_FILE", os.path.join(empty, "config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.path.join(empty, "credentials"))
+        mp.delenv("AWS_PROFILE", raising=False)
+        mp.delenv("AWS_ENDPOINT_URL", raising=False)
+        mp.delenv("AWS_ENDPOINT_URL_DYNAMODB", raising=False)
+        yield dict(AWS_TEST_ENV)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(aws_env: dict[str, str]) -> Iterator[str]:
+    """URL of a moto server on 127.0.0.1 for the whole session."""
+    proc, endpoint = start_moto_server()
+    try:
+        yield endpoint
+    finally:
+        stop_moto_server(proc)
