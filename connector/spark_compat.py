@@ -14,6 +14,9 @@ they are there (docs/operations.md#spark-versions has the table, feature x versi
 - ``SupportsTriggerAvailableNow``: without it Spark runs a ``Trigger.AvailableNow`` query as one
   batch (its single-batch fallback) and stops.
 
+One helper changed its signature in 4.2 as well: ``to_arrow_schema`` takes ``timezone=``
+where 4.0 and 4.1 take ``timestamp_utc=`` (``arrow_schema``).
+
 Imported by ``connector.source`` wherever that runs (the user's driver, Spark's planning process
 on the driver, executors). Importing it beside an unsupported PySpark raises
 ``UnsupportedSparkError``, one line naming the supported range. Each degradation is logged once
@@ -62,6 +65,7 @@ def _installed_pyspark() -> tuple[str, bool]:
 check_supported(*_installed_pyspark())
 
 from pyspark.sql.datasource import DataSourceStreamReader  # noqa: E402 - after the check
+from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
 try:  # PySpark 4.2+: admission control and Trigger.AvailableNow for Python stream readers
     from pyspark.sql.streaming import datasource as _streaming_datasource
@@ -104,9 +108,9 @@ class SparkFeatures:
                 "from Spark's own calls")
         if not self.latest_offset_report:
             found.append(
-                f"{v} does not ask Python sources for their latest offset (needs 4.2): Spark's "
-                "progress shows no lag for this source; `tablestore-cdc meta lag`, the progress "
-                "feed and the dashboard do")
+                f"{v} does not ask Python sources for a latest-offset report (needs 4.2): "
+                "Spark's progress shows the batch's end as latestOffset, without the lag; "
+                "`tablestore-cdc meta lag`, the progress feed and the dashboard show it")
         if not self.available_now:
             found.append(
                 f"{v} has no Trigger.AvailableNow for Python sources (needs 4.2): Spark runs "
@@ -147,16 +151,23 @@ def max_rows_of(limit: Any) -> int | None:
     return None
 
 
+def arrow_schema(schema: Any) -> Any:
+    """The Arrow schema PySpark checks a reader's batches against (timestamps in UTC)."""
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:  # PySpark 4.2+
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema, timestamp_utc=True)  # type: ignore[call-arg]  # 4.0, 4.1
+
+
 _logged = False
 
 
-def log_degradations_once(log: logging.Logger) -> None:
+def log_degradations_once(log: logging.Logger, features: SparkFeatures = FEATURES) -> None:
     """Log each degradation once per process (Spark's planning process, at a query's start)."""
     global _logged
     if _logged:
         return
     _logged = True
-    for sentence in FEATURES.degradations():
+    for sentence in features.degradations():
         log.warning("%s (docs/operations.md#spark-versions)", sentence)
 
 
@@ -210,5 +221,5 @@ class BatchStartTracker:
 
 
 __all__ = ["FEATURES", "SUPPORTED_PYSPARK", "BatchStartTracker", "SparkFeatures",
-           "SupportsTriggerAvailableNow", "check_supported", "default_read_limit",
+           "SupportsTriggerAvailableNow", "arrow_schema", "check_supported", "default_read_limit",
            "log_degradations_once", "max_rows_of", "probe"]
