@@ -10,6 +10,7 @@ tests (``make test-spark-oldest``).
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -19,11 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from connector import spark_compat
 from connector.errors import SparkCallOrderError, UnsupportedSparkError
 from connector.local import LocalTablestore
 from connector.source import TablestoreDataSource, TablestoreStreamReader
-from connector.spark_compat import SUPPORTED_PYSPARK, SparkFeatures, check_supported
+from connector.spark_compat import FEATURES, SUPPORTED_PYSPARK, SparkFeatures, check_supported
 from meta_store import open_meta_store
+
+pytestmark = pytest.mark.oldest_spark  # seconds; on the oldest PySpark too, for the probes
 
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_40 = SparkFeatures(version="4.0.0", admission_control=False, latest_offset_report=False,
@@ -81,6 +85,14 @@ def test_importing_the_source_beside_an_unsupported_pyspark_fails_with_one_line(
                     "cluster's Spark")
 
 
+def test_the_installed_pyspark_offers_what_its_release_added():
+    """Measured: 4.0 and 4.1 have none of the three, 4.2 and 4.3 all of them."""
+    import pyspark
+
+    from_4_2 = tuple(int(n) for n in pyspark.__version__.split(".")[:2]) >= (4, 2)
+    assert FEATURES == SparkFeatures(pyspark.__version__, from_4_2, from_4_2, from_4_2)
+
+
 def test_each_missing_feature_is_one_sentence_naming_the_version_that_has_it():
     assert SparkFeatures("4.3.0", True, True, True).degradations() == []
     sentences = SPARK_40.degradations()
@@ -89,6 +101,16 @@ def test_each_missing_feature_is_one_sentence_naming_the_version_that_has_it():
     assert "maxOffsetsPerTrigger" in sentences[0]
     assert "tablestore-cdc meta lag" in sentences[1]
     assert "one batch" in sentences[2]
+
+
+def test_degradations_are_logged_once_per_process(caplog, monkeypatch):
+    monkeypatch.setattr(spark_compat, "_logged", False)
+    log = logging.getLogger("connector.source")
+    with caplog.at_level(logging.WARNING, logger="connector.source"):
+        spark_compat.log_degradations_once(log, SPARK_40)
+        spark_compat.log_degradations_once(log, SPARK_40)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{s} (docs/operations.md#spark-versions)" for s in SPARK_40.degradations()]
 
 
 # --- the reader as PySpark 4.0/4.1 call it ------------------------------------------------------
