@@ -6,7 +6,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast faults-full benchmarks lint java-check clean
+.PHONY: demo test test-fast faults-full benchmarks lint java-check clean test-spark-oldest
+
+# The oldest PySpark the package supports (the floor of pyproject's range), in its own venv
+SPARK_OLDEST := 4.0.0
+OLDEST       := .venv-spark-oldest
 
 # setup.py builds the compiled PlainBuffer decoder (C, optional: skipped without a compiler);
 # `make test` then requires it (REQUIRE_COMPILED), so the suite tests the compiled decoder
@@ -20,6 +24,12 @@ $(STAMP): pyproject.toml setup.py $(DECODER_C)
 	$(BIN)/python -m pip install --quiet -e '.[test,dynamodb,tablestore,lakehouse]'
 	touch $(STAMP)
 
+$(OLDEST)/.installed-stamp: pyproject.toml
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python -m pip install --quiet -e '.[test,dynamodb,tablestore,lakehouse]' 'pyspark==$(SPARK_OLDEST)'
+	touch $@
+
 java-check:
 	@if [ -n "$$JAVA_HOME" ] && [ -x "$$JAVA_HOME/bin/java" ]; then exit 0; fi; \
 	command -v java >/dev/null 2>&1 || { \
@@ -31,9 +41,16 @@ java-check:
 demo: $(STAMP) java-check
 	$(BIN)/tablestore-cdc demo $(DEMO_ARGS)
 
-## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser)
+## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
+## then the oldest_spark tests on the oldest supported PySpark
 test: $(STAMP) java-check
 	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-spark-oldest
+
+## make test-spark-oldest: splits and a merge, kill and restart, AvailableNow, the demo on
+## PySpark $(SPARK_OLDEST) (a run that selects no test exits 5 and fails)
+test-spark-oldest: $(OLDEST)/.installed-stamp java-check
+	$(OLDEST)/bin/python -m pytest -m oldest_spark $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
 test-fast: $(STAMP)
@@ -52,4 +69,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) tablestore-cdc-demo .pytest_cache
+	rm -rf $(VENV) $(OLDEST) tablestore-cdc-demo .pytest_cache

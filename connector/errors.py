@@ -249,3 +249,30 @@ class CheckpointBehindMetaError(CdcError):
         "point in time as the checkpoint, or use a new checkpoint location (it starts from the "
         "tunnel's pushed checkpoints)"
     )
+
+
+# --- the installed Spark ---------------------------------------------------------------------
+
+
+class UnsupportedSparkError(CdcError, ImportError):
+    """The installed PySpark is outside the supported range (``connector.spark_compat``,
+    raised when the Spark side of the package is imported)."""
+
+    template = (
+        "tablestore-cdc supports PySpark {supported}, found {found}: install a PySpark in that "
+        "range (pip install 'pyspark{supported}'), the one matching your cluster's Spark"
+    )
+
+
+class SparkCallOrderError(CdcError):
+    """PySpark < 4.2 (which does not pass ``latestOffset`` its start) asked for a batch in an
+    order where the start is not known: the source refuses rather than guess it."""
+
+    template = (
+        "PySpark {version} asked the source for the next batch before telling it where the "
+        "checkpoint's offset log ends ({detail}); the source never guesses where a batch starts. "
+        "With PySpark before 4.2 this happens under the internal setting "
+        "spark.sql.streaming.triggerAvailableNowWrapper.enabled=true, which this source does not "
+        "support: unset it (Trigger.AvailableNow then runs as one batch per run), or use "
+        "PySpark 4.2 or newer, where Spark passes the start to latestOffset"
+    )

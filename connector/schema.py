@@ -29,7 +29,6 @@ from itertools import islice
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -44,6 +43,7 @@ from pyspark.sql.types import (
 
 from connector.errors import OptionError
 from connector.gc_pause import gc_paused
+from connector.spark_compat import arrow_schema
 from connector.tunnel.base import Record, TableSchema
 from connector.tunnel.page import PageLayout, records_to_page
 from connector.tunnel.page import to_json as to_json  # re-exported: tablestore_cdc.lakehouse.plan
@@ -112,14 +112,15 @@ class RecordBatchBuilder:
     Spark output schema.
 
     Built once per ``read()`` call on an executor. The Arrow schema is derived with PySpark's own
-    ``to_arrow_schema`` because Spark checks yielded batches against it for equality. ``layout``
+    ``to_arrow_schema`` (``spark_compat.arrow_schema``) because Spark checks yielded batches
+    against it for equality. ``layout``
     is what to ask the tunnel for; ``project`` picks the output columns of a page batch by name
     (no copy), adds ``_channel_id`` and refuses undeclared values the schema cannot keep.
     """
 
     def __init__(self, schema: StructType, batch_rows: int = 8192) -> None:
         self.schema = schema
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = arrow_schema(schema)
         self.names = schema.fieldNames()
         self.layout = PageLayout(tuple((f.name, f.type) for f in self.arrow_schema
                                        if f.name not in METADATA_NAMES))

@@ -9,6 +9,10 @@ Where each piece runs:
   ``reportLatestOffset`` there too, for its progress report (``connector.progress``). Spark
   pickles the reader to executors to call ``read``, so it holds no live client when pickled.
 - ``read`` runs on executors and delegates to ``connector.reader``.
+
+PySpark 4.0 and 4.1 call less of this (no read limit, no start in ``latestOffset``, no
+``reportLatestOffset``, no AvailableNow): ``connector.spark_compat`` says what the installed
+PySpark offers, and the reader degrades there as it describes.
 """
 
 from __future__ import annotations
@@ -19,14 +23,11 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from connector import spark_compat as compat  # first: refuses an unsupported PySpark
+
+# isort: split
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from connector.options import SourceOptions
@@ -59,15 +60,20 @@ class TablestoreDataSource(DataSource):
         return TablestoreStreamReader(self.source_options, schema)
 
 
-class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
     """Spark's handle on one query; see ``connector.protocol`` for the protocol itself."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType,
+                 features: compat.SparkFeatures = compat.FEATURES) -> None:
+        """``features``: what the installed PySpark calls (tests pass an older PySpark's)."""
         self.options = options
         self.schema = schema
         self._protocol: Any = None  # opened on first use in the planning process
         self._reporter: Any = None  # connector.progress.LatestOffsetReporter, same process
         self._last_start: str | None = None  # start UUID of the batch latestOffset last saw
+        #: PySpark 4.0/4.1 do not pass latestOffset its start: learned from their other calls
+        self._starts = (None if features.admission_control
+                        else compat.BatchStartTracker(features.version))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -85,6 +91,7 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if self.schema != output_schema(table):
                 check_user_schema(self.schema, table)
             self._protocol = protocol
+            compat.log_degradations_once(log)
         return self._protocol
 
     # --- driver (planning process) --------------------------------------------------------
@@ -92,13 +99,18 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def initialOffset(self) -> dict:
         return self.protocol.initial_offset()
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.options.max_offsets_per_trigger is not None:
-            return ReadMaxRows(self.options.max_offsets_per_trigger)
-        return ReadAllAvailable()
+    def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's API name (PySpark 4.2+)
+        return compat.default_read_limit(self.options.max_offsets_per_trigger)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        """PySpark 4.2+ passes the start and the read limit. PySpark 4.0/4.1 pass neither: the
+        start is where Spark's offset log ends (``spark_compat.BatchStartTracker``) and the
+        limit is ``maxOffsetsPerTrigger``, the one ``getDefaultReadLimit`` would have given."""
+        if start is None and self._starts is not None:
+            start = self._starts.start(self.protocol.initial_offset)
+            max_rows = self.options.max_offsets_per_trigger
+        else:
+            max_rows = compat.max_rows_of(limit)
         end = self.protocol.latest_offset(start, max_rows)
         self._last_start = self.protocol.uuid_of(start)
         return end
@@ -113,6 +125,8 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._reporter.report(self._last_start)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        if self._starts is not None:
+            self._starts.planned(start, end)
         return self.protocol.plan(start, end)
 
     def commit(self, end: dict) -> None:

@@ -60,9 +60,12 @@ def prepare_environment() -> None:
 
 def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
                   conf: dict[str, str] | None = None) -> SparkSession:
-    """A local SparkSession with the tablestore source registered (driver)."""
+    """A local SparkSession with the tablestore source registered (driver). An unsupported
+    PySpark is refused (``UnsupportedSparkError``) before a JVM is started for it."""
     prepare_environment()
     from pyspark.sql import SparkSession
+
+    from connector.source import register
 
     builder = (
         SparkSession.builder.master(master).appName(app_name)
@@ -76,7 +79,5 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from connector.source import register
-
     register(spark)
     return spark

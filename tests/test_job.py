@@ -54,6 +54,7 @@ def test_state_table_applies_each_change_once_in_commit_order(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.oldest_spark
 def test_demo_verifies_a_run_with_splits_and_a_merge(tmp_path):
     result = subprocess.run(
         [*CLI, "demo", "--workdir", str(tmp_path / "demo"), "--changes", "800",

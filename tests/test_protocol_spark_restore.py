@@ -35,6 +35,7 @@ def run(spark, store: LocalTablestore, checkpoint: Path, sink: dict[int, list]) 
     assert query.exception() is None
 
 
+@pytest.mark.oldest_spark
 def test_deleting_the_newest_offsets_and_commits_replays_those_batches_exactly(
         spark, store, tmp_path):
     for i in range(50):

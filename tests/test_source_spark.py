@@ -10,8 +10,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from pyspark.errors import StreamingQueryException
 
 from connector.local import LocalTablestore
+from connector.spark_compat import FEATURES
 from meta_store import open_meta_store
 from tablestore_cdc.sinks import ExactlyOnceParquetSink, deliveries_from_rows
 from tablestore_cdc.verify import rows_by_key, verify
@@ -61,6 +63,7 @@ def delivered_count(sink: ExactlyOnceParquetSink) -> int:
     return sum(1 for _ in sink.deliveries(["id"]))
 
 
+@pytest.mark.oldest_spark
 def test_end_to_end_with_concurrent_writer_splits_and_merge(spark, store, tmp_path):
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     query = (stream(spark, store, maxOffsetsPerChannel="200").writeStream.foreachBatch(sink)
@@ -110,6 +113,7 @@ def test_a_batch_read_twice_yields_identical_rows(spark, store, tmp_path):
     assert sum(len(first) for first, _ in reads) == 400
 
 
+@pytest.mark.oldest_spark
 def test_max_offsets_per_channel_and_per_trigger(spark, store, tmp_path):
     write_changes(store, 240)
     per_batch: list[dict[str, int]] = []
@@ -130,6 +134,8 @@ def test_max_offsets_per_channel_and_per_trigger(spark, store, tmp_path):
     assert len(per_batch) >= 240 // 50
 
 
+@pytest.mark.skipif(not FEATURES.available_now, reason="PySpark < 4.2 runs AvailableNow as one "
+                    "batch: test_available_now_without_spark_support_runs_one_batch_per_run")
 def test_available_now_stops_at_the_start_time_end(spark, store, tmp_path):
     write_changes(store, 150)
     store.split_channel("t", store.list_channels("t")[0].channel_id)
@@ -148,6 +154,54 @@ def test_available_now_stops_at_the_start_time_end(spark, store, tmp_path):
     assert query.awaitTermination(180), "AvailableNow did not stop by itself"
     assert query.exception() is None
     assert sorted(delivered) == sorted(before_start)
+
+
+@pytest.mark.oldest_spark
+@pytest.mark.skipif(FEATURES.available_now, reason="PySpark 4.2+ runs AvailableNow itself: "
+                    "test_available_now_stops_at_the_start_time_end")
+def test_available_now_without_spark_support_runs_one_batch_per_run(spark, store, tmp_path):
+    """PySpark 4.0/4.1: Spark runs an AvailableNow query as one batch, bounded by the source's
+    limits, and stops; runs one after the other read everything, exactly once."""
+    write_changes(store, 150)
+    store.split_channel("t", store.list_channels("t")[0].channel_id)
+    write_changes(store, 150, start=150)
+    expected = len(store.change_log("t"))
+    sink = ExactlyOnceParquetSink(tmp_path / "sink")
+    batches_per_run: list[int] = []
+    while delivered_count(sink) < expected and len(batches_per_run) < 12:
+        batches: list[int] = []
+
+        def record(df, batch_id, batches=batches):
+            batches.append(batch_id)
+            sink(df, batch_id)
+
+        query = (stream(spark, store, maxOffsetsPerChannel="40").writeStream
+                 .foreachBatch(record).trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+        assert query.awaitTermination(180), "AvailableNow did not stop by itself"
+        assert query.exception() is None
+        batches_per_run.append(len(batches))
+    assert all(n == 1 for n in batches_per_run), batches_per_run
+    assert len(batches_per_run) >= 300 // (3 * 40)  # 40 per channel per batch: several runs
+    result = verify(store.change_log("t"), sink.deliveries(["id"]),
+                    rows_by_key(store.scan("t")))
+    assert result.ok and result.delivered == expected, result.summary()
+
+
+@pytest.mark.oldest_spark
+@pytest.mark.skipif(FEATURES.available_now, reason="PySpark 4.2+ runs AvailableNow itself; "
+                    "the wrapper is only used for sources without it")
+def test_spark_s_available_now_wrapper_is_refused_without_spark_support(spark, store, tmp_path):
+    """Spark's internal wrapper asks for a batch before it says where its offset log ends."""
+    write_changes(store, 50)
+    spark.conf.set("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
+    try:
+        query = (stream(spark, store).writeStream.format("noop").trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+        with pytest.raises(StreamingQueryException, match="SparkCallOrderError.*PySpark 4.2"):
+            query.awaitTermination(180)
+    finally:
+        spark.conf.unset("spark.sql.streaming.triggerAvailableNowWrapper.enabled")
 
 
 def idle_triggers(query, after_rows: int = 0) -> int:
