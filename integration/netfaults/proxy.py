@@ -10,12 +10,14 @@ the way a network, a load balancer or a dying peer does:
 ``reset_before``     RST the client's connection; the service never sees the request
 ``reset_after``      forward, let the service apply it, RST before any byte of the answer
 ``reset_after_body`` send the whole answer, then RST (the pooled connection is dead)
-``truncate``         send the headers (full ``Content-Length``) and half the body, then FIN
+``truncate``         send the headers (full ``Content-Length``, at least 1) and half the body,
+                     then FIN
 ``stall``            forward, let the service apply it, send nothing until the client gives up
                      (its read timeout) or ``stall_s`` passed
 ``bare_500``         answer ``500`` with an HTML body, never forwarded (what a load balancer
 ``bare_503``         sends: no service error code, no signature), ``bare_503`` likewise
-``corrupt_body``     forward, flip one byte in the middle of the answer's body
+``corrupt_body``     forward, flip one byte in the middle of the answer's body (an empty body
+                     gets a stray byte)
 ``bad_signature``    forward, flip one character of the answer's ``Authorization`` header (no such
                      header, as in AWS answers: flip a body byte instead)
 ===================  ==========================================================================
@@ -197,8 +199,9 @@ def _no_delay(writer: asyncio.StreamWriter) -> None:
 
 
 def _flip_middle(body: bytes) -> bytes:
+    """One byte flipped in the middle; an empty body gets one stray byte instead."""
     if not body:
-        return body
+        return b"\x00"
     i = len(body) // 2
     return body[:i] + bytes([body[i] ^ 0x01]) + body[i + 1:]
 
@@ -408,8 +411,9 @@ class FaultProxy:
                     _abort(writer)
                     return
                 if kind is Kind.TRUNCATE:
+                    # an empty body is cut too: it announces one byte it never sends
                     writer.write(response.encode(response.body[:len(response.body) // 2],
-                                                 length=len(response.body)))
+                                                 length=max(1, len(response.body))))
                     await writer.drain()
                     writer.close()
                     return
