@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast faults-full benchmarks lint java-check clean
+.PHONY: demo test test-fast faults-full netfaults-full cluster-long soak benchmarks lint java-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "error: Python 3.11+ is required, found %d.%d" % v[:2])'
@@ -37,6 +37,18 @@ test-fast: $(STAMP)
 ## make faults-full: the full crash-point matrix and random kills (long)
 faults-full: $(STAMP) java-check
 	$(BIN)/python -m integration.faults
+
+## make netfaults-full: every network-fault scenario (a fault proxy on every hop; ~30 min)
+netfaults-full: $(STAMP) java-check
+	$(BIN)/python -m integration.netfaults
+
+## make cluster-long: the Spark standalone cluster across network namespaces, longer (root)
+cluster-long: $(STAMP) java-check
+	$(BIN)/python -m integration.netfaults cluster --long
+
+## make soak: 64 channels, up to 1,000,000 changes, a query kill a minute, ~20 min (SOAK_ARGS)
+soak: $(STAMP) java-check
+	nice -n 10 $(BIN)/python -m integration.netfaults soak $(SOAK_ARGS)
 
 ## make benchmarks: throughput, protocol cost, freshness, recovery (--quick: under 10 min)
 benchmarks: $(STAMP) java-check
