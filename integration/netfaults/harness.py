@@ -304,6 +304,17 @@ class NetScenarioRun:
     # --- the scenario -----------------------------------------------------------------------
 
     def run(self) -> NetResult:
+        try:
+            return self._run()
+        finally:  # also when interrupted: no service outlives the scenario
+            self.emulator.stop()
+            if self.moto is not None:
+                from tests.meta_fixtures import stop_moto_server
+
+                stop_moto_server(self.moto)
+                self.moto = None
+
+    def _run(self) -> NetResult:
         began = time.monotonic()
         s = self.scenario
         writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.write_rate)
@@ -338,12 +349,6 @@ class NetScenarioRun:
             self._verify()
         except Exception as exc:
             self.result.problems.append(f"verification failed to run: {exc!r}")
-        finally:
-            self.emulator.stop()
-            if self.moto is not None:
-                from tests.meta_fixtures import stop_moto_server
-
-                stop_moto_server(self.moto)
         self.result.seconds = round(time.monotonic() - began, 1)
         return self.result
 

@@ -6,7 +6,8 @@ every minute; memory, meta-table size and batch rate sampled; exactly-once check
 Where things run: the writer thread (integration/faults/workload.py, with a wide key space and
 ``channels`` +- 8 open channels, reshaping every ``reshape_every_s``) and the sampler run in the
 harness process; the emulator in a child process; the query (``integration.runner``,
-``local[2]``) in its own process tree, SIGKILLed and restarted every ``kill_every_s``.
+``local[2]``) in its own process tree, SIGKILLed and restarted every ``kill_every_s`` (once
+the running query stored a batch of its own: a kill during Spark's start proves nothing new).
 
 The writer aims at ``changes`` in ``minutes``; when the query falls behind by more than
 ``max_backlog_s`` of writes it slows down to what the query absorbs (so the run ends in about
@@ -164,6 +165,7 @@ class Soak:
         self.runner = start_runner(self._args(), self.dir / f"runner-{self.runs:03d}.log",
                                    {"TABLESTORE_CDC_LOG_LEVEL": "WARNING"})
         self.query_started = time.monotonic()
+        self.batches_at_start = self.watcher.poll()
 
     def _sample(self, began: float, writer: Writer, meta_store: LocalTablestore) -> Sample:
         driver: list[psutil.Process] = []
@@ -189,6 +191,12 @@ class Soak:
                       round(time.monotonic() - self.query_started, 1))
 
     def run(self) -> SoakResult:
+        try:
+            return self._run()
+        finally:
+            self.emulator.stop()  # also when interrupted
+
+    def _run(self) -> SoakResult:
         r = self.result
         began = time.monotonic()
         create_table(self.store_path, self.channels)
@@ -216,7 +224,9 @@ class Soak:
                     writer.rate = (rate if backlog < rate * self.max_backlog_s
                                    else max(1.0, rate / 4))
                     next_sample = now + self.sample_s
-                if now >= next_kill:
+                # a kill a minute, but never before this run of the query stored a batch of
+                # its own: on a busy machine Spark's start can take most of a minute
+                if now >= next_kill and self.watcher.poll() > self.batches_at_start:
                     assert self.runner is not None
                     kill_tree(self.runner.pid)
                     r.kills += 1
