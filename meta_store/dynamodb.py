@@ -53,6 +53,7 @@ import random
 import re
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -103,6 +104,39 @@ _UNPROCESSED_ROUNDS = 10
 
 _sessions: dict[str | None, boto3.session.Session] = {}
 _sessions_lock = threading.Lock()
+
+
+class DamagedResponseError(botocore.exceptions.HTTPClientError):
+    """An answer damaged on the way: shorter or longer than its ``Content-Length``, or not
+    matching its ``x-amz-crc32``. Raised before botocore parses it, so it is never used; an
+    ``HTTPClientError``, so callers count it as transient (the request may have taken effect:
+    every write here is safe to repeat, and the retry layer sends it again)."""
+
+    fmt = "Damaged response to {operation}: {reason}"
+
+
+def _check_response(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
+    body = response_dict.get("body")
+    if not isinstance(body, bytes):
+        return  # a streamed body: not ours to check here
+    headers = response_dict.get("headers") or {}
+    length = str(headers.get("content-length", ""))
+    if length.isdigit() and int(length) != len(body):
+        raise DamagedResponseError(operation=operation_model.name,
+                                   reason=f"{len(body)} of {length} bytes arrived")
+    crc = str(headers.get("x-amz-crc32", ""))
+    if crc.isdigit() and zlib.crc32(body) & 0xFFFFFFFF != int(crc):
+        raise DamagedResponseError(operation=operation_model.name,
+                                   reason="the body does not match its x-amz-crc32")
+
+
+def refuse_damaged_responses(client: Any) -> Any:
+    """Check every answer ``client`` (boto3, any service) gets before it is parsed: botocore
+    does not enforce ``Content-Length``, checks DynamoDB's ``x-amz-crc32`` only to retry (the
+    last damaged answer would still be used) and DynamoDB Streams' not at all. Used by this
+    store and by the DynamoDB Streams tunnel (connector/tunnel/dynamodb_streams/aws.py)."""
+    client.meta.events.register("before-parse", _check_response)
+    return client
 
 
 def _session(profile: str | None) -> boto3.session.Session:
@@ -233,8 +267,8 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         except TypeError:  # a botocore older than account-based endpoints
             config = Config(**settings)
         with _sessions_lock:  # creating clients from one session is not thread-safe
-            self._client: Any = session.client("dynamodb", endpoint_url=endpoint_url,
-                                               config=config)
+            self._client: Any = refuse_damaged_responses(
+                session.client("dynamodb", endpoint_url=endpoint_url, config=config))
         self._closed = False
         if create_table:
             self._ensure_table()

@@ -25,6 +25,7 @@ the meta table consistent (``meta_consistency``).
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -418,11 +419,16 @@ class NetScenarioRun:
         self.recovered_since(time.monotonic())
 
     def _failure_line(self) -> str:
+        """The product error that failed the query (the runner prints Spark's exception, whose
+        text carries the Python traceback of the failed call)."""
         text = self.runner_log.read_text(errors="replace")
-        for line in text.splitlines():
-            if line.startswith("runner: query failed:"):
-                return line.removeprefix("runner: query failed:").strip()[:600]
-        return "(no failure line) " + text[-600:]
+        block = text[text.find("runner: query failed:"):] if "runner: query failed:" in text \
+            else text[-4000:]
+        errors = re.findall(r"\b((?:\w+\.)*\w*(?:Tunnel|MetaStore)\w*Error): ([^\n]+)", block)
+        if errors:
+            name, message = errors[-1]
+            return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"[:600]
+        return "(no product error found) " + block[:600]
 
     def _sleep_until(self, when: float) -> None:
         while time.monotonic() < when:

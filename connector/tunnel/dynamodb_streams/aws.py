@@ -44,7 +44,11 @@ from botocore.config import Config
 from connector.errors import OptionError, TransientTunnelError, TunnelRequestError
 
 # the same AWS rules as the DynamoDB meta store: credential-like query keys, retryable codes
-from meta_store.dynamodb import SECRET_QUERY_KEY, TRANSIENT_ERROR_CODES
+from meta_store.dynamodb import (
+    SECRET_QUERY_KEY,
+    TRANSIENT_ERROR_CODES,
+    refuse_damaged_responses,
+)
 
 SCHEME = "dynamodb-streams"
 _PARAMS = ("checkpoint_table", "region", "endpoint_url", "profile", "create_table", "numbers",
@@ -176,8 +180,12 @@ def clients(cfg: EndpointConfig) -> tuple[Any, Any]:
             config = Config(**settings, account_id_endpoint_mode="disabled")
         except TypeError:  # botocore older than account-based endpoints
             config = Config(**settings)
-        ddb = session.client("dynamodb", endpoint_url=cfg.endpoint_url, config=config)
-        streams = session.client("dynamodbstreams", endpoint_url=cfg.endpoint_url, config=config)
+        # every answer checked before it is parsed (length, x-amz-crc32): a damaged one is
+        # never used, and is retried as a transient error
+        ddb = refuse_damaged_responses(
+            session.client("dynamodb", endpoint_url=cfg.endpoint_url, config=config))
+        streams = refuse_damaged_responses(
+            session.client("dynamodbstreams", endpoint_url=cfg.endpoint_url, config=config))
     return ddb, streams
 
 
