@@ -24,10 +24,11 @@ Steps (``ClusterScenario``):
   (crash point ``mid_read``); the worker running it is SIGKILLed with its executor and Python
   workers; the task reruns on the other worker and reads exactly to the claimed end; the killed
   worker is started again, as a cluster manager would;
-- **worker cut off from the service mid-read**: a task is held after its claim, its worker's
-  packets to the service host are dropped (a blackhole route: no RST, no answer), the task is
-  released into the partition and fails on its clients' timeouts (the transport's deadline,
-  then the retry layer), Spark runs it again; the partition heals after ``cut_s``.
+- **worker cut off from the service mid-read**: a task is held between fetching its records
+  and claiming its end (crash point ``read_before_claim``), its worker's packets to the
+  service host are dropped (a blackhole route: no RST, no answer), the task is released into
+  the partition: its claim and the worker's next reads fail on the clients' timeouts (then the
+  retry layer gives up), Spark runs those tasks again; the partition heals after ``cut_s``.
 
 Then the writer stops, everything is delivered, the query stops, and the sink is verified
 against the store's change log like every fault scenario (lost, duplicated, order per key,
@@ -84,7 +85,7 @@ class ClusterScenario:
     name: str
     kill_worker: int = 1  # workers SIGKILLed mid-batch (one after another)
     cut_worker: int = 1  # workers cut off from the service mid-read
-    cut_s: float = 40.0  # past the tunnel client's 30 s read timeout: a read fails
+    cut_s: float = 40.0  # past the clients' budgets: a call fails and its task is rerun
     tail_s: float = 8.0  # writes after the last step
     channels: int = 4
     write_rate: float = 20.0
@@ -230,27 +231,27 @@ class ClusterRun:
                  "every change written so far delivered", self.runner, interval=0.5)
         self.result.recover_s.append(round(time.monotonic() - since, 1))
 
-    def _arm(self, mode: str) -> None:
-        for stale in ("fired-mid_read", "hit-mid_read", "hit-mid_read.pkl", "release-mid_read"):
+    def _arm(self, point: str, mode: str) -> None:
+        for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
             (self.faults / stale).unlink(missing_ok=True)
-        tmp = self.faults / ".arm-mid_read"
+        tmp = self.faults / f".arm-{point}"
         tmp.write_text(mode)
-        tmp.rename(self.faults / "arm-mid_read")
+        tmp.rename(self.faults / f"arm-{point}")
 
-    def _held_worker(self) -> str:
-        """Arm ``mid_read`` was hit: on which worker (the Worker JVM among its ancestors)."""
-        hit = self.faults / "hit-mid_read"
-        wait_for(hit.exists, STARTUP_TIMEOUT_S, "a task to reach mid_read", self.runner)
+    def _held_worker(self, point: str) -> str:
+        """A task reached ``point``: on which worker (the Worker JVM among its ancestors)."""
+        hit = self.faults / f"hit-{point}"
+        wait_for(hit.exists, STARTUP_TIMEOUT_S, f"a task to reach {point}", self.runner)
         pid = int(hit.read_text())
         ancestors = {p.pid for p in psutil.Process(pid).parents()}
         for name, proc in self.workers.items():
             if proc.pid in ancestors:
                 return name
-        raise AssertionError(f"the task at mid_read (pid {pid}) runs under no worker")
+        raise AssertionError(f"the task at {point} (pid {pid}) runs under no worker")
 
     def kill_worker_mid_batch(self) -> None:
-        self._arm("park")
-        name = self._held_worker()
+        self._arm("mid_read", "park")
+        name = self._held_worker("mid_read")
         log.info("%s: SIGKILL worker %s (a task parked at mid_read)", self.scenario.name, name)
         kill_tree(self.workers[name].pid)
         self.result.workers_killed += 1
@@ -259,13 +260,15 @@ class ClusterRun:
         self._start_worker(name)  # back, as a cluster manager would bring it
 
     def cut_worker_mid_read(self) -> None:
-        self._arm("hold")
-        name = self._held_worker()
+        # held between fetching its records and claiming its end: the claim (a meta-table
+        # write) and the worker's next reads go out while it is cut off
+        self._arm("read_before_claim", "hold")
+        name = self._held_worker("read_before_claim")
         log.info("%s: worker %s cut off from the service for %.0f s mid-read",
                  self.scenario.name, name, self.scenario.cut_s)
         self.hosts.cut(name, "svc")
         mark = _executor_log_size(self.dir / f"{name}-work")
-        (self.faults / "release-mid_read").touch()
+        (self.faults / "release-read_before_claim").touch()
         self.result.workers_cut += 1
         time.sleep(self.scenario.cut_s)
         self.hosts.mend(name, "svc")
@@ -369,7 +372,8 @@ def _executor_failures(work: Path, mark: dict[Path, int]) -> int:
             f.seek(mark.get(path, 0))
             text = f.read().decode(errors="replace")
         failures += sum(1 for line in text.splitlines()
-                        if "failed (attempt" in line or "TransientTunnelError" in line)
+                        if "failed (attempt" in line or "TransientTunnelError:" in line
+                        or "TransientMetaStoreError:" in line)
     return failures
 
 
