@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=1_000_000, help="soak: changes to write")
     parser.add_argument("--channels", type=int, default=64, help="soak: channels")
     parser.add_argument("--kill-every", type=float, default=60.0, help="soak: seconds")
+    parser.add_argument("--retention", type=int, default=10,
+                        help="soak: the query's metaRetentionBatches")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     signal.signal(signal.SIGTERM, _terminate)
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         from integration.netfaults.soak import Soak
 
         soak = Soak(workdir, minutes=args.minutes, changes=args.changes, channels=args.channels,
-                    kill_every_s=args.kill_every, seed=args.seed)
+                    kill_every_s=args.kill_every, retention=args.retention, seed=args.seed)
         result = soak.run()
         print(result.report(), flush=True)
         results.append(result)

@@ -15,7 +15,8 @@ the time given, with the largest number of changes that fits on this machine, an
 
 Every ``sample_s`` it records: changes written and delivered, batches stored, the RSS of the
 query's driver (its Python process and JVM), of its Python workers, and of the emulator, and
-the rows of the meta table (bounded by ``metaRetentionBatches``). The report gives lost and
+the rows of the meta table (bounded by ``metaRetentionBatches``, ``retention``: 10 by default,
+so that a run of a few dozen batches shows the bound). The report gives lost and
 duplicated changes, memory at the start, middle and end, the meta-table rows' maximum, and the
 batches per minute.
 """
@@ -135,7 +136,8 @@ def _rss_mb(processes: list[psutil.Process]) -> float:
 class Soak:
     def __init__(self, workdir: Path, *, minutes: float = 20.0, changes: int = 1_000_000,
                  channels: int = 64, kill_every_s: float = 60.0, reshape_every_s: float = 4.0,
-                 sample_s: float = 20.0, max_backlog_s: float = 45.0, seed: int = 1) -> None:
+                 sample_s: float = 20.0, max_backlog_s: float = 45.0, retention: int = 10,
+                 seed: int = 1) -> None:
         self.dir = workdir / "soak"
         if self.dir.exists():
             shutil.rmtree(self.dir)
@@ -143,6 +145,7 @@ class Soak:
         self.minutes, self.target, self.channels = minutes, changes, channels
         self.kill_every_s, self.reshape_every_s = kill_every_s, reshape_every_s
         self.sample_s, self.max_backlog_s, self.seed = sample_s, max_backlog_s, seed
+        self.retention = retention
         self.store_path = self.dir / "store.db"
         self.sink = ExactlyOnceParquetSink(self.dir / "sink")
         self.watcher = SinkWatcher(self.sink)
@@ -158,7 +161,8 @@ class Soak:
                 "--trigger-ms", "500", "--option", f"instance.name={INSTANCE}",
                 "--option", f"access.key.id={KEY_ID}", "--option", f"access.key.secret={SECRET}",
                 "--option", f"checkpoint.table={META_TABLE}",
-                "--option", "maxOffsetsPerChannel=2000", "--option", "metaRetentionBatches=100"]
+                "--option", "maxOffsetsPerChannel=2000",
+                "--option", f"metaRetentionBatches={self.retention}"]
 
     def _start_query(self) -> None:
         self.runs += 1
