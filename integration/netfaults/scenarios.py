@@ -10,6 +10,9 @@ query on a real local Spark behind one fault proxy per hop (integration/netfault
 - **outages**: one hop down while the other is up, short (ridden out) and long (the query
   fails naming the hop; the restarted query finishes exactly), each way;
 - **stalls**: answers held past the clients' read timeouts on both hops.
+
+The quick form (the ``faults`` marker, CI) is one run with the mix, a kill and a meta-hop
+outage past the budget.
 """
 
 from __future__ import annotations
@@ -51,13 +54,12 @@ def full() -> list[NetScenario]:
 
 
 def quick() -> list[NetScenario]:
-    """The default suite's bounded form: the 8 % mix on both Tablestore hops with a kill, and
-    the meta hop down past the budget (failure naming the hop, restart, exact)."""
+    """The default suite's bounded form, one Spark run: the 8 % mix on both Tablestore hops
+    with a query kill, then the meta hop down past the retry budget (the query fails naming
+    the hop; the restarted query finishes exactly)."""
     return [
-        NetScenario("mix8/tablestore", "8 % of tunnel and meta-table requests misbehave, "
-                    "every kind in turn, and a query kill", rate=RATE, kinds=QUICK_KINDS,
-                    kills=(10.0,), duration_s=25.0),
-        NetScenario("outage/meta-long", "the meta hop down 60 s: the query fails naming it; "
-                    "the restarted query finishes exactly",
-                    outages=(Outage("meta", 3.0, 60.0, fails=True),), duration_s=8.0),
+        NetScenario("quick/mix8-kill-meta-outage", "8 % of tunnel and meta-table requests "
+                    "misbehave, every kind in turn; a query kill; the meta hop down 25 s",
+                    rate=RATE, kinds=QUICK_KINDS, kills=(8.0,),
+                    outages=(Outage("meta", 20.0, 25.0, fails=True),), duration_s=30.0),
     ]
