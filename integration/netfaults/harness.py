@@ -25,6 +25,7 @@ the meta table consistent (``meta_consistency``).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -488,13 +489,23 @@ class NetScenarioRun:
             "endpoint": self.proxies["tunnel"].url, "table.name": TABLE,
             "tunnel.name": TUNNEL, "instance.name": INSTANCE, "access.key.id": KEY_ID,
             "access.key.secret": SECRET, "meta.store": self.meta_uri})
-        # read directly, not through the (stopped) proxy
-        meta = open_meta_store(self.direct_meta_uri, options.meta_store_credentials)
+        # read directly, not through the (stopped) proxy; boto3 takes the query's credentials
+        # from the environment
+        saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
         try:
-            problems = meta_consistency(meta, options.source_identity)
-            self.result.meta_batches = len(meta.list_batches(options.source_identity))
+            meta = open_meta_store(self.direct_meta_uri, options.meta_store_credentials)
+            try:
+                problems = meta_consistency(meta, options.source_identity)
+                self.result.meta_batches = len(meta.list_batches(options.source_identity))
+            finally:
+                meta.close()
         finally:
-            meta.close()
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         self.result.problems.extend(f"meta table: {p}" for p in problems)
 
 
