@@ -361,10 +361,8 @@ class NetScenarioRun:
             proxy = self.proxies[name]
             if s.rate:
                 proxy.random(s.rate, s.kinds, seed=self.seed)
-            if s.stalls:  # spread over the run: one answer in 60 of the hop's requests
-                first = proxy.requests + 20
-                proxy.add(Rule(Kind.STALL, ordinals=frozenset(
-                    range(first, first + 60 * s.stalls, 60))))
+            if s.stalls:  # spread over the run: the 20th request from now, then every 60th
+                proxy.add(Rule(Kind.STALL, ordinals=frozenset(range(20, 20 + 60 * s.stalls, 60))))
         events: list[tuple[float, Any]] = sorted(
             [(o.at_s, o) for o in s.outages] + [(k, "kill") for k in s.kills],
             key=lambda e: e[0])
@@ -480,6 +478,10 @@ class NetScenarioRun:
         expected = set(self.scenario.kinds) if self.scenario.rate else set()
         if self.scenario.rate and len(faults) < min(len(expected), 3):
             r.problems.append(f"too few kinds of fault were injected: {sorted(faults)}")
+        stalled = sum(hop.get(Kind.STALL.value, 0) for hop in r.injected.values())
+        if stalled < self.scenario.stalls * len(self.scenario.hops):
+            r.problems.append(f"{stalled} answer(s) stalled, "
+                              f"{self.scenario.stalls * len(self.scenario.hops)} planned")
         self._check_meta()
 
     def _check_meta(self) -> None:
