@@ -361,8 +361,8 @@ class NetScenarioRun:
             proxy = self.proxies[name]
             if s.rate:
                 proxy.random(s.rate, s.kinds, seed=self.seed)
-            if s.stalls:  # spread over the run: the 20th request from now, then every 60th
-                proxy.add(Rule(Kind.STALL, ordinals=frozenset(range(20, 20 + 60 * s.stalls, 60))))
+            if s.stalls:  # spread over the run: the 10th request from now, then every 30th
+                proxy.add(Rule(Kind.STALL, ordinals=frozenset(range(10, 10 + 30 * s.stalls, 30))))
         events: list[tuple[float, Any]] = sorted(
             [(o.at_s, o) for o in s.outages] + [(k, "kill") for k in s.kills],
             key=lambda e: e[0])

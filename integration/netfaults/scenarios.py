@@ -49,7 +49,7 @@ def full() -> list[NetScenario]:
                     meta="dynamodb", outages=(Outage("meta", 5.0, 90.0, fails=True),),
                     duration_s=15.0),
         NetScenario("stalls", "answers stalled past the read timeout on both hops", stalls=2,
-                    duration_s=30.0),
+                    duration_s=60.0),
     ]
 
 
