@@ -38,7 +38,7 @@ test-fast: $(STAMP)
 faults-full: $(STAMP) java-check
 	$(BIN)/python -m integration.faults
 
-## make netfaults-full: every network-fault scenario (a fault proxy on every hop; ~30 min)
+## make netfaults-full: every network-fault scenario (a fault proxy on every hop; ~40 min)
 netfaults-full: $(STAMP) java-check
 	$(BIN)/python -m integration.netfaults
 
