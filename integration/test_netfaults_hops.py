@@ -17,6 +17,7 @@ executors), so "within the budget" means what a running query gets. Fast: no Spa
 from __future__ import annotations
 
 import time
+import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -32,9 +33,15 @@ from connector.tunnel import Checkpoint, open_tunnel_service  # noqa: E402
 from connector.tunnel.base import TunnelService  # noqa: E402
 from connector.tunnel.tablestore import transport  # noqa: E402
 from integration.netfaults.proxy import FaultProxy, Kind, Rule  # noqa: E402
-from meta_store import BatchState, MetaStore, open_meta_store  # noqa: E402
+from meta_store import (  # noqa: E402
+    BatchState,
+    ChannelStart,
+    EndCheckpoint,
+    Manifest,
+    MetaStore,
+    open_meta_store,
+)
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
-from tests.contract.meta_contract import make_end, make_manifest, new_uuid  # noqa: E402
 from tests.meta_fixtures import aws_env, moto_endpoint  # noqa: E402, F401
 
 INSTANCE, KEY_ID, SECRET = "netinst", "LTAI-net", "net-Secret-9"
@@ -89,6 +96,22 @@ def dynamodb_meta(url: str, **extra: str) -> MetaStore:
     query = f"region=us-east-1&endpoint_url={url}&create_table=true"
     query += "".join(f"&{k}={v}" for k, v in extra.items())
     return with_retries(open_meta_store(f"dynamodb://cdc_meta_{new_uuid()[:8]}?{query}"))
+
+
+def new_uuid() -> str:
+    return str(uuidlib.uuid4())
+
+
+def make_manifest(channels: int, tag: str = "a") -> Manifest:
+    return Manifest(channels=tuple(
+        ChannelStart(channel_id=f"ch-{i:05d}", token=f"{tag}-{i:05d}", sequence_number=i * 10,
+                     max_records=1000) for i in range(channels)), planned_at=1_700_000_000.25)
+
+
+def make_end(channel_id: str) -> EndCheckpoint:
+    return EndCheckpoint(channel_id=channel_id, start_token="tok-0", token="tok-9",
+                         sequence_number=9, records=9, attempt="host/1/task-0",
+                         written_at=1_700_000_001.5)
 
 
 def write_some(store: LocalTablestore, n: int, start: int = 0) -> None:
