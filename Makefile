@@ -6,7 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast faults-full benchmarks lint java-check clean test-spark-oldest
+.PHONY: demo test test-fast test-spark-oldest faults-full netfaults-full cluster-long soak benchmarks \
+	lint java-check clean
 
 # The oldest PySpark the package supports (the floor of pyproject's range), in its own venv
 SPARK_OLDEST := 4.0.0
@@ -59,6 +60,18 @@ test-fast: $(STAMP)
 ## make faults-full: the full crash-point matrix and random kills (long)
 faults-full: $(STAMP) java-check
 	$(BIN)/python -m integration.faults
+
+## make netfaults-full: every network-fault scenario (a fault proxy on every hop; ~40 min)
+netfaults-full: $(STAMP) java-check
+	$(BIN)/python -m integration.netfaults
+
+## make cluster-long: the Spark standalone cluster across network namespaces, longer (root)
+cluster-long: $(STAMP) java-check
+	$(BIN)/python -m integration.netfaults cluster --long
+
+## make soak: 64 channels, up to 1,000,000 changes, a query kill a minute, ~20 min (SOAK_ARGS)
+soak: $(STAMP) java-check
+	nice -n 10 $(BIN)/python -m integration.netfaults soak $(SOAK_ARGS)
 
 ## make benchmarks: throughput, protocol cost, freshness, recovery (--quick: under 10 min)
 benchmarks: $(STAMP) java-check

@@ -65,6 +65,7 @@ from botocore.config import Config
 from pydantic import Field
 
 from cdc_common.aws_errors import is_transient
+from cdc_common.aws_responses import refuse_damaged_responses
 from cdc_common.credentials import AWS_CREDENTIAL_CHAIN, AWS_DEFAULT_REGION
 from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query, redact_uri
 from meta_store.base import BatchRecord, BatchState, Manifest
@@ -232,8 +233,8 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         except TypeError:  # a botocore older than account-based endpoints
             config = Config(**settings)
         with _sessions_lock:  # creating clients from one session is not thread-safe
-            self._client: Any = session.client("dynamodb", endpoint_url=endpoint_url,
-                                               config=config)
+            self._client: Any = refuse_damaged_responses(
+                session.client("dynamodb", endpoint_url=endpoint_url, config=config))
         self._closed = False
         if create_table:
             self._ensure_table()

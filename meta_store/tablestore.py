@@ -12,7 +12,9 @@ is refused, naming what is allowed):
   existing one has our key); without it a missing table raises ``MetaTableMissingError``;
 - ``max_attempts`` (default 8): total attempts of a request, the first included; the SDK
   retries throttling and server errors (every write here is safe to retry), this module
-  retries network errors, both with jittered exponential backoff;
+  retries what it does not: network errors (refused, reset, truncated, timed out), a 5xx
+  whose body is no service error (a load balancer's page) and an answer that fails the SDK's
+  checks (MD5, signature: never used), all with jittered exponential backoff;
 - ``socket_timeout`` (seconds, default 20);
 - ``page_size``: the ``limit`` of each GetRange page (default: the service's pages, at most
   5000 rows or 4 MB);
@@ -140,6 +142,8 @@ _TRANSIENT_CODES = frozenset({
     "OTSCapacityUnitExhausted",
 })
 _OPTIMISTIC_ROUNDS = 20
+#: how the SDK's message for an error status without a service error body begins
+_SDK_BARE_ERROR = "HTTP status:"
 
 
 class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
@@ -372,10 +376,34 @@ class TablestoreMetaStore(KeyValueMetaStore):
                     reason=f"{code} (HTTP {status}): {exc.get_error_message()}",
                 ) from None
             except OTSClientError as exc:
-                # a response that failed the SDK's validation, a bad argument: not transient
-                raise MetaStoreRequestError(
-                    store=self.uri, operation=f"Tablestore {operation}", reason=str(exc),
-                ) from None
+                status = exc.get_http_status()
+                if status is None:  # raised before sending: a bad argument, not transient
+                    raise MetaStoreRequestError(
+                        store=self.uri, operation=f"Tablestore {operation}", reason=str(exc),
+                    ) from None
+                if str(exc).startswith(_SDK_BARE_ERROR):
+                    # an error status whose body is no service error: a 5xx of that kind is
+                    # what a load balancer or proxy sends, and the SDK does not retry it; the
+                    # service may not have seen the request. Any other is a real refusal.
+                    if status < 500:
+                        raise MetaStoreRequestError(
+                            store=self.uri, operation=f"Tablestore {operation}",
+                            reason=str(exc)) from None
+                    if attempt == self.max_attempts:
+                        raise TransientMetaStoreError(
+                            detail=f"{self.uri}: Tablestore {operation} failed at "
+                            f"{self.endpoint} after {attempt} attempt(s): {exc}",
+                        ) from None
+                elif attempt == self.max_attempts:
+                    # the answer failed the SDK's checks (MD5, signature, headers, date): it is
+                    # never used; the request may have taken effect, and every write is safe
+                    # to repeat, so it is sent again; always failing is not transient
+                    raise MetaStoreRequestError(
+                        store=self.uri, operation=f"Tablestore {operation}",
+                        reason=f"every answer from {self.endpoint} failed validation "
+                        f"({attempt} attempt(s)): {exc}",
+                    ) from None
+                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
             except Exception as exc:  # urllib3/socket errors: the request may not have arrived
                 problem = tls.tls_problem(exc, self.endpoint)
                 if problem is not None:  # a configuration error: retrying cannot fix it

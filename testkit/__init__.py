@@ -11,6 +11,8 @@ with the product (pyproject's package list leaves it out), found through pytest'
 - ``runner``: ``python -m testkit.runner``, one streaming query in its own process.
 - ``aws``: fake AWS credentials and moto servers on 127.0.0.1.
 - ``dynamodb_streams_fake``: the shard map moto's DynamoDB Streams lacks.
+- ``fault_proxy``: ``FaultProxy``, an HTTP proxy for one hop (loopback only) that delays,
+  resets, truncates, stalls, corrupts or answers 5xx by script (integration/netfaults/).
 
 Imports go one way: ``testkit`` may import the product packages; ``tests/`` and
 ``integration/`` import ``testkit`` and never each other (tests/test_layering.py).

@@ -45,6 +45,7 @@ from botocore.config import Config
 from pydantic import Field
 
 from cdc_common.aws_errors import is_transient
+from cdc_common.aws_responses import refuse_damaged_responses
 from cdc_common.credentials import AWS_CREDENTIAL_CHAIN, AWS_DEFAULT_REGION
 from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query, redact_uri
 from connector.errors import OptionError, TransientTunnelError, TunnelRequestError
@@ -142,8 +143,12 @@ def clients(cfg: EndpointConfig) -> tuple[Any, Any]:
             config = Config(**settings, account_id_endpoint_mode="disabled")
         except TypeError:  # botocore older than account-based endpoints
             config = Config(**settings)
-        ddb = session.client("dynamodb", endpoint_url=cfg.endpoint_url, config=config)
-        streams = session.client("dynamodbstreams", endpoint_url=cfg.endpoint_url, config=config)
+        # every answer checked before it is parsed (length, x-amz-crc32): a damaged one is
+        # never used, and is retried as a transient error
+        ddb = refuse_damaged_responses(
+            session.client("dynamodb", endpoint_url=cfg.endpoint_url, config=config))
+        streams = refuse_damaged_responses(
+            session.client("dynamodbstreams", endpoint_url=cfg.endpoint_url, config=config))
     return ddb, streams
 
 

@@ -32,6 +32,10 @@ try the whole call again:
   ``OTSTimeout``, ``OTSInternalServerError``, ``OTSServerUnavailable`` and any 5xx status (the
   Java SDK's ``DefaultRetryStrategy``).
 
+An answer that fails validation (a 2xx as above; an error answer whose ``x-ots-contentmd5``
+does not match its body, as the SDKs check too) is asked again, at most
+``VALIDATION_ATTEMPTS`` times within the same deadline.
+
 Secrets: the key secret and the STS token live only in this object's ``Credentials`` (whose
 ``repr`` hides them); nothing here logs headers or puts them in an exception.
 
@@ -76,6 +80,8 @@ BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 2.0
 #: how far a response's x-ots-date may be from this machine's clock (the SDKs' rule)
 MAX_CLOCK_SKEW_S = 15 * 60
+#: answers failing validation (MD5, signature, date) tolerated per call before giving up
+VALIDATION_ATTEMPTS = 3
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
 
@@ -233,6 +239,11 @@ class Transport:
         if 200 <= resp.status < 300:
             self._validate(path, headers, data)
             return data
+        md5 = headers.get("x-ots-contentmd5")
+        if md5 is not None and md5 != content_md5(data):
+            # an error answer altered on the way: its code and message cannot be trusted
+            raise ResponseValidationError(f"{path}: HTTP {resp.status} answer rejected: "
+                                          "x-ots-contentmd5 is not the body's MD5")
         request_id = headers.get("x-ots-requestid", "")
         try:
             error = m.parse(m.Error, data)
@@ -253,7 +264,7 @@ class Transport:
         idempotent = path in IDEMPOTENT_PATHS
         deadline = self._clock() + self.retry_deadline_s
         delay = BACKOFF_INITIAL_S
-        attempt = 0
+        attempt = validation_failures = 0
         while True:
             attempt += 1
             try:
@@ -263,6 +274,14 @@ class Transport:
                     raise
                 last: Exception = exc
             except Unavailable as exc:
+                last = exc
+            except ResponseValidationError as exc:
+                # altered on the way (or not the service's): never used, asked again; the
+                # request may have taken effect, and every call is safe to repeat. An answer
+                # that keeps failing is no accident of the network: raised as it is.
+                validation_failures += 1
+                if validation_failures >= VALIDATION_ATTEMPTS:
+                    raise
                 last = exc
             if self._clock() + delay > deadline:
                 raise Unavailable(f"{path}: {last} (gave up after {attempt} attempt(s))")

@@ -1,0 +1,392 @@
+"""A Spark standalone cluster across network namespaces: a worker killed, a worker cut off.
+
+Hosts (``integration.netfaults.netns``, addresses ``127.42.0.x`` inside the namespaces only):
+
+=========  ==========  =====================================================================
+host       address     runs
+=========  ==========  =====================================================================
+svc        .10         the Tablestore emulator (Tunnel API and the meta table) on the store
+master     .20         ``spark-class org.apache.spark.deploy.master.Master``
+driver     .30         the query (``testkit.runner --master spark://127.42.0.20:7077``)
+w1, w2     .41, .42    ``spark-class org.apache.spark.deploy.worker.Worker`` (1 core each);
+                       the executors they launch and their Python workers
+=========  ==========  =====================================================================
+
+Master and workers come from PySpark's own distribution (``$SPARK_HOME/bin/spark-class``; the
+pip package has no ``start-master.sh``). The hosts share nothing but what is on disk: the Spark
+checkpoint directory (the driver's), the code and the venv. The store file is the service's
+(the writer thread in the harness process writes it, as the service's own writers would; the
+emulator serves it); the sink is the driver's.
+
+Steps (``ClusterScenario``):
+
+- **worker killed mid-batch**: a task is parked right after claiming its channel's end
+  (crash point ``mid_read``); the worker running it is SIGKILLed with its executor and Python
+  workers; the task reruns on the other worker and reads exactly to the claimed end; the killed
+  worker is started again, as a cluster manager would;
+- **worker cut off from the service mid-read**: a task is held between fetching its records
+  and claiming its end (crash point ``read_before_claim``), its worker's packets to the
+  service host are dropped (a blackhole route: no RST, no answer), the task is released into
+  the partition: its claim and the worker's next reads fail on the clients' timeouts (then the
+  retry layer gives up), Spark runs those tasks again; the partition heals after ``cut_s``.
+
+Then the writer stops, everything is delivered, the query stops, and the sink is verified
+against the store's change log like every fault scenario (lost, duplicated, order per key,
+state, identical replays).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from connector.faults import FAULT_DIR_ENV
+from integration.faults.harness import SinkWatcher
+from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
+from integration.netfaults.harness import (
+    CLI,
+    INSTANCE,
+    KEY_ID,
+    META_TABLE,
+    SECRET,
+    wire_log,
+    wire_sequence,
+)
+from integration.netfaults.netns import Hosts
+from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.verify import rows_by_key, verify
+from testkit.processes import REPO, kill_tree
+from testkit.waiting import wait_until
+
+log = logging.getLogger("integration.netfaults.cluster")
+
+HOSTS = {"svc": 10, "master": 20, "driver": 30, "w1": 41, "w2": 42}
+WORKERS = ("w1", "w2")
+EMULATOR_PORT, MASTER_PORT = 8090, 7077
+STARTUP_TIMEOUT_S = 400.0
+DRAIN_TIMEOUT_S = 600.0
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class ClusterScenario:
+    name: str
+    kill_worker: int = 1  # workers SIGKILLed mid-batch (one after another)
+    cut_worker: int = 1  # workers cut off from the service mid-read
+    cut_s: float = 40.0  # past the clients' budgets: a call fails and its task is rerun
+    tail_s: float = 8.0  # writes after the last step
+    channels: int = 4
+    write_rate: float = 20.0
+
+
+@dataclass
+class ClusterResult:
+    name: str
+    changes: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    replays: int = 0
+    replays_identical: bool = True
+    splits: int = 0
+    merges: int = 0
+    workers_killed: int = 0
+    workers_cut: int = 0
+    executors_lost: int = 0
+    #: read failures the cut worker's executor logged while cut off
+    cut_read_failures: int = 0
+    recover_s: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def line(self) -> str:
+        verdict = "PASS" if self.ok else "FAIL: " + "; ".join(self.problems)
+        recover = f" recover={max(self.recover_s):.1f}s" if self.recover_s else ""
+        return (f"{self.name:<22} changes={self.changes} lost={self.lost} "
+                f"duplicated={self.duplicated} out-of-order={self.out_of_order} "
+                f"killed={self.workers_killed} cut={self.workers_cut} "
+                f"executors-lost={self.executors_lost} cut-read-failures="
+                f"{self.cut_read_failures}{recover} {self.seconds:.0f}s {verdict}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ok": self.ok}
+
+
+class ClusterRun:
+    def __init__(self, scenario: ClusterScenario, workdir: Path, seed: int = 1) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.dir = workdir / scenario.name
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        self.faults = self.dir / "faults"
+        self.faults.mkdir()
+        self.store_path = self.dir / "store.db"
+        self.sink = ExactlyOnceParquetSink(self.dir / "sink")
+        self.watcher = SinkWatcher(self.sink)
+        self.hosts = Hosts(HOSTS)
+        self.workers: dict[str, subprocess.Popen[Any]] = {}
+        self.runner: subprocess.Popen[Any] | None = None
+        self.driver_log = self.dir / "driver.log"
+        self.result = ClusterResult(scenario.name)
+
+    # --- the cluster ----------------------------------------------------------------------------
+
+    def _spark_class(self, host: str, main: str, *args: str, log: Path) -> subprocess.Popen[Any]:
+        env = {"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": self.hosts.addr(host),
+               "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+        return self.hosts.popen(host, [str(spark_home() / "bin" / "spark-class"), main, *args],
+                                env=env, log=log, cwd=self.dir)
+
+    def _start_worker(self, name: str) -> None:
+        work = self.dir / f"{name}-work"
+        work.mkdir(exist_ok=True)
+        log_path = self.dir / f"{name}.log"
+        self.workers[name] = self._spark_class(
+            name, "org.apache.spark.deploy.worker.Worker", "--host", self.hosts.addr(name),
+            "--port", "7078", "--webui-port", "8081", "--cores", "1", "--memory", "1G",
+            "--work-dir", str(work), self.master_url, log=log_path)
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.hosts.addr('master')}:{MASTER_PORT}"
+
+    def start_cluster(self) -> None:
+        self.hosts.up()
+        create_table(self.store_path, self.scenario.channels)
+        emulator = self.hosts.popen(
+            "svc", [CLI, "emulator", "--store", str(self.store_path), "--instance", INSTANCE,
+                    "--access-key-id", KEY_ID, "--access-key-secret", SECRET, "--host",
+                    self.hosts.addr("svc"), "--port", str(EMULATOR_PORT)],
+            stdout=subprocess.PIPE, stderr=open(self.dir / "emulator.log", "ab"),  # noqa: SIM115
+            cwd=REPO, text=True)
+        assert emulator.stdout is not None
+        line = emulator.stdout.readline().strip()
+        if not line.startswith("listening on"):
+            raise RuntimeError(f"the emulator did not start: {line!r}")
+        master_log = self.dir / "master.log"
+        self._spark_class("master", "org.apache.spark.deploy.master.Master", "--host",
+                          self.hosts.addr("master"), "--port", str(MASTER_PORT),
+                          "--webui-port", "8080", log=master_log)
+        for name in WORKERS:
+            self._start_worker(name)
+        wait_until("both workers registered with the master",
+                   lambda: _count(master_log, "Registering worker") >= len(WORKERS),
+                   timeout=STARTUP_TIMEOUT_S)
+
+    def start_query(self) -> None:
+        endpoint = f"http://{self.hosts.addr('svc')}:{EMULATOR_PORT}"
+        driver = self.hosts.addr("driver")
+        conf = {"spark.driver.host": driver, "spark.driver.bindAddress": driver,
+                "spark.executor.memory": "512m", "spark.executor.cores": "1",
+                "spark.cores.max": "2", "spark.task.maxFailures": "8",
+                "spark.pyspark.python": sys.executable,
+                f"spark.executorEnv.{FAULT_DIR_ENV}": str(self.faults),
+                "spark.executorEnv.TABLESTORE_CDC_LOG_LEVEL": "INFO"}
+        args = ["--endpoint", endpoint, "--table", TABLE, "--tunnel", "cluster",
+                "--checkpoint", str(self.dir / "checkpoint"), "--sink", str(self.sink.path),
+                "--stop-file", str(self.dir / "stop"), "--trigger-ms", "300",
+                "--master", self.master_url,
+                "--option", f"instance.name={INSTANCE}", "--option", f"access.key.id={KEY_ID}",
+                "--option", f"access.key.secret={SECRET}",
+                "--option", f"checkpoint.table={META_TABLE}",
+                "--option", "maxOffsetsPerChannel=100"]
+        for key, value in conf.items():
+            args += ["--conf", f"{key}={value}"]
+        self.runner = self.hosts.popen(
+            "driver", [sys.executable, "-m", "testkit.runner", *args],
+            env={"PYSPARK_PYTHON": sys.executable, FAULT_DIR_ENV: str(self.faults)},
+            log=self.driver_log, cwd=REPO)
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def written(self) -> set[tuple[str, str]]:
+        from connector.local import LocalTablestore
+
+        store = LocalTablestore(self.store_path, create=False)
+        try:
+            return {(r.channel_id, wire_sequence(r)) for r in store.change_log(TABLE)}
+        finally:
+            store.close()
+
+    def recovered_since(self, since: float) -> None:
+        expected = self.written()
+        wait_until("every change written so far delivered", lambda: self.watcher.covers(expected),
+                   timeout=DRAIN_TIMEOUT_S, process=self.runner, interval=0.5)
+        self.result.recover_s.append(round(time.monotonic() - since, 1))
+
+    def _arm(self, point: str, mode: str) -> None:
+        for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
+            (self.faults / stale).unlink(missing_ok=True)
+        tmp = self.faults / f".arm-{point}"
+        tmp.write_text(mode)
+        tmp.rename(self.faults / f"arm-{point}")
+
+    def _held_worker(self, point: str) -> str:
+        """A task reached ``point``: on which worker (the Worker JVM among its ancestors)."""
+        hit = self.faults / f"hit-{point}"
+        wait_until(f"a task to reach {point}", hit.exists, timeout=STARTUP_TIMEOUT_S,
+                   process=self.runner)
+        pid = int(hit.read_text())
+        ancestors = {p.pid for p in psutil.Process(pid).parents()}
+        for name, proc in self.workers.items():
+            if proc.pid in ancestors:
+                return name
+        raise AssertionError(f"the task at {point} (pid {pid}) runs under no worker")
+
+    def kill_worker_mid_batch(self) -> None:
+        self._arm("mid_read", "park")
+        name = self._held_worker("mid_read")
+        log.info("%s: SIGKILL worker %s (a task parked at mid_read)", self.scenario.name, name)
+        kill_tree(self.workers[name].pid)
+        self.result.workers_killed += 1
+        killed = time.monotonic()
+        self.recovered_since(killed)  # the other worker reran the task
+        self._start_worker(name)  # back, as a cluster manager would bring it
+
+    def cut_worker_mid_read(self) -> None:
+        # held between fetching its records and claiming its end: the claim (a meta-table
+        # write) and the worker's next reads go out while it is cut off
+        self._arm("read_before_claim", "hold")
+        name = self._held_worker("read_before_claim")
+        log.info("%s: worker %s cut off from the service for %.0f s mid-read",
+                 self.scenario.name, name, self.scenario.cut_s)
+        self.hosts.cut(name, "svc")
+        mark = _executor_log_size(self.dir / f"{name}-work")
+        (self.faults / "release-read_before_claim").touch()
+        self.result.workers_cut += 1
+        time.sleep(self.scenario.cut_s)
+        self.hosts.mend(name, "svc")
+        mended = time.monotonic()
+        self.recovered_since(mended)
+        self.result.cut_read_failures += _executor_failures(self.dir / f"{name}-work", mark)
+
+    def run(self) -> ClusterResult:
+        began = time.monotonic()
+        s = self.scenario
+        writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.write_rate)
+        try:
+            self.start_cluster()
+            writer.start()
+            self.start_query()
+            before = self.watcher.poll()
+            wait_until("the first batch in the sink", lambda: self.watcher.poll() > before,
+                       timeout=STARTUP_TIMEOUT_S, process=self.runner)
+            for _ in range(s.kill_worker):
+                self.kill_worker_mid_batch()
+            for _ in range(s.cut_worker):
+                self.cut_worker_mid_read()
+            time.sleep(s.tail_s)
+            writer.finish()
+            wait_until("every change delivered", lambda: self.watcher.covers(self.written()),
+                       timeout=DRAIN_TIMEOUT_S, process=self.runner, interval=0.5)
+            (self.dir / "stop").touch()
+            assert self.runner is not None
+            code = self.runner.wait(180)
+            if code != 0:
+                raise AssertionError(f"the query exited with {code}: "
+                                     f"{self.driver_log.read_text(errors='replace')[-1500:]}")
+        except Exception as exc:
+            self.result.problems.append(f"{type(exc).__name__}: {exc}")
+            log.exception("%s failed", s.name)
+        finally:
+            try:
+                if writer.is_alive():
+                    writer.finish()
+            except Exception as exc:
+                self.result.problems.append(f"writer: {exc!r}")
+            self.hosts.down()
+        self.result.splits, self.result.merges = writer.splits, writer.merges
+        try:
+            self._verify()
+        except Exception as exc:
+            self.result.problems.append(f"verification failed to run: {exc!r}")
+        self.result.seconds = round(time.monotonic() - began, 1)
+        return self.result
+
+    def _verify(self) -> None:
+        from connector.local import LocalTablestore
+
+        r = self.result
+        store = LocalTablestore(self.store_path, create=False)
+        try:
+            change_log, rows = wire_log(store), rows_by_key(store.scan(TABLE))
+        finally:
+            store.close()
+        v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), rows)
+        r.changes, r.lost, r.duplicated, r.out_of_order = (v.expected, v.lost, v.duplicated,
+                                                           v.keys_out_of_order)
+        if not v.ok:
+            r.problems.append(f"{v.summary()} {v.examples}")
+        replays = self.sink.replays()
+        r.replays = len(replays)
+        r.replays_identical = all(x["identical"] for x in replays)
+        if not r.replays_identical:
+            r.problems.append("a replayed batch differs from the stored one")
+        if self.watcher.rewritten():
+            r.problems.append("stored batches were rewritten")
+        r.executors_lost = _count(self.driver_log, "Lost executor")
+        if r.workers_killed and r.executors_lost < r.workers_killed:
+            r.problems.append(f"{r.workers_killed} worker(s) killed, but the driver lost "
+                              f"{r.executors_lost} executor(s)")
+        if r.workers_cut and r.cut_read_failures == 0:
+            r.problems.append("the cut worker's executor logged no failed service call: the "
+                              "cut hit no read")
+        if r.splits == 0 or r.merges == 0:
+            r.problems.append(f"the run had {r.splits} split(s) and {r.merges} merge(s)")
+
+
+def _count(path: Path, text: str) -> int:
+    return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+
+def _executor_logs(work: Path) -> list[Path]:
+    return sorted(work.glob("app-*/*/stderr"))
+
+
+def _executor_log_size(work: Path) -> dict[Path, int]:
+    return {p: p.stat().st_size for p in _executor_logs(work)}
+
+
+def _executor_failures(work: Path, mark: dict[Path, int]) -> int:
+    """Failed service calls the worker's executors logged since ``mark`` (the transport's
+    retry warnings, and the retry layer's)."""
+    failures = 0
+    for path in _executor_logs(work):
+        with open(path, "rb") as f:
+            f.seek(mark.get(path, 0))
+            text = f.read().decode(errors="replace")
+        failures += sum(1 for line in text.splitlines()
+                        if "failed (attempt" in line or "TransientTunnelError:" in line
+                        or "TransientMetaStoreError:" in line)
+    return failures
+
+
+def run_cluster_scenario(scenario: ClusterScenario, workdir: Path, seed: int = 1,
+                         keep: bool = False) -> ClusterResult:
+    run = ClusterRun(scenario, workdir, seed)
+    result = run.run()
+    if result.ok and not keep:
+        shutil.rmtree(run.dir, ignore_errors=True)
+    elif not result.ok:
+        result.problems.append(f"files kept in {run.dir}")
+    return result
+
