@@ -84,8 +84,18 @@ class TunnelService(ABC):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
-        """Create a tunnel; ``TunnelExistsError`` if the name is taken on that table."""
+        """Create a tunnel; ``TunnelExistsError`` if the name is taken on that table.
+
+        ``start_at_us`` (a Stream tunnel; microseconds since the epoch, instead of
+        ``start_position``): every channel starts at its first change committed at or after
+        that instant, where the backend can start a tunnel there (Tablestore's
+        ``StreamTunnelConfig.startOffset``, the embedded store); a backend that cannot
+        (DynamoDB Streams) starts EARLIEST and the reader passes over the older records
+        (``connector.planning.starting``). Where changes at or after the instant may already be
+        trimmed, the channel starts before the trimmed records, so the first read reports the
+        loss (``TrimmedDataError``)."""
 
     @abstractmethod
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
@@ -105,6 +115,7 @@ class TunnelService(ABC):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
         """Return the named tunnel, creating it first if it does not exist (driver)."""
         try:
@@ -112,6 +123,9 @@ class TunnelService(ABC):
         except UnknownTunnelError:
             pass
         try:
+            if start_at_us is not None:
+                return self.create_tunnel(table, tunnel_name, tunnel_type, start_position,
+                                          start_at_us=start_at_us)
             return self.create_tunnel(table, tunnel_name, tunnel_type, start_position)
         except TunnelExistsError:  # created concurrently by another driver
             return self.describe_tunnel(table, tunnel_name).tunnel
