@@ -9,6 +9,8 @@ Where each piece runs:
   ``reportLatestOffset`` there too, for its progress report (``connector.progress``). Spark
   pickles the reader to executors to call ``read``, so it holds no live client when pickled.
 - ``read`` runs on executors and delegates to ``connector.reader``.
+- ``spark.read.format("tablestore")`` (a bounded batch read of a time range) gets a
+  ``connector.range_read.TablestoreRangeReader`` from ``TablestoreDataSource.reader``.
 """
 
 from __future__ import annotations
@@ -20,17 +22,25 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
+from connector.planning.read_limits import TriggerLimits, trigger_limits
 from connector.reader import claim_and_read
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
 from connector.tunnel import open_tunnel_service
@@ -56,7 +66,16 @@ class TablestoreDataSource(DataSource):
             return output_schema(self.source_options.declared_schema(table))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self.source_options.check_for_stream()
         return TablestoreStreamReader(self.source_options, schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """``spark.read.format("tablestore")``: the changes committed in
+        ``[startingTimestamp, endingTimestamp)`` (``connector.range_read``)."""
+        from connector.range_read import TablestoreRangeReader
+
+        self.source_options.check_for_batch()
+        return TablestoreRangeReader(self.source_options, schema)
 
 
 class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -93,15 +112,31 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self.protocol.initial_offset()
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.options.max_offsets_per_trigger is not None:
-            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        """One limit (PySpark has no composite one): the most telling configured, so Spark
+        passes back something other than ``ReadAllAvailable``; ``latestOffset`` then applies
+        every configured limit (``connector.planning.read_limits``)."""
+        o = self.options
+        if o.max_offsets_per_trigger is not None:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_offsets_per_trigger is not None:
+            return ReadMinRows(o.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = self.protocol.latest_offset(start, max_rows)
+        end = self.protocol.latest_offset(start, self._limits(limit))
         self._last_start = self.protocol.uuid_of(start)
         return end
+
+    def _limits(self, limit: ReadLimit) -> TriggerLimits:
+        """What Spark passed, as the limits this trigger applies: none for
+        ``ReadAllAvailable`` (Trigger.Once), else every configured limit."""
+        return trigger_limits(
+            self.options, all_available=isinstance(limit, ReadAllAvailable),
+            max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
+            max_bytes=limit.max_bytes if isinstance(limit, ReadMaxBytes) else None,
+            min_rows=limit.min_rows if isinstance(limit, ReadMinRows) else None)
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's API name
         """Called by Spark after ``latestOffset`` for ``lastProgress.sources[].latestOffset``:

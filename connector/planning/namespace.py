@@ -69,8 +69,9 @@ class NamespaceRecord:
                 raise TunnelReplacedError(**fields, current_id=current.tunnel_id)
         if current is not None:
             return current
+        start_at_us = o.starting_timestamp * 1000 if o.starting_timestamp is not None else None
         return tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
-                                    o.starting_position)
+                                    o.starting_position, start_at_us)
 
     def _has_committed(self) -> bool:
         """Does the namespace hold a committed batch (an initial batch does not count)?"""
