@@ -344,7 +344,10 @@ class StreamProtocol:
             head = self.tracker.head(available_now_us, start.channel_id)
         skip = None
         if self.options.starting_timestamp is not None and start.last_sequence is None:
-            skip = self.options.starting_timestamp * 1000  # nothing of it consumed yet
+            # nothing of the channel consumed yet; a service that rounds commit times down
+            # (to the second) must not lose a change made after the instant to the rounding
+            grain = self.tunnel.commit_time_granularity_us
+            skip = self.options.starting_timestamp * 1000 // grain * grain
         return ChannelPartition(
             namespace=self.namespace, meta_uri=self.options.meta_store,
             meta_credentials=tuple(sorted((self.options.meta_store_credentials or {}).items())),

@@ -74,6 +74,11 @@ class TunnelService(ABC):
 
     #: The URI this client was opened with, secrets removed (safe to log and to store).
     uri: str
+    #: How precise ``Record.commit_ts_us`` is, in microseconds: a backend whose service rounds
+    #: commit times down (DynamoDB Streams: to the second) says so, and a read that starts at
+    #: an instant (``startingTimestamp``) passes over only records older than the instant
+    #: rounded down the same way -- it never drops a change made after it.
+    commit_time_granularity_us: int = 1
 
     # --- tunnels (driver) ---------------------------------------------------------------
 

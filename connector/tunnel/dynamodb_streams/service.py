@@ -98,6 +98,9 @@ class DynamoDbStreamsTunnelService(TunnelService):
     process and thread; cheap to open (no request unless ``create_table=true``, once per
     process)."""
 
+    #: ``ApproximateCreationDateTime`` is rounded down to the second
+    commit_time_granularity_us = 1_000_000
+
     def __init__(self, uri: str) -> None:
         self.config = parse_uri(uri)
         self.uri = self.config.uri
