@@ -257,19 +257,20 @@ def _mark(tunnel: TunnelService, p: RangePartition, token: str) -> None:
 
 def _released(tunnel: TunnelService, p: RangePartition) -> bool:
     """Wait until the waiting channel is released (True: read it) or a parent stopped short
-    of its end (False: nothing in the range). Polls with a growing pause, up to
+    of its end (False: nothing in the range) -- also a parent that is itself waiting for one
+    that did (a merge of two children of a late split). Polls with a growing pause, up to
     ``RANGE_WAIT_S``."""
     deadline = time.monotonic() + RANGE_WAIT_S
     pause = 0.1
     while True:
-        statuses = {c.channel_id: c.status
+        channels = {c.channel_id: c
                     for c in tunnel.describe_tunnel(p.table, p.tunnel_name).channels}
-        if statuses.get(p.channel_id) is not ChannelStatus.WAIT:
+        mine = channels.get(p.channel_id)
+        if mine is None or mine.status is not ChannelStatus.WAIT:
             return True
-        for parent in p.parent_ids:
-            pushed = tunnel.get_checkpoint(p.tunnel_id, parent)
-            if not pushed.finished and pushed.sequence_number >= MARKER_SEQUENCE:
-                return False
+        if any(_stopped_short(tunnel, p.tunnel_id, channels, parent, set())
+               for parent in mine.parent_ids or p.parent_ids):
+            return False
         if time.monotonic() > deadline:
             raise RangeReadError(
                 channel_id=p.channel_id, tunnel=p.tunnel_name,
@@ -279,3 +280,19 @@ def _released(tunnel: TunnelService, p: RangePartition) -> bool:
                     "range cannot be told"))
         time.sleep(pause)
         pause = min(2.0, pause * 2)
+
+
+def _stopped_short(tunnel: TunnelService, tunnel_id: str, channels: dict[str, ChannelInfo],
+                   channel_id: str, seen: set[str]) -> bool:
+    """Did ``channel_id``'s read stop short of its end (its marker is pushed), or is it waiting
+    for a parent that did? Then none of its descendants holds changes in the range."""
+    if channel_id in seen:
+        return False
+    seen.add(channel_id)
+    pushed = tunnel.get_checkpoint(tunnel_id, channel_id)
+    if not pushed.finished and pushed.sequence_number >= MARKER_SEQUENCE:
+        return True
+    channel = channels.get(channel_id)
+    return channel is not None and channel.status is ChannelStatus.WAIT and any(
+        _stopped_short(tunnel, tunnel_id, channels, parent, seen)
+        for parent in channel.parent_ids)
