@@ -27,6 +27,7 @@ from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import Checkpoint, Record, StartPosition, open_tunnel_service
 from tablestore_emulator.server import EmulatorServer
+from tests.test_available_now import run as drain  # batches until nothing is new
 from tests.test_tunnel_dynamodb_streams import (  # noqa: F401 - fixtures used by name
     StreamsHarness,
     _aws_env,
@@ -127,19 +128,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
                           request.getfixturevalue("streams_fake"))
     yield b
     b.close()
-
-
-def drain(proto: StreamProtocol, start: dict, max_batches: int = 40) -> tuple[dict, list[Record]]:
-    """Batches in Spark's order until nothing is new."""
-    seen: list[Record] = []
-    for _ in range(max_batches):
-        end = proto.latest_offset(start, None)
-        if end == start:
-            return start, seen
-        seen += [r for p in proto.plan(start, end) for r in read_partition(p)]
-        proto.commit(end)
-        start = end
-    raise AssertionError("the query did not catch up")
 
 
 def key_ids(records: list[Record]) -> list[int]:
