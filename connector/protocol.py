@@ -51,7 +51,7 @@ from connector.planning.read_limits import (
     read_caps,
 )
 from connector.planning.starting import check_starting_timestamp
-from connector.planning.tracker import AvailableNowBound, ChannelTracker
+from connector.planning.tracker import ChannelTracker
 from connector.retry import with_retries
 from connector.tunnel import FINISHED, TunnelService, open_tunnel_service
 from meta_store import BatchRecord, BatchState, ChannelStart, Manifest, MetaStore, open_meta_store
@@ -285,13 +285,13 @@ class StreamProtocol:
                       max_bytes: int | None) -> Manifest:
         """A new batch's manifest: the positions after ``start``, brought up to date by the
         channel tracker, each unfinished channel with its caps; under Trigger.AvailableNow the
-        run's bound, and no read of a channel that already reached it."""
+        run's bound."""
         start_batch, positions = self._after(start_uuid)
         bound = None
         if self.tracker.available_now:
             bound = self.tracker.bound_for(_bound_of(start_batch), positions)
         children = self.tracker.refresh(positions)
-        records, budgets = self._caps(positions, max_rows, max_bytes, end_uuid, bound)
+        records, budgets = self._caps(positions, max_rows, max_bytes, end_uuid)
         channels = tuple(
             ChannelStart(channel_id=ch, token=p.token, sequence_number=p.sequence_number,
                          max_records=records.get(ch, 0), parent_ids=p.parent_ids,
@@ -304,14 +304,14 @@ class StreamProtocol:
                         available_now_us=bound.at_us if bound is not None else None)
 
     def _caps(self, positions: dict[str, Position], max_rows: int | None,
-              max_bytes: int | None, end_uuid: str,
-              bound: AvailableNowBound | None) -> tuple[dict[str, int], dict[str, int]]:
+              max_bytes: int | None, end_uuid: str) -> tuple[dict[str, int], dict[str, int]]:
         """Per-channel record caps and byte budgets (``connector.planning.read_limits``). A
         ``ReadMaxRows`` total is given where the data is, so only with a total is the tunnel
-        asked for the backlog. Under AvailableNow a channel that reached the bound is not read.
-        The caps go into the manifest: a replay reads them from there, never recomputes them."""
-        active = [ch for ch, p in positions.items() if not p.finished
-                  and (bound is None or not bound.reached(ch, p))]
+        asked for the backlog. Under AvailableNow a channel at the bound is still read: its
+        read stops there at once, and a closed one reaches its end (``finished``), which
+        releases its children. The caps go into the manifest: a replay reads them from there,
+        never recomputes them."""
+        active = [ch for ch, p in positions.items() if not p.finished]
         backlog = None
         if (max_rows is not None or max_bytes is not None) and active:
             backlog = self._backlog({ch: positions[ch].token for ch in active})

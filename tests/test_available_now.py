@@ -174,6 +174,22 @@ def test_on_the_embedded_store_channels_stop_at_their_heads(writer):
     proto.close()
 
 
+def test_an_empty_closed_channel_is_read_to_its_end_so_its_children_are_read(writer):
+    """A child split again before it held anything (head ``""``) is at its bound from the
+    start, but it is read anyway: only its end releases its own children, whose changes were
+    committed before the trigger."""
+    write(writer, range(20))
+    parent = sorted(c.channel_id for c in writer.list_channels("t"))[0]
+    low, _ = writer.split_channel("t", parent)
+    writer.split_channel("t", low)  # `low` holds nothing: its children get its key range
+    write(writer, range(20, 60))
+    proto = StreamProtocol(local_options(writer, maxOffsetsPerChannel="10"))
+    prepare(proto)
+    _, records = run(proto, proto.initial_offset())
+    assert keys(records) == committed(writer)
+    proto.close()
+
+
 class _NeverCaughtUp:
     """Wraps a real embedded-store client as a service that never reports being caught up
     would answer: every page says more may follow, and a page past the data comes back empty
