@@ -191,15 +191,20 @@ class TunnelService(ABC):
     def head_sequences(self, tunnel_id: str) -> dict[str, str] | None:
         """Per channel the tunnel knows (any status), the ``Record.sequence`` of its newest
         record now, ``""`` when it has none; ``None`` when the backend cannot tell. Called on the
-        driver by ``prepareForTriggerAvailableNow`` to fix where an AvailableNow run stops."""
+        driver by ``prepareForTriggerAvailableNow``: with heads an AvailableNow run stops after
+        each channel's head, without them by the records' commit times
+        (``connector.planning.tracker.AvailableNowBound``)."""
         return None
 
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag] | None:
         """Per channel, how far ``positions`` (channel id -> token) are behind the head;
-        ``None`` when the backend cannot tell. Called on the driver by the protocol's read caps
-        (a channel's backlog shapes its share of ``maxOffsetsPerTrigger``) and by the progress
-        reporter (``connector.progress``), and by the inspection CLI (``meta channels``) and
-        the feed behind the dashboard."""
+        ``None`` when the backend cannot tell. ``seconds_behind`` is the age of the oldest
+        unread change, 0.0 for a caught-up channel (never a clock growing while a channel is
+        idle). Called on the driver by the protocol's read caps (a channel's backlog shapes its
+        share of ``maxOffsetsPerTrigger`` and ``maxBytesPerTrigger``), by
+        ``minOffsetsPerTrigger`` (``connector.planning.backlog``) and by the progress reporter
+        (``connector.progress``), and by the inspection CLI (``meta lag``) and the feed behind
+        the dashboard."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
