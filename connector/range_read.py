@@ -151,7 +151,11 @@ class TablestoreRangeReader(DataSourceReader):
                 check_user_schema(self.schema, table)
             _delete_stale_range_tunnels(tunnel, o.table_name, o.tunnel_name)
             name = range_tunnel_name(o.tunnel_name, time.time())
-            start_us = o.starting_timestamp * 1000
+            # a service that rounds commit times down (DynamoDB Streams: to the second) gets
+            # the range widened to whole units: no change inside it is lost to the rounding
+            grain = tunnel.commit_time_granularity_us
+            start_us = o.starting_timestamp * 1000 // grain * grain
+            end_us = -(-o.ending_timestamp * 1000 // grain) * grain
             info = tunnel.create_tunnel(o.table_name, name, TunnelType.STREAM,
                                         StartPosition.EARLIEST, start_at_us=start_us)
             log.info("range read of %s [%s, %s) through its own tunnel %s (%s)", o.table_name,
@@ -169,7 +173,7 @@ class TablestoreRangeReader(DataSourceReader):
                     channel_id=channel.channel_id, start_token=start.token,
                     parent_ids=channel.parent_ids,
                     waiting=channel.status is ChannelStatus.WAIT, start_us=start_us,
-                    end_us=o.ending_timestamp * 1000, fail_on_data_loss=o.fail_on_data_loss))
+                    end_us=end_us, fail_on_data_loss=o.fail_on_data_loss))
         return partitions
 
     # --- executors ----------------------------------------------------------------------------

@@ -28,6 +28,12 @@ from connector.range_read import RangePartition, TablestoreRangeReader, parents_
 from connector.schema import output_schema
 from connector.tunnel import ChannelInfo, ChannelStatus, open_tunnel_service
 from tablestore_emulator.server import EmulatorServer
+from tests.test_starting_timestamp import DynamoBackend, instant_between
+from tests.test_tunnel_dynamodb_streams import (  # noqa: F401 - fixtures used by name
+    _aws_env,
+    moto_url,
+    streams_fake,
+)
 from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
 
 
@@ -161,3 +167,21 @@ def test_parents_first_puts_unnamed_waiting_channels_last():
                 ChannelInfo("x", ChannelStatus.WAIT),
                 ChannelInfo("d", ChannelStatus.OPEN)]
     assert [c.channel_id for c in parents_first(channels)] == ["a", "b", "c", "d", "x"]
+
+
+def test_on_dynamodb_streams(tmp_path, moto_url, streams_fake):  # noqa: F811
+    """DynamoDB Streams rounds commit times down to the second: changes a second or more away
+    from the range's ends are in or out exactly. (``meta.store`` is required for this endpoint
+    by the options, and never opened by a batch read.)"""
+    backend = DynamoBackend(tmp_path, moto_url, streams_fake)
+    start = instant_between(backend, range(0, 10), range(10, 30))
+    backend.split()
+    end = instant_between(backend, range(30, 45), range(45, 55))
+    meta = tmp_path / "unused-meta.db"
+    options = range_options({"endpoint": backend.harness.uri,
+                             "meta.store": f"sqlite://{meta}"}, start, end)
+    schema = output_schema(backend.harness.service.table_schema("t"))
+    _, rows = read_all(TablestoreRangeReader(options, schema))
+    assert sorted(int(k) for k in rows.column("id").to_pylist()) == list(range(10, 45))
+    assert not meta.exists()
+    backend.close()
