@@ -318,15 +318,16 @@ def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) 
         pages.append(page)
         count += page.count
         token = page.next_token
-        if budget is not None:
-            budget -= page_bytes(page.batch)
-            if budget <= 0:
-                return Fetched(start_token, pages, token, caught_up)
-        if caught_up and (token == FINISHED or p.available_now_us is None):
-            return Fetched(start_token, pages, token, True)
         # AvailableNow: a page that ends a channel's records without "finished" is confirmed
         # by one more read -- a closed channel's end may come only then, and its children
         # (changes before the bound too) are released only by that end
+        ended = caught_up and (token == FINISHED or p.available_now_us is None)
+        if budget is not None:
+            budget -= page_bytes(page.batch)
+            if budget <= 0:
+                return Fetched(start_token, pages, token, ended)
+        if ended:
+            return Fetched(start_token, pages, token, True)
     return Fetched(start_token, pages, token, False)
 
 
