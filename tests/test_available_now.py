@@ -7,7 +7,8 @@ heads) and over the embedded store (heads), with a real SQLite meta store.
 - a restarted run that had not finished reads to the bound of the run it continues, and then
   the next run reads the rest;
 - a service that never says it is caught up (empty pages whose token moves, ``may_more``
-  true) does not keep a run going: the reader cuts it off and says so.
+  true) does not keep a run going: the reader cuts it off and says so;
+- the same wire's lag figures in ``tablestore-cdc meta lag`` and the feed.
 
 Spark's own AvailableNow runs over the emulator are in tests/test_spark_parity.py.
 """
@@ -237,4 +238,36 @@ def test_a_service_that_never_says_it_is_caught_up_does_not_keep_the_run_going(
     assert "empty pages in a row" in caplog.text and "caught up" in caplog.text
     proto.commit(end)
     assert proto.latest_offset(end, None) == end  # every channel counted as at the bound
+    proto.close()
+
+
+def test_meta_lag_and_the_feed_over_the_wire(writer, emulator, tmp_path):
+    """``tablestore-cdc meta lag`` and the feed show the Tablestore lag figures: behind after
+    new writes (records counted within a page), 0 once read."""
+    from typer.testing import CliRunner
+
+    from tablestore_cdc.cli import app as root_app
+    from tablestore_cdc.feed import progress_snapshot
+
+    write(writer, range(10))
+    options = wire_options(emulator, tmp_path)
+    proto = StreamProtocol(options)
+    end, _ = run(proto, proto.initial_offset())  # caught up
+    write(writer, range(10, 25))
+    time.sleep(0.05)
+    endpoint = options.endpoint  # the instance and the key pair: the recorded one has none
+
+    def lag() -> dict:
+        result = CliRunner().invoke(root_app, ["meta", "lag", "--meta", options.meta_store,
+                                               "--endpoint", endpoint, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    behind = lag()
+    assert behind["records_behind"] == 15 and behind["seconds_behind"] >= 0.05
+    snapshot = progress_snapshot(proto.meta, proto.namespace, endpoint=endpoint)
+    assert sum(c["lag"]["records_behind"] for c in snapshot["channels"] if c["lag"]) == 15
+    run(proto, end)
+    caught_up = lag()
+    assert caught_up["records_behind"] == 0 and caught_up["seconds_behind"] == 0.0
     proto.close()
