@@ -131,7 +131,7 @@ class StreamProtocol:
             starts = tuple(self.tracker.starts(exclude=set()))
             if self.options.starting_timestamp is not None:
                 check_starting_timestamp(self.options, self.tunnel, self.tunnel_id, self.meta,
-                                         starts)
+                                         starts, self.namespace_record.created_tunnel)
             manifest = Manifest(channels=starts, planned_at=self.clock())
             existing = self.meta.create_batch(self.namespace, uuid, None,
                                               state=BatchState.PUSHED, manifest=manifest)

@@ -25,12 +25,14 @@ from meta_store import BatchState, ChannelStart, MetaStore
 
 
 def check_starting_timestamp(options: SourceOptions, tunnel: TunnelService, tunnel_id: str,
-                             meta: MetaStore, starts: Sequence[ChannelStart]) -> None:
+                             meta: MetaStore, starts: Sequence[ChannelStart],
+                             created_now: bool = False) -> None:
     """Refuse ``startingTimestamp`` where it conflicts with a checkpoint that already says
     where reading goes on: the namespace has committed batches (an earlier query read the
-    tunnel), or the tunnel holds checkpoints pushed by a consumer (sequence number above 0).
-    A LATEST tunnel created after the instant cannot hold the changes in between: that is
-    data loss, refused unless ``failOnDataLoss=false``."""
+    tunnel), or the tunnel holds checkpoints pushed by a consumer (sequence number above 0; not
+    asked of a tunnel this process just created). A LATEST tunnel created after the instant
+    cannot hold the changes in between: that is data loss, refused unless
+    ``failOnDataLoss=false``."""
     assert options.starting_timestamp is not None
     starting = _iso(options.starting_timestamp)
 
@@ -47,7 +49,7 @@ def check_starting_timestamp(options: SourceOptions, tunnel: TunnelService, tunn
                        f"{options.tunnel_name!r})")
     description = tunnel.describe_tunnel(options.table_name, options.tunnel_name)
     by_start = {s.channel_id: s.sequence_number for s in starts}
-    for channel in description.channels:
+    for channel in () if created_now else description.channels:
         number = by_start.get(channel.channel_id)
         if number is None:
             number = tunnel.get_checkpoint(tunnel_id, channel.channel_id).sequence_number
