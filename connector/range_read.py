@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from connector.errors import RangeReadError, TrimmedDataError
+from connector.errors import OptionError, RangeReadError, TrimmedDataError
 from connector.options import SourceOptions
 from connector.reader import (
     MAX_EMPTY_PAGES,
@@ -145,6 +145,10 @@ class TablestoreRangeReader(DataSourceReader):
         partition per channel it has not finished already, parents first."""
         o = self.options
         assert o.starting_timestamp is not None and o.ending_timestamp is not None
+        if o.ending_timestamp > time.time() * 1000:
+            raise OptionError(option="endingTimestamp", value=o.ending_timestamp,
+                              problem="is in the future: changes still to come would make two "
+                              "reads of the range differ", allowed="an instant that has passed")
         with open_tunnel_service(o.endpoint) as tunnel:
             table = tunnel.table_schema(o.table_name)
             if self.schema != output_schema(table):

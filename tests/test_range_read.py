@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from connector.errors import OptionError
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.range_read import RangePartition, TablestoreRangeReader, parents_first
@@ -185,3 +186,10 @@ def test_on_dynamodb_streams(tmp_path, moto_url, streams_fake):  # noqa: F811
     assert sorted(int(k) for k in rows.column("id").to_pylist()) == list(range(10, 45))
     assert not meta.exists()
     backend.close()
+
+
+def test_an_end_in_the_future_is_refused(writer):
+    future = int(time.time() * 1000) + 3_600_000
+    options = range_options({"endpoint": f"local://{writer.path}"}, 0, future)
+    with pytest.raises(OptionError, match="'endingTimestamp': is in the future"):
+        TablestoreRangeReader(options, output_schema(writer.table_schema("t"))).partitions()
