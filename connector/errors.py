@@ -139,6 +139,24 @@ class TrimmedDataError(DataLossError):
     )
 
 
+class StartBeforeTunnelError(DataLossError):
+    """``startingTimestamp`` names an instant the tunnel cannot read from: it started later
+    (a LATEST tunnel created after it), so the changes in between are not in it."""
+
+    template = (
+        "startingTimestamp {starting} is before tunnel {tunnel!r} started ({started}, "
+        "startingPosition latest): the changes committed in between cannot be read through "
+        "it; use a new tunnel.name (created from startingTimestamp), or set "
+        "failOnDataLoss=false to start at the tunnel's start"
+    )
+
+
+class RangeReadError(CdcError):
+    """A bounded batch read (``spark.read``, ``connector.range_read``) cannot read a channel."""
+
+    template = "batch read through tunnel {tunnel!r}, channel {channel_id!r}: {problem}"
+
+
 class TransientTunnelError(TunnelError):
     retryable = True
     template = "tunnel service temporarily unavailable: {detail}"

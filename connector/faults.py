@@ -1,8 +1,8 @@
 """Fault injection for the harness (integration/faults). Inert in production.
 
-Two kinds of fault, both switched on only by environment variables the harness sets on the
-Spark driver it starts (Spark passes the environment on to its Python workers and, in
-``local-cluster`` mode, to the executor JVMs and their workers):
+Two kinds of fault (and a clock the tests move), both switched on only by environment
+variables the harness sets on the Spark driver it starts (Spark passes the environment on to
+its Python workers and, in ``local-cluster`` mode, to the executor JVMs and their workers):
 
 **Crash points.** ``fault_point(name)`` is called at protocol steps on the driver and on
 executors. It does nothing unless ``TABLESTORE_CDC_FAULT_DIR`` names a directory holding a file
@@ -27,6 +27,11 @@ layer (``connector.retry``) always gets through. ``TABLESTORE_CDC_FLAKY_SEED`` s
 (mixed with the process id: each process draws its own sequence). Without the variable the client
 is returned unchanged. Every injection is appended to ``flaky.log`` in the fault directory, when
 one is set, so the harness can count them.
+
+**The planner's clock.** ``clock()`` is ``time.time()``, plus the seconds written in the file
+``clock-offset`` of the fault directory when the harness or a test put one there: the driver's
+time-based decisions (``maxTriggerDelay``, the AvailableNow bound, manifests' ``planned_at``)
+read it, so a test makes time pass without waiting.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ FAULT_DIR_ENV = "TABLESTORE_CDC_FAULT_DIR"
 FLAKY_ENV = "TABLESTORE_CDC_FLAKY"
 FLAKY_SEED_ENV = "TABLESTORE_CDC_FLAKY_SEED"
 FLAKY_LOG = "flaky.log"
+#: in the fault directory: seconds added to the planner's clock (``clock``)
+CLOCK_OFFSET_FILE = "clock-offset"
 
 #: an injected error never hits more calls in a row than this (the retry layer makes 6 attempts)
 MAX_INJECTED_IN_A_ROW = 3
@@ -116,6 +123,19 @@ def fault_point(name: str, context: Any = None) -> None:
         return
     while True:  # parked until the harness kills the process tree
         time.sleep(1)
+
+
+def clock() -> float:
+    """Seconds since the epoch as the driver's planner sees them (module docstring)."""
+    now = time.time()
+    directory = os.environ.get(FAULT_DIR_ENV)
+    if directory:
+        try:
+            with open(os.path.join(directory, CLOCK_OFFSET_FILE)) as f:
+                now += float(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            pass
+    return now
 
 
 # --- transient errors ------------------------------------------------------------------------

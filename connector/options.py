@@ -12,10 +12,12 @@ into the stream reader and input partitions.
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any, NamedTuple
@@ -32,6 +34,16 @@ from cdc_common.credentials import (
 from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
+
+#: what ``startingTimestamp`` / ``endingTimestamp`` accept
+TIMESTAMP_ALLOWED = ("milliseconds since the epoch (1767225600000) or ISO-8601 with a zone "
+                     "(2026-01-01T00:00:00Z, 2026-01-01T08:00:00+08:00)")
+#: Kafka's default ``maxTriggerDelay`` (15 minutes)
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                      "d": 86_400_000}
+_BYTE_UNITS = {"b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3,
+               "gb": 1024**3, "t": 1024**4, "tb": 1024**4}
 
 #: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
 #: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
@@ -131,6 +143,28 @@ OPTIONS: dict[str, OptionSpec] = {
         "SSL_CERT_FILE, then the system's)",
         "the CA bundle that verifies an https endpoint (the tunnel and the meta table)",
         type="path", default="REQUESTS_CA_BUNDLE, then SSL_CERT_FILE, then the system's"),
+    # where a new query starts, and the range of a batch read
+    "startingTimestamp": OptionSpec(
+        "starting_timestamp", TIMESTAMP_ALLOWED,
+        "a query with no checkpoint starts at the first change committed at or after this "
+        "instant; with endingTimestamp, the start of a batch read's range", type="instant"),
+    "endingTimestamp": OptionSpec(
+        "ending_timestamp", TIMESTAMP_ALLOWED + "; spark.read (batch) only",
+        "the end (exclusive) of a batch read's range: spark.read returns the changes committed "
+        "in [startingTimestamp, endingTimestamp)", type="instant"),
+    # batch sizing (Kafka's names and meaning; connector/planning/read_limits.py)
+    "minOffsetsPerTrigger": OptionSpec(
+        "min_offsets_per_trigger", "an integer >= 1 and <= 9223372036854775807 (a Java long)",
+        "no batch until this many records wait, or maxTriggerDelay passed since the last one"),
+    "maxTriggerDelay": OptionSpec(
+        "max_trigger_delay_ms", "a duration: 15m, 30s, 500ms, 1h, 1d or a number of "
+        "milliseconds (with minOffsetsPerTrigger only)",
+        "the longest a batch waits for minOffsetsPerTrigger records", type="duration",
+        default="`15m`"),
+    "maxBytesPerTrigger": OptionSpec(
+        "max_bytes_per_trigger", "a number of bytes: 1048576, or with a unit 512k, 64m, 1g (>= 1)",
+        "bytes of records read per batch (the last record of a channel may cross it)",
+        type="size"),
 }
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
@@ -188,6 +222,14 @@ class SourceOptions(BaseModel):
     #: the CA bundle verifying an https endpoint (the option, else the driver's environment);
     #: folded into the endpoint and the meta-store URI as ``ca_bundle=`` (a path, no secret)
     ssl_ca_bundle: str | None = Field(default=None, min_length=1)
+    #: ``startingTimestamp``, milliseconds since the epoch: a new query's first batch starts at
+    #: the first change committed at or after it; a batch read's inclusive start
+    starting_timestamp: int | None = Field(default=None, ge=0, le=_LONG_MAX)
+    #: ``endingTimestamp``, milliseconds since the epoch: a batch read's exclusive end
+    ending_timestamp: int | None = Field(default=None, ge=0, le=_LONG_MAX)
+    min_offsets_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
+    max_trigger_delay_ms: int = Field(default=DEFAULT_MAX_TRIGGER_DELAY_MS, ge=0, le=_LONG_MAX)
+    max_bytes_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -232,6 +274,21 @@ class SourceOptions(BaseModel):
     @classmethod
     def _bools(cls, value: Any) -> Any:
         return _parse_bool(value)
+
+    @field_validator("starting_timestamp", "ending_timestamp", mode="before")
+    @classmethod
+    def _timestamp(cls, value: Any) -> Any:
+        return parse_timestamp_ms(value) if isinstance(value, str) else value
+
+    @field_validator("max_trigger_delay_ms", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration_ms(value) if isinstance(value, str) else value
+
+    @field_validator("max_bytes_per_trigger", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        return parse_bytes(value) if isinstance(value, str) else value
 
     @field_validator("endpoint")
     @classmethod
@@ -300,7 +357,37 @@ class SourceOptions(BaseModel):
             raise OptionError(option=option, value=_shown(field, values.get(field)),
                               problem=_problem(error["msg"]),
                               allowed=spec.allowed if spec else "see docs/options.md") from None
+        _check_combinations(built, given=set(values))
         return built
+
+    # --- checks per kind of read (driver: DataSource.streamReader / reader) ---------------------
+
+    def check_for_stream(self) -> None:
+        """A streaming query (``readStream``): ``endingTimestamp`` belongs to batch reads."""
+        if self.ending_timestamp is not None:
+            raise OptionError(option="endingTimestamp", value=self.ending_timestamp,
+                              problem="applies to a batch read (spark.read) only; a streaming "
+                              "query has no end", allowed="leave it out of readStream")
+
+    def check_for_batch(self) -> None:
+        """A bounded batch read (``spark.read``): both ends of the range are required and the
+        per-trigger options mean nothing there."""
+        for option, value in (("startingTimestamp", self.starting_timestamp),
+                              ("endingTimestamp", self.ending_timestamp)):
+            if value is None:
+                raise OptionError(option=option, value=None, problem="is required for a batch "
+                                  "read (spark.read): it reads the changes committed in "
+                                  "[startingTimestamp, endingTimestamp)",
+                                  allowed=TIMESTAMP_ALLOWED)
+        assert self.starting_timestamp is not None and self.ending_timestamp is not None
+        if self.ending_timestamp <= self.starting_timestamp:
+            raise OptionError(option="endingTimestamp", value=self.ending_timestamp,
+                              problem=f"is not after startingTimestamp "
+                              f"({self.starting_timestamp})", allowed="a later instant")
+        if self.tunnel_type is not TunnelType.STREAM:
+            raise OptionError(option="tunnel.type", value=self.tunnel_type.value,
+                              problem="a batch read reads the change stream of a time range",
+                              allowed="Stream (leave it out)")
 
     def declared_schema(self, table: TableSchema) -> TableSchema:
         """``table`` with the ``catalog``'s attribute columns (driver, ``schema()``): Tablestore
@@ -349,6 +436,69 @@ class SourceOptions(BaseModel):
     def source_digest(self) -> str:
         """Short stable fingerprint of ``source_identity`` carried in every offset."""
         return hashlib.sha256(self.source_identity.encode()).hexdigest()[:16]
+
+
+def _check_combinations(built: SourceOptions, given: set[str]) -> None:
+    """Options that are valid alone but not together (``given``: the fields the user set)."""
+    if built.starting_timestamp is not None:
+        if "starting_position" in given:
+            raise OptionError(option="startingTimestamp", value=built.starting_timestamp,
+                              problem="conflicts with startingPosition: both say where a new "
+                              "query starts", allowed="one of startingTimestamp and "
+                              "startingPosition")
+        if built.tunnel_type is TunnelType.BASE_AND_STREAM:
+            raise OptionError(option="startingTimestamp", value=built.starting_timestamp,
+                              problem="conflicts with tunnel.type BaseAndStream, which starts "
+                              "with a full copy of the table", allowed="tunnel.type Stream")
+    if "max_trigger_delay_ms" in given and built.min_offsets_per_trigger is None:
+        raise OptionError(option="maxTriggerDelay", value=built.max_trigger_delay_ms,
+                          problem="caps how long minOffsetsPerTrigger holds a batch back, and "
+                          "minOffsetsPerTrigger is not set",
+                          allowed="minOffsetsPerTrigger with it, or leave it out")
+    if (built.min_offsets_per_trigger is not None and built.max_offsets_per_trigger is not None
+            and built.min_offsets_per_trigger > built.max_offsets_per_trigger):
+        raise OptionError(option="minOffsetsPerTrigger", value=built.min_offsets_per_trigger,
+                          problem=f"is above maxOffsetsPerTrigger "
+                          f"({built.max_offsets_per_trigger}): no batch could satisfy both",
+                          allowed="a value <= maxOffsetsPerTrigger")
+
+
+def parse_timestamp_ms(text: str) -> int:
+    """``startingTimestamp`` / ``endingTimestamp``: milliseconds since the epoch, or ISO-8601
+    with a zone (``Z`` or ``+hh:mm``); ``ValueError`` otherwise (a time without a zone would
+    mean a different instant on every machine)."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    try:
+        when = dt.datetime.fromisoformat(stripped)
+    except ValueError:
+        raise ValueError("is neither milliseconds since the epoch nor an ISO-8601 "
+                         "timestamp") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError("has no zone (add Z or an offset such as +08:00)")
+    millis = round(when.timestamp() * 1000)
+    if millis < 0:
+        raise ValueError("is before 1970-01-01T00:00:00Z")
+    return millis
+
+
+def parse_duration_ms(text: str) -> int:
+    """``maxTriggerDelay``: Spark's duration strings (``15m``, ``30s``, ``500ms``, ``1h``,
+    ``2d``; a bare number is milliseconds) as milliseconds; ``ValueError`` otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in ("", *_DURATION_UNITS_MS):
+        raise ValueError("is not a duration")
+    return int(match.group(1)) * _DURATION_UNITS_MS.get(match.group(2), 1)
+
+
+def parse_bytes(text: str) -> int:
+    """``maxBytesPerTrigger``: a number of bytes, with an optional binary unit (``k``/``kb``,
+    ``m``/``mb``, ``g``/``gb``, ``t``/``tb``, any case); ``ValueError`` otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in ("", *_BYTE_UNITS):
+        raise ValueError("is not a number of bytes")
+    return int(match.group(1)) * _BYTE_UNITS.get(match.group(2), 1)
 
 
 def _problem(message: str) -> str:

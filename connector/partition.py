@@ -29,8 +29,18 @@ class ChannelPartition(InputPartition):
     start_sequence_number: int
     start_last_sequence: str | None
     max_records: int
-    #: AvailableNow: do not read records whose sequence sorts after this
+    #: AvailableNow: do not read records whose sequence sorts after this (the channel's head
+    #: when the run started, where the backend reports heads)
     stop_after_sequence: str | None
     fail_on_data_loss: bool
     #: credentials for a tablestore:// meta store (the URI never holds them); not shown in repr
     meta_credentials: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    #: the Trigger.AvailableNow bound of the batch (commit time, µs since the epoch): without a
+    #: ``stop_after_sequence`` the read stops before the first record committed after it; a read
+    #: that reaches it records it in its claim (``EndCheckpoint.bound_reached_us``)
+    available_now_us: int | None = None
+    #: the read's byte budget (``maxBytesPerTrigger``'s share): the last record may cross it
+    max_bytes: int | None = None
+    #: ``startingTimestamp`` (µs): records committed before it at the start of the read are
+    #: passed over; set only while the query has consumed nothing of the channel
+    skip_before_us: int | None = None

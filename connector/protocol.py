@@ -35,15 +35,22 @@ import uuid as uuid_lib
 from dataclasses import dataclass
 
 from connector.errors import CheckpointBehindMetaError, TunnelError, UnknownBatchError
-from connector.faults import fault_point, inject_transient_errors
+from connector.faults import clock, fault_point, inject_transient_errors
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
+from connector.planning.backlog import records_available
 from connector.planning.logs import configure_planner_logging, log
 from connector.planning.namespace import NamespaceRecord
 from connector.planning.offsets import offset_json, uuid_of
 from connector.planning.positions import Position, positions_after_batch
 from connector.planning.pushes import CheckpointPushes
-from connector.planning.read_limits import read_caps
+from connector.planning.read_limits import (
+    TriggerLimits,
+    byte_budgets,
+    holds_back,
+    read_caps,
+)
+from connector.planning.starting import check_starting_timestamp
 from connector.planning.tracker import ChannelTracker
 from connector.retry import with_retries
 from connector.tunnel import FINISHED, TunnelService, open_tunnel_service
@@ -89,6 +96,9 @@ class StreamProtocol:
         #: looked): ``latestOffset`` from it need not search the chain for one
         self._known_tip: str | None = None
         self.last_batch: BatchStats | None = None
+        #: seconds since the epoch for time-based decisions (``connector.faults.clock``: the
+        #: wall clock, moved by tests); a unit test may replace it
+        self.clock = clock
 
     def close(self) -> None:
         self.tunnel.close()
@@ -96,9 +106,10 @@ class StreamProtocol:
 
     # --- offsets -----------------------------------------------------------------------------
 
-    def offset(self, uuid: str, max_rows: int | None = None) -> dict:
+    def offset(self, uuid: str, max_rows: int | None = None,
+               max_bytes: int | None = None) -> dict:
         """The offset Spark logs (``connector.planning.offsets``)."""
-        return offset_json(self.namespace, uuid, max_rows)
+        return offset_json(self.namespace, uuid, max_rows, max_bytes)
 
     def uuid_of(self, offset: dict) -> str:
         """The UUID of an offset from Spark's log; refuses an offset of another source
@@ -117,17 +128,25 @@ class StreamProtocol:
         uuid = self.namespace_record.initial_uuid()
         existing = self.meta.find_batch(self.namespace, uuid)
         if existing is None:
-            manifest = Manifest(channels=tuple(self.tracker.starts(exclude=set())),
-                                planned_at=time.time())
+            starts = tuple(self.tracker.starts(exclude=set()))
+            if self.options.starting_timestamp is not None:
+                check_starting_timestamp(self.options, self.tunnel, self.tunnel_id, self.meta,
+                                         starts, self.namespace_record.created_tunnel)
+            manifest = Manifest(channels=starts, planned_at=self.clock())
             existing = self.meta.create_batch(self.namespace, uuid, None,
                                               state=BatchState.PUSHED, manifest=manifest)
         log.info("initial offset %s (%d channels)", uuid,
                  len(existing.manifest.channels) if existing.manifest else 0)
         return self.offset(uuid)
 
-    def latest_offset(self, start: dict, max_rows: int | None) -> dict:
+    def latest_offset(self, start: dict, limits: TriggerLimits | int | None = None) -> dict:
         """``latestOffset(start, limit)``: mint the end UUID of the next batch, or return
-        ``start`` when nothing is new (``skipEmptyBatches``) or an AvailableNow run is done."""
+        ``start`` when nothing is new (``skipEmptyBatches``), when ``minOffsetsPerTrigger``
+        holds the batch back, or when an AvailableNow run is done. ``limits``: what applies to
+        this trigger (``connector.planning.read_limits.trigger_limits``); an integer is a
+        ``maxOffsetsPerTrigger`` total alone, ``None`` no limit."""
+        if not isinstance(limits, TriggerLimits):
+            limits = TriggerLimits(max_rows=limits)
         start_uuid = self.uuid_of(start)
         fault_point("latest_offset_start")
         # Spark asks for a new batch only once the batch ending at `start` is in its commit
@@ -140,21 +159,54 @@ class StreamProtocol:
             log.info("batch %s was planned after %s before (Spark's checkpoint is behind the "
                      "meta table): replaying it", successor.uuid, start_uuid)
             return self.offset(successor.uuid, successor.max_rows)
-        positions = self.positions_after(start_uuid)
+        batch, positions = self._after(start_uuid)
         if self.tracker.available_now:
-            check = self.tracker.available_now_check(positions)
-            if check.release:
-                self.push_if_due(force=True)  # a finished channel's children join the run
-            if check.done:
+            if self._available_now_done(batch, positions):
                 return start
-        elif self.options.skip_empty_batches:
-            tokens = {ch: p.token for ch, p in positions.items()}
-            if self.tunnel.has_new_data(self.tunnel_id, tokens) is False:
+        else:
+            if limits.min_rows is not None and self._holds_back(batch, positions, limits):
                 return start
+            if self.options.skip_empty_batches:
+                tokens = {ch: p.token for ch, p in positions.items()}
+                if self.tunnel.has_new_data(self.tunnel_id, tokens) is False:
+                    return start
         end_uuid = str(uuid_lib.uuid4())
-        self.meta.create_batch(self.namespace, end_uuid, start_uuid, max_rows=max_rows)
+        self.meta.create_batch(self.namespace, end_uuid, start_uuid, max_rows=limits.max_rows)
         fault_point("after_latest_offset")
-        return self.offset(end_uuid, max_rows)
+        return self.offset(end_uuid, limits.max_rows, limits.max_bytes)
+
+    def _available_now_done(self, batch: BatchRecord, positions: dict[str, Position]) -> bool:
+        """Trigger.AvailableNow: has every channel reached the run's bound after ``batch``? A
+        channel read to its end is pushed at once first, so its children are released (and
+        read, when they hold changes before the bound)."""
+        bound = self.tracker.bound_for(_bound_of(batch), positions)
+        check = self.tracker.available_now_check(bound, positions)
+        if check.release:
+            self.push_if_due(force=True)
+            check = self.tracker.available_now_check(bound, positions)
+        if check.done:
+            log.info("Trigger.AvailableNow: every channel reached the bound; the run is done")
+        return check.done
+
+    def _holds_back(self, batch: BatchRecord, positions: dict[str, Position],
+                    limits: TriggerLimits) -> bool:
+        """``minOffsetsPerTrigger``: hold the next batch back while fewer records wait and
+        ``maxTriggerDelay`` has not passed since ``batch`` (the last one) was planned
+        (``read_limits.holds_back``). Records are counted only while the delay runs, and only
+        up to the minimum (``planning.backlog.records_available``)."""
+        assert limits.min_rows is not None and limits.max_delay_s is not None
+        planned = batch.manifest.planned_at if batch.manifest is not None else batch.created_at
+        waited = self.clock() - planned
+        if waited >= limits.max_delay_s:
+            return False
+        tokens = {ch: p.token for ch, p in positions.items()}
+        available = records_available(self.tunnel, self.tunnel_id, tokens, limits.min_rows)
+        held = holds_back(limits.min_rows, available, waited, limits.max_delay_s)
+        if held:
+            log.debug("minOffsetsPerTrigger: %s record(s) waiting, fewer than %d; %.1f s of "
+                      "maxTriggerDelay left", available, limits.min_rows,
+                      limits.max_delay_s - waited)
+        return held
 
     def _start_batch(self, uuid: str) -> BatchRecord:
         """The batch an offset from Spark's log ends; ``CheckpointBehindMetaError`` when the
@@ -189,13 +241,17 @@ class StreamProtocol:
         """Every channel's position at the end of batch ``uuid``
         (``connector.planning.positions``), from the batch this process committed when it
         kept it, else from the meta table."""
+        return self._after(uuid)[1]
+
+    def _after(self, uuid: str) -> tuple[BatchRecord, dict[str, Position]]:
+        """Batch ``uuid`` and every channel's position at its end (``positions_after``)."""
         cached = self.pushes.committed_batch(uuid)
         if cached is not None:
             batch, ends = cached
         else:
             batch = self._start_batch(uuid)
             ends = self.meta.get_end_checkpoints(self.namespace, uuid)
-        return positions_after_batch(batch, ends)
+        return batch, positions_after_batch(batch, ends)
 
     def plan(self, start: dict, end: dict) -> list[ChannelPartition]:
         """``partitions(start, end)``: one partition per readable channel of the batch."""
@@ -210,13 +266,14 @@ class StreamProtocol:
             assert batch is not None and batch.manifest is not None
             manifest = batch.manifest
         else:
-            # the limit travels in the offset: the minted row may have been collected
+            # the limits travel in the offset: the minted row may have been collected
             max_rows = end.get("maxRows") or (batch.max_rows if batch is not None else None)
-            manifest = self.meta.put_manifest(self.namespace, end_uuid, start_uuid,
-                                              self._new_manifest(start_uuid, end_uuid, max_rows))
+            manifest = self.meta.put_manifest(
+                self.namespace, end_uuid, start_uuid,
+                self._new_manifest(start_uuid, end_uuid, max_rows, end.get("maxBytes")))
             self._known_tip = end_uuid  # just planned: nothing was planned after it
-        partitions = [self._partition(end_uuid, c) for c in manifest.channels
-                      if c.token != FINISHED and c.max_records > 0]
+        partitions = [self._partition(end_uuid, c, manifest.available_now_us)
+                      for c in manifest.channels if c.token != FINISHED and c.max_records > 0]
         self.last_batch = BatchStats(end_uuid, len(partitions), manifest.children_added,
                                      replay, (time.perf_counter() - began) * 1000)
         log.debug("batch %s planned%s: %d channel(s) to read, children added %s, %.1f ms",
@@ -224,32 +281,47 @@ class StreamProtocol:
                  list(manifest.children_added), self.last_batch.plan_ms)
         return partitions
 
-    def _new_manifest(self, start_uuid: str, end_uuid: str, max_rows: int | None) -> Manifest:
+    def _new_manifest(self, start_uuid: str, end_uuid: str, max_rows: int | None,
+                      max_bytes: int | None) -> Manifest:
         """A new batch's manifest: the positions after ``start``, brought up to date by the
-        channel tracker, each unfinished channel with its cap."""
-        positions = self.positions_after(start_uuid)
+        channel tracker, each unfinished channel with its caps; under Trigger.AvailableNow the
+        run's bound."""
+        start_batch, positions = self._after(start_uuid)
+        bound = None
+        if self.tracker.available_now:
+            bound = self.tracker.bound_for(_bound_of(start_batch), positions)
         children = self.tracker.refresh(positions)
-        caps = self._caps(positions, max_rows, end_uuid)
+        records, budgets = self._caps(positions, max_rows, max_bytes, end_uuid)
         channels = tuple(
             ChannelStart(channel_id=ch, token=p.token, sequence_number=p.sequence_number,
-                         max_records=caps.get(ch, 0), parent_ids=p.parent_ids,
-                         last_sequence=p.last_sequence)
+                         max_records=records.get(ch, 0), parent_ids=p.parent_ids,
+                         last_sequence=p.last_sequence, max_bytes=budgets.get(ch),
+                         bound_reached_us=p.bound_reached_us)
             for ch, p in sorted(positions.items())
         )
-        return Manifest(channels=channels, children_added=tuple(children), planned_at=time.time())
+        return Manifest(channels=channels, children_added=tuple(children),
+                        planned_at=self.clock(),
+                        available_now_us=bound.at_us if bound is not None else None)
 
     def _caps(self, positions: dict[str, Position], max_rows: int | None,
-              end_uuid: str) -> dict[str, int]:
-        """Per-channel record caps (``connector.planning.read_limits``). A ``ReadMaxRows``
-        total is given where the data is, so only then is the tunnel asked for the backlog.
-        The caps go into the manifest: a replay reads them from there, never recomputes them."""
+              max_bytes: int | None, end_uuid: str) -> tuple[dict[str, int], dict[str, int]]:
+        """Per-channel record caps and byte budgets (``connector.planning.read_limits``). A
+        ``ReadMaxRows`` total is given where the data is, so only with a total is the tunnel
+        asked for the backlog. Under AvailableNow a channel at the bound is still read: its
+        read stops there at once, and a closed one reaches its end (``finished``), which
+        releases its children. The caps go into the manifest: a replay reads them from there,
+        never recomputes them."""
         active = [ch for ch, p in positions.items() if not p.finished]
         backlog = None
-        if max_rows is not None and active:
+        if (max_rows is not None or max_bytes is not None) and active:
             backlog = self._backlog({ch: positions[ch].token for ch in active})
-        return read_caps(active, per_channel=self.options.max_offsets_per_channel,
+        caps = read_caps(active, per_channel=self.options.max_offsets_per_channel,
                          max_rows=max_rows, batch_uuid=end_uuid, backlog=backlog,
                          waiting_parents=self.tracker.waiting_parents)
+        if max_bytes is None:
+            return caps, {}
+        budgets = byte_budgets(caps, max_bytes=max_bytes, batch_uuid=end_uuid, backlog=backlog)
+        return {ch: cap if budgets.get(ch, 0) > 0 else 0 for ch, cap in caps.items()}, budgets
 
     def _backlog(self, tokens: dict[str, str]) -> dict[str, int | None] | None:
         """Records behind per channel at ``tokens`` (the tunnel's ``lag``); ``None`` when the
@@ -263,17 +335,28 @@ class StreamProtocol:
             return None
         return {ch: lag.records_behind for ch, lag in lags.items()}
 
-    def _partition(self, end_uuid: str, start: ChannelStart) -> ChannelPartition:
-        """The plain data an executor needs to read ``start``'s channel of batch ``end_uuid``."""
+    def _partition(self, end_uuid: str, start: ChannelStart,
+                   available_now_us: int | None) -> ChannelPartition:
+        """The plain data an executor needs to read ``start``'s channel of batch ``end_uuid``
+        (``available_now_us``: the batch's AvailableNow bound, from its manifest)."""
+        head = None
+        if available_now_us is not None:
+            head = self.tracker.head(available_now_us, start.channel_id)
+        skip = None
+        if self.options.starting_timestamp is not None and start.last_sequence is None:
+            # nothing of the channel consumed yet; a service that rounds commit times down
+            # (to the second) must not lose a change made after the instant to the rounding
+            grain = self.tunnel.commit_time_granularity_us
+            skip = self.options.starting_timestamp * 1000 // grain * grain
         return ChannelPartition(
             namespace=self.namespace, meta_uri=self.options.meta_store,
             meta_credentials=tuple(sorted((self.options.meta_store_credentials or {}).items())),
             endpoint=self.options.endpoint, tunnel_id=self.tunnel_id, end_uuid=end_uuid,
             channel_id=start.channel_id, start_token=start.token,
             start_sequence_number=start.sequence_number, start_last_sequence=start.last_sequence,
-            max_records=start.max_records,
-            stop_after_sequence=self.tracker.stop_after(start.channel_id),
+            max_records=start.max_records, stop_after_sequence=head,
             fail_on_data_loss=self.options.fail_on_data_loss,
+            available_now_us=available_now_us, max_bytes=start.max_bytes, skip_before_us=skip,
         )
 
     # --- commit and push -----------------------------------------------------------------------
@@ -317,6 +400,12 @@ class StreamProtocol:
     # --- Trigger.AvailableNow -----------------------------------------------------------------
 
     def prepare_available_now(self) -> None:
-        """``prepareForTriggerAvailableNow``: fix the stopping point, every channel's newest
-        record now (``ChannelTracker.prepare_available_now``)."""
-        self.tracker.prepare_available_now()
+        """``prepareForTriggerAvailableNow``: the run reads every change committed by now
+        (``ChannelTracker.prepare_available_now``; a restart of an unfinished run goes on to
+        that run's bound, settled at the first batch)."""
+        self.tracker.prepare_available_now(int(self.clock() * 1_000_000))
+
+
+def _bound_of(batch: BatchRecord) -> int | None:
+    """The AvailableNow bound ``batch`` was planned under (None: none)."""
+    return batch.manifest.available_now_us if batch.manifest is not None else None

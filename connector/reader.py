@@ -111,7 +111,8 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
     if claimed is not None:
         return ClaimedRead(claimed, _replay(tunnel, p, claimed, layout))
 
-    start_token, pages, next_token, reached_bound = _fetch(tunnel, p, layout)
+    fetched = fetch_pages(tunnel, p, layout)
+    start_token, pages, next_token = fetched.start_token, fetched.pages, fetched.token
     count = sum(page.count for page in pages)
     end = EndCheckpoint(
         channel_id=p.channel_id,
@@ -121,7 +122,8 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
         records=count,
         attempt=attempt_identity(),
         written_at=time.time(),
-        last_sequence=_last_sequence(p, pages, reached_bound),
+        last_sequence=_last_sequence(p, pages),
+        bound_reached_us=p.available_now_us if fetched.reached else None,
     )
     fault_point("read_before_claim", {"partition": p, "end": end})
     try:
@@ -148,56 +150,203 @@ def _head(pages: list[Page], n: int) -> list[Page]:
     return out
 
 
-def _last_sequence(p: ChannelPartition, pages: list[Page], reached_bound: bool) -> str | None:
-    last = p.start_last_sequence
+def _last_sequence(p: ChannelPartition, pages: list[Page]) -> str | None:
     for page in reversed(pages):
         if page.count:
-            last = page.last_sequence
-            break
-    if reached_bound and p.stop_after_sequence is not None:
-        # everything up to the AvailableNow bound is consumed, even if the last record read
-        # (or the pushed checkpoint we started from) sorts lower
-        return max(last or "", p.stop_after_sequence)
-    return last
+            return page.last_sequence
+    return p.start_last_sequence
 
 
-def _fetch(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout
-           ) -> tuple[str, list[Page], str, bool]:
-    """Read from the start up to the cap, the AvailableNow bound, or what is available now.
+# --- how far a read goes ------------------------------------------------------------------------
 
-    Returns (start token actually used, page batches, next token, whether the read stopped
-    because nothing more is available or the bound was reached)."""
-    start_token = p.start_token
+
+def record_sizes(batch: pa.RecordBatch) -> pa.Array:
+    """Each record's size in bytes, as ``maxBytesPerTrigger`` counts it: its share of the Arrow
+    page -- fixed-width values at their width (a boolean as one byte), strings and binaries
+    (the ``_before`` / ``_extra`` JSON included) at their length plus a 4-byte offset; nulls
+    count their width (fixed) or 4 (variable). Validity bitmaps are left out."""
+    fixed = 0
+    variable: pa.Array | None = None
+    for column in batch.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_binary(kind) \
+                or pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
+            lengths = pc.fill_null(pc.binary_length(column), 0).cast(pa.int64())
+            variable = lengths if variable is None else pc.add(variable, lengths)
+            fixed += 4
+        elif pa.types.is_boolean(kind):
+            fixed += 1
+        else:
+            fixed += max(1, kind.bit_width // 8)
+    if variable is None:
+        return pa.array([fixed] * batch.num_rows, pa.int64())
+    return pc.add(variable, fixed)
+
+
+def records_within(batch: pa.RecordBatch, budget: int) -> int:
+    """How many leading records of ``batch`` a byte ``budget`` takes: each record whose
+    preceding records total less than the budget (so the last one may cross it)."""
+    if budget <= 0 or batch.num_rows == 0:
+        return 0
+    sizes = record_sizes(batch)
+    before = pc.subtract(pc.cumulative_sum(sizes), sizes)
+    return int(pc.sum(pc.less(before, budget)).as_py() or 0)
+
+
+def page_bytes(batch: pa.RecordBatch) -> int:
+    """The bytes of a whole page, as ``record_sizes`` counts them."""
+    return int(pc.sum(record_sizes(batch)).as_py() or 0) if batch.num_rows else 0
+
+
+def leading_count(flags: pa.Array) -> int:
+    """How many leading elements of the boolean array ``flags`` are true (null counts as
+    true)."""
+    first_false = pc.index(flags, False).as_py()
+    return len(flags) if first_false is None or first_false < 0 else int(first_false)
+
+
+def lost_before(tunnel: TunnelService, tunnel_id: str, channel_id: str, lost: TrimmedDataError,
+                layout: PageLayout, instant_us: int | None) -> bool:
+    """Were all the records ``lost`` names committed before ``instant_us``? Yes when the first
+    record still held was (commit times increase within a channel): a read that starts at that
+    instant lost nothing it would have read."""
+    if instant_us is None or lost.resume_token == FINISHED:
+        return False
+    first = tunnel.read_page(tunnel_id, channel_id, lost.resume_token, 1, layout)
+    if not first.count:
+        return False
+    return bool(commit_micros(first.batch.column("_commit_ts"))[0].as_py() < instant_us)
+
+
+def commit_micros(column: pa.Array) -> pa.Array:
+    """``_commit_ts`` as integer microseconds since the epoch."""
+    return column.cast(pa.int64())
+
+
+@dataclass
+class Fetched:
+    """What ``fetch_pages`` read: the pages from ``start_token`` (the partition's start, or
+    past records a ``startingTimestamp`` or a data-loss skip passed) to ``token``.
+
+    ``reached``: every record of the channel committed by the partition's AvailableNow bound
+    (or, outside such a run, available now) is consumed -- the read passed the bound, or the
+    tunnel reported nothing more (``may_more`` false, an empty page whose token did not move,
+    ``FINISHED``). False when a cap or the byte budget stopped it.
+    """
+
+    start_token: str
+    pages: list[Page]
+    token: str
+    reached: bool
+
+
+#: empty pages in a row whose token moves and that say more may follow, before a read stops
+#: (a service that never says it is caught up must not keep one task reading forever)
+MAX_EMPTY_PAGES = 16
+
+
+def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) -> Fetched:
+    """Read from the start up to what the partition allows (executor): its record cap, its byte
+    budget (``max_bytes``: the last record may cross it), its AvailableNow bound (a head
+    sequence, else the bound's commit time), or what is available now. Leading records
+    committed before ``skip_before_us`` (``startingTimestamp``) are passed over first: the
+    claim's start token then points after them. Where a page holds more than may be kept, the
+    kept records are read again exactly, so the next token lands right after them."""
+    start_token = token = p.start_token
     pages: list[Page] = []
     count = 0
-    token = start_token
+    budget = p.max_bytes
+    empty_pages = 0
+    skipping = p.skip_before_us is not None
     while count < p.max_records:
         want = min(PAGE_SIZE, p.max_records - count)
         try:
             page = tunnel.read_page(p.tunnel_id, p.channel_id, token, want, layout)
         except TrimmedDataError as lost:
-            if p.fail_on_data_loss or pages:
+            if skipping and lost_before(tunnel, p.tunnel_id, p.channel_id, lost, layout,
+                                        p.skip_before_us):
+                log.info("%s; all of them were committed before startingTimestamp", lost)
+            elif p.fail_on_data_loss or pages:
                 raise
-            log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
+            else:
+                log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
             start_token = token = lost.resume_token
             continue
-        bound = p.stop_after_sequence
-        if bound is not None and page.count and (page.last_sequence or "") > bound:
-            # sequences increase within a channel: the kept rows are a prefix
-            keep = pc.sum(pc.less_equal(page.batch.column("_sequence"), bound)).as_py() or 0
-            # re-read exactly the kept records so the next token lands right after them
+        caught_up = page.next_token == FINISHED or not page.may_more
+        if not page.count:
+            if page.next_token == token or caught_up:
+                return Fetched(start_token, pages, page.next_token, True)
+            empty_pages += 1
+            token = page.next_token
+            if skipping:
+                start_token = token
+            if empty_pages >= MAX_EMPTY_PAGES:
+                log.warning("batch %s channel %s: %d empty pages in a row whose token moved and "
+                            "that said more may follow; ending this read there%s", p.end_uuid,
+                            p.channel_id, empty_pages,
+                            " and counting the channel as caught up for the AvailableNow bound"
+                            if p.available_now_us is not None else "")
+                return Fetched(start_token, pages, token, p.available_now_us is not None)
+            continue
+        empty_pages = 0
+        if skipping:
+            assert p.skip_before_us is not None
+            skip = leading_count(pc.less(commit_micros(page.batch.column("_commit_ts")),
+                                         p.skip_before_us))
+            if skip == page.count:  # the whole page is older than startingTimestamp
+                start_token = token = page.next_token
+                if caught_up:
+                    return Fetched(start_token, pages, token, True)
+                continue
+            skipping = False
+            if skip:  # the token right after the skipped records, then read on from there
+                start_token = token = tunnel.read_page(p.tunnel_id, p.channel_id, token, skip,
+                                                       layout).next_token
+                continue
+        keep, at_bound = _keep(p, page)
+        if budget is not None and keep:
+            within = records_within(page.batch.slice(0, keep) if keep < page.count
+                                    else page.batch, budget)
+            keep, at_bound = (within, False) if within < keep else (keep, at_bound)
+        if keep < page.count:
+            # read exactly the kept records again, so the next token lands right after them
             if keep:
                 exact = tunnel.read_page(p.tunnel_id, p.channel_id, token, keep, layout)
                 pages.append(exact)
                 token = exact.next_token
-            return start_token, pages, token, True
-        if page.count:
-            pages.append(page)
-            count += page.count
+            return Fetched(start_token, pages, token, at_bound)
+        pages.append(page)
+        count += page.count
         token = page.next_token
-        if token == FINISHED or not page.may_more:
-            return start_token, pages, token, True
-    return start_token, pages, token, False
+        # AvailableNow: a page that ends a channel's records without "finished" is confirmed
+        # by one more read -- a closed channel's end may come only then, and its children
+        # (changes before the bound too) are released only by that end
+        ended = caught_up and (token == FINISHED or p.available_now_us is None)
+        if budget is not None:
+            budget -= page_bytes(page.batch)
+            if budget <= 0:
+                return Fetched(start_token, pages, token, ended)
+        if ended:
+            return Fetched(start_token, pages, token, True)
+    return Fetched(start_token, pages, token, False)
+
+
+def _keep(p: ChannelPartition, page: Page) -> tuple[int, bool]:
+    """How many leading records of ``page`` the AvailableNow bound lets the read take, and
+    whether the bound cut the page (sequences and commit times increase within a channel, so
+    the kept records are a prefix)."""
+    if p.stop_after_sequence is not None:
+        bound = p.stop_after_sequence
+        if (page.last_sequence or "") <= bound:
+            return page.count, False
+        return leading_count(pc.less_equal(page.batch.column("_sequence"), bound)), True
+    if p.available_now_us is not None:
+        until = p.available_now_us
+        stamps = commit_micros(page.batch.column("_commit_ts"))
+        if stamps[-1].as_py() <= until:
+            return page.count, False
+        return leading_count(pc.less_equal(stamps, until)), True
+    return page.count, False
 
 
 def _replay(tunnel: TunnelService, p: ChannelPartition, end: EndCheckpoint,

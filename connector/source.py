@@ -13,6 +13,8 @@ Where each piece runs:
 PySpark 4.0 and 4.1 call less of this (no read limit, no start in ``latestOffset``, no
 ``reportLatestOffset``, no AvailableNow): ``connector.spark_compat`` says what the installed
 PySpark offers, and the reader degrades there as it describes.
+- ``spark.read.format("tablestore")`` (a bounded batch read of a time range) gets a
+  ``connector.range_read.TablestoreRangeReader`` from ``TablestoreDataSource.reader``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ from connector import spark_compat as compat  # first: refuses an unsupported Py
 
 # isort: split
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
+from connector.planning.read_limits import TriggerLimits, trigger_limits
 from connector.reader import claim_and_read
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
 from connector.tunnel import open_tunnel_service
@@ -57,7 +65,16 @@ class TablestoreDataSource(DataSource):
             return output_schema(self.source_options.declared_schema(table))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self.source_options.check_for_stream()
         return TablestoreStreamReader(self.source_options, schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """``spark.read.format("tablestore")``: the changes committed in
+        ``[startingTimestamp, endingTimestamp)`` (``connector.range_read``)."""
+        from connector.range_read import TablestoreRangeReader
+
+        self.source_options.check_for_batch()
+        return TablestoreRangeReader(self.source_options, schema)
 
 
 class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
@@ -100,20 +117,31 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         return self.protocol.initial_offset()
 
     def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's API name (PySpark 4.2+)
-        return compat.default_read_limit(self.options.max_offsets_per_trigger)
+        """One limit (PySpark has no composite one): the most telling configured, so Spark
+        passes back something other than ``ReadAllAvailable``; ``latestOffset`` then applies
+        every configured limit (``connector.planning.read_limits``)."""
+        return compat.default_read_limit(self.options)
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         """PySpark 4.2+ passes the start and the read limit. PySpark 4.0/4.1 pass neither: the
         start is where Spark's offset log ends (``spark_compat.BatchStartTracker``) and the
-        limit is ``maxOffsetsPerTrigger``, the one ``getDefaultReadLimit`` would have given."""
+        limits are the configured ones, as ``getDefaultReadLimit`` would have given them."""
         if start is None and self._starts is not None:
             start = self._starts.start(self.protocol.initial_offset)
-            max_rows = self.options.max_offsets_per_trigger
+            limits = trigger_limits(self.options, all_available=False)
         else:
-            max_rows = compat.max_rows_of(limit)
-        end = self.protocol.latest_offset(start, max_rows)
+            limits = self._limits(limit)
+        end = self.protocol.latest_offset(start, limits)
         self._last_start = self.protocol.uuid_of(start)
         return end
+
+    def _limits(self, limit: Any) -> TriggerLimits:
+        """What Spark passed, as the limits this trigger applies: none for
+        ``ReadAllAvailable`` (Trigger.Once), else every configured limit."""
+        passed = compat.passed_limit(limit)
+        return trigger_limits(self.options, all_available=passed.all_available,
+                              max_rows=passed.max_rows, max_bytes=passed.max_bytes,
+                              min_rows=passed.min_rows)
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's API name
         """Called by Spark after ``latestOffset`` for ``lastProgress.sources[].latestOffset``:

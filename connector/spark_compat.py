@@ -136,19 +136,44 @@ def probe() -> SparkFeatures:
 FEATURES = probe()
 
 
-def default_read_limit(max_rows: int | None) -> Any:
-    """``getDefaultReadLimit``'s answer (PySpark 4.2+ only asks): ``maxOffsetsPerTrigger``."""
-    assert _streaming_datasource is not None, "only PySpark 4.2+ asks for a read limit"
-    if max_rows is not None:
-        return _streaming_datasource.ReadMaxRows(max_rows)
-    return _streaming_datasource.ReadAllAvailable()
+def default_read_limit(options: Any) -> Any:
+    """``getDefaultReadLimit``'s answer (PySpark 4.2+ only asks): one limit, PySpark having no
+    composite one -- ``maxOffsetsPerTrigger``, else ``maxBytesPerTrigger``, else
+    ``minOffsetsPerTrigger`` -- so Spark passes back something other than ``ReadAllAvailable``
+    whenever a limit is configured; ``latestOffset`` then applies every configured limit
+    (``connector.planning.read_limits.trigger_limits``). ``options``: ``SourceOptions``."""
+    module = _streaming_datasource
+    assert module is not None, "only PySpark 4.2+ asks for a read limit"
+    if options.max_offsets_per_trigger is not None:
+        return module.ReadMaxRows(options.max_offsets_per_trigger)
+    if options.max_bytes_per_trigger is not None:
+        return module.ReadMaxBytes(options.max_bytes_per_trigger)
+    if options.min_offsets_per_trigger is not None:
+        return module.ReadMinRows(options.min_offsets_per_trigger)
+    return module.ReadAllAvailable()
 
 
-def max_rows_of(limit: Any) -> int | None:
-    """The row cap of a read limit Spark passed to ``latestOffset`` (None: no cap)."""
-    if _streaming_datasource is not None and isinstance(limit, _streaming_datasource.ReadMaxRows):
-        return int(limit.max_rows)
-    return None
+@dataclass(frozen=True)
+class PassedLimit:
+    """What a read limit Spark passed to ``latestOffset`` says (``None``: not of that kind)."""
+
+    all_available: bool = False
+    max_rows: int | None = None
+    max_bytes: int | None = None
+    min_rows: int | None = None
+
+
+def passed_limit(limit: Any) -> PassedLimit:
+    """The read limit Spark passed to ``latestOffset`` (PySpark 4.2+), as plain values."""
+    module = _streaming_datasource
+    if module is None or limit is None:
+        return PassedLimit()
+    return PassedLimit(
+        all_available=isinstance(limit, module.ReadAllAvailable),
+        max_rows=int(limit.max_rows) if isinstance(limit, module.ReadMaxRows) else None,
+        max_bytes=int(limit.max_bytes) if isinstance(limit, module.ReadMaxBytes) else None,
+        min_rows=int(limit.min_rows) if isinstance(limit, module.ReadMinRows) else None,
+    )
 
 
 def arrow_schema(schema: Any) -> Any:
@@ -222,4 +247,4 @@ class BatchStartTracker:
 
 __all__ = ["FEATURES", "SUPPORTED_PYSPARK", "BatchStartTracker", "SparkFeatures",
            "SupportsTriggerAvailableNow", "arrow_schema", "check_supported", "default_read_limit",
-           "log_degradations_once", "max_rows_of", "probe"]
+           "log_degradations_once", "passed_limit", "probe", "PassedLimit"]

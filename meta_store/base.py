@@ -29,8 +29,9 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
 from meta_store.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
@@ -55,6 +56,13 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _added_later(description: str) -> Any:
+    """A field added after rows were first stored: ``None`` by default and left out of the
+    stored JSON while ``None``, so a row that does not use it is stored byte for byte as before
+    (tests/test_meta_kv_layout.py) and rows of earlier releases read as ``None``."""
+    return Field(default=None, description=description, exclude_if=lambda v: v is None)
+
+
 class ChannelStart(_Frozen):
     """A channel planned for a batch: where its read starts and how far it may go."""
 
@@ -66,6 +74,11 @@ class ChannelStart(_Frozen):
     parent_ids: tuple[str, ...] = ()
     #: sequence of the last record consumed before this batch (None: none or unknown)
     last_sequence: str | None = None
+    #: the read's byte budget (``maxBytesPerTrigger``'s share; None: no byte limit)
+    max_bytes: int | None = _added_later("bytes of records the read may take")
+    #: the AvailableNow bound (``Manifest.available_now_us``) a read of this channel already
+    #: reached before this batch: carried from batch to batch until the run ends
+    bound_reached_us: int | None = _added_later("AvailableNow bound reached")
 
 
 class Manifest(_Frozen):
@@ -73,6 +86,9 @@ class Manifest(_Frozen):
     #: channels first read in this batch (children released since the previous batch)
     children_added: tuple[str, ...] = ()
     planned_at: float
+    #: the Trigger.AvailableNow bound the batch was planned under (commit time in microseconds
+    #: since the epoch; None: not such a run): its reads stop there, and a replay too
+    available_now_us: int | None = _added_later("the AvailableNow bound of the batch")
 
     def channel(self, channel_id: str) -> ChannelStart | None:
         return next((c for c in self.channels if c.channel_id == channel_id), None)
@@ -105,6 +121,9 @@ class EndCheckpoint(_Frozen):
     written_at: float
     #: sequence of the last record consumed (this batch's or, if it read none, the start's)
     last_sequence: str | None = None
+    #: the AvailableNow bound (µs) this read reached: every record of the channel committed by
+    #: then is consumed (the read passed it, or found nothing more)
+    bound_reached_us: int | None = _added_later("AvailableNow bound reached")
 
     def same_position(self, other: EndCheckpoint) -> bool:
         """Equal for put-if-absent purposes: who wrote it and when does not matter."""

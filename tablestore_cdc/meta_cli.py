@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -463,8 +463,10 @@ def lag(
             if batch.spark_batch_id is not None
             else load_query_progress(store, ns).get(batch.uuid, {}).get("batch_id"),
             "lag": rows,
-            "records_behind": sum(r["records_behind"] or 0 for r in rows) if rows is not None
-            else None,
+            # the figures of Spark's progress report (connector.progress): a total only when
+            # every channel's count is known; the oldest unread change of any channel
+            "records_behind": _total(r["records_behind"] for r in rows or ()),
+            "seconds_behind": _oldest(r["seconds_behind"] for r in rows or ()),
             "reason": None if raw is not None else "the tunnel backend cannot report lag",
         }
         if as_json:
@@ -483,7 +485,25 @@ def lag(
                           "latest committed batch" if r["position"] == "batch"
                           else "tunnel checkpoint (not in the batch yet)")
         console.print(table)
-        console.print(f"total records behind: {result['records_behind']}")
+        total = result["records_behind"]
+        console.print(f"total records behind: {'unknown' if total is None else total}; oldest "
+                      f"unread change: {_seconds(result['seconds_behind'])}")
+
+
+def _total(counts: Iterable[int | None]) -> int | None:
+    """The sum of per-channel counts, ``None`` when one of them is unknown."""
+    values = list(counts)
+    return None if None in values else sum(v for v in values if v is not None)
+
+
+def _oldest(ages: Iterable[float | None]) -> float | None:
+    """The largest per-channel age, ``None`` when one of them is unknown (0 for none)."""
+    values = list(ages)
+    return None if None in values else max((v for v in values if v is not None), default=0.0)
+
+
+def _seconds(age: float | None) -> str:
+    return "unknown" if age is None else f"{age:.1f} s"
 
 
 @app.command()

@@ -21,6 +21,10 @@ What the wire sees, and where it is the emulator's own choice (docs/tablestore.m
   deleted columns are ``DELETE_ALL_VERSION`` cells; a DELETE is the key plus the delete marker;
   ``origin_record`` is the before-image (an empty key section, then the columns), absent when
   the row did not exist.
+- ``CreateTunnel`` takes ``StreamTunnelConfig.flag`` or ``startOffset`` (nanoseconds since the
+  epoch, a Stream tunnel): each channel then starts at its first change committed at or after
+  that instant (before trimmed changes when those may have been at or after it, so the first
+  read reports the loss); ``endOffset`` is refused.
 - Checkpoints follow the SDKs' rule: a push must carry the stored sequence number + 1 (both
   SDKs push exactly that), else 400 ``OTSSequenceNumberNotMatch``. The service documents only
   that a smaller number is refused; the emulator takes the strictest reading, so a client that
@@ -301,15 +305,28 @@ def create_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -
     if t.tunnel_type not in types:
         raise parameter_invalid("The emulator supports Stream and BaseAndStream tunnels only.")
     start = StartPosition.EARLIEST
+    start_at_us = None
     config = t.stream_tunnel_config
     if t.HasField("stream_tunnel_config"):
-        if config.HasField("startOffset") or config.HasField("endOffset"):
-            raise parameter_invalid("The emulator does not support start/end offsets; use flag.")
-        if config.HasField("flag") and config.flag == m.FLAG_LATEST:
+        if config.HasField("endOffset"):
+            raise parameter_invalid("The emulator does not support an end offset.")
+        if config.HasField("startOffset"):
+            # nanoseconds since the epoch (the SDKs convert milliseconds x 1e6); the SDKs
+            # send either a start offset or a flag, never both
+            if config.HasField("flag"):
+                raise parameter_invalid("Set either flag or startOffset, not both.")
+            if t.tunnel_type != m.TUNNEL_TYPE["Stream"]:
+                raise parameter_invalid("startOffset applies to a Stream tunnel.")
+            start_at_us = int(config.startOffset) // 1000
+        elif config.HasField("flag") and config.flag == m.FLAG_LATEST:
             start = StartPosition.LATEST
     if not t.tunnel_name:
         raise parameter_invalid("tunnel_name is empty.")
-    info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start)
+    if start_at_us is not None:
+        info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start,
+                                     start_at_us=start_at_us)
+    else:
+        info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start)
     return m.CreateTunnelResponse(tunnel_id=info.tunnel_id)
 
 

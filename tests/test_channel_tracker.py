@@ -10,6 +10,7 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.planning.positions import Position
 from connector.planning.tracker import (
+    AvailableNowBound,
     AvailableNowCheck,
     ChannelTracker,
     available_now_check,
@@ -56,33 +57,62 @@ def test_only_finished_channels_the_tunnel_reports_terminated_leave():
     assert terminated_finished(positions, statuses) == ["done"]
 
 
+def with_heads(heads: dict[str, str], at_us: int = 1000) -> AvailableNowBound:
+    return AvailableNowBound(at_us, heads)
+
+
+def tunnel_channels(**statuses: ChannelStatus) -> list[ChannelInfo]:
+    return [ChannelInfo(ch, status) for ch, status in statuses.items()]
+
+
 def test_available_now_is_done_once_every_channel_reached_its_bound():
-    targets = {"a": "0005", "b": "0003", "empty": ""}
-    assert available_now_check(targets, {"a": at(last_sequence="0005"),
-                                         "b": at(last_sequence="0007")}, set()) == (
+    bound = with_heads({"a": "0005", "b": "0003", "empty": ""})
+    channels = tunnel_channels(a=OPEN, b=OPEN, empty=OPEN)
+    assert available_now_check(bound, {"a": at(last_sequence="0005"),
+                                       "b": at(last_sequence="0007")}, channels) == (
         AvailableNowCheck(done=True, release=False))
-    assert not available_now_check(targets, {"a": at(last_sequence="0004"),
-                                             "b": at(last_sequence="0003")}, set()).done
-    assert not available_now_check(targets, {"a": at(last_sequence=None)}, set()).done
+    assert not available_now_check(bound, {"a": at(last_sequence="0004"),
+                                           "b": at(last_sequence="0003")}, channels).done
+    assert not available_now_check(bound, {"a": at(last_sequence=None)}, channels).done
 
 
 def test_available_now_waits_for_a_channel_not_read_yet_unless_it_had_nothing_or_ended():
-    targets = {"child": "0002", "empty": ""}
-    assert not available_now_check(targets, {}, set()).done
-    assert available_now_check(targets, {}, {"child"}).done
+    bound = with_heads({"child": "0002", "empty": ""})
+    assert not available_now_check(bound, {}, tunnel_channels(child=WAIT, empty=OPEN)).done
+    assert available_now_check(bound, {}, tunnel_channels(child=TERMINATED)).done
 
 
 def test_available_now_asks_to_release_the_children_of_a_finished_channel():
-    targets = {"parent": "0009", "child": "0002"}
+    bound = with_heads({"parent": "0009", "child": "0002"})
     # the parent is read to its end, its push not confirmed: release, and wait for the child
-    assert available_now_check(targets, {"parent": at(FINISHED)}, set()) == (
+    assert available_now_check(bound, {"parent": at(FINISHED)},
+                               tunnel_channels(parent=OPEN, child=WAIT)) == (
         AvailableNowCheck(done=False, release=True))
-    # confirmed: nothing to release; the child (not read yet, not terminated) still waits
-    assert available_now_check(targets, {"parent": at(FINISHED)}, {"parent"}) == (
-        AvailableNowCheck(done=False, release=False))
-    # a channel not done before the parent ends the look before the parent is seen
-    assert available_now_check({"child": "0002", "parent": "0009"}, {"parent": at(FINISHED)},
-                               set()) == AvailableNowCheck(done=False, release=False)
+    # confirmed: nothing to release; the child (released now, not read yet) still waits
+    assert available_now_check(bound, {"parent": at(FINISHED)},
+                               tunnel_channels(parent=TERMINATED, child=OPEN)) == (
+        AvailableNowCheck(done=False, release=False, untracked=True))
+    # a release is asked for whichever channel comes first
+    assert available_now_check(bound, {"parent": at(FINISHED)},
+                               tunnel_channels(child=WAIT, parent=OPEN)).release
+
+
+def test_a_time_bound_is_reached_by_the_claim_that_recorded_it():
+    """Without heads (Tablestore, a resumed run) a channel is done once a read under this
+    bound recorded reaching it (``EndCheckpoint.bound_reached_us``), whatever its sequences."""
+    bound = AvailableNowBound(at_us=5000)
+    channels = tunnel_channels(a=OPEN, b=OPEN)
+    reached = Position("tok", 3, "0003", bound_reached_us=5000)
+    other_run = Position("tok", 3, "0009", bound_reached_us=4000)
+    assert available_now_check(bound, {"a": reached, "b": reached}, channels).done
+    assert not available_now_check(bound, {"a": reached, "b": other_run}, channels).done
+    # a child released during the run is read too: not done while the tunnel offers it
+    check = available_now_check(bound, {"a": reached, "b": reached},
+                                [*channels, ChannelInfo("c", OPEN, parent_ids=("x",))])
+    assert check == AvailableNowCheck(done=False, release=False, untracked=True)
+    # a waiting child's parents stopped at the bound: its changes come after it
+    assert available_now_check(bound, {"a": reached, "b": reached},
+                               [*channels, ChannelInfo("c", WAIT, parent_ids=("a",))]).done
 
 
 # --- the tracker over a local tunnel -----------------------------------------------------------
@@ -140,13 +170,30 @@ def test_under_available_now_channels_born_after_the_start_wait(store):
     positions: dict[str, Position] = {}
     tracker.refresh(positions)
     parent = sorted(positions)[0]
-    tracker.prepare_available_now()  # every channel's head now; forces a refresh
-    assert tracker.available_now and tracker.stop_after(parent) == ""
+    tracker.prepare_available_now(now_us=1000)  # every channel's head now; forces a refresh
+    bound = tracker.bound_for(None, positions)
+    assert tracker.available_now and tracker.head(bound.at_us, parent) == ""
     children = store.split_channel("t", parent)
     tunnel.read_records(tunnel_id, parent, positions[parent].token, 10)
     tunnel.checkpoint(tunnel_id, parent, Checkpoint(FINISHED, 1))
     positions[parent] = Position(FINISHED, 1, None)
     assert tracker.refresh(positions) == []  # released, but born after the run started
     assert not set(children) & set(positions)
-    assert tracker.stop_after(children[0]) is None
+    assert tracker.head(bound.at_us, children[0]) is None
+    tunnel.close()
+
+
+def test_a_restarted_run_goes_on_to_the_bound_of_the_run_it_continues(store):
+    """``bound_for``: the batch a run starts from carries the bound of the run that planned it;
+    when that run did not reach it, a restart reads to the same bound (by commit time, the
+    heads of that run being gone); when it did, the new run's bound applies."""
+    tunnel, _, tracker = open_tracker(store)
+    positions: dict[str, Position] = {}
+    tracker.refresh(positions)
+    tracker.prepare_available_now(now_us=9000)
+    earlier = tracker.bound_for(5000, positions)  # nothing was read to 5000 yet
+    assert earlier == AvailableNowBound(5000) and tracker.head(5000, sorted(positions)[0]) is None
+    tracker.prepare_available_now(now_us=9500)  # the next run of the same query
+    done = {ch: Position(p.token, 0, None, bound_reached_us=5000) for ch, p in positions.items()}
+    assert tracker.bound_for(5000, done).at_us == 9500
     tunnel.close()

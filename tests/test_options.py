@@ -47,6 +47,19 @@ def test_defaults_and_case_insensitive_keys():
         ({"maxOffsetPerChannel": "5"}, ["unknown option", "did you mean 'maxOffsetsPerChannel'"]),
         ({"colour": "blue"}, ["'colour'", "unknown option", "no similar option"]),
         ({"path": "/x"}, ["'path'", "load(path) is not supported"]),
+        ({"startingTimestamp": "2026-01-01T00:00:00"}, ["'startingTimestamp'", "has no zone"]),
+        ({"startingTimestamp": "yesterday"}, ["'startingTimestamp'", "ISO-8601"]),
+        ({"startingTimestamp": "1", "startingPosition": "latest"},
+         ["'startingTimestamp'", "conflicts with startingPosition"]),
+        ({"startingTimestamp": "1", "tunnel.type": "BaseAndStream"},
+         ["'startingTimestamp'", "BaseAndStream"]),
+        ({"maxTriggerDelay": "5m"}, ["'maxTriggerDelay'", "minOffsetsPerTrigger is not set"]),
+        ({"minOffsetsPerTrigger": "5", "maxTriggerDelay": "soon"},
+         ["'maxTriggerDelay'", "is not a duration"]),
+        ({"minOffsetsPerTrigger": "50", "maxOffsetsPerTrigger": "10"},
+         ["'minOffsetsPerTrigger'", "above maxOffsetsPerTrigger"]),
+        ({"maxBytesPerTrigger": "10 parsecs"}, ["'maxBytesPerTrigger'", "not a number of bytes"]),
+        ({"maxBytesPerTrigger": "0"}, ["'maxBytesPerTrigger'", ">= 1"]),
     ],
 )
 def test_bad_values_name_option_value_and_allowed(extra, fragments):
@@ -89,3 +102,30 @@ def test_option_error_survives_pickling():
     err = OptionError(option="x", value="1", problem="bad", allowed="good")
     copy = pickle.loads(pickle.dumps(err))
     assert type(copy) is OptionError and copy.option == "x" and str(copy) == str(err)
+
+
+def test_timestamps_durations_and_sizes():
+    opts = SourceOptions.from_spark(lower({
+        **BASE, "startingTimestamp": "2026-01-01T08:00:00+08:00", "minOffsetsPerTrigger": "5",
+        "maxTriggerDelay": "90s", "maxBytesPerTrigger": "64m"}))
+    assert opts.starting_timestamp == 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    assert opts.max_trigger_delay_ms == 90_000 and opts.min_offsets_per_trigger == 5
+    assert opts.max_bytes_per_trigger == 64 * 1024 * 1024
+    assert SourceOptions.from_spark({**BASE, "startingTimestamp": "1767225600000"}
+                                    ).starting_timestamp == 1_767_225_600_000
+    defaults = SourceOptions.from_spark(BASE)
+    assert defaults.max_trigger_delay_ms == 15 * 60 * 1000 and defaults.starting_timestamp is None
+
+
+def test_ending_timestamp_belongs_to_batch_reads_and_needs_a_start_before_it():
+    stream = SourceOptions.from_spark({**BASE, "endingTimestamp": "2000"})
+    with pytest.raises(OptionError, match="batch read"):
+        stream.check_for_stream()
+    with pytest.raises(OptionError, match="'startingTimestamp': is required for a batch read"):
+        stream.check_for_batch()
+    backwards = SourceOptions.from_spark({**BASE, "startingTimestamp": "3000",
+                                          "endingTimestamp": "2000"})
+    with pytest.raises(OptionError, match="not after startingTimestamp"):
+        backwards.check_for_batch()
+    SourceOptions.from_spark({**BASE, "startingTimestamp": "1000",
+                              "endingTimestamp": "2000"}).check_for_batch()

@@ -7,7 +7,18 @@ from __future__ import annotations
 import random
 import uuid
 
-from connector.planning.read_limits import read_caps, rotation, share
+import pytest
+
+from connector.options import SourceOptions
+from connector.planning.read_limits import (
+    TriggerLimits,
+    byte_budgets,
+    holds_back,
+    read_caps,
+    rotation,
+    share,
+    trigger_limits,
+)
 
 
 def batch_uuid(rotate_by: int) -> str:
@@ -93,3 +104,52 @@ def test_unnamed_waiting_parents_give_the_first_channel_in_rotation_at_least_one
                 rotate_by=1) == {"a": 0, "b": 1, "c": 2}
     assert caps(["a", "b", "c"], max_rows=3, backlog=backlog, waiting=None,
                 rotate_by=0) == {"a": 1, "b": 0, "c": 2}
+
+
+# --- how the limits compose (minOffsetsPerTrigger, maxTriggerDelay, maxBytesPerTrigger) -------
+
+
+def _options(**extra: str) -> SourceOptions:
+    return SourceOptions.from_spark({"endpoint": "local:///d/s.db", "table.name": "t",
+                                     "tunnel.name": "q", **extra})
+
+
+def test_all_available_means_no_limit_whatever_the_options_say():
+    """``ReadAllAvailable`` (Trigger.Once) overrides every configured limit."""
+    options = _options(maxOffsetsPerTrigger="10", maxBytesPerTrigger="1k",
+                       minOffsetsPerTrigger="5")
+    assert trigger_limits(options, all_available=True) == TriggerLimits()
+
+
+def test_any_other_limit_applies_every_configured_one_spark_s_value_standing_for_its_kind():
+    options = _options(maxOffsetsPerTrigger="10", maxBytesPerTrigger="1k",
+                       minOffsetsPerTrigger="5", maxTriggerDelay="30s")
+    assert trigger_limits(options, all_available=False, max_rows=7) == TriggerLimits(
+        max_rows=7, max_bytes=1024, min_rows=5, max_delay_s=30.0)
+    assert trigger_limits(options, all_available=False, max_bytes=99).max_bytes == 99
+    # min rows alone: Kafka's default delay of 15 minutes
+    assert trigger_limits(_options(minOffsetsPerTrigger="5"), all_available=False,
+                          min_rows=5) == TriggerLimits(min_rows=5, max_delay_s=900.0)
+
+
+@pytest.mark.parametrize(("available", "waited", "held"), [
+    (3, 1.0, True),       # too few, delay not passed: no batch yet
+    (5, 1.0, False),      # enough
+    (3, 30.0, False),     # the delay passed: a batch with what there is
+    (0, 30.0, False),
+    (None, 1.0, False),   # nobody can count: never held back for it
+])
+def test_min_rows_hold_a_batch_back_until_enough_or_the_delay(available, waited, held):
+    assert holds_back(5, available, waited, 30.0) is held
+
+
+def test_byte_budgets_share_the_total_among_the_channels_that_read():
+    caps = {"a": 100, "b": 100, "c": 0}
+    assert byte_budgets(caps, max_bytes=1000, batch_uuid=batch_uuid(0), backlog=None) == {
+        "a": 500, "b": 500}
+    # a caught-up channel asks for one byte (one record may arrive and cross it)
+    assert byte_budgets(caps, max_bytes=1000, batch_uuid=batch_uuid(0),
+                        backlog={"a": 0, "b": 40}) == {"a": 1, "b": 999}
+    # fewer bytes than channels: the rotation says who reads this time
+    assert byte_budgets({"a": 1, "b": 1, "c": 1}, max_bytes=1, batch_uuid=batch_uuid(1),
+                        backlog=None) == {"a": 0, "b": 1, "c": 0}

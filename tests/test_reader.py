@@ -25,7 +25,7 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import _TUNNELS, claim_and_read
+from connector.reader import _TUNNELS, _clients, claim_and_read, record_sizes
 from connector.schema import output_schema
 from connector.source import TablestoreStreamReader
 from connector.tunnel import FINISHED, TunnelService
@@ -204,6 +204,90 @@ def test_available_now_bound_on_the_sequence_column(service, tmp_path):
     assert read.count == SEGMENT + 4 == read.end.records
     seqs = pa.Table.from_batches(list(read.batches())).column("_sequence")
     assert pc.max(seqs).as_py() == bound == read.end.last_sequence
+    proto.close()
+
+
+def _all_rows(store: LocalTablestore, part: ChannelPartition) -> pa.Table:
+    """Every record of the partition's channel after its start (a plain read, no claim)."""
+    svc = _clients(part)[1]
+    layout = PageLayout.of_table(store.table_schema("t"))
+    batches, token = [], part.start_token
+    while True:
+        page = svc.read_page(part.tunnel_id, part.channel_id, token, 1000, layout)
+        batches.append(page.batch)
+        if not page.may_more or page.next_token == FINISHED:
+            return pa.Table.from_batches(batches)
+        token = page.next_token
+
+
+def _with(part: ChannelPartition, **changes) -> ChannelPartition:
+    return ChannelPartition(**{**part.__dict__, **changes})
+
+
+def test_a_byte_budget_stops_after_the_record_that_crosses_it(service, tmp_path):
+    _, store = service
+    proto, part = _partition(store, tmp_path)
+    layout = PageLayout.of_table(store.table_schema("t"))
+    everything = _all_rows(store, part)
+    sizes = record_sizes(everything.combine_chunks().to_batches()[0]).to_pylist()
+    assert len(set(sizes)) > 1  # records differ in size: the budget counts each
+    budget = sum(sizes[:SEGMENT + 5]) - 1  # crossed by record SEGMENT + 5, in the 2nd page
+    read = claim_and_read(_with(part, max_bytes=budget), layout)
+    taken = read.count
+    assert taken == read.end.records == SEGMENT + 5
+    assert sum(sizes[:taken - 1]) < budget <= sum(sizes[:taken])
+    rows = pa.Table.from_batches(list(read.batches()))
+    assert rows.column("_sequence").to_pylist() == everything.column(
+        "_sequence").to_pylist()[:taken]
+    assert read.end.bound_reached_us is None  # a byte budget is not a bound
+    # the claimed end token continues right after the last record taken
+    after = _clients(part)[1].read_page(part.tunnel_id, part.channel_id, read.end.token,
+                                              1, layout)
+    assert after.last_sequence == everything.column("_sequence")[taken].as_py()
+    # a replay reads exactly the claimed records, whatever the budget says now
+    again = claim_and_read(_with(part, max_bytes=1), layout)
+    assert pa.Table.from_batches(list(again.batches())).equals(rows)
+    proto.close()
+
+
+def test_an_available_now_time_bound_stops_at_the_commit_time_and_records_reaching_it(
+        service, tmp_path):
+    _, store = service
+    proto, part = _partition(store, tmp_path)
+    layout = PageLayout.of_table(store.table_schema("t"))
+    stamps = _all_rows(store, part).column("_commit_ts").cast(pa.int64()).to_pylist()
+    bound = stamps[SEGMENT + 2]
+    read = claim_and_read(_with(part, available_now_us=bound), layout)
+    assert read.count == sum(1 for ts in stamps if ts <= bound) >= SEGMENT + 3
+    assert read.end.bound_reached_us == bound
+    # a cap that stops the read first: the bound is not reached
+    proto2, part2 = _partition(store, tmp_path, **{"tunnel.name": "q2"})
+    capped = claim_and_read(_with(part2, available_now_us=bound, max_records=3), layout)
+    assert capped.count == 3 and capped.end.bound_reached_us is None
+    # caught up before the bound (everything was committed before it): reached as well
+    _, part3 = _partition(store, tmp_path, **{"tunnel.name": "q3"})
+    whole = claim_and_read(_with(part3, available_now_us=stamps[-1] + 10**9), layout)
+    assert whole.count == len(stamps) and whole.end.bound_reached_us == stamps[-1] + 10**9
+    for p in (proto, proto2):
+        p.close()
+
+
+def test_a_starting_timestamp_skips_the_older_records_and_the_claim_starts_after_them(
+        service, tmp_path):
+    _, store = service
+    proto, part = _partition(store, tmp_path)
+    layout = PageLayout.of_table(store.table_schema("t"))
+    everything = _all_rows(store, part)
+    stamps = everything.column("_commit_ts").cast(pa.int64()).to_pylist()
+    instant = stamps[SEGMENT + 3]
+    read = claim_and_read(_with(part, skip_before_us=instant), layout)
+    first = sum(1 for ts in stamps if ts < instant)
+    rows = pa.Table.from_batches(list(read.batches()))
+    assert rows.column("_sequence").to_pylist() == everything.column(
+        "_sequence").to_pylist()[first:]
+    assert read.end.start_token != part.start_token and read.end.records == len(stamps) - first
+    again = claim_and_read(_with(part, skip_before_us=instant), layout)  # replays the claim
+    assert pa.Table.from_batches(list(again.batches())).equals(rows)
     proto.close()
 
 

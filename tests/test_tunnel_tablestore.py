@@ -44,7 +44,7 @@ from connector.errors import (
 )
 from connector.local import LocalTablestore
 from connector.tunnel import open_tunnel_service
-from connector.tunnel.base import Checkpoint, Op, TunnelType
+from connector.tunnel.base import ChannelLag, Checkpoint, Op, TunnelType
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import TablestoreTunnelService, token_content
 from connector.tunnel.tablestore.records import decode_page
@@ -157,6 +157,35 @@ def test_tokens_are_token_envelopes_and_records_carry_sequence_info(
     assert all(len(s.split(":")) == 3 for s in seqs) and seqs == sorted(seqs)
     log = {r.primary_key["id"]: r.commit_ts_us for r in h.change_log("t")}
     assert {r.primary_key["id"]: r.commit_ts_us for r in res.records} == log
+
+
+def test_lag_from_what_the_service_reports(tunnel_harness: EmulatorHarness) -> None:
+    """``lag``: one read per channel at its position. Caught up: 0 and 0.0, whatever time has
+    passed; behind within a page: the exact count and the first unread change's age; behind
+    by more than a page: the age, count unknown; a WAIT child: both unknown."""
+    h = tunnel_harness
+    tid, cid = _one_channel(h, 0)
+    start = h.service.get_checkpoint(tid, cid).token
+    assert h.service.lag(tid, {})[cid] == ChannelLag(cid, 0, 0.0)  # nothing yet
+    for i in range(30):
+        h.put("t", f"k{i}", i)
+    first_ts = min(r.commit_ts_us for r in h.change_log("t"))
+    time.sleep(0.05)
+    behind = h.service.lag(tid, {cid: start})[cid]
+    assert behind.records_behind == 30
+    assert behind.seconds_behind is not None and behind.seconds_behind >= 0.05
+    assert abs(behind.seconds_behind - (time.time() - first_ts / 1e6)) < 5
+    read = h.service.read_records(tid, cid, start, 100)
+    time.sleep(0.05)
+    assert h.service.lag(tid, {cid: read.next_token})[cid] == ChannelLag(cid, 0, 0.0)
+    h.writer.batch_write("t", [("put", {"id": f"m{i}"}, {"value": i}) for i in range(600)])
+    far = h.service.lag(tid, {cid: start})[cid]
+    assert far.records_behind is None and far.seconds_behind is not None
+    assert far.seconds_behind >= behind.seconds_behind
+    low, _ = h.split("t", cid)
+    lags = h.service.lag(tid, {cid: start})
+    assert lags[low] == ChannelLag(low, None, None)  # WAIT: the service serves none of it
+    assert h.service.head_sequences(tid) is None
 
 
 def test_update_delete_images_over_the_wire(tunnel_harness: EmulatorHarness) -> None:

@@ -7,7 +7,10 @@ micro-batch by calling them. All of them live in Spark's planning process on the
 - ``positions``: where each channel stands after a batch (pure; the progress feed uses it too);
 - ``tracker``: which channels a new batch reads: discovery, lineage, terminated channels, the
   AvailableNow bound (Flink's SplitTracker);
-- ``read_limits``: each channel's cap in a new batch (pure);
+- ``read_limits``: whether a batch runs now (``minOffsetsPerTrigger``, ``maxTriggerDelay``) and
+  each channel's record cap and byte budget in a new batch (pure);
+- ``backlog``: records waiting beyond a batch's positions, counted up to what a decision needs;
+- ``starting``: ``startingTimestamp``'s checks when a query's initial offset is created;
 - ``pushes``: commit catch-up and checkpoint pushes to the tunnel;
 - ``logs``: the planner's logger and its setup.
 

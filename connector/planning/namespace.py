@@ -28,6 +28,8 @@ class NamespaceRecord:
     def __init__(self, options: SourceOptions, tunnel: TunnelService, meta: MetaStore) -> None:
         self.namespace = options.source_identity
         self._meta = meta
+        #: the tunnel was created by this process for this query (nobody consumed it)
+        self.created_tunnel = False
         recorded = meta.get_namespace_info(self.namespace) or {}
         info = self._bind_tunnel(options, tunnel, recorded.get("tunnel_id"))
         if info.tunnel_type is not options.tunnel_type:
@@ -69,8 +71,10 @@ class NamespaceRecord:
                 raise TunnelReplacedError(**fields, current_id=current.tunnel_id)
         if current is not None:
             return current
+        self.created_tunnel = True
+        start_at_us = o.starting_timestamp * 1000 if o.starting_timestamp is not None else None
         return tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
-                                    o.starting_position)
+                                    o.starting_position, start_at_us)
 
     def _has_committed(self) -> bool:
         """Does the namespace hold a committed batch (an initial batch does not count)?"""

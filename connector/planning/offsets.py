@@ -1,7 +1,8 @@
 """The offsets this source hands Spark, and the UUIDs of initial offsets (pure functions).
 
-An offset is the JSON object Spark writes to its offset log: ``{"uuid", "source"}`` and, when
-Spark passed a ``ReadMaxRows`` limit, ``"maxRows"``. ``StreamProtocol`` builds and checks them on
+An offset is the JSON object Spark writes to its offset log: ``{"uuid", "source"}`` and the
+batch's totals when limits apply: ``"maxRows"`` (``maxOffsetsPerTrigger``) and ``"maxBytes"``
+(``maxBytesPerTrigger``). ``StreamProtocol`` builds and checks them on
 the driver (docs/protocol.md, "Why the offset is a random UUID").
 """
 
@@ -13,12 +14,16 @@ from typing import Any
 from connector.errors import CheckpointMismatchError, MalformedOffsetError
 
 
-def offset_json(namespace: str, uuid: str, max_rows: int | None = None) -> dict[str, Any]:
-    """The offset Spark logs. ``maxRows`` carries the batch's read limit, so a replay
-    plans the same caps even if the minted row was collected (older offsets lack it)."""
+def offset_json(namespace: str, uuid: str, max_rows: int | None = None,
+                max_bytes: int | None = None) -> dict[str, Any]:
+    """The offset Spark logs. ``maxRows`` / ``maxBytes`` carry the batch's read limits, so a
+    replay plans the same caps even if the minted row was collected, whatever the options say
+    by then (older offsets lack them)."""
     offset: dict[str, Any] = {"uuid": uuid, "source": namespace}
     if max_rows is not None:
         offset["maxRows"] = max_rows
+    if max_bytes is not None:
+        offset["maxBytes"] = max_bytes
     return offset
 
 
@@ -35,10 +40,11 @@ def uuid_of(offset: Any, namespace: str) -> str:
     uuid = offset.get("uuid")
     if not isinstance(uuid, str) or not uuid:
         raise MalformedOffsetError(offset=offset, problem="'uuid' is missing or not a string")
-    max_rows = offset.get("maxRows")
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                 or max_rows < 1):
-        raise MalformedOffsetError(offset=offset, problem="'maxRows' is not an integer >= 1")
+    for key in ("maxRows", "maxBytes"):
+        limit = offset.get(key)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise MalformedOffsetError(offset=offset, problem=f"'{key}' is not an integer >= 1")
     return uuid
 
 

@@ -23,6 +23,9 @@ class Position:
     sequence_number: int
     last_sequence: str | None
     parent_ids: tuple[str, ...] = ()
+    #: the Trigger.AvailableNow bound (µs) a read of the channel reached, carried from batch to
+    #: batch (``ChannelStart.bound_reached_us``); None: none reached
+    bound_reached_us: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -31,12 +34,18 @@ class Position:
     @classmethod
     def at_start(cls, start: ChannelStart) -> Position:
         """Where ``start`` (a manifest's or the tunnel's channel start) begins reading."""
-        return cls(start.token, start.sequence_number, start.last_sequence, start.parent_ids)
+        return cls(start.token, start.sequence_number, start.last_sequence, start.parent_ids,
+                   start.bound_reached_us)
 
     @classmethod
-    def at_end(cls, end: EndCheckpoint, parent_ids: tuple[str, ...] = ()) -> Position:
-        """Where a read that recorded ``end`` stopped."""
-        return cls(end.token, end.sequence_number, end.last_sequence, parent_ids)
+    def at_end(cls, end: EndCheckpoint, start: ChannelStart | None = None) -> Position:
+        """Where a read that recorded ``end`` stopped (``start``: the channel's manifest start,
+        whose lineage carries over; and its reached bound, when this read reached none)."""
+        parents = start.parent_ids if start is not None else ()
+        reached = end.bound_reached_us
+        if reached is None and start is not None:
+            reached = start.bound_reached_us
+        return cls(end.token, end.sequence_number, end.last_sequence, parents, reached)
 
 
 def positions_after_batch(batch: BatchRecord, ends: Mapping[str, EndCheckpoint]
@@ -48,5 +57,5 @@ def positions_after_batch(batch: BatchRecord, ends: Mapping[str, EndCheckpoint]
     for start in batch.manifest.channels if batch.manifest else ():
         end = ends.get(start.channel_id)
         positions[start.channel_id] = (Position.at_start(start) if end is None
-                                       else Position.at_end(end, start.parent_ids))
+                                       else Position.at_end(end, start))
     return positions

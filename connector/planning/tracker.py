@@ -13,19 +13,22 @@ lets a channel into a batch only once the tunnel releases it. ``ChannelTracker``
   planned again from a stale pushed checkpoint; then it leaves the manifests;
 - notes the parents that waiting children depend on (``waiting_parents``): the read limits give
   each of them a share, since reading a parent to its end releases its children;
-- holds the ``Trigger.AvailableNow`` bound (every channel's newest record when the run started)
-  and says when the run is done.
+- holds the ``Trigger.AvailableNow`` bound (``AvailableNowBound``: the instant the run was
+  prepared, with every channel's newest record then where the backend reports heads) and says
+  when the run is done.
 
 The decisions are the pure functions below; the class adds the tunnel calls and the timing.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from connector.options import SourceOptions
+from connector.planning.logs import log
 from connector.planning.positions import Position
 from connector.tunnel import ChannelInfo, ChannelStatus, TunnelService
 from meta_store import ChannelStart
@@ -49,37 +52,75 @@ def terminated_finished(positions: Mapping[str, Position],
 
 
 @dataclass(frozen=True)
+class AvailableNowBound:
+    """Where one Trigger.AvailableNow run stops (``prepareForTriggerAvailableNow``).
+
+    ``at_us`` is the instant the trigger was prepared (microseconds since the epoch): the run's
+    identity, recorded in every manifest it plans and every claim that reaches it, and the
+    commit time a channel's reads stop after. ``heads`` holds, where the backend reports them
+    (the embedded store, DynamoDB Streams), each channel's newest sequence at that instant
+    (``""``: none): such a channel stops after its head instead, and channels born after the
+    instant are left for the next run. Without heads (Tablestore, or a run resumed after a
+    restart) every channel stops at ``at_us``: a channel born later holds only later changes.
+    """
+
+    at_us: int
+    heads: Mapping[str, str] | None = None
+
+    def covers(self, channel_id: str) -> bool:
+        """Does the run read ``channel_id`` at all?"""
+        return self.heads is None or channel_id in self.heads
+
+    def head(self, channel_id: str) -> str | None:
+        """The sequence a read of ``channel_id`` stops after (None: stop by commit time)."""
+        return None if self.heads is None else self.heads.get(channel_id)
+
+    def reached(self, channel_id: str, position: Position) -> bool:
+        """Has ``position`` consumed everything the run reads of ``channel_id``?"""
+        if position.finished or position.bound_reached_us == self.at_us:
+            return True
+        head = self.head(channel_id)
+        return head is not None and (head == "" or (position.last_sequence or "") >= head)
+
+
+@dataclass(frozen=True)
 class AvailableNowCheck:
     """Where an AvailableNow run stands after a batch."""
 
-    #: every channel reached its bound: ``latestOffset`` returns its start (the run ends)
+    #: every channel reached the bound: ``latestOffset`` returns its start (the run ends)
     done: bool
-    #: a channel read to its end is not TERMINATED yet: push at once, so its children (which the
-    #: run reads too, when they existed at its start) are released
+    #: a channel read to its end is not TERMINATED yet: push at once, so its children are
+    #: released (and, when they hold changes before the bound, read in this run)
     release: bool
+    #: the tunnel offers a channel the positions do not hold yet (a child released during the
+    #: run): refresh the channel list at the next plan
+    untracked: bool = False
 
 
-def available_now_check(targets: Mapping[str, str], positions: Mapping[str, Position],
-                        terminated: Collection[str]) -> AvailableNowCheck:
-    """Is an AvailableNow run with bounds ``targets`` (channel id -> the newest sequence when
-    the run started; empty: the channel had nothing) done at ``positions``? A channel not read
-    yet is done only if it had nothing or is already ``terminated``; a finished channel is done
-    (and asks for a ``release`` while not terminated); any other is done once its last sequence
-    reached its bound. Channels are looked at in ``targets`` order, and the first one not done
-    ends the look (a ``release`` asked for before it stands)."""
-    release = False
-    for channel_id, target in targets.items():
-        position = positions.get(channel_id)
-        if position is None:
-            if target and channel_id not in terminated:
-                return AvailableNowCheck(done=False, release=release)
-            continue
-        if position.finished:
-            release = release or channel_id not in terminated
-            continue
-        if target and (position.last_sequence or "") < target:
-            return AvailableNowCheck(done=False, release=release)
-    return AvailableNowCheck(done=True, release=release)
+def available_now_check(bound: AvailableNowBound, positions: Mapping[str, Position],
+                        channels: Iterable[ChannelInfo]) -> AvailableNowCheck:
+    """Is the run bounded by ``bound`` done at ``positions``, given the tunnel's ``channels``
+    now? Done when every tracked channel the run covers reached the bound
+    (``AvailableNowBound.reached``), no finished channel waits for the push that releases its
+    children, and the tunnel offers no channel the run would still read: an OPEN one not
+    tracked, or (with heads) one that existed at the start with changes and is not TERMINATED.
+    A WAIT channel without a head waits for parents that stopped at the bound: its changes
+    come after it."""
+    statuses = {c.channel_id: c.status for c in channels}
+    release = any(p.finished and statuses.get(ch) is not ChannelStatus.TERMINATED
+                  for ch, p in positions.items())
+    pending = [ch for ch, p in positions.items()
+               if bound.covers(ch) and not bound.reached(ch, p)]
+    untracked = False
+    for channel_id, status in statuses.items():
+        if channel_id in positions or not bound.covers(channel_id) or bound.head(channel_id) == "":
+            continue  # tracked, left for the next run, or had nothing at the start
+        if status is ChannelStatus.OPEN:
+            untracked = True
+        elif status is ChannelStatus.WAIT and bound.head(channel_id):
+            pending.append(channel_id)  # existed with changes at the start: its parents end
+    done = not pending and not untracked and not release
+    return AvailableNowCheck(done=done, release=release, untracked=untracked)
 
 
 class ChannelTracker:
@@ -95,9 +136,10 @@ class ChannelTracker:
         #: a share of the read limit to reach FINISHED), or None when the tunnel holds waiting
         #: channels without naming their parents
         self.waiting_parents: set[str] | None = set()
-        #: AvailableNow: every channel's newest sequence when the run started (None: not such
-        #: a run)
-        self.available_now_targets: dict[str, str] | None = None
+        #: Trigger.AvailableNow: the bound prepared by this process (None: not such a run),
+        #: and the bound the run follows, once settled by its first batch (``bound_for``)
+        self._prepared: AvailableNowBound | None = None
+        self.bound: AvailableNowBound | None = None
 
     def request_refresh(self) -> None:
         """Refresh at the next plan (a FINISHED push released children: they join at once)."""
@@ -148,40 +190,66 @@ class ChannelTracker:
             added.append(start.channel_id)
         self._last_refresh = time.monotonic()
         self._refresh_now = False
-        targets = self.available_now_targets
-        if targets is not None:  # AvailableNow: channels born after the run started wait
+        bound = self.bound
+        if bound is not None:  # AvailableNow with heads: channels born after the start wait
             for channel_id in added:
-                if channel_id not in targets:
+                if not bound.covers(channel_id):
                     del positions[channel_id]
-            added = [c for c in added if c in targets]
+            added = [c for c in added if bound.covers(c)]
         return added
 
     # --- Trigger.AvailableNow -------------------------------------------------------------------
 
-    def prepare_available_now(self) -> None:
-        """Fix the stopping point: every channel's newest record now. Channels created later
-        are not read; channels that exist now (even waiting children) are read up to it."""
-        heads = self._tunnel.head_sequences(self._tunnel_id)
-        if heads is None:
-            raise NotImplementedError(
-                f"the tunnel backend of {self._options.safe_endpoint} cannot report channel "
-                "heads, so Trigger.AvailableNow is not supported for it"
-            )
-        self.available_now_targets = heads
+    def prepare_available_now(self, now_us: int) -> None:
+        """``prepareForTriggerAvailableNow`` at ``now_us``: fix the run's bound there, with
+        every channel's newest sequence now where the backend reports heads. Which bound the
+        run follows is settled at its first batch (``bound_for``): a restart of a run killed
+        before it finished goes on to that run's bound."""
+        self._prepared = AvailableNowBound(now_us, self._tunnel.head_sequences(self._tunnel_id))
+        self.bound = None
         self._refresh_now = True
 
     @property
     def available_now(self) -> bool:
-        return self.available_now_targets is not None
+        return self._prepared is not None
 
-    def stop_after(self, channel_id: str) -> str | None:
-        """AvailableNow: the sequence a read of ``channel_id`` stops after (None: no bound)."""
-        if self.available_now_targets is None:
+    def bound_for(self, previous_us: int | None,
+                  positions: Mapping[str, Position]) -> AvailableNowBound:
+        """The bound of this AvailableNow run, settled on first use: the bound ``previous_us``
+        of the batch the run starts from when that run did not finish (a restart goes on to
+        the same bound), else the one just prepared."""
+        assert self._prepared is not None, "not a Trigger.AvailableNow run"
+        if self.bound is None:
+            bound = self._prepared
+            if previous_us is not None and previous_us != bound.at_us:
+                earlier = AvailableNowBound(previous_us)
+                if not available_now_check(earlier, positions, self._channels()).done:
+                    log.info("Trigger.AvailableNow: resuming the run prepared at %s, which did "
+                             "not finish: reading to its bound", _iso_us(previous_us))
+                    bound = earlier
+            if bound is self._prepared:
+                log.info("Trigger.AvailableNow: reading every change committed by %s (%s)",
+                         _iso_us(bound.at_us), "channel heads" if bound.heads is not None
+                         else "commit times")
+            self.bound = bound
+        return self.bound
+
+    def head(self, at_us: int, channel_id: str) -> str | None:
+        """The head sequence a read of ``channel_id`` stops after under the bound ``at_us``
+        (None: stop by commit time; heads are known only for the bound prepared here)."""
+        if self.bound is None or self.bound.at_us != at_us:
             return None
-        return self.available_now_targets.get(channel_id)
+        return self.bound.head(channel_id)
 
-    def available_now_check(self, positions: Mapping[str, Position]) -> AvailableNowCheck:
-        """``available_now_check`` at ``positions``, with the tunnel's TERMINATED channels."""
-        terminated = {c.channel_id for c in self._channels()
-                      if c.status is ChannelStatus.TERMINATED}
-        return available_now_check(self.available_now_targets or {}, positions, terminated)
+    def available_now_check(self, bound: AvailableNowBound,
+                            positions: Mapping[str, Position]) -> AvailableNowCheck:
+        """``available_now_check`` at ``positions``, with the tunnel's channels now; a channel
+        released and not tracked yet joins at the next plan."""
+        check = available_now_check(bound, positions, self._channels())
+        if check.untracked:
+            self._refresh_now = True
+        return check
+
+
+def _iso_us(micros: int) -> str:
+    return dt.datetime.fromtimestamp(micros / 1e6, dt.UTC).isoformat(timespec="milliseconds")

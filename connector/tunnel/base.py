@@ -74,6 +74,11 @@ class TunnelService(ABC):
 
     #: The URI this client was opened with, secrets removed (safe to log and to store).
     uri: str
+    #: How precise ``Record.commit_ts_us`` is, in microseconds: a backend whose service rounds
+    #: commit times down (DynamoDB Streams: to the second) says so, and a read that starts at
+    #: an instant (``startingTimestamp``) passes over only records older than the instant
+    #: rounded down the same way -- it never drops a change made after it.
+    commit_time_granularity_us: int = 1
 
     # --- tunnels (driver) ---------------------------------------------------------------
 
@@ -84,8 +89,18 @@ class TunnelService(ABC):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
-        """Create a tunnel; ``TunnelExistsError`` if the name is taken on that table."""
+        """Create a tunnel; ``TunnelExistsError`` if the name is taken on that table.
+
+        ``start_at_us`` (a Stream tunnel; microseconds since the epoch, instead of
+        ``start_position``): every channel starts at its first change committed at or after
+        that instant, where the backend can start a tunnel there (Tablestore's
+        ``StreamTunnelConfig.startOffset``, the embedded store); a backend that cannot
+        (DynamoDB Streams) starts EARLIEST and the reader passes over the older records
+        (``connector.planning.starting``). Where changes at or after the instant may already be
+        trimmed, the channel starts before the trimmed records, so the first read reports the
+        loss (``TrimmedDataError``)."""
 
     @abstractmethod
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
@@ -105,6 +120,7 @@ class TunnelService(ABC):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
         """Return the named tunnel, creating it first if it does not exist (driver)."""
         try:
@@ -112,6 +128,9 @@ class TunnelService(ABC):
         except UnknownTunnelError:
             pass
         try:
+            if start_at_us is not None:
+                return self.create_tunnel(table, tunnel_name, tunnel_type, start_position,
+                                          start_at_us=start_at_us)
             return self.create_tunnel(table, tunnel_name, tunnel_type, start_position)
         except TunnelExistsError:  # created concurrently by another driver
             return self.describe_tunnel(table, tunnel_name).tunnel
@@ -172,15 +191,20 @@ class TunnelService(ABC):
     def head_sequences(self, tunnel_id: str) -> dict[str, str] | None:
         """Per channel the tunnel knows (any status), the ``Record.sequence`` of its newest
         record now, ``""`` when it has none; ``None`` when the backend cannot tell. Called on the
-        driver by ``prepareForTriggerAvailableNow`` to fix where an AvailableNow run stops."""
+        driver by ``prepareForTriggerAvailableNow``: with heads an AvailableNow run stops after
+        each channel's head, without them by the records' commit times
+        (``connector.planning.tracker.AvailableNowBound``)."""
         return None
 
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag] | None:
         """Per channel, how far ``positions`` (channel id -> token) are behind the head;
-        ``None`` when the backend cannot tell. Called on the driver by the protocol's read caps
-        (a channel's backlog shapes its share of ``maxOffsetsPerTrigger``) and by the progress
-        reporter (``connector.progress``), and by the inspection CLI (``meta channels``) and
-        the feed behind the dashboard."""
+        ``None`` when the backend cannot tell. ``seconds_behind`` is the age of the oldest
+        unread change, 0.0 for a caught-up channel (never a clock growing while a channel is
+        idle). Called on the driver by the protocol's read caps (a channel's backlog shapes its
+        share of ``maxOffsetsPerTrigger`` and ``maxBytesPerTrigger``), by
+        ``minOffsetsPerTrigger`` (``connector.planning.backlog``) and by the progress reporter
+        (``connector.progress``), and by the inspection CLI (``meta lag``) and the feed behind
+        the dashboard."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook

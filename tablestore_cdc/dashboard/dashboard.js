@@ -94,14 +94,19 @@ function renderCards(snap) {
   $("latest-batch-sub").textContent = last
     ? `spark id ${last.spark_batch_id ?? "?"} · ${last.records} rows · ${last.channel_count} channel(s)`
     : "no batch yet";
-  const lags = snap.channels.map(c => c.lag).filter(l => l && l.records_behind !== null);
-  $("total-lag").textContent = lags.length
+  // the figures of Spark's progress report: a total only when every channel's count is known
+  // (Tablestore counts only near the head), the oldest unread change of any channel
+  const lags = snap.channels.map(c => c.lag).filter(l => l);
+  const counted = lags.length > 0 && lags.every(l => l.records_behind !== null);
+  $("total-lag").textContent = counted
     ? fmtNum(lags.reduce((a, l) => a + l.records_behind, 0)) : "–";
-  const oldest = Math.max(0, ...lags.map(l => l.seconds_behind || 0));
+  const aged = lags.filter(l => l.seconds_behind !== null);
+  const oldest = Math.max(0, ...aged.map(l => l.seconds_behind));
   const reading = ["live", "idle", "waiting"].includes((snap.activity || {}).state);
-  $("lag-sub").textContent = (lags.length ? `oldest unread change ${fmtNum(oldest, 1)} s old`
+  $("lag-sub").textContent = (aged.length ? `oldest unread change ${fmtNum(oldest, 1)} s old`
     : (snap.tunnel_error ? "tunnel unavailable" : "unknown")) +
-    (lags.length && !reading ? " · nobody is reading" : "");
+    (aged.length && !counted ? " · records not counted" : "") +
+    (aged.length && !reading ? " · nobody is reading" : "");
   const q = snap.query;
   $("spark-rate").textContent = q ? `${fmtNum(q.processed_rows_per_second, 1)} processed/s` : "–";
   $("spark-sub").textContent = q

@@ -98,6 +98,9 @@ class DynamoDbStreamsTunnelService(TunnelService):
     process and thread; cheap to open (no request unless ``create_table=true``, once per
     process)."""
 
+    #: ``ApproximateCreationDateTime`` is rounded down to the second
+    commit_time_granularity_us = 1_000_000
+
     def __init__(self, uri: str) -> None:
         self.config = parse_uri(uri)
         self.uri = self.config.uri
@@ -221,9 +224,13 @@ class DynamoDbStreamsTunnelService(TunnelService):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
         """Create a tunnel (driver). A LATEST tunnel's start is fixed here: see the module
-        docstring. BaseAndStream is refused: DynamoDB Streams has no base data."""
+        docstring. BaseAndStream is refused: DynamoDB Streams has no base data.
+        ``start_at_us``: Streams has no iterator at a time (``AT_TIMESTAMP`` is Kinesis'), so
+        the tunnel starts EARLIEST and the reader passes over the records whose approximate
+        creation time is before the instant."""
         self._check_table(table)
         if TunnelType(tunnel_type) is not TunnelType.STREAM:
             raise OptionError(option="tunnel.type", value=str(tunnel_type),

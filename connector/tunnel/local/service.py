@@ -171,12 +171,17 @@ class LocalTunnelService(TunnelService):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
         """Create a tunnel (driver or CLI). For BaseAndStream, snapshot the table in the same
-        write transaction. ``TunnelExistsError`` if the name is taken on ``table``."""
+        write transaction. ``TunnelExistsError`` if the name is taken on ``table``.
+        ``start_at_us``: each channel starts before its first change committed at or after
+        that instant (``tunnels.start_at``)."""
         tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
         if not isinstance(tunnel_name, str) or not tunnel_name:
             raise ValueError(f"a tunnel name must be a non-empty string, got {tunnel_name!r}")
+        if start_at_us is not None and tunnel_type is not TunnelType.STREAM:
+            raise ValueError("a start instant applies to a Stream tunnel")
         tunnel = TunnelRow(
             str(uuid.uuid4()), table, tunnel_name, tunnel_type, start_position, time.time()
         )
@@ -190,7 +195,9 @@ class LocalTunnelService(TunnelService):
                 tunnel_type is TunnelType.BASE_AND_STREAM or start_position is StartPosition.LATEST
             )
             for ch in channel_rows(conn, table):
-                if from_head:
+                if start_at_us is not None:
+                    starts[ch.channel_id] = tunnels.start_at(conn, table, ch, start_at_us)
+                elif from_head:
                     starts[ch.channel_id] = FINISHED if ch.closed else tunnels.encode_token(
                         table, ch.channel_id, ch.head_seq)
                 elif ch.trimmed_upto > 0:  # EARLIEST: the earliest record still held

@@ -25,6 +25,7 @@ from typing import Any
 
 from connector.errors import MalformedTokenError, UnknownChannelError, UnknownTunnelError
 from connector.tunnel.base import (
+    FINISHED,
     ChannelStatus,
     ChannelType,
     Checkpoint,
@@ -383,3 +384,20 @@ def first_unread_commit_ts(
         key = tunnel.table
     row = conn.execute(sql, (key, ch.channel_id, after)).fetchone()
     return None if row is None else int(row[0])
+
+
+def start_at(conn: sqlite3.Connection, table: str, ch: ChannelRow, at_us: int) -> str:
+    """The start token of a tunnel created to begin at ``at_us``: right before the channel's
+    first change committed at or after it; its head when it has none (``FINISHED`` for a closed
+    channel); and, when changes were trimmed and the first one still held is already at or
+    after the instant (the trimmed ones may have been too), before the trimmed ones, so the
+    first read reports the loss (``TrimmedDataError``)."""
+    row = conn.execute(
+        "SELECT MIN(seq) FROM cdc_changes WHERE table_name = ? AND channel_id = ? "
+        "AND commit_ts_us >= ?", (table, ch.channel_id, at_us)).fetchone()
+    first = row[0] if row is not None else None
+    if first is None:
+        return FINISHED if ch.closed else encode_token(table, ch.channel_id, ch.head_seq)
+    if ch.trimmed_upto > 0 and first == ch.trimmed_upto + 1:
+        return encode_token(table, ch.channel_id, 0)
+    return encode_token(table, ch.channel_id, int(first) - 1)

@@ -52,8 +52,12 @@ How the interface maps onto the wire:
   table declares them).
 - ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
   position (the service has no cheaper way to tell).
-- ``head_sequences``, ``lag``: ``None`` (the service cannot tell); the source does not support
-  AvailableNow on this backend.
+- ``lag``: DescribeTunnel, then one ReadRecords per readable channel at its position: caught up
+  (``may_more`` false, or the token did not move) is 0 behind; otherwise the first unread
+  change's commit time gives the seconds behind, and the page's count the records behind when
+  it holds all there is now (see ``lag``).
+- ``head_sequences``: ``None`` (the service reports no channel head): Trigger.AvailableNow
+  bounds the run by commit time instead (``connector.planning.tracker.AvailableNowBound``).
 
 Errors (service code -> the product's type): retryable ones (``transport``'s rules, the
 SDKs') are retried inside the transport for a bounded time, then ``TransientTunnelError``; an
@@ -117,6 +121,7 @@ from connector.errors import (
 from connector.tunnel.base import (
     FINISHED,
     ChannelInfo,
+    ChannelLag,
     ChannelStatus,
     ChannelType,
     Checkpoint,
@@ -145,6 +150,8 @@ from connector.tunnel.tablestore.transport import (
 
 #: the client id sent with reads and checkpoints (the service accepts ids it never issued)
 CLIENT_ID = "tablestore-cdc"
+#: records ``lag`` asks for per channel (the service's page: it sends up to about 500 anyway)
+LAG_PEEK_RECORDS = 500
 #: separates a page token from a record count in a client token (not a base64 character)
 SKIP_MARK = "~"
 _URI_FORM = "https://INSTANCE.REGION.ots.aliyuncs.com (or http://127.0.0.1:PORT?instance=NAME)"
@@ -417,14 +424,20 @@ class TablestoreTunnelService(TunnelService):
         tunnel_name: str,
         tunnel_type: TunnelType = TunnelType.STREAM,
         start_position: StartPosition = StartPosition.EARLIEST,
+        start_at_us: int | None = None,
     ) -> TunnelInfo:
+        """CreateTunnel. ``start_at_us`` becomes ``StreamTunnelConfig.startOffset``
+        (nanoseconds, sent instead of the flag, as both SDKs do)."""
         tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
         request = m.CreateTunnelRequest()
         t = request.tunnel
         t.table_name, t.tunnel_name = table, tunnel_name
         t.tunnel_type = m.TUNNEL_TYPE[tunnel_type.value]
-        t.stream_tunnel_config.flag = (
-            m.FLAG_LATEST if start_position is StartPosition.LATEST else m.FLAG_EARLIEST)
+        if start_at_us is not None:
+            t.stream_tunnel_config.startOffset = start_at_us * 1000
+        else:
+            t.stream_tunnel_config.flag = (
+                m.FLAG_LATEST if start_position is StartPosition.LATEST else m.FLAG_EARLIEST)
 
         def on_error(exc: ServiceError) -> Exception | None:
             if exc.code == "OTSTunnelExist":
@@ -578,12 +591,7 @@ class TablestoreTunnelService(TunnelService):
         query costs a few small reads per trigger instead of an empty Spark batch. True at
         the first channel that is missing from ``positions``, returns a record, or reads to
         ``"finished"``; a trimmed position also counts (the batch reports it)."""
-        if tunnel_id not in self._tunnels:
-            self.list_tunnels()  # learns every tunnel's table and name
-        if tunnel_id not in self._tunnels:
-            raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
-        table, name = self._tunnels[tunnel_id]
-        for channel in self.describe_tunnel(table, name).channels:
+        for channel in self.describe_tunnel(*self._names(tunnel_id)).channels:
             if channel.status is not ChannelStatus.OPEN:
                 continue
             token = positions.get(channel.channel_id)
@@ -598,6 +606,62 @@ class TablestoreTunnelService(TunnelService):
             if result.records or result.next_token == FINISHED:
                 return True
         return False
+
+    def _names(self, tunnel_id: str) -> tuple[str, str]:
+        """(table, tunnel name) of a tunnel id (one ListTunnel of every table when unknown)."""
+        if tunnel_id not in self._tunnels:
+            self.list_tunnels()  # learns every tunnel's table and name
+        if tunnel_id not in self._tunnels:
+            raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
+        return self._tunnels[tunnel_id]
+
+    def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
+        """How far ``positions`` (else the pushed checkpoints) are behind, per channel not
+        TERMINATED, from what the service reports: one DescribeTunnel, then one ReadRecords
+        per readable channel at its position (the page the service sends anyway; only its
+        first record is decoded). Called on the driver (progress report, read caps,
+        ``minOffsetsPerTrigger``), by ``tablestore-cdc meta lag`` and by the feed.
+
+        - ``seconds_behind``: 0 when the read shows the channel caught up (``may_more`` false,
+          or an empty page whose token did not move; ``"finished"``), else the age of the
+          first unread change (now minus its commit time). A caught-up channel shows 0, not a
+          clock growing since its last change. (The service's ``channel_rpo`` is the commit
+          time of the last change before the *pushed* checkpoint: it trails the source's own
+          position by up to ``commitInterval`` batches and grows while a channel is idle, so
+          it is not used for this figure.)
+        - ``records_behind``: exact when that page holds everything readable now
+          (``may_more`` false), else ``None``: the service does not count what is ahead.
+        - A WAIT channel cannot be read until its parents end: both figures ``None``; so is a
+          position whose records were trimmed, or an empty page that still says more may
+          follow."""
+        now_us = time.time_ns() // 1000
+        out: dict[str, ChannelLag] = {}
+        for channel in self.describe_tunnel(*self._names(tunnel_id)).channels:
+            ch = channel.channel_id
+            if channel.status is ChannelStatus.TERMINATED:
+                continue
+            if channel.status is ChannelStatus.WAIT:
+                out[ch] = ChannelLag(ch, None, None)
+                continue
+            token = positions.get(ch) or self.get_checkpoint(tunnel_id, ch).token
+            if token == FINISHED:
+                out[ch] = ChannelLag(ch, 0, 0.0)
+                continue
+            try:
+                fetched = self._fetch(tunnel_id, ch, token, LAG_PEEK_RECORDS)
+            except TrimmedDataError:
+                out[ch] = ChannelLag(ch, None, None)
+                continue
+            assert fetched is not None
+            wanted, first, next_token, may_more = fetched
+            if not wanted:
+                caught_up = next_token == token or not may_more
+                out[ch] = ChannelLag(ch, 0, 0.0) if caught_up else ChannelLag(ch, None, None)
+                continue
+            oldest = decode_page(wanted[:1], ch, token, first)[0].commit_ts_us
+            out[ch] = ChannelLag(ch, None if may_more else len(wanted),
+                                 max(0.0, (now_us - oldest) / 1e6))
+        return out
 
     def _fetch(self, tunnel_id: str, channel_id: str, token: str,
                limit: int) -> tuple[Sequence[Any], int | None, str, bool] | None:

@@ -1,0 +1,85 @@
+"""SIGKILL during a Trigger.AvailableNow run over the wire, restart, prove exactly-once.
+
+Every process is real, as in integration/test_tablestore_e2e.py: the emulator serves the store
+file over HTTP, the official SDK writes, the query runs in its own process
+(``testkit/runner.py --available-now``) into an ``ExactlyOnceParquetSink``. The Tablestore
+backend reports no channel heads, so the run is bounded by the instant it was prepared.
+
+1. the run is parked at a crash point after a channel's end is claimed and killed (SIGKILL of
+   its whole process tree); changes are written meanwhile and a channel splits;
+2. the restart goes on to the *same* bound (the killed run had not finished): it delivers the
+   rest of what was written before the first start, and nothing written later, then stops;
+3. the next run delivers the rest; the sink equals the change log: nothing lost, nothing
+   doubled, per-key order and final state exact.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tablestore")
+
+from connector.faults import FAULT_DIR_ENV  # noqa: E402
+from integration.test_tablestore_e2e import (  # noqa: E402, F401 - the fixture by name
+    NO_ENV_CREDENTIALS,
+    runner_args,
+    setup,
+    wire_log,
+    write_changes,
+)
+from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
+from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
+from testkit.processes import kill_tree, start_runner  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_path: Path  # noqa: F811
+                                                                  ) -> None:
+    emulator, store, client = setup
+    write_changes(client, 0, 300)
+    before_first_run = {(r.channel_id, r.sequence) for r in wire_log(store)}
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    sink = ExactlyOnceParquetSink(tmp_path / "sink")
+    args = [*runner_args(tmp_path, emulator.url, sink), "--available-now"]
+    env = {FAULT_DIR_ENV: str(faults), **NO_ENV_CREDENTIALS}
+    log = tmp_path / "runner.log"
+
+    # 1. parked after a claim, killed; more changes and a split while it is down
+    (faults / "arm-mid_read").touch()
+    runner = start_runner(args, log, env)
+    try:
+        wait_until("crash point mid_read", (faults / "hit-mid_read").exists, timeout=240,
+                   process=runner)
+    finally:
+        assert kill_tree(runner.pid) >= 2
+    write_changes(client, 300, 120)
+    store.split_channel("t", sorted(c.channel_id for c in store.list_channels("t")
+                                    if not c.closed)[0])
+    write_changes(client, 420, 80)
+
+    # 2. the restart reads to the killed run's bound, and stops by itself
+    runner = start_runner(args, log, env)
+    try:
+        assert runner.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_tree(runner.pid)
+    first_two = {(d.channel_id, d.sequence) for d in sink.deliveries(["id"])}
+    assert first_two == before_first_run
+    assert "resuming the run prepared at" in log.read_text()
+
+    # 3. the next run reads the rest: everything exactly once
+    runner = start_runner(args, log, env)
+    try:
+        assert runner.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_tree(runner.pid)
+    result = verify(wire_log(store), sink.deliveries(["id"]), rows_by_key(store.scan("t")))
+    print(result.summary(), file=sys.stderr)
+    assert result.ok, f"{result.summary()} {result.examples}"
+    assert all(r["identical"] for r in sink.replays()), sink.replays()
