@@ -23,7 +23,8 @@ its calls raise the client's retryable error (``TransientTunnelError`` /
 ``TransientMetaStoreError``): half of them *before* the real call, half *after* it (the call
 took effect but the caller sees an error: the nastiest case for a retry). At most
 ``MAX_INJECTED_IN_A_ROW`` calls in a row fail, so an error stays transient and the bounded retry
-layer (``connector.retry``) always gets through. ``TABLESTORE_CDC_FLAKY_SEED`` seeds the choice
+layer (``connector.retry``) always gets through (a rate of 1 fails every call exactly that many
+times, then lets it through). ``TABLESTORE_CDC_FLAKY_SEED`` seeds the choice
 (mixed with the process id: each process draws its own sequence). Without the variable the client
 is returned unchanged. Every injection is appended to ``flaky.log`` in the fault directory, when
 one is set, so the harness can count them.
@@ -200,8 +201,8 @@ def inject_transient_errors(client: Client) -> Client:
     if not rate_text:
         return client
     rate = float(rate_text)
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"{FLAKY_ENV}={rate_text!r}: expected a rate in [0, 1)")
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"{FLAKY_ENV}={rate_text!r}: expected a rate in [0, 1]")
     if rate == 0.0:
         return client
     from connector.tunnel.base import TunnelService
