@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -31,17 +32,19 @@ from cdc_common.credentials import (
 )
 from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
+from connector.tunnel import TUNNEL_BACKENDS
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
 #: canonical option name -> (model field, what is allowed; shown in errors and docs)
 OPTIONS: dict[str, tuple[str, str]] = {
-    "endpoint": ("endpoint", "a tunnel-service URI, e.g. local:///abs/path/store.db"),
+    "endpoint": ("endpoint", f"a tunnel-service URI: {TUNNEL_BACKENDS.forms()}"),
     "table.name": ("table_name", "the source table's name (no surrounding whitespace)"),
     "tunnel.name": ("tunnel_name", "a tunnel name, created if missing (no surrounding "
                     "whitespace)"),
     "tunnel.type": ("tunnel_type", "Stream or BaseAndStream"),
     "startingPosition": ("starting_position", "earliest or latest"),
-    "meta.store": ("meta_store", "a meta-store URI: sqlite:///abs/path.db or dynamodb://TABLE?..."),
+    "meta.store": ("meta_store", "a meta-store URI: sqlite:///abs/path.db, dynamodb://TABLE?... or "
+                   "tablestore://INSTANCE/TABLE?endpoint=..."),
     "maxOffsetsPerChannel": ("max_offsets_per_channel", "an integer >= 1 and <= 2147483647"),
     "maxOffsetsPerTrigger": ("max_offsets_per_trigger",
                              "an integer >= 1 and <= 9223372036854775807 (a Java long)"),
@@ -207,12 +210,16 @@ class SourceOptions(BaseModel):
                                   problem=f"unknown option; {hint}",
                                   allowed=", ".join(OPTIONS))
             values[OPTIONS[canonical][0]] = value
+        # in the order a person reads a query: the endpoint and its scheme first (it decides
+        # which other options apply), then the table and the tunnel, then the rest
         for required in ("endpoint", "table.name", "tunnel.name"):
             if required == "tunnel.name" and values.get("tunnel_id"):
                 continue  # resolved from the tunnel id below
             if OPTIONS[required][0] not in values:
                 raise OptionError(option=required, value=None, problem="is required",
                                   allowed=OPTIONS[required][1])
+            if required == "endpoint":
+                _check_endpoint_scheme(str(values["endpoint"]))
         tablestore = urlsplit(str(values["endpoint"])).scheme in ("http", "https")
         if tablestore:
             values = _tablestore_endpoint(values)
@@ -287,6 +294,27 @@ class SourceOptions(BaseModel):
     def source_digest(self) -> str:
         """Short stable fingerprint of ``source_identity`` carried in every offset."""
         return hashlib.sha256(self.source_identity.encode()).hexdigest()[:16]
+
+
+def _check_endpoint_scheme(endpoint: str) -> None:
+    """Refuse an endpoint whose scheme names no tunnel backend (``htp://...``, a bare
+    ``127.0.0.1:PORT``), naming ``endpoint`` and the schemes there are: checked before any
+    backend-specific option, whose errors would otherwise blame a correct option."""
+    try:
+        scheme = urlsplit(endpoint).scheme
+    except ValueError:
+        scheme = ""
+    if scheme in TUNNEL_BACKENDS:
+        return
+    if re.fullmatch(r"[\w.-]+:\d+/?", endpoint):
+        problem = "not a URI: a host and port alone has no scheme (expected scheme://...)"
+    elif not scheme or not endpoint.partition(":")[2].startswith("/"):
+        problem = "not a URI (expected scheme://...)"
+    else:
+        problem = f"unsupported scheme {scheme!r}"
+    raise OptionError(option="endpoint", value=redact_uri(endpoint), problem=problem,
+                      allowed=f"one of the schemes {', '.join(TUNNEL_BACKENDS)}: "
+                      + TUNNEL_BACKENDS.forms())
 
 
 def _problem(message: str) -> str:

@@ -89,3 +89,23 @@ def test_option_error_survives_pickling():
     err = OptionError(option="x", value="1", problem="bad", allowed="good")
     copy = pickle.loads(pickle.dumps(err))
     assert type(copy) is OptionError and copy.option == "x" and str(copy) == str(err)
+
+
+@pytest.mark.parametrize("endpoint", ["htp://127.0.0.1:38421", "127.0.0.1:38421",
+                                      "localhost:38421", "ftp://host/store.db"])
+@pytest.mark.parametrize("extra", [
+    {},  # without instance.name the Tablestore checks used to blame access.key.id
+    {"instance.name": "dev", "access.key.id": "AKID",
+     "access.key.secret": "hunter2-secret"},
+])
+def test_an_endpoint_without_a_known_scheme_is_named_before_any_other_option(endpoint, extra):
+    """A mistyped scheme, or a host and port without one, is reported as the endpoint's
+    problem with the schemes there are; the Tablestore options given with it are not blamed."""
+    with pytest.raises(OptionError) as info:
+        SourceOptions.from_spark(lower({**BASE, "endpoint": endpoint, **extra}))
+    message = str(info.value)
+    assert message.startswith("option 'endpoint': ")
+    for scheme in ("local:///", "http://", "https://", "dynamodb-streams://"):
+        assert scheme in message
+    assert "instance.name" not in message and "access.key" not in message
+    assert "hunter2" not in message
