@@ -170,6 +170,14 @@ class EndpointTlsError(TunnelError):
     template = "{problem}"
 
 
+class EndpointUnreachableError(TunnelError):
+    """At a query's start the tunnel endpoint gave no answer at all (no such host, connection
+    refused, no HTTP answer): a configuration error, reported at once, never retried
+    (``cdc_common.first_contact``). ``problem`` names the endpoint and what to fix."""
+
+    template = "{problem}"
+
+
 class TunnelServiceError(TunnelError):
     """The Tablestore Tunnel service refused a request; ``code`` and ``message`` are its own."""
 
@@ -185,7 +193,10 @@ class TunnelExpiredError(TunnelServiceError):
 
 
 class TunnelAuthError(TunnelServiceError):
-    """OTSAuthFailed / OTSPermissionDenied, or a response whose signature does not verify."""
+    """OTSAuthFailed / OTSPermissionDenied, or a response whose signature does not verify;
+    ``hint`` names the options that fix it."""
+
+    template = "{endpoint} {operation}: {code} (HTTP {http_status}): {message}; {hint}"
 
 
 # --- protocol invariants -------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from cdc_common.first_contact import query_start
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.reader import claim_and_read
@@ -50,8 +51,9 @@ class TablestoreDataSource(DataSource):
         return "tablestore"
 
     def schema(self) -> StructType:
-        """Called on the driver when no ``.schema(...)`` was given."""
-        with open_tunnel_service(self.source_options.endpoint) as tunnel:
+        """Called on the driver when no ``.schema(...)`` was given: the query's first contact
+        with its tunnel service (an endpoint that does not answer fails at once)."""
+        with query_start(), open_tunnel_service(self.source_options.endpoint) as tunnel:
             table = tunnel.table_schema(self.source_options.table_name)
             return output_schema(self.source_options.declared_schema(table))
 

@@ -92,6 +92,7 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
+from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.uris import (
     TABLESTORE_INSTANCE,
     HttpOrigin,
@@ -140,6 +141,20 @@ _TRANSIENT_CODES = frozenset({
     "OTSCapacityUnitExhausted",
 })
 _OPTIMISTIC_ROUNDS = 20
+#: the service refused the credentials: a configuration error, named with what to fix
+_AUTH_CODES = frozenset({"OTSAuthFailed", "OTSPermissionDenied"})
+
+
+def _credentials_hint(code: str) -> str:
+    """What to fix when the meta store's credentials are refused: they are the source's own
+    options (or the environment), and a meta table in another instance needs a key valid
+    there."""
+    keys = (f"access.key.id / access.key.secret (or {ALIBABA_ACCESS_KEY_ID} / "
+            f"{ALIBABA_ACCESS_KEY_SECRET})")
+    if code == "OTSPermissionDenied":
+        return f"the meta store's key lacks a permission on its table: grant it or change {keys}"
+    return (f"the meta store's credentials were refused: it uses the source's {keys} and "
+            f"{ALIBABA_SECURITY_TOKEN} for STS; check them for the meta table's instance")
 
 
 class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
@@ -260,6 +275,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
                 raise MetaStoreUriError(uri=self.uri, reason=f"ca_bundle: {problem}")
             _trust_ca(self._client, bundle)
         self._closed = False
+        #: has the endpoint answered a request (``cdc_common.first_contact``)?
+        self._answered = False
         if create_table:
             self._ensure_table()
 
@@ -353,14 +370,23 @@ class TablestoreMetaStore(KeyValueMetaStore):
                                         reason="the store is closed")
         for attempt in range(1, self.max_attempts + 1):
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                self._answered = True
+                return result
             except OTSServiceError as exc:
+                self._answered = True
                 code, status = exc.get_error_code(), exc.get_http_status()
                 if code == "OTSConditionCheckFail":
                     raise ConditionFailed() from None
                 if code == "OTSObjectNotExist":
                     raise MetaTableMissingError(
                         table=self.table, location=f"instance {self.instance} at {self.endpoint}"
+                    ) from None
+                if code in _AUTH_CODES:
+                    raise MetaStoreRequestError(
+                        store=self.uri, operation=f"Tablestore {operation}",
+                        reason=f"{code} (HTTP {status}): {exc.get_error_message()}; "
+                        + _credentials_hint(code),
                     ) from None
                 if code in _TRANSIENT_CODES or (status or 0) >= 500:
                     raise TransientMetaStoreError(
@@ -378,6 +404,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
                 ) from None
             except Exception as exc:  # urllib3/socket errors: the request may not have arrived
                 problem = tls.tls_problem(exc, self.endpoint)
+                if problem is None and at_query_start() and not self._answered:
+                    problem = unreachable_problem(exc, self.endpoint, "meta.store endpoint")
                 if problem is not None:  # a configuration error: retrying cannot fix it
                     raise MetaStoreRequestError(
                         store=self.uri, operation=f"Tablestore {operation}", reason=problem,
