@@ -458,6 +458,16 @@ class TablestoreMetaStore(KeyValueMetaStore):
                    Row(self._pk(namespace, sk), _columns(row)),
                    Condition(RowExistenceExpectation.IGNORE))
 
+    def _replace_row_if(self, operation: str, namespace: str, sk: str, column: str,
+                        expected: str, row: PlainRow) -> None:
+        condition = Condition(
+            RowExistenceExpectation.EXPECT_EXIST,
+            SingleColumnCondition(column, expected, ComparatorType.EQUAL,
+                                  pass_if_missing=False),
+        )
+        self._call(operation, self._client.put_row, self.table,
+                   Row(self._pk(namespace, sk), _columns(row)), condition)
+
     # --- writes that change a batch row: optimistic, on its version -----------------------
 
     def _read_batch(self, operation: str, namespace: str, uuid: str
