@@ -32,6 +32,7 @@ from cdc_common.credentials import (
 )
 from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
+from connector.identity import SourceIdentity, identity_of, legacy_namespace
 from connector.tunnel import TUNNEL_BACKENDS
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
@@ -245,6 +246,7 @@ class SourceOptions(BaseModel):
             raise OptionError(option=option, value=_shown(field, values.get(field)),
                               problem=_problem(error["msg"]),
                               allowed=OPTIONS.get(option, ("", "see docs/options.md"))[1]) from None
+        built.identity  # noqa: B018 - an endpoint that names no service is refused at load()
         return built
 
     def declared_schema(self, table: TableSchema) -> TableSchema:
@@ -277,22 +279,32 @@ class SourceOptions(BaseModel):
     @property
     def safe_endpoint(self) -> str:
         """The endpoint as it may be shown and stored (``cdc_common.uris.redact_uri``: no user
-        info, no secret query pair). Part of ``source_identity``, and stored in the namespace
-        description: its form for an endpoint in use never changes (tests/test_uri_pins.py)."""
+        info, no secret query pair): in the namespace description and the legacy namespace;
+        its form for an endpoint in use never changes (tests/test_uri_pins.py)."""
         return redact_uri(self.endpoint)
 
     @property
-    def source_identity(self) -> str:
-        """What a Spark checkpoint directory is bound to: endpoint + table + tunnel.
+    def identity(self) -> SourceIdentity:
+        """The source this query reads: the service (not the URL's spelling), the table and
+        the tunnel (``connector.identity``). Parses the endpoint only; no request."""
+        return identity_of(self.endpoint, self.table_name, self.tunnel_name)
 
-        Also the meta-store namespace, so it never contains secrets (nor the CA bundle's path,
-        which says how to reach the service, not which one it is), and an existing meta table
-        is found again only while its bytes stay the same (``safe_endpoint``)."""
-        return f"{self.safe_endpoint}#{self.table_name}#{self.tunnel_name}"
+    @property
+    def source_identity(self) -> str:
+        """The identity's text: what a Spark checkpoint directory is bound to (every offset's
+        ``source``) and the meta-store namespace of a new query. Holds no secret and no CA
+        bundle path (neither names the service)."""
+        return self.identity.namespace
+
+    @property
+    def legacy_namespace(self) -> str:
+        """The namespace earlier versions gave this query (``endpoint#table#tunnel`` with the
+        endpoint's shown form), still used where their rows are (``connector.identity``)."""
+        return legacy_namespace(self.safe_endpoint, self.table_name, self.tunnel_name)
 
     @property
     def source_digest(self) -> str:
-        """Short stable fingerprint of ``source_identity`` carried in every offset."""
+        """Short stable fingerprint of ``source_identity``."""
         return hashlib.sha256(self.source_identity.encode()).hexdigest()[:16]
 
 

@@ -80,8 +80,9 @@ def test_identity_never_carries_secrets():
     opts = SourceOptions.from_spark({
         **BASE, "endpoint": "local:///data/store.db?access_key_secret=hunter2&region=x",
     })
-    assert "hunter2" not in opts.source_identity
-    assert opts.source_identity == "local:///data/store.db?region=x#orders#t1"
+    assert "hunter2" not in opts.source_identity + opts.legacy_namespace
+    assert opts.legacy_namespace == "local:///data/store.db?region=x#orders#t1"
+    assert opts.source_identity == "local:/data/store.db#orders#t1"
     assert strip_secrets("dynamodb://user:pw@host/t?token=abc&a=1") == "dynamodb://host/t?a=1"
 
 

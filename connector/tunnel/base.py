@@ -75,6 +75,16 @@ class TunnelService(ABC):
     #: The URI this client was opened with, secrets removed (safe to log and to store).
     uri: str
 
+    # --- identity (driver) --------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def service_of(cls, uri: str) -> str:
+        """What names the service behind ``uri``: the same for every spelling that reaches it
+        (another host name, a parameter that only says how to reach it), different for
+        another service. Part of the source identity (``connector.identity``); parses only,
+        makes no request."""
+
     # --- tunnels (driver) ---------------------------------------------------------------
 
     @abstractmethod

@@ -85,7 +85,7 @@ import binascii
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field
 
@@ -241,6 +241,16 @@ class TablestoreTunnelService(TunnelService):
         self.send_max_records = send_max_records
 
     # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def service_of(cls, uri: str) -> str:
+        """The instance: its public, VPC and any other endpoint (``localhost`` or
+        ``127.0.0.1`` for the emulator) reach the same instance, its tables and tunnels. From
+        ``?instance=`` (the source folds ``instance.name`` into it), else the host's first label
+        (``INSTANCE.REGION.ots.aliyuncs.com``)."""
+        parts = urlsplit(uri)
+        instance = dict(parse_qsl(parts.query)).get("instance")
+        return instance or (parts.hostname or "").split(".", 1)[0]
 
     @classmethod
     def from_uri(cls, uri: str) -> TablestoreTunnelService:
