@@ -82,8 +82,9 @@ class TablestoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._protocol is None:
             from connector.protocol import StreamProtocol
 
-            protocol = StreamProtocol(self.options)
-            table = protocol.tunnel.table_schema(self.options.table_name)
+            protocol = StreamProtocol(self.options)  # binds at its first offset call
+            with query_start():  # the planning process's first contact with the service
+                table = protocol.tunnel.table_schema(self.options.table_name)
             if self.schema != output_schema(table):
                 check_user_schema(self.schema, table)
             self._protocol = protocol

@@ -117,7 +117,9 @@ def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
     from tablestore_cdc.listener import ProgressListener
 
     options = SourceOptions.from_spark(source_options)
-    listener = ProgressListener(options.meta_store, namespaces={options.source_identity},
+    # (a checkpoint of an earlier version keeps the namespace it was written in)
+    listener = ProgressListener(options.meta_store,
+                                namespaces={options.source_identity, options.legacy_namespace},
                                 credentials=options.meta_store_credentials)
     spark.streams.addListener(listener)
     return listener
