@@ -347,6 +347,18 @@ def default_meta_store(endpoint: str) -> str | None:
     return None
 
 
+def tablestore_meta_store(endpoint: str, instance: str, checkpoint_table: str | None = None,
+                          *, create_table: bool = False) -> str:
+    """The meta table a query on the Tablestore ``endpoint`` (``http(s)://HOST[:PORT]``) uses
+    when ``meta.store`` is not given: ``tablestore://INSTANCE/TABLE?endpoint=...`` in the same
+    instance, ``checkpoint.table`` or ``tablestore_cdc_meta``; the query creates it when
+    missing (``create_table``). Also what ``tablestore-cdc meta uri`` prints for the CLI and
+    the dashboard (without ``create_table``: inspection never creates)."""
+    table = checkpoint_table or DEFAULT_CHECKPOINT_TABLE
+    uri = f"tablestore://{instance}/{table}?endpoint={quote(endpoint.rstrip('/'), safe='')}"
+    return uri + ("&create_table=true" if create_table else "")
+
+
 def _shown(field: str, value: Any) -> Any:
     """An option value as an error may show it: secrets masked, endpoints redacted."""
     if field in ("endpoint", "meta_store") and isinstance(value, str):
@@ -424,10 +436,9 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     values["ssl_ca_bundle"] = bundle
     with_ca = f"&ca_bundle={quote(bundle, safe='')}" if bundle else ""
     if "meta_store" not in values:
-        table = values.get("checkpoint_table") or DEFAULT_CHECKPOINT_TABLE
-        target = quote(f"{parts.scheme}://{parts.netloc}", safe="")
-        values["meta_store"] = (f"tablestore://{instance}/{table}?endpoint={target}"
-                                f"&create_table=true{with_ca}")
+        values["meta_store"] = tablestore_meta_store(
+            f"{parts.scheme}://{parts.netloc}", instance, values.get("checkpoint_table"),
+            create_table=True) + with_ca
     else:
         meta = urlsplit(str(values["meta_store"]))
         meta_query = dict(parse_qsl(meta.query))

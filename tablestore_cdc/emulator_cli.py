@@ -59,9 +59,7 @@ def emulator_command(
     ] = None,
 ) -> None:
     """Serve a local Tablestore emulator (table API, and tunnel API when available)."""
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for name in ("tablestore.encoder", "tablestore.decoder"):  # "native codec not available"
-        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # (SDK notices: cdc_common)
     if not store.parent.is_dir():
         fail(f"--store: directory {store.parent} does not exist")
     if store.is_dir():

@@ -423,15 +423,22 @@ def replicate(
                                   trigger_ms)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     console.print(f"replicating {table} from {store} into {output} — Ctrl-C to stop")
+    shown = None
     try:
         while True:
             pipeline.check()
             delivered, batches = pipeline.poll()
-            console.print(f"delivered {delivered} change(s) in {batches} batch(es); "
-                          f"state rows {len(pipeline.state)}", end="\r")
+            figures = (delivered, batches, len(pipeline.state))
+            if figures != shown:
+                # a whole line when the figures change, never a line rewritten in place: the
+                # planning process logs to the same terminal, and a line it writes must not
+                # land in the middle of ours
+                console.print(f"delivered {delivered} change(s) in {batches} batch(es); "
+                              f"state rows {figures[2]}", soft_wrap=True)
+                shown = figures
             time.sleep(2)
     except KeyboardInterrupt:
-        console.print("\nstopping…")
+        console.print("stopping…")
     finally:
         pipeline.stop()
         spark.stop()
