@@ -30,7 +30,7 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
-from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
+from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value, tablestore_instance
 from connector.errors import OptionError
 from connector.identity import SourceIdentity, identity_of, legacy_namespace
 from connector.tunnel import TUNNEL_BACKENDS
@@ -409,10 +409,7 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
                           problem="a Tablestore endpoint has no path",
                           allowed="https://INSTANCE.REGION.ots.aliyuncs.com")
     query = dict(parse_qsl(parts.query))
-    instance = values.get("instance_name") or query.get("instance")
-    host = parts.hostname or ""
-    if not instance and host.endswith(".aliyuncs.com") and host.count(".") >= 3:
-        instance = host.split(".", 1)[0]
+    instance = tablestore_instance(endpoint, values.get("instance_name"))
     if not instance:
         raise OptionError(option="instance.name", value=None,
                           problem="is required for this endpoint (its host does not name the "

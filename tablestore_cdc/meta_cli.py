@@ -193,16 +193,14 @@ def meta_uri(
 ) -> None:
     """Print the meta-store URI a query with these options uses when it sets no meta.store,
     for --meta (or TABLESTORE_CDC_META) of the other commands and the dashboard."""
-    from urllib.parse import parse_qsl, urlsplit
+    from urllib.parse import urlsplit
 
+    from cdc_common.uris import tablestore_instance
     from connector.options import default_meta_store, tablestore_meta_store
 
     parts = urlsplit(endpoint)
     if parts.scheme in ("http", "https") and parts.hostname:
-        name = instance or dict(parse_qsl(parts.query)).get("instance")
-        host = parts.hostname
-        if not name and host.endswith(".aliyuncs.com") and host.count(".") >= 3:
-            name = host.split(".", 1)[0]
+        name = tablestore_instance(endpoint, instance)
         if not name:
             fail("--instance: the endpoint's host does not name the instance; give the "
                  "query's instance.name")

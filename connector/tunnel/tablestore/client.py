@@ -85,7 +85,7 @@ import binascii
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
@@ -96,7 +96,7 @@ from cdc_common.credentials import (
     alibaba_credentials,
 )
 from cdc_common.tls import ca_bundle, ca_bundle_problem
-from cdc_common.uris import UriQuery, parse_query, redact_uri
+from cdc_common.uris import UriQuery, parse_query, redact_uri, tablestore_instance
 from connector.errors import (
     ChannelNotReadableError,
     EndpointTlsError,
@@ -248,9 +248,7 @@ class TablestoreTunnelService(TunnelService):
         ``127.0.0.1`` for the emulator) reach the same instance, its tables and tunnels. From
         ``?instance=`` (the source folds ``instance.name`` into it), else the host's first label
         (``INSTANCE.REGION.ots.aliyuncs.com``)."""
-        parts = urlsplit(uri)
-        instance = dict(parse_qsl(parts.query)).get("instance")
-        return instance or (parts.hostname or "").split(".", 1)[0]
+        return tablestore_instance(uri) or str(urlsplit(uri).hostname)
 
     @classmethod
     def from_uri(cls, uri: str) -> TablestoreTunnelService:
@@ -270,13 +268,9 @@ class TablestoreTunnelService(TunnelService):
         if parts.path not in ("", "/"):
             raise bad("a Tablestore endpoint has no path")
         query = parse_query(parts.query, EndpointQuery, bad)
-        instance = query.instance or ""
+        instance = tablestore_instance(uri, query.instance)
         if not instance:
-            host = parts.hostname
-            if host.endswith(".aliyuncs.com") and host.count(".") >= 3:
-                instance = host.split(".", 1)[0]
-            else:
-                raise bad("no instance name: set the instance.name option (or ?instance=)")
+            raise bad("no instance name: set the instance.name option (or ?instance=)")
         creds = alibaba_credentials(query.access_key_id, query.access_key_secret,
                                     query.security_token)
         if not creds.access_key_id or not creds.access_key_secret:
