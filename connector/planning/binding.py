@@ -79,14 +79,18 @@ def _existing_meta(options: SourceOptions, probe: str) -> MetaStore | None:
     """The meta store if it exists, opened without creating it (one read of namespace
     ``probe``: a DynamoDB or Tablestore table says it is missing only when asked); None when
     it does not exist."""
-    store = None
     try:
         store = _open_meta(options, create=False)
+    except MetaTableMissingError:
+        return None
+    try:
         store.get_namespace_info(probe)
     except MetaTableMissingError:
-        if store is not None:
-            store.close()
+        store.close()
         return None
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
