@@ -10,13 +10,14 @@ process on the driver; it is never pickled to executors (``ChannelPartition``s a
                                             per readable channel
     read(partition)      -> connector.reader.claim_and_read (executors)
 
-The steps call the pieces in ``connector.planning``: ``offsets`` (the offset JSON),
-``namespace`` (tunnel binding, generations of initial offsets), ``positions`` (where channels
-stand after a batch), ``tracker`` (which channels a new batch reads), ``read_limits`` (their
-caps) and ``pushes`` (commit catch-up, checkpoint pushes).
+The first call binds the query (``binding``: its meta store, namespace, tunnel and ``lease``,
+every refusal before anything is created). The steps call the pieces in ``connector.planning``:
+``offsets`` (the offset JSON), ``namespace`` (tunnel binding, generations of initial offsets),
+``positions`` (where channels stand after a batch), ``tracker`` (which channels a new batch
+reads), ``read_limits`` (their caps) and ``pushes`` (commit catch-up, checkpoint pushes).
 
 Invariants kept here:
-- the initial offset is deterministic per source identity (Spark calls ``initialOffset`` again
+- the initial offset is deterministic per namespace (Spark calls ``initialOffset`` again
   after every restart until batch 0 commits and never logs batch 0's start);
 - a batch's manifest is written once; a replay reuses it even if the channels changed since;
 - a finished channel stays in the manifests (token FINISHED, no partition) until the tunnel
