@@ -14,7 +14,13 @@ What lives here is what more than one layer needs, written once:
 - ``aws_errors``: which AWS error codes are worth retrying (DynamoDB meta store and DynamoDB
   Streams tunnel);
 - ``tls``: which CA bundle verifies an https Tablestore endpoint, and how a TLS failure is
-  worded (the Tunnel wire client and the Tablestore meta store).
+  worded (the Tunnel wire client and the Tablestore meta store);
+- ``first_contact``: when a network error at a query's start is a configuration error;
+- ``sdk_notices``: the ``tablestore`` SDK's import notices, quieted here once for every layer.
 
 Nothing here imports pyspark or a cloud SDK.
 """
+
+from cdc_common.sdk_notices import quiet_sdk_import_notices
+
+quiet_sdk_import_notices()

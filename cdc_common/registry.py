@@ -33,6 +33,8 @@ class Backend:
     target: str
     #: the ``pip install ...`` line that brings its dependencies, or ``INCLUDED``
     install: str = INCLUDED
+    #: the URI form this backend takes, for messages and docs (``local:///abs/path/store.db``)
+    form: str = ""
 
 
 #: ``refuse(shown_uri, problem, allowed)`` builds the registry owner's typed error
@@ -56,6 +58,12 @@ class BackendRegistry(Mapping[str, Backend]):
 
     def __len__(self) -> int:
         return len(self._backends)
+
+    def forms(self) -> str:
+        """Every scheme with its URI form (``local:///abs/path/store.db, http://...``), for
+        the ``allowed`` part of an error and for the docs."""
+        return ", ".join(backend.form or f"{scheme}://..." for scheme, backend
+                         in self._backends.items())
 
     def load(self, uri: str) -> Any:
         """The backend class for ``uri``'s scheme, its module imported now. An unknown scheme,

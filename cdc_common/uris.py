@@ -44,6 +44,23 @@ MASK = "***"
 TABLESTORE_INSTANCE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,63}$")
 
 
+def tablestore_instance(endpoint: str, given: str | None = None) -> str | None:
+    """The Tablestore instance an ``http(s)://`` endpoint reaches: ``given`` (the source's
+    ``instance.name``), else the endpoint's ``?instance=``, else the first label of a service
+    host name (``INSTANCE.REGION.ots.aliyuncs.com``, public or VPC); None when none names it.
+    Options, the Tunnel client, the source identity and the CLI all ask here."""
+    if given:
+        return given
+    parts = urlsplit(endpoint)
+    named = dict(parse_qsl(parts.query)).get("instance")
+    if named:
+        return named
+    host = parts.hostname or ""
+    if host.endswith(".aliyuncs.com") and host.count(".") >= 3:
+        return host.split(".", 1)[0]
+    return None
+
+
 def is_secret_key(key: str) -> bool:
     """Does the query key ``key`` name a secret (``SECRET_KEY``)?"""
     return SECRET_KEY.search(key) is not None

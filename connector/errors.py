@@ -21,6 +21,9 @@ from meta_store.errors import (
     EndCheckpointConflictError as EndCheckpointConflictError,
 )
 from meta_store.errors import (
+    MetaStoreAbsentError as MetaStoreAbsentError,
+)
+from meta_store.errors import (
     MetaStoreError as MetaStoreError,
 )
 from meta_store.errors import (
@@ -49,11 +52,39 @@ class OptionError(CdcError, ValueError):
 
 
 class CheckpointMismatchError(CdcError):
-    """A Spark checkpoint directory belongs to another endpoint/table/tunnel."""
+    """A Spark checkpoint directory belongs to another source (``connector.identity``): another
+    service, table or tunnel. ``change`` says which, ``remedy`` what to do."""
 
     template = (
         "this checkpoint location was written by source {found!r}, but the query now reads "
-        "{expected!r}; use a new checkpoint location for a different table or tunnel"
+        "{expected!r}: {change}; {remedy}"
+    )
+
+
+class CheckpointMetaStoreError(CdcError):
+    """The meta store the query uses has no record of the namespace its checkpoint was written
+    in: another ``meta.store`` (``recorded``, from the checkpoint's offsets, when known)."""
+
+    template = (
+        "this checkpoint location's batches are in meta-store namespace {namespace!r}, which "
+        "the meta store {current!r} does not hold: {why}"
+    )
+
+
+class SourceInUseError(CdcError):
+    """Another live query holds the source's lease (``connector.planning.lease``): two queries
+    on one tunnel are refused."""
+
+    template = (
+        "option 'tunnel.name': tunnel {tunnel!r} on table {table!r} is being read by another "
+        "query (planning process {holder}; its lease was renewed {renewed_ago:.0f} s ago and "
+        "expires in {expires_in:.0f} s unless renewed). Two queries on one tunnel break "
+        "delivery: each pushes its own checkpoints, which releases child channels before the "
+        "other query has read their parents, and retention deletes the other query's batches. "
+        "To write one stream to several sinks, run one query and write each batch to all of "
+        "them in foreachBatch (docs/operations.md#one-query-many-sinks); give an independent "
+        "reader its own tunnel.name; if that query was killed, start this one again once its "
+        "lease has expired"
     )
 
 
@@ -188,6 +219,14 @@ class EndpointTlsError(TunnelError):
     template = "{problem}"
 
 
+class EndpointUnreachableError(TunnelError):
+    """At a query's start the tunnel endpoint gave no answer at all (no such host, connection
+    refused, no HTTP answer): a configuration error, reported at once, never retried
+    (``cdc_common.first_contact``). ``problem`` names the endpoint and what to fix."""
+
+    template = "{problem}"
+
+
 class TunnelServiceError(TunnelError):
     """The Tablestore Tunnel service refused a request; ``code`` and ``message`` are its own."""
 
@@ -203,7 +242,10 @@ class TunnelExpiredError(TunnelServiceError):
 
 
 class TunnelAuthError(TunnelServiceError):
-    """OTSAuthFailed / OTSPermissionDenied, or a response whose signature does not verify."""
+    """OTSAuthFailed / OTSPermissionDenied, or a response whose signature does not verify;
+    ``hint`` names the options that fix it."""
+
+    template = "{endpoint} {operation}: {code} (HTTP {http_status}): {message}; {hint}"
 
 
 # --- protocol invariants -------------------------------------------------------------------

@@ -31,8 +31,10 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
-from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
+from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value, tablestore_instance
 from connector.errors import OptionError
+from connector.identity import SourceIdentity, identity_of, legacy_namespace
+from connector.tunnel import TUNNEL_BACKENDS
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 
 #: what ``startingTimestamp`` / ``endingTimestamp`` accept
@@ -67,7 +69,7 @@ class OptionSpec(NamedTuple):
 #: canonical option name -> its definition
 OPTIONS: dict[str, OptionSpec] = {
     "endpoint": OptionSpec(
-        "endpoint", "a tunnel-service URI, e.g. local:///abs/path/store.db",
+        "endpoint", f"a tunnel-service URI: {TUNNEL_BACKENDS.forms()}",
         "the tunnel service: local:// (embedded store), http(s):// (Tablestore), "
         "dynamodb-streams://", type="URI"),
     "table.name": OptionSpec(
@@ -325,12 +327,16 @@ class SourceOptions(BaseModel):
                                   problem=f"unknown option; {hint}",
                                   allowed=", ".join(OPTIONS))
             values[OPTIONS[canonical].field] = value
+        # in the order a person reads a query: the endpoint and its scheme first (it decides
+        # which other options apply), then the table and the tunnel, then the rest
         for required in ("endpoint", "table.name", "tunnel.name"):
             if required == "tunnel.name" and values.get("tunnel_id"):
                 continue  # resolved from the tunnel id below
             if OPTIONS[required].field not in values:
                 raise OptionError(option=required, value=None, problem="is required",
                                   allowed=OPTIONS[required].allowed)
+            if required == "endpoint":
+                _check_endpoint_scheme(str(values["endpoint"]))
         tablestore = urlsplit(str(values["endpoint"])).scheme in ("http", "https")
         if tablestore:
             values = _tablestore_endpoint(values)
@@ -358,6 +364,7 @@ class SourceOptions(BaseModel):
                               problem=_problem(error["msg"]),
                               allowed=spec.allowed if spec else "see docs/options.md") from None
         _check_combinations(built, given=set(values))
+        built.identity  # noqa: B018 - an endpoint that names no service is refused at load()
         return built
 
     # --- checks per kind of read (driver: DataSource.streamReader / reader) ---------------------
@@ -419,22 +426,32 @@ class SourceOptions(BaseModel):
     @property
     def safe_endpoint(self) -> str:
         """The endpoint as it may be shown and stored (``cdc_common.uris.redact_uri``: no user
-        info, no secret query pair). Part of ``source_identity``, and stored in the namespace
-        description: its form for an endpoint in use never changes (tests/test_uri_pins.py)."""
+        info, no secret query pair): in the namespace description and the legacy namespace;
+        its form for an endpoint in use never changes (tests/test_uri_pins.py)."""
         return redact_uri(self.endpoint)
 
     @property
-    def source_identity(self) -> str:
-        """What a Spark checkpoint directory is bound to: endpoint + table + tunnel.
+    def identity(self) -> SourceIdentity:
+        """The source this query reads: the service (not the URL's spelling), the table and
+        the tunnel (``connector.identity``). Parses the endpoint only; no request."""
+        return identity_of(self.endpoint, self.table_name, self.tunnel_name)
 
-        Also the meta-store namespace, so it never contains secrets (nor the CA bundle's path,
-        which says how to reach the service, not which one it is), and an existing meta table
-        is found again only while its bytes stay the same (``safe_endpoint``)."""
-        return f"{self.safe_endpoint}#{self.table_name}#{self.tunnel_name}"
+    @property
+    def source_identity(self) -> str:
+        """The identity's text: what a Spark checkpoint directory is bound to (every offset's
+        ``source``) and the meta-store namespace of a new query. Holds no secret and no CA
+        bundle path (neither names the service)."""
+        return self.identity.namespace
+
+    @property
+    def legacy_namespace(self) -> str:
+        """The namespace earlier versions gave this query (``endpoint#table#tunnel`` with the
+        endpoint's shown form), still used where their rows are (``connector.identity``)."""
+        return legacy_namespace(self.safe_endpoint, self.table_name, self.tunnel_name)
 
     @property
     def source_digest(self) -> str:
-        """Short stable fingerprint of ``source_identity`` carried in every offset."""
+        """Short stable fingerprint of ``source_identity``."""
         return hashlib.sha256(self.source_identity.encode()).hexdigest()[:16]
 
 
@@ -501,6 +518,27 @@ def parse_bytes(text: str) -> int:
     return int(match.group(1)) * _BYTE_UNITS.get(match.group(2), 1)
 
 
+def _check_endpoint_scheme(endpoint: str) -> None:
+    """Refuse an endpoint whose scheme names no tunnel backend (``htp://...``, a bare
+    ``127.0.0.1:PORT``), naming ``endpoint`` and the schemes there are: checked before any
+    backend-specific option, whose errors would otherwise blame a correct option."""
+    try:
+        scheme = urlsplit(endpoint).scheme
+    except ValueError:
+        scheme = ""
+    if scheme in TUNNEL_BACKENDS:
+        return
+    if re.fullmatch(r"[\w.-]+:\d+/?", endpoint):
+        problem = "not a URI: a host and port alone has no scheme (expected scheme://...)"
+    elif not scheme or not endpoint.partition(":")[2].startswith("/"):
+        problem = "not a URI (expected scheme://...)"
+    else:
+        problem = f"unsupported scheme {scheme!r}"
+    raise OptionError(option="endpoint", value=redact_uri(endpoint), problem=problem,
+                      allowed=f"one of the schemes {', '.join(TUNNEL_BACKENDS)}: "
+                      + TUNNEL_BACKENDS.forms())
+
+
 def _problem(message: str) -> str:
     message = message.removeprefix("Value error, ")
     if message == "Field required":
@@ -517,6 +555,18 @@ def default_meta_store(endpoint: str) -> str | None:
         base, _ = os.path.splitext(parts.path)
         return f"sqlite://{base}.meta.db"
     return None
+
+
+def tablestore_meta_store(endpoint: str, instance: str, checkpoint_table: str | None = None,
+                          *, create_table: bool = False) -> str:
+    """The meta table a query on the Tablestore ``endpoint`` (``http(s)://HOST[:PORT]``) uses
+    when ``meta.store`` is not given: ``tablestore://INSTANCE/TABLE?endpoint=...`` in the same
+    instance, ``checkpoint.table`` or ``tablestore_cdc_meta``; the query creates it when
+    missing (``create_table``). Also what ``tablestore-cdc meta uri`` prints for the CLI and
+    the dashboard (without ``create_table``: inspection never creates)."""
+    table = checkpoint_table or DEFAULT_CHECKPOINT_TABLE
+    uri = f"tablestore://{instance}/{table}?endpoint={quote(endpoint.rstrip('/'), safe='')}"
+    return uri + ("&create_table=true" if create_table else "")
 
 
 def _shown(field: str, value: Any) -> Any:
@@ -569,10 +619,7 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
                           problem="a Tablestore endpoint has no path",
                           allowed="https://INSTANCE.REGION.ots.aliyuncs.com")
     query = dict(parse_qsl(parts.query))
-    instance = values.get("instance_name") or query.get("instance")
-    host = parts.hostname or ""
-    if not instance and host.endswith(".aliyuncs.com") and host.count(".") >= 3:
-        instance = host.split(".", 1)[0]
+    instance = tablestore_instance(endpoint, values.get("instance_name"))
     if not instance:
         raise OptionError(option="instance.name", value=None,
                           problem="is required for this endpoint (its host does not name the "
@@ -596,10 +643,9 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     values["ssl_ca_bundle"] = bundle
     with_ca = f"&ca_bundle={quote(bundle, safe='')}" if bundle else ""
     if "meta_store" not in values:
-        table = values.get("checkpoint_table") or DEFAULT_CHECKPOINT_TABLE
-        target = quote(f"{parts.scheme}://{parts.netloc}", safe="")
-        values["meta_store"] = (f"tablestore://{instance}/{table}?endpoint={target}"
-                                f"&create_table=true{with_ca}")
+        values["meta_store"] = tablestore_meta_store(
+            f"{parts.scheme}://{parts.netloc}", instance, values.get("checkpoint_table"),
+            create_table=True) + with_ca
     else:
         meta = urlsplit(str(values["meta_store"]))
         meta_query = dict(parse_qsl(meta.query))

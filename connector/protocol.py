@@ -10,13 +10,14 @@ process on the driver; it is never pickled to executors (``ChannelPartition``s a
                                             per readable channel
     read(partition)      -> connector.reader.claim_and_read (executors)
 
-The steps call the pieces in ``connector.planning``: ``offsets`` (the offset JSON),
-``namespace`` (tunnel binding, generations of initial offsets), ``positions`` (where channels
-stand after a batch), ``tracker`` (which channels a new batch reads), ``read_limits`` (their
-caps) and ``pushes`` (commit catch-up, checkpoint pushes).
+The first call binds the query (``binding``: its meta store, namespace, tunnel and ``lease``,
+every refusal before anything is created). The steps call the pieces in ``connector.planning``:
+``offsets`` (the offset JSON), ``namespace`` (tunnel binding, generations of initial offsets),
+``positions`` (where channels stand after a batch), ``tracker`` (which channels a new batch
+reads), ``read_limits`` (their caps) and ``pushes`` (commit catch-up, checkpoint pushes).
 
 Invariants kept here:
-- the initial offset is deterministic per source identity (Spark calls ``initialOffset`` again
+- the initial offset is deterministic per namespace (Spark calls ``initialOffset`` again
   after every restart until batch 0 commits and never logs batch 0's start);
 - a batch's manifest is written once; a replay reuses it even if the channels changed since;
 - a finished channel stays in the manifests (token FINISHED, no partition) until the tunnel
@@ -39,6 +40,12 @@ from connector.faults import clock, fault_point, inject_transient_errors
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.backlog import records_available
+from connector.planning.binding import (
+    Binding,
+    bind_new_query,
+    bind_restart,
+    shown_meta_store,
+)
 from connector.planning.logs import configure_planner_logging, log
 from connector.planning.namespace import NamespaceRecord
 from connector.planning.offsets import offset_json, uuid_of
@@ -54,7 +61,7 @@ from connector.planning.starting import check_starting_timestamp
 from connector.planning.tracker import ChannelTracker
 from connector.retry import with_retries
 from connector.tunnel import FINISHED, TunnelService, open_tunnel_service
-from meta_store import BatchRecord, BatchState, ChannelStart, Manifest, MetaStore, open_meta_store
+from meta_store import BatchRecord, BatchState, ChannelStart, Manifest, MetaStore
 
 #: minted-but-never-planned UUIDs older than this are garbage-collected
 ORPHAN_RETENTION_S = 3600.0
@@ -74,22 +81,24 @@ class BatchStats:
 
 
 class StreamProtocol:
-    """Driver-side protocol for one streaming query. Opened lazily by the stream reader."""
+    """Driver-side protocol for one streaming query. Opened lazily by the stream reader.
+
+    Opening makes no request and creates nothing: the query is bound to its meta store,
+    namespace, tunnel and lease at the first call that needs them
+    (``connector.planning.binding``): ``initial_offset`` binds a new query, a call handed an
+    offset from Spark's log binds a restart -- checking that offset's source and meta store
+    before anything is created."""
 
     def __init__(self, options: SourceOptions) -> None:
         configure_planner_logging()
         self.options = options
-        self.namespace = options.source_identity
+        self.identity = options.identity
         # transient errors are retried (connector.retry); the injection is inert in production
         self.tunnel: TunnelService = with_retries(inject_transient_errors(
             open_tunnel_service(options.endpoint)))
-        self.meta: MetaStore = with_retries(inject_transient_errors(
-            open_meta_store(options.meta_store, options.meta_store_credentials)))
-        self.namespace_record = NamespaceRecord(options, self.tunnel, self.meta)
-        self.tunnel_id = self.namespace_record.tunnel_id
-        self.tracker = ChannelTracker(self.tunnel, options, self.tunnel_id)
-        self.pushes = CheckpointPushes(self.meta, self.tunnel, self.namespace, self.tunnel_id,
-                                       options.commit_interval)
+        self._binding: Binding | None = None
+        #: the instant prepare_available_now was called, before the binding (µs; None: not)
+        self._available_now_at_us: int | None = None
         self._committed_through: str | None = None
         self._commits_since_gc = 1_000_000  # the first commit of a process applies retention
         #: a batch known to have no planned successor (this process planned it last, or
@@ -101,31 +110,83 @@ class StreamProtocol:
         self.clock = clock
 
     def close(self) -> None:
+        if self._binding is not None:
+            self._binding.lease.release()
+            self._binding.meta.close()
         self.tunnel.close()
-        self.meta.close()
+
+    # --- binding (connector.planning.binding) --------------------------------------------------
+
+    def _bind(self, offset: dict | None) -> Binding:
+        """The binding, made now if it is not: for a restart when ``offset`` (from Spark's
+        log) is given, else for a new query. The offset is also the evidence a lease left
+        pending by ``initialOffset`` is decided on (``connector.planning.lease``). A bound
+        query checks its lease is still its own (another process took it over: this one is a
+        leftover)."""
+        if self._binding is None:
+            if offset is None:
+                self._binding = bind_new_query(self.options, self.identity, self.tunnel)
+            else:
+                self._binding = bind_restart(self.options, self.identity, self.tunnel, offset)
+            if self._available_now_at_us is not None:
+                self._binding.tracker.prepare_available_now(self._available_now_at_us)
+        elif offset is not None and self._binding.lease.pending:
+            evidence = offset.get("uuid") if isinstance(offset, dict) else None
+            self._binding.lease.take(self._binding.namespace,
+                                     evidence if isinstance(evidence, str) else None)
+        self._binding.lease.check()
+        return self._binding
+
+    @property
+    def namespace(self) -> str:
+        """The meta namespace of this query's batches (the identity's, or a legacy one its
+        checkpoint names: ``connector.identity``)."""
+        return self._bind(None).namespace
+
+    @property
+    def meta(self) -> MetaStore:
+        return self._bind(None).meta
+
+    @property
+    def namespace_record(self) -> NamespaceRecord:
+        return self._bind(None).record
+
+    @property
+    def tunnel_id(self) -> str:
+        return self._bind(None).tunnel_id
+
+    @property
+    def tracker(self) -> ChannelTracker:
+        return self._bind(None).tracker
+
+    @property
+    def pushes(self) -> CheckpointPushes:
+        return self._bind(None).pushes
 
     # --- offsets -----------------------------------------------------------------------------
 
     def offset(self, uuid: str, max_rows: int | None = None,
                max_bytes: int | None = None) -> dict:
         """The offset Spark logs (``connector.planning.offsets``)."""
-        return offset_json(self.namespace, uuid, max_rows, max_bytes)
+        return offset_json(self.namespace, uuid, max_rows, max_bytes,
+                           shown_meta_store(self.options))
 
     def uuid_of(self, offset: dict) -> str:
         """The UUID of an offset from Spark's log; refuses an offset of another source
         (``CheckpointMismatchError``) and one this source did not write
-        (``MalformedOffsetError``)."""
-        return uuid_of(offset, self.namespace)
+        (``MalformedOffsetError``). Binds a restart on the first call."""
+        return uuid_of(offset, self.identity, self._bind(offset).namespace)
 
     def initial_offset(self) -> dict:
         """``initialOffset``: the same UUID every time until batch 0 of this query commits.
 
-        The UUID is derived from the source identity, the tunnel id and a generation number.
+        The UUID is derived from the namespace, the tunnel id and a generation number.
         A generation is used once a batch after its initial batch has committed: a later query
         (a new checkpoint directory) starts the next generation from the tunnel's pushed
         checkpoints, while a restart of the same query never calls ``initialOffset`` again.
         """
-        uuid = self.namespace_record.initial_uuid()
+        binding = self._bind(None)
+        uuid = binding.record.initial_uuid()
         existing = self.meta.find_batch(self.namespace, uuid)
         if existing is None:
             starts = tuple(self.tracker.starts(exclude=set()))
@@ -135,6 +196,8 @@ class StreamProtocol:
             manifest = Manifest(channels=starts, planned_at=self.clock())
             existing = self.meta.create_batch(self.namespace, uuid, None,
                                               state=BatchState.PUSHED, manifest=manifest)
+        if binding.lease.tip is None:
+            binding.lease.advance(uuid, now=True)  # a restart during batch 0 finds it
         log.info("initial offset %s (%d channels)", uuid,
                  len(existing.manifest.channels) if existing.manifest else 0)
         return self.offset(uuid)
@@ -256,6 +319,7 @@ class StreamProtocol:
     def plan(self, start: dict, end: dict) -> list[ChannelPartition]:
         """``partitions(start, end)``: one partition per readable channel of the batch."""
         began = time.perf_counter()
+        self._bind(end)  # the end is from Spark's log: a restart's evidence (lease)
         start_uuid, end_uuid = self.uuid_of(start), self.uuid_of(end)
         if start_uuid == end_uuid:
             return []
@@ -266,6 +330,11 @@ class StreamProtocol:
             assert batch is not None and batch.manifest is not None
             manifest = batch.manifest
         else:
+            # the lease carries the line; a process whose lease was taken over (a leftover of
+            # a restarted query) finds out here, before it plans anything
+            lease = self._bind(end).lease
+            lease.advance(end_uuid)
+            lease.check()
             # the limits travel in the offset: the minted row may have been collected
             max_rows = end.get("maxRows") or (batch.max_rows if batch is not None else None)
             manifest = self.meta.put_manifest(
@@ -402,8 +471,11 @@ class StreamProtocol:
     def prepare_available_now(self) -> None:
         """``prepareForTriggerAvailableNow``: the run reads every change committed by now
         (``ChannelTracker.prepare_available_now``; a restart of an unfinished run goes on to
-        that run's bound, settled at the first batch)."""
-        self.tracker.prepare_available_now(int(self.clock() * 1_000_000))
+        that run's bound, settled at the first batch). Spark calls it before the first offset
+        call, which decides how the query binds: until then the instant is only noted."""
+        self._available_now_at_us = int(self.clock() * 1_000_000)
+        if self._binding is not None:
+            self.tracker.prepare_available_now(self._available_now_at_us)
 
 
 def _bound_of(batch: BatchRecord) -> int | None:

@@ -4,9 +4,12 @@
 *retryable* error (a ``CdcError`` whose class says ``retryable = True``: ``TransientTunnelError``,
 ``TransientMetaStoreError`` — throttling, a lock held too long, a service restarting) is tried
 again with exponential backoff and jitter, at most ``ATTEMPTS`` times and for at most
-``DEADLINE_S`` seconds in all, and then re-raised as it was. Any other error (a conflict, a stale
-checkpoint, a missing batch, data loss) is raised at once: retrying cannot fix it, and some of
-them (``EndCheckpointConflictError``, ``StaleCheckpointError``) are answers the caller acts on.
+``DEADLINE_S`` seconds in all (no attempt starts later; an attempt that waits itself, as a
+backend's own retries do, leaves less time), and then re-raised with what happened: how many
+attempts over how long, and that the query can be restarted on the same checkpoint
+(``gave_up``). Any other error (a conflict, a stale checkpoint, a missing batch, data loss) is
+raised at once: retrying cannot fix it, and some of them (``EndCheckpointConflictError``,
+``StaleCheckpointError``) are answers the caller acts on.
 
 Why retrying a whole call is safe, even when the failed attempt took effect and only its answer
 was lost:
@@ -69,20 +72,21 @@ def is_retryable(error: BaseException) -> bool:
 
 
 def retrying(what: str = "call", attempts: int = ATTEMPTS, first_attempt: int = 1,
-             sleep: Callable[[float], None] = time.sleep) -> Retrying:
-    """The retry policy: ``attempts`` attempts within ``DEADLINE_S``, exponential backoff with
-    jitter, retryable errors only, the last error re-raised unchanged. ``first_attempt``: the
-    number the first of them has in the whole call (for the log line); ``sleep``: how to
-    pause between attempts."""
+             sleep: Callable[[float], None] = time.sleep,
+             deadline_s: float = DEADLINE_S) -> Retrying:
+    """The retry policy: ``attempts`` attempts, none started later than ``deadline_s`` after
+    the first, exponential backoff with jitter, retryable errors only, the last error
+    re-raised unchanged. ``first_attempt``: the number the first of them has in the whole call
+    (for the log line); ``sleep``: how to pause between attempts."""
 
     def before_sleep(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
-        log.info("%s failed (attempt %d of %d): %s; retrying in %.2f s", what,
-                 state.attempt_number + first_attempt - 1, ATTEMPTS, error,
+        log.info("%s failed (attempt %d of at most %d within %.0f s): %s; retrying in %.2f s",
+                 what, state.attempt_number + first_attempt - 1, ATTEMPTS, DEADLINE_S, error,
                  state.next_action.sleep if state.next_action else 0.0)
 
     return Retrying(
-        stop=stop_after_attempt(attempts) | stop_after_delay(DEADLINE_S),
+        stop=stop_after_attempt(attempts) | stop_after_delay(max(deadline_s, 0.0)),
         # BACKOFF_INITIAL_S * 2**(n-1) capped at BACKOFF_MAX_S, plus up to BACKOFF_JITTER_S
         wait=(wait_exponential(multiplier=BACKOFF_INITIAL_S, max=BACKOFF_MAX_S)
               + wait_random(0, BACKOFF_JITTER_S)),
@@ -91,6 +95,19 @@ def retrying(what: str = "call", attempts: int = ATTEMPTS, first_attempt: int = 
         before_sleep=before_sleep,
         sleep=sleep,
     )
+
+
+def gave_up(error: CdcError, attempts: int, elapsed_s: float) -> CdcError:
+    """``error``, the last of ``attempts`` retried ones, saying so and what the user can do:
+    every write is idempotent and the meta chain is consistent after any failure, so a restart
+    on the same checkpoint replays what was lost and skips nothing. The same type and fields
+    (``detail`` extended), so callers catching it see no difference."""
+    note = (f"gave up after {attempts} attempt(s) in {elapsed_s:.1f} s; the query can be "
+            "restarted on the same checkpoint location: nothing is lost")
+    if isinstance(error.fields.get("detail"), str):
+        return type(error)(**{**error.fields, "detail": f"{error.fields['detail']} ({note})"})
+    error.add_note(note)
+    return error
 
 
 class _RetryingClient(ClientProxy):
@@ -107,6 +124,7 @@ class _RetryingClient(ClientProxy):
         # The first attempt is a plain call: building tenacity's policy costs ~40 us, paid per
         # call it would be ~40 ms per batch on a 1,000-channel tunnel. The policy only runs
         # once an attempt failed with a retryable error.
+        began = time.monotonic()
         try:
             return method(*args, **kwargs)
         except CdcError as error:
@@ -114,11 +132,20 @@ class _RetryingClient(ClientProxy):
                 raise
             what = f"{self._kind}.{name}"
             pause = BACKOFF_INITIAL_S + random.uniform(0, BACKOFF_JITTER_S)
-            log.info("%s failed (attempt 1 of %d): %s; retrying in %.2f s", what, ATTEMPTS,
-                     error, pause)
+            log.info("%s failed (attempt 1 of at most %d within %.0f s): %s; retrying in "
+                     "%.2f s", what, ATTEMPTS, DEADLINE_S, error, pause)
         self._sleep(pause)
-        return retrying(what, attempts=ATTEMPTS - 1, first_attempt=2, sleep=self._sleep)(
-            method, *args, **kwargs)
+        # the deadline counts from the first attempt: an attempt that itself waited (a
+        # backend's own retries) leaves less time for the next ones
+        policy = retrying(what, attempts=ATTEMPTS - 1, first_attempt=2, sleep=self._sleep,
+                          deadline_s=DEADLINE_S - (time.monotonic() - began))
+        try:
+            return policy(method, *args, **kwargs)
+        except CdcError as error:
+            if not error.retryable:
+                raise
+            attempts = 1 + int(policy.statistics.get("attempt_number", 1))
+            raise gave_up(error, attempts, time.monotonic() - began) from None
 
     def __repr__(self) -> str:
         return f"<retrying {self._target!r}>"

@@ -37,6 +37,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from cdc_common.first_contact import query_start
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import TriggerLimits, trigger_limits
@@ -59,8 +60,9 @@ class TablestoreDataSource(DataSource):
         return "tablestore"
 
     def schema(self) -> StructType:
-        """Called on the driver when no ``.schema(...)`` was given."""
-        with open_tunnel_service(self.source_options.endpoint) as tunnel:
+        """Called on the driver when no ``.schema(...)`` was given: the query's first contact
+        with its tunnel service (an endpoint that does not answer fails at once)."""
+        with query_start(), open_tunnel_service(self.source_options.endpoint) as tunnel:
             table = tunnel.table_schema(self.source_options.table_name)
             return output_schema(self.source_options.declared_schema(table))
 
@@ -103,8 +105,9 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         if self._protocol is None:
             from connector.protocol import StreamProtocol
 
-            protocol = StreamProtocol(self.options)
-            table = protocol.tunnel.table_schema(self.options.table_name)
+            protocol = StreamProtocol(self.options)  # binds at its first offset call
+            with query_start():  # the planning process's first contact with the service
+                table = protocol.tunnel.table_schema(self.options.table_name)
             if self.schema != output_schema(table):
                 check_user_schema(self.schema, table)
             self._protocol = protocol

@@ -13,8 +13,9 @@ the ``pip install`` line that brings it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cdc_common.registry import Backend, BackendRegistry
 from cdc_common.uris import redact_uri
@@ -23,11 +24,12 @@ from meta_store.base import (
     BatchState,
     ChannelStart,
     EndCheckpoint,
+    Lease,
     Manifest,
     MetaStore,
     chain_order,
 )
-from meta_store.errors import MetaStoreUriError
+from meta_store.errors import MetaStoreAbsentError, MetaStoreUriError
 
 #: scheme -> the meta-store backend class and how to install what it needs
 META_BACKENDS = BackendRegistry(
@@ -43,13 +45,22 @@ META_BACKENDS = BackendRegistry(
 )
 
 
-def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None) -> MetaStore:
+def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None, *,
+                    create: bool = True) -> MetaStore:
     """Open the meta store at ``uri`` (driver, executors, CLI).
 
     ``credentials`` (``access_key_id``, ``access_key_secret``, optional ``security_token``)
     are for backends that take them from the caller rather than the URI, which never holds a
     secret: the Tablestore backend (else it reads ``ALIBABA_CLOUD_*``). Other backends use their
-    own credential chains and refuse them."""
+    own credential chains and refuse them.
+
+    ``create=False`` opens without creating anything (a query checking a restart before it
+    writes, the inspection tools): a SQLite file that does not exist raises
+    ``MetaStoreAbsentError`` instead of being created, and a DynamoDB or Tablestore URI's
+    ``create_table=true`` is ignored (a missing table raises ``MetaTableMissingError``, at open
+    or at the first request)."""
+    if not create:
+        uri = _without_creating(uri)
     backend = META_BACKENDS.load(uri)
     if credentials:
         scheme = urlsplit(uri).scheme
@@ -63,12 +74,28 @@ def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None) -> M
     return store
 
 
+def _without_creating(uri: str) -> str:
+    """``uri`` as it opens without creating: ``MetaStoreAbsentError`` for a SQLite path that
+    does not exist; ``create_table`` dropped from a DynamoDB or Tablestore URI."""
+    parts = urlsplit(uri)
+    if parts.scheme == "sqlite" and not parts.netloc:
+        path = unquote(parts.path)
+        if path and os.path.isabs(path) and not os.path.exists(path):
+            raise MetaStoreAbsentError(table=path, location="this file system")
+    if parts.scheme in ("dynamodb", "tablestore") and parts.query:
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                 if k != "create_table"]
+        uri = urlunsplit(parts._replace(query=urlencode(query)))
+    return uri
+
+
 __all__ = [
     "META_BACKENDS",
     "BatchRecord",
     "BatchState",
     "ChannelStart",
     "EndCheckpoint",
+    "Lease",
     "Manifest",
     "MetaStore",
     "chain_order",

@@ -16,7 +16,10 @@ Who calls what:
   ``get_end_checkpoints``, ``mark_committed``, ``committed_not_pushed``, ``mark_pushed``, ``gc``;
 - executors: ``get_end_checkpoint`` and ``put_end_checkpoint`` (the claim), on a store opened
   inside ``read()``;
-- the inspection CLI and dashboard: the listing methods, read-only.
+- the inspection CLI and dashboard: the listing methods, read-only;
+- the driver's lease on a source (``connector.planning.lease``): ``take_lease``,
+  ``get_lease``, ``release_lease`` -- a compare-and-set row per source, so two live queries on
+  one tunnel are told apart.
 
 Backends implement the ``_``-prefixed primitives; the policies (chain order, commit catch-up,
 retention, conflict detection) live here once. Every backend passes
@@ -28,13 +31,18 @@ from __future__ import annotations
 import enum
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
-from meta_store.errors import CorruptMetaRecordError, EndCheckpointConflictError, UnknownBatchError
+from meta_store.errors import (
+    CorruptMetaRecordError,
+    EndCheckpointConflictError,
+    TransientMetaStoreError,
+    UnknownBatchError,
+)
 
 
 class BatchState(str, enum.Enum):  # noqa: UP042 - keep str() as is for callers
@@ -107,6 +115,25 @@ class BatchRecord(_Frozen):
     spark_batch_id: int | None = None
 
 
+class Lease(_Frozen):
+    """A query's claim on a source (``connector.planning.lease``): who holds it, until when,
+    and where its batches are. Stored as JSON under the source's key; written only by
+    compare-and-set (``MetaStore.take_lease``)."""
+
+    #: the holder: one planning process (host/pid/random, ``connector.planning.lease``)
+    owner: str
+    expires_at: float
+    renewed_at: float
+    #: the meta namespace the holder's batches are in, and a batch on its line at
+    #: ``renewed_at`` (the newest it committed or planned): how a restart of the same query
+    #: is told from a second query
+    namespace: str
+    tip: str | None = None
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+
 class EndCheckpoint(_Frozen):
     """Where one channel's read stopped in one batch: claimed before any row is handed out."""
 
@@ -147,6 +174,9 @@ def parse_record(model: type[_Frozen], raw: str | bytes, *, store: str, key: str
         reason = exc.errors()[0].get("msg", str(exc)) if exc.errors() else str(exc)
         raise CorruptMetaRecordError(store=store, key=key, reason=reason) from None
 
+
+#: compare-and-set rounds of ``take_lease`` before it gives up (each lost to another writer)
+_LEASE_ROUNDS = 10
 
 #: stands for a stored manifest that was not read (``MetaStore._list_batches_for_retention``)
 UNREAD_MANIFEST = Manifest(channels=(), planned_at=0.0)
@@ -259,6 +289,15 @@ class MetaStore(ABC):
 
     @abstractmethod
     def get_namespace_info(self, namespace: str) -> dict[str, str] | None: ...
+
+    @abstractmethod
+    def _get_lease_json(self, key: str) -> str | None:
+        """The lease stored under ``key`` (a JSON text), or None."""
+
+    @abstractmethod
+    def _swap_lease_json(self, key: str, expected: str | None, new: str) -> bool:
+        """Store ``new`` under ``key`` if the stored lease is exactly ``expected`` (None: no
+        lease is stored), atomically; True when it was written."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Safe to call twice."""
@@ -432,6 +471,53 @@ class MetaStore(ABC):
         if victims:
             self._delete_batches(namespace, victims)
         return victims
+
+    # --- leases (driver) ---------------------------------------------------------------------
+
+    def get_lease(self, key: str) -> Lease | None:
+        """The lease under ``key`` (the source's identity), or None."""
+        return self._parse_lease(key, self._get_lease_json(key))
+
+    def _parse_lease(self, key: str, raw: str | None) -> Lease | None:
+        if raw is None:
+            return None
+        parsed = parse_record(Lease, raw, store=self.uri, key=f"{key}/lease")
+        assert isinstance(parsed, Lease)
+        return parsed
+
+    def take_lease(self, key: str, owner: str, ttl_s: float, *, namespace: str,
+                   tip: str | None = None, now: float | None = None,
+                   may_take_over: Callable[[Lease], bool] | None = None) -> Lease | None:
+        """Take or renew the lease under ``key`` for ``owner`` for ``ttl_s`` seconds: granted
+        when there is none, it has expired, ``owner`` holds it, or ``may_take_over(lease)``
+        says the live holder is to be replaced (a restart of the same query). Returns None
+        when granted, else the live lease that stands in the way. Compare-and-set on the
+        stored row: of two processes taking it at once, one wins."""
+        for _ in range(_LEASE_ROUNDS):
+            at = time.time() if now is None else now
+            raw = self._get_lease_json(key)
+            current = self._parse_lease(key, raw)
+            if (current is not None and current.owner != owner and current.live(at)
+                    and not (may_take_over is not None and may_take_over(current))):
+                return current
+            new = Lease(owner=owner, expires_at=at + ttl_s, renewed_at=at, namespace=namespace,
+                        tip=tip if tip is not None or current is None or current.owner != owner
+                        else current.tip)
+            if self._swap_lease_json(key, raw, new.model_dump_json()):
+                return None
+        raise TransientMetaStoreError(
+            detail=f"{self.uri}: the lease of {key!r} changed {_LEASE_ROUNDS} times in a row")
+
+    def release_lease(self, key: str, owner: str, now: float | None = None) -> None:
+        """End ``owner``'s lease under ``key`` at once (a query that stops), so the next
+        query need not wait for it to expire; a lease another owner holds is left alone."""
+        at = time.time() if now is None else now
+        raw = self._get_lease_json(key)
+        current = self._parse_lease(key, raw)
+        if current is None or current.owner != owner or not current.live(at):
+            return
+        ended = current.model_copy(update={"expires_at": at, "renewed_at": at})
+        self._swap_lease_json(key, raw, ended.model_dump_json())  # lost: someone took it
 
     def __enter__(self) -> MetaStore:
         return self

@@ -414,6 +414,13 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         self._call(operation, "put_item", TableName=self.table,
                    Item=self._item(namespace, sk, row))
 
+    def _replace_row_if(self, operation: str, namespace: str, sk: str, column: str,
+                        expected: str, row: PlainRow) -> None:
+        self._call(operation, "put_item", TableName=self.table,
+                   Item=self._item(namespace, sk, row), ConditionExpression="#c = :expected",
+                   ExpressionAttributeNames={"#c": column},
+                   ExpressionAttributeValues={":expected": _s(expected)})
+
     # --- writes that change a batch row ---------------------------------------------------
 
     def _set_manifest_if_absent(

@@ -46,6 +46,13 @@ class MetaTableMissingError(MetaStoreError):
     )
 
 
+class MetaStoreAbsentError(MetaTableMissingError):
+    """A meta store opened without creating it (``open_meta_store(create=False)``) is not
+    there: a SQLite file that does not exist."""
+
+    template = "no meta store at {table}: the file does not exist"
+
+
 class MetaStoreUriError(MetaStoreError, ValueError):
     template = "meta-store URI {uri!r}: {reason}"
 

@@ -22,6 +22,9 @@ Both keep a meta table as rows of one service table, addressed by a string prima
   UUID never holds ``#``, so a batch's ends are the sort keys that start with ``E#<uuid>#``.
 - ``N#info``, the namespace's description (``set_namespace_info``): ``info``, a JSON object of
   strings with sorted keys.
+- ``N#lease``, a source's lease (``MetaStore.take_lease``) in the partition of the source's
+  identity: ``lease``, the ``Lease`` JSON, replaced only by a write conditioned on the stored
+  text (or on there being none).
 - ``N#pending``, DynamoDB only: the committed-not-pushed index, ``uuids`` (a string set, a
   superset of the batches in state committed: a UUID is added before its batch is marked
   committed and removed after it is marked pushed) and ``seeded`` (boolean, set once the set
@@ -61,6 +64,7 @@ from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError, Tra
 BATCH_PREFIX = "B#"
 END_PREFIX = "E#"
 INFO_SK = "N#info"
+LEASE_SK = "N#lease"
 PENDING_SK = "N#pending"
 
 #: the fields of a batch kept in their own columns, not in its ``doc``
@@ -133,6 +137,12 @@ class KeyValueMetaStore(MetaStore):
     @abstractmethod
     def _put_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
         """Write ``row`` at ``sk``, replacing any row there."""
+
+    @abstractmethod
+    def _replace_row_if(self, operation: str, namespace: str, sk: str, column: str,
+                        expected: str, row: PlainRow) -> None:
+        """Write ``row`` at ``sk`` if the row there holds exactly ``expected`` in ``column``:
+        else raise ``ConditionFailed``."""
 
     @abstractmethod
     def _delete_some(self, namespace: str, sort_keys: Sequence[str]) -> list[str]:
@@ -315,6 +325,24 @@ class KeyValueMetaStore(MetaStore):
             return _NAMESPACE_INFO.validate_json(row["info"])
         except (KeyError, ValidationError) as exc:
             raise self._corrupt(f"{namespace}/{INFO_SK}", str(exc).splitlines()[0]) from None
+
+    def _get_lease_json(self, key: str) -> str | None:
+        row = self._get_row("get_lease", key, LEASE_SK)
+        lease = None if row is None else row.get("lease")
+        if row is not None and not isinstance(lease, str):
+            raise self._corrupt(f"{key}/{LEASE_SK}", f"{self.cell} 'lease' is not a string")
+        return lease
+
+    def _swap_lease_json(self, key: str, expected: str | None, new: str) -> bool:
+        try:
+            if expected is None:
+                self._insert_row("take_lease", key, LEASE_SK, {"lease": new})
+            else:
+                self._replace_row_if("take_lease", key, LEASE_SK, "lease", expected,
+                                     {"lease": new})
+        except ConditionFailed:
+            return False
+        return True
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(uri={self.uri!r})"

@@ -28,7 +28,9 @@ Layout (schema version ``SCHEMA_VERSION``, recorded in ``cdc_meta_schema``):
 - ``cdc_end_checkpoints(ns, uuid, channel_id, record)``: ``record`` is the ``EndCheckpoint`` JSON;
 - ``cdc_namespaces(ns, info)``: the namespace description, a JSON object of strings;
 - index ``cdc_batches_state(ns, state_rank)``: committed-not-pushed batches without a listing
-  (created on open when missing).
+  (created on open when missing);
+- ``cdc_leases(key, lease)``: a source's lease (``MetaStore.take_lease``), the ``Lease`` JSON
+  under the source's identity (created on open when missing; files from before it have none).
 
 A file that is not a meta store of ours (not SQLite, another application's database, a newer
 schema) is refused at open with ``MetaStoreUriError``; a row that does not decode raises
@@ -94,6 +96,8 @@ _DDL = (
 #: committed-not-pushed batches are looked up on every commit (an index, not part of the
 #: schema version: created when missing)
 _STATE_INDEX = ("CREATE INDEX IF NOT EXISTS cdc_batches_state ON cdc_batches (ns, state_rank)")
+#: sources' leases (added after the schema version: created when missing, like the index)
+_LEASE_TABLE = "CREATE TABLE IF NOT EXISTS cdc_leases (key TEXT PRIMARY KEY, lease TEXT NOT NULL)"
 
 _DEFAULTS = {"busy_timeout_ms": 10_000, "lock_retries": 3}
 #: SQLite result codes (primary, low byte) meaning "another connection holds the lock"
@@ -217,7 +221,7 @@ class SqliteMetaStore(MetaStore):
                     f"tablestore-cdc meta store (it has tables {', '.join(sorted(tables))} and no "
                     f"{_SCHEMA_TABLE}); use a new file",
                 )
-            for statement in (*_DDL, _STATE_INDEX):
+            for statement in (*_DDL, _STATE_INDEX, _LEASE_TABLE):
                 conn.execute(statement)
             conn.executemany(
                 f"INSERT INTO {_SCHEMA_TABLE} (key, value) VALUES (?, ?)",
@@ -235,6 +239,7 @@ class SqliteMetaStore(MetaStore):
         marker = dict(conn.execute(f"SELECT key, value FROM {_SCHEMA_TABLE}").fetchall())
         if marker.get("product") == PRODUCT:
             conn.execute(_STATE_INDEX)
+            conn.execute(_LEASE_TABLE)
         if marker.get("product") != PRODUCT:
             raise MetaStoreUriError(
                 uri=self.uri, reason=f"{self.path}: schema marker says product "
@@ -512,6 +517,22 @@ class SqliteMetaStore(MetaStore):
             return _INFO.validate_json(row[0])
         except (ValidationError, TypeError) as exc:
             raise self._corrupt(f"{namespace}/info", str(exc).splitlines()[0]) from None
+
+    def _get_lease_json(self, key: str) -> str | None:
+        row = self._run("get_lease", lambda conn: conn.execute(
+            "SELECT lease FROM cdc_leases WHERE key = ?", (key,)).fetchone())
+        return None if row is None else str(row[0])
+
+    def _swap_lease_json(self, key: str, expected: str | None, new: str) -> bool:
+        def swap(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT lease FROM cdc_leases WHERE key = ?", (key,)).fetchone()
+            if (None if row is None else row[0]) != expected:
+                return False
+            conn.execute("INSERT INTO cdc_leases (key, lease) VALUES (?, ?) ON CONFLICT (key)"
+                         " DO UPDATE SET lease = excluded.lease", (key, new))
+            return True
+
+        return self._write("take_lease", swap)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

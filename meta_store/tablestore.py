@@ -94,6 +94,7 @@ from cdc_common.credentials import (
     ALIBABA_SECURITY_TOKEN,
     alibaba_credentials,
 )
+from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.uris import (
     TABLESTORE_INSTANCE,
     HttpOrigin,
@@ -144,6 +145,20 @@ _TRANSIENT_CODES = frozenset({
 _OPTIMISTIC_ROUNDS = 20
 #: how the SDK's message for an error status without a service error body begins
 _SDK_BARE_ERROR = "HTTP status:"
+#: the service refused the credentials: a configuration error, named with what to fix
+_AUTH_CODES = frozenset({"OTSAuthFailed", "OTSPermissionDenied"})
+
+
+def _credentials_hint(code: str) -> str:
+    """What to fix when the meta store's credentials are refused: they are the source's own
+    options (or the environment), and a meta table in another instance needs a key valid
+    there."""
+    keys = (f"access.key.id / access.key.secret (or {ALIBABA_ACCESS_KEY_ID} / "
+            f"{ALIBABA_ACCESS_KEY_SECRET})")
+    if code == "OTSPermissionDenied":
+        return f"the meta store's key lacks a permission on its table: grant it or change {keys}"
+    return (f"the meta store's credentials were refused: it uses the source's {keys} and "
+            f"{ALIBABA_SECURITY_TOKEN} for STS; check them for the meta table's instance")
 
 
 class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
@@ -264,6 +279,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
                 raise MetaStoreUriError(uri=self.uri, reason=f"ca_bundle: {problem}")
             _trust_ca(self._client, bundle)
         self._closed = False
+        #: has the endpoint answered a request (``cdc_common.first_contact``)?
+        self._answered = False
         if create_table:
             self._ensure_table()
 
@@ -357,14 +374,23 @@ class TablestoreMetaStore(KeyValueMetaStore):
                                         reason="the store is closed")
         for attempt in range(1, self.max_attempts + 1):
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                self._answered = True
+                return result
             except OTSServiceError as exc:
+                self._answered = True
                 code, status = exc.get_error_code(), exc.get_http_status()
                 if code == "OTSConditionCheckFail":
                     raise ConditionFailed() from None
                 if code == "OTSObjectNotExist":
                     raise MetaTableMissingError(
                         table=self.table, location=f"instance {self.instance} at {self.endpoint}"
+                    ) from None
+                if code in _AUTH_CODES:
+                    raise MetaStoreRequestError(
+                        store=self.uri, operation=f"Tablestore {operation}",
+                        reason=f"{code} (HTTP {status}): {exc.get_error_message()}; "
+                        + _credentials_hint(code),
                     ) from None
                 if code in _TRANSIENT_CODES or (status or 0) >= 500:
                     raise TransientMetaStoreError(
@@ -406,6 +432,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
                 time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
             except Exception as exc:  # urllib3/socket errors: the request may not have arrived
                 problem = tls.tls_problem(exc, self.endpoint)
+                if problem is None and at_query_start() and not self._answered:
+                    problem = unreachable_problem(exc, self.endpoint, "meta.store endpoint")
                 if problem is not None:  # a configuration error: retrying cannot fix it
                     raise MetaStoreRequestError(
                         store=self.uri, operation=f"Tablestore {operation}", reason=problem,
@@ -457,6 +485,16 @@ class TablestoreMetaStore(KeyValueMetaStore):
         self._call(operation, self._client.put_row, self.table,
                    Row(self._pk(namespace, sk), _columns(row)),
                    Condition(RowExistenceExpectation.IGNORE))
+
+    def _replace_row_if(self, operation: str, namespace: str, sk: str, column: str,
+                        expected: str, row: PlainRow) -> None:
+        condition = Condition(
+            RowExistenceExpectation.EXPECT_EXIST,
+            SingleColumnCondition(column, expected, ComparatorType.EQUAL,
+                                  pass_if_missing=False),
+        )
+        self._call(operation, self._client.put_row, self.table,
+                   Row(self._pk(namespace, sk), _columns(row)), condition)
 
     # --- writes that change a batch row: optimistic, on its version -----------------------
 

@@ -25,11 +25,13 @@ from typing import Annotated
 import typer
 
 from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.local_cli import check_store_file
 
 
 def emulator_command(
     store: Annotated[
-        Path, typer.Option("--store", help="SQLite file of the embedded store (created if absent).")
+        Path, typer.Option("--store", help="SQLite file of the embedded store (created if "
+                           "absent); a file that is not a store is refused.")
     ],
     instance: Annotated[str, typer.Option("--instance", help="Instance name clients must use.")],
     access_key_id: Annotated[
@@ -59,11 +61,14 @@ def emulator_command(
     # imported here: the emulator needs the ``tablestore`` extra, the rest of the CLI does not
     from tablestore_emulator.server import EmulatorServer
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for name in ("tablestore.encoder", "tablestore.decoder"):  # "native codec not available"
-        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # (SDK notices: cdc_common)
     if not store.parent.is_dir():
         fail(f"--store: directory {store.parent} does not exist")
+    if store.is_dir():
+        fail(f"--store: {store} is a directory; give the store's file")
+    if store.is_file() and store.stat().st_size:
+        # a meta store or another database would get the store's tables written into it
+        check_store_file(store)
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if not 1 <= channels <= 1024:

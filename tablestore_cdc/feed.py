@@ -27,12 +27,10 @@ never on executors.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cdc_common.tokens import FINISHED
 from connector.errors import (
@@ -45,6 +43,7 @@ from connector.errors import (
 from connector.planning.positions import positions_after_batch
 from meta_store import BatchRecord, BatchState, EndCheckpoint, MetaStore, open_meta_store
 from meta_store.base import chain_order
+from meta_store.errors import MetaStoreAbsentError
 
 #: Version of the feed's JSON shape; bumped only for a change that breaks a consumer (a field
 #: removed, renamed or changing meaning). Adding a field keeps the version (docs/progress-feed.md).
@@ -78,21 +77,15 @@ class MetaStoreNotFoundError(InspectionError):
 
 
 def open_existing_meta_store(uri: str) -> MetaStore:
-    """Open the meta store at ``uri`` for inspection without creating anything: a SQLite path
-    that does not exist is refused (opening it would create an empty store), and a DynamoDB or
-    Tablestore URI's ``create_table=true`` is dropped (a missing table is reported, not
-    created). Other errors are the backend's ``CdcError``s."""
-    parts = urlsplit(uri)
-    if parts.scheme == "sqlite" and not parts.netloc:
-        path = unquote(parts.path)
-        if path and os.path.isabs(path) and not os.path.exists(path):
-            raise MetaStoreNotFoundError(path=path)
-    if parts.scheme in ("dynamodb", "tablestore") and parts.query:
-        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-                 if k != "create_table"]
-        uri = urlunsplit(parts._replace(query=urlencode(query)))
+    """Open the meta store at ``uri`` for inspection without creating anything
+    (``open_meta_store(create=False)``): a SQLite path that does not exist is refused (opening
+    it would create an empty store), and a DynamoDB or Tablestore URI's ``create_table=true``
+    is dropped (a missing table is reported, not created). Other errors are the backend's
+    ``CdcError``s."""
     try:
-        return open_meta_store(uri)
+        return open_meta_store(uri, create=False)
+    except MetaStoreAbsentError as exc:
+        raise MetaStoreNotFoundError(path=exc.fields.get("table")) from None
     except MetaTableMissingError as exc:
         raise missing_table(exc) from None
 

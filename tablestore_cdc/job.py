@@ -138,7 +138,9 @@ def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
     from tablestore_cdc.listener import ProgressListener
 
     options = SourceOptions.from_spark(source_options)
-    listener = ProgressListener(options.meta_store, namespaces={options.source_identity},
+    # (a checkpoint of an earlier version keeps the namespace it was written in)
+    listener = ProgressListener(options.meta_store,
+                                namespaces={options.source_identity, options.legacy_namespace},
                                 credentials=options.meta_store_credentials)
     spark.streams.addListener(listener)
     return listener
@@ -494,16 +496,24 @@ def replicate(
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
                   f"(SCD {scd}, schema drift {schema_drift}) — Ctrl-C to stop")
+    shown = None
     try:
         while True:
             pipeline.check()
             delivered, batches = pipeline.poll()
             applied = pipeline.applied_batch()
-            console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
-                          f"at apply batch {'-' if applied is None else applied}", end="\r")
+            figures = (delivered, batches, applied)
+            if figures != shown:
+                # a whole line when the figures change, never a line rewritten in place: the
+                # planning process logs to the same terminal, and a line it writes must not
+                # land in the middle of ours
+                console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
+                              f"at apply batch {'-' if applied is None else applied}",
+                              soft_wrap=True)
+                shown = figures
             time.sleep(2)
     except KeyboardInterrupt:
-        console.print("\nstopping…")
+        console.print("stopping…")
     finally:
         pipeline.stop()
         spark.stop()

@@ -80,8 +80,9 @@ def _sqlite_tables(path: Path) -> set[str] | None:
     return tables
 
 
-def _check_store_file(store: Path) -> None:
-    """Refuse (one line, exit 2) an existing non-empty file that is not a local store."""
+def check_store_file(store: Path) -> None:
+    """Refuse (one line, exit 2) an existing non-empty file that is not a local store. Also
+    the ``emulator`` command's check of ``--store`` (tablestore_cdc/emulator_cli.py)."""
     try:
         tables = _sqlite_tables(store)
     except OSError as exc:
@@ -101,7 +102,7 @@ def _open(store: Path) -> LocalTablestore:
             f"no local store at {store}; create it with "
             f"`tablestore-cdc local create-table {store} TABLE --pk id:INTEGER`"
         )
-    _check_store_file(store)
+    check_store_file(store)
     return LocalTablestore(store, create=False)
 
 
@@ -167,7 +168,7 @@ def create_table(
     """Create TABLE in STORE (the file is created if missing)."""
     keys, cols = _parse_specs("--pk", pk), _parse_specs("--col", col or [])
     if store.is_file() and store.stat().st_size > 0:
-        _check_store_file(store)
+        check_store_file(store)
     with reported_errors():
         store.parent.mkdir(parents=True, exist_ok=True)
         with LocalTablestore(store) as s:

@@ -66,9 +66,13 @@ app = typer.Typer(
 MetaOpt = Annotated[str, typer.Option(
     "--meta", envvar="TABLESTORE_CDC_META", show_envvar=True,
     help="Meta-store URI: sqlite:///abs/path.db, dynamodb://TABLE?region=... or "
-    "tablestore://INSTANCE/TABLE?endpoint=...")]
+    "tablestore://INSTANCE/TABLE?endpoint=http(s)://HOST[:PORT] (a query on a Tablestore "
+    "endpoint uses tablestore://INSTANCE/tablestore_cdc_meta?endpoint=<its endpoint> unless "
+    "meta.store or checkpoint.table says otherwise; `tablestore-cdc meta uri --endpoint ...` "
+    "prints it). Credentials of a Tablestore meta store: ALIBABA_CLOUD_ACCESS_KEY_ID / _SECRET.")]
 NamespaceOpt = Annotated[str | None, typer.Option(
-    "--namespace", "-n", help="Source namespace (endpoint#table#tunnel); default: the only one.")]
+    "--namespace", "-n", help="Source namespace (kind:service#table#tunnel, e.g. "
+    "tablestore:INSTANCE#orders#t1; see `meta namespaces`); default: the only one.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 EndpointOpt = Annotated[str | None, typer.Option(
     "--endpoint", help="Tunnel endpoint URI to use instead of the one the namespace records "
@@ -175,6 +179,39 @@ def _batch_summary(store: MetaStore | InspectedStore, namespace: str, batch: Bat
 
 
 # --- commands ----------------------------------------------------------------------------
+
+
+@app.command("uri")
+def meta_uri(
+    endpoint: Annotated[str, typer.Option(
+        "--endpoint", help="The query's endpoint option (local:///..., http(s)://...).")],
+    instance: Annotated[str | None, typer.Option(
+        "--instance", help="The query's instance.name (default: ?instance= of the endpoint, "
+        "else the host's first label).")] = None,
+    checkpoint_table: Annotated[str | None, typer.Option(
+        "--checkpoint-table", help="The query's checkpoint.table, if it set one.")] = None,
+) -> None:
+    """Print the meta-store URI a query with these options uses when it sets no meta.store,
+    for --meta (or TABLESTORE_CDC_META) of the other commands and the dashboard."""
+    from urllib.parse import urlsplit
+
+    from cdc_common.uris import tablestore_instance
+    from connector.options import default_meta_store, tablestore_meta_store
+
+    parts = urlsplit(endpoint)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        name = tablestore_instance(endpoint, instance)
+        if not name:
+            fail("--instance: the endpoint's host does not name the instance; give the "
+                 "query's instance.name")
+        typer.echo(tablestore_meta_store(f"{parts.scheme}://{parts.netloc}", name,
+                                         checkpoint_table))
+        return
+    uri = default_meta_store(endpoint)
+    if uri is None:
+        fail(f"--endpoint {endpoint!r}: a query on it has no default meta store; its "
+             "meta.store option is the URI to give --meta")
+    typer.echo(uri)
 
 
 @app.command()

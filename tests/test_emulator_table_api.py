@@ -49,6 +49,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel.base import Op  # noqa: E402
+from connector.tunnel.local.schema import TABLES as STORE_TABLES  # noqa: E402
 from tablestore_cdc.local_cli import app as local_app  # noqa: E402
 from tablestore_emulator.errors import OtsError  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
@@ -436,6 +437,34 @@ def test_writes_follow_a_channel_split_and_merge_made_by_the_local_cli(
 
 
 # --- the command ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)  # the command serves forever if it accepts the file
+def test_emulator_command_refuses_a_file_that_is_not_its_store(tmp_path: Path) -> None:
+    """``--store`` naming a meta-store file or a file that is not SQLite is refused in one line
+    before anything opens it (as the ``local`` commands do): nothing is written into it."""
+    from meta_store import open_meta_store
+    from tablestore_cdc.cli import app as root_app
+
+    meta = tmp_path / "shop.meta.db"
+    open_meta_store(f"sqlite://{meta}").close()
+    text = tmp_path / "notadb.txt"
+    text.write_text("hello\n")
+    for path, message in ((meta, "an SQLite database of something else"),
+                          (text, "not an SQLite database"),
+                          (tmp_path, "is a directory")):
+        before = path.read_bytes() if path.is_file() else None
+        res = CliRunner().invoke(root_app, [
+            "emulator", "--store", str(path), "--instance", INSTANCE, "--access-key-id", AK,
+            "--access-key-secret", SK, "--port", "0"])
+        assert res.exit_code == 2, res.output
+        assert message in res.output and "Traceback" not in res.output
+        assert len(res.output.strip().splitlines()) == 1
+        if before is not None:
+            assert path.read_bytes() == before
+    with closing(sqlite3.connect(meta)) as conn:  # no store table was added to the meta store
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert not tables & STORE_TABLES, tables
 
 
 @pytest.mark.slow

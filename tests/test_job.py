@@ -106,6 +106,12 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
             output, _ = process.communicate(timeout=120)
             assert process.returncode == 0, output[-3000:]
             assert "stopped cleanly" in output
+            # its progress lines and the planning process's log lines each keep a line
+            lines = output.splitlines()
+            progress = [line for line in lines if "change(s) in" in line]
+            assert progress and all(line.startswith("delivered ") and "\r" not in line
+                                    and "connector." not in line for line in progress)
+            assert any("connector.protocol" in line for line in lines)  # logs are there too
         finally:
             kill_tree(process.pid)
 

@@ -746,3 +746,47 @@ def test_listener_records_and_never_raises(tmp_path: Path) -> None:
     broken.onQueryProgress(Event())  # must not raise: the query would fail
     broken.onQueryProgress(object())
     assert broken.errors == 2 and broken.recorded == 0
+
+
+# --- finding a Tablestore meta store; the SDK's import notice -------------------------------------
+
+
+@pytest.mark.parametrize("args, options", [
+    (["--endpoint", "http://127.0.0.1:38421", "--instance", "dev"],
+     {"endpoint": "http://127.0.0.1:38421", "instance.name": "dev"}),
+    (["--endpoint", "https://myinst.cn-hangzhou.ots.aliyuncs.com", "--checkpoint-table", "m"],
+     {"endpoint": "https://myinst.cn-hangzhou.ots.aliyuncs.com", "checkpoint.table": "m"}),
+    (["--endpoint", "local:///data/shop.db"], {"endpoint": "local:///data/shop.db"}),
+])
+def test_meta_uri_prints_the_meta_store_a_query_with_those_options_uses(
+        args: list[str], options: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI and the dashboard find a query's default meta store from the query's own
+    options (the same function builds both; inspection drops ``create_table``)."""
+    from connector.options import SourceOptions
+
+    for name in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):  # (a CA bundle is not in the form)
+        monkeypatch.delenv(name, raising=False)
+    result = cli("meta", "uri", *args)
+    assert result.exit_code == 0, result.output
+    creds = ({"access.key.id": "AK", "access.key.secret": "SK"}
+             if options["endpoint"].startswith("http") else {})
+    query = SourceOptions.from_spark({"table.name": "t", "tunnel.name": "q", **creds,
+                                      **options})
+    assert result.stdout.strip() == query.meta_store.removesuffix("&create_table=true")
+
+
+def test_no_sdk_notice_on_a_command_that_imports_the_sdk(tmp_path: Path) -> None:
+    """Opening a Tablestore meta store imports the official SDK, which announces on stderr
+    that its native codec is missing; the command prints its own one line only."""
+    from tablestore_emulator.server import EmulatorServer
+
+    with EmulatorServer(str(tmp_path / "store.db"), "inst", "AK", "SK") as emulator:
+        result = subprocess.run(
+            [sys.executable, "-m", "tablestore_cdc.cli", "meta", "namespaces", "--meta",
+             f"tablestore://inst/nometa?endpoint={emulator.url}"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ALIBABA_CLOUD_ACCESS_KEY_ID": "AK",
+                 "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "SK"})
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: meta table 'nometa' does not exist")
+    assert "Native" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

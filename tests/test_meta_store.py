@@ -28,6 +28,7 @@ from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
 from connector.errors import (
+    MetaStoreAbsentError,
     MetaStoreError,
     MetaStoreRequestError,
     MetaStoreUriError,
@@ -311,6 +312,26 @@ class TestSqliteSpecifics:
             holder.close()
         assert store.get_batch(NS, "u-1").uuid == "u-1"
         store.close()
+
+    def test_a_file_from_before_leases_gets_the_lease_table_when_opened(self, tmp_path: Any
+                                                                         ) -> None:
+        path = tmp_path / "meta.db"
+        with open_meta_store(f"sqlite://{path}") as store:
+            store.set_namespace_info(NS, {"table": "t"})
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DROP TABLE cdc_leases")  # as an earlier version left it
+        with open_meta_store(f"sqlite://{path}") as store:
+            assert store.get_namespace_info(NS) == {"table": "t"}
+            assert store.take_lease(NS, "a", 60, namespace=NS, now=1) is None
+            assert store.get_lease(NS).owner == "a"
+
+    def test_opened_without_creating_a_missing_file_stays_missing(self, tmp_path: Any) -> None:
+        path = tmp_path / "absent.meta.db"
+        with pytest.raises(MetaStoreAbsentError, match="no meta store at"):
+            open_meta_store(f"sqlite://{path}", create=False)
+        assert not path.exists()
+        open_meta_store(f"sqlite://{path}").close()
+        open_meta_store(f"sqlite://{path}", create=False).close()  # it exists now
 
     def test_closed_store_raises(self, tmp_path: Any) -> None:
         store = open_meta_store(f"sqlite://{tmp_path}/meta.db")

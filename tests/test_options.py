@@ -93,8 +93,9 @@ def test_identity_never_carries_secrets():
     opts = SourceOptions.from_spark({
         **BASE, "endpoint": "local:///data/store.db?access_key_secret=hunter2&region=x",
     })
-    assert "hunter2" not in opts.source_identity
-    assert opts.source_identity == "local:///data/store.db?region=x#orders#t1"
+    assert "hunter2" not in opts.source_identity + opts.legacy_namespace
+    assert opts.legacy_namespace == "local:///data/store.db?region=x#orders#t1"
+    assert opts.source_identity == "local:/data/store.db#orders#t1"
     assert strip_secrets("dynamodb://user:pw@host/t?token=abc&a=1") == "dynamodb://host/t?a=1"
 
 
@@ -129,3 +130,23 @@ def test_ending_timestamp_belongs_to_batch_reads_and_needs_a_start_before_it():
         backwards.check_for_batch()
     SourceOptions.from_spark({**BASE, "startingTimestamp": "1000",
                               "endingTimestamp": "2000"}).check_for_batch()
+
+
+@pytest.mark.parametrize("endpoint", ["htp://127.0.0.1:38421", "127.0.0.1:38421",
+                                      "localhost:38421", "ftp://host/store.db"])
+@pytest.mark.parametrize("extra", [
+    {},  # without instance.name the Tablestore checks used to blame access.key.id
+    {"instance.name": "dev", "access.key.id": "AKID",
+     "access.key.secret": "hunter2-secret"},
+])
+def test_an_endpoint_without_a_known_scheme_is_named_before_any_other_option(endpoint, extra):
+    """A mistyped scheme, or a host and port without one, is reported as the endpoint's
+    problem with the schemes there are; the Tablestore options given with it are not blamed."""
+    with pytest.raises(OptionError) as info:
+        SourceOptions.from_spark(lower({**BASE, "endpoint": endpoint, **extra}))
+    message = str(info.value)
+    assert message.startswith("option 'endpoint': ")
+    for scheme in ("local:///", "http://", "https://", "dynamodb-streams://"):
+        assert scheme in message
+    assert "instance.name" not in message and "access.key" not in message
+    assert "hunter2" not in message

@@ -319,9 +319,9 @@ def test_idle_polls_do_not_list_the_meta_table(store, monkeypatch):
 def test_an_existing_tunnel_of_another_type_is_an_option_error(store):
     from connector.errors import OptionError
 
-    StreamProtocol(options(store))
+    StreamProtocol(options(store)).initial_offset()  # the query starts: it binds now
     with pytest.raises(OptionError, match="'tunnel.type'.*already exists with type Stream"):
-        StreamProtocol(options(store, **{"tunnel.type": "BaseAndStream"}))
+        StreamProtocol(options(store, **{"tunnel.type": "BaseAndStream"})).initial_offset()
 
 
 def test_a_new_query_starts_from_the_pushed_checkpoints_not_the_old_initial_offset(store):

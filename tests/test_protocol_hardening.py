@@ -79,7 +79,7 @@ def test_a_recreated_tunnel_is_refused_with_both_ids(store):
     store.split_channel("t", store.list_channels("t")[0].channel_id)
     write(store, range(20, 50))
     with pytest.raises(TunnelReplacedError) as caught:
-        StreamProtocol(options(store, startingPosition="latest"))
+        StreamProtocol(options(store, startingPosition="latest")).initial_offset()
     error = caught.value
     assert (error.table, error.tunnel, error.recorded_id, error.current_id) == (
         "t", "q", old_id, new_id)
@@ -96,7 +96,7 @@ def test_a_deleted_tunnel_is_not_recreated_for_a_namespace_with_committed_batche
     tunnel = LocalTunnelService(store)
     tunnel.delete_tunnel("t", "q")
     with pytest.raises(TunnelGoneError) as caught:
-        StreamProtocol(options(store))
+        StreamProtocol(options(store)).initial_offset()
     assert caught.value.recorded_id == old_id
     assert tunnel.list_tunnels("t") == []  # refused before creating anything
     tunnel.close()
@@ -111,7 +111,7 @@ def test_after_a_namespace_reset_a_new_query_binds_to_the_new_tunnel(store):
     tunnel = LocalTunnelService(store)
     tunnel.delete_tunnel("t", "q")
     with pytest.raises(TunnelGoneError):
-        StreamProtocol(options(store))
+        StreamProtocol(options(store)).initial_offset()
     uri = proto.options.meta_store
     dry = CliRunner().invoke(app, ["meta", "reset", "--meta", uri, "--json"])
     assert dry.exit_code == 0 and json.loads(dry.stdout)["deleted"] == 0

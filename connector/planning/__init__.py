@@ -1,6 +1,10 @@
 """The pieces of the driver protocol; ``connector.protocol.StreamProtocol`` tells the story of one
 micro-batch by calling them. All of them live in Spark's planning process on the driver.
 
+- ``binding``: binding a query to its meta store, namespace, tunnel and lease at its first
+  call, every refusal before anything is created;
+- ``lease``: one live query per source (a lease in the meta store, taken over at once by a
+  restart of the same query);
 - ``offsets``: the offset JSON Spark logs, and the derived UUIDs of initial offsets (pure);
 - ``namespace``: the namespace's record in the meta table: its tunnel binding and the
   generations of initial offsets;

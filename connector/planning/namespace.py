@@ -1,8 +1,8 @@
 """The namespace's own record in the meta table: the tunnel it reads and its initial offsets.
 
-A namespace (the source identity: endpoint, table, tunnel) keeps one description row in the
-meta table (``set_namespace_info``). ``NamespaceRecord`` is opened by ``StreamProtocol`` in
-Spark's planning process on the driver; it
+A namespace (``connector.identity``: the service, table and tunnel a query reads) keeps one
+description row in the meta table (``set_namespace_info``). ``NamespaceRecord`` is opened when
+a query binds (``connector.planning.binding``) in Spark's planning process on the driver; it
 
 - binds the namespace to its tunnel: a namespace with committed batches is bound to the tunnel
   id it recorded, so a tunnel deleted (and perhaps created again under the same name) is refused
@@ -23,45 +23,36 @@ from meta_store import BatchRecord, BatchState, MetaStore
 
 
 class NamespaceRecord:
-    """The tunnel binding and the generation marker of one namespace (driver only)."""
+    """The tunnel binding and the generation marker of one namespace (driver only).
 
-    def __init__(self, options: SourceOptions, tunnel: TunnelService, meta: MetaStore) -> None:
-        self.namespace = options.source_identity
-        self._meta = meta
+    Two steps, so that every refusal comes before anything is created (``StreamProtocol``):
+    ``check`` only reads (the tunnel as it is, the binding the meta table recorded), ``bind``
+    writes (creates a missing tunnel, records the binding)."""
+
+    def __init__(self, options: SourceOptions, namespace: str, tunnel: TunnelService,
+                 meta: MetaStore | None) -> None:
+        self.namespace = namespace
+        self._options = options
+        self._tunnel = tunnel
+        self._meta = meta  # None: no meta store yet (a new query's, created by ``bind``)
+        self._recorded = (meta.get_namespace_info(namespace) if meta is not None else None) or {}
+        self._current: TunnelInfo | None = None
+        self.tunnel_id = ""
         #: the tunnel was created by this process for this query (nobody consumed it)
         self.created_tunnel = False
-        recorded = meta.get_namespace_info(self.namespace) or {}
-        info = self._bind_tunnel(options, tunnel, recorded.get("tunnel_id"))
-        if info.tunnel_type is not options.tunnel_type:
-            raise OptionError(option="tunnel.type", value=options.tunnel_type.value,
-                              problem=f"tunnel {options.tunnel_name!r} already exists with type "
-                              f"{info.tunnel_type.value}",
-                              allowed=f"{info.tunnel_type.value}, or another tunnel.name")
-        self.tunnel_id = info.tunnel_id
-        self._info = {
-            **recorded,
-            "endpoint": options.safe_endpoint, "table": options.table_name,
-            "tunnel": options.tunnel_name, "tunnel_id": self.tunnel_id,
-        }
-        if recorded.get("tunnel_id") != self.tunnel_id:
-            self._info.pop("committed_generation", None)  # generations of another tunnel
-        if self._info != recorded:
-            meta.set_namespace_info(self.namespace, self._info)
+        self._info: dict[str, str] = dict(self._recorded)
 
-    def _bind_tunnel(self, o: SourceOptions, tunnel: TunnelService,
-                     recorded_id: str | None) -> TunnelInfo:
-        """The tunnel this namespace reads, checked against the id the meta table recorded.
-
-        A namespace with committed batches is bound to its tunnel id: if the tunnel was deleted
-        (and perhaps created again under the same name), its positions mean nothing to the
-        current tunnel, so the query is refused (``TunnelReplacedError``/``TunnelGoneError``)
-        and no tunnel is created. A namespace with nothing committed binds to the tunnel as it
-        is, creating it when missing."""
+    def check(self) -> None:
+        """Refuse, reading only, a binding that cannot be made: the tunnel the namespace's
+        committed batches were read from was deleted (``TunnelGoneError``) or replaced
+        (``TunnelReplacedError``), or it exists with another ``tunnel.type``."""
+        o = self._options
         try:
-            current: TunnelInfo | None = tunnel.describe_tunnel(o.table_name,
-                                                                o.tunnel_name).tunnel
+            self._current = self._tunnel.describe_tunnel(o.table_name, o.tunnel_name).tunnel
         except UnknownTunnelError:
-            current = None
+            self._current = None
+        recorded_id = self._recorded.get("tunnel_id")
+        current = self._current
         if recorded_id and (current is None or current.tunnel_id != recorded_id):
             if self._has_committed():
                 fields = {"table": o.table_name, "tunnel": o.tunnel_name,
@@ -70,22 +61,54 @@ class NamespaceRecord:
                     raise TunnelGoneError(**fields)
                 raise TunnelReplacedError(**fields, current_id=current.tunnel_id)
         if current is not None:
-            return current
-        self.created_tunnel = True
-        start_at_us = o.starting_timestamp * 1000 if o.starting_timestamp is not None else None
-        return tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
-                                    o.starting_position, start_at_us)
+            self._check_type(current)
+            self.tunnel_id = current.tunnel_id  # (initial_uuid works before bind)
+
+    def bind(self, meta: MetaStore) -> None:
+        """After ``check``: bind the namespace to the tunnel, creating it when missing (a
+        namespace with nothing committed, or none yet), and record the binding in ``meta``."""
+        o = self._options
+        self._meta = meta
+        info = self._current
+        if info is None:
+            self.created_tunnel = True
+            start_at_us = (o.starting_timestamp * 1000 if o.starting_timestamp is not None
+                           else None)
+            info = self._tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
+                                              o.starting_position, start_at_us)
+        self._check_type(info)
+        self.tunnel_id = info.tunnel_id
+        self._info = {
+            **self._recorded,
+            "endpoint": o.safe_endpoint, "table": o.table_name,
+            "tunnel": o.tunnel_name, "tunnel_id": self.tunnel_id,
+        }
+        if self._recorded.get("tunnel_id") != self.tunnel_id:
+            self._info.pop("committed_generation", None)  # generations of another tunnel
+        if self._info != self._recorded:
+            meta.set_namespace_info(self.namespace, self._info)
+
+    def _check_type(self, info: TunnelInfo) -> None:
+        o = self._options
+        if info.tunnel_type is not o.tunnel_type:
+            raise OptionError(option="tunnel.type", value=o.tunnel_type.value,
+                              problem=f"tunnel {o.tunnel_name!r} already exists with type "
+                              f"{info.tunnel_type.value}",
+                              allowed=f"{info.tunnel_type.value}, or another tunnel.name")
 
     def _has_committed(self) -> bool:
         """Does the namespace hold a committed batch (an initial batch does not count)?"""
+        if self._meta is None:
+            return False
         return any(b.prev_uuid is not None and b.state.rank >= BatchState.COMMITTED.rank
                    for b in self._meta.list_batches(self.namespace))
 
     # --- generations of initial offsets ---------------------------------------------------------
 
-    def initial_uuid(self) -> str:
-        """The UUID of the initial offset a query gets now: that of the open generation."""
-        return self._initial_uuid(self._open_generation())
+    def initial_uuid(self, *, read_only: bool = False) -> str:
+        """The UUID of the initial offset a query gets now: that of the open generation.
+        ``read_only``: do not rewrite a marker that is behind (a check before binding)."""
+        return self._initial_uuid(self._open_generation(read_only))
 
     def _initial_uuid(self, generation: int) -> str:
         return initial_uuid(self.namespace, self.tunnel_id, generation)
@@ -96,12 +119,13 @@ class NamespaceRecord:
         hint: ``_open_generation`` checks it against the meta rows)."""
         return int(self._info.get("committed_generation", "-1")) + 1
 
-    def _open_generation(self) -> int:
+    def _open_generation(self, read_only: bool = False) -> int:
         """The first generation whose initial batch has no committed successor in the meta
         table, from the recorded marker on. Derived from the rows, so a lost marker write
         cannot hand a new query an initial offset an earlier query already committed after;
         the marker is rewritten (idempotently) when the rows show it is behind."""
         children: dict[str, list[BatchRecord]] = {}
+        assert self._meta is not None, "initial_uuid needs bind() first"
         for b in self._meta.list_batches(self.namespace):
             if b.prev_uuid is not None:
                 children.setdefault(b.prev_uuid, []).append(b)
@@ -109,7 +133,7 @@ class NamespaceRecord:
         while any(c.state.rank >= BatchState.COMMITTED.rank
                   for c in children.get(self._initial_uuid(generation), ())):
             generation += 1
-        if generation != self._marked_generation:
+        if generation != self._marked_generation and not read_only:
             self._record_generation(generation - 1)
         return generation
 
@@ -125,4 +149,5 @@ class NamespaceRecord:
     def _record_generation(self, generation: int) -> None:
         if int(self._info.get("committed_generation", "-1")) < generation:
             self._info["committed_generation"] = str(generation)
+            assert self._meta is not None  # bound
             self._meta.set_namespace_info(self.namespace, self._info)

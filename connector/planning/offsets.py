@@ -1,9 +1,11 @@
 """The offsets this source hands Spark, and the UUIDs of initial offsets (pure functions).
 
-An offset is the JSON object Spark writes to its offset log: ``{"uuid", "source"}`` and the
+An offset is the JSON object Spark writes to its offset log: ``{"uuid", "source"}``, the
 batch's totals when limits apply: ``"maxRows"`` (``maxOffsetsPerTrigger``) and ``"maxBytes"``
-(``maxBytesPerTrigger``). ``StreamProtocol`` builds and checks them on
-the driver (docs/protocol.md, "Why the offset is a random UUID").
+(``maxBytesPerTrigger``), and ``"metaStore"``, the meta store the batch is recorded in (its URI
+with secrets removed; offsets written before it lack it). ``source`` names the source
+(``connector.identity``) and is the meta namespace the batch lives in. ``StreamProtocol``
+builds and checks them on the driver (docs/protocol.md, "Why the offset is a random UUID").
 """
 
 from __future__ import annotations
@@ -12,31 +14,47 @@ import uuid as uuid_lib
 from typing import Any
 
 from connector.errors import CheckpointMismatchError, MalformedOffsetError
+from connector.identity import SourceIdentity, namespace_of_offset
 
 
 def offset_json(namespace: str, uuid: str, max_rows: int | None = None,
-                max_bytes: int | None = None) -> dict[str, Any]:
+                max_bytes: int | None = None, meta_store: str | None = None) -> dict[str, Any]:
     """The offset Spark logs. ``maxRows`` / ``maxBytes`` carry the batch's read limits, so a
     replay plans the same caps even if the minted row was collected, whatever the options say
-    by then (older offsets lack them)."""
+    by then (older offsets lack them); ``metaStore`` lets a restart with another ``meta.store``
+    say which one it was."""
     offset: dict[str, Any] = {"uuid": uuid, "source": namespace}
     if max_rows is not None:
         offset["maxRows"] = max_rows
     if max_bytes is not None:
         offset["maxBytes"] = max_bytes
+    if meta_store is not None:
+        offset["metaStore"] = meta_store
     return offset
 
 
-def uuid_of(offset: Any, namespace: str) -> str:
-    """The UUID of an offset from Spark's log; refuses an offset of another source
-    (``CheckpointMismatchError``) and one this source did not write
-    (``MalformedOffsetError``)."""
+def offset_namespace(offset: Any, identity: SourceIdentity) -> str:
+    """The namespace an offset from Spark's log lives in, once it is an offset of this source
+    (``CheckpointMismatchError`` saying what changed, ``MalformedOffsetError`` for one this
+    source did not write)."""
     if not isinstance(offset, dict) or "source" not in offset:
         raise MalformedOffsetError(offset=offset, problem="not an offset of this source: "
                                    "it has no 'source'")
-    found = offset.get("source")
+    return namespace_of_offset(offset.get("source"), identity)
+
+
+def uuid_of(offset: Any, identity: SourceIdentity, namespace: str) -> str:
+    """The UUID of an offset from Spark's log; refuses an offset of another source
+    (``CheckpointMismatchError``), of another namespace of this one (a checkpoint written
+    with another spelling while this process started from one of an earlier version's) and
+    one this source did not write (``MalformedOffsetError``)."""
+    found = offset_namespace(offset, identity)
     if found != namespace:
-        raise CheckpointMismatchError(expected=namespace, found=found)
+        raise CheckpointMismatchError(
+            expected=namespace, found=found,
+            change="the same source, but its batches are in another meta namespace than this "
+            "run of the query started in",
+            remedy="restart the query: it uses the namespace its checkpoint names")
     uuid = offset.get("uuid")
     if not isinstance(uuid, str) or not uuid:
         raise MalformedOffsetError(offset=offset, problem="'uuid' is missing or not a string")

@@ -28,18 +28,23 @@ from connector.tunnel.base import (
     TunnelType,
 )
 
-_TABLESTORE = Backend("connector.tunnel.tablestore.client:TablestoreTunnelService",
-                      # the Tunnel wire client needs protobuf and urllib3 (the extra brings both)
-                      "pip install 'tablestore-cdc[tablestore]'")
-#: scheme -> the tunnel backend class and how to install what it needs
+_TABLESTORE_TARGET = "connector.tunnel.tablestore.client:TablestoreTunnelService"
+#: the Tunnel wire client needs protobuf and urllib3 (the extra brings both)
+_TABLESTORE_INSTALL = "pip install 'tablestore-cdc[tablestore]'"
+#: scheme -> the tunnel backend class and how to install what it needs (the order of the
+#: schemes is the order an endpoint error lists them in)
 TUNNEL_BACKENDS = BackendRegistry(
     {
-        "local": Backend("connector.tunnel.local:LocalTunnelService"),
-        "http": _TABLESTORE,
-        "https": _TABLESTORE,
+        "local": Backend("connector.tunnel.local:LocalTunnelService",
+                         form="local:///abs/path/store.db"),
+        "http": Backend(_TABLESTORE_TARGET, _TABLESTORE_INSTALL,
+                        form="http://HOST:PORT (a Tablestore emulator)"),
+        "https": Backend(_TABLESTORE_TARGET, _TABLESTORE_INSTALL,
+                         form="https://INSTANCE.REGION.ots.aliyuncs.com (Tablestore)"),
         "dynamodb-streams": Backend(
             "connector.tunnel.dynamodb_streams.service:DynamoDbStreamsTunnelService",
-            "pip install 'tablestore-cdc[dynamodb]'"),
+            "pip install 'tablestore-cdc[dynamodb]'",
+            form="dynamodb-streams://[TABLE]?checkpoint_table=NAME&region=..."),
     },
     refuse=lambda uri, problem, allowed: OptionError(option="endpoint", value=uri,
                                                      problem=problem, allowed=allowed),

@@ -80,6 +80,16 @@ class TunnelService(ABC):
     #: rounded down the same way -- it never drops a change made after it.
     commit_time_granularity_us: int = 1
 
+    # --- identity (driver) --------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def service_of(cls, uri: str) -> str:
+        """What names the service behind ``uri``: the same for every spelling that reaches it
+        (another host name, a parameter that only says how to reach it), different for
+        another service. Part of the source identity (``connector.identity``); parses only,
+        makes no request."""
+
     # --- tunnels (driver) ---------------------------------------------------------------
 
     @abstractmethod

@@ -156,7 +156,9 @@ def make_server(app: DashboardApp, host: str = "127.0.0.1", port: int = 8765
 def dashboard_command(
     meta: Annotated[str, typer.Option(
         "--meta", envvar="TABLESTORE_CDC_META", show_envvar=True,
-        help="Meta-store URI: sqlite:///abs/path.db or dynamodb://TABLE?region=...")],
+        help="Meta-store URI: sqlite:///abs/path.db, dynamodb://TABLE?region=... or "
+        "tablestore://INSTANCE/TABLE?endpoint=http(s)://HOST[:PORT] (`tablestore-cdc meta uri "
+        "--endpoint ...` prints the one a query on that endpoint uses).")],
     namespace: Annotated[str | None, typer.Option(
         "--namespace", "-n", help="Source namespace; default: the only one.")] = None,
     endpoint: Annotated[str | None, typer.Option(

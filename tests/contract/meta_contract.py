@@ -265,6 +265,54 @@ class MetaStoreContract:
         assert other.get_namespace_info(NS) == {**info, "tunnel_id": "tid-2"}
         assert other.list_namespaces() == sorted([NS, OTHER_NS])
 
+    # --- leases ----------------------------------------------------------------------------
+
+    def test_a_live_lease_refuses_another_owner_until_it_expires(
+            self, store: MetaStore, other: MetaStore) -> None:
+        assert store.take_lease(NS, "a", 60, namespace=NS, tip="u1", now=1000) is None
+        held = other.take_lease(NS, "b", 60, namespace=NS, now=1030)
+        assert held is not None and held.owner == "a" and held.expires_at == 1060
+        assert held.tip == "u1" and held.namespace == NS
+        assert store.take_lease(NS, "a", 60, namespace=NS, now=1050) is None  # renewed
+        assert store.get_lease(NS).tip == "u1"  # a renewal without a tip keeps it
+        assert other.take_lease(NS, "b", 60, namespace=NS, now=1100) is not None
+        assert other.take_lease(NS, "b", 60, namespace=OTHER_NS, now=1111) is None  # expired
+        lease = store.get_lease(NS)
+        assert lease.owner == "b" and lease.namespace == OTHER_NS and lease.tip is None
+        assert store.take_lease(NS, "a", 60, namespace=NS, now=1112) is not None  # lost it
+        assert store.get_lease(OTHER_NS) is None  # a lease is per key
+
+    def test_a_lease_is_taken_over_only_when_the_caller_says_so(self, store: MetaStore) -> None:
+        store.take_lease(NS, "a", 60, namespace=NS, tip="u7", now=1000)
+        seen = []
+
+        def same_query(lease: Any) -> bool:
+            seen.append(lease.tip)
+            return lease.tip == "u7"
+
+        assert store.take_lease(NS, "b", 60, namespace=NS, now=1001,
+                                may_take_over=lambda lease: False) is not None
+        assert store.take_lease(NS, "b", 60, namespace=NS, tip="u8", now=1002,
+                                may_take_over=same_query) is None
+        assert seen == ["u7"] and store.get_lease(NS).owner == "b"
+
+    def test_release_ends_only_the_owners_lease(self, store: MetaStore) -> None:
+        store.take_lease(NS, "a", 60, namespace=NS, now=1000)
+        store.release_lease(NS, "b", now=1001)  # not b's: left alone
+        assert store.get_lease(NS).live(1002)
+        store.release_lease(NS, "a", now=1003)
+        assert not store.get_lease(NS).live(1003)
+        assert store.take_lease(NS, "b", 60, namespace=NS, now=1004) is None
+
+    def test_of_two_owners_taking_a_free_lease_one_wins(self, store: MetaStore,
+                                                        other: MetaStore) -> None:
+        """The compare-and-set itself: two writes from the same stored state, one succeeds."""
+        assert store._swap_lease_json(NS, None, '{"x": 1}') is True
+        assert other._swap_lease_json(NS, None, '{"x": 2}') is False
+        assert other._swap_lease_json(NS, '{"x": 1}', '{"x": 3}') is True
+        assert store._swap_lease_json(NS, '{"x": 1}', '{"x": 4}') is False
+        assert store._get_lease_json(NS) == '{"x": 3}'
+
     # --- commit, push, listing ------------------------------------------------------------
 
     def _chain(self, store: MetaStore, length: int, start: float = 1000.0) -> list[str]:

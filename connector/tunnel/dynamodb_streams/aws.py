@@ -115,22 +115,40 @@ def parse_uri(uri: str) -> EndpointConfig:
     return EndpointConfig(uri=shown, table=parts.netloc or None, **query.model_dump())
 
 
+def _session_and_region(cfg: EndpointConfig) -> tuple[Any, str]:
+    """The cached boto3 session of the endpoint's profile and the region it uses: the URI's,
+    else the profile's or the environment's. Call with ``_lock`` held."""
+    session = _sessions.get(cfg.profile)
+    if session is None:
+        try:
+            session = _sessions[cfg.profile] = boto3.session.Session(profile_name=cfg.profile)
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise OptionError(option="endpoint", value=cfg.uri, problem=str(exc),
+                              allowed="a profile of the shared AWS config") from None
+    region = cfg.region or session.region_name
+    if not region:
+        raise OptionError(option="endpoint", value=cfg.uri, problem="no AWS region",
+                          allowed=f"region=... in the URI, {AWS_DEFAULT_REGION} or a profile")
+    return session, region
+
+
+def service_name(cfg: EndpointConfig) -> str:
+    """``REGION/CHECKPOINT_TABLE``: what names the service behind the endpoint (the region's
+    DynamoDB Streams, and the table keeping this consumer's tunnels), the same whichever
+    ``endpoint_url`` reaches it (a VPC endpoint, moto at ``localhost`` or ``127.0.0.1``) and
+    whatever retry or polling parameters it has. No request (a region the URI does not give
+    comes from the profile or the environment)."""
+    region = cfg.region
+    if not region:
+        with _lock:
+            _, region = _session_and_region(cfg)
+    return f"{region}/{cfg.checkpoint_table}"
+
+
 def clients(cfg: EndpointConfig) -> tuple[Any, Any]:
     """``(dynamodb, dynamodbstreams)`` boto3 clients for the endpoint (thread-safe clients)."""
     with _lock:  # sessions and client creation are not thread-safe
-        session = _sessions.get(cfg.profile)
-        if session is None:
-            try:
-                session = _sessions[cfg.profile] = boto3.session.Session(
-                    profile_name=cfg.profile)
-            except botocore.exceptions.ProfileNotFound as exc:
-                raise OptionError(option="endpoint", value=cfg.uri, problem=str(exc),
-                                  allowed="a profile of the shared AWS config") from None
-        region = cfg.region or session.region_name
-        if not region:
-            raise OptionError(option="endpoint", value=cfg.uri, problem="no AWS region",
-                              allowed=f"region=... in the URI, {AWS_DEFAULT_REGION} or a "
-                              "profile")
+        session, region = _session_and_region(cfg)
         settings: dict[str, Any] = {
             "region_name": region,
             "retries": {"mode": cfg.retry_mode, "total_max_attempts": cfg.max_attempts},

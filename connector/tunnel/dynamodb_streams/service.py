@@ -64,7 +64,7 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.dynamodb_streams import codec
-from connector.tunnel.dynamodb_streams.aws import AwsError, call, clients, parse_uri
+from connector.tunnel.dynamodb_streams.aws import AwsError, call, clients, parse_uri, service_name
 from connector.tunnel.dynamodb_streams.checkpoints import CheckpointTable
 
 if TYPE_CHECKING:
@@ -114,6 +114,11 @@ class DynamoDbStreamsTunnelService(TunnelService):
         #: the positions of the last ``has_new_data`` that found nothing, and until when that
         #: answer stands (``poll_interval_ms``); a checkpoint push ends it early
         self._quiet: tuple[Any, float] | None = None
+
+    @classmethod
+    def service_of(cls, uri: str) -> str:
+        """``REGION/CHECKPOINT_TABLE`` (``aws.service_name``)."""
+        return service_name(parse_uri(uri))
 
     @classmethod
     def from_uri(cls, uri: str) -> DynamoDbStreamsTunnelService:

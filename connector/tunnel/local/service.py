@@ -101,6 +101,12 @@ class LocalTunnelService(TunnelService):
         self.uri = f"local://{self.store.path}"
 
     @classmethod
+    def service_of(cls, uri: str) -> str:
+        """The store file's absolute path, normalised (``/data/./x/../store.db`` is
+        ``/data/store.db``); a query (refused when opened) does not name another store."""
+        return os.path.normpath(unquote(urlsplit(uri).path))
+
+    @classmethod
     def from_uri(cls, uri: str) -> LocalTunnelService:
         """Open ``local:///abs/path/store.db`` (driver or executor); the file must exist."""
         parts = urlsplit(uri)

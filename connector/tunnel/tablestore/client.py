@@ -76,7 +76,10 @@ DescribeTunnel for the channel and its status (a WAIT channel is
 ``MalformedTokenError``). What cannot be confirmed stays ``TunnelParameterError`` /
 ``TunnelServiceError`` carrying the service's code and message; messages are never parsed for
 meaning. An https endpoint whose certificate or host name does not verify is
-``EndpointTlsError`` at once.
+``EndpointTlsError`` at once; at a query's start, an endpoint that gives no answer at all (no
+such host, connection refused, no HTTP answer) is ``EndpointUnreachableError`` at once
+(``cdc_common.first_contact``). Refused credentials (``TunnelAuthError``) name the options that
+carry them (``auth_hint``).
 """
 
 from __future__ import annotations
@@ -98,10 +101,11 @@ from cdc_common.credentials import (
     alibaba_credentials,
 )
 from cdc_common.tls import ca_bundle, ca_bundle_problem
-from cdc_common.uris import UriQuery, parse_query, redact_uri
+from cdc_common.uris import UriQuery, parse_query, redact_uri, tablestore_instance
 from connector.errors import (
     ChannelNotReadableError,
     EndpointTlsError,
+    EndpointUnreachableError,
     InvalidCheckpointError,
     MalformedTokenError,
     OptionError,
@@ -146,6 +150,7 @@ from connector.tunnel.tablestore.transport import (
     TlsError,
     Transport,
     Unavailable,
+    Unreachable,
 )
 
 #: the client id sent with reads and checkpoints (the service accepts ids it never issued)
@@ -178,6 +183,21 @@ class EndpointQuery(UriQuery):
     security_token: str | None = Field(None, repr=False)
     retry_deadline_s: float = Field(RETRY_DEADLINE_S, description="a number of seconds")
     ca_bundle: str | None = Field(None, description="the path of a PEM file of CA certificates")
+
+
+def auth_hint(code: str) -> str:
+    """What to fix when the service refuses the credentials (``TunnelAuthError``): the options
+    that carry them, and the environment variables they default to."""
+    keys = (f"access.key.id / access.key.secret (or {ALIBABA_ACCESS_KEY_ID} / "
+            f"{ALIBABA_ACCESS_KEY_SECRET})")
+    if code == "OTSPermissionDenied":
+        return (f"the key lacks a permission on this instance: grant it (a RAM policy) or use "
+                f"another key in {keys}")
+    if code == "ResponseInvalid":
+        return (f"check access.key.secret (or {ALIBABA_ACCESS_KEY_SECRET}), and that nothing "
+                "between this machine and the endpoint alters responses")
+    return (f"the service refused the credentials: check {keys}, security.token (or "
+            f"{ALIBABA_SECURITY_TOKEN}) for an STS key, and instance.name")
 
 
 class _SequenceNotMatch(Exception):
@@ -234,6 +254,14 @@ class TablestoreTunnelService(TunnelService):
     # --- construction -------------------------------------------------------------------------
 
     @classmethod
+    def service_of(cls, uri: str) -> str:
+        """The instance: its public, VPC and any other endpoint (``localhost`` or
+        ``127.0.0.1`` for the emulator) reach the same instance, its tables and tunnels. From
+        ``?instance=`` (the source folds ``instance.name`` into it), else the host's first label
+        (``INSTANCE.REGION.ots.aliyuncs.com``)."""
+        return tablestore_instance(uri) or str(urlsplit(uri).hostname)
+
+    @classmethod
     def from_uri(cls, uri: str) -> TablestoreTunnelService:
         """Open ``http(s)://HOST[:PORT]?instance=...&access_key_id=...`` (driver or executor).
         Errors name the URI without its secrets."""
@@ -251,13 +279,9 @@ class TablestoreTunnelService(TunnelService):
         if parts.path not in ("", "/"):
             raise bad("a Tablestore endpoint has no path")
         query = parse_query(parts.query, EndpointQuery, bad)
-        instance = query.instance or ""
+        instance = tablestore_instance(uri, query.instance)
         if not instance:
-            host = parts.hostname
-            if host.endswith(".aliyuncs.com") and host.count(".") >= 3:
-                instance = host.split(".", 1)[0]
-            else:
-                raise bad("no instance name: set the instance.name option (or ?instance=)")
+            raise bad("no instance name: set the instance.name option (or ?instance=)")
         creds = alibaba_credentials(query.access_key_id, query.access_key_secret,
                                     query.security_token)
         if not creds.access_key_id or not creds.access_key_secret:
@@ -292,9 +316,12 @@ class TablestoreTunnelService(TunnelService):
             raise TransientTunnelError(detail=f"{self.uri} {path}: {exc}") from None
         except ResponseValidationError as exc:
             raise TunnelAuthError(endpoint=self.uri, operation=path, code="ResponseInvalid",
-                                  http_status=200, message=str(exc)) from None
+                                  http_status=200, message=str(exc),
+                                  hint=auth_hint("ResponseInvalid")) from None
         except TlsError as exc:
             raise EndpointTlsError(problem=str(exc)) from None
+        except Unreachable as exc:
+            raise EndpointUnreachableError(problem=str(exc)) from None
         except ServiceError as exc:
             mapped = on_error(exc) if on_error is not None else None
             raise (mapped or self._generic(path, exc)) from None
@@ -310,7 +337,7 @@ class TablestoreTunnelService(TunnelService):
         if exc.code == "OTSTunnelServerUnavailable":
             return TransientTunnelError(detail=f"{self.uri} {path}: {exc.message}")
         if exc.code in ("OTSAuthFailed", "OTSPermissionDenied"):
-            return TunnelAuthError(**fields)
+            return TunnelAuthError(**fields, hint=auth_hint(exc.code))
         if exc.code == "OTSTunnelExpired":
             return TunnelExpiredError(**fields)
         if exc.code == "OTSParameterInvalid":

@@ -15,6 +15,11 @@ milliseconds), ``x-ots-apiversion``, ``x-ots-accesskeyid``, ``x-ots-instancename
 base64(HMAC-SHA1(secret, ``"PATH\\nPOST\\n\\n"`` + each ``x-ots-*`` header as ``name:value\\n``
 sorted by name)).
 
+First contact (``cdc_common.first_contact``): at a query's start, while this transport has
+had no answer yet, a request that gets none at all (no such host, connection refused, the
+connection closed without an HTTP answer, a connect timeout) raises ``Unreachable`` at once:
+a configuration error, never retried. Afterwards the same errors are retried as below.
+
 https: the server's certificate and host name are always verified, against the CA bundle
 given (``ca_bundle``: the source option ``ssl.ca.bundle``, else ``REQUESTS_CA_BUNDLE`` /
 ``SSL_CERT_FILE``, else the system's trust store; ``cdc_common.tls``). A certificate or
@@ -57,6 +62,7 @@ from typing import Any
 
 import urllib3
 
+from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.tls import tls_problem
 from connector.tunnel.tablestore import messages as m
 
@@ -112,6 +118,11 @@ class Unavailable(Exception):
 
 class ResponseValidationError(Exception):
     """A response whose MD5, signature or date does not verify."""
+
+
+class Unreachable(Exception):
+    """At a query's start, the endpoint gave no answer at all (``cdc_common.first_contact``);
+    the message is one line naming the endpoint and what to fix."""
 
 
 class TlsError(Exception):
@@ -179,6 +190,8 @@ class Transport:
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
             cert_reqs="CERT_REQUIRED", ca_certs=ca_bundle,
         )
+        #: has the endpoint answered a request of this transport (any HTTP status)?
+        self.answered = False
 
     def close(self) -> None:
         self._pool.clear()
@@ -233,7 +246,12 @@ class Transport:
             problem = tls_problem(exc, self.endpoint)
             if problem is not None:
                 raise TlsError(problem) from None
+            if at_query_start() and not self.answered:
+                problem = unreachable_problem(exc, self.endpoint, "endpoint")
+                if problem is not None:
+                    raise Unreachable(problem) from None
             raise Unavailable(f"{type(exc).__name__}: {exc}") from None
+        self.answered = True
         headers = {k.lower(): v for k, v in resp.headers.items()}
         data = bytes(resp.data or b"")
         if 200 <= resp.status < 300:
@@ -259,10 +277,11 @@ class Transport:
 
     def call(self, path: str, body: bytes) -> bytes:
         """POST ``body`` to ``path``; the validated response body. Raises ``ServiceError``,
-        ``Unavailable`` (after bounded retries), ``ResponseValidationError`` or
-        ``TlsError``."""
+        ``Unavailable`` (after bounded retries), ``ResponseValidationError``, ``TlsError`` or
+        ``Unreachable``."""
         idempotent = path in IDEMPOTENT_PATHS
-        deadline = self._clock() + self.retry_deadline_s
+        began = self._clock()
+        deadline = began + self.retry_deadline_s
         delay = BACKOFF_INITIAL_S
         attempt = validation_failures = 0
         while True:
@@ -284,7 +303,8 @@ class Transport:
                     raise
                 last = exc
             if self._clock() + delay > deadline:
-                raise Unavailable(f"{path}: {last} (gave up after {attempt} attempt(s))")
+                raise Unavailable(f"{path}: {last} (gave up after {attempt} attempt(s) in "
+                                  f"{self._clock() - began:.1f} s)")
             # WARNING: an outage is worth seeing, and executors' Python workers show only that
             log.warning("%s %s failed (attempt %d): %s; retrying in %.2f s", self.endpoint,
                         path, attempt, last, delay)

@@ -1,0 +1,229 @@
+"""One live query per source: the lease a query holds in the meta store (driver).
+
+Two queries reading one tunnel (one DataFrame written to two sinks makes two queries; a second
+checkpoint directory; two applications) break each other's delivery: each pushes its own
+checkpoints, so one query's push releases child channels the other has not finished the
+parents of, and retention counts the other's batches as its own. So a query holds a lease on
+its source (``SourceIdentity``) in the meta store while it runs (``MetaStore.take_lease``, a
+compare-and-set row per source), and a second query is refused with ``SourceInUseError``,
+naming ``tunnel.name`` and the one-query-many-sinks pattern.
+
+- **Taken** when the query binds, before it creates anything (``StreamProtocol``): at its
+  first ``initialOffset``, ``latestOffset`` or ``partitions``.
+- **Held** by this planning process (``owner_id``: host, pid and a random part), renewed every
+  ``RENEW_EVERY_S`` by a small daemon thread, so a batch running for an hour keeps it, and
+  carrying the newest batch the process planned or committed (``tip``).
+- **Released** at once when the query stops (``close``); a query that dies without stopping
+  (SIGKILL, a lost driver) lets it **expire** ``TTL_S`` after its last renewal.
+- **Taken over at once by a restart of the same query**: a restarted query hands a batch from
+  Spark's checkpoint, on the holder's line of batches (the lease's tip, an ancestor or a
+  descendant of it), while a second query's offsets are on another line (another generation
+  of initial offsets) or it asks for an initial offset. An initial offset is no evidence: every
+  query of a generation shares it. So ``initialOffset`` with a live holder of the same
+  generation (a crash during batch 0, or a second query started during the first one's batch
+  0) decides at the next call: Spark replaying a batch of the holder's line is the same query;
+  a ``latestOffset`` from the initial offset is refused while the lease is live (a query
+  killed before it logged its batch 0 waits for the expiry).
+
+Two queries with different meta stores do not see each other's lease: the meta store is where
+the lease lives.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from connector.errors import SourceInUseError, TransientMetaStoreError
+from connector.identity import SourceIdentity
+from connector.planning.logs import log
+from meta_store import Lease, MetaStore
+
+#: a lease not renewed for this long is expired: the longest a second query waits after a
+#: query died without stopping (seconds)
+TTL_S = 120.0
+#: how often the holder renews it (a quarter of the TTL: three renewals may fail in a row)
+RENEW_EVERY_S = TTL_S / 4
+#: a new tip (a batch planned or committed) is written with the next planning call once the
+#: stored one is this old, so a restart finds its line even under heavy retention
+TIP_EVERY_S = 5.0
+#: prev links walked from an offset to find the holder's tip on the same line
+_LINE_WALK = 10_000
+
+_owner: tuple[int, str] | None = None
+
+
+def now() -> float:
+    """The lease's clock (seconds since the epoch; the same on every host of a cluster, as far
+    as their clocks agree: the TTL is generous)."""
+    return time.time()
+
+
+def owner_id() -> str:
+    """This process's lease owner id, ``host/pid/random`` (new after a fork): every protocol
+    object of one planning process shares it, as Spark runs one query's planning per process."""
+    global _owner
+    if _owner is None or _owner[0] != os.getpid():
+        _owner = (os.getpid(), f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}")
+    return _owner[1]
+
+
+def continues_the_holders_line(meta: MetaStore, namespace: str, uuid: str, lease: Lease
+                               ) -> bool:
+    """Is batch ``uuid`` evidence that the caller is the lease holder's own query restarted?
+    It must be a batch Spark logged (minted by ``latestOffset``: an initial batch is shared by
+    every query of its generation, so it proves nothing) on the holder's line of batches: the
+    holder's tip, an ancestor of it, or a descendant. Walks the prev links of the namespace's
+    batches (one listing: only when a live lease of another process stands in the way)."""
+    if lease.namespace != namespace or lease.tip is None:
+        return False
+    prev = {b.uuid: b.prev_uuid for b in meta.list_batches(namespace)}
+    if prev.get(uuid) is None:  # not there, or an initial batch
+        return False
+    return uuid == lease.tip or _reaches(prev, uuid, lease.tip) or _reaches(prev, lease.tip, uuid)
+
+
+def on_the_holders_line(meta: MetaStore, namespace: str, uuid: str, lease: Lease) -> bool:
+    """Is batch ``uuid`` (an initial batch) the holder's tip or one of its ancestors: the
+    holder is a query of the same generation (its batch 0 not committed yet)?"""
+    if lease.namespace != namespace or lease.tip is None:
+        return False
+    if uuid == lease.tip:
+        return True
+    prev = {b.uuid: b.prev_uuid for b in meta.list_batches(namespace)}
+    return _reaches(prev, lease.tip, uuid)
+
+
+def _reaches(prev: dict[str, str | None], start: str, target: str) -> bool:
+    """Does following prev links from ``start`` reach ``target``?"""
+    node: str | None = start
+    for _ in range(_LINE_WALK):
+        node = prev.get(node) if node is not None else None
+        if node is None:
+            return False
+        if node == target:
+            return True
+    return False
+
+
+class QueryLease:
+    """The lease of one query on its source, held by the planning process (driver)."""
+
+    def __init__(self, meta: MetaStore, identity: SourceIdentity, *, ttl_s: float | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self._meta = meta
+        self._identity = identity
+        self._key = identity.namespace  # one lease per source, whichever namespace holds rows
+        self._ttl_s = TTL_S if ttl_s is None else ttl_s
+        self._clock = clock or now
+        self._owner = owner_id()
+        self._namespace = ""
+        #: the newest batch this process planned or committed (the renewals carry it)
+        self.tip: str | None = None
+        #: a renewal found another owner holding the lease: raised by ``check``
+        self._lost: Lease | None = None
+        #: the lease is to be taken at the next call (``defer``)
+        self.pending = False
+        #: when the lease row was last written by this process (its clock)
+        self._written_at = float("-inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self, namespace: str, evidence: str | None) -> None:
+        """Take the lease for this query reading ``namespace``. ``evidence``: a batch from
+        Spark's checkpoint (a restart); a live holder whose line it continues is this query's
+        earlier process and is taken over (``continues_the_holders_line``). Any other live
+        holder refuses it (``SourceInUseError``)."""
+        self._namespace, self.pending = namespace, False
+        if evidence is not None:
+            self.tip = evidence
+
+        def same_query(lease: Lease) -> bool:
+            return evidence is not None and continues_the_holders_line(
+                self._meta, namespace, evidence, lease)
+
+        holder = self._meta.take_lease(self._key, self._owner, self._ttl_s, namespace=namespace,
+                                       tip=self.tip, now=self._clock(), may_take_over=same_query)
+        if holder is not None:
+            raise self._in_use(holder)
+        self._written_at = self._clock()
+        log.debug("lease on %s taken by %s", self._key, self._owner)
+        self._start_renewals()
+
+    def advance(self, tip: str, *, now: bool = False) -> None:
+        """The query planned batch ``tip``: the renewals carry it from now on, and it is
+        written at once when the stored tip is older than ``TIP_EVERY_S``, or ``now`` (the
+        driver's planning thread; one small conditional write at most that often)."""
+        self.tip = tip
+        if not self.pending and (now or self._clock() - self._written_at >= TIP_EVERY_S):
+            self.renew()
+
+    def defer(self, namespace: str) -> None:
+        """Take the lease at the next call (``take`` with its evidence): ``initialOffset``
+        found a live holder of the same generation, which is this query's earlier process
+        only if Spark replays a batch of its line next (a crash during batch 0)."""
+        self._namespace, self.pending = namespace, True
+
+    def held_by_another(self, holder: Lease | None) -> bool:
+        """Is ``holder`` a live lease of another process?"""
+        return (holder is not None and holder.owner != self._owner
+                and holder.live(self._clock()))
+
+    def refuse_if_held(self, holder: Lease | None) -> None:
+        """Raise ``SourceInUseError`` if ``holder`` is a live lease of another process (a check
+        before anything is created; ``take`` decides for good)."""
+        if holder is not None and self.held_by_another(holder):
+            raise self._in_use(holder)
+
+    def renew(self) -> None:
+        """Renew now, with the current ``tip``; a lease taken meanwhile by another process is
+        noted (``check`` raises). Called by the renewal thread."""
+        at = self._clock()
+        holder = self._meta.take_lease(self._key, self._owner, self._ttl_s,
+                                       namespace=self._namespace, tip=self.tip, now=at)
+        if holder is not None:
+            self._lost = holder
+        else:
+            self._written_at = at
+
+    def check(self) -> None:
+        """Raise ``SourceInUseError`` if another process took the lease over (this process
+        is a leftover of a restarted query, or the lease expired while it was stalled)."""
+        if self._lost is not None:
+            raise self._in_use(self._lost)
+
+    def release(self) -> None:
+        """Stop renewing and end the lease at once (the query stopped)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._namespace and self._lost is None and not self.pending:
+            self._meta.release_lease(self._key, self._owner, now=self._clock())
+
+    def _start_renewals(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._renew_until_stopped,
+                                        name="tablestore-cdc-lease", daemon=True)
+        self._thread.start()
+
+    def _renew_until_stopped(self) -> None:
+        while not self._stop.wait(self._ttl_s / 4):  # RENEW_EVERY_S for the default TTL
+            try:
+                self.renew()
+            except TransientMetaStoreError as exc:  # the next round tries again
+                log.warning("lease on %s not renewed (%s); retrying in %.1f s", self._key,
+                            exc, self._ttl_s / 4)
+            except Exception as exc:  # noqa: BLE001 - a thread must not die silently
+                log.warning("lease on %s not renewed: %s", self._key, exc)
+
+    def _in_use(self, holder: Lease) -> SourceInUseError:
+        now = self._clock()
+        return SourceInUseError(
+            tunnel=self._identity.tunnel, table=self._identity.table, holder=holder.owner,
+            renewed_ago=max(0.0, now - holder.renewed_at),
+            expires_in=max(0.0, holder.expires_at - now))
