@@ -86,6 +86,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "plan_ms_1000ch": ("<=", 1000.0, "ms"),
     "freshness_p50_ms": ("<=", 1500.0, "ms"),
     "wire_decode_records_per_cpu_s": (">=", 1_000_000.0, ""),
+    "wire_client_throughput_ratio": (">=", 0.5, ""),
+    "wire_client_us_per_record": ("<=", 3.0, "us"),
 }
 
 
@@ -190,6 +192,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["decode"]["records_per_cpu_s_python"])
         out["wire_throughput_ratio"] = round(w["throughput"]["ratio"], 3)
         out["wire_throughput_rows_s"] = round(w["throughput"]["wire_rows_s"])
+        out["wire_client_throughput_ratio"] = round(w["client_throughput"]["ratio"], 3)
+        out["wire_client_rows_s"] = round(w["client_throughput"]["client_rows_s"])
+        out["wire_client_us_per_record"] = round(w["client_cpu"]["us_per_record"], 2)
+        out["wire_client_us_per_record_prefetch_off"] = round(
+            w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -284,12 +291,16 @@ def format_table(s: dict[str, Any]) -> str:
         add("recovery_rereads", s["recovery_rereads"], "{:,}")
     for interval, rate in s.get("commit_interval", {}).items():
         add(f"commit_interval {interval} (records/s)", rate, "{:,.0f}")
-    if "wire_throughput_ratio" in s:
-        add("wire_throughput_ratio", s["wire_throughput_ratio"], "{:.3f}")
-    for key in ("wire_throughput_rows_s", "wire_decode_records_per_cpu_s",
+    for key in ("wire_throughput_ratio", "wire_client_throughput_ratio"):
+        if key in s:
+            add(key, s[key], "{:.3f}")
+    for key in ("wire_throughput_rows_s", "wire_client_rows_s", "wire_decode_records_per_cpu_s",
                 "wire_decode_records_per_cpu_s_python"):
         if key in s:
             add(key, s[key], "{:,.0f}")
+    for key in ("wire_client_us_per_record", "wire_client_us_per_record_prefetch_off"):
+        if key in s:
+            add(key, s[key], "{:.2f}")
     width = max(len(r[0]) for r in rows)
     span = max([len(r[2]) for r in rows] + [len("min .. max")]) if spread else 0
     value_head = "median" if spread else "value"

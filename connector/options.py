@@ -67,13 +67,15 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "ssl.ca.bundle": ("ssl_ca_bundle", "the path of a PEM file of CA certificates that verifies "
                       "an https endpoint, on the driver and every executor (else "
                       "REQUESTS_CA_BUNDLE, then SSL_CERT_FILE, then the system's)"),
+    "read.prefetch": ("read_prefetch", "true or false (default true: executors request a "
+                      "channel's next page while the current one is decoded)"),
 }
 #: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
 #: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
 DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
-                    "security_token", "checkpoint_table", "ssl_ca_bundle")
+                    "security_token", "checkpoint_table", "ssl_ca_bundle", "read_prefetch")
 #: the vendor catalog's type names -> Tablestore's
 CATALOG_TYPES = {
     "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
@@ -127,6 +129,9 @@ class SourceOptions(BaseModel):
     #: the CA bundle verifying an https endpoint (the option, else the driver's environment);
     #: folded into the endpoint and the meta-store URI as ``ca_bundle=`` (a path, no secret)
     ssl_ca_bundle: str | None = Field(default=None, min_length=1)
+    #: executors' Tablestore clients send a channel's next ReadRecords request ahead; folded
+    #: into the endpoint as ``prefetch=false`` when off (connector/tunnel/tablestore/client.py)
+    read_prefetch: bool = True
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -167,7 +172,7 @@ class SourceOptions(BaseModel):
             return value
         return parse_catalog(value)
 
-    @field_validator("fail_on_data_loss", "skip_empty_batches", mode="before")
+    @field_validator("fail_on_data_loss", "skip_empty_batches", "read_prefetch", mode="before")
     @classmethod
     def _bools(cls, value: Any) -> Any:
         return _parse_bool(value)
@@ -379,6 +384,14 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     params.update({k: v for k, v in creds.items() if v})
     if bundle:
         params["ca_bundle"] = bundle
+    prefetch = values.get("read_prefetch", query.get("prefetch"))
+    if prefetch is not None:
+        try:
+            if not _parse_bool(prefetch):
+                params["prefetch"] = "false"
+        except ValueError:
+            raise OptionError(option="read.prefetch", value=prefetch, problem="is not a boolean",
+                              allowed=OPTIONS["read.prefetch"][1]) from None
     values["endpoint"] = f"{parts.scheme}://{parts.netloc}?{urlencode(params)}"
     values["instance_name"] = instance
     values["ssl_ca_bundle"] = bundle

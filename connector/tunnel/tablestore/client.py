@@ -48,6 +48,19 @@ How the interface maps onto the wire:
   from its ``next_token``). Pushing such a token checkpoints the page token itself (the service
   only knows its own tokens): the tunnel's stored position may then be up to one page behind
   the source's own, which only matters to a new query without a Spark checkpoint.
+- ``read_page`` prefetches (executors): when a page says more records follow, the request for
+  the next page (its ``next_token``, the same limit) is sent at once on a small pool of this
+  process (``PREFETCH_THREADS``), one per channel, while the caller decodes the page and hands
+  it on. The next ``read_page`` of that channel takes the answer when it asks for the same
+  request -- or for a lower limit the answer does not exceed, since a page shorter than asked is
+  an answer the service may always give -- and sends its own request otherwise (another token,
+  a page longer than the new limit, an answer older than ``PREFETCH_MAX_AGE_S``, a failed
+  prefetch: its error is never raised, the caller's own request meets it). So a caller gets
+  exactly the answers it asked for, whatever was prefetched: a page read ahead past a batch's
+  end is held (at most ``PREFETCH_HELD`` answers per client, the oldest dropped) and never
+  handed out unless a later read asks for it. ``prefetch=false`` in the endpoint's query (the
+  source option ``read.prefetch``) switches it off. Requests share one urllib3 connection pool
+  per client (keep-alive; the reader keeps one client per process).
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
 - ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
@@ -80,7 +93,12 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -152,6 +170,14 @@ _TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(
 #: the two shapes in which the service refuses a table, tunnel or channel that is not there
 _NOT_THERE_CODES = ("OTSObjectNotExist", "OTSParameterInvalid")
 
+#: requests for next pages in flight at once per process (one per channel being read)
+PREFETCH_THREADS = 4
+#: prefetched answers a client holds (one per channel; the oldest is dropped first)
+PREFETCH_HELD = 8
+#: a prefetched answer older than this is not used: a fresh read may hold more records
+PREFETCH_MAX_AGE_S = 5.0
+_READ_PATH = "/tunnel/readrecords"
+
 _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
 _COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
 
@@ -170,6 +196,17 @@ class EndpointQuery(UriQuery):
     security_token: str | None = Field(None, repr=False)
     retry_deadline_s: float = Field(RETRY_DEADLINE_S, description="a number of seconds")
     ca_bundle: str | None = Field(None, description="the path of a PEM file of CA certificates")
+    prefetch: bool = Field(True, description="true or false: read the next page ahead")
+
+
+@dataclass(frozen=True)
+class _Prefetch:
+    """A ReadRecords request sent ahead for one channel, and its answer to come (raw bytes)."""
+
+    page_token: str
+    body: bytes
+    started: float
+    answer: Future[bytes]
 
 
 class _SequenceNotMatch(Exception):
@@ -205,13 +242,14 @@ class TablestoreTunnelService(TunnelService):
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
                  uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
-                 send_max_records: bool = True, ca_bundle: str | None = None) -> None:
+                 send_max_records: bool = True, ca_bundle: str | None = None,
+                 prefetch: bool = True) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.uri = (redact_uri(uri, EndpointQuery.model_fields) if uri
                     else f"{self.endpoint}?instance={instance}")
         self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s,
-                                    ca_bundle=ca_bundle)
+                                    ca_bundle=ca_bundle, pool_size=PREFETCH_THREADS + 2)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
         #: (tunnel id, channel id) -> (sequence number, checkpoint) the service holds, as last
@@ -219,6 +257,13 @@ class TablestoreTunnelService(TunnelService):
         self._stored: dict[tuple[str, str], tuple[int, str]] = {}
         #: False makes reads behave as against a service without the emulator's page limit
         self.send_max_records = send_max_records
+        self.prefetch = prefetch
+        #: (tunnel id, channel id) -> the next page's request sent ahead (``read_page``)
+        self._prefetched: OrderedDict[tuple[str, str], _Prefetch] = OrderedDict()
+        self._prefetch_lock = threading.Lock()
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+        #: prefetched answers used / sent and not used (tests and benchmarks read them)
+        self.prefetch_stats = {"used": 0, "unused": 0}
 
     # --- construction -------------------------------------------------------------------------
 
@@ -263,9 +308,15 @@ class TablestoreTunnelService(TunnelService):
         endpoint = f"{parts.scheme}://{parts.netloc}"
         return cls(endpoint, instance, Credentials(creds.access_key_id, creds.access_key_secret,
                                                    creds.security_token),
-                   uri=uri, retry_deadline_s=query.retry_deadline_s, ca_bundle=bundle)
+                   uri=uri, retry_deadline_s=query.retry_deadline_s, ca_bundle=bundle,
+                   prefetch=query.prefetch)
 
     def close(self) -> None:
+        with self._prefetch_lock:
+            pool, self._prefetch_pool = self._prefetch_pool, None
+            self._prefetched.clear()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -275,8 +326,22 @@ class TablestoreTunnelService(TunnelService):
 
     def _call(self, path: str, request: Any, response_type: Any,
               on_error: Callable[[ServiceError], Exception | None] | None = None) -> Any:
+        return self._send(path, request.SerializeToString(), response_type, on_error)
+
+    def _send(self, path: str, body: bytes, response_type: Any,
+              on_error: Callable[[ServiceError], Exception | None] | None = None,
+              answer: Future[bytes] | None = None) -> Any:
+        """``_call`` with the request already serialized; with ``answer`` (a prefetched
+        request's), its bytes instead of sending ``body``, unless it failed."""
+        data = None
+        if answer is not None:
+            try:
+                data = answer.result()
+            except Exception:  # the caller's own request meets the error (and its retries)
+                data = None
         try:
-            data = self._transport.call(path, request.SerializeToString())
+            if data is None:
+                data = self._transport.call(path, body)
         except Unavailable as exc:
             raise TransientTunnelError(detail=f"{self.uri} {path}: {exc}") from None
         except ResponseValidationError as exc:
@@ -549,14 +614,68 @@ class TablestoreTunnelService(TunnelService):
 
     # --- data (executors) -------------------------------------------------------------------
 
-    def _read_page(self, tunnel_id: str, channel_id: str, page_token: str, want: int,
-                   token: str) -> Any:
+    def _read_request(self, tunnel_id: str, channel_id: str, page_token: str,
+                      want: int) -> tuple[int | None, bytes]:
+        """(max_records sent or ``None``, the serialized ReadRecords request)."""
         request = m.ReadRecordsRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
                                        channel_id=channel_id, token=page_token)
+        max_records = None
         if self.send_max_records:
-            request.max_records = max(1, min(want, 2**31 - 1))
-        return self._call("/tunnel/readrecords", request, m.ReadRecordsResponse,
-                          lambda e: self._channel_error(e, tunnel_id, channel_id, token))
+            max_records = request.max_records = max(1, min(want, 2**31 - 1))
+        return max_records, request.SerializeToString()
+
+    def _read_page(self, tunnel_id: str, channel_id: str, page_token: str, want: int,
+                   token: str, ahead: bool = False) -> Any:
+        """One ReadRecords answer; ``ahead``: the prefetched one when it answers this request
+        (module docstring)."""
+        max_records, body = self._read_request(tunnel_id, channel_id, page_token, want)
+        prefetched = self._take_prefetch(tunnel_id, channel_id, page_token) if ahead else None
+        on_error = lambda e: self._channel_error(e, tunnel_id, channel_id, token)  # noqa: E731
+        if prefetched is not None:
+            # the prefetch's answer, or this read's own request's if the prefetch failed
+            response = self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error,
+                                  prefetched.answer)
+            # asked with a higher limit: a page no longer than this one's limit answers it too
+            if prefetched.body == body or len(response.records) <= (max_records or 0):
+                self.prefetch_stats["used"] += 1
+                return response
+            self.prefetch_stats["unused"] += 1
+        return self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error)
+
+    def _take_prefetch(self, tunnel_id: str, channel_id: str, page_token: str
+                       ) -> _Prefetch | None:
+        """The channel's prefetched request when it reads from ``page_token`` and is fresh;
+        any other prefetch of the channel is dropped."""
+        with self._prefetch_lock:
+            held = self._prefetched.pop((tunnel_id, channel_id), None)
+        if held is None:
+            return None
+        if held.page_token == page_token and \
+                time.monotonic() - held.started <= PREFETCH_MAX_AGE_S:
+            return held
+        held.answer.cancel()
+        self.prefetch_stats["unused"] += 1
+        return None
+
+    def _send_ahead(self, tunnel_id: str, channel_id: str, page_token: str, want: int) -> None:
+        """Send the request for the page after this one now (``PREFETCH_THREADS`` pool)."""
+        if not self.prefetch:
+            return
+        _, body = self._read_request(tunnel_id, channel_id, page_token, want)
+        with self._prefetch_lock:
+            if self._prefetch_pool is None:
+                self._prefetch_pool = ThreadPoolExecutor(
+                    PREFETCH_THREADS, thread_name_prefix="tablestore-prefetch")
+            answer = self._prefetch_pool.submit(self._transport.call, _READ_PATH, body)
+            key = (tunnel_id, channel_id)
+            old = self._prefetched.pop(key, None)
+            self._prefetched[key] = _Prefetch(page_token, body, time.monotonic(), answer)
+            dropped = [old] if old is not None else []
+            while len(self._prefetched) > PREFETCH_HELD:
+                dropped.append(self._prefetched.popitem(last=False)[1])
+        for held in dropped:
+            held.answer.cancel()
+            self.prefetch_stats["unused"] += 1
 
     @staticmethod
     def _base_offset(page_token: str) -> int | None:
@@ -595,17 +714,19 @@ class TablestoreTunnelService(TunnelService):
                 return True
         return False
 
-    def _fetch(self, tunnel_id: str, channel_id: str, token: str,
-               limit: int) -> tuple[Sequence[Any], int | None, str, bool] | None:
+    def _fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+               ahead: bool = False) -> tuple[Sequence[Any], int | None, str, bool] | None:
         """The wire records of up to ``limit`` records after ``token``, with the base offset
         of the first (``None`` if unknown), the token after them and ``may_more``; ``None``
-        for ``limit == 0`` (nothing to ask the service). Shared by both read methods."""
+        for ``limit == 0`` (nothing to ask the service). Shared by both read methods;
+        ``ahead`` (``read_page``): with prefetch (module docstring)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         page_token, skip = self._check_token(channel_id, token)
         if limit == 0 and token != FINISHED:
             return None
-        response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
+        response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token,
+                                   ahead and not skip)
         while skip and len(response.records) <= skip:
             # the service paged differently than when the token was made: skip whole pages
             if response.next_token == FINISHED or not response.records:
@@ -623,8 +744,10 @@ class TablestoreTunnelService(TunnelService):
             return wanted, first, f"{page_token}{SKIP_MARK}{skip + limit}", True
         may_more = (response.may_more_record if response.HasField("may_more_record")
                     else len(response.records) >= 500)
-        return (wanted, first, response.next_token,
-                bool(may_more) and response.next_token != FINISHED)
+        may_more = bool(may_more) and response.next_token != FINISHED
+        if ahead and may_more:
+            self._send_ahead(tunnel_id, channel_id, response.next_token, limit)
+        return wanted, first, response.next_token, may_more
 
     def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
         """Up to ``limit`` records after ``token`` as ``Record`` objects (the contract suite,
@@ -641,8 +764,8 @@ class TablestoreTunnelService(TunnelService):
         """Up to ``limit`` records after ``token`` as one columnar page (executor, the
         reader's path): PlainBuffer decoded straight into the page's columns
         (``records.decode_columns``), no ``Record`` per record; positions, tokens and errors
-        as ``read_records``."""
-        fetched = self._fetch(tunnel_id, channel_id, token, limit)
+        as ``read_records``. The next page's request is sent ahead (module docstring)."""
+        fetched = self._fetch(tunnel_id, channel_id, token, limit, ahead=self.prefetch)
         if fetched is None:
             return Page(empty_page_batch(layout), token, True)
         wanted, first, next_token, may_more = fetched

@@ -150,18 +150,22 @@ def _parse_date(value: str) -> dt.datetime | None:
 
 
 class Transport:
-    """One endpoint, one instance, one key pair; a small connection pool. Not fork-safe by
-    itself: the client opens a new one in each process."""
+    """One endpoint, one instance, one key pair; a small connection pool (thread-safe:
+    ``call`` may run in several threads at once). Not fork-safe by itself: the client opens a
+    new one in each process."""
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials,
-                 retry_deadline_s: float = RETRY_DEADLINE_S, ca_bundle: str | None = None) -> None:
+                 retry_deadline_s: float = RETRY_DEADLINE_S, ca_bundle: str | None = None,
+                 pool_size: int = 4) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
         self.credentials = credentials
         self.retry_deadline_s = retry_deadline_s
         self.ca_bundle = ca_bundle
         self._pool = urllib3.PoolManager(
-            num_pools=2, maxsize=4, retries=False,
+            # kept-alive connections per host: one per thread that calls at once (the client's
+            # prefetch pool and its caller), so none is opened anew per request
+            num_pools=2, maxsize=pool_size, retries=False,
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
             cert_reqs="CERT_REQUIRED", ca_certs=ca_bundle,
         )
