@@ -49,18 +49,19 @@ How the interface maps onto the wire:
   only knows its own tokens): the tunnel's stored position may then be up to one page behind
   the source's own, which only matters to a new query without a Spark checkpoint.
 - ``read_page`` prefetches (executors): when a page says more records follow, the request for
-  the next page (its ``next_token``, the same limit) is sent at once on a small pool of this
-  process (``PREFETCH_THREADS``), one per channel, while the caller decodes the page and hands
-  it on. The next ``read_page`` of that channel takes the answer when it asks for the same
-  request -- or for a lower limit the answer does not exceed, since a page shorter than asked is
-  an answer the service may always give -- and sends its own request otherwise (another token,
-  a page longer than the new limit, an answer older than ``PREFETCH_MAX_AGE_S``, a failed
-  prefetch: its error is never raised, the caller's own request meets it). So a caller gets
-  exactly the answers it asked for, whatever was prefetched: a page read ahead past a batch's
-  end is held (at most ``PREFETCH_HELD`` answers per client, the oldest dropped) and never
-  handed out unless a later read asks for it. ``prefetch=false`` in the endpoint's query (the
-  source option ``read.prefetch``) switches it off. Requests share one urllib3 connection pool
-  per client (keep-alive; the reader keeps one client per process).
+  the next page (its ``next_token``, the same limit) is sent before the page is decoded
+  (``Transport.send``: on a connection of its own, no thread), so the service prepares it while
+  this process decodes and hands the page on. The next ``read_page`` of that channel takes the
+  answer when it asks for the same request -- or for a lower limit the answer does not exceed,
+  since a page shorter than asked is an answer the service may always give -- and sends its own
+  request otherwise (another token, a page longer than the new limit, a request sent more than
+  ``PREFETCH_MAX_AGE_S`` ago; a prefetch that failed is done again as a plain call, so its
+  error is the caller's own). So a caller gets exactly the answers it asked for, whatever was
+  prefetched: a page requested past a batch's end is held unread (at most ``PREFETCH_HELD`` per
+  client, the oldest dropped, each one kept-alive connection) and never handed out unless a
+  later read asks for it. ``prefetch=false`` in the endpoint's query (the source option
+  ``read.prefetch``) switches it off. Requests share one urllib3 connection pool per client
+  (keep-alive; the reader keeps one client per process).
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
 - ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
@@ -97,7 +98,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -153,6 +154,7 @@ from connector.tunnel.tablestore.transport import (
     RETRY_DEADLINE_S,
     TRIMMED_PREFIX,
     Credentials,
+    PendingCall,
     ResponseValidationError,
     ServiceError,
     TlsError,
@@ -170,9 +172,11 @@ _TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(
 #: the two shapes in which the service refuses a table, tunnel or channel that is not there
 _NOT_THERE_CODES = ("OTSObjectNotExist", "OTSParameterInvalid")
 
-#: requests for next pages in flight at once per process (one per channel being read)
-PREFETCH_THREADS = 4
-#: prefetched answers a client holds (one per channel; the oldest is dropped first)
+#: the driver's per-channel calls at once: checkpoint pushes (``concurrent_calls``) and the
+#: probes of ``has_new_data``; each waits a round trip, so 16 hide 16 of them per round
+DRIVER_CONCURRENCY = 16
+#: prefetched requests a client holds (one per channel, each on its own connection; the
+#: oldest is dropped first)
 PREFETCH_HELD = 8
 #: a prefetched answer older than this is not used: a fresh read may hold more records
 PREFETCH_MAX_AGE_S = 5.0
@@ -201,12 +205,11 @@ class EndpointQuery(UriQuery):
 
 @dataclass(frozen=True)
 class _Prefetch:
-    """A ReadRecords request sent ahead for one channel, and its answer to come (raw bytes)."""
+    """A ReadRecords request sent ahead for one channel, its answer not read yet."""
 
     page_token: str
-    body: bytes
     started: float
-    answer: Future[bytes]
+    answer: PendingCall
 
 
 class _SequenceNotMatch(Exception):
@@ -238,7 +241,10 @@ def token_content(token: str) -> Any:
 
 
 class TablestoreTunnelService(TunnelService):
-    """A Tunnel client for one endpoint and instance. One per process; cheap to open."""
+    """A Tunnel client for one endpoint and instance. One per process; cheap to open. Safe to
+    call from several threads (the driver's concurrent pushes and probes)."""
+
+    concurrent_calls = DRIVER_CONCURRENCY
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
                  uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
@@ -249,7 +255,8 @@ class TablestoreTunnelService(TunnelService):
         self.uri = (redact_uri(uri, EndpointQuery.model_fields) if uri
                     else f"{self.endpoint}?instance={instance}")
         self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s,
-                                    ca_bundle=ca_bundle, pool_size=PREFETCH_THREADS + 2)
+                                    ca_bundle=ca_bundle,
+                                    pool_size=max(PREFETCH_HELD, DRIVER_CONCURRENCY) + 1)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
         #: (tunnel id, channel id) -> (sequence number, checkpoint) the service holds, as last
@@ -260,8 +267,13 @@ class TablestoreTunnelService(TunnelService):
         self.prefetch = prefetch
         #: (tunnel id, channel id) -> the next page's request sent ahead (``read_page``)
         self._prefetched: OrderedDict[tuple[str, str], _Prefetch] = OrderedDict()
-        self._prefetch_lock = threading.Lock()
-        self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        #: the driver's ``has_new_data`` probes, ``DRIVER_CONCURRENCY`` at a time
+        self._probe_pool: ThreadPoolExecutor | None = None
+        #: (tunnel id, channel id) -> a position a probe found records after: asked again at
+        #: the same position, the answer is the same (records do not vanish; trimming is
+        #: reported by the read), so the channel is not probed again
+        self._has_data: dict[tuple[str, str], str] = {}
         #: prefetched answers used / sent and not used (tests and benchmarks read them)
         self.prefetch_stats = {"used": 0, "unused": 0}
 
@@ -312,9 +324,12 @@ class TablestoreTunnelService(TunnelService):
                    prefetch=query.prefetch)
 
     def close(self) -> None:
-        with self._prefetch_lock:
-            pool, self._prefetch_pool = self._prefetch_pool, None
+        with self._lock:
+            pool, self._probe_pool = self._probe_pool, None
+            held = list(self._prefetched.values())
             self._prefetched.clear()
+        for prefetch in held:
+            prefetch.answer.discard()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         self._transport.close()
@@ -330,18 +345,11 @@ class TablestoreTunnelService(TunnelService):
 
     def _send(self, path: str, body: bytes, response_type: Any,
               on_error: Callable[[ServiceError], Exception | None] | None = None,
-              answer: Future[bytes] | None = None) -> Any:
-        """``_call`` with the request already serialized; with ``answer`` (a prefetched
-        request's), its bytes instead of sending ``body``, unless it failed."""
-        data = None
-        if answer is not None:
-            try:
-                data = answer.result()
-            except Exception:  # the caller's own request meets the error (and its retries)
-                data = None
+              answer: PendingCall | None = None) -> Any:
+        """``_call`` with the request already serialized; with ``answer`` (a request sent
+        ahead), its answer instead of sending ``body``."""
         try:
-            if data is None:
-                data = self._transport.call(path, body)
+            data = answer.result() if answer is not None else self._transport.call(path, body)
         except Unavailable as exc:
             raise TransientTunnelError(detail=f"{self.uri} {path}: {exc}") from None
         except ResponseValidationError as exc:
@@ -632,11 +640,10 @@ class TablestoreTunnelService(TunnelService):
         prefetched = self._take_prefetch(tunnel_id, channel_id, page_token) if ahead else None
         on_error = lambda e: self._channel_error(e, tunnel_id, channel_id, token)  # noqa: E731
         if prefetched is not None:
-            # the prefetch's answer, or this read's own request's if the prefetch failed
             response = self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error,
                                   prefetched.answer)
             # asked with a higher limit: a page no longer than this one's limit answers it too
-            if prefetched.body == body or len(response.records) <= (max_records or 0):
+            if prefetched.answer.body == body or len(response.records) <= (max_records or 0):
                 self.prefetch_stats["used"] += 1
                 return response
             self.prefetch_stats["unused"] += 1
@@ -646,35 +653,31 @@ class TablestoreTunnelService(TunnelService):
                        ) -> _Prefetch | None:
         """The channel's prefetched request when it reads from ``page_token`` and is fresh;
         any other prefetch of the channel is dropped."""
-        with self._prefetch_lock:
+        with self._lock:
             held = self._prefetched.pop((tunnel_id, channel_id), None)
         if held is None:
             return None
         if held.page_token == page_token and \
                 time.monotonic() - held.started <= PREFETCH_MAX_AGE_S:
             return held
-        held.answer.cancel()
+        held.answer.discard()
         self.prefetch_stats["unused"] += 1
         return None
 
     def _send_ahead(self, tunnel_id: str, channel_id: str, page_token: str, want: int) -> None:
-        """Send the request for the page after this one now (``PREFETCH_THREADS`` pool)."""
-        if not self.prefetch:
-            return
+        """Send the request for the page after this one now; its answer is read by the read
+        that asks for it (``_take_prefetch``)."""
         _, body = self._read_request(tunnel_id, channel_id, page_token, want)
-        with self._prefetch_lock:
-            if self._prefetch_pool is None:
-                self._prefetch_pool = ThreadPoolExecutor(
-                    PREFETCH_THREADS, thread_name_prefix="tablestore-prefetch")
-            answer = self._prefetch_pool.submit(self._transport.call, _READ_PATH, body)
+        answer = self._transport.send(_READ_PATH, body)
+        with self._lock:
             key = (tunnel_id, channel_id)
             old = self._prefetched.pop(key, None)
-            self._prefetched[key] = _Prefetch(page_token, body, time.monotonic(), answer)
+            self._prefetched[key] = _Prefetch(page_token, time.monotonic(), answer)
             dropped = [old] if old is not None else []
             while len(self._prefetched) > PREFETCH_HELD:
                 dropped.append(self._prefetched.popitem(last=False)[1])
         for held in dropped:
-            held.answer.cancel()
+            held.answer.discard()
             self.prefetch_stats["unused"] += 1
 
     @staticmethod
@@ -690,28 +693,59 @@ class TablestoreTunnelService(TunnelService):
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool:
         """Driver, ``latestOffset``: one DescribeTunnel, then a one-record read per OPEN
         channel from its position (the service has no cheaper way to tell) -- so an idle
-        query costs a few small reads per trigger instead of an empty Spark batch. True at
-        the first channel that is missing from ``positions``, returns a record, or reads to
-        ``"finished"``; a trimmed position also counts (the batch reports it)."""
+        query costs a few small reads per trigger instead of an empty Spark batch. True when a
+        channel is missing from ``positions``, returns a record, or reads to ``"finished"``; a
+        trimmed position also counts (the batch reports it).
+
+        The reads run ``DRIVER_CONCURRENCY`` at a time and stop being sent at the first yes; a
+        channel found to have records at the same position before is not read again. An error
+        is raised only when no channel says yes (the first in channel order)."""
         if tunnel_id not in self._tunnels:
             self.list_tunnels()  # learns every tunnel's table and name
         if tunnel_id not in self._tunnels:
             raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
         table, name = self._tunnels[tunnel_id]
+        probes: list[tuple[str, str]] = []
         for channel in self.describe_tunnel(table, name).channels:
             if channel.status is not ChannelStatus.OPEN:
                 continue
             token = positions.get(channel.channel_id)
-            if token is None:
+            if token is None or self._has_data.get((tunnel_id, channel.channel_id)) == token:
                 return True
-            if token == FINISHED:
-                continue
-            try:
-                result = self.read_records(tunnel_id, channel.channel_id, token, 1)
-            except TrimmedDataError:
-                return True
-            if result.records or result.next_token == FINISHED:
-                return True
+            if token != FINISHED:
+                probes.append((channel.channel_id, token))
+        if len(probes) < 2:
+            return any(self._probe(tunnel_id, ch, token) for ch, token in probes)
+        with self._lock:
+            if self._probe_pool is None:
+                self._probe_pool = ThreadPoolExecutor(DRIVER_CONCURRENCY,
+                                                      thread_name_prefix="tablestore-probe")
+            pool = self._probe_pool
+        futures = {pool.submit(self._probe, tunnel_id, ch, token): ch for ch, token in probes}
+        errors: dict[str, BaseException] = {}
+        try:
+            for future in as_completed(futures):
+                error = future.exception()
+                if error is not None:
+                    errors[futures[future]] = error
+                elif future.result():
+                    return True
+        finally:
+            for future in futures:
+                future.cancel()  # not sent yet: not needed any more
+        if errors:
+            raise errors[min(errors)]
+        return False
+
+    def _probe(self, tunnel_id: str, channel_id: str, token: str) -> bool:
+        """Does a one-record read from ``token`` find a record or ``"finished"``?"""
+        try:
+            result = self.read_records(tunnel_id, channel_id, token, 1)
+        except TrimmedDataError:
+            return True
+        if result.records or result.next_token == FINISHED:
+            self._has_data[(tunnel_id, channel_id)] = token
+            return True
         return False
 
     def _fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int,
