@@ -91,6 +91,7 @@ class StreamProtocol:
         self.last_batch: BatchStats | None = None
 
     def close(self) -> None:
+        self.pushes.close()
         self.tunnel.close()
         self.meta.close()
 

@@ -74,6 +74,11 @@ class TunnelService(ABC):
 
     #: The URI this client was opened with, secrets removed (safe to log and to store).
     uri: str
+    #: How many per-channel calls of the driver (checkpoint pushes, ``connector.planning.
+    #: pushes``) are worth running at once: a backend whose calls are network round trips says
+    #: more than 1 and must then be safe to call from that many threads; 1 (the default) runs
+    #: them one after another.
+    concurrent_calls: int = 1
 
     # --- tunnels (driver) ---------------------------------------------------------------
 
