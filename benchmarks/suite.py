@@ -48,7 +48,8 @@ PRESETS: dict[str, Preset] = {
     # the smallest configuration of everything: for the smoke test, not for figures
     "smoke": Preset(
         "smoke",
-        ProtocolConfig(batches=2, warmup=1, steady_after=4, plan_batches=1),
+        ProtocolConfig(batches=2, warmup=1, steady_after=4, plan_batches=1, wire_batches=2,
+                       wire_channels=(16,), wire_delay_channels=(16,), idle_triggers=2),
         ThroughputConfig(records=8_000, repeats=1, default_options=False),
         CommitIntervalConfig(batches=2, max_per_channel=20),
         FreshnessConfig(seconds=2.0, writes_per_second=5.0),
@@ -80,6 +81,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "throughput_ratio": (">=", 0.5, ""),
     "throughput_ratio_default_options": (">=", 0.85, ""),
     "memory_peak_over_arrow": ("<=", 2.5, "x"),
+    "memory_wire_peak_over_arrow": ("<=", 2.5, "x"),
     "protocol_ms_per_batch_64ch": ("<=", 30.0, "ms"),
     "protocol_ms_per_batch_256ch": ("<=", 80.0, "ms"),
     "protocol_ms_per_batch_1000ch": ("<=", 250.0, "ms"),
@@ -88,6 +90,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "wire_decode_records_per_cpu_s": (">=", 1_000_000.0, ""),
     "wire_client_throughput_ratio": (">=", 0.5, ""),
     "wire_client_us_per_record": ("<=", 3.0, "us"),
+    "wire_protocol_ms_per_batch_256ch": ("<=", 80.0, "ms"),
+    "wire_protocol_delay_ratio_ms_per_batch_256ch": ("<=", 3.0, "x"),
 }
 
 
@@ -170,16 +174,30 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         from benchmarks.protocol import headline
 
         for key, value in results["protocol"].items():
-            out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
-            if "tunnel_calls_per_batch" in headline(value):
-                out[f"protocol_tunnel_calls_per_batch_{key}"] = \
+            if key.startswith("wire_"):  # the tunnel over the wire: wire_protocol_*
+                rest = key.removeprefix("wire_")
+                out[f"wire_protocol_ms_per_batch_{rest}"] = headline(value)["total_ms"]
+                out[f"wire_protocol_tunnel_calls_per_batch_{rest}"] = \
                     headline(value)["tunnel_calls_per_batch"]
+                if "idle_ms" in value:
+                    out[f"wire_protocol_idle_ms_{rest}"] = value["idle_ms"]
+                continue
+            out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
         out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
+        for key in [k for k in out if k.startswith("wire_protocol_") and "_delay" in k]:
+            plain = out.get(key.rsplit("_delay", 1)[0])
+            if plain:  # how much a round trip per request adds: calls overlap or add up
+                out[key.replace("wire_protocol_", "wire_protocol_delay_ratio_", 1)
+                    .rsplit("_delay", 1)[0]] = round(out[key] / plain, 2)
     if "memory" in results:
         m = results["memory"]
         out["memory_peak_rss_mb"] = m["peak_rss_mb"]
         out["memory_arrow_mb"] = m["arrow_mb"]
         out["memory_peak_over_arrow"] = m["peak_over_arrow"]
+        if "wire" in m:
+            out["memory_wire_peak_rss_mb"] = m["wire"]["peak_rss_mb"]
+            out["memory_wire_arrow_mb"] = m["wire"]["arrow_mb"]
+            out["memory_wire_peak_over_arrow"] = m["wire"]["peak_over_arrow"]
     if "freshness" in results:
         out["freshness_p50_ms"] = results["freshness"]["p50_ms"]
         out["freshness_p99_ms"] = results["freshness"]["p99_ms"]
@@ -277,13 +295,15 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted((k for k in s if k.startswith("protocol_ms_per_batch_")),
                       key=lambda k: int(k.rsplit("_", 1)[1].removesuffix("ch"))):
         add(key, s[key])
-    for key in sorted(k for k in s if k.startswith("protocol_tunnel_calls_per_batch_")):
-        add(key, s[key], "{:.1f}")
-    for key in ("memory_peak_rss_mb", "memory_arrow_mb"):
+    for key in sorted(k for k in s if k.startswith("wire_protocol_")):
+        add(key, s[key], "{:.2f}" if "_ratio_" in key else "{:.1f}")
+    for key in ("memory_peak_rss_mb", "memory_arrow_mb", "memory_wire_peak_rss_mb",
+                "memory_wire_arrow_mb"):
         if key in s:
             add(key, s[key])
-    if "memory_peak_over_arrow" in s:
-        add("memory_peak_over_arrow", s["memory_peak_over_arrow"], "{:.2f}")
+    for key in ("memory_peak_over_arrow", "memory_wire_peak_over_arrow"):
+        if key in s:
+            add(key, s[key], "{:.2f}")
     for key in ("plan_ms_1000ch", "freshness_p50_ms", "freshness_p99_ms", "recovery_s"):
         if key in s:
             add(key, s[key])

@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -147,11 +148,14 @@ class WireServerProcess:
     side): ``url``, ``stats()``, ``stop()``; also a context manager."""
 
     def __init__(self, store: Path, log_path: Path, instance: str, key_id: str, secret: str,
-                 replay: bool = False, delay_ms: float = 0.0) -> None:
+                 replay: bool = False, delay_ms: float = 0.0, profile: Path | None = None
+                 ) -> None:
         args = [sys.executable, "-m", "benchmarks.wire_server", str(store), "--instance",
                 instance, "--key-id", key_id, "--secret", secret, "--delay-ms", str(delay_ms)]
         if replay:
             args.append("--replay")
+        if profile is not None:
+            args += ["--profile", str(profile)]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(log_path, "ab"),  # noqa: SIM115
                                      text=True, cwd=ROOT,
                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -188,14 +192,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--replay", action="store_true")
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--profile", metavar="FILE",
+                        help="profile the server (cProfile, CPU time) and write the stats to "
+                        "FILE when it is stopped (SIGTERM)")
     args = parser.parse_args(argv)
     server = WireServer(args.store, args.instance, args.key_id, args.secret,
                         replay=args.replay, delay_ms=args.delay_ms)
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile(time.process_time)
+        profile.enable()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         asyncio.run(_serve(server, args.host, args.port))
     except KeyboardInterrupt:
         pass
     finally:
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
         server.context.store.close()
 
 
