@@ -97,6 +97,9 @@ class ProtocolConfig:
     #: ... and again with this delay per request (ms), at these channel counts
     wire_delay_ms: float = 2.0
     wire_delay_channels: tuple[int, ...] = (64, 256)
+    #: ... and with the driver's calls one after another (``concurrent_calls`` 1: the code
+    #: before they overlapped), with and without the delay, at these channel counts
+    wire_sequential_channels: tuple[int, ...] = (256,)
     #: idle triggers measured after the wire rows' batches
     idle_triggers: int = 5
 
@@ -158,15 +161,16 @@ class _WireTunnel:
 def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             workdir: Path, steady_after: int = 0, meta_store: str | None = None,
             retention: int | None = None, wire: bool = False, delay_ms: float = 0.0,
-            idle_triggers: int = 0) -> dict[str, Any]:
+            idle_triggers: int = 0, sequential: bool = False) -> dict[str, Any]:
     """Run the batches over ``channels`` channels; per-phase medians in ms for the ``young``
     window (after ``warmup`` batches) and, if ``steady_after``, the ``steady`` one. With a
     DynamoDB ``meta_store`` URI, also the capacity units its driver requests consumed. With
     ``wire``, the tunnel is the emulator over HTTP (``delay_ms`` per request) and the driver's
-    tunnel calls are counted; then ``idle_triggers`` idle ``latest_offset`` calls are timed."""
+    tunnel calls are counted; then ``idle_triggers`` idle ``latest_offset`` calls are timed.
+    ``sequential``: the Tablestore client's ``concurrent_calls`` is 1 for this run."""
     workdir.mkdir(parents=True, exist_ok=True)
     suffix = (("-" + str(retention) if retention else "") + ("-wire" if wire else "")
-              + (f"-delay{delay_ms:g}" if delay_ms else ""))
+              + (f"-delay{delay_ms:g}" if delay_ms else "") + ("-seq" if sequential else ""))
     path = workdir / f"protocol-{channels}ch{suffix}.db"
     store = LocalTablestore(path)
     create_bench_table(store, channels)
@@ -189,7 +193,15 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         windows["steady"] = range(max(steady_after, warmup + batches),
                                   max(steady_after, warmup + batches) + batches)
     total_batches = max(w.stop for w in windows.values())
-    protocol = StreamProtocol(options)
+    from connector.tunnel.tablestore.client import TablestoreTunnelService
+
+    concurrency = TablestoreTunnelService.concurrent_calls
+    if sequential:
+        TablestoreTunnelService.concurrent_calls = 1
+    try:
+        protocol = StreamProtocol(options)
+    finally:
+        TablestoreTunnelService.concurrent_calls = concurrency
     schema = store.table_schema(TABLE)
     capacity = None
     if options.meta_store.startswith("dynamodb://"):
@@ -291,10 +303,19 @@ def run(config: ProtocolConfig, workdir: Path) -> dict[str, Any]:
         out[f"wire_{channels}ch"] = measure(channels, config.wire_batches, config.warmup,
                                             config.records_per_channel, workdir, wire=True,
                                             idle_triggers=config.idle_triggers)
-    for channels in config.wire_delay_channels if config.wire_delay_ms else ():
-        out[f"wire_{channels}ch_delay{config.wire_delay_ms:g}ms"] = measure(
-            channels, config.wire_batches, config.warmup, config.records_per_channel, workdir,
-            wire=True, delay_ms=config.wire_delay_ms, idle_triggers=config.idle_triggers)
+    delays = (0.0, config.wire_delay_ms) if config.wire_delay_ms else (0.0,)
+    for sequential in (False, True):
+        for delay in delays:
+            for channels in (config.wire_sequential_channels if sequential else
+                             config.wire_channels if not delay else config.wire_delay_channels):
+                if not delay and not sequential:
+                    continue  # measured above
+                name = (f"wire_{channels}ch" + (f"_delay{delay:g}ms" if delay else "")
+                        + ("_sequential" if sequential else ""))
+                out[name] = measure(channels, config.wire_batches, config.warmup,
+                                    config.records_per_channel, workdir, wire=True,
+                                    delay_ms=delay, idle_triggers=config.idle_triggers,
+                                    sequential=sequential)
     # only the retentions the preset's steady window reaches (none in the smoke preset)
     retentions = [k for k in config.dynamodb_retentions if k + 2 <= config.steady_after]
     if retentions:

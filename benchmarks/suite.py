@@ -10,6 +10,7 @@ measured every run, never stored here.
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -49,7 +50,8 @@ PRESETS: dict[str, Preset] = {
     "smoke": Preset(
         "smoke",
         ProtocolConfig(batches=2, warmup=1, steady_after=4, plan_batches=1, wire_batches=2,
-                       wire_channels=(16,), wire_delay_channels=(16,), idle_triggers=2),
+                       wire_channels=(16,), wire_delay_channels=(16,),
+                       wire_sequential_channels=(16,), idle_triggers=2),
         ThroughputConfig(records=8_000, repeats=1, default_options=False),
         CommitIntervalConfig(batches=2, max_per_channel=20),
         FreshnessConfig(seconds=2.0, writes_per_second=5.0),
@@ -184,11 +186,12 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
                 continue
             out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
         out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
-        for key in [k for k in out if k.startswith("wire_protocol_") and "_delay" in k]:
-            plain = out.get(key.rsplit("_delay", 1)[0])
-            if plain:  # how much a round trip per request adds: calls overlap or add up
-                out[key.replace("wire_protocol_", "wire_protocol_delay_ratio_", 1)
-                    .rsplit("_delay", 1)[0]] = round(out[key] / plain, 2)
+        for key in [k for k in out if k.startswith(("wire_protocol_ms_", "wire_protocol_idle_"))
+                    and "_delay" in k]:
+            plain_key = re.sub(r"_delay[0-9.]+ms", "", key)
+            if out.get(plain_key):  # how much a round trip per request adds: overlap or sum
+                ratio_key = plain_key.replace("wire_protocol_", "wire_protocol_delay_ratio_", 1)
+                out[ratio_key] = round(out[key] / out[plain_key], 2)
     if "memory" in results:
         m = results["memory"]
         out["memory_peak_rss_mb"] = m["peak_rss_mb"]

@@ -697,9 +697,10 @@ class TablestoreTunnelService(TunnelService):
         channel is missing from ``positions``, returns a record, or reads to ``"finished"``; a
         trimmed position also counts (the batch reports it).
 
-        The reads run ``DRIVER_CONCURRENCY`` at a time and stop being sent at the first yes; a
-        channel found to have records at the same position before is not read again. An error
-        is raised only when no channel says yes (the first in channel order)."""
+        The first channel is read alone (on a busy tunnel it says yes: one call); the others
+        ``concurrent_calls`` at a time, no more being sent after the first yes. A channel found
+        to have records at the same position before is not read again. An error is raised
+        only when no channel says yes (the first in channel order)."""
         if tunnel_id not in self._tunnels:
             self.list_tunnels()  # learns every tunnel's table and name
         if tunnel_id not in self._tunnels:
@@ -714,11 +715,14 @@ class TablestoreTunnelService(TunnelService):
                 return True
             if token != FINISHED:
                 probes.append((channel.channel_id, token))
-        if len(probes) < 2:
+        if len(probes) < 3 or self.concurrent_calls < 2:  # one after another
             return any(self._probe(tunnel_id, ch, token) for ch, token in probes)
+        if self._probe(tunnel_id, *probes[0]):  # a busy tunnel: the first channel tells
+            return True
+        probes = probes[1:]
         with self._lock:
             if self._probe_pool is None:
-                self._probe_pool = ThreadPoolExecutor(DRIVER_CONCURRENCY,
+                self._probe_pool = ThreadPoolExecutor(self.concurrent_calls,
                                                       thread_name_prefix="tablestore-probe")
             pool = self._probe_pool
         futures = {pool.submit(self._probe, tunnel_id, ch, token): ch for ch, token in probes}
