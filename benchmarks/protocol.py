@@ -70,6 +70,7 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
+from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY, TablestoreTunnelService
 
 #: by then the meta table holds all it keeps: ``metaRetentionBatches`` (default 100) committed
 #: batches, the one in flight and the initial one
@@ -193,15 +194,9 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         windows["steady"] = range(max(steady_after, warmup + batches),
                                   max(steady_after, warmup + batches) + batches)
     total_batches = max(w.stop for w in windows.values())
-    from connector.tunnel.tablestore.client import TablestoreTunnelService
-
-    concurrency = TablestoreTunnelService.concurrent_calls
-    if sequential:
+    if sequential:  # pushes and probes one after another (until the finally below)
         TablestoreTunnelService.concurrent_calls = 1
-    try:
-        protocol = StreamProtocol(options)
-    finally:
-        TablestoreTunnelService.concurrent_calls = concurrency
+    protocol = StreamProtocol(options)
     schema = store.table_schema(TABLE)
     capacity = None
     if options.meta_store.startswith("dynamodb://"):
@@ -259,6 +254,7 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
                 idle_ms.append((time.perf_counter() - t0) * 1000)
                 idle_calls.append(sum(emulator.calls.values()) - sum(calls0.values()))
     finally:
+        TablestoreTunnelService.concurrent_calls = DRIVER_CONCURRENCY
         protocol.close()
         if emulator is not None:
             emulator.server.stop()
