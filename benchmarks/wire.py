@@ -277,6 +277,7 @@ def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
         "client_rows_s": client, "trivial_rows_s": trivial,
         "client_runs_rows_s": [round(r["rows_s"]) for r in runs["client"]],
         "client_batch_ms": runs["client"][0]["batch_ms"],
+        "trivial_batch_ms": runs["trivial"][0]["batch_ms"],
         "replayed": served["replayed"] - kept["replayed"],
         "encoded": served["encoded"] - kept["encoded"],
     }
