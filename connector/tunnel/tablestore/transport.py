@@ -304,16 +304,20 @@ class PendingCall:
         """The checked answer, as ``Transport.call`` returns it; raises as ``call`` does. Read
         once: the connection goes back to the pool."""
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.timeout = READ_TIMEOUT_S
-                resp = conn.getresponse()
-                self._pool._put_conn(conn)
-                return self._transport._answer(self.path, resp)
-            except Exception:  # noqa: BLE001 - any failure: the call is done again, below
-                conn.close()
-                self._pool._put_conn(conn)
-        return self._transport.call(self.path, self.body)
+        if conn is None:
+            return self._transport.call(self.path, self.body)
+        try:
+            conn.timeout = READ_TIMEOUT_S
+            resp = conn.getresponse()  # the whole body is read here
+        except Exception:  # noqa: BLE001 - any failure: the call is done again
+            conn.close()
+            self._pool._put_conn(conn)
+            return self._transport.call(self.path, self.body)
+        self._pool._put_conn(conn)  # once, and only now: the connection is free again
+        try:
+            return self._transport._answer(self.path, resp)
+        except Exception:  # noqa: BLE001 - a refused answer too: the call meets it itself
+            return self._transport.call(self.path, self.body)
 
     def discard(self) -> None:
         """The answer is not wanted: its connection is closed unread (and back in the pool,
