@@ -65,7 +65,11 @@ How the interface maps onto the wire:
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
 - ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
-  position (the service has no cheaper way to tell).
+  position (the service has no cheaper way to tell): the first channel alone, then the others
+  ``concurrent_calls`` (``DRIVER_CONCURRENCY``) at a time, until one says yes.
+- The driver's checkpoint pushes run ``concurrent_calls`` at a time
+  (``connector.planning.pushes``); the client is safe to call from that many threads (its
+  per-channel state is keyed by channel, its transport's pool hands each call a connection).
 - ``head_sequences``, ``lag``: ``None`` (the service cannot tell); the source does not support
   AvailableNow on this backend.
 
