@@ -16,6 +16,12 @@ batch, as a worker does once it has written the batch to the JVM. That process r
 
 Spark itself is not started: the figure is the Python worker's, and a worker's other memory
 (Spark's serializer buffers) does not depend on the source.
+
+``wire``: the same over the Tablestore wire -- the store served by the emulator's routes
+(``benchmarks.wire_server``, its own process), the partition planned over ``http://``, and the
+measured process reading it with the Tablestore client, prefetch on (its default): the pages it
+holds until the claim, the response being decoded and the next one read ahead. Same figures
+(``memory_wire_*`` in the summary).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class MemoryConfig:
     records: int = 1_000_000
+    #: also read the partition over the Tablestore wire (prefetch on)
+    wire: bool = True
 
 
 def _rss_mb() -> float:
@@ -49,19 +57,40 @@ def _rss_mb() -> float:
 
 
 def run(config: MemoryConfig, workdir: Path) -> dict[str, Any]:
-    """Fill, plan one partition, read it in a fresh process; returns the figures above."""
+    """Fill, plan one partition, read it in a fresh process (and over the wire); returns the
+    figures above."""
     from connector.local import LocalTablestore
-    from connector.options import SourceOptions
-    from connector.protocol import StreamProtocol
 
     workdir.mkdir(parents=True, exist_ok=True)
     store = LocalTablestore(workdir / "memory.db")
     create_bench_table(store, channels=1)
     fill_rate = fill(store, config.records)
     store.close()
-    options = SourceOptions.from_spark({
-        "endpoint": f"local://{workdir / 'memory.db'}", "table.name": TABLE,
-        "tunnel.name": "memory", "maxOffsetsPerChannel": str(config.records)})
+    options = {"table.name": TABLE, "tunnel.name": "memory",
+               "maxOffsetsPerChannel": str(config.records)}
+    result = _measure({"endpoint": f"local://{workdir / 'memory.db'}", **options},
+                      workdir / "local")
+    result.update(records=config.records, fill_writes_s=round(fill_rate))
+    if config.wire:
+        from benchmarks.wire import INSTANCE, KEY_ID, SECRET
+        from benchmarks.wire_server import WireServerProcess
+
+        with WireServerProcess(workdir / "memory.db", workdir / "server.log", INSTANCE, KEY_ID,
+                               SECRET) as server:
+            result["wire"] = _measure({
+                "endpoint": server.url, "instance.name": INSTANCE, "access.key.id": KEY_ID,
+                "access.key.secret": SECRET, "meta.store": f"sqlite://{workdir / 'wire.meta.db'}",
+                **options}, workdir / "wire")
+    return result
+
+
+def _measure(spark_options: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """Plan the one partition in this process, read it in a fresh one; its figures."""
+    from connector.options import SourceOptions
+    from connector.protocol import StreamProtocol
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    options = SourceOptions.from_spark(spark_options)
     protocol = StreamProtocol(options)
     start = protocol.initial_offset()
     (partition,) = protocol.plan(start, protocol.latest_offset(start, None))
@@ -71,9 +100,8 @@ def run(config: MemoryConfig, workdir: Path) -> dict[str, Any]:
     began = time.perf_counter()
     subprocess.run([sys.executable, "-m", "benchmarks.memory", str(context), str(out)],
                    check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    result = json.loads(out.read_text())
-    result.update(records=config.records, fill_writes_s=round(fill_rate),
-                  read_s=round(time.perf_counter() - began, 2))
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["read_s"] = round(time.perf_counter() - began, 2)
     return result
 
 

@@ -25,13 +25,20 @@ run:
 
 ``plan_ms_1000ch`` is the median ``plan`` time alone over 1,000 channels, measured the same way.
 
-``wire_16ch``: the same loop with the tunnel over the wire -- the Tablestore client against the
-emulator (``tablestore_emulator``, in this process, on 127.0.0.1) -- and the SQLite meta store,
-so the figures are the driver's tunnel protocol cost: ``tunnel_calls_per_batch`` (requests the
-driver sent during ``latest_offset + commit + plan``, executors' reads excluded) and
-``calls_by_path`` (the same, per RPC, summed over the window). Every batch pushes every
-channel's checkpoint, so this shows what a push costs (one Checkpoint per channel once the
-client knows the stored sequence number; a GetCheckpoint first for a channel it has not seen).
+``wire_16ch`` / ``wire_64ch`` / ``wire_256ch``: the same loop with the tunnel over the wire --
+the Tablestore client against the emulator's routes served by ``benchmarks.wire_server`` in a
+process of its own on 127.0.0.1 (so the driver's threads do not share a GIL with the server) --
+and the SQLite meta store, so the figures are the driver's tunnel protocol cost:
+``tunnel_calls_per_batch`` (requests the driver sent during ``latest_offset + commit + plan``,
+executors' reads excluded) and ``calls_by_path`` (the same, per RPC, summed over the window).
+Every batch reads and pushes every channel's checkpoint, so this shows what the pushes cost
+(one Checkpoint per channel once the client knows the stored sequence number; a GetCheckpoint
+first for a channel it has not seen). These rows are measured in the ``young`` window only:
+the meta store's retention cost is the local rows' subject. ``idle_ms`` / ``idle_calls``:
+afterwards, the median of ``latest_offset`` calls with nothing new (an idle trigger: one
+DescribeTunnel and a one-record read per channel). ``wire_*_delay2ms``: the same with every
+response sent 2 ms after its request arrived (``--delay-ms``), as over a network with that
+round trip: calls that overlap cost it once, calls in a row once each.
 
 ``dynamodb_keep10_64ch`` / ``dynamodb_keep100_64ch``: the same loop at 64 channels with the meta
 store on DynamoDB (a moto server on 127.0.0.1, ``benchmarks.meta_latency.moto_uri``) and
@@ -46,6 +53,7 @@ size in 4 KB read / 1 KB write units); the milliseconds are moto's, not DynamoDB
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +70,7 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
+from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY, TablestoreTunnelService
 
 #: by then the meta table holds all it keeps: ``metaRetentionBatches`` (default 100) committed
 #: batches, the one in flight and the initial one
@@ -82,8 +91,18 @@ class ProtocolConfig:
     #: ``metaRetentionBatches`` values measured with the meta store on DynamoDB (moto server)
     dynamodb_retentions: tuple[int, ...] = (10, 100)
     dynamodb_channels: int = 64
-    #: channel counts measured with the tunnel over the wire (the emulator)
-    wire_channels: tuple[int, ...] = (16,)
+    #: channel counts measured with the tunnel over the wire (the emulator's routes)
+    wire_channels: tuple[int, ...] = (16, 64, 256)
+    #: batches measured per wire row (each reads every channel over the wire: slow to set up)
+    wire_batches: int = 5
+    #: ... and again with this delay per request (ms), at these channel counts
+    wire_delay_ms: float = 2.0
+    wire_delay_channels: tuple[int, ...] = (64, 256)
+    #: ... and with the driver's calls one after another (``concurrent_calls`` 1: the code
+    #: before they overlapped), with and without the delay, at these channel counts
+    wire_sequential_channels: tuple[int, ...] = (256,)
+    #: idle triggers measured after the wire rows' batches
+    idle_triggers: int = 5
 
 
 #: DynamoDB operations that report consumed capacity, and which kind of units they consume
@@ -113,23 +132,27 @@ def count_capacity(client: Any) -> dict[str, float]:
     return totals
 
 
-class _CountedEmulator:
-    """The emulator on the bench store, every request counted by path (its route table
-    wrapped): the wire variant's tunnel."""
+#: set to a directory to profile the wire rows' server (cProfile stats per row, for
+#: docs/performance.md)
+PROFILE_ENV = "TABLESTORE_CDC_BENCH_PROFILE"
 
-    def __init__(self, path: Path) -> None:
-        from tablestore_emulator.server import EmulatorServer
 
-        self.server = EmulatorServer(str(path), "bench", "bench-key", "bench-secret").start()
-        self.calls: dict[str, int] = {}
+class _WireTunnel:
+    """The emulator's routes on the bench store in a process of their own
+    (``benchmarks.wire_server``), every request counted by path: the wire variant's tunnel."""
 
-        def counted(route: str, handler: Any) -> Any:
-            def run(ctx: Any, body: bytes) -> bytes:
-                self.calls[route] = self.calls.get(route, 0) + 1
-                return handler(ctx, body)
-            return run
+    def __init__(self, path: Path, delay_ms: float) -> None:
+        from benchmarks.wire_server import WireServerProcess
 
-        self.server.routes = {r: counted(r, h) for r, h in self.server.routes.items()}
+        profile = os.environ.get(PROFILE_ENV)  # a directory: the server's cProfile stats
+        self.server = WireServerProcess(
+            path, path.with_suffix(".server.log"), "bench", "bench-key", "bench-secret",
+            delay_ms=delay_ms,
+            profile=Path(profile) / f"{path.stem}-server.prof" if profile else None)
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return dict(self.server.stats()["calls"])
 
     def options(self) -> dict[str, str]:
         return {"endpoint": self.server.url, "instance.name": "bench",
@@ -138,13 +161,17 @@ class _CountedEmulator:
 
 def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             workdir: Path, steady_after: int = 0, meta_store: str | None = None,
-            retention: int | None = None, wire: bool = False) -> dict[str, Any]:
+            retention: int | None = None, wire: bool = False, delay_ms: float = 0.0,
+            idle_triggers: int = 0, sequential: bool = False) -> dict[str, Any]:
     """Run the batches over ``channels`` channels; per-phase medians in ms for the ``young``
     window (after ``warmup`` batches) and, if ``steady_after``, the ``steady`` one. With a
     DynamoDB ``meta_store`` URI, also the capacity units its driver requests consumed. With
-    ``wire``, the tunnel is the emulator over HTTP and the driver's tunnel calls are counted."""
+    ``wire``, the tunnel is the emulator over HTTP (``delay_ms`` per request) and the driver's
+    tunnel calls are counted; then ``idle_triggers`` idle ``latest_offset`` calls are timed.
+    ``sequential``: the Tablestore client's ``concurrent_calls`` is 1 for this run."""
     workdir.mkdir(parents=True, exist_ok=True)
-    suffix = ("-" + str(retention) if retention else "") + ("-wire" if wire else "")
+    suffix = (("-" + str(retention) if retention else "") + ("-wire" if wire else "")
+              + (f"-delay{delay_ms:g}" if delay_ms else "") + ("-seq" if sequential else ""))
     path = workdir / f"protocol-{channels}ch{suffix}.db"
     store = LocalTablestore(path)
     create_bench_table(store, channels)
@@ -153,10 +180,10 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         "endpoint": f"local://{path}", "table.name": TABLE, "tunnel.name": "bench",
         "channelRefreshIntervalMs": "0",
     }
-    emulator = _CountedEmulator(path) if wire else None
+    emulator = _WireTunnel(path, delay_ms) if wire else None
     if emulator is not None:
         spark_options.update(emulator.options())
-        spark_options["meta.store"] = f"sqlite://{workdir}/protocol-{channels}ch-wire.meta.db"
+        spark_options["meta.store"] = f"sqlite://{workdir}/protocol-{channels}ch{suffix}.meta.db"
     if meta_store:
         spark_options["meta.store"] = meta_store
     if retention:
@@ -167,7 +194,10 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
         windows["steady"] = range(max(steady_after, warmup + batches),
                                   max(steady_after, warmup + batches) + batches)
     total_batches = max(w.stop for w in windows.values())
+    if sequential:  # pushes and probes one after another (until the finally below)
+        TablestoreTunnelService.concurrent_calls = 1
     protocol = StreamProtocol(options)
+    schema = store.table_schema(TABLE)
     capacity = None
     if options.meta_store.startswith("dynamodb://"):
         capacity = count_capacity(protocol.meta.wrapped.client)  # type: ignore[attr-defined]
@@ -183,7 +213,7 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             store.batch_write(TABLE, [("put", {"id": k}, {"name": f"b{batch}", "qty": batch})
                                       for k in keys])
             r0, w0 = (capacity["read"], capacity["write"]) if capacity else (0.0, 0.0)
-            calls0 = dict(emulator.calls) if emulator is not None else {}
+            calls0 = emulator.calls if emulator is not None else {}
             c0, t0 = time.process_time(), time.perf_counter()
             end = protocol.latest_offset(start, None)
             t1 = time.perf_counter()
@@ -199,7 +229,8 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             if end == start or len(partitions) != channels:
                 raise RuntimeError(f"batch {batch}: {len(partitions)} partitions planned, "
                                    f"expected {channels}")
-            read += sum(len(read_partition(p)) for p in partitions)  # executors (untimed)
+            # executors (untimed); the schema given, as the source's reader has it
+            read += sum(len(read_partition(p, schema)) for p in partitions)
             if batch == 0:
                 first_plan_ms = (t3 - t2) * 1000
             for window, span in windows.items():
@@ -212,7 +243,18 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
                     for route, n in batch_calls.items():
                         calls[window][route] = calls[window].get(route, 0) + n
             previous_end, start = end, end
+        if emulator is not None and idle_triggers:
+            protocol.commit(previous_end)  # everything read and pushed: nothing is new
+            idle_ms, idle_calls = [], []
+            for _ in range(idle_triggers):
+                calls0 = emulator.calls
+                t0 = time.perf_counter()
+                if protocol.latest_offset(start, None) != start:
+                    raise RuntimeError("an idle trigger planned a batch")
+                idle_ms.append((time.perf_counter() - t0) * 1000)
+                idle_calls.append(sum(emulator.calls.values()) - sum(calls0.values()))
     finally:
+        TablestoreTunnelService.concurrent_calls = DRIVER_CONCURRENCY
         protocol.close()
         if emulator is not None:
             emulator.server.stop()
@@ -232,6 +274,9 @@ def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
             out[window]["tunnel_calls_per_batch"] = round(sum(calls[window].values()) / batches,
                                                           2)
             out[window]["calls_by_path"] = dict(sorted(calls[window].items()))
+    if emulator is not None and idle_triggers:
+        out["idle_ms"] = round(median(idle_ms), 2)
+        out["idle_calls"] = median(idle_calls)
     return out
 
 
@@ -251,9 +296,22 @@ def run(config: ProtocolConfig, workdir: Path) -> dict[str, Any]:
                                                config.records_per_channel, workdir,
                                                config.plan_steady_after)
     for channels in config.wire_channels:
-        out[f"wire_{channels}ch"] = measure(channels, config.batches, config.warmup,
-                                            config.records_per_channel, workdir,
-                                            config.steady_after, wire=True)
+        out[f"wire_{channels}ch"] = measure(channels, config.wire_batches, config.warmup,
+                                            config.records_per_channel, workdir, wire=True,
+                                            idle_triggers=config.idle_triggers)
+    delays = (0.0, config.wire_delay_ms) if config.wire_delay_ms else (0.0,)
+    for sequential in (False, True):
+        for delay in delays:
+            for channels in (config.wire_sequential_channels if sequential else
+                             config.wire_channels if not delay else config.wire_delay_channels):
+                if not delay and not sequential:
+                    continue  # measured above
+                name = (f"wire_{channels}ch" + (f"_delay{delay:g}ms" if delay else "")
+                        + ("_sequential" if sequential else ""))
+                out[name] = measure(channels, config.wire_batches, config.warmup,
+                                    config.records_per_channel, workdir, wire=True,
+                                    delay_ms=delay, idle_triggers=config.idle_triggers,
+                                    sequential=sequential)
     # only the retentions the preset's steady window reaches (none in the smoke preset)
     retentions = [k for k in config.dynamodb_retentions if k + 2 <= config.steady_after]
     if retentions:

@@ -10,6 +10,7 @@ measured every run, never stored here.
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -50,7 +51,9 @@ PRESETS: dict[str, Preset] = {
     # the smallest configuration of everything: for the smoke test, not for figures
     "smoke": Preset(
         "smoke",
-        ProtocolConfig(batches=2, warmup=1, steady_after=4, plan_batches=1),
+        ProtocolConfig(batches=2, warmup=1, steady_after=4, plan_batches=1, wire_batches=2,
+                       wire_channels=(16,), wire_delay_channels=(16,),
+                       wire_sequential_channels=(16,), idle_triggers=2),
         ThroughputConfig(records=8_000, repeats=1, default_options=False),
         CommitIntervalConfig(batches=2, max_per_channel=20),
         FreshnessConfig(seconds=2.0, writes_per_second=5.0),
@@ -83,12 +86,17 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "throughput_ratio": (">=", 0.5, ""),
     "throughput_ratio_default_options": (">=", 0.85, ""),
     "memory_peak_over_arrow": ("<=", 2.5, "x"),
+    "memory_wire_peak_over_arrow": ("<=", 2.5, "x"),
     "protocol_ms_per_batch_64ch": ("<=", 30.0, "ms"),
     "protocol_ms_per_batch_256ch": ("<=", 80.0, "ms"),
     "protocol_ms_per_batch_1000ch": ("<=", 250.0, "ms"),
     "plan_ms_1000ch": ("<=", 1000.0, "ms"),
     "freshness_p50_ms": ("<=", 1500.0, "ms"),
     "wire_decode_records_per_cpu_s": (">=", 1_000_000.0, ""),
+    "wire_client_throughput_ratio": (">=", 0.5, ""),
+    "wire_client_us_per_record": ("<=", 3.0, "us"),
+    "wire_protocol_ms_per_batch_256ch": ("<=", 80.0, "ms"),
+    "wire_protocol_delay_ratio_ms_per_batch_256ch": ("<=", 3.0, "x"),
 }
 
 
@@ -184,16 +192,31 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         from benchmarks.protocol import headline
 
         for key, value in results["protocol"].items():
-            out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
-            if "tunnel_calls_per_batch" in headline(value):
-                out[f"protocol_tunnel_calls_per_batch_{key}"] = \
+            if key.startswith("wire_"):  # the tunnel over the wire: wire_protocol_*
+                rest = key.removeprefix("wire_")
+                out[f"wire_protocol_ms_per_batch_{rest}"] = headline(value)["total_ms"]
+                out[f"wire_protocol_tunnel_calls_per_batch_{rest}"] = \
                     headline(value)["tunnel_calls_per_batch"]
+                if "idle_ms" in value:
+                    out[f"wire_protocol_idle_ms_{rest}"] = value["idle_ms"]
+                continue
+            out[f"protocol_ms_per_batch_{key}"] = headline(value)["total_ms"]
         out["plan_ms_1000ch"] = headline(results["protocol"]["1000ch"])["plan_ms"]
+        for key in [k for k in out if k.startswith(("wire_protocol_ms_", "wire_protocol_idle_"))
+                    and "_delay" in k]:
+            plain_key = re.sub(r"_delay[0-9.]+ms", "", key)
+            if out.get(plain_key):  # how much a round trip per request adds: overlap or sum
+                ratio_key = plain_key.replace("wire_protocol_", "wire_protocol_delay_ratio_", 1)
+                out[ratio_key] = round(out[key] / out[plain_key], 2)
     if "memory" in results:
         m = results["memory"]
         out["memory_peak_rss_mb"] = m["peak_rss_mb"]
         out["memory_arrow_mb"] = m["arrow_mb"]
         out["memory_peak_over_arrow"] = m["peak_over_arrow"]
+        if "wire" in m:
+            out["memory_wire_peak_rss_mb"] = m["wire"]["peak_rss_mb"]
+            out["memory_wire_arrow_mb"] = m["wire"]["arrow_mb"]
+            out["memory_wire_peak_over_arrow"] = m["wire"]["peak_over_arrow"]
     if "freshness" in results:
         out["freshness_p50_ms"] = results["freshness"]["p50_ms"]
         out["freshness_p99_ms"] = results["freshness"]["p99_ms"]
@@ -213,6 +236,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out["lakehouse_append_rows_s"] = round(a["append_rows_s"])
         if "iceberg_apply_changes_s" in a:
             out["lakehouse_iceberg_apply_changes_s"] = round(a["iceberg_apply_changes_s"])
+        out["wire_client_throughput_ratio"] = round(w["client_throughput"]["ratio"], 3)
+        out["wire_client_rows_s"] = round(w["client_throughput"]["client_rows_s"])
+        out["wire_client_us_per_record"] = round(w["client_cpu"]["us_per_record"], 2)
+        out["wire_client_us_per_record_prefetch_off"] = round(
+            w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -293,13 +321,15 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted((k for k in s if k.startswith("protocol_ms_per_batch_")),
                       key=lambda k: int(k.rsplit("_", 1)[1].removesuffix("ch"))):
         add(key, s[key])
-    for key in sorted(k for k in s if k.startswith("protocol_tunnel_calls_per_batch_")):
-        add(key, s[key], "{:.1f}")
-    for key in ("memory_peak_rss_mb", "memory_arrow_mb"):
+    for key in sorted(k for k in s if k.startswith("wire_protocol_")):
+        add(key, s[key], "{:.2f}" if "_ratio_" in key else "{:.1f}")
+    for key in ("memory_peak_rss_mb", "memory_arrow_mb", "memory_wire_peak_rss_mb",
+                "memory_wire_arrow_mb"):
         if key in s:
             add(key, s[key])
-    if "memory_peak_over_arrow" in s:
-        add("memory_peak_over_arrow", s["memory_peak_over_arrow"], "{:.2f}")
+    for key in ("memory_peak_over_arrow", "memory_wire_peak_over_arrow"):
+        if key in s:
+            add(key, s[key], "{:.2f}")
     for key in ("plan_ms_1000ch", "freshness_p50_ms", "freshness_p99_ms", "recovery_s"):
         if key in s:
             add(key, s[key])
@@ -307,9 +337,10 @@ def format_table(s: dict[str, Any]) -> str:
         add("recovery_rereads", s["recovery_rereads"], "{:,}")
     for interval, rate in s.get("commit_interval", {}).items():
         add(f"commit_interval {interval} (records/s)", rate, "{:,.0f}")
-    if "wire_throughput_ratio" in s:
-        add("wire_throughput_ratio", s["wire_throughput_ratio"], "{:.3f}")
-    for key in ("wire_throughput_rows_s", "wire_decode_records_per_cpu_s",
+    for key in ("wire_throughput_ratio", "wire_client_throughput_ratio"):
+        if key in s:
+            add(key, s[key], "{:.3f}")
+    for key in ("wire_throughput_rows_s", "wire_client_rows_s", "wire_decode_records_per_cpu_s",
                 "wire_decode_records_per_cpu_s_python"):
         if key in s:
             add(key, s[key], "{:,.0f}")
@@ -319,6 +350,9 @@ def format_table(s: dict[str, Any]) -> str:
                 "lakehouse_iceberg_apply_changes_s"):
         if key in s:
             add(key, s[key], "{:,.0f}")
+    for key in ("wire_client_us_per_record", "wire_client_us_per_record_prefetch_off"):
+        if key in s:
+            add(key, s[key], "{:.2f}")
     width = max(len(r[0]) for r in rows)
     span = max([len(r[2]) for r in rows] + [len("min .. max")]) if spread else 0
     value_head = "median" if spread else "value"

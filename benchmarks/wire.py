@@ -1,6 +1,6 @@
-"""The Tablestore wire path: PlainBuffer decode rate, and throughput over the emulator.
+"""The Tablestore wire path: PlainBuffer decode rate, our side alone, throughput over the emulator.
 
-Two figures (docs/performance.md, docs/tablestore.md):
+Four figures (docs/performance.md, docs/tablestore.md):
 
 - ``decode``: records per second per core that ``connector.tunnel.tablestore.records.
   decode_columns`` turns from wire ``Record`` messages (PlainBuffer with sequence info, as the
@@ -18,6 +18,17 @@ Two figures (docs/performance.md, docs/tablestore.md):
   ``Trigger.AvailableNow`` is not available on the wire backend, so the query runs with a
   processing-time trigger until every record arrived; the rate is rows / the summed
   ``triggerExecution`` of the batches that carried rows, as in ``benchmarks.throughput``.
+- ``client_throughput``: the same query over ``benchmarks.wire_server --replay`` -- the same
+  store's ReadRecords answers encoded once (during a warm-up run, not counted) and then served
+  from memory by a lean server in its own process -- against the trivial source, side by side in
+  the same session: what the client, the source and Spark cost, without the emulator's encoder
+  (``replayed`` / ``encoded``: the measured runs' ReadRecords answers served from memory or
+  encoded anew; the latter should be 0).
+- ``client_cpu``: without Spark, this process reads every channel through the client's
+  ``read_page`` over the replay server, as the reader does (pages of ``reader.PAGE_SIZE``, the
+  same caps): CPU seconds of this process (every thread: the prefetch included) per record, and
+  the wall-clock rate; best of three passes. ``prefetch_off_*``: the same with the client's
+  prefetch switched off.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from typing import Any
 
 from benchmarks.common import TABLE, create_bench_table, fill, median, progress_breakdown
 from benchmarks.throughput import _trivial, before_share, register_trivial, run_noop
+from benchmarks.wire_server import WireServerProcess
 from connector.local import LocalTablestore
 from testkit.waiting import wait_until
 
@@ -138,6 +150,45 @@ class _Emulator:
         self.proc.wait(30)
 
 
+def client_cpu(url: str, cap: int, prefetch: bool = True, passes: int = 3) -> dict[str, Any]:
+    """Read every channel of a fresh tunnel from its start up to ``cap`` records with
+    ``read_page`` (no Spark, no meta store): CPU of this process per record, best of
+    ``passes``; see the module docstring."""
+    from connector.reader import PAGE_SIZE
+    from connector.tunnel.page import PageLayout
+    from connector.tunnel.tablestore.client import TablestoreTunnelService
+
+    query = f"instance={INSTANCE}&access_key_id={KEY_ID}&access_key_secret={SECRET}"
+    tunnel = TablestoreTunnelService.from_uri(
+        f"{url}?{query}" + ("" if prefetch else "&prefetch=false"))
+    try:
+        info = tunnel.create_tunnel(TABLE, f"client-{uuid.uuid4().hex[:8]}")
+        layout = PageLayout.of_table(tunnel.table_schema(TABLE))
+        channels = [c.channel_id for c in tunnel.describe_tunnel(TABLE, info.tunnel_name).channels]
+        starts = {ch: tunnel.get_checkpoint(info.tunnel_id, ch).token for ch in channels}
+        best: tuple[float, float, int] = (float("inf"), 0.0, 0)
+        for _ in range(passes):
+            cpu, wall = time.process_time(), time.perf_counter()
+            records = 0
+            for ch in channels:
+                token, count = starts[ch], 0
+                while count < cap:
+                    page = tunnel.read_page(info.tunnel_id, ch, token,
+                                            min(PAGE_SIZE, cap - count), layout)
+                    count += page.count
+                    token = page.next_token
+                    if token == "finished" or not page.may_more:
+                        break
+                records += count
+            spent = (time.process_time() - cpu, time.perf_counter() - wall, records)
+            best = min(best, spent)
+    finally:
+        tunnel.close()
+    cpu_s, wall_s, records = best
+    return {"records": records, "us_per_record": cpu_s / records * 1e6,
+            "rows_s": records / wall_s, "prefetch": prefetch}
+
+
 def _wire_df(spark: Any, url: str, meta: Path, max_per_channel: int) -> Any:
     return (spark.readStream.format("tablestore").option("endpoint", url)
             .option("instance.name", INSTANCE).option("access.key.id", KEY_ID)
@@ -186,26 +237,50 @@ def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
     share = before_share(store)
     store.close()
     expected, cap = sum(channel_rows), max(channel_rows)
+    shutil.copy(store_path, workdir / "replay.db")  # the replay server's own copy
     emulator = _Emulator(store_path, workdir / "emulator.log")
+    replay = WireServerProcess(workdir / "replay.db", workdir / "replay.log", INSTANCE, KEY_ID,
+                               SECRET, replay=True)
     try:
-        # warm-up, not counted: Python workers import the wire client, the JVM its row path
+        # warm-up, not counted: Python workers import the wire client, the JVM its row path;
+        # the replay server encodes every ReadRecords answer the measured runs will ask for
         run_until(spark, _wire_df(spark, emulator.url, workdir / "warm-meta.db", cap), expected,
                   workdir / "ckpt-warm-wire")
+        run_until(spark, _wire_df(spark, replay.url, workdir / "warm-meta-c.db", cap), expected,
+                  workdir / "ckpt-warm-client")
         run_noop(spark, _trivial(spark, channel_rows, cap, share), workdir / "ckpt-warm")
-        runs: dict[str, list[dict[str, Any]]] = {"trivial": [], "wire": []}
+        out["client_cpu"] = client_cpu(replay.url, cap)
+        out["client_cpu"]["prefetch_off"] = client_cpu(replay.url, cap, prefetch=False)
+        kept = replay.stats()
+        runs: dict[str, list[dict[str, Any]]] = {"trivial": [], "wire": [], "client": []}
         for i in range(config.repeats):
             runs["trivial"].append(run_noop(spark, _trivial(spark, channel_rows, cap, share),
                                             workdir / f"ckpt-t{i}"))
+            runs["client"].append(run_until(
+                spark, _wire_df(spark, replay.url, workdir / f"meta-c{i}.db", cap), expected,
+                workdir / f"ckpt-c{i}"))
             runs["wire"].append(run_until(
                 spark, _wire_df(spark, emulator.url, workdir / f"meta-{i}.db", cap), expected,
                 workdir / f"ckpt-w{i}"))
+        served = replay.stats()
         for name, results in runs.items():
             for r in results:
                 if r["rows"] != expected:
                     raise RuntimeError(f"{name} delivered {r['rows']} rows, expected {expected}")
     finally:
         emulator.stop()
-    wire, trivial = (median([r["rows_s"] for r in runs[k]]) for k in ("wire", "trivial"))
+        replay.stop()
+    wire, trivial, client = (median([r["rows_s"] for r in runs[k]])
+                             for k in ("wire", "trivial", "client"))
+    out["client_throughput"] = {
+        "records": expected, "channels": config.channels, "ratio": client / trivial,
+        "client_rows_s": client, "trivial_rows_s": trivial,
+        "client_runs_rows_s": [round(r["rows_s"]) for r in runs["client"]],
+        "client_batch_ms": runs["client"][0]["batch_ms"],
+        "trivial_batch_ms": runs["trivial"][0]["batch_ms"],
+        "replayed": served["replayed"] - kept["replayed"],
+        "encoded": served["encoded"] - kept["encoded"],
+    }
     out["throughput"] = {
         "records": expected, "channels": config.channels, "ratio": wire / trivial,
         "wire_rows_s": wire, "trivial_rows_s": trivial,

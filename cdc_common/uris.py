@@ -85,8 +85,9 @@ def shown_value(key: str, value: str, known_keys: Collection[str] | None = None)
 
 
 #: query keys that say how to reach a service, not which service it is: left out of every shown
-#: and stored form (the CA bundle's path of an https endpoint, ``cdc_common.tls``)
-TRANSPORT_KEYS = frozenset({"ca_bundle"})
+#: and stored form (the CA bundle's path of an https endpoint, ``cdc_common.tls``; whether a
+#: Tablestore client reads ahead, the ``read.prefetch`` option)
+TRANSPORT_KEYS = frozenset({"ca_bundle", "prefetch"})
 
 
 def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:

@@ -145,6 +145,10 @@ OPTIONS: dict[str, OptionSpec] = {
         "SSL_CERT_FILE, then the system's)",
         "the CA bundle that verifies an https endpoint (the tunnel and the meta table)",
         type="path", default="REQUESTS_CA_BUNDLE, then SSL_CERT_FILE, then the system's"),
+    "read.prefetch": OptionSpec(
+        "read_prefetch", "true or false (default true: executors request a channel's next page "
+        "while the current one is decoded)",
+        "executors send a channel's next ReadRecords request while the current page is decoded"),
     # where a new query starts, and the range of a batch read
     "startingTimestamp": OptionSpec(
         "starting_timestamp", TIMESTAMP_ALLOWED,
@@ -170,7 +174,7 @@ OPTIONS: dict[str, OptionSpec] = {
 }
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
-                    "security_token", "checkpoint_table", "ssl_ca_bundle")
+                    "security_token", "checkpoint_table", "ssl_ca_bundle", "read_prefetch")
 #: the vendor catalog's type names -> Tablestore's
 CATALOG_TYPES = {
     "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
@@ -232,6 +236,9 @@ class SourceOptions(BaseModel):
     min_offsets_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
     max_trigger_delay_ms: int = Field(default=DEFAULT_MAX_TRIGGER_DELAY_MS, ge=0, le=_LONG_MAX)
     max_bytes_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
+    #: executors' Tablestore clients send a channel's next ReadRecords request ahead; folded
+    #: into the endpoint as ``prefetch=false`` when off (connector/tunnel/tablestore/client.py)
+    read_prefetch: bool = True
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -272,7 +279,7 @@ class SourceOptions(BaseModel):
             return value
         return parse_catalog(value)
 
-    @field_validator("fail_on_data_loss", "skip_empty_batches", mode="before")
+    @field_validator("fail_on_data_loss", "skip_empty_batches", "read_prefetch", mode="before")
     @classmethod
     def _bools(cls, value: Any) -> Any:
         return _parse_bool(value)
@@ -638,6 +645,14 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     params.update({k: v for k, v in creds.items() if v})
     if bundle:
         params["ca_bundle"] = bundle
+    prefetch = values.get("read_prefetch", query.get("prefetch"))
+    if prefetch is not None:
+        try:
+            if not _parse_bool(prefetch):
+                params["prefetch"] = "false"
+        except ValueError:
+            raise OptionError(option="read.prefetch", value=prefetch, problem="is not a boolean",
+                              allowed=OPTIONS["read.prefetch"].allowed) from None
     values["endpoint"] = f"{parts.scheme}://{parts.netloc}?{urlencode(params)}"
     values["instance_name"] = instance
     values["ssl_ca_bundle"] = bundle

@@ -111,6 +111,7 @@ class StreamProtocol:
 
     def close(self) -> None:
         if self._binding is not None:
+            self._binding.pushes.close()
             self._binding.lease.release()
             self._binding.meta.close()
         self.tunnel.close()

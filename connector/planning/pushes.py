@@ -12,12 +12,21 @@ planning process:
   batches are waiting, or at once when one of them finished a channel (the tunnel releases a
   child only after its parents' FINISHED checkpoints are pushed). A position this process
   already pushed is not pushed again.
+
+The pushes of one round are independent calls, one per channel: over a network each is a round
+trip, so they run on a bounded pool of ``tunnel.concurrent_calls`` threads (1 for the embedded
+store: one after another, as threads would only add cost, and the first failure stops the
+round). Every push is waited for; one that fails (after the tunnel's own retries) fails the
+round with the first failed channel's error, and the batches are not marked pushed, so the next
+round pushes again (a channel whose push succeeded is recorded and not pushed twice). The fault
+point ``mid_commit_push`` still comes after the first channel's push and before the others.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from connector.errors import StaleCheckpointError
@@ -52,6 +61,15 @@ class CheckpointPushes:
             OrderedDict())
         #: what this process last pushed per channel: an unchanged position is not pushed again
         self._pushed: dict[str, tuple[str, int]] = {}
+        #: pushes at once (``TunnelService.concurrent_calls``); the pool is made on first use
+        self._concurrency = max(1, int(getattr(tunnel, "concurrent_calls", 1)))
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the push pool's threads (``StreamProtocol.close``)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def committed_batch(self, uuid: str) -> tuple[BatchRecord, dict[str, EndCheckpoint]] | None:
         """The row and end checkpoints of committed batch ``uuid``, if this process kept them."""
@@ -95,12 +113,42 @@ class CheckpointPushes:
         finished = any(e.finished for e in newest.values())
         if not (force or finished or len(pending) >= self._commit_interval):
             return Push()
-        for i, (channel_id, end) in enumerate(sorted(newest.items())):
+        channels = sorted(newest.items())
+        errors: dict[str, BaseException] = {}
+        for i, (channel_id, end) in enumerate(channels):
             if i == 1:
-                fault_point("mid_commit_push")
-            position = (end.token, end.sequence_number)
-            if self._pushed.get(channel_id) == position:
-                continue  # this process already pushed it: an idle channel costs no call
+                fault_point("mid_commit_push")  # some channels pushed, others not
+                if self._concurrency > 1 and len(channels) > 2:
+                    self._push_all(channels[1:], errors)
+                    break
+            self._push(channel_id, end, errors)
+            if errors:
+                break  # one after another: the first failure stops the round, as it always did
+        if errors:
+            raise errors[min(errors)]  # the first failed channel's error
+        uuids = [b.uuid for b in pending]
+        self._meta.mark_pushed(self._namespace, uuids)
+        log.info("pushed checkpoints of %d channel(s) for %d batch(es)%s", len(newest),
+                 len(uuids), " (a channel finished)" if finished else "")
+        return Push(uuids, finished)
+
+    def _push_all(self, channels: list[tuple[str, EndCheckpoint]],
+                  errors: dict[str, BaseException]) -> None:
+        """Push ``channels`` on the pool, ``concurrent_calls`` at a time; waits for all."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="checkpoint-push")
+        for future in [self._pool.submit(self._push, channel_id, end, errors)
+                       for channel_id, end in channels]:
+            future.result()
+
+    def _push(self, channel_id: str, end: EndCheckpoint,
+              errors: dict[str, BaseException]) -> None:
+        """Push one channel's end (a pool thread, or the caller's); a failure goes to
+        ``errors`` and leaves the channel unrecorded."""
+        position = (end.token, end.sequence_number)
+        if self._pushed.get(channel_id) == position:
+            return  # this process already pushed it: an idle channel costs no call
+        try:
             try:
                 self._tunnel.checkpoint(self._tunnel_id, channel_id, Checkpoint(*position))
             except StaleCheckpointError:
@@ -112,9 +160,7 @@ class CheckpointPushes:
                     raise
                 # the tunnel already holds a newer checkpoint (pushed before a crash)
                 log.debug("channel %s: tunnel already ahead of %s", channel_id, end.summary())
-            self._pushed[channel_id] = position
-        uuids = [b.uuid for b in pending]
-        self._meta.mark_pushed(self._namespace, uuids)
-        log.info("pushed checkpoints of %d channel(s) for %d batch(es)%s", len(newest),
-                 len(uuids), " (a channel finished)" if finished else "")
-        return Push(uuids, finished)
+        except Exception as error:  # noqa: BLE001 - raised by push_if_due, in channel order
+            errors[channel_id] = error
+            return
+        self._pushed[channel_id] = position

@@ -89,6 +89,11 @@ class TunnelService(ABC):
         (another host name, a parameter that only says how to reach it), different for
         another service. Part of the source identity (``connector.identity``); parses only,
         makes no request."""
+    #: How many per-channel calls of the driver (checkpoint pushes, ``connector.planning.
+    #: pushes``) are worth running at once: a backend whose calls are network round trips says
+    #: more than 1 and must then be safe to call from that many threads; 1 (the default) runs
+    #: them one after another.
+    concurrent_calls: int = 1
 
     # --- tunnels (driver) ---------------------------------------------------------------
 

@@ -48,10 +48,28 @@ How the interface maps onto the wire:
   from its ``next_token``). Pushing such a token checkpoints the page token itself (the service
   only knows its own tokens): the tunnel's stored position may then be up to one page behind
   the source's own, which only matters to a new query without a Spark checkpoint.
+- ``read_page`` prefetches (executors): when a page says more records follow, the request for
+  the next page (its ``next_token``, the same limit) is sent before the page is decoded
+  (``Transport.send``: on a connection of its own, no thread), so the service prepares it while
+  this process decodes and hands the page on. The next ``read_page`` of that channel takes the
+  answer when it asks for the same request -- or for a lower limit the answer does not exceed,
+  since a page shorter than asked is an answer the service may always give -- and sends its own
+  request otherwise (another token, a page longer than the new limit, a request sent more than
+  ``PREFETCH_MAX_AGE_S`` ago; a prefetch that failed is done again as a plain call, so its
+  error is the caller's own). So a caller gets exactly the answers it asked for, whatever was
+  prefetched: a page requested past a batch's end is held unread (at most ``PREFETCH_HELD`` per
+  client, the oldest dropped, each one kept-alive connection) and never handed out unless a
+  later read asks for it. ``prefetch=false`` in the endpoint's query (the source option
+  ``read.prefetch``) switches it off. Requests share one urllib3 connection pool per client
+  (keep-alive; the reader keeps one client per process).
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
 - ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
-  position (the service has no cheaper way to tell).
+  position (the service has no cheaper way to tell): the first channel alone, then the others
+  ``concurrent_calls`` (``DRIVER_CONCURRENCY``) at a time, until one says yes.
+- The driver's checkpoint pushes run ``concurrent_calls`` at a time
+  (``connector.planning.pushes``); the client is safe to call from that many threads (its
+  per-channel state is keyed by channel, its transport's pool hands each call a connection).
 - ``lag``: DescribeTunnel, then one ReadRecords per readable channel at its position: caught up
   (``may_more`` false, or the token did not move) is 0 behind; otherwise the first unread
   change's commit time gives the seconds behind, and the page's count the records behind when
@@ -87,8 +105,12 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -145,6 +167,7 @@ from connector.tunnel.tablestore.transport import (
     RETRY_DEADLINE_S,
     TRIMMED_PREFIX,
     Credentials,
+    PendingCall,
     ResponseValidationError,
     ServiceError,
     TlsError,
@@ -165,6 +188,16 @@ _TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(
 #: the two shapes in which the service refuses a table, tunnel or channel that is not there
 _NOT_THERE_CODES = ("OTSObjectNotExist", "OTSParameterInvalid")
 
+#: the driver's per-channel calls at once: checkpoint pushes (``concurrent_calls``) and the
+#: probes of ``has_new_data``; each waits a round trip, so 16 hide 16 of them per round
+DRIVER_CONCURRENCY = 16
+#: prefetched requests a client holds (one per channel, each on its own connection; the
+#: oldest is dropped first)
+PREFETCH_HELD = 8
+#: a prefetched answer older than this is not used: a fresh read may hold more records
+PREFETCH_MAX_AGE_S = 5.0
+_READ_PATH = "/tunnel/readrecords"
+
 _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
 _COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
 
@@ -183,6 +216,16 @@ class EndpointQuery(UriQuery):
     security_token: str | None = Field(None, repr=False)
     retry_deadline_s: float = Field(RETRY_DEADLINE_S, description="a number of seconds")
     ca_bundle: str | None = Field(None, description="the path of a PEM file of CA certificates")
+    prefetch: bool = Field(True, description="true or false: read the next page ahead")
+
+
+@dataclass(frozen=True)
+class _Prefetch:
+    """A ReadRecords request sent ahead for one channel, its answer not read yet."""
+
+    page_token: str
+    started: float
+    answer: PendingCall
 
 
 def auth_hint(code: str) -> str:
@@ -229,12 +272,15 @@ def token_content(token: str) -> Any:
 
 
 class TablestoreTunnelService(TunnelService):
-    """A Tunnel client for one endpoint and instance. One per process; cheap to open."""
+    """A Tunnel client for one endpoint and instance. One per process; cheap to open. Safe to
+    call from several threads (the driver's concurrent pushes and probes)."""
+
+    concurrent_calls = DRIVER_CONCURRENCY
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials, *,
                  uri: str | None = None, retry_deadline_s: float = RETRY_DEADLINE_S,
                  send_max_records: bool = True, ca_bundle: str | None = None,
-                 clock: Callable[[], float] = time.monotonic,
+                 prefetch: bool = True, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         """``clock`` and ``sleep`` time the transport's retries (tests pass a fake clock)."""
         self.endpoint = endpoint.rstrip("/")
@@ -242,7 +288,8 @@ class TablestoreTunnelService(TunnelService):
         self.uri = (redact_uri(uri, EndpointQuery.model_fields) if uri
                     else f"{self.endpoint}?instance={instance}")
         self._transport = Transport(self.endpoint, instance, credentials, retry_deadline_s,
-                                    ca_bundle=ca_bundle, clock=clock, sleep=sleep)
+                                    ca_bundle=ca_bundle, clock=clock, sleep=sleep,
+                                    pool_size=max(PREFETCH_HELD, DRIVER_CONCURRENCY) + 1)
         #: tunnel id -> (table, tunnel name), learned from describe/list
         self._tunnels: dict[str, tuple[str, str]] = {}
         #: (tunnel id, channel id) -> (sequence number, checkpoint) the service holds, as last
@@ -250,6 +297,18 @@ class TablestoreTunnelService(TunnelService):
         self._stored: dict[tuple[str, str], tuple[int, str]] = {}
         #: False makes reads behave as against a service without the emulator's page limit
         self.send_max_records = send_max_records
+        self.prefetch = prefetch
+        #: (tunnel id, channel id) -> the next page's request sent ahead (``read_page``)
+        self._prefetched: OrderedDict[tuple[str, str], _Prefetch] = OrderedDict()
+        self._lock = threading.Lock()
+        #: the driver's ``has_new_data`` probes, ``DRIVER_CONCURRENCY`` at a time
+        self._probe_pool: ThreadPoolExecutor | None = None
+        #: (tunnel id, channel id) -> a position a probe found records after: asked again at
+        #: the same position, the answer is the same (records do not vanish; trimming is
+        #: reported by the read), so the channel is not probed again
+        self._has_data: dict[tuple[str, str], str] = {}
+        #: prefetched answers used / sent and not used (tests and benchmarks read them)
+        self.prefetch_stats = {"used": 0, "unused": 0}
 
     # --- construction -------------------------------------------------------------------------
 
@@ -298,9 +357,18 @@ class TablestoreTunnelService(TunnelService):
         endpoint = f"{parts.scheme}://{parts.netloc}"
         return cls(endpoint, instance, Credentials(creds.access_key_id, creds.access_key_secret,
                                                    creds.security_token),
-                   uri=uri, retry_deadline_s=query.retry_deadline_s, ca_bundle=bundle)
+                   uri=uri, retry_deadline_s=query.retry_deadline_s, ca_bundle=bundle,
+                   prefetch=query.prefetch)
 
     def close(self) -> None:
+        with self._lock:
+            pool, self._probe_pool = self._probe_pool, None
+            held = list(self._prefetched.values())
+            self._prefetched.clear()
+        for prefetch in held:
+            prefetch.answer.discard()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -310,8 +378,15 @@ class TablestoreTunnelService(TunnelService):
 
     def _call(self, path: str, request: Any, response_type: Any,
               on_error: Callable[[ServiceError], Exception | None] | None = None) -> Any:
+        return self._send(path, request.SerializeToString(), response_type, on_error)
+
+    def _send(self, path: str, body: bytes, response_type: Any,
+              on_error: Callable[[ServiceError], Exception | None] | None = None,
+              answer: PendingCall | None = None) -> Any:
+        """``_call`` with the request already serialized; with ``answer`` (a request sent
+        ahead), its answer instead of sending ``body``."""
         try:
-            data = self._transport.call(path, request.SerializeToString())
+            data = answer.result() if answer is not None else self._transport.call(path, body)
         except Unavailable as exc:
             raise TransientTunnelError(detail=f"{self.uri} {path}: {exc}") from None
         except ResponseValidationError as exc:
@@ -593,14 +668,63 @@ class TablestoreTunnelService(TunnelService):
 
     # --- data (executors) -------------------------------------------------------------------
 
-    def _read_page(self, tunnel_id: str, channel_id: str, page_token: str, want: int,
-                   token: str) -> Any:
+    def _read_request(self, tunnel_id: str, channel_id: str, page_token: str,
+                      want: int) -> tuple[int | None, bytes]:
+        """(max_records sent or ``None``, the serialized ReadRecords request)."""
         request = m.ReadRecordsRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
                                        channel_id=channel_id, token=page_token)
+        max_records = None
         if self.send_max_records:
-            request.max_records = max(1, min(want, 2**31 - 1))
-        return self._call("/tunnel/readrecords", request, m.ReadRecordsResponse,
-                          lambda e: self._channel_error(e, tunnel_id, channel_id, token))
+            max_records = request.max_records = max(1, min(want, 2**31 - 1))
+        return max_records, request.SerializeToString()
+
+    def _read_page(self, tunnel_id: str, channel_id: str, page_token: str, want: int,
+                   token: str, ahead: bool = False) -> Any:
+        """One ReadRecords answer; ``ahead``: the prefetched one when it answers this request
+        (module docstring)."""
+        max_records, body = self._read_request(tunnel_id, channel_id, page_token, want)
+        prefetched = self._take_prefetch(tunnel_id, channel_id, page_token) if ahead else None
+        on_error = lambda e: self._channel_error(e, tunnel_id, channel_id, token)  # noqa: E731
+        if prefetched is not None:
+            response = self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error,
+                                  prefetched.answer)
+            # asked with a higher limit: a page no longer than this one's limit answers it too
+            if prefetched.answer.body == body or len(response.records) <= (max_records or 0):
+                self.prefetch_stats["used"] += 1
+                return response
+            self.prefetch_stats["unused"] += 1
+        return self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error)
+
+    def _take_prefetch(self, tunnel_id: str, channel_id: str, page_token: str
+                       ) -> _Prefetch | None:
+        """The channel's prefetched request when it reads from ``page_token`` and is fresh;
+        any other prefetch of the channel is dropped."""
+        with self._lock:
+            held = self._prefetched.pop((tunnel_id, channel_id), None)
+        if held is None:
+            return None
+        if held.page_token == page_token and \
+                time.monotonic() - held.started <= PREFETCH_MAX_AGE_S:
+            return held
+        held.answer.discard()
+        self.prefetch_stats["unused"] += 1
+        return None
+
+    def _send_ahead(self, tunnel_id: str, channel_id: str, page_token: str, want: int) -> None:
+        """Send the request for the page after this one now; its answer is read by the read
+        that asks for it (``_take_prefetch``)."""
+        _, body = self._read_request(tunnel_id, channel_id, page_token, want)
+        answer = self._transport.send(_READ_PATH, body)
+        with self._lock:
+            key = (tunnel_id, channel_id)
+            old = self._prefetched.pop(key, None)
+            self._prefetched[key] = _Prefetch(page_token, time.monotonic(), answer)
+            dropped = [old] if old is not None else []
+            while len(self._prefetched) > PREFETCH_HELD:
+                dropped.append(self._prefetched.popitem(last=False)[1])
+        for held in dropped:
+            held.answer.discard()
+            self.prefetch_stats["unused"] += 1
 
     @staticmethod
     def _base_offset(page_token: str) -> int | None:
@@ -615,23 +739,48 @@ class TablestoreTunnelService(TunnelService):
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool:
         """Driver, ``latestOffset``: one DescribeTunnel, then a one-record read per OPEN
         channel from its position (the service has no cheaper way to tell) -- so an idle
-        query costs a few small reads per trigger instead of an empty Spark batch. True at
-        the first channel that is missing from ``positions``, returns a record, or reads to
-        ``"finished"``; a trimmed position also counts (the batch reports it)."""
-        for channel in self.describe_tunnel(*self._names(tunnel_id)).channels:
+        query costs a few small reads per trigger instead of an empty Spark batch. True when a
+        channel is missing from ``positions``, returns a record, or reads to ``"finished"``; a
+        trimmed position also counts (the batch reports it).
+
+        The first channel is read alone (on a busy tunnel it says yes: one call); the others
+        ``concurrent_calls`` at a time, no more being sent after the first yes. A channel found
+        to have records at the same position before is not read again. An error is raised
+        only when no channel says yes (the first in channel order)."""
+        table, name = self._names(tunnel_id)
+        probes: list[tuple[str, str]] = []
+        for channel in self.describe_tunnel(table, name).channels:
             if channel.status is not ChannelStatus.OPEN:
                 continue
             token = positions.get(channel.channel_id)
-            if token is None:
+            if token is None or self._has_data.get((tunnel_id, channel.channel_id)) == token:
                 return True
-            if token == FINISHED:
-                continue
-            try:
-                result = self.read_records(tunnel_id, channel.channel_id, token, 1)
-            except TrimmedDataError:
-                return True
-            if result.records or result.next_token == FINISHED:
-                return True
+            if token != FINISHED:
+                probes.append((channel.channel_id, token))
+        if len(probes) < 3 or self.concurrent_calls < 2:  # one after another
+            return any(self._probe(tunnel_id, ch, token) for ch, token in probes)
+        if self._probe(tunnel_id, *probes[0]):  # a busy tunnel: the first channel tells
+            return True
+        probes = probes[1:]
+        with self._lock:
+            if self._probe_pool is None:
+                self._probe_pool = ThreadPoolExecutor(self.concurrent_calls,
+                                                      thread_name_prefix="tablestore-probe")
+            pool = self._probe_pool
+        futures = {pool.submit(self._probe, tunnel_id, ch, token): ch for ch, token in probes}
+        errors: dict[str, BaseException] = {}
+        try:
+            for future in as_completed(futures):
+                error = future.exception()
+                if error is not None:
+                    errors[futures[future]] = error
+                elif future.result():
+                    return True
+        finally:
+            for future in futures:
+                future.cancel()  # not sent yet: not needed any more
+        if errors:
+            raise errors[min(errors)]
         return False
 
     def _names(self, tunnel_id: str) -> tuple[str, str]:
@@ -690,17 +839,30 @@ class TablestoreTunnelService(TunnelService):
                                  max(0.0, (now_us - oldest) / 1e6))
         return out
 
-    def _fetch(self, tunnel_id: str, channel_id: str, token: str,
-               limit: int) -> tuple[Sequence[Any], int | None, str, bool] | None:
+    def _probe(self, tunnel_id: str, channel_id: str, token: str) -> bool:
+        """Does a one-record read from ``token`` find a record or ``"finished"``?"""
+        try:
+            result = self.read_records(tunnel_id, channel_id, token, 1)
+        except TrimmedDataError:
+            return True
+        if result.records or result.next_token == FINISHED:
+            self._has_data[(tunnel_id, channel_id)] = token
+            return True
+        return False
+
+    def _fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+               ahead: bool = False) -> tuple[Sequence[Any], int | None, str, bool] | None:
         """The wire records of up to ``limit`` records after ``token``, with the base offset
         of the first (``None`` if unknown), the token after them and ``may_more``; ``None``
-        for ``limit == 0`` (nothing to ask the service). Shared by both read methods."""
+        for ``limit == 0`` (nothing to ask the service). Shared by both read methods;
+        ``ahead`` (``read_page``): with prefetch (module docstring)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         page_token, skip = self._check_token(channel_id, token)
         if limit == 0 and token != FINISHED:
             return None
-        response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
+        response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token,
+                                   ahead and not skip)
         while skip and len(response.records) <= skip:
             # the service paged differently than when the token was made: skip whole pages
             if response.next_token == FINISHED or not response.records:
@@ -718,8 +880,10 @@ class TablestoreTunnelService(TunnelService):
             return wanted, first, f"{page_token}{SKIP_MARK}{skip + limit}", True
         may_more = (response.may_more_record if response.HasField("may_more_record")
                     else len(response.records) >= 500)
-        return (wanted, first, response.next_token,
-                bool(may_more) and response.next_token != FINISHED)
+        may_more = bool(may_more) and response.next_token != FINISHED
+        if ahead and may_more:
+            self._send_ahead(tunnel_id, channel_id, response.next_token, limit)
+        return wanted, first, response.next_token, may_more
 
     def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
         """Up to ``limit`` records after ``token`` as ``Record`` objects (the contract suite,
@@ -736,8 +900,8 @@ class TablestoreTunnelService(TunnelService):
         """Up to ``limit`` records after ``token`` as one columnar page (executor, the
         reader's path): PlainBuffer decoded straight into the page's columns
         (``records.decode_columns``), no ``Record`` per record; positions, tokens and errors
-        as ``read_records``."""
-        fetched = self._fetch(tunnel_id, channel_id, token, limit)
+        as ``read_records``. The next page's request is sent ahead (module docstring)."""
+        fetched = self._fetch(tunnel_id, channel_id, token, limit, ahead=self.prefetch)
         if fetched is None:
             return Page(empty_page_batch(layout), token, True)
         wanted, first, next_token, may_more = fetched

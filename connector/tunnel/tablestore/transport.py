@@ -41,6 +41,12 @@ An answer that fails validation (a 2xx as above; an error answer whose ``x-ots-c
 does not match its body, as the SDKs check too) is asked again, at most
 ``VALIDATION_ATTEMPTS`` times within the same deadline.
 
+Pipelined calls: ``send(path, body)`` sends a request on a connection of its own and returns a
+``PendingCall`` at once; ``result()`` reads and checks its answer later, so the caller works
+while the request is served (no thread: the client's ``read_page`` decodes a page while the next
+one is on its way). A pending call that fails in any way -- the send, the connection, the
+answer -- is done again by ``call`` (its retries, its errors), so the two give the same answers.
+
 Secrets: the key secret and the STS token live only in this object's ``Credentials`` (whose
 ``repr`` hides them); nothing here logs headers or puts them in an exception.
 
@@ -168,15 +174,16 @@ def _parse_date(value: str) -> dt.datetime | None:
 
 
 class Transport:
-    """One endpoint, one instance, one key pair; a small connection pool. Not fork-safe by
-    itself: the client opens a new one in each process.
+    """One endpoint, one instance, one key pair; a small connection pool (thread-safe:
+    ``call`` may run in several threads at once). Not fork-safe by itself: the client opens a
+    new one in each process.
 
     ``clock`` and ``sleep`` time the retries (``time.monotonic`` and ``time.sleep``; tests pass
     a fake clock to check the backoff without waiting for it)."""
 
     def __init__(self, endpoint: str, instance: str, credentials: Credentials,
                  retry_deadline_s: float = RETRY_DEADLINE_S, *, ca_bundle: str | None = None,
-                 clock: Callable[[], float] = time.monotonic,
+                 pool_size: int = 4, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.instance = instance
@@ -186,7 +193,9 @@ class Transport:
         self._clock = clock
         self._sleep = sleep
         self._pool = urllib3.PoolManager(
-            num_pools=2, maxsize=4, retries=False,
+            # kept-alive connections per host: one per thread that calls at once (the client's
+            # prefetch pool and its caller), so none is opened anew per request
+            num_pools=2, maxsize=pool_size, retries=False,
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
             cert_reqs="CERT_REQUIRED", ca_certs=ca_bundle,
         )
@@ -251,6 +260,10 @@ class Transport:
                 if problem is not None:
                     raise Unreachable(problem) from None
             raise Unavailable(f"{type(exc).__name__}: {exc}") from None
+        return self._answer(path, resp)
+
+    def _answer(self, path: str, resp: Any) -> bytes:
+        """The checked body of a response, or the ``ServiceError`` it carries."""
         self.answered = True
         headers = {k.lower(): v for k, v in resp.headers.items()}
         data = bytes(resp.data or b"")
@@ -274,6 +287,19 @@ class Transport:
         self._validate(path, headers, data, success=False,
                        check_signature=not (resp.status == 403 and code == "OTSAuthFailed"))
         raise ServiceError(resp.status, code, message, request_id)
+
+    def send(self, path: str, body: bytes) -> PendingCall:
+        """Send ``body`` to ``path`` now on a connection of the pool taken for it; the answer is
+        read by the returned call's ``result()`` (module docstring)."""
+        pool = self._pool.connection_from_url(self.endpoint)
+        conn = pool._get_conn()  # its own connection until the answer is read
+        try:
+            conn.request("POST", path, body=body, headers=self._headers(path, body))
+        except Exception:  # noqa: BLE001 - result() does the call again, and meets the error
+            conn.close()
+            pool._put_conn(conn)
+            return PendingCall(self, path, body, None, pool)
+        return PendingCall(self, path, body, conn, pool)
 
     def call(self, path: str, body: bytes) -> bytes:
         """POST ``body`` to ``path``; the validated response body. Raises ``ServiceError``,
@@ -310,6 +336,42 @@ class Transport:
                         path, attempt, last, delay)
             self._sleep(delay + random.uniform(0, delay / 4))
             delay = min(delay * 2, BACKOFF_MAX_S)
+
+
+class PendingCall:
+    """A request ``Transport.send`` sent, its answer not read yet. Used by one thread."""
+
+    def __init__(self, transport: Transport, path: str, body: bytes, conn: Any,
+                 pool: Any) -> None:
+        self.path, self.body = path, body
+        self._transport, self._conn, self._pool = transport, conn, pool
+
+    def result(self) -> bytes:
+        """The checked answer, as ``Transport.call`` returns it; raises as ``call`` does. Read
+        once: the connection goes back to the pool."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return self._transport.call(self.path, self.body)
+        try:
+            conn.timeout = READ_TIMEOUT_S
+            resp = conn.getresponse()  # the whole body is read here
+        except Exception:  # noqa: BLE001 - any failure: the call is done again
+            conn.close()
+            self._pool._put_conn(conn)
+            return self._transport.call(self.path, self.body)
+        self._pool._put_conn(conn)  # once, and only now: the connection is free again
+        try:
+            return self._transport._answer(self.path, resp)
+        except Exception:  # noqa: BLE001 - a refused answer too: the call meets it itself
+            return self._transport.call(self.path, self.body)
+
+    def discard(self) -> None:
+        """The answer is not wanted: its connection is closed unread (and back in the pool,
+        to be opened anew when needed)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            self._pool._put_conn(conn)
 
 
 def describe(obj: Any) -> str:

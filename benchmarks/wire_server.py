@@ -1,0 +1,220 @@
+"""The emulator's routes in a process of their own, served lean: the wire benchmarks' far side.
+
+``python -m benchmarks.wire_server STORE --instance I --key-id K --secret S [--replay]
+[--delay-ms N]`` prints ``listening on http://127.0.0.1:PORT`` and serves until killed.
+
+Every route of ``tablestore_emulator`` (table and tunnel API) answers as ``tablestore-cdc
+emulator`` does: requests verified, responses signed (``tablestore_emulator.auth``), errors in
+the service's shape. What differs is only how it is served, so the figures measure our side:
+
+- **one asyncio loop** (aiohttp's low-level server, its C HTTP parser) in a process of its own:
+  the client's CPU and GIL are not shared with the server, and a request costs the server tens of
+  microseconds instead of the threaded ``http.server``'s parsing;
+- ``--replay``: a ReadRecords answer is encoded once and kept, by (channel, token,
+  max_records), then served from memory (signed anew each time, so its date stays valid). Only
+  for a store nobody writes while the server runs (a kept answer would hide new records). The
+  client-only benchmark reads everything once (a warm-up) and then measures reads that cost the
+  server a lookup and a signature: the client, Spark and the source, not the emulator's
+  PlainBuffer encoder;
+- ``--delay-ms N``: every response leaves N ms after its request arrived (``asyncio.sleep``, so
+  concurrent requests wait at the same time, as they would on a network with that round trip);
+- ``GET /_stats``: JSON ``{"calls": {path: n}, "replayed": n, "encoded": n}`` -- the requests
+  served so far (``/_stats`` itself not counted), so a benchmark counts calls per batch.
+
+Used by ``benchmarks.wire`` (client-only throughput and CPU per record, the memory row) and
+``benchmarks.protocol`` (the driver's calls over the wire).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from connector.local import LocalTablestore
+from connector.tunnel.tablestore import messages as m
+from tablestore_emulator import auth
+from tablestore_emulator.errors import OtsError, internal_error, parameter_invalid
+from tablestore_emulator.server import EmulatorContext, load_routes
+
+log = logging.getLogger("benchmarks.wire_server")
+
+READ_PATH = "/tunnel/readrecords"
+#: the repository root: the server process imports ``benchmarks`` from here
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _error_body(exc: OtsError) -> bytes:
+    from tablestore.protobuf import table_store_pb2 as pb
+
+    return bytes(pb.Error(code=exc.code, message=exc.message).SerializeToString())
+
+
+class WireServer:
+    """The routes, the replay memo and the counters (one event loop: no locks needed)."""
+
+    def __init__(self, store_path: str, instance: str, key_id: str, secret: str,
+                 replay: bool = False, delay_ms: float = 0.0) -> None:
+        store = LocalTablestore(store_path)
+        self.context = EmulatorContext(store=store, instance=instance, store_path=store.path)
+        self.routes = load_routes()
+        self.instance, self.key_id, self.secret = instance, key_id, secret
+        self.replay = replay
+        self.delay_s = delay_ms / 1000
+        #: (channel id, token, max_records) -> the encoded ReadRecords response
+        self.kept: dict[tuple[str, str, int], bytes] = {}
+        self.calls: Counter[str] = Counter()
+        self.replayed = 0
+        self.encoded = 0
+
+    def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, bool]:
+        """(status, payload, sign) of one request, as EmulatorServer answers it."""
+        try:
+            try:
+                auth.verify_request(path, headers, body, access_key_id=self.key_id,
+                                    access_key_secret=self.secret, instance=self.instance)
+            except OtsError as exc:
+                return exc.http_status, _error_body(exc), False
+            handler = self.routes.get(path)
+            if handler is None:
+                raise parameter_invalid(f"Unsupported operation: {path}.")
+            if path == READ_PATH and self.replay:
+                return 200, self._read(handler, body), True
+            return 200, handler(self.context, body), True
+        except OtsError as exc:
+            return exc.http_status, _error_body(exc), True
+        except Exception:  # a bug: answer like the service does, keep serving
+            log.exception("wire server: %s failed", path)
+            bug = internal_error()
+            return bug.http_status, _error_body(bug), True
+
+    def _read(self, handler: Any, body: bytes) -> bytes:
+        request = m.parse(m.ReadRecordsRequest, body)
+        key = (request.channel_id, request.token, request.max_records)
+        kept = self.kept.get(key)
+        if kept is None:
+            kept = self.kept[key] = handler(self.context, body)
+            self.encoded += 1
+        else:
+            self.replayed += 1
+        return kept
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        arrived = time.monotonic()
+        if request.method == "GET" and request.path == "/_stats":
+            return web.Response(text=json.dumps({
+                "calls": dict(self.calls), "replayed": self.replayed, "encoded": self.encoded}))
+        body = await request.read()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.calls[request.path] += 1
+        status, payload, sign = self.answer(request.path, headers, body)
+        h = uuid.uuid4().hex
+        request_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        out = (auth.response_headers(request.path, payload, request_id=request_id,
+                                     access_key_id=self.key_id,
+                                     access_key_secret=self.secret)
+               if sign else {"x-ots-requestid": request_id})
+        wait = arrived + self.delay_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return web.Response(status=status, body=payload, headers=out)
+
+
+async def _serve(server: WireServer, host: str, port: int) -> None:
+    runner = web.ServerRunner(web.Server(server.handle, access_log=None))
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
+    print(f"listening on http://{bound[0]}:{bound[1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+class WireServerProcess:
+    """``python -m benchmarks.wire_server`` started in a process of its own (the benchmarks'
+    side): ``url``, ``stats()``, ``stop()``; also a context manager."""
+
+    def __init__(self, store: Path, log_path: Path, instance: str, key_id: str, secret: str,
+                 replay: bool = False, delay_ms: float = 0.0, profile: Path | None = None
+                 ) -> None:
+        args = [sys.executable, "-m", "benchmarks.wire_server", str(store), "--instance",
+                instance, "--key-id", key_id, "--secret", secret, "--delay-ms", str(delay_ms)]
+        if replay:
+            args.append("--replay")
+        if profile is not None:
+            args += ["--profile", str(profile)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(log_path, "ab"),  # noqa: SIM115
+                                     text=True, cwd=ROOT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"wire server did not start: {line!r} (see {log_path})")
+        self.url = line.removeprefix("listening on ")
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=30) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+    def __enter__(self) -> WireServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.wire_server",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("store")
+    parser.add_argument("--instance", required=True)
+    parser.add_argument("--key-id", required=True)
+    parser.add_argument("--secret", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--replay", action="store_true")
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--profile", metavar="FILE",
+                        help="profile the server (cProfile, CPU time) and write the stats to "
+                        "FILE when it is stopped (SIGTERM)")
+    args = parser.parse_args(argv)
+    server = WireServer(args.store, args.instance, args.key_id, args.secret,
+                        replay=args.replay, delay_ms=args.delay_ms)
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile(time.process_time)
+        profile.enable()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        asyncio.run(_serve(server, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
+        server.context.store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
