@@ -293,9 +293,11 @@ def assert_no_secret_in_artefacts(tmp_path: Path, meta: str, log: Path,
         if path.is_file():
             artefacts[f"sink {path.relative_to(tmp_path)}"] = path.read_bytes()
     assert len(artefacts) > 10
-    # the endpoint is in the stored offsets -- with its secrets stripped
-    assert any(f"instance={INSTANCE}".encode() in data for name, data in artefacts.items()
-               if name.startswith("checkpoint"))
+    # the stored offsets name the source (the instance) and its meta store's URI -- with the
+    # secrets stripped
+    offsets = b"".join(data for name, data in artefacts.items() if name.startswith("checkpoint"))
+    assert f"tablestore:{INSTANCE}#".encode() in offsets  # "source": the identity
+    assert f"tablestore://{INSTANCE}/".encode() in offsets  # "metaStore"
     for secret in (SECRET, STS):
         leaks = [name for name, data in artefacts.items() if secret.encode() in data]
         assert not leaks, f"{secret!r} found in {leaks}"
