@@ -7,7 +7,9 @@ OUT``), importing what a Spark Python worker imports for this source, runs the s
 ``TablestoreStreamReader.read`` on that partition exactly as a worker does and drops each yielded
 batch, as a worker does once it has written the batch to the JVM. That process reports:
 
-- ``peak_rss_mb``: its peak resident set (``ru_maxrss``) over the whole run;
+- ``peak_rss_mb``: its peak resident set over the whole run (``VmHWM``, the high-water mark of
+  its own memory: ``ru_maxrss`` would not do, as Linux carries it over ``fork`` and ``exec``, so
+  a child of a larger parent reports the parent's size);
 - ``baseline_rss_mb``: its resident set after the imports (pyspark, pyarrow, the connector, and
   pandas if it is installed: pyarrow loads it on its first conversion of a Python list), before
   reading;
@@ -29,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import time
@@ -54,6 +55,15 @@ def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set since its ``exec`` (``VmHWM``, in KiB)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def run(config: MemoryConfig, workdir: Path) -> dict[str, Any]:
@@ -127,7 +137,7 @@ def worker(context_path: str, out_path: str) -> None:
         nbytes += batch.nbytes
         batches += 1
         del batch
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = _peak_rss_mb()
     arrow = nbytes / 2**20
     Path(out_path).write_text(json.dumps({
         "rows": rows, "batches": batches, "arrow_mb": round(arrow, 1),
