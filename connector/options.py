@@ -12,10 +12,8 @@ into the stream reader and input partitions.
 
 from __future__ import annotations
 
-import datetime as dt
 import difflib
 import hashlib
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -34,18 +32,17 @@ from cdc_common.credentials import (
 from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value, tablestore_instance
 from connector.errors import OptionError
 from connector.identity import SourceIdentity, identity_of, legacy_namespace
+from connector.option_values import (
+    DEFAULT_MAX_TRIGGER_DELAY_MS,
+    TIMESTAMP_ALLOWED,
+    parse_bool,
+    parse_bytes,
+    parse_catalog,
+    parse_duration_ms,
+    parse_timestamp_ms,
+)
 from connector.tunnel import TUNNEL_BACKENDS
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
-
-#: what ``startingTimestamp`` / ``endingTimestamp`` accept
-TIMESTAMP_ALLOWED = ("milliseconds since the epoch (1767225600000) or ISO-8601 with a zone "
-                     "(2026-01-01T00:00:00Z, 2026-01-01T08:00:00+08:00)")
-#: Kafka's default ``maxTriggerDelay`` (15 minutes)
-DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
-_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
-                      "d": 86_400_000}
-_BYTE_UNITS = {"b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3,
-               "gb": 1024**3, "t": 1024**4, "tb": 1024**4}
 
 #: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
 #: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
@@ -175,26 +172,11 @@ OPTIONS: dict[str, OptionSpec] = {
 #: options that only mean something for a Tablestore (http/https) endpoint
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
                     "security_token", "checkpoint_table", "ssl_ca_bundle", "read_prefetch")
-#: the vendor catalog's type names -> Tablestore's
-CATALOG_TYPES = {
-    "string": "STRING", "long": "INTEGER", "int": "INTEGER", "integer": "INTEGER",
-    "bigint": "INTEGER", "double": "DOUBLE", "float": "DOUBLE", "boolean": "BOOLEAN",
-    "bool": "BOOLEAN", "binary": "BINARY",
-}
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
 #: upper bounds: what Spark's JVM side can hold (ReadMaxRows is a Java long)
 _INT_MAX = 2**31 - 1
 _LONG_MAX = 2**63 - 1
 _FIELD_TO_OPTION = {spec.field: name for name, spec in OPTIONS.items()}
-
-
-def _parse_bool(value: Any) -> Any:
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "false"):
-            return lowered == "true"
-        raise ValueError("not a boolean")
-    return value
 
 
 class SourceOptions(BaseModel):
@@ -237,7 +219,7 @@ class SourceOptions(BaseModel):
     max_trigger_delay_ms: int = Field(default=DEFAULT_MAX_TRIGGER_DELAY_MS, ge=0, le=_LONG_MAX)
     max_bytes_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
     #: executors' Tablestore clients send a channel's next ReadRecords request ahead; folded
-    #: into the endpoint as ``prefetch=false`` when off (connector/tunnel/tablestore/client.py)
+    #: into the endpoint as ``prefetch=false`` when off (connector/tunnel/tablestore/prefetch.py)
     read_prefetch: bool = True
 
     @field_validator("table_name", "tunnel_name")
@@ -282,7 +264,7 @@ class SourceOptions(BaseModel):
     @field_validator("fail_on_data_loss", "skip_empty_batches", "read_prefetch", mode="before")
     @classmethod
     def _bools(cls, value: Any) -> Any:
-        return _parse_bool(value)
+        return parse_bool(value)
 
     @field_validator("starting_timestamp", "ending_timestamp", mode="before")
     @classmethod
@@ -487,44 +469,6 @@ def _check_combinations(built: SourceOptions, given: set[str]) -> None:
                           allowed="a value <= maxOffsetsPerTrigger")
 
 
-def parse_timestamp_ms(text: str) -> int:
-    """``startingTimestamp`` / ``endingTimestamp``: milliseconds since the epoch, or ISO-8601
-    with a zone (``Z`` or ``+hh:mm``); ``ValueError`` otherwise (a time without a zone would
-    mean a different instant on every machine)."""
-    stripped = text.strip()
-    if stripped.isdigit():
-        return int(stripped)
-    try:
-        when = dt.datetime.fromisoformat(stripped)
-    except ValueError:
-        raise ValueError("is neither milliseconds since the epoch nor an ISO-8601 "
-                         "timestamp") from None
-    if when.tzinfo is None or when.utcoffset() is None:
-        raise ValueError("has no zone (add Z or an offset such as +08:00)")
-    millis = round(when.timestamp() * 1000)
-    if millis < 0:
-        raise ValueError("is before 1970-01-01T00:00:00Z")
-    return millis
-
-
-def parse_duration_ms(text: str) -> int:
-    """``maxTriggerDelay``: Spark's duration strings (``15m``, ``30s``, ``500ms``, ``1h``,
-    ``2d``; a bare number is milliseconds) as milliseconds; ``ValueError`` otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
-    if not match or match.group(2) not in ("", *_DURATION_UNITS_MS):
-        raise ValueError("is not a duration")
-    return int(match.group(1)) * _DURATION_UNITS_MS.get(match.group(2), 1)
-
-
-def parse_bytes(text: str) -> int:
-    """``maxBytesPerTrigger``: a number of bytes, with an optional binary unit (``k``/``kb``,
-    ``m``/``mb``, ``g``/``gb``, ``t``/``tb``, any case); ``ValueError`` otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
-    if not match or match.group(2) not in ("", *_BYTE_UNITS):
-        raise ValueError("is not a number of bytes")
-    return int(match.group(1)) * _BYTE_UNITS.get(match.group(2), 1)
-
-
 def _check_endpoint_scheme(endpoint: str) -> None:
     """Refuse an endpoint whose scheme names no tunnel backend (``htp://...``, a bare
     ``127.0.0.1:PORT``), naming ``endpoint`` and the schemes there are: checked before any
@@ -585,28 +529,6 @@ def _shown(field: str, value: Any) -> Any:
     return value
 
 
-def parse_catalog(text: str) -> tuple[tuple[str, str], ...]:
-    """The vendor's ``catalog`` JSON -> ((column, Tablestore type), ...). ``ValueError`` with
-    what is wrong (it becomes an ``OptionError`` naming ``catalog``)."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    columns = doc.get("columns") if isinstance(doc, dict) else None
-    if not isinstance(columns, dict) or not columns:
-        raise ValueError('expected {"columns": {"name": {"type": ...}, ...}} with columns')
-    out = []
-    for name, spec in columns.items():
-        typ = spec.get("type") if isinstance(spec, dict) else None
-        if not isinstance(typ, str) or typ.strip().lower() not in CATALOG_TYPES:
-            raise ValueError(f"column {name!r}: type {typ!r} is not one of "
-                             + ", ".join(sorted(CATALOG_TYPES)))
-        if not name or name.startswith("_"):
-            raise ValueError(f"column {name!r}: names starting with '_' are the source's own")
-        out.append((name, CATALOG_TYPES[typ.strip().lower()]))
-    return tuple(out)
-
-
 def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     """Fold the instance and credentials into a Tablestore endpoint's query (driver).
 
@@ -648,7 +570,7 @@ def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
     prefetch = values.get("read_prefetch", query.get("prefetch"))
     if prefetch is not None:
         try:
-            if not _parse_bool(prefetch):
+            if not parse_bool(prefetch):
                 params["prefetch"] = "false"
         except ValueError:
             raise OptionError(option="read.prefetch", value=prefetch, problem="is not a boolean",

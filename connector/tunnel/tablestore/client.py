@@ -40,77 +40,33 @@ How the interface maps onto the wire:
   in between), then pushes once more at the re-read number + 1. A position the tunnel already
   holds is not pushed again. A push still refused after the re-read raises
   ``StaleCheckpointError``; the protocol never lets that pass silently for ``"finished"``.
-- ``read_records(limit)``: ReadRecords has no limit. The request carries the emulator-only
-  ``max_records``; a service that ignores it may return a longer page, and then the client
-  returns the first ``limit`` records with the token ``"<page token>~<k>"`` ("k records after
-  that token"). Reading from such a token re-reads the page and skips k records (order within a
-  channel is deterministic; page boundaries need not repeat, so a skip past a page continues
-  from its ``next_token``). Pushing such a token checkpoints the page token itself (the service
+- ``read_records(limit)``: ReadRecords has no limit; the request carries the emulator-only
+  ``max_records``, and a longer page from a service that ignores it is cut with a token inside
+  the page (``tokens``). Pushing such a token checkpoints the page token itself (the service
   only knows its own tokens): the tunnel's stored position may then be up to one page behind
   the source's own, which only matters to a new query without a Spark checkpoint.
-- ``read_page`` prefetches (executors): when a page says more records follow, the request for
-  the next page (its ``next_token``, the same limit) is sent before the page is decoded
-  (``Transport.send``: on a connection of its own, no thread), so the service prepares it while
-  this process decodes and hands the page on. The next ``read_page`` of that channel takes the
-  answer when it asks for the same request -- or for a lower limit the answer does not exceed,
-  since a page shorter than asked is an answer the service may always give -- and sends its own
-  request otherwise (another token, a page longer than the new limit, a request sent more than
-  ``PREFETCH_MAX_AGE_S`` ago; a prefetch that failed is done again as a plain call, so its
-  error is the caller's own). So a caller gets exactly the answers it asked for, whatever was
-  prefetched: a page requested past a batch's end is held unread (at most ``PREFETCH_HELD`` per
-  client, the oldest dropped, each one kept-alive connection) and never handed out unless a
-  later read asks for it. ``prefetch=false`` in the endpoint's query (the source option
-  ``read.prefetch``) switches it off. Requests share one urllib3 connection pool per client
-  (keep-alive; the reader keeps one client per process).
+- ``read_page`` prefetches (executors): the next page's request is sent before this page is
+  decoded, and used only by the read that asks for exactly it (``prefetch``). Requests share
+  one urllib3 connection pool per client (keep-alive; the reader keeps one client per process).
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
-- ``has_new_data``: DescribeTunnel plus a one-record ReadRecords per OPEN channel from its
-  position (the service has no cheaper way to tell): the first channel alone, then the others
-  ``concurrent_calls`` (``DRIVER_CONCURRENCY``) at a time, until one says yes.
+- ``has_new_data``, ``lag``: DescribeTunnel, then reads at each channel's position
+  (``progress``: the service has no cheaper way to tell); the probes ``concurrent_calls``
+  (``DRIVER_CONCURRENCY``) at a time.
 - The driver's checkpoint pushes run ``concurrent_calls`` at a time
   (``connector.planning.pushes``); the client is safe to call from that many threads (its
   per-channel state is keyed by channel, its transport's pool hands each call a connection).
-- ``lag``: DescribeTunnel, then one ReadRecords per readable channel at its position: caught up
-  (``may_more`` false, or the token did not move) is 0 behind; otherwise the first unread
-  change's commit time gives the seconds behind, and the page's count the records behind when
-  it holds all there is now (see ``lag``).
 - ``head_sequences``: ``None`` (the service reports no channel head): Trigger.AvailableNow
   bounds the run by commit time instead (``connector.planning.tracker.AvailableNowBound``).
 
-Errors (service code -> the product's type): retryable ones (``transport``'s rules, the
-SDKs') are retried inside the transport for a bounded time, then ``TransientTunnelError``; an
-``OTSTunnelServerUnavailable`` whose message begins ``OTSTrimmedDataAccess`` is
-``TrimmedDataError`` at once (never retried); ``OTSSequenceNumberNotMatch`` is handled by
-``checkpoint``; ``OTSTunnelExist`` is ``TunnelExistsError``; ``OTSTunnelExpired``,
-``OTSAuthFailed`` / ``OTSPermissionDenied`` are ``TunnelExpiredError`` and ``TunnelAuthError``.
-The service says "not there" in two shapes -- 404 ``OTSObjectNotExist`` and 400
-``OTSParameterInvalid`` ("parameter incorrect or the requested data table does not exist") --
-and the second also means a bad request. So a refusal in either shape is *confirmed* before
-it becomes ``UnknownTableError`` / ``UnknownTunnelError`` / ``UnknownChannelError`` (and before
-``ensure_tunnel`` creates anything): ListTable for the table, ListTunnel for the tunnel,
-DescribeTunnel for the channel and its status (a WAIT channel is
-``ChannelNotReadableError``; a refused ``"finished"`` push or a push to a terminated channel
-``InvalidCheckpointError``; any other refused read or push names the token,
-``MalformedTokenError``). What cannot be confirmed stays ``TunnelParameterError`` /
-``TunnelServiceError`` carrying the service's code and message; messages are never parsed for
-meaning. An https endpoint whose certificate or host name does not verify is
-``EndpointTlsError`` at once; at a query's start, an endpoint that gives no answer at all (no
-such host, connection refused, no HTTP answer) is ``EndpointUnreachableError`` at once
-(``cdc_common.first_contact``). Refused credentials (``TunnelAuthError``) name the options that
-carry them (``auth_hint``).
+Errors: the service's refusals become the product's types as ``refusals`` says; "not there"
+is confirmed by ListTable / ListTunnel / DescribeTunnel here before it is believed.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -125,7 +81,6 @@ from cdc_common.credentials import (
 from cdc_common.tls import ca_bundle, ca_bundle_problem
 from cdc_common.uris import UriQuery, parse_query, redact_uri, tablestore_instance
 from connector.errors import (
-    ChannelNotReadableError,
     EndpointTlsError,
     EndpointUnreachableError,
     InvalidCheckpointError,
@@ -133,14 +88,12 @@ from connector.errors import (
     OptionError,
     StaleCheckpointError,
     TransientTunnelError,
-    TrimmedDataError,
     TunnelAuthError,
     TunnelError,
     TunnelExistsError,
     TunnelExpiredError,
     TunnelParameterError,
     TunnelServiceError,
-    UnknownChannelError,
     UnknownTableError,
     UnknownTunnelError,
 )
@@ -162,10 +115,18 @@ from connector.tunnel.base import (
 )
 from connector.tunnel.page import Page, PageLayout, empty_page_batch
 from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore.prefetch import PREFETCH_HELD, PrefetchedReads
+from connector.tunnel.tablestore.progress import ChannelProbes
 from connector.tunnel.tablestore.records import decode_columns, decode_page
+from connector.tunnel.tablestore.refusals import (
+    auth_hint,
+    channel_refusal,
+    is_not_there,
+    trimmed_data_error,
+)
+from connector.tunnel.tablestore.tokens import SKIP_MARK, base_offset, split_token, token_content
 from connector.tunnel.tablestore.transport import (
     RETRY_DEADLINE_S,
-    TRIMMED_PREFIX,
     Credentials,
     PendingCall,
     ResponseValidationError,
@@ -178,24 +139,11 @@ from connector.tunnel.tablestore.transport import (
 
 #: the client id sent with reads and checkpoints (the service accepts ids it never issued)
 CLIENT_ID = "tablestore-cdc"
-#: records ``lag`` asks for per channel (the service's page: it sends up to about 500 anyway)
-LAG_PEEK_RECORDS = 500
-#: separates a page token from a record count in a client token (not a base64 character)
-SKIP_MARK = "~"
 _URI_FORM = "https://INSTANCE.REGION.ots.aliyuncs.com (or http://127.0.0.1:PORT?instance=NAME)"
-#: the emulator's addition to a trimmed-data message (the first position still held)
-_TRIM_DETAIL = re.compile(r"\[requested=(\S+) earliest=(\S+) lost=(\S+) resume=(\S*)\]")
-#: the two shapes in which the service refuses a table, tunnel or channel that is not there
-_NOT_THERE_CODES = ("OTSObjectNotExist", "OTSParameterInvalid")
 
 #: the driver's per-channel calls at once: checkpoint pushes (``concurrent_calls``) and the
 #: probes of ``has_new_data``; each waits a round trip, so 16 hide 16 of them per round
 DRIVER_CONCURRENCY = 16
-#: prefetched requests a client holds (one per channel, each on its own connection; the
-#: oldest is dropped first)
-PREFETCH_HELD = 8
-#: a prefetched answer older than this is not used: a fresh read may hold more records
-PREFETCH_MAX_AGE_S = 5.0
 _READ_PATH = "/tunnel/readrecords"
 
 _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
@@ -219,56 +167,8 @@ class EndpointQuery(UriQuery):
     prefetch: bool = Field(True, description="true or false: read the next page ahead")
 
 
-@dataclass(frozen=True)
-class _Prefetch:
-    """A ReadRecords request sent ahead for one channel, its answer not read yet."""
-
-    page_token: str
-    started: float
-    answer: PendingCall
-
-
-def auth_hint(code: str) -> str:
-    """What to fix when the service refuses the credentials (``TunnelAuthError``): the options
-    that carry them, and the environment variables they default to."""
-    keys = (f"access.key.id / access.key.secret (or {ALIBABA_ACCESS_KEY_ID} / "
-            f"{ALIBABA_ACCESS_KEY_SECRET})")
-    if code == "OTSPermissionDenied":
-        return (f"the key lacks a permission on this instance: grant it (a RAM policy) or use "
-                f"another key in {keys}")
-    if code == "ResponseInvalid":
-        return (f"check access.key.secret (or {ALIBABA_ACCESS_KEY_SECRET}), and that nothing "
-                "between this machine and the endpoint alters responses")
-    return (f"the service refused the credentials: check {keys}, security.token (or "
-            f"{ALIBABA_SECURITY_TOKEN}) for an STS key, and instance.name")
-
-
 class _SequenceNotMatch(Exception):
     """Internal: the service refused a push's sequence number (``checkpoint`` re-reads)."""
-
-
-def split_token(token: str) -> tuple[str, int]:
-    """``(page token, records to skip after it)`` of a client token."""
-    page, mark, skip = token.partition(SKIP_MARK)
-    if not mark:
-        return token, 0
-    if not skip.isdigit() or int(skip) <= 0:
-        raise ValueError(f"bad record count {skip!r}")
-    return page, int(skip)
-
-
-def token_content(token: str) -> Any:
-    """The ``TokenContent(V2)`` inside a service token; ``ValueError`` if it is not one."""
-    try:
-        raw = base64.b64decode(token.encode("ascii"), validate=True)
-        envelope = m.parse(m.Token, raw)
-        if envelope.version == 2:
-            return m.parse(m.TokenContentV2, envelope.content)
-        if envelope.version == 1:
-            return m.parse(m.TokenContent, envelope.content)
-    except (UnicodeError, binascii.Error, m.MessageError) as exc:
-        raise ValueError(f"not a tunnel token ({exc})") from None
-    raise ValueError(f"unknown token version {envelope.version}")
 
 
 class TablestoreTunnelService(TunnelService):
@@ -298,17 +198,10 @@ class TablestoreTunnelService(TunnelService):
         #: False makes reads behave as against a service without the emulator's page limit
         self.send_max_records = send_max_records
         self.prefetch = prefetch
-        #: (tunnel id, channel id) -> the next page's request sent ahead (``read_page``)
-        self._prefetched: OrderedDict[tuple[str, str], _Prefetch] = OrderedDict()
-        self._lock = threading.Lock()
-        #: the driver's ``has_new_data`` probes, ``DRIVER_CONCURRENCY`` at a time
-        self._probe_pool: ThreadPoolExecutor | None = None
-        #: (tunnel id, channel id) -> a position a probe found records after: asked again at
-        #: the same position, the answer is the same (records do not vanish; trimming is
-        #: reported by the read), so the channel is not probed again
-        self._has_data: dict[tuple[str, str], str] = {}
-        #: prefetched answers used / sent and not used (tests and benchmarks read them)
-        self.prefetch_stats = {"used": 0, "unused": 0}
+        #: the next page's request per channel, sent ahead by ``read_page`` (executors)
+        self._prefetches = PrefetchedReads()
+        #: ``has_new_data`` and ``lag`` (driver)
+        self._probes = ChannelProbes(self, self.concurrent_calls)
 
     # --- construction -------------------------------------------------------------------------
 
@@ -360,15 +253,14 @@ class TablestoreTunnelService(TunnelService):
                    uri=uri, retry_deadline_s=query.retry_deadline_s, ca_bundle=bundle,
                    prefetch=query.prefetch)
 
+    @property
+    def prefetch_stats(self) -> dict[str, int]:
+        """Prefetched answers used / sent and not used (tests and benchmarks read them)."""
+        return self._prefetches.stats
+
     def close(self) -> None:
-        with self._lock:
-            pool, self._probe_pool = self._probe_pool, None
-            held = list(self._prefetched.values())
-            self._prefetched.clear()
-        for prefetch in held:
-            prefetch.answer.discard()
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._probes.close()
+        self._prefetches.close()
         self._transport.close()
 
     def __repr__(self) -> str:
@@ -456,7 +348,7 @@ class TablestoreTunnelService(TunnelService):
         """A table or tunnel call refused in one of the "not there" shapes: which one is
         missing, as ListTable / ListTunnel confirm; ``None`` (the generic error) when
         neither is, or when it cannot be told."""
-        if exc.code not in _NOT_THERE_CODES:
+        if not is_not_there(exc):
             return None
         exists = self._table_exists(table)
         if exists is False:
@@ -470,16 +362,9 @@ class TablestoreTunnelService(TunnelService):
         """A channel call (read, get or push a checkpoint) refused: trimmed data by its code
         and message prefix (the service's documented shape); "not there" confirmed by
         ListTunnel and DescribeTunnel, which also tell a WAIT or terminated channel."""
-        msg = exc.message
-        if exc.code == "OTSTunnelServerUnavailable" and msg.startswith(TRIMMED_PREFIX):
-            detail = _TRIM_DETAIL.search(msg)
-            requested, earliest, lost, resume = (
-                detail.groups() if detail else ("(unknown)", "(unknown)", "(unknown)", ""))
-            return TrimmedDataError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                    requested=requested, earliest=earliest, lost=lost,
-                                    resume_token=resume, service_message=msg)
-        if exc.code not in _NOT_THERE_CODES:
-            return None
+        trimmed = trimmed_data_error(exc, tunnel_id, channel_id)
+        if trimmed is not None or not is_not_there(exc):
+            return trimmed
         try:
             tunnel = self._find_tunnel(tunnel_id)
             if tunnel is None:
@@ -487,20 +372,7 @@ class TablestoreTunnelService(TunnelService):
             channels = {c.channel_id: c for c in self.describe_tunnel(*tunnel).channels}
         except TunnelError:
             return None  # cannot be told: the service's own error stands
-        channel = channels.get(channel_id)
-        if channel is None:
-            return UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel_id)
-        if push is not None:
-            if push.finished or channel.status is ChannelStatus.TERMINATED:
-                return InvalidCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                              reason=f"refused by the service: {msg}")
-            return MalformedTokenError(channel_id=channel_id, token=token, reason=msg)
-        if channel.status is ChannelStatus.WAIT:
-            return ChannelNotReadableError(channel_id=channel_id, tunnel_id=tunnel_id,
-                                           status=channel.status.value)
-        if token:  # a read: the channel is there and readable, so the token is refused
-            return MalformedTokenError(channel_id=channel_id, token=token, reason=msg)
-        return None
+        return channel_refusal(exc, tunnel_id, channel_id, channels.get(channel_id), token, push)
 
     # --- tunnels (driver) ---------------------------------------------------------------------
 
@@ -683,7 +555,8 @@ class TablestoreTunnelService(TunnelService):
         """One ReadRecords answer; ``ahead``: the prefetched one when it answers this request
         (module docstring)."""
         max_records, body = self._read_request(tunnel_id, channel_id, page_token, want)
-        prefetched = self._take_prefetch(tunnel_id, channel_id, page_token) if ahead else None
+        prefetched = (self._prefetches.take((tunnel_id, channel_id), page_token) if ahead
+                      else None)
         on_error = lambda e: self._channel_error(e, tunnel_id, channel_id, token)  # noqa: E731
         if prefetched is not None:
             response = self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error,
@@ -695,95 +568,28 @@ class TablestoreTunnelService(TunnelService):
             self.prefetch_stats["unused"] += 1
         return self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error)
 
-    def _take_prefetch(self, tunnel_id: str, channel_id: str, page_token: str
-                       ) -> _Prefetch | None:
-        """The channel's prefetched request when it reads from ``page_token`` and is fresh;
-        any other prefetch of the channel is dropped."""
-        with self._lock:
-            held = self._prefetched.pop((tunnel_id, channel_id), None)
-        if held is None:
-            return None
-        if held.page_token == page_token and \
-                time.monotonic() - held.started <= PREFETCH_MAX_AGE_S:
-            return held
-        held.answer.discard()
-        self.prefetch_stats["unused"] += 1
-        return None
-
     def _send_ahead(self, tunnel_id: str, channel_id: str, page_token: str, want: int) -> None:
         """Send the request for the page after this one now; its answer is read by the read
-        that asks for it (``_take_prefetch``)."""
+        that asks for it (``prefetch``)."""
         _, body = self._read_request(tunnel_id, channel_id, page_token, want)
-        answer = self._transport.send(_READ_PATH, body)
-        with self._lock:
-            key = (tunnel_id, channel_id)
-            old = self._prefetched.pop(key, None)
-            self._prefetched[key] = _Prefetch(page_token, time.monotonic(), answer)
-            dropped = [old] if old is not None else []
-            while len(self._prefetched) > PREFETCH_HELD:
-                dropped.append(self._prefetched.popitem(last=False)[1])
-        for held in dropped:
-            held.answer.discard()
-            self.prefetch_stats["unused"] += 1
+        self._prefetches.hold((tunnel_id, channel_id), page_token,
+                              self._transport.send(_READ_PATH, body))
 
-    @staticmethod
-    def _base_offset(page_token: str) -> int | None:
-        """Records before ``page_token`` in a base-data channel, when the token says so."""
-        if page_token == FINISHED:
-            return None
-        content = token_content(page_token)
-        if content.iterator or not content.DESCRIPTOR.fields_by_name.get("total_count"):
-            return None
-        return int(content.total_count) if content.HasField("total_count") else None
+    # --- where the channels stand (driver; ``progress``) -------------------------------------
 
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool:
-        """Driver, ``latestOffset``: one DescribeTunnel, then a one-record read per OPEN
-        channel from its position (the service has no cheaper way to tell) -- so an idle
-        query costs a few small reads per trigger instead of an empty Spark batch. True when a
-        channel is missing from ``positions``, returns a record, or reads to ``"finished"``; a
-        trimmed position also counts (the batch reports it).
+        """Driver, ``latestOffset``: a one-record read per OPEN channel from its position,
+        stopping at the first that finds a record (``progress.ChannelProbes``)."""
+        return self._probes.has_new_data(tunnel_id, positions)
 
-        The first channel is read alone (on a busy tunnel it says yes: one call); the others
-        ``concurrent_calls`` at a time, no more being sent after the first yes. A channel found
-        to have records at the same position before is not read again. An error is raised
-        only when no channel says yes (the first in channel order)."""
-        table, name = self._names(tunnel_id)
-        probes: list[tuple[str, str]] = []
-        for channel in self.describe_tunnel(table, name).channels:
-            if channel.status is not ChannelStatus.OPEN:
-                continue
-            token = positions.get(channel.channel_id)
-            if token is None or self._has_data.get((tunnel_id, channel.channel_id)) == token:
-                return True
-            if token != FINISHED:
-                probes.append((channel.channel_id, token))
-        if len(probes) < 3 or self.concurrent_calls < 2:  # one after another
-            return any(self._probe(tunnel_id, ch, token) for ch, token in probes)
-        if self._probe(tunnel_id, *probes[0]):  # a busy tunnel: the first channel tells
-            return True
-        probes = probes[1:]
-        with self._lock:
-            if self._probe_pool is None:
-                self._probe_pool = ThreadPoolExecutor(self.concurrent_calls,
-                                                      thread_name_prefix="tablestore-probe")
-            pool = self._probe_pool
-        futures = {pool.submit(self._probe, tunnel_id, ch, token): ch for ch, token in probes}
-        errors: dict[str, BaseException] = {}
-        try:
-            for future in as_completed(futures):
-                error = future.exception()
-                if error is not None:
-                    errors[futures[future]] = error
-                elif future.result():
-                    return True
-        finally:
-            for future in futures:
-                future.cancel()  # not sent yet: not needed any more
-        if errors:
-            raise errors[min(errors)]
-        return False
+    def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
+        """Per channel not TERMINATED, how far ``positions`` (else the pushed checkpoints) are
+        behind, from one read at each position (``progress.ChannelProbes.lag``). Driver:
+        progress report, read caps, ``minOffsetsPerTrigger``; ``tablestore-cdc meta lag``;
+        the feed."""
+        return self._probes.lag(tunnel_id, positions)
 
-    def _names(self, tunnel_id: str) -> tuple[str, str]:
+    def names_of(self, tunnel_id: str) -> tuple[str, str]:
         """(table, tunnel name) of a tunnel id (one ListTunnel of every table when unknown)."""
         if tunnel_id not in self._tunnels:
             self.list_tunnels()  # learns every tunnel's table and name
@@ -791,71 +597,12 @@ class TablestoreTunnelService(TunnelService):
             raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
         return self._tunnels[tunnel_id]
 
-    def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
-        """How far ``positions`` (else the pushed checkpoints) are behind, per channel not
-        TERMINATED, from what the service reports: one DescribeTunnel, then one ReadRecords
-        per readable channel at its position (the page the service sends anyway; only its
-        first record is decoded). Called on the driver (progress report, read caps,
-        ``minOffsetsPerTrigger``), by ``tablestore-cdc meta lag`` and by the feed.
-
-        - ``seconds_behind``: 0 when the read shows the channel caught up (``may_more`` false,
-          or an empty page whose token did not move; ``"finished"``), else the age of the
-          first unread change (now minus its commit time). A caught-up channel shows 0, not a
-          clock growing since its last change. (The service's ``channel_rpo`` is the commit
-          time of the last change before the *pushed* checkpoint: it trails the source's own
-          position by up to ``commitInterval`` batches and grows while a channel is idle, so
-          it is not used for this figure.)
-        - ``records_behind``: exact when that page holds everything readable now
-          (``may_more`` false), else ``None``: the service does not count what is ahead.
-        - A WAIT channel cannot be read until its parents end: both figures ``None``; so is a
-          position whose records were trimmed, or an empty page that still says more may
-          follow."""
-        now_us = time.time_ns() // 1000
-        out: dict[str, ChannelLag] = {}
-        for channel in self.describe_tunnel(*self._names(tunnel_id)).channels:
-            ch = channel.channel_id
-            if channel.status is ChannelStatus.TERMINATED:
-                continue
-            if channel.status is ChannelStatus.WAIT:
-                out[ch] = ChannelLag(ch, None, None)
-                continue
-            token = positions.get(ch) or self.get_checkpoint(tunnel_id, ch).token
-            if token == FINISHED:
-                out[ch] = ChannelLag(ch, 0, 0.0)
-                continue
-            try:
-                fetched = self._fetch(tunnel_id, ch, token, LAG_PEEK_RECORDS)
-            except TrimmedDataError:
-                out[ch] = ChannelLag(ch, None, None)
-                continue
-            assert fetched is not None
-            wanted, first, next_token, may_more = fetched
-            if not wanted:
-                caught_up = next_token == token or not may_more
-                out[ch] = ChannelLag(ch, 0, 0.0) if caught_up else ChannelLag(ch, None, None)
-                continue
-            oldest = decode_page(wanted[:1], ch, token, first)[0].commit_ts_us
-            out[ch] = ChannelLag(ch, None if may_more else len(wanted),
-                                 max(0.0, (now_us - oldest) / 1e6))
-        return out
-
-    def _probe(self, tunnel_id: str, channel_id: str, token: str) -> bool:
-        """Does a one-record read from ``token`` find a record or ``"finished"``?"""
-        try:
-            result = self.read_records(tunnel_id, channel_id, token, 1)
-        except TrimmedDataError:
-            return True
-        if result.records or result.next_token == FINISHED:
-            self._has_data[(tunnel_id, channel_id)] = token
-            return True
-        return False
-
-    def _fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+    def fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int,
                ahead: bool = False) -> tuple[Sequence[Any], int | None, str, bool] | None:
         """The wire records of up to ``limit`` records after ``token``, with the base offset
         of the first (``None`` if unknown), the token after them and ``may_more``; ``None``
-        for ``limit == 0`` (nothing to ask the service). Shared by both read methods;
-        ``ahead`` (``read_page``): with prefetch (module docstring)."""
+        for ``limit == 0`` (nothing to ask the service). Shared by both read methods and
+        ``lag`` (``progress``); ``ahead`` (``read_page``): with prefetch (``prefetch``)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         page_token, skip = self._check_token(channel_id, token)
@@ -873,9 +620,9 @@ class TablestoreTunnelService(TunnelService):
             skip -= len(response.records)
             page_token = response.next_token
             response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
-        base_offset = self._base_offset(page_token)
+        before = base_offset(page_token)
         wanted = response.records[skip:skip + limit]
-        first = None if base_offset is None else base_offset + skip
+        first = None if before is None else before + skip
         if skip + limit < len(response.records):
             return wanted, first, f"{page_token}{SKIP_MARK}{skip + limit}", True
         may_more = (response.may_more_record if response.HasField("may_more_record")
@@ -889,7 +636,7 @@ class TablestoreTunnelService(TunnelService):
         """Up to ``limit`` records after ``token`` as ``Record`` objects (the contract suite,
         ``has_new_data``, tools); see the module docstring for tokens that point inside a
         service page."""
-        fetched = self._fetch(tunnel_id, channel_id, token, limit)
+        fetched = self.fetch(tunnel_id, channel_id, token, limit)
         if fetched is None:
             return ReadResult([], token, True)
         wanted, first, next_token, may_more = fetched
@@ -901,7 +648,7 @@ class TablestoreTunnelService(TunnelService):
         reader's path): PlainBuffer decoded straight into the page's columns
         (``records.decode_columns``), no ``Record`` per record; positions, tokens and errors
         as ``read_records``. The next page's request is sent ahead (module docstring)."""
-        fetched = self._fetch(tunnel_id, channel_id, token, limit, ahead=self.prefetch)
+        fetched = self.fetch(tunnel_id, channel_id, token, limit, ahead=self.prefetch)
         if fetched is None:
             return Page(empty_page_batch(layout), token, True)
         wanted, first, next_token, may_more = fetched
