@@ -3,9 +3,10 @@
 ReadRecords has no limit: a service that ignores the emulator-only ``max_records`` may answer
 with a longer page than asked. The client then returns the first ``limit`` records with the
 token ``"<page token>~<k>"`` ("k records after that token"); reading from such a token re-reads
-the page and skips k records (``TablestoreTunnelService.fetch``). The service's own tokens are base64 of a
-``Token`` message wrapping ``TokenContent(V2)``; a base-data channel's carries the records
-before it (``base_offset``). Pure functions, used by the client on the driver and executors.
+the page and skips k records (``TablestoreTunnelService.fetch``). The service's own tokens
+are base64 of a ``Token`` message wrapping ``TokenContent(V2)``; a base-data channel's carries
+the records before it (``base_offset``). Pure functions, used by the client on the driver and
+executors.
 """
 
 from __future__ import annotations
