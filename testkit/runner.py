@@ -86,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _and_apply(parquet: Any, target: str, scd: int) -> Any:
-    """A ``foreachBatch`` function: the Parquet sink first (the harness verifies delivery
-    there), then the apply sink (the harness compares its table with the source)."""
+    """A ``foreachBatch`` function: the apply sink first (the harness compares its table with
+    the source), then the Parquet sink (the harness verifies delivery there). In this order a
+    batch that reached the Parquet sink is in the table too, so the harness, which stops the
+    query once the Parquet sink holds every change, never stops it between the two (a stop
+    interrupts the batch in flight: with the Parquet sink first, the table could lack the last
+    batch)."""
     from tablestore_cdc.lakehouse import open_apply_sink
 
     apply = open_apply_sink(target, scd=scd)
@@ -95,8 +99,8 @@ def _and_apply(parquet: Any, target: str, scd: int) -> Any:
     def both(df: Any, batch_id: int) -> None:
         df.persist()  # read the batch from the source once for both sinks
         try:
-            parquet(df, batch_id)
             apply(df, batch_id)
+            parquet(df, batch_id)
         finally:
             df.unpersist()
 
