@@ -54,7 +54,7 @@ from connector.reader import (
     PAGE_SIZE,
     commit_micros,
     leading_count,
-    lost_before,
+    resume_after_trim,
 )
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
 from connector.tunnel import (
@@ -213,14 +213,9 @@ def read_range(tunnel: TunnelService, p: RangePartition, layout: PageLayout) -> 
         try:
             page = tunnel.read_page(p.tunnel_id, p.channel_id, token, PAGE_SIZE, layout)
         except TrimmedDataError as lost:
-            if not started and lost_before(tunnel, p.tunnel_id, p.channel_id, lost, layout,
-                                           p.start_us):
-                log.info("%s; all of them were committed before the range", lost)
-            elif p.fail_on_data_loss or started:
-                raise
-            else:
-                log.warning("%s; going on after the gap because failOnDataLoss=false", lost)
-            token = lost.resume_token
+            token = resume_after_trim(tunnel, p.tunnel_id, p.channel_id, lost, layout,
+                                      before_us=p.start_us, before_what="the range",
+                                      kept_any=started, fail_on_data_loss=p.fail_on_data_loss)
             continue
         if page.next_token == FINISHED:  # read to its end: release its children
             yield from _in_range(p, page, started)

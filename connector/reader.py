@@ -218,6 +218,23 @@ def lost_before(tunnel: TunnelService, tunnel_id: str, channel_id: str, lost: Tr
     return bool(commit_micros(first.batch.column("_commit_ts"))[0].as_py() < instant_us)
 
 
+def resume_after_trim(tunnel: TunnelService, tunnel_id: str, channel_id: str,
+                      lost: TrimmedDataError, layout: PageLayout, *, before_us: int | None,
+                      before_what: str, kept_any: bool, fail_on_data_loss: bool) -> str:
+    """The token a read goes on from after ``lost`` (executor; ``fetch_pages`` and the bounded
+    batch read, ``connector.range_read``), or ``lost`` raised. Passed over quietly when every
+    lost record was committed before ``before_us`` (the read would have skipped them: what
+    ``before_what`` names); raised when ``failOnDataLoss`` holds or the read already kept
+    records (a gap inside what it delivers); else passed over with a warning."""
+    if not kept_any and lost_before(tunnel, tunnel_id, channel_id, lost, layout, before_us):
+        log.info("%s; all of them were committed before %s", lost, before_what)
+    elif fail_on_data_loss or kept_any:
+        raise lost
+    else:
+        log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
+    return lost.resume_token
+
+
 def commit_micros(column: pa.Array) -> pa.Array:
     """``_commit_ts`` as integer microseconds since the epoch."""
     return column.cast(pa.int64())
@@ -263,14 +280,11 @@ def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) 
         try:
             page = tunnel.read_page(p.tunnel_id, p.channel_id, token, want, layout)
         except TrimmedDataError as lost:
-            if skipping and lost_before(tunnel, p.tunnel_id, p.channel_id, lost, layout,
-                                        p.skip_before_us):
-                log.info("%s; all of them were committed before startingTimestamp", lost)
-            elif p.fail_on_data_loss or pages:
-                raise
-            else:
-                log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
-            start_token = token = lost.resume_token
+            start_token = token = resume_after_trim(
+                tunnel, p.tunnel_id, p.channel_id, lost, layout,
+                before_us=p.skip_before_us if skipping else None,
+                before_what="startingTimestamp", kept_any=bool(pages),
+                fail_on_data_loss=p.fail_on_data_loss)
             continue
         caught_up = page.next_token == FINISHED or not page.may_more
         if not page.count:
