@@ -16,7 +16,6 @@ On a real Spark: tests/test_spark_parity.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,12 +38,10 @@ from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
 
 
 @pytest.fixture
-def writer(tmp_path: Path) -> Iterator[LocalTablestore]:
-    store = LocalTablestore(tmp_path / "store.db")
-    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
-                       channels=2)
-    yield store
-    store.close()
+def writer(store: LocalTablestore) -> LocalTablestore:
+    """The shared ``store`` fixture (``testkit.fixtures``: table ``t``, 2 channels), which the
+    tests write into."""
+    return store
 
 
 def write(store: LocalTablestore, ids: range) -> None:
