@@ -29,7 +29,7 @@ from connector.tunnel.base import (
 )
 
 _TABLESTORE_TARGET = "connector.tunnel.tablestore.client:TablestoreTunnelService"
-#: the Tunnel wire client needs protobuf and urllib3 (the extra brings both)
+#: the Tunnel wire client needs protobuf and httptools (the extra brings both)
 _TABLESTORE_INSTALL = "pip install 'tablestore-cdc[tablestore]'"
 #: scheme -> the tunnel backend class and how to install what it needs (the order of the
 #: schemes is the order an endpoint error lists them in)

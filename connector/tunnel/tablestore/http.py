@@ -1,0 +1,305 @@
+"""Kept-alive HTTP/1.1 connections to one endpoint: the Tunnel client's wire.
+
+``ConnectionPool(endpoint)`` hands out ``Connection``s: ``send(request_bytes)`` writes one
+request, ``read()`` returns its ``Answer`` (status, lower-cased headers, body); the connection
+then goes back with ``give_back`` and serves the next request. Sockets and TLS are the standard
+library's (``socket``, ``ssl``: the server's certificate and host name always verified); the
+answer is parsed by ``httptools`` (the C parser of llhttp, as uvicorn uses it): status line,
+headers, ``Content-Length`` and chunked bodies, keep-alive.
+
+Why not urllib3 (which this layer replaced): its request and response layers cost about 0.4 ms
+of CPU per call here (URL parsing and pool lookup per request, ``http.client``'s header writer
+and its ``email`` header parser, ``HTTPHeaderDict``), several times what the service's answer
+takes over loopback; the driver makes a call per channel and batch, and an executor one per
+500-record page (docs/performance.md). This layer does only what the client needs: POST with a
+body, one endpoint, no redirects, no proxies, no cookies.
+
+Errors are the standard library's, as ``cdc_common.tls`` and ``cdc_common.first_contact``
+read them: ``OSError`` (refused, reset, unreachable, ``ssl.SSLError``), ``TimeoutError`` for a
+read timeout and ``ConnectTimeoutError`` for a connect timeout, ``http.client.
+RemoteDisconnected`` for a connection closed before any answer, ``IncompleteAnswer`` for one
+closed mid-answer and ``MalformedAnswer`` for bytes that are not HTTP (both
+``http.client.HTTPException``). ``Transport`` retries them all.
+
+A kept-alive connection the server closed while it was idle is noticed before it is reused
+(readable while idle: its end of file is waiting) and opened anew; a request that meets such a
+close anyway, before any byte of an answer, is sent once more on a new connection (the
+standard rule for kept-alive connections: the request never reached the service).
+
+Thread-safe pool; a ``Connection`` is used by one thread at a time. Not fork-safe: each
+process opens its own (``Transport`` does). Who uses it: ``connector.tunnel.tablestore.
+transport`` (driver and executors).
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+#: bytes asked of the socket per read (a 500-record page is ~65 KB)
+RECV_BYTES = 256 * 1024
+
+
+class ConnectTimeoutError(TimeoutError):
+    """No connection to the endpoint within the connect timeout."""
+
+
+class IncompleteAnswer(http.client.HTTPException):
+    """The connection closed in the middle of an answer."""
+
+
+class MalformedAnswer(http.client.HTTPException):
+    """What came back is not an HTTP/1.1 answer."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer: ``headers`` by lower-cased name (repeated ones joined by ", ")."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Collector:
+    """httptools' callbacks for one answer."""
+
+    __slots__ = ("headers", "chunks", "complete", "headers_complete", "keep_alive", "parser")
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.complete = False
+        self.headers_complete = False
+        self.keep_alive = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        self.headers_complete = True
+        # asked now: llhttp answers from the message being parsed, not after it
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to connect: from ``http://host:port`` or ``https://host:port`` (a path, if any, is
+    not used: the service's paths are absolute)."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) endpoint: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port)
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+class Connection:
+    """One socket to the endpoint, opened on the first ``send``; reusable after a complete
+    answer the server did not mark ``Connection: close``."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        self._sock: socket.socket | None = None
+        self.reusable = False
+        #: served an answer before: a failure before the next answer's first byte may be the
+        #: server's idle close (the request is then sent again once)
+        self.reused = False
+
+    def _open(self) -> socket.socket:
+        pool = self._pool
+        try:
+            sock = socket.create_connection((pool.endpoint.host, pool.endpoint.port),
+                                            timeout=pool.connect_timeout)
+        except TimeoutError as exc:
+            raise ConnectTimeoutError(
+                f"no connection to {pool.endpoint.host_header} within "
+                f"{pool.connect_timeout:g} s") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if pool.tls is not None:
+                sock = pool.tls.wrap_socket(sock, server_hostname=pool.endpoint.host)
+            sock.settimeout(pool.read_timeout)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def send(self, request: bytes) -> None:
+        """Write one whole request (opening the socket first if needed)."""
+        if self._sock is None:
+            self._sock = self._open()
+            self.reused = False
+        self.reusable = False  # until its answer is read whole
+        try:
+            self._sock.sendall(request)
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self) -> Answer:
+        """Read the answer to the request sent; raises as the module docstring says (and closes
+        the socket: a connection that failed is never reused)."""
+        sock = self._sock
+        if sock is None:
+            raise http.client.RemoteDisconnected("the connection is not open")
+        collector = _Collector()
+        parser = collector.parser
+        received = 0
+        try:
+            while not collector.complete:
+                data = sock.recv(RECV_BYTES)
+                if not data:
+                    if received == 0:
+                        raise http.client.RemoteDisconnected(
+                            "the server closed the connection without an answer")
+                    if collector.headers_complete and self._ends_at_close(collector):
+                        break  # a body delimited by the connection's end
+                    raise IncompleteAnswer(f"the connection closed after {received} bytes "
+                                           "of the answer")
+                received += len(data)
+                try:
+                    parser.feed_data(data)
+                except httptools.HttpParserUpgrade as exc:
+                    raise MalformedAnswer("the server asked to switch protocols") from exc
+                except httptools.HttpParserError as exc:
+                    raise MalformedAnswer(f"not an HTTP answer: {exc}") from exc
+            status = parser.get_status_code()
+            keep = collector.complete and collector.keep_alive
+        except BaseException:
+            self.close()
+            raise
+        self.reusable = keep
+        if not keep:
+            self.close()
+        else:
+            self.reused = True
+        return Answer(status, collector.headers, b"".join(collector.chunks))
+
+    @staticmethod
+    def _ends_at_close(collector: _Collector) -> bool:
+        h = collector.headers
+        return "content-length" not in h and "chunked" not in h.get("transfer-encoding", "")
+
+    def idle_closed(self) -> bool:
+        """Has the server closed this idle connection (or sent something unasked)?"""
+        if self._sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        self.reusable = False
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+class ConnectionPool:
+    """Connections to one endpoint, at most ``max_idle`` kept open between requests."""
+
+    def __init__(self, url: str, *, ca_bundle: str | None, connect_timeout: float,
+                 read_timeout: float, max_idle: int) -> None:
+        self.endpoint = Endpoint.parse(url)
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_idle = max_idle
+        self.tls: ssl.SSLContext | None = None
+        if self.endpoint.scheme == "https":
+            # the default context verifies the certificate chain and the host name
+            self.tls = ssl.create_default_context(cafile=ca_bundle)
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        #: connections made so far, and connections given back while already idle (tests
+        #: check that connections are reused, and never handed to two callers)
+        self.opened = 0
+        self.given_back_twice = 0
+
+    def take(self) -> Connection:
+        """An idle connection the server still holds open, else a new one (not opened yet)."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                with self._lock:
+                    self.opened += 1
+                return Connection(self)
+            if not conn.idle_closed():
+                return conn
+            conn.close()
+
+    def give_back(self, conn: Connection) -> None:
+        """Return ``conn`` after its answer was read (or it failed): kept when reusable."""
+        if conn.reusable:
+            with self._lock:
+                if any(idle is conn for idle in self._idle):
+                    self.given_back_twice += 1  # a caller's bug: never hand it out twice
+                    return
+                if len(self._idle) < self.max_idle:
+                    self._idle.append(conn)
+                    return
+        conn.close()
+
+    def exchange(self, request: bytes) -> Answer:
+        """Send ``request`` and read its answer on a pooled connection. A kept-alive connection
+        that turns out closed before any answer is replaced and the request sent once more."""
+        conn = self.take()
+        try:
+            try:
+                conn.send(request)
+                return conn.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if not conn.reused:
+                    raise
+                conn.close()  # the server's idle close raced this request: never served
+                conn.send(request)
+                return conn.read()
+        finally:
+            self.give_back(conn)
+
+    def request_bytes(self, path: str, headers: dict[str, str], body: bytes) -> bytes:
+        """A POST of ``body`` to ``path`` with ``headers`` (values checked by the caller to
+        hold no line breaks)."""
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return (f"POST {path} HTTP/1.1\r\nHost: {self.endpoint.host_header}\r\n"
+                f"Content-Length: {len(body)}\r\n{head}\r\n").encode("latin-1") + body
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
