@@ -46,7 +46,7 @@ def content_md5(body: bytes) -> str:
 
 
 def _hmac_sha1(secret: str, text: str) -> str:
-    digest = hmac.new(secret.encode("utf-8"), text.encode("utf-8"), hashlib.sha1).digest()
+    digest = hmac.digest(secret.encode("utf-8"), text.encode("utf-8"), "sha1")
     return base64.b64encode(digest).decode("ascii")
 
 

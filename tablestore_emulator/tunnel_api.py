@@ -243,17 +243,10 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
 # --- tunnels ----------------------------------------------------------------------------------
 
 
-def _progress(service: LocalTunnelService, tunnel_id: str) -> dict[str, tuple[int, int]]:
-    """Per store channel id: (records before its checkpoint, commit time in ns of the last of
-    them; 0 for base-data channels and before the first record)."""
-    return {channel_id: (count, (last_us or 0) * 1000)
-            for channel_id, (count, last_us) in service.consumed(tunnel_id).items()}
-
-
 def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
                  name: str) -> tuple[Any, list[Any], int]:
     """``(TunnelInfo, [ChannelInfo], tunnel_rpo)`` of one tunnel."""
-    desc = service.describe_tunnel(table, name)
+    desc, consumed = service.describe_with_progress(table, name)
     t = desc.tunnel
     base_open = any(c.channel_type is ChannelType.BASE_DATA
                     and c.status is not ChannelStatus.TERMINATED for c in desc.channels)
@@ -273,11 +266,12 @@ def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
         m.FLAG_LATEST if t.start_position is StartPosition.LATEST else m.FLAG_EARLIEST
     )
     owners = tunnel_clients(ctx).owners(t.tunnel_id)
-    progress = _progress(service, t.tunnel_id)
     channels, reading = [], []
     for c in desc.channels:
         wire_id = wire_channel_id(c.channel_id)
-        count, rpo = progress.get(c.channel_id, (0, 0))
+        # records before the checkpoint; commit time in ns of the last of them (0: none)
+        count, last_us = consumed.get(c.channel_id, (0, None))
+        rpo = (last_us or 0) * 1000
         ci = m.ChannelInfo(channel_id=wire_id, channel_type=c.channel_type.value,
                            channel_status=c.status.value, channel_count=count,
                            channel_rpo=rpo)
@@ -468,14 +462,15 @@ def checkpoint(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> A
     one + 1 (the SDKs' rule; 400 ``OTSSequenceNumberNotMatch`` otherwise), and when the store
     accepts the position (a FINISHED only at a closed channel's end...)."""
     channel = store_channel_id(req.channel_id)
-    _is_base(service, req.tunnel_id, channel)  # unknown tunnel/channel first
-    token = local_token(req.checkpoint, req.channel_id)
+    try:
+        token = local_token(req.checkpoint, req.channel_id)
+    except OtsError:
+        _is_base(service, req.tunnel_id, channel)  # an unknown tunnel or channel is named first
+        raise
     pushed = int(req.sequence_number)
-    with ctx.write_lock:  # the rule's check and the write as one step for every client
-        stored = service.get_checkpoint(req.tunnel_id, channel).sequence_number
-        if pushed != stored + 1:
-            raise _sequence_not_match(pushed, stored)
-        service.checkpoint(req.tunnel_id, channel, Checkpoint(token, pushed))
+    with ctx.write_lock:  # the rule's check and the write: one transaction for every client
+        service.checkpoint(req.tunnel_id, channel, Checkpoint(token, pushed),
+                           next_of_stored=True)
     with ctx.lock:
         _checkpoint_times(ctx)[(req.tunnel_id, req.channel_id)] = time.time_ns()
     return m.CheckpointResponse()

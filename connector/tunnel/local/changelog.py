@@ -63,6 +63,16 @@ def read_changes(
     return records_from_rows(schema, channel_id, rows)
 
 
+def commit_ts_of(conn: sqlite3.Connection, table: str, channel_id: str, seq: int) -> int | None:
+    """The commit time (microseconds) of the channel's record ``seq``; ``None`` when that record
+    is not held (trimmed, or not written)."""
+    row = conn.execute(
+        "SELECT commit_ts_us FROM cdc_changes WHERE table_name = ? AND channel_id = ? AND seq = ?",
+        (table, channel_id, seq),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
 def all_changes(conn: sqlite3.Connection, schema: TableSchema) -> list[Record]:
     """Every record still held (not trimmed), channel by channel in creation order, each in
     sequence order, with ``channel_id`` set."""

@@ -76,7 +76,7 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local import tunnels
-from connector.tunnel.local.changelog import read_changes
+from connector.tunnel.local.changelog import commit_ts_of, read_changes
 from connector.tunnel.local.channels import channel_rows
 from connector.tunnel.local.segments import read_page
 from connector.tunnel.local.store import LocalTablestore
@@ -253,13 +253,19 @@ class LocalTunnelService(TunnelService):
             stored = tunnels.stored_checkpoints(conn, tunnel_id, [channel_id])
             return tunnels.position(tunnel, ch, stored)
 
-    def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint) -> None:
+    def checkpoint(self, tunnel_id: str, channel_id: str, checkpoint: Checkpoint, *,
+                   next_of_stored: bool = False) -> None:
         """Push a checkpoint (driver, from the source's commit).
 
         Checks, in order: the token is this channel's (``MalformedTokenError``); the sequence
         number is not lower than the stored one (``StaleCheckpointError``; equal is accepted);
         FINISHED only for a closed, readable channel whose end this tunnel reached, and nothing
         but FINISHED once terminated (``InvalidCheckpointError``).
+
+        ``next_of_stored``: the Tablestore service's rule instead, as the emulator's
+        ``/tunnel/checkpoint`` serves it: the sequence number must be the stored one + 1 (the
+        start position's is 0), checked first, in the same transaction as the write
+        (``StaleCheckpointError`` otherwise, naming both numbers).
         """
         seqno = checkpoint.sequence_number
         with self.store.transaction(write=True) as conn:
@@ -271,11 +277,14 @@ class LocalTunnelService(TunnelService):
                     channel_id=channel_id, tunnel_id=tunnel_id, reason=reason
                 )
 
+            status, current = self._status_of(conn, tunnel, ch)
+            if next_of_stored and seqno != current.sequence_number + 1:
+                raise StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
+                                           pushed=seqno, stored=current.sequence_number)
             if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
                 raise invalid(f"sequence number must be a non-negative integer, got {seqno!r}")
             if not checkpoint.finished:
                 tunnels.decode_token(checkpoint.token, tunnel.table, ch)
-            status, current = self._status_of(conn, tunnel, ch)
             stored = tunnels.stored_checkpoints(conn, tunnel_id, [channel_id]).get(channel_id)
             if stored is not None and seqno < stored.sequence_number:
                 raise StaleCheckpointError(
@@ -442,26 +451,31 @@ class LocalTunnelService(TunnelService):
         return {ch.channel_id: sequence_str(ch.head_seq) if ch.head_seq else ""
                 for ch in channels.values()}
 
-    def consumed(self, tunnel_id: str) -> dict[str, tuple[int, int | None]]:
-        """Per channel of the tunnel (any status): (records before its stored checkpoint, commit
-        time in microseconds of the last of them, ``None`` for base-data channels and before
-        the first record). The emulator's DescribeTunnel progress fields come from it."""
-        out: dict[str, tuple[int, int | None]] = {}
+    def describe_with_progress(
+        self, table: str, tunnel_name: str
+    ) -> tuple[TunnelDescription, dict[str, tuple[int, int | None]]]:
+        """``describe_tunnel`` and, per channel of the tunnel (any status), what it consumed:
+        (records before its stored checkpoint, commit time in microseconds of the last of them,
+        ``None`` for base-data channels and before the first record); one transaction. The
+        emulator's DescribeTunnel answer (its progress fields) comes from it."""
+        consumed: dict[str, tuple[int, int | None]] = {}
         with self.store.transaction() as conn:
-            tunnel = self._tunnel_by_id(conn, tunnel_id)
-            stored = tunnels.stored_checkpoints(conn, tunnel_id)
-            for ch in tunnels.tunnel_channels(conn, tunnel).values():
-                token = tunnels.position(tunnel, ch, stored).token
-                count = (ch.head_seq if token == FINISHED
-                         else tunnels.decode_token(token, tunnel.table, ch))
+            tunnel = self._tunnel_by_name(conn, table, tunnel_name)
+            channels = tunnels.tunnel_channels(conn, tunnel)
+            stored = tunnels.stored_checkpoints(conn, tunnel.tunnel_id)
+            for ch in channels.values():
+                cp = stored.get(ch.channel_id)  # none stored: at the channel's start
+                count = (0 if cp is None else ch.head_seq if cp.finished
+                         else tunnels.decode_token(cp.token, tunnel.table, ch))
                 last_us = None
                 if ch.channel_type is ChannelType.STREAM and count > 0:
-                    schema = self.store.require_table(conn, tunnel.table)
-                    last = read_changes(conn, schema, ch.channel_id, count - 1, 1)
-                    if last and int(last[0].sequence) == count:
-                        last_us = last[0].commit_ts_us
-                out[ch.channel_id] = (count, last_us)
-        return out
+                    last_us = commit_ts_of(conn, tunnel.table, ch.channel_id, count)
+                consumed[ch.channel_id] = (count, last_us)
+        description = TunnelDescription(tunnel.info(), tuple(
+            ChannelInfo(c.channel_id, tunnels.channel_status(c, stored), c.channel_type,
+                        c.parent_ids)
+            for c in channels.values()))
+        return description, consumed
 
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
         """Per channel not TERMINATED: records behind the head and the age of the oldest
