@@ -229,6 +229,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["decode"]["records_per_cpu_s_python"])
         out["wire_throughput_ratio"] = round(w["throughput"]["ratio"], 3)
         out["wire_throughput_rows_s"] = round(w["throughput"]["wire_rows_s"])
+        out["wire_client_throughput_ratio"] = round(w["client_throughput"]["ratio"], 3)
+        out["wire_client_rows_s"] = round(w["client_throughput"]["client_rows_s"])
+        out["wire_client_us_per_record"] = round(w["client_cpu"]["us_per_record"], 2)
+        out["wire_client_us_per_record_prefetch_off"] = round(
+            w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "lakehouse_apply" in results:
         a = results["lakehouse_apply"]
         out["lakehouse_apply_ratio"] = round(a["ratio"], 4)
@@ -236,11 +241,6 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out["lakehouse_append_rows_s"] = round(a["append_rows_s"])
         if "iceberg_apply_changes_s" in a:
             out["lakehouse_iceberg_apply_changes_s"] = round(a["iceberg_apply_changes_s"])
-        out["wire_client_throughput_ratio"] = round(w["client_throughput"]["ratio"], 3)
-        out["wire_client_rows_s"] = round(w["client_throughput"]["client_rows_s"])
-        out["wire_client_us_per_record"] = round(w["client_cpu"]["us_per_record"], 2)
-        out["wire_client_us_per_record_prefetch_off"] = round(
-            w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]

@@ -15,9 +15,12 @@ Four figures (docs/performance.md, docs/tablestore.md):
   pre-filled store -- into Spark's ``noop`` sink, against the trivial Python source with the same
   rows, channels and partitions (``benchmarks.trivial_source``), side by side in the same session.
   The meta store is SQLite (this measures the tunnel's wire path, not the meta table's).
-  ``Trigger.AvailableNow`` is not available on the wire backend, so the query runs with a
-  processing-time trigger until every record arrived; the rate is rows / the summed
+  Both queries run with ``Trigger.AvailableNow`` (``benchmarks.throughput.run_noop``): the same
+  trigger and batch structure for both sources; the rate is rows / the summed
   ``triggerExecution`` of the batches that carried rows, as in ``benchmarks.throughput``.
+  (Before AvailableNow reached the wire backend these runs used a processing-time trigger,
+  whose first batch also carried the Python planning worker's start: ~0.3 s that the trivial
+  source's AvailableNow run spends before its first batch.)
 - ``client_throughput``: the same query over ``benchmarks.wire_server --replay`` -- the same
   store's ReadRecords answers encoded once (during a warm-up run, not counted) and then served
   from memory by a lean server in its own process -- against the trivial source, side by side in
@@ -43,11 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import TABLE, create_bench_table, fill, median, progress_breakdown
+from benchmarks.common import TABLE, create_bench_table, fill, median
 from benchmarks.throughput import _trivial, before_share, register_trivial, run_noop
 from benchmarks.wire_server import WireServerProcess
 from connector.local import LocalTablestore
-from testkit.waiting import wait_until
 
 INSTANCE, KEY_ID, SECRET = "bench", "bench-key", "bench-secret"
 
@@ -198,32 +200,6 @@ def _wire_df(spark: Any, url: str, meta: Path, max_per_channel: int) -> Any:
             .option("maxOffsetsPerChannel", str(max_per_channel)).load())
 
 
-def run_until(spark: Any, df: Any, expected: int, checkpoint: Path,
-              timeout_s: float = 1800) -> dict[str, Any]:
-    """Run ``df`` into noop with a processing-time trigger until ``expected`` rows arrived."""
-    query = (df.writeStream.format("noop").trigger(processingTime="100 milliseconds")
-             .option("checkpointLocation", str(checkpoint)).start())
-    seen: dict[int, Any] = {}
-
-    def rows_seen() -> int:
-        for p in query.recentProgress:
-            seen[p["batchId"]] = p
-        return sum(p["numInputRows"] for p in seen.values())
-
-    try:
-        wait_until(f"{expected} rows into noop", rows_seen, lambda rows: rows >= expected,
-                   timeout=timeout_s, query=query)
-    finally:
-        query.stop()
-    progress = [p for p in seen.values() if p["numInputRows"] > 0]
-    rows = sum(p["numInputRows"] for p in progress)
-    seconds = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    return {"rows": rows, "seconds": seconds, "batches": len(progress),
-            "rows_s": rows / seconds if seconds else 0.0,
-            "batch_ms": progress_breakdown(progress)}
-
-
 def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
     """Both figures (see the module docstring)."""
     register_trivial(spark)
@@ -244,10 +220,10 @@ def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
     try:
         # warm-up, not counted: Python workers import the wire client, the JVM its row path;
         # the replay server encodes every ReadRecords answer the measured runs will ask for
-        run_until(spark, _wire_df(spark, emulator.url, workdir / "warm-meta.db", cap), expected,
-                  workdir / "ckpt-warm-wire")
-        run_until(spark, _wire_df(spark, replay.url, workdir / "warm-meta-c.db", cap), expected,
-                  workdir / "ckpt-warm-client")
+        run_noop(spark, _wire_df(spark, emulator.url, workdir / "warm-meta.db", cap),
+                 workdir / "ckpt-warm-wire")
+        run_noop(spark, _wire_df(spark, replay.url, workdir / "warm-meta-c.db", cap),
+                 workdir / "ckpt-warm-client")
         run_noop(spark, _trivial(spark, channel_rows, cap, share), workdir / "ckpt-warm")
         out["client_cpu"] = client_cpu(replay.url, cap)
         out["client_cpu"]["prefetch_off"] = client_cpu(replay.url, cap, prefetch=False)
@@ -256,11 +232,11 @@ def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
         for i in range(config.repeats):
             runs["trivial"].append(run_noop(spark, _trivial(spark, channel_rows, cap, share),
                                             workdir / f"ckpt-t{i}"))
-            runs["client"].append(run_until(
-                spark, _wire_df(spark, replay.url, workdir / f"meta-c{i}.db", cap), expected,
+            runs["client"].append(run_noop(
+                spark, _wire_df(spark, replay.url, workdir / f"meta-c{i}.db", cap),
                 workdir / f"ckpt-c{i}"))
-            runs["wire"].append(run_until(
-                spark, _wire_df(spark, emulator.url, workdir / f"meta-{i}.db", cap), expected,
+            runs["wire"].append(run_noop(
+                spark, _wire_df(spark, emulator.url, workdir / f"meta-{i}.db", cap),
                 workdir / f"ckpt-w{i}"))
         served = replay.stats()
         for name, results in runs.items():
