@@ -4,8 +4,10 @@ HTTP on 127.0.0.1, driven through ``StreamProtocol`` in Spark's call order (no S
 
 - Pushes overlap (more than one Checkpoint in the emulator at a time, never more than the
   client's ``concurrent_calls``); every channel's end is pushed.
-- A push that fails fails the commit round: the batch stays committed-not-pushed, the channels
-  whose push succeeded are not pushed again, the failed one is pushed by the next round.
+- A push that fails (refused among the others sent at once, then again when pushed alone
+  through ``checkpoint``) fails the commit round: the batch stays committed-not-pushed, the
+  channels whose push succeeded are not pushed again, the failed one is pushed by the next
+  round. ``checkpoint_many`` itself: the plain pushes from one thread, the rest returned.
 - ``has_new_data``: false when idle (every OPEN channel probed), true when one channel has a
   record; a channel found to have records is not probed again at the same position.
 """
@@ -25,7 +27,7 @@ from connector.reader import read_partition
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY
 from tablestore_emulator.errors import OtsError
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET, EmulatorHarness
+from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET, EmulatorHarness, service_uri
 
 CHANNELS = 8
 
@@ -76,14 +78,14 @@ def test_pushes_overlap_and_a_failed_one_is_pushed_again(harness: EmulatorHarnes
     h = harness
     in_flight, most = [0], [0]
     lock = threading.Lock()
-    refuse: set[str] = set()
+    refuse: dict[str, int] = {}
     pushed: list[str] = []
 
     def checkpoint(handler, ctx, body):  # noqa: ANN001, ANN202 - a test shim
         channel = m.parse(m.CheckpointRequest, body).channel_id
-        if channel in refuse:
-            refuse.discard(channel)
-            raise OtsError(403, "OTSAuthFailed", "refused once by the test")
+        if refuse.get(channel):
+            refuse[channel] -= 1
+            raise OtsError(403, "OTSAuthFailed", "refused by the test")
         with lock:
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
@@ -113,7 +115,8 @@ def test_pushes_overlap_and_a_failed_one_is_pushed_again(harness: EmulatorHarnes
 
         # the next batch: one channel's push is refused
         end2 = _batch(h, protocol, end, 60)
-        refuse.add(channels[3])
+        # refused twice: pushed among the others at once, refused; pushed alone, refused again
+        refuse[channels[3]] = 2
         pushed.clear()
         with pytest.raises(TunnelAuthError):
             protocol.commit(end2)
@@ -161,3 +164,51 @@ def test_has_new_data_probes_every_channel_and_remembers_a_yes(harness: Emulator
         assert probes == []  # the same position: known to have a record, not read again
     finally:
         protocol.close()
+
+
+def test_checkpoint_many_pushes_the_plain_cases_and_returns_the_rest(
+        harness: EmulatorHarness) -> None:
+    """``checkpoint_many`` pushes, from one thread, every channel whose stored number the
+    client knows; a channel not seen yet and a push the service refuses come back, in order,
+    for ``checkpoint`` (which then pushes them); nothing is pushed twice."""
+    from connector.tunnel import Checkpoint
+    from connector.tunnel.tablestore.client import TablestoreTunnelService
+
+    h = harness
+    for i in range(40):
+        h.put("t", f"k{i}", i)
+    client = TablestoreTunnelService.from_uri(service_uri(h.emulator.url))
+    other = TablestoreTunnelService.from_uri(service_uri(h.emulator.url))  # another pusher
+    seen: list[str] = []
+    _wrap(h, "/tunnel/checkpoint",
+          lambda handler, ctx, body: (seen.append(m.parse(m.CheckpointRequest, body).channel_id),
+                                      handler(ctx, body))[1])
+    try:
+        tid = client.create_tunnel("t", "tun").tunnel_id
+        channels = sorted(c.channel_id for c in client.describe_tunnel("t", "tun").channels)
+        ends = {}
+        for ch in channels:
+            start = client.get_checkpoint(tid, ch)  # unknown to the client: the last one
+            page = client.read_records(tid, ch, start.token, 100)
+            ends[ch] = Checkpoint(page.next_token, 1)
+        known, unseen = channels[:-1], channels[-1]
+        client._stored.pop((tid, unseen))
+        refused = known[2]  # another writer pushes first: the stored number moved
+        other.get_checkpoint(tid, refused)
+        other.checkpoint(tid, refused, Checkpoint(ends[refused].token, 1))
+        other.checkpoint(tid, refused, Checkpoint(other.get_checkpoint(tid, refused).token, 1))
+        seen.clear()
+        pushes = [(ch, ends[ch]) for ch in channels]
+        left = client.checkpoint_many(tid, pushes)
+        assert left == [refused, unseen]
+        assert sorted(seen) == sorted(known)  # the refused one was asked (and said no)
+        for ch in left:
+            client.checkpoint(tid, ch, ends[ch])
+        for ch in channels:
+            assert client.get_checkpoint(tid, ch).token == ends[ch].token
+        seen.clear()
+        assert client.checkpoint_many(tid, pushes) == []  # held already: nothing sent
+        assert seen == []
+    finally:
+        client.close()
+        other.close()

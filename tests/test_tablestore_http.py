@@ -160,8 +160,9 @@ def test_broken_answers_raise_and_close(serve: Callable[[Script], ScriptedServer
 def test_read_timeout_and_refused_and_connect_timeout(
         serve: Callable[[Script], ScriptedServer]) -> None:
     server = serve(lambda n, _: (b"", False))  # never answers
+    silent = _pool(server.url, read_timeout=0.3)
     with pytest.raises(TimeoutError):
-        _pool(server.url, read_timeout=0.3).exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        silent.exchange(silent.request_bytes("/p", {}, b""))
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()

@@ -14,12 +14,15 @@ planning process:
   already pushed is not pushed again.
 
 The pushes of one round are independent calls, one per channel: over a network each is a round
-trip, so they run on a bounded pool of ``tunnel.concurrent_calls`` threads (1 for the embedded
-store: one after another, as threads would only add cost, and the first failure stops the
-round). Every push is waited for; one that fails (after the tunnel's own retries) fails the
-round with the first failed channel's error, and the batches are not marked pushed, so the next
-round pushes again (a channel whose push succeeded is recorded and not pushed twice). The fault
-point ``mid_commit_push`` still comes after the first channel's push and before the others.
+trip, so they run ``tunnel.concurrent_calls`` at a time (1 for the embedded store: one after
+another, as threads would only add cost, and the first failure stops the round): first through
+the tunnel's ``checkpoint_many`` (the Tablestore client keeps that many requests in flight from
+this one thread), then whatever it did not push on a bounded pool of that many threads, each
+through ``checkpoint`` with its every rule and error. Every push is waited for; one that fails
+(after the tunnel's own retries) fails the round with the first failed channel's error, and the
+batches are not marked pushed, so the next round pushes again (a channel whose push succeeded
+is recorded and not pushed twice). The fault point ``mid_commit_push`` still comes after the
+first channel's push and before the others.
 """
 
 from __future__ import annotations
@@ -134,7 +137,19 @@ class CheckpointPushes:
 
     def _push_all(self, channels: list[tuple[str, EndCheckpoint]],
                   errors: dict[str, BaseException]) -> None:
-        """Push ``channels`` on the pool, ``concurrent_calls`` at a time; waits for all."""
+        """Push ``channels`` at once: those the tunnel's ``checkpoint_many`` takes, then the
+        rest (all of them on a backend without it) on the pool, ``concurrent_calls`` at a time;
+        waits for all."""
+        todo = [(channel_id, end) for channel_id, end in channels
+                if self._pushed.get(channel_id) != (end.token, end.sequence_number)]
+        left = set(self._tunnel.checkpoint_many(self._tunnel_id, [
+            (channel_id, Checkpoint(end.token, end.sequence_number)) for channel_id, end in todo]))
+        for channel_id, end in todo:
+            if channel_id not in left:
+                self._pushed[channel_id] = (end.token, end.sequence_number)
+        channels = [(channel_id, end) for channel_id, end in todo if channel_id in left]
+        if not channels:
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="checkpoint-push")
         for future in [self._pool.submit(self._push, channel_id, end, errors)

@@ -23,7 +23,7 @@ contract suite (``tests/contract/tunnel_contract.py``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from connector.errors import TunnelExistsError, UnknownTunnelError
 from connector.tunnel.page import Page, PageLayout, records_to_page
@@ -166,6 +166,15 @@ class TunnelService(ABC):
         ``StaleCheckpointError`` (a backend whose service numbers pushes raises it when the
         service refuses the push after a re-read). Pushing ``FINISHED`` terminates the channel
         for this tunnel and releases children whose parents are all terminated."""
+
+    def checkpoint_many(self, tunnel_id: str,
+                        pushes: Sequence[tuple[str, Checkpoint]]) -> list[str]:
+        """Push several channels' checkpoints at once where the backend can (driver, from the
+        protocol's pushes); returns the channel ids, in the given order, it did not push: the
+        caller pushes those with ``checkpoint``, one by one, which applies every rule and
+        raises every error. This default pushes none (every push goes through
+        ``checkpoint``); a backend whose pushes are round trips overrides it."""
+        return [channel_id for channel_id, _ in pushes]
 
     # --- data (executors) -------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ is confirmed by ListTable / ListTunnel / DescribeTunnel here before it is believ
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -145,6 +146,7 @@ _URI_FORM = "https://INSTANCE.REGION.ots.aliyuncs.com (or http://127.0.0.1:PORT?
 #: probes of ``has_new_data``; each waits a round trip, so 16 hide 16 of them per round
 DRIVER_CONCURRENCY = 16
 _READ_PATH = "/tunnel/readrecords"
+_CHECKPOINT_PATH = "/tunnel/checkpoint"
 
 _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
 _COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
@@ -537,6 +539,53 @@ class TablestoreTunnelService(TunnelService):
                 continue
             self._stored[key] = (stored[0] + 1, page)
             return
+
+    def checkpoint_many(self, tunnel_id: str,
+                        pushes: Sequence[tuple[str, Checkpoint]]) -> list[str]:
+        """Push several channels' checkpoints from this one thread (driver): up to
+        ``concurrent_calls`` requests in flight, each on a connection of its own, their
+        answers read in the order sent -- the service works on them at once while this thread
+        signs the next, with no thread pool's hand-offs and futures per call. Only the plain
+        case is done here: a channel whose stored number this client knows, pushed at it + 1
+        and accepted. Any other -- a channel not seen yet, a position not valid, a refusal, a
+        network error -- is returned (in order) for ``checkpoint``, which re-reads, retries
+        and raises as it always does. A position the tunnel holds already is not pushed."""
+        left: list[str] = []
+        in_flight: deque[tuple[str, tuple[int, str], str, PendingCall]] = deque()
+
+        def settle(channel_id: str, stored: tuple[int, str], page: str,
+                   answer: PendingCall) -> None:
+            try:
+                m.parse(m.CheckpointResponse, answer.result(again=False))
+            except Exception:  # noqa: BLE001 - checkpoint() pushes it again, and meets it
+                left.append(channel_id)
+                return
+            self._stored[(tunnel_id, channel_id)] = (stored[0] + 1, page)
+
+        for channel_id, checkpoint in pushes:
+            stored = self._stored.get((tunnel_id, channel_id))
+            seqno = checkpoint.sequence_number
+            try:
+                page, _ = self._check_token(channel_id, checkpoint.token)
+            except Exception:  # noqa: BLE001 - checkpoint() raises it
+                page = None
+            if (stored is None or page is None or isinstance(seqno, bool)
+                    or not isinstance(seqno, int) or seqno < 0):
+                left.append(channel_id)
+                continue
+            if stored[1] == page:
+                continue  # held already
+            request = m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
+                                          channel_id=channel_id, checkpoint=page,
+                                          sequence_number=stored[0] + 1)
+            in_flight.append((channel_id, stored, page, self._transport.send(
+                _CHECKPOINT_PATH, request.SerializeToString())))
+            if len(in_flight) >= self.concurrent_calls:
+                settle(*in_flight.popleft())
+        while in_flight:
+            settle(*in_flight.popleft())
+        order = {channel_id: i for i, (channel_id, _) in enumerate(pushes)}
+        return sorted(left, key=order.__getitem__)
 
     # --- data (executors) -------------------------------------------------------------------
 

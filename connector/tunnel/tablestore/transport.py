@@ -363,18 +363,26 @@ class PendingCall:
         self.path, self.body = path, body
         self._transport, self._conn, self._pool = transport, conn, pool
 
-    def result(self) -> bytes:
+    def result(self, again: bool = True) -> bytes:
         """The checked answer, as ``Transport.call`` returns it; raises as ``call`` does. Read
-        once: the connection goes back to the pool."""
+        once: the connection goes back to the pool. ``again=False``: a failure is raised as
+        it is (``Unavailable`` for one of the network) instead of doing the call again, for a
+        caller that does it again its own way."""
         conn, self._conn = self._conn, None
         if conn is None:
+            if not again:
+                raise Unavailable(f"{self.path}: the request could not be sent")
             return self._transport.call(self.path, self.body)
         try:
             resp = conn.read()  # the whole body is read here
-        except Exception:  # noqa: BLE001 - any failure: the call is done again
+        except Exception as exc:  # noqa: BLE001 - any failure: the call is done again
             self._pool.give_back(conn)  # closed by the failure: not kept
+            if not again:
+                raise self._transport._network_error(exc) from None
             return self._transport.call(self.path, self.body)
         self._pool.give_back(conn)  # once, and only now: the connection is free again
+        if not again:
+            return self._transport._answer(self.path, resp)
         try:
             return self._transport._answer(self.path, resp)
         except Exception:  # noqa: BLE001 - a refused answer too: the call meets it itself
