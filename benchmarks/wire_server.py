@@ -20,8 +20,10 @@ the service's shape. What differs is only how it is served, so the figures measu
   PlainBuffer encoder;
 - ``--delay-ms N``: every response leaves N ms after its request arrived (``call_later``, so
   concurrent requests wait at the same time, as they would on a network with that round trip);
-- ``GET /_stats``: JSON ``{"calls": {path: n}, "replayed": n, "encoded": n}`` -- the requests
-  served so far (``/_stats`` itself not counted), so a benchmark counts calls per batch.
+- ``GET /_stats``: JSON ``{"calls": {path: n}, "replayed": n, "encoded": n, "cpu_s": {path:
+  s}}`` -- the requests served so far (``/_stats`` itself not counted) and the CPU time spent
+  answering them (checks, route, signing; not the HTTP parsing), so a benchmark counts calls
+  and the server's share per batch.
 
 Used by ``benchmarks.wire`` (client-only throughput and CPU per record, the memory row) and
 ``benchmarks.protocol`` (the driver's calls over the wire).
@@ -80,6 +82,8 @@ class WireServer:
         #: (channel id, token, max_records) -> the encoded ReadRecords response
         self.kept: dict[tuple[str, str, int], bytes] = {}
         self.calls: Counter[str] = Counter()
+        #: CPU seconds spent answering, per path (checking, the route, signing)
+        self.cpu_s: Counter[str] = Counter()
         self.replayed = 0
         self.encoded = 0
 
@@ -120,9 +124,10 @@ class WireServer:
         """The whole HTTP answer to one request (``GET /_stats`` or a route)."""
         if method == "GET" and path == "/_stats":
             text = json.dumps({"calls": dict(self.calls), "replayed": self.replayed,
-                               "encoded": self.encoded}).encode()
+                               "encoded": self.encoded, "cpu_s": dict(self.cpu_s)}).encode()
             return _http_answer(200, {"content-type": "application/json"}, text)
         self.calls[path] += 1
+        began = time.thread_time()
         status, payload, sign = self.answer(path, headers, body)
         h = uuid.uuid4().hex
         request_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
@@ -130,7 +135,9 @@ class WireServer:
                                      access_key_id=self.key_id,
                                      access_key_secret=self.secret)
                if sign else {"x-ots-requestid": request_id})
-        return _http_answer(status, out, payload)
+        answer = _http_answer(status, out, payload)
+        self.cpu_s[path] += time.thread_time() - began
+        return answer
 
 
 def _http_answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
