@@ -47,15 +47,19 @@ How the interface maps onto the wire:
   the source's own, which only matters to a new query without a Spark checkpoint.
 - ``read_page`` prefetches (executors): the next page's request is sent before this page is
   decoded, and used only by the read that asks for exactly it (``prefetch``). Requests share
-  one urllib3 connection pool per client (keep-alive; the reader keeps one client per process).
+  one pool of kept-alive connections per client (``http``; the reader keeps one client per
+  process).
 - ``table_schema``: the table API's DescribeTable (key columns, and defined columns where the
   table declares them).
-- ``has_new_data``, ``lag``: DescribeTunnel, then reads at each channel's position
-  (``progress``: the service has no cheaper way to tell); the probes ``concurrent_calls``
-  (``DRIVER_CONCURRENCY``) at a time.
+- ``has_new_data``, ``lag``: reads at each channel's position, and DescribeTunnel for the
+  channel list (``progress``: the service has no cheaper way to tell; ``has_new_data`` asks
+  the first channel before the list); the probes ``concurrent_calls`` (``DRIVER_CONCURRENCY``)
+  at a time.
 - The driver's checkpoint pushes run ``concurrent_calls`` at a time
-  (``connector.planning.pushes``); the client is safe to call from that many threads (its
-  per-channel state is keyed by channel, its transport's pool hands each call a connection).
+  (``connector.planning.pushes``): ``checkpoint_many`` keeps that many requests in flight from
+  the calling thread, and what it returns is pushed by ``checkpoint`` from that many threads;
+  the client is safe to call from them (its per-channel state is keyed by channel, its
+  transport's pool hands each call a connection).
 - ``head_sequences``: ``None`` (the service reports no channel head): Trigger.AvailableNow
   bounds the run by commit time instead (``connector.planning.tracker.AvailableNowBound``).
 

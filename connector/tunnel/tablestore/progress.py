@@ -3,11 +3,12 @@
 The service reports no channel head and counts nothing ahead of a position, so both questions
 the protocol asks on the driver are answered with ReadRecords from each channel's position:
 
-- ``has_new_data`` (``latestOffset``): one DescribeTunnel, then a one-record read per OPEN
-  channel -- an idle query costs a few small reads per trigger instead of an empty Spark
-  batch. The first channel is read alone (on a busy tunnel it says yes: one call), the others
-  ``concurrency`` at a time, no more being sent after the first yes; a channel found to have
-  records at the same position before is not read again.
+- ``has_new_data`` (``latestOffset``): a one-record read of the first channel of the
+  positions, before anything else (on a busy tunnel it says yes: one call); else one
+  DescribeTunnel, then a one-record read per OPEN channel -- an idle query costs a few small
+  reads per trigger instead of an empty Spark batch. The first OPEN channel is read alone, the
+  others ``concurrency`` at a time, no more being sent after the first yes; a channel found to
+  have records at the same position before is not read again.
 - ``lag`` (progress report, read caps, ``minOffsetsPerTrigger``, ``tablestore-cdc meta lag``,
   the feed): one DescribeTunnel, then one ReadRecords per readable channel at its position.
 
@@ -74,6 +75,17 @@ class ChannelProbes:
         """True when a channel is missing from ``positions``, returns a record, or reads to
         ``"finished"``; a trimmed position also counts (the batch reports it). An error is
         raised only when no channel says yes (the first in channel order)."""
+        if any(self._has_data.get((tunnel_id, ch)) == token for ch, token in positions.items()):
+            return True  # found to have records at this very position before
+        # a busy tunnel: the first channel read tells, before the channel list is asked for
+        first = next(((ch, token) for ch, token in positions.items() if token != FINISHED),
+                     None)
+        if first is not None:
+            try:
+                if self._probe(tunnel_id, *first):
+                    return True
+            except Exception:  # noqa: BLE001 - asked again below if the channel is OPEN
+                first = None
         probes: list[tuple[str, str]] = []
         for channel in self._client.describe_tunnel(*self._client.names_of(tunnel_id)).channels:
             if channel.status is not ChannelStatus.OPEN:
@@ -81,11 +93,11 @@ class ChannelProbes:
             token = positions.get(channel.channel_id)
             if token is None or self._has_data.get((tunnel_id, channel.channel_id)) == token:
                 return True
-            if token != FINISHED:
+            if token != FINISHED and (channel.channel_id, token) != first:
                 probes.append((channel.channel_id, token))
         if len(probes) < 3 or self._concurrency < 2:  # one after another
             return any(self._probe(tunnel_id, ch, token) for ch, token in probes)
-        if self._probe(tunnel_id, *probes[0]):  # a busy tunnel: the first channel tells
+        if self._probe(tunnel_id, *probes[0]):  # the first OPEN channel alone, then the rest
             return True
         probes = probes[1:]
         with self._lock:
