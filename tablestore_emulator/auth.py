@@ -51,12 +51,13 @@ def _hmac_sha1(secret: str, text: str) -> str:
 
 
 def _ots_lines(headers: Mapping[str, str], skip: str = "") -> list[str]:
-    lines = [
-        f"{k.lower()}:{v.strip()}"
-        for k, v in headers.items()
-        if k.lower().startswith("x-ots-") and k.lower() != skip
-    ]
-    return sorted(lines)
+    lines = []
+    for k, v in headers.items():
+        name = k.lower()
+        if name.startswith("x-ots-") and name != skip:
+            lines.append(f"{name}:{v.strip()}")
+    lines.sort()
+    return lines
 
 
 def request_signature(path: str, headers: Mapping[str, str], secret: str) -> str:
