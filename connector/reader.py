@@ -92,30 +92,12 @@ class ClaimedRead:
     def count(self) -> int:
         return sum(page.count for page in self.pages)
 
-    def batches(self, rows: int = 0) -> Iterator[pa.RecordBatch]:
+    def batches(self) -> Iterator[pa.RecordBatch]:
         """The page batches in order, each page dropped once handed on (memory shrinks as the
-        consumer takes them; an encoded page is decoded only here). Consecutive pages are
-        joined into one batch of up to ``rows`` rows: Spark pays a cost per Arrow batch it
-        takes from a Python source, and the wire's pages hold only ~500 records."""
+        consumer takes them; an encoded page is decoded only here)."""
         self.pages.reverse()
-        held: pa.RecordBatch | None = None  # decoded, not joined (another schema): next
-        while self.pages or held is not None:
-            first = held if held is not None else self.pages.pop().batch
-            held = None
-            group, count = [first], first.num_rows
-            while self.pages and count + self.pages[-1].count <= rows:
-                batch = self.pages.pop().batch  # decoded once: an encoded page on each access
-                if not batch.schema.equals(first.schema):
-                    held = batch
-                    break
-                group.append(batch)
-                count += batch.num_rows
-            if len(group) == 1 or count == 0:  # (empty pages: nothing to join)
-                yield from group
-            else:
-                (joined,) = pa.Table.from_batches(group).combine_chunks().to_batches()
-                del group, first
-                yield joined
+        while self.pages:
+            yield self.pages.pop().batch
 
 
 def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:

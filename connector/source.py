@@ -179,7 +179,7 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         builder = RecordBatchBuilder(self.schema)
         # the end is claimed inside claim_and_read, before any row is yielded; each page is
         # dropped once handed on, so memory shrinks as Spark consumes
-        for batch in claim_and_read(partition, builder.layout).batches(builder.batch_rows):
+        for batch in claim_and_read(partition, builder.layout).batches():
             yield builder.project(batch, partition.channel_id)
 
 

@@ -25,13 +25,12 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import _TUNNELS, ClaimedRead, _clients, claim_and_read, record_sizes
+from connector.reader import _TUNNELS, _clients, claim_and_read, record_sizes
 from connector.schema import output_schema
 from connector.source import TablestoreStreamReader
 from connector.tunnel import FINISHED, TunnelService
 from connector.tunnel.local import LocalTunnelService
-from connector.tunnel.page import Page, PageLayout
-from meta_store.base import EndCheckpoint
+from connector.tunnel.page import PageLayout
 
 SEGMENT = 16  # records per sealed segment in these tests (the store's default is 4,096)
 
@@ -324,25 +323,3 @@ def test_a_million_record_partition(tmp_path):
     proto.close()
     _TUNNELS.pop(part.endpoint, None)
     store.close()
-
-
-def test_claimed_pages_are_joined_into_batches_of_up_to_the_asked_rows() -> None:
-    """Small pages (the wire's ~500 records) reach Spark as few large batches, in order, the
-    same rows; a page of another schema or one over the size is never joined."""
-
-    def page(lo: int, n: int, name: str = "v") -> Page:
-        return Page(pa.record_batch({name: pa.array(range(lo, lo + n), pa.int64())}), "t", True)
-
-    sizes = [500, 500, 300, 900, 100, 2000, 50]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    pages = [page(lo, n) for lo, n in zip(starts, sizes, strict=True)]
-    pages.insert(5, page(0, 10, name="w"))  # another schema: a batch of its own
-    end = EndCheckpoint(channel_id="c", start_token="s", token="t", sequence_number=1,
-                        records=sum(p.count for p in pages), attempt="test", written_at=0.0)
-    batches = list(ClaimedRead(end, list(pages)).batches(1500))
-    assert [b.num_rows for b in batches] == [1300, 1000, 10, 2000, 50]
-    joined = [b for b in batches if b.schema.names == ["v"]]
-    assert pa.Table.from_batches(joined).column("v").to_pylist() == list(range(sum(sizes)))
-    # rows=0 (the default): one batch per page, as before
-    assert [b.num_rows for b in ClaimedRead(end, list(pages)).batches()] == \
-        [p.count for p in pages]
