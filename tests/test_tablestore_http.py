@@ -132,6 +132,16 @@ def test_chunked_and_close_delimited_answers(serve: Callable[[Script], ScriptedS
     assert server.connections == 2
 
 
+def test_bytes_after_the_answer_are_not_taken_and_the_connection_not_reused(
+        serve: Callable[[Script], ScriptedServer]) -> None:
+    server = serve(lambda n, _: (ok(b"mine") + ok(b"unasked"), False))
+    pool = _pool(server.url)
+    request = pool.request_bytes("/p", {}, b"")
+    assert pool.exchange(request).body == b"mine"
+    assert pool.exchange(request).body == b"mine"  # a new connection, not the unasked answer
+    assert server.connections == 2
+
+
 def test_idle_close_is_noticed_before_reuse(serve: Callable[[Script], ScriptedServer]) -> None:
     # the server closes after each answer without saying so: the pool must not send the next
     # request into the dead connection (or must send it again once when it does)

@@ -71,7 +71,8 @@ class Answer:
 class _Collector:
     """httptools' callbacks for one answer."""
 
-    __slots__ = ("headers", "chunks", "complete", "headers_complete", "keep_alive", "parser")
+    __slots__ = ("headers", "chunks", "complete", "headers_complete", "keep_alive", "parser",
+                 "unasked")
 
     def __init__(self) -> None:
         self.headers: dict[str, str] = {}
@@ -79,20 +80,31 @@ class _Collector:
         self.complete = False
         self.headers_complete = False
         self.keep_alive = False
+        #: bytes of another answer came after this one (nothing was asked for them)
+        self.unasked = False
         self.parser = httptools.HttpResponseParser(self)
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.unasked = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.unasked:
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
+        if self.unasked:
+            return
         self.headers_complete = True
         # asked now: llhttp answers from the message being parsed, not after it
         self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, data: bytes) -> None:
-        self.chunks.append(data)
+        if not self.unasked:
+            self.chunks.append(data)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -193,7 +205,8 @@ class Connection:
                 except httptools.HttpParserError as exc:
                     raise MalformedAnswer(f"not an HTTP answer: {exc}") from exc
             status = parser.get_status_code()
-            keep = collector.complete and collector.keep_alive
+            # a connection that carried bytes nobody asked for is not trusted with another call
+            keep = collector.complete and collector.keep_alive and not collector.unasked
         except BaseException:
             self.close()
             raise
