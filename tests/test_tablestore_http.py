@@ -117,6 +117,28 @@ def test_kept_alive_connection_serves_every_request(serve: Callable[[Script], Sc
     pool.close()
 
 
+def test_kept_alive_with_more_descriptors_than_select_takes(
+        serve: Callable[[Script], ScriptedServer]) -> None:
+    """A process holding over 1,024 descriptors (a Spark driver may): connections still reused."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [socket.socket() for _ in range(1100)]
+    try:
+        server = serve(lambda n, _: (ok(b"x"), False))
+        pool = _pool(server.url)
+        for _ in range(5):
+            assert pool.exchange(pool.request_bytes("/p", {}, b"")).body == b"x"
+        assert server.connections == 1
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_chunked_and_close_delimited_answers(serve: Callable[[Script], ScriptedServer]) -> None:
     chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")

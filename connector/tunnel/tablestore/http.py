@@ -226,11 +226,12 @@ class Connection:
         """Has the server closed this idle connection (or sent something unasked)?"""
         if self._sock is None:
             return False
-        try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
+        try:  # poll, not select: a process may hold more descriptors than select takes
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            return bool(poller.poll(0))
         except (OSError, ValueError):
             return True
-        return bool(readable)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
