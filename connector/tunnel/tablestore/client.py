@@ -177,6 +177,17 @@ class _SequenceNotMatch(Exception):
     """Internal: the service refused a push's sequence number (``checkpoint`` re-reads)."""
 
 
+def _valid_sequence(seqno: object) -> bool:
+    """A checkpoint's sequence number must be a non-negative integer (not a bool)."""
+    return isinstance(seqno, int) and not isinstance(seqno, bool) and seqno >= 0
+
+
+def _checkpoint_request(tunnel_id: str, channel_id: str, page: str, sequence: int) -> Any:
+    """The Checkpoint request pushing ``page`` at ``sequence`` (the stored number + 1)."""
+    return m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID, channel_id=channel_id,
+                               checkpoint=page, sequence_number=sequence)
+
+
 class TablestoreTunnelService(TunnelService):
     """A Tunnel client for one endpoint and instance. One per process; cheap to open. Safe to
     call from several threads (the driver's concurrent pushes and probes)."""
@@ -506,7 +517,7 @@ class TablestoreTunnelService(TunnelService):
         sent (module docstring). A position the tunnel already holds is not pushed again."""
         page, _ = self._check_token(channel_id, checkpoint.token)
         seqno = checkpoint.sequence_number
-        if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
+        if not _valid_sequence(seqno):
             raise InvalidCheckpointError(
                 channel_id=channel_id, tunnel_id=tunnel_id,
                 reason=f"sequence number must be a non-negative integer, got {seqno!r}")
@@ -525,11 +536,9 @@ class TablestoreTunnelService(TunnelService):
         for attempt in (1, 2):
             if stored[1] == page:
                 return  # held already (pushed before a crash, or by this process)
-            request = m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
-                                          channel_id=channel_id, checkpoint=page,
-                                          sequence_number=stored[0] + 1)
+            request = _checkpoint_request(tunnel_id, channel_id, page, stored[0] + 1)
             try:
-                self._call("/tunnel/checkpoint", request, m.CheckpointResponse, on_error)
+                self._call(_CHECKPOINT_PATH, request, m.CheckpointResponse, on_error)
             except _SequenceNotMatch as refused:
                 # another writer pushed in between (or an earlier attempt of ours landed
                 # unseen): the SDKs re-read the stored number and go on from it + 1
@@ -568,20 +577,16 @@ class TablestoreTunnelService(TunnelService):
 
         for channel_id, checkpoint in pushes:
             stored = self._stored.get((tunnel_id, channel_id))
-            seqno = checkpoint.sequence_number
             try:
                 page, _ = self._check_token(channel_id, checkpoint.token)
             except Exception:  # noqa: BLE001 - checkpoint() raises it
                 page = None
-            if (stored is None or page is None or isinstance(seqno, bool)
-                    or not isinstance(seqno, int) or seqno < 0):
+            if stored is None or page is None or not _valid_sequence(checkpoint.sequence_number):
                 left.append(channel_id)
                 continue
             if stored[1] == page:
                 continue  # held already
-            request = m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID,
-                                          channel_id=channel_id, checkpoint=page,
-                                          sequence_number=stored[0] + 1)
+            request = _checkpoint_request(tunnel_id, channel_id, page, stored[0] + 1)
             in_flight.append((channel_id, stored, page, self._transport.send(
                 _CHECKPOINT_PATH, request.SerializeToString())))
             if len(in_flight) >= self.concurrent_calls:

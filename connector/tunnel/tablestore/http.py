@@ -188,7 +188,13 @@ class Connection:
         received = 0
         try:
             while not collector.complete:
-                data = sock.recv(RECV_BYTES)
+                try:
+                    data = sock.recv(RECV_BYTES)
+                except ConnectionResetError as exc:
+                    if received == 0:
+                        raise  # before any answer: ``exchange`` may send the request again
+                    raise IncompleteAnswer(f"the connection was reset after {received} bytes "
+                                           "of the answer") from exc
                 if not data:
                     if received == 0:
                         raise http.client.RemoteDisconnected(

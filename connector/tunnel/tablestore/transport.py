@@ -67,15 +67,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httptools
-
 from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.tls import tls_problem
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.http import Answer, Connection, ConnectionPool
 
 #: what a request that got no usable answer raises (``connector.tunnel.tablestore.http``)
-_NETWORK_ERRORS = (OSError, http.client.HTTPException, httptools.HttpParserError)
+_NETWORK_ERRORS = (OSError, http.client.HTTPException)
 
 log = logging.getLogger("connector.tunnel.tablestore")
 
@@ -381,11 +379,11 @@ class PendingCall:
                 raise self._transport._network_error(exc) from None
             return self._transport.call(self.path, self.body)
         self._pool.give_back(conn)  # once, and only now: the connection is free again
-        if not again:
-            return self._transport._answer(self.path, resp)
         try:
             return self._transport._answer(self.path, resp)
         except Exception:  # noqa: BLE001 - a refused answer too: the call meets it itself
+            if not again:
+                raise
             return self._transport.call(self.path, self.body)
 
     def discard(self) -> None:
