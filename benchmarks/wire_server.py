@@ -86,6 +86,8 @@ class WireServer:
         self.cpu_s: Counter[str] = Counter()
         self.replayed = 0
         self.encoded = 0
+        #: the connections open now, closed when the server stops
+        self.open_transports: set[Any] = set()
 
     def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, bool]:
         """(status, payload, sign) of one request, as EmulatorServer answers it."""
@@ -162,6 +164,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.server.open_transports.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.open_transports.discard(self.transport)
 
     def data_received(self, data: bytes) -> None:
         self.arrived = time.monotonic()  # of the request it completes (one or two segments)
@@ -204,11 +210,19 @@ def _write(transport: asyncio.Transport, answer: bytes) -> None:
 
 
 async def _serve(server: WireServer, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT, then close the listener and every open connection (a
+    client's kept-alive connection must not keep the process up)."""
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     listener = await loop.create_server(lambda: _Connection(server), host, port)
     bound = listener.sockets[0].getsockname()
     print(f"listening on http://{bound[0]}:{bound[1]}", flush=True)
-    await asyncio.Event().wait()
+    await stop.wait()
+    listener.close()
+    for transport in list(server.open_transports):
+        transport.close()
 
 
 class WireServerProcess:
@@ -272,11 +286,8 @@ def main(argv: list[str] | None = None) -> None:
 
         profile = cProfile.Profile(time.process_time)
         profile.enable()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         asyncio.run(_serve(server, args.host, args.port))
-    except KeyboardInterrupt:
-        pass
     finally:
         if profile is not None:
             profile.disable()
