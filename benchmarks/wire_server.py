@@ -21,9 +21,10 @@ the service's shape. What differs is only how it is served, so the figures measu
 - ``--delay-ms N``: every response leaves N ms after its request arrived (``call_later``, so
   concurrent requests wait at the same time, as they would on a network with that round trip);
 - ``GET /_stats``: JSON ``{"calls": {path: n}, "replayed": n, "encoded": n, "cpu_s": {path:
-  s}}`` -- the requests served so far (``/_stats`` itself not counted) and the CPU time spent
-  answering them (checks, route, signing; not the HTTP parsing), so a benchmark counts calls
-  and the server's share per batch.
+  s}, "wall_s": {path: s}}`` -- the requests served so far (``/_stats`` itself not counted) and
+  the CPU and wall time spent answering them (checks, route, signing; not the HTTP parsing; the
+  wall time also holds the store's waits), so a benchmark counts calls and the server's share
+  per batch.
 
 Used by ``benchmarks.wire`` (client-only throughput and CPU per record, the memory row) and
 ``benchmarks.protocol`` (the driver's calls over the wire).
@@ -82,8 +83,10 @@ class WireServer:
         #: (channel id, token, max_records) -> the encoded ReadRecords response
         self.kept: dict[tuple[str, str, int], bytes] = {}
         self.calls: Counter[str] = Counter()
-        #: CPU seconds spent answering, per path (checking, the route, signing)
+        #: CPU seconds spent answering, per path (checking, the route, signing), and the wall
+        #: seconds (the same, plus waits: the store's lock and its write-ahead log's syncs)
         self.cpu_s: Counter[str] = Counter()
+        self.wall_s: Counter[str] = Counter()
         self.replayed = 0
         self.encoded = 0
         #: the connections open now, closed when the server stops
@@ -126,10 +129,11 @@ class WireServer:
         """The whole HTTP answer to one request (``GET /_stats`` or a route)."""
         if method == "GET" and path == "/_stats":
             text = json.dumps({"calls": dict(self.calls), "replayed": self.replayed,
-                               "encoded": self.encoded, "cpu_s": dict(self.cpu_s)}).encode()
+                               "encoded": self.encoded, "cpu_s": dict(self.cpu_s),
+                               "wall_s": dict(self.wall_s)}).encode()
             return _http_answer(200, {"content-type": "application/json"}, text)
         self.calls[path] += 1
-        began = time.thread_time()
+        began, began_wall = time.thread_time(), time.perf_counter()
         status, payload, sign = self.answer(path, headers, body)
         h = uuid.uuid4().hex
         request_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
@@ -139,6 +143,7 @@ class WireServer:
                if sign else {"x-ots-requestid": request_id})
         answer = _http_answer(status, out, payload)
         self.cpu_s[path] += time.thread_time() - began
+        self.wall_s[path] += time.perf_counter() - began_wall
         return answer
 
 
