@@ -163,11 +163,13 @@ class LocalTunnelService(TunnelService):
 
     def _status_of(
         self, conn: Any, tunnel: TunnelRow, ch: TunnelChannel
-    ) -> tuple[ChannelStatus, Checkpoint]:
-        """The channel's status for the tunnel and its position (stored or start)."""
+    ) -> tuple[ChannelStatus, Checkpoint, Checkpoint | None]:
+        """The channel's status for the tunnel, its position (stored or start) and its stored
+        checkpoint (``None`` if none): one query with its parents'."""
         stored = tunnels.stored_checkpoints(
             conn, tunnel.tunnel_id, [ch.channel_id, *ch.parent_ids])
-        return tunnels.channel_status(ch, stored), tunnels.position(tunnel, ch, stored)
+        return (tunnels.channel_status(ch, stored), tunnels.position(tunnel, ch, stored),
+                stored.get(ch.channel_id))
 
     # --- tunnels (driver) ---------------------------------------------------------------------
 
@@ -277,7 +279,7 @@ class LocalTunnelService(TunnelService):
                     channel_id=channel_id, tunnel_id=tunnel_id, reason=reason
                 )
 
-            status, current = self._status_of(conn, tunnel, ch)
+            status, current, stored = self._status_of(conn, tunnel, ch)
             if next_of_stored and seqno != current.sequence_number + 1:
                 raise StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
                                            pushed=seqno, stored=current.sequence_number)
@@ -285,7 +287,6 @@ class LocalTunnelService(TunnelService):
                 raise invalid(f"sequence number must be a non-negative integer, got {seqno!r}")
             if not checkpoint.finished:
                 tunnels.decode_token(checkpoint.token, tunnel.table, ch)
-            stored = tunnels.stored_checkpoints(conn, tunnel_id, [channel_id]).get(channel_id)
             if stored is not None and seqno < stored.sequence_number:
                 raise StaleCheckpointError(
                     channel_id=channel_id,
@@ -383,7 +384,7 @@ class LocalTunnelService(TunnelService):
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_id(conn, tunnel_id)
             ch = self._channel(conn, tunnel, channel_id)
-            status, _ = self._status_of(conn, tunnel, ch)
+            status, _, _ = self._status_of(conn, tunnel, ch)
             if status is ChannelStatus.WAIT:
                 raise ChannelNotReadableError(
                     channel_id=channel_id, tunnel_id=tunnel_id, status=status.value
