@@ -7,12 +7,14 @@ targets are judged by running the suite (docs/performance.md), not by tests.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from benchmarks.__main__ import main
+from benchmarks.protocol import ProtocolConfig
 from benchmarks.suite import PRESETS, TARGETS, combine, format_table, run_suite, summary
 
 pytestmark = pytest.mark.slow
@@ -68,8 +70,12 @@ def test_every_benchmark_reports_its_keys(spark, tmp_path):
 
 def test_repeated_runs_report_median_and_spread(tmp_path):
     """``--repeat N``: every figure is the median of the runs, with min .. max, and each run's
-    load average (the protocol benchmark alone: no Spark)."""
-    runs = [summary(run_suite(PRESETS["smoke"], only=("protocol",), workdir=tmp_path / str(i),
+    load average (the protocol benchmark alone, its local rows only: no Spark, a few seconds)."""
+    local_only = ProtocolConfig(channel_counts=(64,), batches=3, warmup=1, steady_after=0,
+                                plan_batches=1, dynamodb_retentions=(), wire_channels=(),
+                                wire_delay_channels=(), wire_sequential_channels=())
+    preset = dataclasses.replace(PRESETS["smoke"], protocol=local_only)
+    runs = [summary(run_suite(preset, only=("protocol",), workdir=tmp_path / str(i),
                               log=lambda message: None)) for i in range(3)]
     combined = combine(runs)
     values = sorted(r["protocol_ms_per_batch_64ch"] for r in runs)
