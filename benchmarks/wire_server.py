@@ -13,11 +13,11 @@ the service's shape. What differs is only how it is served, so the figures measu
   the threaded ``http.server``'s parsing (or aiohttp's request objects, which served it before:
   about 0.15 ms more per request);
 - ``--replay``: a ReadRecords answer is encoded once and kept, by (channel, token,
-  max_records), then served from memory (signed anew each time, so its date stays valid). Only
-  for a store nobody writes while the server runs (a kept answer would hide new records). The
-  client-only benchmark reads everything once (a warm-up) and then measures reads that cost the
-  server a lookup and a signature: the client, Spark and the source, not the emulator's
-  PlainBuffer encoder;
+  max_records), with its MD5, then served from memory (signed anew each time, so its date
+  stays valid). Only for a store nobody writes while the server runs (a kept answer would hide
+  new records). The client-only benchmark reads everything once (a warm-up) and then
+  measures reads that cost the server a lookup and a signature: the client, Spark and the
+  source, not the emulator's PlainBuffer encoder;
 - ``--delay-ms N``: every response leaves N ms after its request arrived (``call_later``, so
   concurrent requests wait at the same time, as they would on a network with that round trip);
 - ``GET /_stats``: JSON ``{"calls": {path: n}, "replayed": n, "encoded": n, "cpu_s": {path:
@@ -80,8 +80,8 @@ class WireServer:
         self.instance, self.key_id, self.secret = instance, key_id, secret
         self.replay = replay
         self.delay_s = delay_ms / 1000
-        #: (channel id, token, max_records) -> the encoded ReadRecords response
-        self.kept: dict[tuple[str, str, int], bytes] = {}
+        #: (channel id, token, max_records) -> the encoded ReadRecords response and its MD5
+        self.kept: dict[tuple[str, str, int], tuple[bytes, str]] = {}
         self.calls: Counter[str] = Counter()
         #: CPU seconds spent answering, per path (checking, the route, signing), and the wall
         #: seconds (the same, plus waits: the store's lock and its write-ahead log's syncs)
@@ -92,33 +92,39 @@ class WireServer:
         #: the connections open now, closed when the server stops
         self.open_transports: set[Any] = set()
 
-    def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, bool]:
-        """(status, payload, sign) of one request, as EmulatorServer answers it."""
+    def answer(self, path: str, headers: dict[str, str], body: bytes
+               ) -> tuple[int, bytes, bool, str | None]:
+        """(status, payload, sign, the payload's MD5 if known) of one request, as
+        EmulatorServer answers it."""
         try:
             try:
                 auth.verify_request(path, headers, body, access_key_id=self.key_id,
                                     access_key_secret=self.secret, instance=self.instance)
             except OtsError as exc:
-                return exc.http_status, _error_body(exc), False
+                return exc.http_status, _error_body(exc), False, None
             handler = self.routes.get(path)
             if handler is None:
                 raise parameter_invalid(f"Unsupported operation: {path}.")
             if path == READ_PATH and self.replay:
-                return 200, self._read(handler, body), True
-            return 200, handler(self.context, body), True
+                payload, md5 = self._read(handler, body)
+                return 200, payload, True, md5
+            return 200, handler(self.context, body), True, None
         except OtsError as exc:
-            return exc.http_status, _error_body(exc), True
+            return exc.http_status, _error_body(exc), True, None
         except Exception:  # a bug: answer like the service does, keep serving
             log.exception("wire server: %s failed", path)
             bug = internal_error()
-            return bug.http_status, _error_body(bug), True
+            return bug.http_status, _error_body(bug), True, None
 
-    def _read(self, handler: Any, body: bytes) -> bytes:
+    def _read(self, handler: Any, body: bytes) -> tuple[bytes, str]:
+        """The kept answer to a ReadRecords request and its MD5 (computed once: a replayed
+        answer costs the server its signature only)."""
         request = m.parse(m.ReadRecordsRequest, body)
         key = (request.channel_id, request.token, request.max_records)
         kept = self.kept.get(key)
         if kept is None:
-            kept = self.kept[key] = handler(self.context, body)
+            payload = handler(self.context, body)
+            kept = self.kept[key] = (payload, auth.content_md5(payload))
             self.encoded += 1
         else:
             self.replayed += 1
@@ -134,12 +140,12 @@ class WireServer:
             return _http_answer(200, {"content-type": "application/json"}, text)
         self.calls[path] += 1
         began, began_wall = time.thread_time(), time.perf_counter()
-        status, payload, sign = self.answer(path, headers, body)
+        status, payload, sign, md5 = self.answer(path, headers, body)
         h = uuid.uuid4().hex
         request_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
         out = (auth.response_headers(path, payload, request_id=request_id,
                                      access_key_id=self.key_id,
-                                     access_key_secret=self.secret)
+                                     access_key_secret=self.secret, body_md5=md5)
                if sign else {"x-ots-requestid": request_id})
         answer = _http_answer(status, out, payload)
         self.cpu_s[path] += time.thread_time() - began

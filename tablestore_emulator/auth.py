@@ -132,14 +132,16 @@ def response_headers(
     access_key_secret: str,
     now: dt.datetime | None = None,
     corrupt_signature: bool = False,
+    body_md5: str | None = None,
 ) -> dict[str, str]:
     """The signed headers of a response to a POST to ``path``.
 
     ``corrupt_signature`` (test switch) flips the signature so the client must reject it.
+    ``body_md5``: ``content_md5(body)`` when the caller has it already (a body sent again).
     """
     now = now or dt.datetime.now(dt.UTC)
     headers = {
-        "x-ots-contentmd5": content_md5(body),
+        "x-ots-contentmd5": body_md5 or content_md5(body),
         "x-ots-requestid": request_id,
         "x-ots-contenttype": CONTENT_TYPE,
         "x-ots-date": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z",
