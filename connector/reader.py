@@ -248,7 +248,8 @@ class Fetched:
     ``reached``: every record of the channel committed by the partition's AvailableNow bound
     (or, outside such a run, available now) is consumed -- the read passed the bound, or the
     tunnel reported nothing more (``may_more`` false, an empty page whose token did not move,
-    ``FINISHED``). False when a cap or the byte budget stopped it.
+    ``FINISHED``; after a cap, one more read at the end says so). False when a cap or the byte
+    budget stopped it.
     """
 
     start_token: str
@@ -275,6 +276,7 @@ def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) 
     budget = p.max_bytes
     empty_pages = 0
     skipping = p.skip_before_us is not None
+    caught_up = False
     while count < p.max_records:
         want = min(PAGE_SIZE, p.max_records - count)
         try:
@@ -342,7 +344,27 @@ def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) 
                 return Fetched(start_token, pages, token, ended)
         if ended:
             return Fetched(start_token, pages, token, True)
+    if caught_up and p.available_now_us is not None and p.stop_after_sequence is None \
+            and token != FINISHED:
+        # AvailableNow by commit time: the cap came with the page that caught up, before its
+        # confirming read; made now, it spares the run a batch planned only to make it
+        return Fetched(start_token, pages, *_confirm_caught_up(tunnel, p, token, layout))
     return Fetched(start_token, pages, token, False)
+
+
+def _confirm_caught_up(tunnel: TunnelService, p: ChannelPartition, token: str,
+                       layout: PageLayout) -> tuple[str, bool]:
+    """(end token, bound reached) after a capped read whose last page caught up: one read of
+    at most a record at ``token``; an empty answer that is still caught up (the loop's rule)
+    reaches the bound, and its token -- ``FINISHED`` for a closed channel -- ends the read.
+    Anything else leaves both for the next batch."""
+    try:
+        page = tunnel.read_page(p.tunnel_id, p.channel_id, token, 1, layout)
+    except TrimmedDataError:
+        return token, False  # the next batch's read resumes after the trim
+    if not page.count and (page.next_token in (token, FINISHED) or not page.may_more):
+        return page.next_token, True
+    return token, False
 
 
 def _keep(p: ChannelPartition, page: Page) -> tuple[int, bool]:

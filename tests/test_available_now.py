@@ -6,6 +6,8 @@ heads) and over the embedded store (heads), with a real SQLite meta store.
   waits for the next run; two runs with a split in between deliver every change once;
 - a restarted run that had not finished reads to the bound of the run it continues, and then
   the next run reads the rest;
+- a run whose cap meets each channel's backlog ends after that batch, not after one more that
+  reads nothing;
 - a service that never says it is caught up (empty pages whose token moves, ``may_more``
   true) does not keep a run going: the reader cuts it off and says so;
 - the same wire's lag figures in ``tablestore-cdc meta lag`` and the feed.
@@ -155,6 +157,31 @@ def test_a_restarted_run_reads_to_its_own_bound_then_the_next_run_reads_the_rest
     _, late = run(third, after_restart)
     assert sorted(keys(read + rest + late)) == committed(writer)
     third.close()
+
+
+def _backlog(store: LocalTablestore) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in store.change_log("t"):
+        counts[r.channel_id] = counts.get(r.channel_id, 0) + 1
+    return counts
+
+
+def test_a_run_whose_cap_meets_the_backlog_ends_without_an_empty_batch(
+        writer, emulator, tmp_path):
+    """Over the wire (no heads): a channel read to exactly its cap on a page that caught up
+    is confirmed by one more read in the same task, so the run ends after that batch instead
+    of planning one more that reads nothing."""
+    write(writer, range(30))
+    cap = max(_backlog(writer).values())
+    proto = StreamProtocol(wire_options(emulator, tmp_path, maxOffsetsPerChannel=str(cap)))
+    prepare(proto)
+    start = proto.initial_offset()
+    end = proto.latest_offset(start, None)
+    records = [r for p in proto.plan(start, end) for r in read_partition(p)]
+    proto.commit(end)
+    assert proto.latest_offset(end, None) == end  # done: no batch that would read nothing
+    assert keys(records) == committed(writer)
+    proto.close()
 
 
 def test_on_the_embedded_store_channels_stop_at_their_heads(writer):
