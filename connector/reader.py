@@ -288,7 +288,7 @@ def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) 
                 before_what="startingTimestamp", kept_any=bool(pages),
                 fail_on_data_loss=p.fail_on_data_loss)
             continue
-        caught_up = page.next_token == FINISHED or not page.may_more
+        caught_up = _caught_up(page)
         if not page.count:
             if page.next_token == token or caught_up:
                 return Fetched(start_token, pages, page.next_token, True)
@@ -362,9 +362,14 @@ def _confirm_caught_up(tunnel: TunnelService, p: ChannelPartition, token: str,
         page = tunnel.read_page(p.tunnel_id, p.channel_id, token, 1, layout)
     except TrimmedDataError:
         return token, False  # the next batch's read resumes after the trim
-    if not page.count and (page.next_token in (token, FINISHED) or not page.may_more):
+    if not page.count and (page.next_token == token or _caught_up(page)):
         return page.next_token, True
     return token, False
+
+
+def _caught_up(page: Page) -> bool:
+    """The tunnel says nothing more follows ``page`` now: ``FINISHED``, or ``may_more`` false."""
+    return page.next_token == FINISHED or not page.may_more
 
 
 def _keep(p: ChannelPartition, page: Page) -> tuple[int, bool]:

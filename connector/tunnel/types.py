@@ -99,6 +99,13 @@ class Checkpoint:
     def finished(self) -> bool:
         return self.token == FINISHED
 
+    @property
+    def sequence_is_valid(self) -> bool:
+        """A non-negative integer (not a bool): what every backend's ``checkpoint`` checks
+        first (``InvalidCheckpointError`` otherwise)."""
+        seqno = self.sequence_number
+        return isinstance(seqno, int) and not isinstance(seqno, bool) and seqno >= 0
+
 
 @dataclass(frozen=True)
 class Record:

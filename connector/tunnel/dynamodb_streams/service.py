@@ -345,7 +345,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
             return InvalidCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
                                           reason=reason)
 
-        if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
+        if not checkpoint.sequence_is_valid:
             raise invalid(f"sequence number must be a non-negative integer, got {seqno!r}")
         if not checkpoint.finished:
             # no listing needed: a position of a shard that has since aged out is still stored

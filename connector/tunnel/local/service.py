@@ -283,7 +283,7 @@ class LocalTunnelService(TunnelService):
             if next_of_stored and seqno != current.sequence_number + 1:
                 raise StaleCheckpointError(channel_id=channel_id, tunnel_id=tunnel_id,
                                            pushed=seqno, stored=current.sequence_number)
-            if isinstance(seqno, bool) or not isinstance(seqno, int) or seqno < 0:
+            if not checkpoint.sequence_is_valid:
                 raise invalid(f"sequence number must be a non-negative integer, got {seqno!r}")
             if not checkpoint.finished:
                 tunnels.decode_token(checkpoint.token, tunnel.table, ch)

@@ -177,11 +177,6 @@ class _SequenceNotMatch(Exception):
     """Internal: the service refused a push's sequence number (``checkpoint`` re-reads)."""
 
 
-def _valid_sequence(seqno: object) -> bool:
-    """A checkpoint's sequence number must be a non-negative integer (not a bool)."""
-    return isinstance(seqno, int) and not isinstance(seqno, bool) and seqno >= 0
-
-
 def _checkpoint_request(tunnel_id: str, channel_id: str, page: str, sequence: int) -> Any:
     """The Checkpoint request pushing ``page`` at ``sequence`` (the stored number + 1)."""
     return m.CheckpointRequest(tunnel_id=tunnel_id, client_id=CLIENT_ID, channel_id=channel_id,
@@ -517,7 +512,7 @@ class TablestoreTunnelService(TunnelService):
         sent (module docstring). A position the tunnel already holds is not pushed again."""
         page, _ = self._check_token(channel_id, checkpoint.token)
         seqno = checkpoint.sequence_number
-        if not _valid_sequence(seqno):
+        if not checkpoint.sequence_is_valid:
             raise InvalidCheckpointError(
                 channel_id=channel_id, tunnel_id=tunnel_id,
                 reason=f"sequence number must be a non-negative integer, got {seqno!r}")
@@ -581,7 +576,7 @@ class TablestoreTunnelService(TunnelService):
                 page, _ = self._check_token(channel_id, checkpoint.token)
             except Exception:  # noqa: BLE001 - checkpoint() raises it
                 page = None
-            if stored is None or page is None or not _valid_sequence(checkpoint.sequence_number):
+            if stored is None or page is None or not checkpoint.sequence_is_valid:
                 left.append(channel_id)
                 continue
             if stored[1] == page:
