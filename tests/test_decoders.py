@@ -3,7 +3,9 @@
 ``columnar.decode_compiled`` (C, ``_columnar.c``) and ``records.decode_columns_python`` must
 turn the same wire records into the same page batch -- schema, values, nulls, float bits, the
 ``_before`` / ``_extra`` JSON text byte for byte -- and refuse the same malformed input with the
-same ``MalformedRecordError`` (same message). Checked on generated pages (hypothesis: every
+same ``MalformedRecordError`` (same message) -- and so must the compiled decoder reading the
+records straight from a scanned ReadRecords answer's bytes (``read_answer``, the client's
+``read_page`` path). Checked on generated pages (hypothesis: every
 value type incl. NaN / infinities / -0.0, non-ASCII and empty strings, every cell op, before-
 images, base records, layouts declaring some columns, mismatched column types), on every
 truncation and every bit flip of a record and of its before-image, and on corrupted bytes of
@@ -31,6 +33,7 @@ from connector.tunnel.page import PageLayout
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import (
     REQUIRE_COMPILED_ENV,
+    RawRecords,
     compiled_available,
     compiled_required,
     decode_compiled,
@@ -43,6 +46,7 @@ from connector.tunnel.tablestore.plainbuffer import (
     Special,
     encode_row,
 )
+from connector.tunnel.tablestore.read_answer import read_answer
 from connector.tunnel.tablestore.records import decode_columns, decode_columns_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +104,7 @@ def assert_same(records: list[Any], base_offset: int | None, layout: PageLayout,
         batch = decode_compiled(*args)
         if batch is None:
             handed_over.append(True)
-            return decode_columns_python(*args)
+            return decode_columns(*args)  # the Python path (protobuf Records for RawRecords)
         return batch
 
     expected = outcome(decode_columns_python, records, base_offset, layout)
@@ -110,6 +114,14 @@ def assert_same(records: list[Any], base_offset: int | None, layout: PageLayout,
     if currently_in_test_context():  # hypothesis statistics (pytest --hypothesis-show-statistics)
         event(f"outcome: {expected[0]}{', handed to the Python path' if handed_over else ''}")
     assert got == expected
+    # the client's read_page path: the same records sent in an answer, scanned, decoded from
+    # its bytes (tests/test_read_answer.py holds the scan itself to the protobuf runtime's)
+    answer = read_answer(m.ReadRecordsResponse(records=records, next_token="t")
+                         .SerializeToString(), scan=True)
+    assert isinstance(answer.records, RawRecords)
+    handed_over.clear()
+    assert outcome(compiled, answer.records, base_offset, layout) == expected
+    assert not (handed_over and must_compile), "a scanned well-typed page was handed over"
     return got
 
 

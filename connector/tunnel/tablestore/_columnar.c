@@ -1067,10 +1067,9 @@ static int record_error_named(Page *pg, Py_ssize_t i, int32_t id, const char *fm
 }
 
 /* One PlainBuffer row of record #i (its ``record`` or ``origin_record`` bytes). */
-static int decode_bytes(Page *pg, Py_ssize_t i, PyObject *bytes, int allow_empty_pk,
-                        RawRow *row) {
-    Ctx c = {(const uint8_t *)PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes), &pg->names,
-             NULL};
+static int decode_bytes(Page *pg, Py_ssize_t i, const uint8_t *bytes, Py_ssize_t size,
+                        int allow_empty_pk, RawRow *row) {
+    Ctx c = {bytes, size, &pg->names, NULL};
     int r = decode_row(&c, allow_empty_pk, row);
     return r == MALFORMED ? record_error(pg, i, c.reason) : r;
 }
@@ -1107,42 +1106,31 @@ static int key_order(Buf *b, const CellList *pk) {
     return OK;
 }
 
+/* What the decoder reads of one wire record: from a protobuf ``Record`` object
+ * (``record_parts``) or from the spans ``scan_read_records`` found in a response's bytes. The
+ * spans point into bytes the caller keeps alive while the page decodes. */
+typedef struct {
+    long action;
+    const uint8_t *record;
+    Py_ssize_t record_len;
+    int has_before; /* origin_record is set (maybe empty) */
+    const uint8_t *origin;
+    Py_ssize_t origin_len;
+} Parts;
+
 /* One wire record (records.decode_one, then its sequence as _decode_all assigns it, then its
  * row of every column as decode_columns_python builds it). */
-static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
+static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
                          int64_t base_offset, Py_ssize_t *with_seq) {
     Names *t = &pg->names;
     uint32_t stamp = (uint32_t)i + 1;
     int r;
-
-    PyObject *action_obj = PyObject_GetAttr(wire, S_action_type);
-    if (action_obj == NULL) {
-        PyErr_Clear();
-        return FALLBACK;
-    }
-    if (!PyLong_CheckExact(action_obj)) {
-        Py_DECREF(action_obj);
-        return FALLBACK;
-    }
-    long action = PyLong_AsLong(action_obj);
-    Py_DECREF(action_obj);
-    if (action == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return FALLBACK;
-    }
+    long action = w->action;
     if (action != ACTION_PUT_ROW && action != ACTION_UPDATE_ROW && action != ACTION_DELETE_ROW) {
         PyObject *reason = PyUnicode_FromFormat("unknown action type %ld", action);
         return reason == NULL ? FAILED : record_error(pg, i, reason);
     }
-
-    PyObject *record = PyObject_GetAttr(wire, S_record);
-    if (record == NULL || !PyBytes_CheckExact(record)) {
-        Py_XDECREF(record);
-        PyErr_Clear();
-        return FALLBACK;
-    }
-    PyObject *origin = NULL; /* a reference while the record's values point into it */
-    if ((r = decode_bytes(pg, i, record, 0, &pg->row)) != OK) goto done;
+    if ((r = decode_bytes(pg, i, w->record, w->record_len, 0, &pg->row)) != OK) goto done;
 
     /* the key: a dict of its cells; a name twice is an error */
     const CellList *pk = &pg->row.pk;
@@ -1186,33 +1174,10 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
     }
 
     /* the before-image: the origin record's put cells */
-    int has_before = 0;
     pg->n_bef = 0;
-    origin = PyObject_GetAttr(wire, S_origin_record);
-    if (origin == NULL || !PyBytes_CheckExact(origin)) {
-        PyErr_Clear();
-        r = FALLBACK;
-        goto done;
-    }
-    if (PyBytes_GET_SIZE(origin) > 0) {
-        has_before = 1; /* a set bytes field; an unset one reads b"" */
-    } else {
-        PyObject *has = has_field(pg, wire);
-        if (has == NULL) {
-            PyErr_Clear();
-            r = FALLBACK;
+    if (w->has_before) {
+        if ((r = decode_bytes(pg, i, w->origin, w->origin_len, 1, &pg->origin)) != OK)
             goto done;
-        }
-        has_before = PyObject_IsTrue(has);
-        Py_DECREF(has);
-        if (has_before < 0) {
-            PyErr_Clear();
-            r = FALLBACK;
-            goto done;
-        }
-    }
-    if (has_before) {
-        if ((r = decode_bytes(pg, i, origin, 1, &pg->origin)) != OK) goto done;
         const CellList *od = &pg->origin.data;
         if ((r = ensure_ids(pg, pk->n + data->n + od->n + 1)) != OK) goto done;
         for (Py_ssize_t k = 0; k < od->n; k++) {
@@ -1294,7 +1259,7 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
     /* the row after the change (records.decode_columns_python) */
     pg->n_val = 0;
     for (Py_ssize_t k = 0; k < pk->n; k++) val_set(pg, stamp, pk->cells[k].id, &pk->cells[k].v);
-    if (action == ACTION_UPDATE_ROW && has_before) {
+    if (action == ACTION_UPDATE_ROW && w->has_before) {
         /* {**before, **columns} without the None values, over the key */
         for (Py_ssize_t k = 0; k < pg->n_bef; k++) {
             int32_t id = pg->bef_ids[k];
@@ -1319,7 +1284,7 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
     }
 
     /* _before and _extra: canonical JSON */
-    if (has_before) {
+    if (w->has_before) {
         memcpy(pg->ids, pg->bef_ids, (size_t)pg->n_bef * sizeof(int32_t));
         if ((r = json_object(&c_before->data, t, pg->ids, pg->n_bef, t->bef_val)) != OK)
             goto done;
@@ -1340,7 +1305,62 @@ static int decode_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
     }
 
 done:
-    Py_DECREF(record);
+    return r;
+}
+
+/* The parts of a protobuf ``Record`` (``record`` and ``origin_record`` are held in
+ * ``*keep_record`` / ``*keep_origin`` while the spans point into them). FALLBACK for anything
+ * but the message the protobuf runtime gives. */
+static int record_parts(Page *pg, PyObject *wire, Parts *w, PyObject **keep_record,
+                        PyObject **keep_origin) {
+    PyObject *action_obj = PyObject_GetAttr(wire, S_action_type);
+    if (action_obj == NULL || !PyLong_CheckExact(action_obj)) {
+        Py_XDECREF(action_obj);
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    w->action = PyLong_AsLong(action_obj);
+    Py_DECREF(action_obj);
+    if (w->action == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    PyObject *record = *keep_record = PyObject_GetAttr(wire, S_record);
+    PyObject *origin = *keep_origin = PyObject_GetAttr(wire, S_origin_record);
+    if (record == NULL || !PyBytes_CheckExact(record) || origin == NULL ||
+        !PyBytes_CheckExact(origin)) {
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    w->record = (const uint8_t *)PyBytes_AS_STRING(record);
+    w->record_len = PyBytes_GET_SIZE(record);
+    w->origin = (const uint8_t *)PyBytes_AS_STRING(origin);
+    w->origin_len = PyBytes_GET_SIZE(origin);
+    if (w->origin_len > 0) {
+        w->has_before = 1; /* a set bytes field; an unset one reads b"" */
+        return OK;
+    }
+    PyObject *has = has_field(pg, wire);
+    if (has == NULL) {
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    w->has_before = PyObject_IsTrue(has);
+    Py_DECREF(has);
+    if (w->has_before < 0) {
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    return OK;
+}
+
+static int decode_wire_record(Page *pg, Py_ssize_t i, PyObject *wire, int has_base,
+                              int64_t base_offset, Py_ssize_t *with_seq) {
+    Parts w;
+    PyObject *record = NULL, *origin = NULL;
+    int r = record_parts(pg, wire, &w, &record, &origin);
+    if (r == OK) r = decode_record(pg, i, &w, has_base, base_offset, with_seq);
+    Py_XDECREF(record);
     Py_XDECREF(origin);
     return r;
 }
@@ -1370,34 +1390,53 @@ static int page_checks(Page *pg, Py_ssize_t n, Py_ssize_t with_seq) {
     return OK;
 }
 
-static PyObject *decode_page(PyObject *self, PyObject *args) {
-    PyObject *records, *layout_names, *base_obj;
-    const char *kinds;
-    Py_ssize_t nkinds;
-    if (!PyArg_ParseTuple(args, "OO!y#O", &records, &PyTuple_Type, &layout_names, &kinds,
-                          &nkinds, &base_obj))
-        return NULL;
+/* Where a page's records come from: protobuf ``Record`` objects, or the spans
+ * ``scan_read_records`` indexed in a response's bytes (RAW_FIELDS int32 per record). */
+#define RAW_FIELDS 5 /* action, record offset, record length, origin offset (-1: unset), length */
+typedef struct {
+    PyObject *seq; /* PySequence_Fast of Record objects, or NULL */
+    const uint8_t *body;
+    const int32_t *index;
+} Source;
+
+static int source_record(Page *pg, const Source *src, Py_ssize_t i, int has_base,
+                         int64_t base_offset, Py_ssize_t *with_seq) {
+    if (src->seq != NULL)
+        return decode_wire_record(pg, i, PySequence_Fast_GET_ITEM(src->seq, i), has_base,
+                                  base_offset, with_seq);
+    const int32_t *f = src->index + i * RAW_FIELDS;
+    Parts w = {f[0], src->body + f[1], f[2], f[3] >= 0, NULL, 0};
+    if (w.has_before) {
+        w.origin = src->body + f[3];
+        w.origin_len = f[4];
+    }
+    return decode_record(pg, i, &w, has_base, base_offset, with_seq);
+}
+
+/* base_offset (None or an int) -> *has_base, *base_offset; 0 when the Python path must decode
+ * (not an int64), -1 with an exception set. */
+static int parse_base(PyObject *base_obj, int *has_base, int64_t *base_offset) {
+    *has_base = base_obj != Py_None;
+    *base_offset = 0;
+    if (!*has_base) return 1;
+    if (!PyLong_Check(base_obj)) return 0;
+    int overflow;
+    *base_offset = PyLong_AsLongLongAndOverflow(base_obj, &overflow);
+    if (overflow) return 0;
+    if (*base_offset == -1 && PyErr_Occurred()) return -1;
+    return 1;
+}
+
+/* The page of ``n`` records of ``src``: (n, columns) | reason | None, as decode_page. */
+static PyObject *decode_source(const Source *src, Py_ssize_t n, PyObject *layout_names,
+                               const char *kinds, Py_ssize_t nkinds, int has_base,
+                               int64_t base_offset) {
     Py_ssize_t L = PyTuple_GET_SIZE(layout_names);
     if (nkinds != L) {
         PyErr_SetString(PyExc_ValueError, "one kind per layout column");
         return NULL;
     }
-    int has_base = base_obj != Py_None;
-    int64_t base_offset = 0;
-    if (has_base) {
-        if (!PyLong_Check(base_obj)) Py_RETURN_NONE;
-        int overflow;
-        base_offset = PyLong_AsLongLongAndOverflow(base_obj, &overflow);
-        if (overflow) Py_RETURN_NONE;
-        if (base_offset == -1 && PyErr_Occurred()) return NULL;
-    }
-    PyObject *seq = PySequence_Fast(records, "records must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n >= UINT32_MAX - 1) {
-        Py_DECREF(seq);
-        Py_RETURN_NONE;
-    }
+    if (n >= UINT32_MAX - 1) Py_RETURN_NONE;
 
     Page pg;
     memset(&pg, 0, sizeof(pg));
@@ -1433,8 +1472,7 @@ static PyObject *decode_page(PyObject *self, PyObject *args) {
 
     Py_ssize_t with_seq = 0;
     for (Py_ssize_t i = 0; i < n && r == OK; i++)
-        r = decode_record(&pg, i, PySequence_Fast_GET_ITEM(seq, i), has_base, base_offset,
-                          &with_seq);
+        r = source_record(&pg, src, i, has_base, base_offset, &with_seq);
     if (r == OK) r = page_checks(&pg, n, with_seq);
     if (r == FAILED) goto out;
     if (r == FALLBACK) {
@@ -1459,7 +1497,6 @@ static PyObject *decode_page(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(nN)", n, columns);
 
 out:
-    Py_DECREF(seq);
     Py_XDECREF(pg.reason);
     Py_XDECREF(pg.has_field);
     if (pg.cols != NULL) {
@@ -1478,11 +1515,200 @@ out:
     return result;
 }
 
+static PyObject *decode_page(PyObject *self, PyObject *args) {
+    PyObject *records, *layout_names, *base_obj;
+    const char *kinds;
+    Py_ssize_t nkinds;
+    if (!PyArg_ParseTuple(args, "OO!y#O", &records, &PyTuple_Type, &layout_names, &kinds,
+                          &nkinds, &base_obj))
+        return NULL;
+    int has_base;
+    int64_t base_offset;
+    int ok = parse_base(base_obj, &has_base, &base_offset);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+    Source src = {PySequence_Fast(records, "records must be a sequence"), NULL, NULL};
+    if (src.seq == NULL) return NULL;
+    PyObject *result = decode_source(&src, PySequence_Fast_GET_SIZE(src.seq), layout_names,
+                                     kinds, nkinds, has_base, base_offset);
+    Py_DECREF(src.seq);
+    return result;
+}
+
+static PyObject *decode_raw_page(PyObject *self, PyObject *args) {
+    Py_buffer body, index;
+    Py_ssize_t start, stop;
+    PyObject *layout_names, *base_obj;
+    const char *kinds;
+    Py_ssize_t nkinds;
+    if (!PyArg_ParseTuple(args, "y*y*nnO!y#O", &body, &index, &start, &stop, &PyTuple_Type,
+                          &layout_names, &kinds, &nkinds, &base_obj))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t count = index.len / (Py_ssize_t)(RAW_FIELDS * sizeof(int32_t));
+    if (index.len % (Py_ssize_t)(RAW_FIELDS * sizeof(int32_t)) || start < 0 || start > stop ||
+        stop > count) {
+        PyErr_SetString(PyExc_ValueError, "start and stop must lie within the index");
+        goto out;
+    }
+    int has_base;
+    int64_t base_offset;
+    int ok = parse_base(base_obj, &has_base, &base_offset);
+    if (ok <= 0) {
+        if (ok == 0) result = Py_NewRef(Py_None);
+        goto out;
+    }
+    /* the index is scan_read_records' own: every span lies within the body it scanned */
+    Source src = {NULL, (const uint8_t *)body.buf, (const int32_t *)index.buf + start * RAW_FIELDS};
+    result = decode_source(&src, stop - start, layout_names, kinds, nkinds, has_base,
+                           base_offset);
+out:
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&index);
+    return result;
+}
+
+/* --- a ReadRecordsResponse's bytes, scanned ------------------------------------------------ */
+
+/* A varint at *pos (at most 10 bytes); 0 when truncated or too long. */
+static inline int pb_varint(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*pos >= end) return 0;
+        uint8_t b = p[(*pos)++];
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A field's tag at *pos: its number (1 .. 2^29-1, as protobuf allows) and wire type. */
+static inline int pb_tag(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, uint32_t *field,
+                         int *wire_type) {
+    uint64_t tag;
+    if (!pb_varint(p, end, pos, &tag) || tag > 0xFFFFFFFFu) return 0;
+    *field = (uint32_t)(tag >> 3);
+    *wire_type = (int)(tag & 7);
+    return *field >= 1 && *field <= 0x1FFFFFFF;
+}
+
+/* A length-delimited field's value at *pos: [*at, *at + *len) within end. */
+static inline int pb_span(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, Py_ssize_t *at,
+                          Py_ssize_t *len) {
+    uint64_t n;
+    if (!pb_varint(p, end, pos, &n) || n > (uint64_t)(end - *pos)) return 0;
+    *at = *pos;
+    *len = (Py_ssize_t)n;
+    *pos += (Py_ssize_t)n;
+    return 1;
+}
+
+/* Skip an unknown field's value (groups, which no Tunnel message has, are not skipped). */
+static int pb_skip(const uint8_t *p, Py_ssize_t end, Py_ssize_t *pos, int wire_type) {
+    uint64_t v;
+    Py_ssize_t at, len;
+    switch (wire_type) {
+        case 0: return pb_varint(p, end, pos, &v);
+        case 1:
+            if (end - *pos < 8) return 0;
+            *pos += 8;
+            return 1;
+        case 2: return pb_span(p, end, pos, &at, &len);
+        case 5:
+            if (end - *pos < 4) return 0;
+            *pos += 4;
+            return 1;
+        default: return 0;
+    }
+}
+
+/* One Record message at [pos, end): its RAW_FIELDS; 0 unless it is a complete Record with an
+ * action the decoder knows (anything else: the protobuf runtime decides). */
+static int scan_record(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, int32_t *f) {
+    int has_action = 0, has_record = 0;
+    f[3] = -1;
+    f[4] = 0;
+    while (pos < end) {
+        uint32_t field;
+        int wt;
+        uint64_t v;
+        Py_ssize_t at, len;
+        if (!pb_tag(p, end, &pos, &field, &wt)) return 0;
+        if (field == 1) { /* action_type */
+            if (wt != 0 || !pb_varint(p, end, &pos, &v)) return 0;
+            if (v != ACTION_PUT_ROW && v != ACTION_UPDATE_ROW && v != ACTION_DELETE_ROW)
+                return 0;
+            f[0] = (int32_t)v;
+            has_action = 1;
+        } else if (field == 2 || field == 3) { /* record, origin_record: the last one counts */
+            if (wt != 2 || !pb_span(p, end, &pos, &at, &len)) return 0;
+            f[field == 2 ? 1 : 3] = (int32_t)at;
+            f[field == 2 ? 2 : 4] = (int32_t)len;
+            has_record |= field == 2;
+        } else if (!pb_skip(p, end, &pos, wt)) {
+            return 0;
+        }
+    }
+    return has_action && has_record;
+}
+
+static PyObject *scan_read_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    const uint8_t *p = (const uint8_t *)view.buf;
+    Py_ssize_t end = view.len, pos = 0, token_at = -1, token_len = 0;
+    int may_more = -1, ok = end <= INT32_MAX;
+    Buf index = {NULL, 0, 0};
+    PyObject *result = NULL;
+    while (ok && pos < end) {
+        uint32_t field;
+        int wt;
+        uint64_t v = 0;
+        Py_ssize_t at, len;
+        if (!pb_tag(p, end, &pos, &field, &wt)) {
+            ok = 0;
+        } else if (field == 1) { /* records */
+            int32_t f[RAW_FIELDS];
+            ok = wt == 2 && pb_span(p, end, &pos, &at, &len) && scan_record(p, at, at + len, f);
+            if (ok && buf_put(&index, f, sizeof(f)) != OK) goto out;
+        } else if (field == 2) { /* next_token */
+            ok = wt == 2 && pb_span(p, end, &pos, &token_at, &token_len);
+        } else if (field == 3) { /* may_more_record */
+            ok = wt == 0 && pb_varint(p, end, &pos, &v);
+            may_more = v != 0;
+        } else {
+            ok = pb_skip(p, end, &pos, wt);
+        }
+    }
+    if (!ok || token_at < 0 || !utf8_valid(p + token_at, token_len)) {
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    Py_ssize_t count = index.len / (Py_ssize_t)(RAW_FIELDS * sizeof(int32_t));
+    result = Py_BuildValue("(ns#iy#)", count, (const char *)p + token_at, token_len, may_more,
+                           index.p != NULL ? (const char *)index.p : "", index.len);
+out:
+    buf_free(&index);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
     {"decode_page", decode_page, METH_VARARGS,
      "decode_page(records, names, kinds, base_offset) -> (n, columns) | reason | None\n\n"
      "One ReadRecords page's wire Records into the buffers of the page's Arrow columns "
      "(see connector/tunnel/tablestore/columnar.py)."},
+    {"decode_raw_page", decode_raw_page, METH_VARARGS,
+     "decode_raw_page(body, index, start, stop, names, kinds, base_offset) -> as decode_page\n\n"
+     "Records start..stop of a ReadRecords response's bytes, as scan_read_records indexed "
+     "them, into the buffers of the page's Arrow columns."},
+    {"scan_read_records", scan_read_records, METH_VARARGS,
+     "scan_read_records(body) -> (count, next_token, may_more, index) | None\n\n"
+     "A ReadRecordsResponse's bytes: its record count, next_token, may_more_record (-1 when "
+     "unset) and the index of every record's fields; None unless it is a well-formed "
+     "response the decoder reads (the protobuf runtime decides the rest)."},
     {NULL, NULL, 0, NULL},
 };
 

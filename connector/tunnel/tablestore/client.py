@@ -122,6 +122,7 @@ from connector.tunnel.page import Page, PageLayout, empty_page_batch
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.prefetch import PREFETCH_HELD, PrefetchedReads
 from connector.tunnel.tablestore.progress import ChannelProbes
+from connector.tunnel.tablestore.read_answer import ReadAnswer, read_answer
 from connector.tunnel.tablestore.records import decode_columns, decode_page
 from connector.tunnel.tablestore.refusals import (
     auth_hint,
@@ -286,9 +287,11 @@ class TablestoreTunnelService(TunnelService):
 
     def _send(self, path: str, body: bytes, response_type: Any,
               on_error: Callable[[ServiceError], Exception | None] | None = None,
-              answer: PendingCall | None = None) -> Any:
+              answer: PendingCall | None = None,
+              parse: Callable[[bytes], Any] | None = None) -> Any:
         """``_call`` with the request already serialized; with ``answer`` (a request sent
-        ahead), its answer instead of sending ``body``."""
+        ahead), its answer instead of sending ``body``; ``parse`` instead of
+        ``messages.parse(response_type, ...)`` when given."""
         try:
             data = answer.result() if answer is not None else self._transport.call(path, body)
         except Unavailable as exc:
@@ -305,7 +308,7 @@ class TablestoreTunnelService(TunnelService):
             mapped = on_error(exc) if on_error is not None else None
             raise (mapped or self._generic(path, exc)) from None
         try:
-            return m.parse(response_type, data)
+            return parse(data) if parse is not None else m.parse(response_type, data)
         except m.MessageError as exc:
             raise TunnelServiceError(endpoint=self.uri, operation=path, code="BadResponse",
                                      http_status=200, message=str(exc)) from None
@@ -604,22 +607,24 @@ class TablestoreTunnelService(TunnelService):
         return max_records, request.SerializeToString()
 
     def _read_page(self, tunnel_id: str, channel_id: str, page_token: str, want: int,
-                   token: str, ahead: bool = False) -> Any:
-        """One ReadRecords answer; ``ahead``: the prefetched one when it answers this request
+                   token: str, ahead: bool = False, scan: bool = False) -> ReadAnswer:
+        """One ReadRecords answer (``read_answer``; ``scan``: its records left as bytes for
+        the compiled decoder); ``ahead``: the prefetched one when it answers this request
         (module docstring)."""
         max_records, body = self._read_request(tunnel_id, channel_id, page_token, want)
         prefetched = (self._prefetches.take((tunnel_id, channel_id), page_token) if ahead
                       else None)
         on_error = lambda e: self._channel_error(e, tunnel_id, channel_id, token)  # noqa: E731
+        parse = lambda data: read_answer(data, scan)  # noqa: E731
         if prefetched is not None:
             response = self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error,
-                                  prefetched.answer)
+                                  prefetched.answer, parse)
             # asked with a higher limit: a page no longer than this one's limit answers it too
             if prefetched.answer.body == body or len(response.records) <= (max_records or 0):
                 self.prefetch_stats["used"] += 1
                 return response
             self.prefetch_stats["unused"] += 1
-        return self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error)
+        return self._send(_READ_PATH, body, m.ReadRecordsResponse, on_error, parse=parse)
 
     def _send_ahead(self, tunnel_id: str, channel_id: str, page_token: str, want: int) -> None:
         """Send the request for the page after this one now; its answer is read by the read
@@ -651,18 +656,21 @@ class TablestoreTunnelService(TunnelService):
         return self._tunnels[tunnel_id]
 
     def fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int,
-               ahead: bool = False) -> tuple[Sequence[Any], int | None, str, bool] | None:
+              ahead: bool = False, scan: bool = False
+              ) -> tuple[Sequence[Any], int | None, str, bool] | None:
         """The wire records of up to ``limit`` records after ``token``, with the base offset
         of the first (``None`` if unknown), the token after them and ``may_more``; ``None``
         for ``limit == 0`` (nothing to ask the service). Shared by both read methods and
-        ``lag`` (``progress``); ``ahead`` (``read_page``): with prefetch (``prefetch``)."""
+        ``lag`` (``progress``); ``ahead`` (``read_page``): with prefetch (``prefetch``);
+        ``scan`` (``read_page``): the records as a ``columnar.RawRecords`` when the compiled
+        scanner reads the answer (``read_answer``), else protobuf ``Record`` objects."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         page_token, skip = self._check_token(channel_id, token)
         if limit == 0 and token != FINISHED:
             return None
         response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token,
-                                   ahead and not skip)
+                                   ahead and not skip, scan)
         while skip and len(response.records) <= skip:
             # the service paged differently than when the token was made: skip whole pages
             if response.next_token == FINISHED or not response.records:
@@ -672,13 +680,14 @@ class TablestoreTunnelService(TunnelService):
                     "follow its page token")
             skip -= len(response.records)
             page_token = response.next_token
-            response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token)
+            response = self._read_page(tunnel_id, channel_id, page_token, skip + limit, token,
+                                       scan=scan)
         before = base_offset(page_token)
         wanted = response.records[skip:skip + limit]
         first = None if before is None else before + skip
         if skip + limit < len(response.records):
             return wanted, first, f"{page_token}{SKIP_MARK}{skip + limit}", True
-        may_more = (response.may_more_record if response.HasField("may_more_record")
+        may_more = (response.may_more_record if response.may_more_record is not None
                     else len(response.records) >= 500)
         may_more = bool(may_more) and response.next_token != FINISHED
         if ahead and may_more:
@@ -701,7 +710,8 @@ class TablestoreTunnelService(TunnelService):
         reader's path): PlainBuffer decoded straight into the page's columns
         (``records.decode_columns``), no ``Record`` per record; positions, tokens and errors
         as ``read_records``. The next page's request is sent ahead (module docstring)."""
-        fetched = self.fetch(tunnel_id, channel_id, token, limit, ahead=self.prefetch)
+        fetched = self.fetch(tunnel_id, channel_id, token, limit, ahead=self.prefetch,
+                             scan=True)
         if fetched is None:
             return Page(empty_page_batch(layout), token, True)
         wanted, first, next_token, may_more = fetched

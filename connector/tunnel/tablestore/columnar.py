@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from connector.errors import MalformedRecordError
 from connector.tunnel.page import PageLayout, page_schema
+from connector.tunnel.tablestore import messages as m
 
 try:
     from connector.tunnel.tablestore import _columnar
@@ -74,6 +75,31 @@ def _note_fallback() -> None:
                     "(docs/performance.md)")
 
 
+class RawRecords:
+    """Records ``start .. stop`` of a scanned ReadRecords answer, still bytes: ``len``, slices
+    (another window of the same bytes), and ``messages()``, the protobuf ``Record`` objects for
+    a path that wants them (the pure-Python decoder)."""
+
+    __slots__ = ("body", "index", "start", "stop")
+
+    def __init__(self, body: bytes, index: bytes, start: int, stop: int) -> None:
+        self.body, self.index, self.start, self.stop = body, index, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, window: slice) -> RawRecords:
+        if not isinstance(window, slice) or window.step not in (None, 1):
+            raise TypeError("RawRecords takes slices without a step only")
+        start, stop, _ = window.indices(len(self))
+        return RawRecords(self.body, self.index, self.start + start,
+                          self.start + max(start, stop))
+
+    def messages(self) -> list[Any]:
+        """These records as protobuf ``Record`` objects (the bytes parsed again)."""
+        return list(m.parse(m.ReadRecordsResponse, self.body).records[self.start:self.stop])
+
+
 @functools.lru_cache(maxsize=64)
 def _layout_spec(layout: PageLayout) -> tuple[tuple[bytes, ...], bytes, pa.Schema] | None:
     """(column names as UTF-8, kind bytes, page schema), or None if a column type is not
@@ -88,10 +114,10 @@ def _layout_spec(layout: PageLayout) -> tuple[tuple[bytes, ...], bytes, pa.Schem
 
 def decode_compiled(records: Sequence[Any], channel_id: str, token: str,
                     base_offset: int | None, layout: PageLayout) -> pa.RecordBatch | None:
-    """The page batch of ``records`` (wire ``Record`` messages of one ReadRecords response),
-    decoded by the compiled decoder; ``None`` when the Python path must decode it (see the
-    module docstring). ``MalformedRecordError`` as ``records.decode_columns_python`` raises
-    it."""
+    """The page batch of ``records`` (wire ``Record`` messages of one ReadRecords response, or
+    a ``RawRecords`` window of its bytes), decoded by the compiled decoder; ``None`` when the
+    Python path must decode it (see the module docstring). ``MalformedRecordError`` as
+    ``records.decode_columns_python`` raises it."""
     if _columnar is None:
         _note_fallback()
         return None
@@ -99,7 +125,11 @@ def decode_compiled(records: Sequence[Any], channel_id: str, token: str,
     if spec is None:
         return None
     names, kinds, schema = spec
-    out = _columnar.decode_page(records, names, kinds, base_offset)
+    if isinstance(records, RawRecords):
+        out = _columnar.decode_raw_page(records.body, records.index, records.start,
+                                        records.stop, names, kinds, base_offset)
+    else:
+        out = _columnar.decode_page(records, names, kinds, base_offset)
     if out is None:
         return None
     if isinstance(out, str):
@@ -114,5 +144,5 @@ def decode_compiled(records: Sequence[Any], channel_id: str, token: str,
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-__all__ = ["KINDS", "REQUIRE_COMPILED_ENV", "compiled_available", "compiled_required",
-           "decode_compiled"]
+__all__ = ["KINDS", "REQUIRE_COMPILED_ENV", "RawRecords", "compiled_available",
+           "compiled_required", "decode_compiled"]

@@ -43,7 +43,7 @@ from connector.errors import MalformedRecordError
 from connector.tunnel.base import Op, Record
 from connector.tunnel.page import ENCODE_JSON, PageLayout, page_schema
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.columnar import decode_compiled
+from connector.tunnel.tablestore.columnar import RawRecords, decode_compiled
 from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, decode_raw
 
 _ACTIONS = {
@@ -168,6 +168,8 @@ def decode_columns(records: Sequence[Any], channel_id: str, token: str,
                    base_offset: int | None, layout: PageLayout) -> pa.RecordBatch:
     """Decode one page straight into the page batch (executor, ``read_page``): the same batch
     ``records_to_page(decode_page(...), layout)`` builds, without a ``Record`` per record.
+    ``records``: protobuf ``Record`` objects, or a ``columnar.RawRecords`` window of a scanned
+    answer's bytes (``read_answer``).
 
     The compiled decoder (``columnar.decode_compiled``) when it is installed and the page is
     one it fills; else the pure-Python one, ``decode_columns_python``. Both give the same
@@ -175,6 +177,12 @@ def decode_columns(records: Sequence[Any], channel_id: str, token: str,
     batch = decode_compiled(records, channel_id, token, base_offset, layout)
     if batch is not None:
         return batch
+    if isinstance(records, RawRecords):  # a scanned answer: the Python path reads objects
+        try:
+            records = records.messages()
+        except m.MessageError as exc:
+            raise MalformedRecordError(channel_id=channel_id, token=token,
+                                       reason=str(exc)) from None
     return decode_columns_python(records, channel_id, token, base_offset, layout)
 
 
