@@ -172,3 +172,14 @@ def test_read_answer_gives_raw_records_or_protobuf_records_alike() -> None:
     declined = body + field(9, 3, b"")
     with pytest.raises(m.MessageError):
         read_answer(declined, scan=True)
+
+
+def test_without_the_extension_the_runtime_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector.tunnel.tablestore import columnar
+
+    body = m.ReadRecordsResponse(records=[m.Record(action_type=1, record=b"r")],
+                                 next_token="t").SerializeToString()
+    monkeypatch.setattr(columnar, "_columnar", None)
+    answer = read_answer(body, scan=True)
+    assert not isinstance(answer.records, RawRecords)
+    assert (len(answer.records), answer.next_token, answer.may_more_record) == (1, "t", None)

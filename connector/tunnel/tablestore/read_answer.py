@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.columnar import RawRecords, _columnar
+from connector.tunnel.tablestore import columnar
+from connector.tunnel.tablestore.columnar import RawRecords
 
 
 class ReadAnswer(NamedTuple):
@@ -37,8 +38,9 @@ class ReadAnswer(NamedTuple):
 def read_answer(data: bytes, scan: bool) -> ReadAnswer:
     """The answer in ``data`` (module docstring); ``messages.MessageError`` when it is not a
     ReadRecordsResponse."""
-    if scan and _columnar is not None:
-        scanned = _columnar.scan_read_records(data)
+    compiled = columnar._columnar  # looked up now: None where the extension is not built
+    if scan and compiled is not None:
+        scanned = compiled.scan_read_records(data)
         if scanned is not None:
             count, next_token, may_more, index = scanned
             return ReadAnswer(RawRecords(data, index, 0, count), next_token,
