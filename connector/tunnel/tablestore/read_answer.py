@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore import columnar
+from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import RawRecords
 
 
