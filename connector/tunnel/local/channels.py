@@ -20,6 +20,7 @@ inside a transaction its caller opened (a write transaction for those that write
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -70,12 +71,18 @@ _CHANNEL_COLS = (
 )
 
 
+@functools.lru_cache(maxsize=1024)
+def _parent_ids(text: str) -> tuple[str, ...]:
+    """``parent_ids`` as stored (JSON), parsed once per text: every read of a channel meets it."""
+    return tuple(json.loads(text))
+
+
 def _channel_from_row(r: Sequence[Any]) -> ChannelRow:
     return ChannelRow(
         table_name=r[0],
         channel_id=r[1],
         channel_no=r[2],
-        parent_ids=tuple(json.loads(r[3])),
+        parent_ids=_parent_ids(r[3]),
         range_lo=r[4],
         range_hi=r[5],
         closed=bool(r[6]),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import sqlite3
 from collections.abc import Mapping
@@ -87,6 +88,19 @@ def encode_token(table: str, channel_id: str, seq: int) -> str:
     return base64.b64encode(raw.encode("utf-8")).decode("ascii")
 
 
+@functools.lru_cache(maxsize=4096)
+def _token_fields(token: str) -> tuple[Any, Any, Any] | str:
+    """(table, channel id, sequence) a token's text holds, else why it is no local-store token;
+    parsed once per text (a driver pushes and reads the same tokens again and again)."""
+    try:
+        body = json.loads(base64.b64decode(token.encode("ascii"), validate=True))
+    except (ValueError, UnicodeError, binascii.Error):
+        return "not base64 of a local-store token"
+    if not isinstance(body, dict) or set(body) != {"t", "c", "s"}:
+        return "not a local-store token"
+    return body["t"], body["c"], body["s"]
+
+
 def decode_token(token: Any, table: str, channel: TunnelChannel) -> int:
     """The sequence a (non-FINISHED) token stands for; ``MalformedTokenError`` if it is not a
     token this store issued for ``channel``."""
@@ -97,15 +111,12 @@ def decode_token(token: Any, table: str, channel: TunnelChannel) -> int:
 
     if not isinstance(token, str) or not token:
         raise bad("a token is a non-empty string")
-    try:
-        body = json.loads(base64.b64decode(token.encode("ascii"), validate=True))
-    except (ValueError, UnicodeError, binascii.Error):
-        raise bad("not base64 of a local-store token") from None
-    if not isinstance(body, dict) or set(body) != {"t", "c", "s"}:
-        raise bad("not a local-store token")
-    seq = body["s"]
-    if body["t"] != table or body["c"] != cid:
-        raise bad(f"it belongs to channel {body['c']!r} of table {body['t']!r}")
+    fields = _token_fields(token)
+    if isinstance(fields, str):
+        raise bad(fields)
+    token_table, token_channel, seq = fields
+    if token_table != table or token_channel != cid:
+        raise bad(f"it belongs to channel {token_channel!r} of table {token_table!r}")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
         raise bad(f"bad sequence {seq!r}")
     if seq > channel.head_seq:
@@ -125,6 +136,12 @@ def tunnel_by_id(conn: sqlite3.Connection, tunnel_id: str) -> TunnelRow:
     ).fetchone()
     if row is None:
         raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
+    return _tunnel_from_row(tuple(row))
+
+
+@functools.lru_cache(maxsize=256)
+def _tunnel_from_row(row: tuple[Any, ...]) -> TunnelRow:
+    """A ``cdc_tunnels`` row as a (frozen) ``TunnelRow``: the same row, the same object."""
     return TunnelRow(row[0], row[1], row[2], TunnelType(row[3]), StartPosition(row[4]), row[5])
 
 
