@@ -4,7 +4,8 @@
 from it, trimming deletes a prefix of it (``channels.trim``), and verification reads it.
 
 Who calls what, each inside a transaction its caller opened:
-- the row API (writer process) ``append``s one record per write, in the write's transaction;
+- the row API (writer process) appends one record per write, in the write's transaction
+  (``append_changes``: a batch of writes in one statement);
 - the tunnel service ``read_changes`` past a position (executors, ``read_records``; the
   unsealed tail of a columnar page) and decodes base-data rows with ``records_from_rows``;
   sealing a segment reads the records it seals (writer process);
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from connector.gc_pause import gc_paused
@@ -26,29 +27,26 @@ from connector.tunnel.local.values import BYTES_MARK, decode_value, loads_values
 _OPS = {op.value: op for op in Op}
 
 
-def append(
-    conn: sqlite3.Connection,
-    table: str,
-    channel_id: str,
-    op: Op,
-    pk_json: str,
-    columns_json: str,
-    before_json: str | None,
-    commit_ts_us: int,
-) -> int:
-    """Inside a write transaction: append one record to the channel; returns its sequence, the
-    channel's next (1, 2, 3, ...: allocated in this transaction, so gapless)."""
-    (seq,) = conn.execute(
-        "UPDATE cdc_channels SET head_seq = head_seq + 1 "
-        "WHERE table_name = ? AND channel_id = ? RETURNING head_seq",
-        (table, channel_id),
-    ).fetchone()
-    conn.execute(
+#: one change record to append: (channel id, sequence, op, pk JSON, columns JSON,
+#: before-image JSON or None, commit time in microseconds)
+NewChange = tuple[str, int, Op, str, str, str | None, int]
+
+
+def append_changes(conn: sqlite3.Connection, table: str, changes: Sequence[NewChange],
+                   heads: Mapping[str, int]) -> None:
+    """Inside a write transaction: append ``changes`` (each channel's sequences the next ones
+    after its ``head_seq``, 1, 2, 3, ...: the caller allocates them in this transaction, so
+    they stay gapless) and move each channel's ``head_seq`` to ``heads[channel]``."""
+    conn.executemany(
         "INSERT INTO cdc_changes (table_name, channel_id, seq, op, pk, columns, before, "
         "commit_ts_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (table, channel_id, seq, op.value, pk_json, columns_json, before_json, commit_ts_us),
+        [(table, ch, seq, op.value, pk, cols, before, ts)
+         for ch, seq, op, pk, cols, before, ts in changes],
     )
-    return int(seq)
+    conn.executemany(
+        "UPDATE cdc_channels SET head_seq = ? WHERE table_name = ? AND channel_id = ?",
+        [(head, table, ch) for ch, head in heads.items()],
+    )
 
 
 def read_changes(
@@ -144,4 +142,5 @@ def record_from_row(schema: TableSchema, channel_id: str, r: Sequence[Any]) -> R
     )
 
 
-__all__ = ["all_changes", "append", "read_changes", "record_from_row", "records_from_rows"]
+__all__ = ["NewChange", "all_changes", "append_changes", "read_changes", "record_from_row",
+           "records_from_rows"]

@@ -6,7 +6,7 @@ The model mirrors Tablestore's stream:
 - each channel owns a half-open hash range; ``cut_key_space`` (``create_table``) cuts the space
   into N equal ranges; the open channels always cover the whole space without overlap;
 - every write appends exactly one record to the open channel owning the key, with the next
-  per-channel sequence (``changelog.append``);
+  per-channel sequence (``changelog.append_changes``);
 - ``split_channel`` closes a channel and opens two children on the halves of its range;
   ``merge_channels`` closes two adjacent channels and opens one child on their union. Writes
   after the operation land in the children. Closed channels keep their records;

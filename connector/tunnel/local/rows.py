@@ -3,7 +3,8 @@
 ``LocalTablestore.put_row`` / ``update_row`` / ``delete_row`` / ``batch_write`` come here in a
 writer process (a CLI, a demo, a test, the emulator's table API), inside one write transaction:
 ``write_batch`` validates every operation, applies each to the row and appends its change to
-the channel owning the key (``changelog.append``), then seals full segments
+the channel owning the key (``changelog.append_changes``, one statement for the batch),
+then seals full segments
 (``segments.seal``). The reads serve ``get_row`` / ``scan`` / ``count_rows`` and the tunnel
 service's base-data snapshot (``rows_in_hash_range``, on the driver when a tunnel is created).
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from connector.errors import InvalidRowError
 from connector.tunnel.base import Op, TableSchema
-from connector.tunnel.local.changelog import append
+from connector.tunnel.local.changelog import NewChange, append_changes
 from connector.tunnel.local.channels import ChannelRow, channel_rows
 from connector.tunnel.local.segments import seal
 from connector.tunnel.local.values import check_value, dumps_values, key_hash, loads_values
@@ -45,13 +46,16 @@ def write_batch(conn: sqlite3.Connection, schema: TableSchema, ops: Sequence[Any
         return
     open_channels = [c for c in channel_rows(conn, table) if not c.closed]
     now_us = time.time_ns() // 1000
-    heads: dict[str, int] = {}
+    heads = {c.channel_id: c.head_seq for c in open_channels}  # this transaction's to move
+    changes: list[NewChange] = []
     for kind, pk_json, cols in prepared:
-        channel, seq = _apply(conn, table, open_channels, kind, pk_json, cols, now_us)
-        heads[channel.channel_id] = seq
+        changes.append(_apply(conn, table, open_channels, heads, kind, pk_json, cols, now_us))
+    moved = {c.channel_id: heads[c.channel_id] for c in open_channels
+             if heads[c.channel_id] != c.head_seq}
+    append_changes(conn, table, changes, moved)  # one statement each for the whole batch
     for channel in open_channels:
-        if channel.channel_id in heads:
-            seal(conn, schema, channel, heads[channel.channel_id])
+        if channel.channel_id in moved:
+            seal(conn, schema, channel, moved[channel.channel_id])
 
 
 def validate_operation(
@@ -119,13 +123,14 @@ def _apply(
     conn: sqlite3.Connection,
     table: str,
     open_channels: list[ChannelRow],
+    heads: dict[str, int],
     kind: str,
     pk_json: str,
     cols: dict[str, Any] | None,
     now_us: int,
-) -> tuple[ChannelRow, int]:
-    """Apply one change to its row and append it to the change log; returns its channel and
-    sequence."""
+) -> NewChange:
+    """Apply one change to its row; returns its change record, with the next sequence of its
+    channel (``heads`` moves on), for ``changelog.append_changes``."""
     h = key_hash(pk_json)
     channel = next(c for c in open_channels if c.owns(h))  # open ranges cover the space
     row = conn.execute(
@@ -150,8 +155,8 @@ def _apply(
             "ON CONFLICT (table_name, pk) DO UPDATE SET attrs = excluded.attrs",
             (table, pk_json, h, dumps_values(new)),
         )
-    seq = append(conn, table, channel.channel_id, op, pk_json, record_cols, before_json, now_us)
-    return channel, seq
+    seq = heads[channel.channel_id] = heads[channel.channel_id] + 1
+    return channel.channel_id, seq, op, pk_json, record_cols, before_json, now_us
 
 
 # --- reads (inside a transaction) ----------------------------------------------------------------

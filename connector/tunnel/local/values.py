@@ -46,11 +46,14 @@ def decode_value(value: Any) -> Any:
     return value
 
 
+#: ``json.dumps(..., sort_keys=True, separators=(",", ":"))`` without making an encoder per
+#: call (three calls per write)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def dumps_values(values: Mapping[str, Any]) -> str:
     """Canonical JSON of a column -> value mapping (sorted keys, bytes as base64)."""
-    return json.dumps(
-        {k: _enc(v) for k, v in values.items()}, sort_keys=True, separators=(",", ":")
-    )
+    return _CANONICAL.encode({k: _enc(v) for k, v in values.items()})
 
 
 def loads_values(text: str) -> dict[str, Any]:
