@@ -142,18 +142,18 @@ def _apply(
         conn.execute("DELETE FROM cdc_rows WHERE table_name = ? AND pk = ?", (table, pk_json))
     else:
         assert cols is not None
-        if kind == "put":
-            op, new = Op.PUT, dict(cols)
+        record_cols = dumps_values(cols)
+        if kind == "put":  # the row is the record's columns (no None in a put)
+            op, row_json = Op.PUT, record_cols
         else:
             op = Op.UPDATE
             new = loads_values(before_json) if before_json else {}
             new.update(cols)
-            new = {k: v for k, v in new.items() if v is not None}
-        record_cols = dumps_values(cols)
+            row_json = dumps_values({k: v for k, v in new.items() if v is not None})
         conn.execute(
             "INSERT INTO cdc_rows (table_name, pk, key_hash, attrs) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (table_name, pk) DO UPDATE SET attrs = excluded.attrs",
-            (table, pk_json, h, dumps_values(new)),
+            (table, pk_json, h, row_json),
         )
     seq = heads[channel.channel_id] = heads[channel.channel_id] + 1
     return channel.channel_id, seq, op, pk_json, record_cols, before_json, now_us
