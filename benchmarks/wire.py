@@ -2,12 +2,13 @@
 
 Four figures (docs/performance.md, docs/tablestore.md):
 
-- ``decode``: records per second per core that ``connector.tunnel.tablestore.records.
-  decode_columns`` turns from wire ``Record`` messages (PlainBuffer with sequence info, as the
-  emulator encodes the benchmark table's changes) into page batches (what the client's
-  ``read_page`` does) -- with the compiled decoder when it is built, and with the pure-Python
-  fallback in the same run; the details also give the rate through ``Record`` objects (the
-  default adapter) and on records with a before-image (the JSON text columns).
+- ``decode``: records per second per core that the client's ``read_page`` path turns from
+  ReadRecords answers' bytes (500 records each, PlainBuffer with sequence info, as the emulator
+  encodes the benchmark table's changes) into page batches -- the compiled scan and decoder
+  when they are built (``read_answer``, ``records.decode_columns``), and the protobuf parse with
+  the pure-Python fallback in the same run; the details also give the rate through protobuf
+  ``Record`` objects, through the product's ``Record`` objects (the default adapter) and on
+  records with a before-image (the JSON text columns).
   CPU time of this one thread (``time.thread_time``), so other load on the machine does not
   count; the best of three passes.
 - ``throughput``: records per second from ``format("tablestore")`` over
@@ -65,19 +66,29 @@ class WireConfig:
 def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
     """Decode ``records`` wire records (one thread); records per CPU-second.
 
-    ``records_per_cpu_s``: the read path, wire records -> page batch
-    (``records.decode_columns``, what ``read_page`` does: the compiled decoder when it is built;
-    ``decoder`` says which ran); ``records_per_cpu_s_python``: the same pages through the
-    pure-Python decoder (``decode_columns_python``, the fallback), in the same run;
-    ``records_path_per_cpu_s``: the same through ``Record`` objects (``decode_page`` +
-    ``records_to_page``, the default adapter), for comparison; ``decode_page_per_cpu_s``:
-    ``Record`` objects only. The benchmark table's changes carry no before-image and only
-    declared columns; ``json_*`` repeat the two page decoders on the same records each given a
-    before-image with an undeclared column (``_before`` JSON text on every row, ``_extra`` on
-    the updates, whose after-image merges the before-image)."""
+    The records are the benchmark table's changes as the emulator encodes them (PlainBuffer
+    with sequence info), sent in ReadRecords answers of 500 (the service's page size);
+    each figure starts from an answer's bytes:
+
+    ``records_per_cpu_s``: what the client's ``read_page`` does -- ``read_answer`` (the compiled
+    scan, when it is built) and ``records.decode_columns`` into the page batch (the compiled
+    decoder reading the records from the answer's bytes; ``decoder`` says which ran);
+    ``records_per_cpu_s_python``: the same answers where the extension is not built (the
+    protobuf parse and the pure-Python decoder, the fallback), in the same run;
+    ``protobuf_records_per_cpu_s``: the protobuf parse and the compiled decoder reading the
+    ``Record`` objects (the read path before the scan); ``records_path_per_cpu_s``: through
+    ``Record`` objects (``decode_page`` + ``records_to_page``, the default adapter), for
+    comparison; ``decode_page_per_cpu_s``: ``Record`` objects only. The benchmark table's
+    changes carry no before-image and only declared columns; ``json_*`` repeat the two page
+    decoders on the same records each given a before-image with an undeclared column
+    (``_before`` JSON text on every row, ``_extra`` on the updates, whose after-image merges
+    the before-image). CPU time of this one thread (``time.thread_time``), so other load on
+    the machine does not count; the best of three passes."""
     from connector.tunnel.page import PageLayout, records_to_page
+    from connector.tunnel.tablestore import messages as m
     from connector.tunnel.tablestore.columnar import compiled_available
     from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, encode_row
+    from connector.tunnel.tablestore.read_answer import read_answer
     from connector.tunnel.tablestore.records import (
         decode_columns,
         decode_columns_python,
@@ -94,20 +105,33 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
     store.close()
     page = 500  # the service's page size
 
-    def best_of_three(decode: Any, pages_of: list[Any] = wire) -> float:
+    def answers(of: list[Any]) -> list[bytes]:
+        return [m.ReadRecordsResponse(records=of[lo:lo + page], next_token="t")
+                .SerializeToString() for lo in range(0, len(of), page)]
+
+    def best_of_three(decode: Any, bodies: list[bytes]) -> float:
         best = float("inf")
         for _ in range(3):
             began = time.thread_time()
-            for lo in range(0, len(pages_of), page):
-                decode(pages_of[lo:lo + page])
+            for body in bodies:
+                decode(body)
             best = min(best, time.thread_time() - began)
         return best
 
-    columns = best_of_three(lambda w: decode_columns(w, "ch", "token", None, layout))
-    python = best_of_three(lambda w: decode_columns_python(w, "ch", "token", None, layout))
+    def objects_of(body: bytes) -> Any:
+        return read_answer(body, scan=False).records
+
+    plain = answers(wire)
+    columns = best_of_three(
+        lambda b: decode_columns(read_answer(b, scan=True).records, "ch", "t", None, layout),
+        plain)
+    python = best_of_three(
+        lambda b: decode_columns_python(objects_of(b), "ch", "t", None, layout), plain)
+    protobuf = best_of_three(
+        lambda b: decode_columns(objects_of(b), "ch", "t", None, layout), plain)
     via_records = best_of_three(
-        lambda w: records_to_page(decode_page(w, "ch", "token", None), layout))
-    objects = best_of_three(lambda w: decode_page(w, "ch", "token", None))
+        lambda b: records_to_page(decode_page(objects_of(b), "ch", "t", None), layout), plain)
+    objects = best_of_three(lambda b: decode_page(objects_of(b), "ch", "t", None), plain)
 
     # the JSON writers' share: a before-image of three values, one of them undeclared
     with_json = []
@@ -118,14 +142,17 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
             Cell("name", f"old-name-{i:08d}", CellOp.PUT, 1), Cell("qty", i - 1, CellOp.PUT, 1),
             Cell("score", i / 7, CellOp.PUT, 1))))
         with_json.append(r)
-    json_columns = best_of_three(lambda w: decode_columns(w, "ch", "token", None, layout),
-                                 with_json)
+    json_bodies = answers(with_json)
+    json_columns = best_of_three(
+        lambda b: decode_columns(read_answer(b, scan=True).records, "ch", "t", None, layout),
+        json_bodies)
     json_python = best_of_three(
-        lambda w: decode_columns_python(w, "ch", "token", None, layout), with_json)
+        lambda b: decode_columns_python(objects_of(b), "ch", "t", None, layout), json_bodies)
     payload = sum(len(w.record) + len(w.origin_record) for w in wire)
     return {"records": len(wire), "decoder": "compiled" if compiled_available() else "python",
             "records_per_cpu_s": len(wire) / columns,
             "records_per_cpu_s_python": len(wire) / python,
+            "protobuf_records_per_cpu_s": len(wire) / protobuf,
             "records_path_per_cpu_s": len(wire) / via_records,
             "decode_page_per_cpu_s": len(wire) / objects,
             "json_records_per_cpu_s": len(wire) / json_columns,
