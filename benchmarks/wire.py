@@ -121,12 +121,15 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
     def objects_of(body: bytes) -> Any:
         return read_answer(body, scan=False).records
 
+    def read_page_path(body: bytes) -> Any:  # as the client's read_page decodes an answer
+        return decode_columns(read_answer(body, scan=True).records, "ch", "t", None, layout)
+
+    def fallback(body: bytes) -> Any:  # the same where the extension is not built
+        return decode_columns_python(objects_of(body), "ch", "t", None, layout)
+
     plain = answers(wire)
-    columns = best_of_three(
-        lambda b: decode_columns(read_answer(b, scan=True).records, "ch", "t", None, layout),
-        plain)
-    python = best_of_three(
-        lambda b: decode_columns_python(objects_of(b), "ch", "t", None, layout), plain)
+    columns = best_of_three(read_page_path, plain)
+    python = best_of_three(fallback, plain)
     protobuf = best_of_three(
         lambda b: decode_columns(objects_of(b), "ch", "t", None, layout), plain)
     via_records = best_of_three(
@@ -143,11 +146,8 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
             Cell("score", i / 7, CellOp.PUT, 1))))
         with_json.append(r)
     json_bodies = answers(with_json)
-    json_columns = best_of_three(
-        lambda b: decode_columns(read_answer(b, scan=True).records, "ch", "t", None, layout),
-        json_bodies)
-    json_python = best_of_three(
-        lambda b: decode_columns_python(objects_of(b), "ch", "t", None, layout), json_bodies)
+    json_columns = best_of_three(read_page_path, json_bodies)
+    json_python = best_of_three(fallback, json_bodies)
     payload = sum(len(w.record) + len(w.origin_record) for w in wire)
     return {"records": len(wire), "decoder": "compiled" if compiled_available() else "python",
             "records_per_cpu_s": len(wire) / columns,
