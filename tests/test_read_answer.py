@@ -183,3 +183,14 @@ def test_without_the_extension_the_runtime_parses(monkeypatch: pytest.MonkeyPatc
     answer = read_answer(body, scan=True)
     assert not isinstance(answer.records, RawRecords)
     assert (len(answer.records), answer.next_token, answer.may_more_record) == (1, "t", None)
+
+
+def test_the_raw_decoder_refuses_an_index_that_is_not_its_bodys() -> None:
+    body = m.ReadRecordsResponse(records=[m.Record(action_type=1, record=b"row")],
+                                 next_token="t").SerializeToString()
+    _, _, _, index = _columnar.scan_read_records(body)
+    for bad_body in (body[:5], b""):  # spans past the end of another body
+        with pytest.raises(ValueError, match="does not describe"):
+            _columnar.decode_raw_page(bad_body, index, 0, 1, (), b"", None)
+    with pytest.raises(ValueError, match="within the index"):
+        _columnar.decode_raw_page(body, index, 0, 2, (), b"", None)

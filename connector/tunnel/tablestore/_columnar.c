@@ -1557,8 +1557,18 @@ static PyObject *decode_raw_page(PyObject *self, PyObject *args) {
         if (ok == 0) result = Py_NewRef(Py_None);
         goto out;
     }
-    /* the index is scan_read_records' own: every span lies within the body it scanned */
-    Source src = {NULL, (const uint8_t *)body.buf, (const int32_t *)index.buf + start * RAW_FIELDS};
+    /* scan_read_records made the index of this body; checked all the same, so no call can
+     * make the decoder read outside the body */
+    const int32_t *fields = (const int32_t *)index.buf;
+    for (Py_ssize_t i = start * RAW_FIELDS; i < stop * RAW_FIELDS; i += RAW_FIELDS) {
+        const int32_t *f = fields + i;
+        if (f[1] < 0 || f[2] < 0 || f[1] > body.len - f[2] ||
+            (f[3] >= 0 && (f[4] < 0 || f[3] > body.len - f[4]))) {
+            PyErr_SetString(PyExc_ValueError, "the index does not describe this body");
+            goto out;
+        }
+    }
+    Source src = {NULL, (const uint8_t *)body.buf, fields + start * RAW_FIELDS};
     result = decode_source(&src, stop - start, layout_names, kinds, nkinds, has_base,
                            base_offset);
 out:
