@@ -47,7 +47,7 @@ def decode_value(value: Any) -> Any:
 
 
 #: ``json.dumps(..., sort_keys=True, separators=(",", ":"))`` without making an encoder per
-#: call (three calls per write)
+#: call (a write makes up to three)
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 

@@ -1130,7 +1130,7 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
         PyObject *reason = PyUnicode_FromFormat("unknown action type %ld", action);
         return reason == NULL ? FAILED : record_error(pg, i, reason);
     }
-    if ((r = decode_bytes(pg, i, w->record, w->record_len, 0, &pg->row)) != OK) goto done;
+    if ((r = decode_bytes(pg, i, w->record, w->record_len, 0, &pg->row)) != OK) return r;
 
     /* the key: a dict of its cells; a name twice is an error */
     const CellList *pk = &pg->row.pk;
@@ -1139,11 +1139,11 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
         if (t->pk_stamp[id] == stamp) {
             PyObject *reason = PyUnicode_FromString("a key column appears twice");
             r = reason == NULL ? FAILED : record_error(pg, i, reason);
-            goto done;
+            return r;
         }
         t->pk_stamp[id] = stamp;
     }
-    if ((r = ensure_ids(pg, pk->n + 2 * pg->row.data.n + 1)) != OK) goto done;
+    if ((r = ensure_ids(pg, pk->n + 2 * pg->row.data.n + 1)) != OK) return r;
 
     /* the columns: put cells' values, delete cells' None (not for a DELETE) */
     pg->n_col = 0;
@@ -1156,12 +1156,12 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
             if (cell->op == OP_INCREMENT) {
                 r = record_error_named(pg, i, cell->id,
                                        "column %R: an INCREMENT cell in a change record");
-                goto done;
+                return r;
             } else if (cell->op) {
                 if (action == ACTION_PUT_ROW) {
                     r = record_error_named(pg, i, cell->id,
                                            "column %R: a delete cell in a PUT_ROW record");
-                    goto done;
+                    return r;
                 }
                 v = &none;
             }
@@ -1177,9 +1177,9 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
     pg->n_bef = 0;
     if (w->has_before) {
         if ((r = decode_bytes(pg, i, w->origin, w->origin_len, 1, &pg->origin)) != OK)
-            goto done;
+            return r;
         const CellList *od = &pg->origin.data;
-        if ((r = ensure_ids(pg, pk->n + data->n + od->n + 1)) != OK) goto done;
+        if ((r = ensure_ids(pg, pk->n + data->n + od->n + 1)) != OK) return r;
         for (Py_ssize_t k = 0; k < od->n; k++) {
             const RawCell *cell = &od->cells[k];
             if (cell->op) continue;
@@ -1200,7 +1200,7 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
     if (pg->row.has_seq) {
         if (buf_reserve(&c_seq->data, 34) != OK) {
             r = FAILED;
-            goto done;
+            return r;
         }
         uint8_t *o = c_seq->data.p + c_seq->data.len;
         hex_fixed(o, (uint64_t)pg->row.epoch, 8);
@@ -1215,7 +1215,7 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
                 "sequence timestamp %lld is not microseconds since the epoch between 2000 and "
                 "2200", (long long)commit);
             r = reason == NULL ? FAILED : record_error(pg, i, reason);
-            goto done;
+            return r;
         }
         ++*with_seq;
     } else {
@@ -1224,36 +1224,36 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
             if (data->cells[k].has_ts && data->cells[k].ts > ts_ms) ts_ms = data->cells[k].ts;
         if (ts_ms > INT64_MAX / 1000) {
             r = FALLBACK; /* pyarrow's overflow, on the Python path */
-            goto done;
+            return r;
         }
         commit = ts_ms * 1000;
         if (buf_put(&c_seq->data, "!", 1) != OK) {
             r = FAILED;
-            goto done;
+            return r;
         }
         if (has_base) {
             if (base_offset > INT64_MAX - (int64_t)i - 1 || base_offset + i + 1 < 0) {
                 r = FALLBACK;
-                goto done;
+                return r;
             }
             if (buf_reserve(&c_seq->data, 16) != OK) {
                 r = FAILED;
-                goto done;
+                return r;
             }
             hex_fixed(c_seq->data.p + c_seq->data.len, (uint64_t)(base_offset + i + 1), 16);
             c_seq->data.len += 16;
         } else if ((r = key_order(&c_seq->data, pk)) != OK) {
-            goto done;
+            return r;
         }
     }
-    if ((r = close_string(c_seq, i)) != OK) goto done;
+    if ((r = close_string(c_seq, i)) != OK) return r;
     ((int64_t *)c_ts->fixed)[i] = commit;
 
     /* the op */
     static const char *OPS[] = {"", "PUT", "UPDATE", "DELETE"};
     if (buf_str(&c_op->data, OPS[action]) != OK || close_string(c_op, i) != OK) {
         r = FAILED;
-        goto done;
+        return r;
     }
 
     /* the row after the change (records.decode_columns_python) */
@@ -1280,31 +1280,30 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
         Column *col = &cols[j];
         int32_t id = col->id;
         r = t->val_stamp[id] == stamp ? put_value(col, i, &t->val_val[id]) : put_null(col, i);
-        if (r != OK) goto done;
+        if (r != OK) return r;
     }
 
     /* _before and _extra: canonical JSON */
     if (w->has_before) {
         memcpy(pg->ids, pg->bef_ids, (size_t)pg->n_bef * sizeof(int32_t));
         if ((r = json_object(&c_before->data, t, pg->ids, pg->n_bef, t->bef_val)) != OK)
-            goto done;
+            return r;
         set_valid(c_before, i);
-        if ((r = close_string(c_before, i)) != OK) goto done;
+        if ((r = close_string(c_before, i)) != OK) return r;
     } else if ((r = put_null(c_before, i)) != OK) {
-        goto done;
+        return r;
     }
     Py_ssize_t n_extra = 0;
     for (Py_ssize_t k = 0; k < pg->n_val; k++)
         if (!t->names[pg->val_ids[k]].in_layout) pg->ids[n_extra++] = pg->val_ids[k];
     if (n_extra) {
-        if ((r = json_object(&c_extra->data, t, pg->ids, n_extra, t->val_val)) != OK) goto done;
+        if ((r = json_object(&c_extra->data, t, pg->ids, n_extra, t->val_val)) != OK) return r;
         set_valid(c_extra, i);
         r = close_string(c_extra, i);
     } else {
         r = put_null(c_extra, i);
     }
 
-done:
     return r;
 }
 
