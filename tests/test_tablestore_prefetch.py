@@ -28,6 +28,7 @@ from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import TablestoreTunnelService
 from tablestore_emulator.errors import OtsError
 from tablestore_emulator.server import EmulatorServer
+from testkit.waiting import wait_until
 from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET, EmulatorHarness, service_uri
 
 RECORDS = 2_300  # the emulator pages by 500: five pages
@@ -155,7 +156,11 @@ def test_a_batch_whose_prefetch_ran_past_its_end(harness: EmulatorHarness, tmp_p
         # pages of 500: 500 + 500 (the prefetched answer) + 200; the last read said more
         # records follow, so the page past the end was requested too
         assert first.end.records == 1200 and first.count == 1200
-        assert first.end.token in [token for token, _ in requests]
+        # that request is on its way when the read returns (sent ahead, not waited for): the
+        # emulator must receive it, within a few seconds
+        wait_until("the request for the page past the end", lambda: [
+            token for token, _ in requests], lambda tokens: first.end.token in tokens,
+            timeout=10, interval=0.01)
         rows = pa.Table.from_batches(list(first.batches()))
         assert rows.column("id").to_pylist() == [f"k{i:05d}" for i in range(1200)]
         again = claim_and_read(part, layout)  # a replay: exactly the recorded records
