@@ -42,7 +42,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from http import HTTPStatus
 from pathlib import Path
@@ -54,7 +53,7 @@ from connector.local import LocalTablestore
 from connector.tunnel.tablestore import messages as m
 from tablestore_emulator import auth
 from tablestore_emulator.errors import OtsError, internal_error, parameter_invalid
-from tablestore_emulator.server import EmulatorContext, load_routes
+from tablestore_emulator.server import EmulatorContext, load_routes, new_request_id
 
 log = logging.getLogger("benchmarks.wire_server")
 
@@ -141,8 +140,7 @@ class WireServer:
         self.calls[path] += 1
         began, began_wall = time.thread_time(), time.perf_counter()
         status, payload, sign, md5 = self.answer(path, headers, body)
-        h = uuid.uuid4().hex
-        request_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        request_id = new_request_id()
         out = (auth.response_headers(path, payload, request_id=request_id,
                                      access_key_id=self.key_id,
                                      access_key_secret=self.secret, body_md5=md5)
@@ -153,8 +151,12 @@ class WireServer:
         return answer
 
 
+#: status -> its reason phrase (an enum lookup per answer costs more than the dict's)
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
 def _http_answer(status: int, headers: dict[str, str], body: bytes) -> bytes:
-    reason = HTTPStatus(status).phrase
+    reason = _REASONS[status]
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(body)}\r\n{head}\r\n"
             .encode("latin-1") + body)

@@ -23,10 +23,10 @@ not take that lock: a condition is atomic against emulator clients only.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import sys
 import threading
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -52,8 +52,9 @@ def load_routes() -> dict[str, Handler]:
 
 
 def new_request_id() -> str:
-    """A request id shaped like the service's (hex groups)."""
-    h = uuid.uuid4().hex
+    """A request id shaped like the service's (hex groups; random, as a UUID4's but cheaper:
+    every answer has one)."""
+    h = os.urandom(16).hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 

@@ -497,7 +497,10 @@ def test_tunnel_id_resolves_to_its_name(tunnel_harness: EmulatorHarness) -> None
 class _FakeServer:
     """A tiny HTTP server on 127.0.0.1 answering each POST with ``answer(path, body)`` ->
     ``(status, body, signing secret or None)``; the answer is signed as the service signs
-    (``tablestore_emulator.auth``) unless the secret is ``None``. Records the paths asked."""
+    (``tablestore_emulator.auth``) unless the secret is ``None``, and dated ``date_offset_s``
+    from now. Records the paths asked."""
+
+    date_offset_s = 0.0
 
     def answer(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
         raise NotImplementedError
@@ -524,7 +527,8 @@ class _FakeServer:
                 if secret is not None:
                     headers = auth.response_headers(self.path, payload, request_id="r",
                                                     access_key_id=KEY_ID,
-                                                    access_key_secret=secret)
+                                                    access_key_secret=secret,
+                                                    now=time.time() + outer.date_offset_s)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -636,6 +640,29 @@ def test_error_responses_are_validated_as_the_python_sdk_does() -> None:
         with pytest.raises(TunnelAuthError) as exc:
             client.list_tunnels("t")
         assert exc.value.code == "OTSAuthFailed"
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize(("offset_s", "accepted"), [(-14 * 60, True), (14 * 60, True),
+                                                    (-16 * 60, False), (16 * 60, False)])
+def test_answers_dated_more_than_15_minutes_off_are_refused(offset_s: float,
+                                                            accepted: bool) -> None:
+    """The SDKs' rule: a signed answer whose x-ots-date is more than 15 minutes from this
+    machine's clock is never used (asked again, then refused as invalid)."""
+    server = _ScriptedServer([])
+    server.date_offset_s = offset_s
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        if accepted:
+            assert client.list_tunnels("t") == []
+            assert server.requests == 1
+        else:
+            with pytest.raises(TunnelAuthError, match="x-ots-date") as exc:
+                client.list_tunnels("t")
+            assert exc.value.code == "ResponseInvalid"
+            assert server.requests == VALIDATION_ATTEMPTS
     finally:
         client.close()
         server.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 _F = descriptor_pb2.FieldDescriptorProto
 _REQ, _OPT, _REP = _F.LABEL_REQUIRED, _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
@@ -261,8 +262,6 @@ class MessageError(ValueError):
 def parse(cls: Any, data: bytes) -> Any:
     """``cls`` parsed from ``data``, required fields enforced (``ParseFromString`` alone does
     not check them in this protobuf runtime)."""
-    from google.protobuf.message import DecodeError
-
     msg = cls()
     try:
         msg.ParseFromString(data)

@@ -13,7 +13,8 @@ Signing (the service's v2 scheme, as both SDKs implement it): headers ``x-ots-da
 milliseconds), ``x-ots-apiversion``, ``x-ots-accesskeyid``, ``x-ots-instancename``,
 ``x-ots-contentmd5``, optional ``x-ots-ststoken``; ``x-ots-signature`` =
 base64(HMAC-SHA1(secret, ``"PATH\\nPOST\\n\\n"`` + each ``x-ots-*`` header as ``name:value\\n``
-sorted by name)).
+sorted by name)). The dates, MD5s and signed texts are ``signing.py``'s, which the emulator
+uses for its end.
 
 First contact (``cdc_common.first_contact``): at a query's start, while this transport has
 had no answer yet, a request that gets none at all (no such host, connection refused, the
@@ -55,9 +56,6 @@ Who uses it: ``connector.tunnel.tablestore.client`` (driver and executors).
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import hashlib
 import hmac
 import http.client
 import logging
@@ -71,6 +69,13 @@ from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.tls import tls_problem
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.http import Answer, Connection, ConnectionPool
+from connector.tunnel.tablestore.signing import (
+    content_md5,
+    ots_date,
+    ots_date_seconds,
+    request_signature,
+    response_signature,
+)
 
 #: what a request that got no usable answer raises (``connector.tunnel.tablestore.http``)
 _NETWORK_ERRORS = (OSError, http.client.HTTPException)
@@ -146,40 +151,6 @@ def retryable(exc: ServiceError, idempotent: bool) -> bool:
     return idempotent and (exc.code in IDEMPOTENT_RETRY_CODES or 500 <= exc.http_status < 600)
 
 
-def _hmac_sha1_b64(secret: str, text: str) -> str:
-    # hmac.digest: OpenSSL's one-shot HMAC, a few times cheaper than an hmac.new object
-    digest = hmac.digest(secret.encode("utf-8"), text.encode("utf-8"), "sha1")
-    return base64.b64encode(digest).decode("ascii")
-
-
-def content_md5(body: bytes) -> str:
-    return base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
-
-
-def sign_request(path: str, headers: dict[str, str], secret: str) -> str:
-    """The v2 request signature over every ``x-ots-*`` header (but the signature itself)."""
-    lines = sorted(f"{k.lower()}:{v.strip()}" for k, v in headers.items()
-                   if k.lower().startswith("x-ots-") and k.lower() != "x-ots-signature")
-    return _hmac_sha1_b64(secret, f"{path}\nPOST\n\n" + "".join(x + "\n" for x in lines))
-
-
-def response_signature(path: str, headers: dict[str, str], secret: str) -> str:
-    """What a response's ``Authorization`` must carry after ``OTS <id>:``."""
-    lines = sorted(f"{k.lower()}:{v.strip()}" for k, v in headers.items()
-                   if k.lower().startswith("x-ots-"))
-    return _hmac_sha1_b64(secret, "\n".join(lines) + "\n" + path)
-
-
-def _parse_date(value: str) -> dt.datetime | None:
-    text = value[:19]
-    if len(text) != 19 or text[10] != "T":  # fromisoformat would take other forms too
-        return None
-    try:
-        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
-
-
 class Transport:
     """One endpoint, one instance, one key pair; a small connection pool (thread-safe:
     ``call`` may run in several threads at once). Not fork-safe by itself: the client opens a
@@ -216,10 +187,9 @@ class Transport:
         self._pool.close()
 
     def _headers(self, path: str, body: bytes) -> dict[str, str]:
-        now = dt.datetime.now(dt.UTC)
         creds = self.credentials
         headers = {
-            "x-ots-date": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z",
+            "x-ots-date": ots_date(),
             "x-ots-apiversion": API_VERSION,
             "x-ots-accesskeyid": creds.access_key_id,
             "x-ots-instancename": self.instance,
@@ -227,7 +197,7 @@ class Transport:
         }
         if creds.security_token:
             headers["x-ots-ststoken"] = creds.security_token
-        headers["x-ots-signature"] = sign_request(path, headers, creds.access_key_secret)
+        headers["x-ots-signature"] = request_signature(path, headers, creds.access_key_secret)
         headers["User-Agent"] = USER_AGENT
         return headers
 
@@ -244,9 +214,8 @@ class Transport:
         if success and "x-ots-contenttype" not in headers:
             raise bad("x-ots-contenttype missing")
         if success or "x-ots-date" in headers:
-            when = _parse_date(headers.get("x-ots-date", ""))
-            if when is None or abs((dt.datetime.now(dt.UTC) - when).total_seconds()
-                                   ) > MAX_CLOCK_SKEW_S:
+            when = ots_date_seconds(headers.get("x-ots-date", ""))
+            if when is None or abs(time.time() - when) > MAX_CLOCK_SKEW_S:
                 raise bad("x-ots-date missing or more than 15 minutes off this machine's clock")
         auth = headers.get("authorization")
         if not check_signature or (auth is None and not success):
