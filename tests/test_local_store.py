@@ -769,3 +769,27 @@ def test_base_and_stream_created_while_a_writer_runs(tmp_path: Path) -> None:
     with store.transaction() as conn:
         rows = conn.execute("SELECT pk, attrs FROM cdc_rows WHERE table_name = 't'").fetchall()
     assert final == {json.loads(pk)["id"]: json.loads(attrs) for pk, attrs in rows}
+
+
+def test_commit_times_of_many_channels_in_one_query(tmp_path: Path) -> None:
+    """``changelog.commit_times`` (the emulator's DescribeTunnel progress): the commit time of
+    the asked record of each channel, over more channels than one query asks at once; records
+    not held are left out."""
+    from benchmarks.common import create_bench_table, keys_per_channel
+    from connector.tunnel.local import changelog
+
+    store = LocalTablestore(tmp_path / "s.db")
+    create_bench_table(store, 450, table="t")
+    keys = [k for ks in keys_per_channel(450, 2) for k in ks]
+    store.batch_write("t", [("put", {"id": k}, {"name": "a", "qty": 1}) for k in keys])
+    store.batch_write("t", [("put", {"id": k}, {"name": "b", "qty": 2}) for k in keys])
+    with store.transaction() as conn:
+        held = {(c, s): ts for c, s, ts in conn.execute(
+            "SELECT channel_id, seq, commit_ts_us FROM cdc_changes WHERE table_name = 't'")}
+        channels = sorted({c for c, _ in held})
+        asked = {c: 1 + i % 5 for i, c in enumerate(channels)}  # four held per channel
+        got = changelog.commit_times(conn, "t", asked)
+    assert len(channels) == 450 and len({ts for ts in held.values()}) == 2
+    assert got == {c: held[(c, s)] for c, s in asked.items() if (c, s) in held}
+    assert len(got) == 4 * 90 and all(asked[c] <= 4 for c in got)
+    store.close()

@@ -264,6 +264,21 @@ def test_trimmed_is_not_retried_and_names_the_channel(tunnel_harness: EmulatorHa
     assert exc.value.lost == "3" and "OTSTrimmedDataAccess" in exc.value.service_message
 
 
+def test_requests_with_an_sts_token_are_signed_over_it(tunnel_harness: EmulatorHarness
+                                                       ) -> None:
+    """The token's header is one of the signed x-ots-* lines (the emulator checks every one
+    of them)."""
+    h = tunnel_harness
+    h.create_table("t", 1)
+    for token in ("sts-token-value", None):
+        service = TablestoreTunnelService(h.emulator.url, INSTANCE,
+                                          Credentials(KEY_ID, SECRET, token))
+        try:
+            assert service.list_tunnels("t") == []
+        finally:
+            service.close()
+
+
 def test_wrong_secret_is_a_typed_auth_error(tunnel_harness: EmulatorHarness) -> None:
     h = tunnel_harness
     h.create_table("t", 1)

@@ -61,14 +61,29 @@ def read_changes(
     return records_from_rows(schema, channel_id, rows)
 
 
-def commit_ts_of(conn: sqlite3.Connection, table: str, channel_id: str, seq: int) -> int | None:
-    """The commit time (microseconds) of the channel's record ``seq``; ``None`` when that record
-    is not held (trimmed, or not written)."""
-    row = conn.execute(
-        "SELECT commit_ts_us FROM cdc_changes WHERE table_name = ? AND channel_id = ? AND seq = ?",
-        (table, channel_id, seq),
-    ).fetchone()
-    return None if row is None else int(row[0])
+#: (channel, seq) pairs asked in one ``commit_times`` query (two parameters each, well within
+#: SQLite's limit on a statement's parameters)
+_COMMIT_TIMES_CHUNK = 400
+
+
+def commit_times(conn: sqlite3.Connection, table: str,
+                 positions: Mapping[str, int]) -> dict[str, int]:
+    """channel id -> the commit time (microseconds) of its record ``positions[channel]``, for
+    the records still held (a trimmed or unwritten one is left out): one query per few hundred
+    channels, not one per channel (the emulator's DescribeTunnel asks for every channel's)."""
+    out: dict[str, int] = {}
+    items = list(positions.items())
+    for i in range(0, len(items), _COMMIT_TIMES_CHUNK):
+        chunk = items[i:i + _COMMIT_TIMES_CHUNK]
+        values = ", ".join(["(?, ?)"] * len(chunk))
+        rows = conn.execute(
+            f"WITH wanted(channel_id, seq) AS (VALUES {values}) "
+            "SELECT c.channel_id, c.commit_ts_us FROM wanted w JOIN cdc_changes c "
+            "ON c.table_name = ? AND c.channel_id = w.channel_id AND c.seq = w.seq",
+            [*(v for pair in chunk for v in pair), table],
+        ).fetchall()
+        out.update((r[0], int(r[1])) for r in rows)
+    return out
 
 
 def all_changes(conn: sqlite3.Connection, schema: TableSchema) -> list[Record]:

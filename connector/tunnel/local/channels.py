@@ -65,7 +65,8 @@ class ChannelRow:
         }
 
 
-_CHANNEL_COLS = (
+#: the ``cdc_channels`` columns a ``ChannelRow`` is made of, in ``channel_from_row``'s order
+CHANNEL_COLUMNS = (
     "table_name, channel_id, channel_no, parent_ids, range_lo, range_hi, closed, head_seq, "
     "trimmed_upto, created_at, closed_at"
 )
@@ -77,7 +78,7 @@ def _parent_ids(text: str) -> tuple[str, ...]:
     return tuple(json.loads(text))
 
 
-def _channel_from_row(r: Sequence[Any]) -> ChannelRow:
+def channel_from_row(r: Sequence[Any]) -> ChannelRow:
     return ChannelRow(
         table_name=r[0],
         channel_id=r[1],
@@ -99,19 +100,19 @@ def _channel_from_row(r: Sequence[Any]) -> ChannelRow:
 def channel_rows(conn: sqlite3.Connection, table: str) -> list[ChannelRow]:
     """All channels of ``table`` in creation order, closed ones included (no table check)."""
     rows = conn.execute(
-        f"SELECT {_CHANNEL_COLS} FROM cdc_channels WHERE table_name = ? ORDER BY channel_no",
+        f"SELECT {CHANNEL_COLUMNS} FROM cdc_channels WHERE table_name = ? ORDER BY channel_no",
         (table,),
     ).fetchall()
-    return [_channel_from_row(r) for r in rows]
+    return [channel_from_row(r) for r in rows]
 
 
 def channel_row(conn: sqlite3.Connection, table: str, channel_id: str) -> ChannelRow | None:
     """One channel, or ``None``."""
     row = conn.execute(
-        f"SELECT {_CHANNEL_COLS} FROM cdc_channels WHERE table_name = ? AND channel_id = ?",
+        f"SELECT {CHANNEL_COLUMNS} FROM cdc_channels WHERE table_name = ? AND channel_id = ?",
         (table, channel_id),
     ).fetchone()
-    return _channel_from_row(row) if row else None
+    return channel_from_row(row) if row else None
 
 
 # --- operations ----------------------------------------------------------------------------------

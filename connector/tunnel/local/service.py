@@ -76,7 +76,7 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local import tunnels
-from connector.tunnel.local.changelog import commit_ts_of, read_changes
+from connector.tunnel.local.changelog import commit_times, read_changes
 from connector.tunnel.local.channels import channel_rows
 from connector.tunnel.local.segments import read_page
 from connector.tunnel.local.store import LocalTablestore
@@ -250,8 +250,7 @@ class LocalTunnelService(TunnelService):
 
     def get_checkpoint(self, tunnel_id: str, channel_id: str) -> Checkpoint:
         with self.store.transaction() as conn:
-            tunnel = self._tunnel_by_id(conn, tunnel_id)
-            ch = self._channel(conn, tunnel, channel_id)
+            tunnel, ch = tunnels.tunnel_and_channel(conn, tunnel_id, channel_id)
             stored = tunnels.stored_checkpoints(conn, tunnel_id, [channel_id])
             return tunnels.position(tunnel, ch, stored)
 
@@ -271,8 +270,7 @@ class LocalTunnelService(TunnelService):
         """
         seqno = checkpoint.sequence_number
         with self.store.transaction(write=True) as conn:
-            tunnel = self._tunnel_by_id(conn, tunnel_id)
-            ch = self._channel(conn, tunnel, channel_id)
+            tunnel, ch = tunnels.tunnel_and_channel(conn, tunnel_id, channel_id)
 
             def invalid(reason: str) -> InvalidCheckpointError:
                 return InvalidCheckpointError(
@@ -382,8 +380,7 @@ class LocalTunnelService(TunnelService):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         with self.store.transaction() as conn:
-            tunnel = self._tunnel_by_id(conn, tunnel_id)
-            ch = self._channel(conn, tunnel, channel_id)
+            tunnel, ch = tunnels.tunnel_and_channel(conn, tunnel_id, channel_id)
             status, _, _ = self._status_of(conn, tunnel, ch)
             if status is ChannelStatus.WAIT:
                 raise ChannelNotReadableError(
@@ -459,19 +456,20 @@ class LocalTunnelService(TunnelService):
         (records before its stored checkpoint, commit time in microseconds of the last of them,
         ``None`` for base-data channels and before the first record); one transaction. The
         emulator's DescribeTunnel answer (its progress fields) comes from it."""
-        consumed: dict[str, tuple[int, int | None]] = {}
+        counts: dict[str, int] = {}
         with self.store.transaction() as conn:
             tunnel = self._tunnel_by_name(conn, table, tunnel_name)
             channels = tunnels.tunnel_channels(conn, tunnel)
             stored = tunnels.stored_checkpoints(conn, tunnel.tunnel_id)
             for ch in channels.values():
                 cp = stored.get(ch.channel_id)  # none stored: at the channel's start
-                count = (0 if cp is None else ch.head_seq if cp.finished
-                         else tunnels.decode_token(cp.token, tunnel.table, ch))
-                last_us = None
-                if ch.channel_type is ChannelType.STREAM and count > 0:
-                    last_us = commit_ts_of(conn, tunnel.table, ch.channel_id, count)
-                consumed[ch.channel_id] = (count, last_us)
+                counts[ch.channel_id] = (0 if cp is None else ch.head_seq if cp.finished
+                                         else tunnels.decode_token(cp.token, tunnel.table, ch))
+            last_us = commit_times(conn, tunnel.table, {
+                ch.channel_id: counts[ch.channel_id] for ch in channels.values()
+                if ch.channel_type is ChannelType.STREAM and counts[ch.channel_id] > 0})
+        consumed: dict[str, tuple[int, int | None]] = {
+            c: (count, last_us.get(c)) for c, count in counts.items()}
         description = TunnelDescription(tunnel.info(), tuple(
             ChannelInfo(c.channel_id, tunnels.channel_status(c, stored), c.channel_type,
                         c.parent_ids)

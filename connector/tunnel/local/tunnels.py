@@ -38,8 +38,17 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local.changelog import records_from_rows
-from connector.tunnel.local.channels import ChannelRow, channel_row, channel_rows
+from connector.tunnel.local.channels import (
+    CHANNEL_COLUMNS,
+    ChannelRow,
+    channel_from_row,
+    channel_row,
+    channel_rows,
+)
 from connector.tunnel.local.rows import rows_in_hash_range
+
+#: the channel columns of ``channels.CHANNEL_COLUMNS`` as ``c.``-qualified (a join's)
+_CHANNEL_COLS_OF_C = ", ".join("c." + c.strip() for c in CHANNEL_COLUMNS.split(","))
 
 #: the id of a BaseAndStream tunnel's base-data channel is this + its stream channel's id
 BASE_PREFIX = "base-"
@@ -222,6 +231,43 @@ def tunnel_channels(conn: sqlite3.Connection, tunnel: TunnelRow) -> dict[str, Tu
     return out
 
 
+def tunnel_and_channel(conn: sqlite3.Connection, tunnel_id: str,
+                       channel_id: str) -> tuple[TunnelRow, TunnelChannel]:
+    """The tunnel and one of its channels (``UnknownTunnelError`` / ``UnknownChannelError``):
+    for a stream channel, the tunnel's row, the channel's and its base channel's in one query
+    (every checkpoint push and every read asks for both)."""
+    if not isinstance(channel_id, str) or channel_id.startswith(BASE_PREFIX):
+        tunnel = tunnel_by_id(conn, tunnel_id)
+        return tunnel, tunnel_channel(conn, tunnel, channel_id)
+    row = conn.execute(
+        "SELECT t.tunnel_id, t.table_name, t.tunnel_name, t.tunnel_type, t.start_position, "
+        f"t.created_at, {_CHANNEL_COLS_OF_C}, (SELECT b.channel_id FROM cdc_base_channels b "
+        "WHERE b.tunnel_id = t.tunnel_id AND b.stream_channel_id = c.channel_id) "
+        "FROM cdc_tunnels t LEFT JOIN cdc_channels c "
+        "ON c.table_name = t.table_name AND c.channel_id = ? WHERE t.tunnel_id = ?",
+        (channel_id, tunnel_id),
+    ).fetchone()
+    if row is None:
+        raise UnknownTunnelError(tunnel=tunnel_id, table="(any table)")
+    tunnel = _tunnel_from_row(tuple(row[:6]))
+    if row[7] is None:  # the join found no channel of that id on the tunnel's table
+        raise UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel_id)
+    return tunnel, _stream_channel(channel_from_row(row[6:-1]), row[-1])
+
+
+def _stream_channel(ch: ChannelRow, base_id: str | None) -> TunnelChannel:
+    """A stream channel as the tunnel sees it: its base channel (BaseAndStream), if any, is one
+    more parent."""
+    return TunnelChannel(
+        ch.channel_id,
+        ChannelType.STREAM,
+        ch.parent_ids + ((base_id,) if base_id else ()),
+        ch.closed,
+        ch.head_seq,
+        ch.trimmed_upto,
+    )
+
+
 def tunnel_channel(conn: sqlite3.Connection, tunnel: TunnelRow, channel_id: str) -> TunnelChannel:
     """One channel of the tunnel (cheaper than ``tunnel_channels``), or
     ``UnknownChannelError``."""
@@ -240,14 +286,7 @@ def tunnel_channel(conn: sqlite3.Connection, tunnel: TunnelRow, channel_id: str)
                 "AND stream_channel_id = ?",
                 (tunnel.tunnel_id, channel_id),
             ).fetchone()
-            return TunnelChannel(
-                channel_id,
-                ChannelType.STREAM,
-                ch.parent_ids + ((base[0],) if base else ()),
-                ch.closed,
-                ch.head_seq,
-                ch.trimmed_upto,
-            )
+            return _stream_channel(ch, base[0] if base else None)
     raise UnknownChannelError(channel_id=channel_id, tunnel_id=tunnel.tunnel_id)
 
 

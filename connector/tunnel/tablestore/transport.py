@@ -71,9 +71,9 @@ from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.http import Answer, Connection, ConnectionPool
 from connector.tunnel.tablestore.signing import (
     content_md5,
+    hmac_sha1_b64,
     ots_date,
     ots_date_seconds,
-    request_signature,
     response_signature,
 )
 
@@ -182,24 +182,26 @@ class Transport:
             read_timeout=READ_TIMEOUT_S, max_idle=pool_size)
         #: has the endpoint answered a request of this transport (any HTTP status)?
         self.answered = False
+        self._signed = self._signed_request_parts()
 
     def close(self) -> None:
         self._pool.close()
 
-    def _headers(self, path: str, body: bytes) -> dict[str, str]:
+    def _signed_request_parts(self) -> tuple[str, str, str]:
+        """What every request of this transport carries unchanged, made once: the signed text's
+        ``x-ots-*`` lines before and after the date and the body's MD5 (sorted by name, as
+        signed), and the header lines sent besides those two and the signature."""
         creds = self.credentials
-        headers = {
-            "x-ots-date": ots_date(),
-            "x-ots-apiversion": API_VERSION,
-            "x-ots-accesskeyid": creds.access_key_id,
-            "x-ots-instancename": self.instance,
-            "x-ots-contentmd5": content_md5(body),
-        }
+        before = (f"x-ots-accesskeyid:{creds.access_key_id.strip()}\n"
+                  f"x-ots-apiversion:{API_VERSION}\n")
+        after = f"x-ots-instancename:{self.instance.strip()}\n"
+        head = (f"Host: {self._pool.endpoint.host_header}\r\nUser-Agent: {USER_AGENT}\r\n"
+                f"x-ots-apiversion: {API_VERSION}\r\nx-ots-accesskeyid: {creds.access_key_id}\r\n"
+                f"x-ots-instancename: {self.instance}\r\n")
         if creds.security_token:
-            headers["x-ots-ststoken"] = creds.security_token
-        headers["x-ots-signature"] = request_signature(path, headers, creds.access_key_secret)
-        headers["User-Agent"] = USER_AGENT
-        return headers
+            after += f"x-ots-ststoken:{creds.security_token.strip()}\n"
+            head += f"x-ots-ststoken: {creds.security_token}\r\n"
+        return before, after, head
 
     def _validate(self, path: str, headers: dict[str, str], body: bytes,
                   success: bool = True, check_signature: bool = True) -> None:
@@ -227,8 +229,17 @@ class Transport:
             raise bad("the Authorization signature does not verify")
 
     def _request(self, path: str, body: bytes) -> bytes:
-        """The request's bytes: signed headers, then the body."""
-        return self._pool.request_bytes(path, self._headers(path, body), body)
+        """The request's bytes: the headers, signed (module docstring), then the body. Written
+        out directly, the fixed parts made once (``_signed_request_parts``): the driver signs
+        hundreds of checkpoint pushes per batch."""
+        before, after, head = self._signed
+        date, md5 = ots_date(), content_md5(body)
+        signature = hmac_sha1_b64(
+            self.credentials.access_key_secret,
+            f"{path}\nPOST\n\n{before}x-ots-contentmd5:{md5}\nx-ots-date:{date}\n{after}")
+        return (f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n"
+                f"x-ots-date: {date}\r\nx-ots-contentmd5: {md5}\r\n"
+                f"x-ots-signature: {signature}\r\n\r\n").encode("latin-1") + body
 
     def _network_error(self, exc: BaseException) -> Exception:
         """What a request that got no usable answer raises (module docstring)."""
