@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 import uuid as uuid_lib
 from dataclasses import dataclass
+from typing import Any
 
 from connector.errors import CheckpointBehindMetaError, TunnelError, UnknownBatchError
 from connector.faults import clock, fault_point, inject_transient_errors
@@ -342,8 +343,9 @@ class StreamProtocol:
                 self.namespace, end_uuid, start_uuid,
                 self._new_manifest(start_uuid, end_uuid, max_rows, end.get("maxBytes")))
             self._known_tip = end_uuid  # just planned: nothing was planned after it
-        partitions = [self._partition(end_uuid, c, manifest.available_now_us)
-                      for c in manifest.channels if c.token != FINISHED and c.max_records > 0]
+        shared = self._partition_fields(end_uuid, manifest.available_now_us)
+        partitions = [self._partition(shared, c) for c in manifest.channels
+                      if c.token != FINISHED and c.max_records > 0]
         self.last_batch = BatchStats(end_uuid, len(partitions), manifest.children_added,
                                      replay, (time.perf_counter() - began) * 1000)
         log.debug("batch %s planned%s: %d channel(s) to read, children added %s, %.1f ms",
@@ -405,13 +407,23 @@ class StreamProtocol:
             return None
         return {ch: lag.records_behind for ch, lag in lags.items()}
 
-    def _partition(self, end_uuid: str, start: ChannelStart,
-                   available_now_us: int | None) -> ChannelPartition:
-        """The plain data an executor needs to read ``start``'s channel of batch ``end_uuid``
-        (``available_now_us``: the batch's AvailableNow bound, from its manifest)."""
+    def _partition_fields(self, end_uuid: str, available_now_us: int | None) -> dict[str, Any]:
+        """What every partition of batch ``end_uuid`` carries alike (made once per batch: a
+        batch plans a partition per channel, hundreds of them)."""
+        return {
+            "namespace": self.namespace, "meta_uri": self.options.meta_store,
+            "meta_credentials": tuple(sorted((self.options.meta_store_credentials or {}).items())),
+            "endpoint": self.options.endpoint, "tunnel_id": self.tunnel_id, "end_uuid": end_uuid,
+            "fail_on_data_loss": self.options.fail_on_data_loss,
+            "available_now_us": available_now_us,
+        }
+
+    def _partition(self, shared: dict[str, Any], start: ChannelStart) -> ChannelPartition:
+        """The plain data an executor needs to read ``start``'s channel (``shared``: the
+        batch's ``_partition_fields``)."""
         head = None
-        if available_now_us is not None:
-            head = self.tracker.head(available_now_us, start.channel_id)
+        if shared["available_now_us"] is not None:
+            head = self.tracker.head(shared["available_now_us"], start.channel_id)
         skip = None
         if self.options.starting_timestamp is not None and start.last_sequence is None:
             # nothing of the channel consumed yet; a service that rounds commit times down
@@ -419,14 +431,10 @@ class StreamProtocol:
             grain = self.tunnel.commit_time_granularity_us
             skip = self.options.starting_timestamp * 1000 // grain * grain
         return ChannelPartition(
-            namespace=self.namespace, meta_uri=self.options.meta_store,
-            meta_credentials=tuple(sorted((self.options.meta_store_credentials or {}).items())),
-            endpoint=self.options.endpoint, tunnel_id=self.tunnel_id, end_uuid=end_uuid,
-            channel_id=start.channel_id, start_token=start.token,
+            **shared, channel_id=start.channel_id, start_token=start.token,
             start_sequence_number=start.sequence_number, start_last_sequence=start.last_sequence,
             max_records=start.max_records, stop_after_sequence=head,
-            fail_on_data_loss=self.options.fail_on_data_loss,
-            available_now_us=available_now_us, max_bytes=start.max_bytes, skip_before_us=skip,
+            max_bytes=start.max_bytes, skip_before_us=skip,
         )
 
     # --- commit and push -----------------------------------------------------------------------

@@ -244,8 +244,9 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
 
 
 def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
-                 name: str) -> tuple[Any, list[Any], int]:
-    """``(TunnelInfo, [ChannelInfo], tunnel_rpo)`` of one tunnel."""
+                 name: str, channels: Any = None) -> tuple[Any, int]:
+    """``(TunnelInfo, tunnel_rpo)`` of one tunnel; its channels' ``ChannelInfo`` are added to
+    ``channels`` (a response's repeated field: made in place, not copied in) when given."""
     desc, consumed = service.describe_with_progress(table, name)
     t = desc.tunnel
     base_open = any(c.channel_type is ChannelType.BASE_DATA
@@ -266,22 +267,23 @@ def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
         m.FLAG_LATEST if t.start_position is StartPosition.LATEST else m.FLAG_EARLIEST
     )
     owners = tunnel_clients(ctx).owners(t.tunnel_id)
-    channels, reading = [], []
+    reading = []
     for c in desc.channels:
-        wire_id = wire_channel_id(c.channel_id)
         # records before the checkpoint; commit time in ns of the last of them (0: none)
         count, last_us = consumed.get(c.channel_id, (0, None))
         rpo = (last_us or 0) * 1000
-        ci = m.ChannelInfo(channel_id=wire_id, channel_type=c.channel_type.value,
-                           channel_status=c.status.value, channel_count=count,
-                           channel_rpo=rpo)
-        if wire_id in owners:
-            ci.client_id = owners[wire_id]
-        ci.parent_ids.extend(wire_channel_id(p) for p in c.parent_ids)
-        channels.append(ci)
         if c.channel_type is ChannelType.STREAM and c.status is ChannelStatus.OPEN and rpo:
             reading.append(rpo)
-    return info, channels, min(reading, default=0)
+        if channels is None:
+            continue
+        wire_id = wire_channel_id(c.channel_id)
+        ci = channels.add(channel_id=wire_id, channel_type=c.channel_type.value,
+                          channel_status=c.status.value, channel_count=count, channel_rpo=rpo)
+        if wire_id in owners:
+            ci.client_id = owners[wire_id]
+        if c.parent_ids:
+            ci.parent_ids.extend(wire_channel_id(p) for p in c.parent_ids)
+    return info, min(reading, default=0)
 
 
 def _tunnel_by_id(service: LocalTunnelService, tunnel_id: str) -> Any:
@@ -328,8 +330,11 @@ def create_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -
 def describe_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
     """/tunnel/describe: the tunnel, its channels with their status for it, their owners and
     progress."""
-    info, channels, tunnel_rpo = _tunnel_info(ctx, service, req.table_name, req.tunnel_name)
-    return m.DescribeTunnelResponse(tunnel=info, channels=channels, tunnel_rpo=tunnel_rpo)
+    response = m.DescribeTunnelResponse()
+    info, response.tunnel_rpo = _tunnel_info(ctx, service, req.table_name, req.tunnel_name,
+                                             response.channels)
+    response.tunnel.CopyFrom(info)
+    return response
 
 
 @_route(m.ListTunnelRequest)
@@ -338,7 +343,7 @@ def list_tunnels(ctx: EmulatorContext, service: LocalTunnelService, req: Any) ->
     table = req.table_name if req.HasField("table_name") and req.table_name else None
     out = m.ListTunnelResponse()
     for t in service.list_tunnels(table):
-        info, _, _ = _tunnel_info(ctx, service, t.table_name, t.tunnel_name)
+        info, _ = _tunnel_info(ctx, service, t.table_name, t.tunnel_name)
         out.tunnels.append(info)
     return out
 
@@ -412,7 +417,10 @@ def get_rpo(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
     if not req.HasField("tunnel_id") or not req.tunnel_id:
         raise parameter_invalid("tunnel_id is required.")
     tunnel = _tunnel_by_id(service, req.tunnel_id)
-    info, channels, tunnel_rpo = _tunnel_info(ctx, service, tunnel.table, tunnel.name)
+    described = m.DescribeTunnelResponse()
+    info, tunnel_rpo = _tunnel_info(ctx, service, tunnel.table, tunnel.name,
+                                    described.channels)
+    channels = described.channels
     pushed = _checkpoint_times(ctx)
     per_channel = {
         c.channel_id: {"ChannelTyp": c.channel_type, "Status": c.channel_status,

@@ -683,6 +683,30 @@ def test_answers_dated_more_than_15_minutes_off_are_refused(offset_s: float,
         server.close()
 
 
+@pytest.mark.parametrize(("status", "channel_type", "named"), [
+    ("PAUSED", "Stream", "'PAUSED' is not a valid ChannelStatus"),
+    ("OPEN", "HISTORY", "'HISTORY' is not a valid ChannelType"),
+])
+def test_a_channel_status_or_type_this_client_does_not_know(status: str, channel_type: str,
+                                                             named: str) -> None:
+    """A DescribeTunnel answer naming a status or type outside the service's reference is a
+    service error naming it, never a guess."""
+    answer = m.DescribeTunnelResponse(tunnel=m.TunnelInfo(
+        tunnel_id="tid", tunnel_type="Stream", table_name="t", tunnel_name="tun",
+        instance_name=INSTANCE, stream_id="t_stream", stage="ProcessStream"))
+    answer.channels.add(channel_id="c1", channel_type="Stream", channel_status="OPEN")
+    answer.channels.add(channel_id="c2", channel_type=channel_type, channel_status=status)
+    server = _ScriptedServer([], routes={"/tunnel/describe": answer.SerializeToString()})
+    client = open_tunnel_service(service_uri(server.url))
+    try:
+        with pytest.raises(TunnelServiceError, match=named) as exc:
+            client.describe_tunnel("t", "tun")
+        assert exc.value.code == "UnknownValue" and "'c2'" in str(exc.value)
+    finally:
+        client.close()
+        server.close()
+
+
 def test_trimmed_in_the_documented_shape_is_trimmed_data(tunnel_harness: EmulatorHarness
                                                          ) -> None:
     """400 OTSTunnelServerUnavailable "OTSTrimmedDataAccess ..." with nothing after it (the

@@ -153,6 +153,8 @@ DRIVER_CONCURRENCY = 16
 _READ_PATH = "/tunnel/readrecords"
 _CHECKPOINT_PATH = "/tunnel/checkpoint"
 
+_CHANNEL_STATUSES = {s.value: s for s in ChannelStatus}
+_CHANNEL_TYPES = {t.value: t for t in ChannelType}
 _KEY_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY"}
 _COLUMN_TYPES = {1: "INTEGER", 2: "DOUBLE", 3: "BOOLEAN", 4: "STRING", 7: "BINARY"}
 
@@ -441,14 +443,15 @@ class TablestoreTunnelService(TunnelService):
             "/tunnel/describe", m.DescribeTunnelRequest(table_name=table, tunnel_name=tunnel_name),
             m.DescribeTunnelResponse, lambda e: self._not_there(e, table, tunnel_name))
         channels = []
-        for c in response.channels:
-            try:
-                status = ChannelStatus(c.channel_status)
-                ctype = ChannelType(c.channel_type or ChannelType.STREAM.value)
-            except ValueError as exc:
+        for c in response.channels:  # dict lookups: a table may have hundreds of channels
+            status = _CHANNEL_STATUSES.get(c.channel_status)
+            ctype = _CHANNEL_TYPES.get(c.channel_type or ChannelType.STREAM.value)
+            if status is None or ctype is None:
+                unknown = (f"{c.channel_status!r} is not a valid ChannelStatus" if status is None
+                           else f"{c.channel_type!r} is not a valid ChannelType")
                 raise TunnelServiceError(
                     endpoint=self.uri, operation="/tunnel/describe", code="UnknownValue",
-                    http_status=200, message=f"channel {c.channel_id!r}: {exc}") from None
+                    http_status=200, message=f"channel {c.channel_id!r}: {unknown}")
             channels.append(ChannelInfo(c.channel_id, status, ctype, tuple(c.parent_ids)))
         return TunnelDescription(self._info(response.tunnel), tuple(channels))
 
