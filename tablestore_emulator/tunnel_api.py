@@ -479,8 +479,9 @@ def checkpoint(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> A
     with ctx.write_lock:  # the rule's check and the write: one transaction for every client
         service.checkpoint(req.tunnel_id, channel, Checkpoint(token, pushed),
                            next_of_stored=True)
+    times = _checkpoint_times(ctx)
     with ctx.lock:
-        _checkpoint_times(ctx)[(req.tunnel_id, req.channel_id)] = time.time_ns()
+        times[(req.tunnel_id, req.channel_id)] = time.time_ns()
     return m.CheckpointResponse()
 
 
