@@ -24,14 +24,15 @@ client uses for its end (the official SDKs check this end in the tests).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import time
 from collections.abc import Mapping
 
 from connector.tunnel.tablestore.signing import (
     SIGNATURE_HEADER,
+    SigningKey,
     content_md5,
-    hmac_sha1_b64,
     ots_date,
     ots_date_seconds,
     request_signature,
@@ -50,6 +51,13 @@ CONTENT_TYPE = "protocol buffer"
 #: headers every request must carry (the SDKs always send them)
 _REQUIRED_HEADERS = ("x-ots-date", "x-ots-apiversion", "x-ots-accesskeyid",
                      "x-ots-instancename", "x-ots-contentmd5", SIGNATURE_HEADER)
+
+
+@functools.lru_cache(maxsize=4)
+def _signing_key(secret: str) -> SigningKey:
+    """The server's configured secret, ready to sign (made once per secret: every request and
+    answer is signed with it)."""
+    return SigningKey(secret)
 
 
 def verify_request(
@@ -88,7 +96,7 @@ def verify_request(
         raise auth_failed(
             "Mismatch between MD5 value of request body and x-ots-contentmd5 in header."
         )
-    expected = request_signature(path, headers, access_key_secret)
+    expected = request_signature(path, headers, _signing_key(access_key_secret))
     if not hmac.compare_digest(expected, headers[SIGNATURE_HEADER].strip()):
         raise auth_failed("Signature mismatch.")
 
@@ -116,8 +124,8 @@ def response_headers(
         "x-ots-contenttype": CONTENT_TYPE,
         "x-ots-date": ots_date(now),
     }
-    signature = response_signature(path, headers, access_key_secret)
+    signature = response_signature(path, headers, _signing_key(access_key_secret))
     if corrupt_signature:
-        signature = hmac_sha1_b64(access_key_secret + "-corrupt", signature)
+        signature = SigningKey(access_key_secret + "-corrupt").sign(signature)
     headers["authorization"] = f"OTS {access_key_id}:{signature}"
     return headers

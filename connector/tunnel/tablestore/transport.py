@@ -48,8 +48,9 @@ while the request is served (no thread: the client's ``read_page`` decodes a pag
 one is on its way). A pending call that fails in any way -- the send, the connection, the
 answer -- is done again by ``call`` (its retries, its errors), so the two give the same answers.
 
-Secrets: the key secret and the STS token live only in this object's ``Credentials`` (whose
-``repr`` hides them); nothing here logs headers or puts them in an exception.
+Secrets: the key secret and the STS token live only in this object: its ``Credentials`` (whose
+``repr`` hides them) and the ``signing.SigningKey`` made from the secret; nothing here logs
+headers or puts them in an exception.
 
 Who uses it: ``connector.tunnel.tablestore.client`` (driver and executors).
 """
@@ -70,8 +71,8 @@ from cdc_common.tls import tls_problem
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.http import Answer, Connection, ConnectionPool
 from connector.tunnel.tablestore.signing import (
+    SigningKey,
     content_md5,
-    hmac_sha1_b64,
     ots_date,
     ots_date_seconds,
     response_signature,
@@ -182,6 +183,7 @@ class Transport:
             read_timeout=READ_TIMEOUT_S, max_idle=pool_size)
         #: has the endpoint answered a request of this transport (any HTTP status)?
         self.answered = False
+        self._key = SigningKey(credentials.access_key_secret)
         self._signed = self._signed_request_parts()
 
     def close(self) -> None:
@@ -222,7 +224,7 @@ class Transport:
         auth = headers.get("authorization")
         if not check_signature or (auth is None and not success):
             return
-        expected = response_signature(path, headers, self.credentials.access_key_secret)
+        expected = response_signature(path, headers, self._key)
         prefix = f"OTS {self.credentials.access_key_id}:"
         auth = auth or ""
         if not (auth.startswith(prefix) and hmac.compare_digest(auth[len(prefix):], expected)):
@@ -234,8 +236,7 @@ class Transport:
         hundreds of checkpoint pushes per batch."""
         before, after, head = self._signed
         date, md5 = ots_date(), content_md5(body)
-        signature = hmac_sha1_b64(
-            self.credentials.access_key_secret,
+        signature = self._key.sign(
             f"{path}\nPOST\n\n{before}x-ots-contentmd5:{md5}\nx-ots-date:{date}\n{after}")
         return (f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n"
                 f"x-ots-date: {date}\r\nx-ots-contentmd5: {md5}\r\n"
