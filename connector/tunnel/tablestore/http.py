@@ -314,9 +314,15 @@ class ConnectionPool:
     def request_bytes(self, path: str, headers: dict[str, str], body: bytes) -> bytes:
         """A POST of ``body`` to ``path`` with ``headers`` (values checked by the caller to
         hold no line breaks)."""
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return self.post_bytes(path, "".join(f"{k}: {v}\r\n" for k, v in headers.items()),
+                               body)
+
+    def post_bytes(self, path: str, header_lines: str, body: bytes) -> bytes:
+        """A POST of ``body`` to ``path`` with ``header_lines`` already written out (each
+        ``name: value\r\n``; the transport keeps its fixed ones written), after the Host and
+        Content-Length lines."""
         return (f"POST {path} HTTP/1.1\r\nHost: {self.endpoint.host_header}\r\n"
-                f"Content-Length: {len(body)}\r\n{head}\r\n").encode("latin-1") + body
+                f"Content-Length: {len(body)}\r\n{header_lines}\r\n").encode("latin-1") + body
 
     def close(self) -> None:
         with self._lock:

@@ -43,8 +43,8 @@ class SigningKey:
     """An access key secret ready to sign: HMAC-SHA1's inner and outer hashes with the padded
     key already fed (RFC 2104), copied per signature -- about 40% fewer instructions than
     ``hmac.digest``, whose OpenSSL call looks the digest up and sets the key up every time.
-    Made once per transport (client) or per server (emulator); as secret as the secret itself,
-    and like it never logged (no ``repr`` of the key)."""
+    Made once per transport (client) or per configured secret (the emulator's auth); as secret
+    as the secret itself, and like it never logged (no ``repr`` of the key)."""
 
     __slots__ = ("_inner", "_outer")
 

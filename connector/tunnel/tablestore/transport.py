@@ -197,8 +197,8 @@ class Transport:
         before = (f"x-ots-accesskeyid:{creds.access_key_id.strip()}\n"
                   f"x-ots-apiversion:{API_VERSION}\n")
         after = f"x-ots-instancename:{self.instance.strip()}\n"
-        head = (f"Host: {self._pool.endpoint.host_header}\r\nUser-Agent: {USER_AGENT}\r\n"
-                f"x-ots-apiversion: {API_VERSION}\r\nx-ots-accesskeyid: {creds.access_key_id}\r\n"
+        head = (f"User-Agent: {USER_AGENT}\r\nx-ots-apiversion: {API_VERSION}\r\n"
+                f"x-ots-accesskeyid: {creds.access_key_id}\r\n"
                 f"x-ots-instancename: {self.instance}\r\n")
         if creds.security_token:
             after += f"x-ots-ststoken:{creds.security_token.strip()}\n"
@@ -231,16 +231,16 @@ class Transport:
             raise bad("the Authorization signature does not verify")
 
     def _request(self, path: str, body: bytes) -> bytes:
-        """The request's bytes: the headers, signed (module docstring), then the body. Written
-        out directly, the fixed parts made once (``_signed_request_parts``): the driver signs
-        hundreds of checkpoint pushes per batch."""
+        """The request's bytes: the headers, signed (module docstring), then the body. The
+        fixed parts are made once (``_signed_request_parts``): the driver signs hundreds of
+        checkpoint pushes per batch."""
         before, after, head = self._signed
         date, md5 = ots_date(), content_md5(body)
         signature = self._key.sign(
             f"{path}\nPOST\n\n{before}x-ots-contentmd5:{md5}\nx-ots-date:{date}\n{after}")
-        return (f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n"
-                f"x-ots-date: {date}\r\nx-ots-contentmd5: {md5}\r\n"
-                f"x-ots-signature: {signature}\r\n\r\n").encode("latin-1") + body
+        return self._pool.post_bytes(
+            path, f"{head}x-ots-date: {date}\r\nx-ots-contentmd5: {md5}\r\n"
+                  f"x-ots-signature: {signature}\r\n", body)
 
     def _network_error(self, exc: BaseException) -> Exception:
         """What a request that got no usable answer raises (module docstring)."""
