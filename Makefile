@@ -45,7 +45,7 @@ demo: $(STAMP) java-check
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
 ## then the oldest_spark tests on the oldest supported PySpark
 test: $(STAMP) java-check
-	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full" $(PYTEST_ARGS)
+	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full" -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
 
 ## make test-spark-oldest: splits and a merge, kill and restart, AvailableNow, the demo on

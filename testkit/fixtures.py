@@ -1,8 +1,10 @@
 """The pytest fixtures tests share, defined once.
 
-``tests/conftest.py`` and ``integration/conftest.py`` import the ones their tests use; a test
-module that needs another shape of the same thing (a store with other columns) defines its own
-fixture of the same name, which takes precedence in that module.
+``tests/conftest.py`` imports them for every test under ``tests/``; a module under
+``integration/`` imports the ones it uses. A test module that needs another shape of the same
+thing (a store with other columns) defines its own fixture of the same name, which takes
+precedence in that module. With ``make test``'s two workers, session fixtures exist once per
+worker (two Spark sessions, two moto servers).
 
 - ``spark`` (session): one real local Spark (``local[2]``) with ``format("tablestore")``
   registered; it takes 5-11 s to start, so the whole session shares it.
