@@ -115,10 +115,12 @@ def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
 
 
 def _console() -> Console:
-    """stdout console; wide when not a terminal so UUIDs are never cut in pipes and logs."""
+    """stdout console. Sentences are never broken over lines (a terminal wraps them itself),
+    so a UUID or a path in one copies whole; not a terminal, tables are 200 columns wide so
+    UUIDs are never cut in pipes and logs."""
     if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console()
-    return Console(width=200)
+        return Console(soft_wrap=True)
+    return Console(width=200, soft_wrap=True)
 
 
 def _table(title: str | None = None, caption: str | None = None) -> Table:

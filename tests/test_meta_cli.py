@@ -374,9 +374,10 @@ def test_export_is_the_whole_namespace(real_run: RealRun, tmp_path: Path) -> Non
     assert {e["batch_id"] for e in data["query_progress"]} == set(real_run.delivered)
     plain = cli("meta", "export", "--meta", real_run.meta)  # export is JSON either way
     assert json.loads(plain.stdout)["batches"] == data["batches"]
-    out = tmp_path / "export.json"
+    # a path longer than the console is wide: the sentence is still one line, the path whole
+    out = tmp_path / f"export-{'x' * 220}.json"
     summary = cli("meta", "export", "--meta", real_run.meta, "-o", out)
-    assert summary.exit_code == 0 and f"to {out}" in summary.stdout
+    assert summary.exit_code == 0 and f"to {out}\n" in summary.stdout
     assert json.loads(out.read_text())["batches"] == data["batches"]
 
 
