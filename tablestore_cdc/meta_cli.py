@@ -118,9 +118,8 @@ def _console() -> Console:
     """stdout console. Sentences are never broken over lines (a terminal wraps them itself),
     so a UUID or a path in one copies whole; not a terminal, tables are 200 columns wide so
     UUIDs are never cut in pipes and logs."""
-    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console(soft_wrap=True)
-    return Console(width=200, soft_wrap=True)
+    terminal = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    return Console(width=None if terminal else 200, soft_wrap=True)
 
 
 def _table(title: str | None = None, caption: str | None = None) -> Table:

@@ -104,7 +104,7 @@ def test_kept_alive_connection_serves_every_request(serve: Callable[[Script], Sc
                                                     ) -> None:
     server = serve(lambda n, _: (ok(f"answer {n}".encode(), "X-Ots-Date: now\r\n"), False))
     pool = _pool(server.url)
-    answers = [pool.exchange(pool.request_bytes("/tunnel/list", {"x-ots-a": "1"}, b"body"))
+    answers = [pool.exchange(pool.post_bytes("/tunnel/list", "x-ots-a: 1\r\n", b"body"))
                for _ in range(20)]
     assert [a.body for a in answers] == [f"answer {n}".encode() for n in range(20)]
     assert answers[0].status == 200 and answers[0].headers["x-ots-date"] == "now"
@@ -131,7 +131,7 @@ def test_kept_alive_with_more_descriptors_than_select_takes(
         server = serve(lambda n, _: (ok(b"x"), False))
         pool = _pool(server.url)
         for _ in range(5):
-            assert pool.exchange(pool.request_bytes("/p", {}, b"")).body == b"x"
+            assert pool.exchange(pool.post_bytes("/p", "", b"")).body == b"x"
         assert server.connections == 1
     finally:
         for s in held:
@@ -145,7 +145,7 @@ def test_chunked_and_close_delimited_answers(serve: Callable[[Script], ScriptedS
     to_close = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\r\nbusy, bye"
     server = serve(lambda n, _: (chunked, False) if n == 0 else (to_close, True))
     pool = _pool(server.url)
-    request = pool.request_bytes("/p", {}, b"")
+    request = pool.post_bytes("/p", "", b"")
     assert pool.exchange(request).body == b"hello world"
     answer = pool.exchange(request)  # same connection, then closed after the body
     assert (answer.status, answer.body) == (503, b"busy, bye")
@@ -158,7 +158,7 @@ def test_bytes_after_the_answer_are_not_taken_and_the_connection_not_reused(
         serve: Callable[[Script], ScriptedServer]) -> None:
     server = serve(lambda n, _: (ok(b"mine") + ok(b"unasked"), False))
     pool = _pool(server.url)
-    request = pool.request_bytes("/p", {}, b"")
+    request = pool.post_bytes("/p", "", b"")
     assert pool.exchange(request).body == b"mine"
     assert pool.exchange(request).body == b"mine"  # a new connection, not the unasked answer
     assert server.connections == 2
@@ -170,7 +170,7 @@ def test_idle_close_is_noticed_before_reuse(serve: Callable[[Script], ScriptedSe
     server = serve(lambda n, _: (ok(b"x"), True))
     pool = _pool(server.url)
     for _ in range(5):
-        assert pool.exchange(pool.request_bytes("/p", {}, b"")).body == b"x"
+        assert pool.exchange(pool.post_bytes("/p", "", b"")).body == b"x"
     assert len(server.requests) == 5 and server.connections == 5
 
 
@@ -185,7 +185,7 @@ def test_broken_answers_raise_and_close(serve: Callable[[Script], ScriptedServer
     server = serve(lambda n, _: (answer, True))
     pool = _pool(server.url)
     with pytest.raises(error):
-        pool.exchange(pool.request_bytes("/p", {}, b""))
+        pool.exchange(pool.post_bytes("/p", "", b""))
     assert pool._idle == []  # a connection that failed is never reused
 
 
@@ -194,7 +194,7 @@ def test_read_timeout_and_refused_and_connect_timeout(
     server = serve(lambda n, _: (b"", False))  # never answers
     silent = _pool(server.url, read_timeout=0.3)
     with pytest.raises(TimeoutError):
-        silent.exchange(silent.request_bytes("/p", {}, b""))
+        silent.exchange(silent.post_bytes("/p", "", b""))
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
