@@ -59,7 +59,11 @@ def emulator_command(
 ) -> None:
     """Serve a local Tablestore emulator (table API and tunnel API)."""
     # imported here: the emulator needs the ``tablestore`` extra, the rest of the CLI does not
-    from tablestore_emulator.server import EmulatorServer
+    try:
+        from tablestore_emulator.server import EmulatorServer
+    except ImportError as exc:
+        fail(f"the emulator needs the Tablestore SDK ({exc}): "
+             "pip install 'tablestore-cdc[tablestore]'")
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # (SDK notices: cdc_common)
     if not store.parent.is_dir():

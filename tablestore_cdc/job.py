@@ -17,10 +17,13 @@ pipeline on any endpoint until stopped; a restart resumes exactly (checkpoints l
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shlex
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -399,14 +402,25 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
 
 
 def _print_where(table_path: str) -> None:
-    """Where the Delta table is and how to query it (printed, not run: neither DuckDB nor
-    Polars is a dependency)."""
-    result_console.print(
-        f"demo: the current state is the Delta table {table_path}\n"
-        f"  DuckDB:  python -c \"import duckdb; duckdb.sql(\\\"SELECT status, count(*), "
-        f"round(sum(amount), 2) FROM delta_scan('{table_path}') GROUP BY status\\\").show()\"\n"
-        f"  Polars:  python -c \"import polars as pl; print(pl.read_delta('{table_path}'))\"",
-        soft_wrap=True, highlight=False, markup=False)
+    """Where the Delta table is and how to query it: one-liners for this interpreter, which has
+    ``deltalake`` (a base dependency); Polars and DuckDB need one ``pip install``. All run
+    offline (DuckDB reads the table through Arrow: its ``delta`` extension would be downloaded).
+    tests/test_doc_snippets.py runs the lines as printed."""
+    python = shlex.quote(sys.executable)
+    path = json.dumps(table_path)  # a Python string literal, inside the shell's single quotes
+    queries = [  # double quotes only: shlex.quote then wraps each in plain single quotes
+        f'from deltalake import DeltaTable; print(DeltaTable({path}).to_pyarrow_table()'
+        '.group_by("status").aggregate([("order_id", "count"), ("amount", "sum")]))',
+        f'import polars as pl; print(pl.read_delta({path}).group_by("status")'
+        '.agg(pl.len(), pl.col("amount").sum().round(2)))',
+        f'import duckdb, deltalake; orders = deltalake.DeltaTable({path}).to_pyarrow_dataset(); '
+        'duckdb.sql("SELECT status, count(*), round(sum(amount), 2) FROM orders '
+        'GROUP BY status").show()',
+    ]
+    lines = [f"demo: the current state is the Delta table {table_path}; query it with deltalake, "
+             f"Polars or DuckDB (for these two first: {python} -m pip install polars duckdb):"]
+    lines += [f"  {python} -c {shlex.quote(query)}" for query in queries]
+    result_console.print("\n".join(lines), soft_wrap=True, highlight=False, markup=False)
 
 
 # --- commands -----------------------------------------------------------------------------------

@@ -467,6 +467,22 @@ def test_emulator_command_refuses_a_file_that_is_not_its_store(tmp_path: Path) -
     assert not tables & STORE_TABLES, tables
 
 
+def test_the_emulator_command_without_the_sdk_names_the_extra(tmp_path, monkeypatch) -> None:
+    """Without the tablestore extra, one line with its install, never a traceback. (The wheel's
+    real install without the extra: integration/test_user_install.py.)"""
+    from tablestore_cdc.cli import app as root_app
+
+    monkeypatch.setitem(sys.modules, "tablestore_emulator.server", None)  # an import fails
+    res = CliRunner().invoke(root_app, [
+        "emulator", "--store", str(tmp_path / "store.db"), "--instance", INSTANCE,
+        "--access-key-id", AK, "--access-key-secret", SK])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: the emulator needs the Tablestore SDK")
+    assert "pip install 'tablestore-cdc[tablestore]'" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert not (tmp_path / "store.db").exists()
+
+
 @pytest.mark.slow
 def test_emulator_command_serves_until_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "cli.db"

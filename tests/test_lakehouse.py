@@ -8,13 +8,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
 from deltalake import DeltaTable  # noqa: E402
@@ -30,6 +30,7 @@ from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     ApplyOptionError,
     ColumnTypeConflictError,
     SchemaDriftError,
+    TargetDependencyError,
     TargetUriError,
 )
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
@@ -150,6 +151,20 @@ def test_options_are_checked() -> None:
         open_apply_sink("iceberg:///tmp/wh")
     with pytest.raises(TargetUriError, match="unknown scheme 'hudi'"):
         open_apply_sink("hudi:///tmp/t")
+
+
+def test_the_iceberg_target_without_pyiceberg_fails_when_made_naming_the_extra(
+        monkeypatch) -> None:
+    """Without the lakehouse extra the sink is refused where it is made (``replicate`` before
+    Spark starts), not in its first batch. (The wheel's real install without the extra:
+    integration/test_user_install.py.)"""
+    monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)  # an import of it fails
+    for make in (lambda: open_apply_sink("iceberg:///tmp/wh?table=cdc.orders"),
+                 lambda: IcebergApplySink(sqlite_catalog_properties("/tmp/wh"), "cdc.orders")):
+        with pytest.raises(TargetDependencyError,
+                           match=r"the Iceberg target needs pyiceberg, which is not installed: "
+                           r"pip install 'tablestore-cdc\[lakehouse\]'"):
+            make()
 
 
 # --- the two targets, real tables ------------------------------------------------------------

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
 from connector.local import LocalTablestore  # noqa: E402

@@ -45,11 +45,9 @@ MERGE_KEY = "__merge_"
 
 
 def _deltalake() -> Any:
-    try:
-        import deltalake
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError("the Delta target needs deltalake: pip install "
-                          "'tablestore-cdc[lakehouse]'") from exc
+    """``deltalake`` (a base dependency), imported when a sink first needs it."""
+    import deltalake
+
     return deltalake
 
 

@@ -15,6 +15,13 @@ class TargetUriError(LakehouseError, ValueError):
     template = "target {uri!r}: {problem}; expected {allowed}"
 
 
+class TargetDependencyError(LakehouseError, ImportError):
+    """A target whose library is not installed (the Iceberg target without the ``lakehouse``
+    extra); raised when the sink is made, so ``replicate`` fails before Spark starts."""
+
+    template = "the {target} target needs {package}, which is not installed: {install}"
+
+
 class ApplyOptionError(LakehouseError, ValueError):
     """An option of the sink (``scd``, ``schema_drift``, ``soft_delete_column``, keys) is bad."""
 

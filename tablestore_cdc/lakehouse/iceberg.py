@@ -31,6 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.plan import (
     END_AT,
     ApplyOptions,
@@ -51,11 +52,12 @@ NO_LIBRARY_RETRY = "commit.retry.num-retries"
 
 
 def _pyiceberg() -> Any:
+    """``pyiceberg``, which the ``lakehouse`` extra brings (the base install does not)."""
     try:
         import pyiceberg.catalog
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError("the Iceberg target needs pyiceberg: pip install "
-                          "'tablestore-cdc[lakehouse]'") from exc
+    except ImportError as exc:
+        raise TargetDependencyError(target="Iceberg", package="pyiceberg",
+                                    install="pip install 'tablestore-cdc[lakehouse]'") from exc
     return pyiceberg
 
 
@@ -76,6 +78,7 @@ class IcebergApplySink(ApplySink):
     def __init__(self, catalog_properties: Mapping[str, str], identifier: str,
                  *, catalog_name: str = "tablestore_cdc", **options: Any) -> None:
         super().__init__(**options)
+        _pyiceberg()  # a missing extra fails here, where the sink is made, not in a batch
         self.catalog_properties = dict(catalog_properties)
         self.catalog_name = catalog_name
         self.identifier = identifier
