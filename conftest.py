@@ -5,7 +5,9 @@ suite's time is spent waiting on Spark JVMs that start, run a few batches and ar
 using both cores. The tests under ``integration/`` each start whole process trees (Spark drivers
 killed and restarted, a moto server, network namespaces, a local cluster) and wait on them with
 deadlines, so they stay in one group, run one after another on one worker, while the other
-worker runs ``tests/``. A plain ``pytest`` (no ``-n``) runs everything in one process as before.
+worker runs ``tests/``. The tests that share the session's demo run (``demo_run``) are a group
+of their own, so the demo runs once. A plain ``pytest`` (no ``-n``) runs everything in one
+process as before.
 """
 
 from __future__ import annotations
@@ -24,3 +26,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.is_relative_to(SERIAL_DIR):
             item.add_marker(pytest.mark.xdist_group("integration"))
+        elif "demo_run" in getattr(item, "fixturenames", ()):
+            # the tests sharing one demo run (testkit.fixtures.demo_run) share a worker
+            item.add_marker(pytest.mark.xdist_group("demo"))

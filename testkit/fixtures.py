@@ -15,11 +15,17 @@ worker (two Spark sessions, two moto servers).
   processes; the user's real AWS config files are hidden.
 - ``moto_endpoint`` (session): the URL of a serialized moto server on 127.0.0.1
   (``testkit.aws.start_moto_server``), stopped at the end of the session.
+- ``demo_run`` (session): one ``tablestore-cdc demo`` (its own Spark driver, 800 changes with
+  two splits and a merge), shared by the tests that check its verification line
+  (tests/test_job.py) and run the query lines it prints (tests/test_doc_snippets.py); the root
+  conftest.py keeps them on one worker, so it runs once.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,3 +103,14 @@ def moto_endpoint(aws_env: dict[str, str]) -> Iterator[str]:
         yield endpoint
     finally:
         stop_moto_server(proc)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """``tablestore-cdc demo`` run once (800 changes over 6 s, 3 channels) in a subprocess;
+    ``--workdir`` is ``<its directory>/demo``."""
+    workdir = tmp_path_factory.mktemp("demo-run") / "demo"
+    return subprocess.run(
+        [sys.executable, "-m", "tablestore_cdc.cli", "demo", "--workdir", str(workdir),
+         "--changes", "800", "--duration", "6", "--channels", "3"],
+        capture_output=True, text=True, timeout=600)

@@ -5,6 +5,6 @@ Tests that use Spark are marked ``slow``; ``pytest -m "not slow"`` runs the rest
 
 from __future__ import annotations
 
-from testkit.fixtures import aws_env, moto_endpoint, spark, store
+from testkit.fixtures import aws_env, demo_run, moto_endpoint, spark, store
 
-__all__ = ["aws_env", "moto_endpoint", "spark", "store"]
+__all__ = ["aws_env", "demo_run", "moto_endpoint", "spark", "store"]

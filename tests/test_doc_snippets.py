@@ -273,20 +273,16 @@ def test_the_lakehouse_query_snippets_run_offline(tmp_path: Path, offline: Any) 
     assert "13" in large and "7.25" not in large and "customer" not in large
 
 
-def test_the_query_lines_the_demo_prints_run_offline(tmp_path: Path, offline: Any) -> None:
-    """A small demo (its own Spark driver), then every line it prints under "query it with",
-    as printed, on the Delta table it wrote."""
+def test_the_query_lines_the_demo_prints_run_offline(demo_run: Any, offline: Any) -> None:
+    """Every line the demo (testkit.fixtures.demo_run) prints under "query it with", as
+    printed, on the Delta table it wrote."""
     from deltalake import DeltaTable
 
-    demo = subprocess.run(
-        [sys.executable, "-m", "tablestore_cdc.cli", "demo", "--workdir", str(tmp_path / "demo"),
-         "--changes", "200", "--duration", "2", "--channels", "2"],
-        capture_output=True, text=True, timeout=600)
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    printed = demo.stdout.splitlines()
+    assert demo_run.returncode == 0, demo_run.stderr[-3000:]
+    printed = demo_run.stdout.splitlines()
     [header] = [i for i, line in enumerate(printed) if "query it with" in line]
     queries = [line.strip() for line in printed[header + 1:] if line.startswith("  ")]
-    assert len(queries) == 3, demo.stdout
+    assert len(queries) == 3, demo_run.stdout
     install = re.search(r"-m pip install ([\w ]+)\)", printed[header])
     assert install and set(install[1].split()) <= packages_of_the_test_extra(), printed[header]
 

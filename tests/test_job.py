@@ -55,11 +55,8 @@ def test_state_table_applies_each_change_once_in_commit_order(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.oldest_spark
-def test_demo_verifies_a_run_with_splits_and_a_merge(tmp_path):
-    result = subprocess.run(
-        [*CLI, "demo", "--workdir", str(tmp_path / "demo"), "--changes", "800",
-         "--duration", "6", "--channels", "3"],
-        capture_output=True, text=True, timeout=600)
+def test_demo_verifies_a_run_with_splits_and_a_merge(demo_run):
+    result = demo_run  # 800 changes over 6 s on 3 channels (testkit.fixtures)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "0 lost, 0 duplicated" in result.stdout
     assert "(2 splits, 1 merge(s)" in result.stdout
