@@ -6,12 +6,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast test-spark-oldest faults-full netfaults-full cluster-long soak benchmarks \
+.PHONY: demo test test-fast test-spark-oldest test-install faults-full netfaults-full cluster-long soak benchmarks \
 	lint java-check clean
 
 # The oldest PySpark the package supports (the floor of pyproject's range), in its own venv
 SPARK_OLDEST := 4.0.0
 OLDEST       := .venv-spark-oldest
+# The venvs of `make test-install` (and the wheel they share)
+INSTALLS     := .venv-install
 
 # setup.py builds the compiled PlainBuffer decoder (C, optional: skipped without a compiler);
 # `make test` then requires it (REQUIRE_COMPILED), so the suite tests the compiled decoder
@@ -43,15 +45,23 @@ demo: $(STAMP) java-check
 	$(BIN)/tablestore-cdc demo $(DEMO_ARGS)
 
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
-## then the oldest_spark tests on the oldest supported PySpark
+## then the oldest_spark tests on the oldest supported PySpark, then the user's install
 test: $(STAMP) java-check
-	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full" -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not user_install" -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
+	$(MAKE) --no-print-directory test-install
 
 ## make test-spark-oldest: splits and a merge, kill and restart, AvailableNow, the demo on
 ## PySpark $(SPARK_OLDEST) (a run that selects no test exits 5 and fails)
 test-spark-oldest: $(OLDEST)/.installed-stamp java-check
 	$(OLDEST)/bin/python -m pytest -m oldest_spark $(PYTEST_ARGS)
+
+## make test-install: the install a user does (integration/test_user_install.py): the wheel,
+## built once, into clean venvs under $(INSTALLS) with no extra (PySpark: the newest, and 4.0.5
+## and 4.2.1 installed first, which pip must keep); every module and --help, the demo (small) to
+## its verification line; then one extra in each venv ([lakehouse], [dynamodb], [tablestore])
+test-install: $(STAMP) java-check
+	$(BIN)/python -m pytest -m user_install integration/test_user_install.py $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
 test-fast: $(STAMP)
@@ -82,4 +92,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(OLDEST) tablestore-cdc-demo .pytest_cache
+	rm -rf $(VENV) $(OLDEST) $(INSTALLS) build tablestore-cdc-demo .pytest_cache
