@@ -6,6 +6,7 @@
 - ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
 - ``tablestore-cdc demo`` / ``replicate``  the main job (tablestore_cdc/job.py)
 - ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
+- ``tablestore-cdc reconcile``    source table against its lakehouse copy (tablestore_cdc/reconcile)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tablestore_cdc.job import demo, replicate
 from tablestore_cdc.local_cli import app as local_app
 from tablestore_cdc.meta_cli import app as meta_app
 from tablestore_cdc.meta_cli import progress_command
+from tablestore_cdc.reconcile.command import reconcile
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
@@ -30,6 +32,7 @@ app.add_typer(local_app, name="local")
 app.add_typer(meta_app, name="meta")
 app.command("demo")(demo)
 app.command("replicate")(replicate)
+app.command("reconcile")(reconcile)
 app.command("progress")(progress_command)
 app.command("dashboard")(dashboard_command)
 app.command("emulator")(emulator_command)

@@ -38,6 +38,10 @@ from tablestore_cdc.lakehouse.plan import (
 )
 from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
 
+#: the commit-info keys naming the batch a commit applied (as the Iceberg sink's snapshot
+#: summary names it)
+QUERY_ID_KEY = "tablestore-cdc.query-id"
+BATCH_ID_KEY = "tablestore-cdc.batch-id"
 #: the MERGE source's own columns (never written to the target)
 APPLY = "__apply"
 CLOSE_AT = "__close_at"
@@ -91,7 +95,11 @@ class DeltaApplySink(ApplySink):
             return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
         target = None if table is None else pa.schema(table.schema().to_arrow())
         plan = plan_batch(batch, target, options, self.table_uri)
-        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+        # the commit's info names the batch too (``DeltaTable.history``): how a reader that
+        # does not know the query id finds how far the table is applied (``reconcile``)
+        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
+                                  custom_metadata={QUERY_ID_KEY: app_id,
+                                                   BATCH_ID_KEY: str(batch_id)})
         self._before_commit()
         if table is None:
             deltalake.write_deltalake(self.table_uri, to_arrow(plan.upserts, plan.layout.schema),

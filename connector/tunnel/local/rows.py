@@ -181,6 +181,20 @@ def scan(conn: sqlite3.Connection, table: str) -> list[tuple[dict[str, Any], dic
     return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
 
 
+def scan_page(conn: sqlite3.Connection, table: str, after_pk: str | None, limit: int
+              ) -> list[tuple[str, str]]:
+    """Up to ``limit`` rows as ``(pk_json, attrs_json)`` in key-JSON order, after the row whose
+    key JSON is ``after_pk`` (None: from the first): one page of a scan that holds no read
+    transaction between pages (``LocalTablestore.scan_pages``)."""
+    if after_pk is None:
+        return conn.execute(
+            "SELECT pk, attrs FROM cdc_rows WHERE table_name = ? ORDER BY pk LIMIT ?",
+            (table, limit)).fetchall()
+    return conn.execute(
+        "SELECT pk, attrs FROM cdc_rows WHERE table_name = ? AND pk > ? ORDER BY pk LIMIT ?",
+        (table, after_pk, limit)).fetchall()
+
+
 def count_rows(conn: sqlite3.Connection, table: str) -> int:
     (n,) = conn.execute(
         "SELECT count(*) FROM cdc_rows WHERE table_name = ?", (table,)
@@ -206,6 +220,7 @@ __all__ = [
     "get_row",
     "rows_in_hash_range",
     "scan",
+    "scan_page",
     "validate_operation",
     "write_batch",
 ]

@@ -53,7 +53,7 @@ from connector.tunnel.local.changelog import all_changes
 from connector.tunnel.local.channels import ChannelRow, cut_key_space
 from connector.tunnel.local.rows import WriteOp
 from connector.tunnel.local.schema import create_tables, delete_table_data, missing_tables
-from connector.tunnel.local.values import COLUMN_TYPES, KEY_TYPES
+from connector.tunnel.local.values import COLUMN_TYPES, KEY_TYPES, loads_values
 
 #: How long a writer waits for the file's write lock before giving up (milliseconds).
 BUSY_TIMEOUT_MS = 30_000
@@ -288,6 +288,24 @@ class LocalTablestore:
         with self.transaction() as conn:
             self.require_table(conn, table)
             return rows.scan(conn, table)
+
+    def scan_pages(self, table: str, page_rows: int = 5000
+                   ) -> Iterator[list[tuple[dict[str, Any], dict[str, Any]]]]:
+        """Every live row as (primary key, attribute columns), ``page_rows`` at a time in key
+        order, each page its own short read transaction (a long scan never holds one open
+        while writers go on: a row written during the scan may or may not be in it). For
+        ``tablestore-cdc reconcile``, which reads the table while the stream runs."""
+        after: str | None = None
+        while True:
+            with self.transaction() as conn:
+                self.require_table(conn, table)
+                page = rows.scan_page(conn, table, after, page_rows)
+            if not page:
+                return
+            yield [(loads_values(pk), loads_values(attrs)) for pk, attrs in page]
+            if len(page) < page_rows:
+                return
+            after = page[-1][0]
 
     def count_rows(self, table: str) -> int:
         with self.transaction() as conn:

@@ -1,0 +1,175 @@
+"""``tablestore-cdc reconcile``: is the lake copy equal to the source right now?
+
+Takes the source and the target as ``replicate`` does (``--store`` / ``--endpoint``,
+``--option``, ``--table``, ``--target`` or ``--output``, ``--tunnel``), reconciles each table
+(``run.reconcile_table``), prints a summary (or ``--json``) and exits:
+
+- 0: every table equals its target, but for differences still in flight;
+- 1: a difference that is not in flight (MISSING, EXTRA or DIFFERENT);
+- 2: the command could not run (a bad flag, option, endpoint or target; one ``error:`` line).
+
+Read-only on both sides; runs while the stream runs. A progress bar on stderr when it is a
+terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.reconcile.run import TableReport, as_json, json_value, reconcile_table
+from tablestore_cdc.reconcile.source import SourceSpec
+
+TABLE_PLACEHOLDER = "{table}"
+
+
+class BarProgress:
+    """``compare.Progress`` as a rich progress bar (one line per step, on stderr)."""
+
+    def __init__(self, progress: Progress, table: str) -> None:
+        self.progress, self.table = progress, table
+        self.task: TaskID | None = None
+
+    def begin(self, what: str, total: int | None) -> None:
+        self.task = self.progress.add_task(f"{self.table}: {what}", total=total)
+
+    def advance(self, rows: int) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, rows)
+
+    def end(self) -> None:
+        if self.task is not None:
+            task = self.progress.tasks[-1]
+            self.progress.update(self.task, total=task.completed)
+        self.task = None
+
+
+def reconcile(
+    table: Annotated[list[str], typer.Option(
+        help="The table to reconcile (repeatable: each with the target --target names).")],
+    target: Annotated[str | None, typer.Option(
+        help="The copy: delta:///abs/path or iceberg:///abs/warehouse?table=namespace.table, "
+        "as replicate's --target; {table} stands for the table's name (default: "
+        "delta://OUTPUT/TABLE with --output).")] = None,
+    output: Annotated[Path | None, typer.Option(
+        help="replicate's --output: the default target is delta://OUTPUT/TABLE.")] = None,
+    store: Annotated[Path | None, typer.Option(
+        help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        help="The source endpoint, as replicate's: local:///abs/store.db, the emulator's or a "
+        "Tablestore instance's http(s):// URL, dynamodb-streams://...")] = None,
+    tunnel: Annotated[str, typer.Option(
+        help="The stream's tunnel (replicate's --tunnel): where the meta table's positions "
+        "are.")] = "replicate",
+    option: Annotated[list[str] | None, typer.Option(
+        help="Reader option KEY=VALUE as given to replicate (repeatable): credentials, "
+        "catalog, meta.store, ...")] = None,
+    soft_delete_column: Annotated[str | None, typer.Option(
+        help="replicate's --soft-delete-column: target rows with it true count as deleted.")]
+    = None,
+    ignore_column: Annotated[list[str] | None, typer.Option(
+        help="An attribute left out of the comparison on both sides (repeatable).")] = None,
+    in_flight: Annotated[bool, typer.Option(
+        "--in-flight/--no-in-flight",
+        help="Label differences whose source row changed after the target's applied position "
+        "IN-FLIGHT (they do not fail the command); --no-in-flight counts every difference.")]
+    = True,
+    as_json_flag: Annotated[bool, typer.Option(
+        "--json", help="Print the reports as one JSON document on stdout.")] = False,
+    limit: Annotated[int, typer.Option(
+        min=0, help="Differences listed per table (all are counted).")] = 20,
+) -> None:
+    """Compare source tables with their Delta or Iceberg copies: MISSING, EXTRA and DIFFERENT
+    rows, IN-FLIGHT when the stream has yet to apply them. Exit 0: equal (in-flight
+    differences only); 1: differences; 2: could not run. Read-only; runs while the stream
+    runs."""
+    if (store is None) == (endpoint is None):
+        fail("give exactly one of --store or --endpoint")
+    if store is not None:
+        if not store.exists():
+            fail(f"--store {store} does not exist")
+        endpoint = f"local://{store.resolve()}"
+    assert endpoint is not None
+    extra = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail(f"--option {item!r}: expected KEY=VALUE")
+        extra[key] = value
+    if target is None:
+        if output is None:
+            fail("give --target (or replicate's --output, for its default target)")
+        target = f"delta://{output.resolve()}/{TABLE_PLACEHOLDER}"
+    if len(table) > 1 and TABLE_PLACEHOLDER not in target:
+        fail(f"--target: with several --table, the target must contain {TABLE_PLACEHOLDER}")
+    err = Console(stderr=True)
+    reports: list[TableReport] = []
+    with reported_errors(), Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=err, transient=True,
+            disable=not err.is_terminal) as bar:
+        for name in table:
+            spec = SourceSpec(endpoint, name, tunnel, extra)
+            reports.append(reconcile_table(
+                spec, target.replace(TABLE_PLACEHOLDER, name),
+                soft_delete_column=soft_delete_column, ignore=ignore_column or (),
+                in_flight=in_flight, progress=BarProgress(bar, name)))
+    if as_json_flag:
+        typer.echo(json.dumps({"ok": all(r.ok for r in reports),
+                               "tables": [as_json(r, limit) for r in reports]}, indent=2))
+    else:
+        out = Console(soft_wrap=True, highlight=False)
+        for report in reports:
+            print_report(out, report, limit)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+def print_report(out: Console, report: TableReport, limit: int) -> None:
+    """The summary of one table, then its first ``limit`` differences."""
+    c, counts = report.comparison, report.counts()
+    out.print(f"[bold]{escape(report.table)}[/]: source {escape(report.source)} "
+              f"({c.source_rows} rows) · target {escape(report.target)} version "
+              f"{report.target_version or '-'} (SCD {report.scd}, {c.target_rows} current rows)"
+              f" · {report.seconds:.1f}s")
+    verdict = "[green]EQUAL[/]" if not c.differences else \
+        "[green]EQUAL but for changes in flight[/]" if report.ok else "[red]DIFFERS[/]"
+    out.print(f"  {verdict}: {counts['MISSING']} missing, {counts['EXTRA']} extra, "
+              f"{counts['DIFFERENT']} different; {counts['IN-FLIGHT']} in flight "
+              f"({c.unequal_buckets} unequal bucket(s), {c.drill_rows} row(s) read again)")
+    if report.in_flight is not None and not report.in_flight.determined:
+        out.print(f"  in flight: not determined: {escape(report.in_flight.note)}")
+    listed = sorted(c.differences, key=lambda d: (d.in_flight, d.kind, repr(d.key)))
+    for d in listed[:limit]:
+        key = ", ".join(f"{k}={_shown(v)}" for k, v in zip(report.key_columns, d.key,
+                                                             strict=True))
+        detail = (f"columns {', '.join(d.columns)}: source {_shown(_pick(d.source, d.columns))}"
+                  f" target {_shown(_pick(d.target, d.columns))}" if d.kind == "DIFFERENT"
+                  else f"source {_shown(d.source)}" if d.kind == "MISSING"
+                  else d.note or f"target {_shown(d.target)}")
+        if d.in_flight:
+            detail = f"{d.kind.lower()}: {detail}"
+        out.print(f"  {d.label:<10} {escape(key)}  {escape(detail)}")
+    if len(listed) > limit:
+        out.print(f"  … {len(listed) - limit} more (--limit, --json)")
+
+
+def _pick(values: dict[str, Any] | None, columns: list[str]) -> dict[str, Any] | None:
+    return None if values is None else {c: values.get(c) for c in columns}
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(json_value(value), ensure_ascii=False, default=str)

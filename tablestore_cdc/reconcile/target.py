@@ -1,0 +1,94 @@
+"""The target table as reconcile (and, later, re-snapshot) reads it: its current rows, one Arrow
+record batch at a time, from one pinned version, and how far the stream has applied it.
+
+``open_target_table`` takes a ``--target`` URI as ``replicate`` does (parsed by
+``tablestore_cdc.lakehouse.open_apply_sink``, which also opens the table) and returns the
+reader of its format, one module per format: ``target_delta`` (``deltalake``) and
+``target_iceberg`` (``pyiceberg``). Readers only read.
+
+The current rows: every row of an SCD type 1 table, except rows whose soft-delete column is
+true (they count as deleted); of an SCD type 2 table (it has ``__START_AT`` and ``__END_AT``),
+the open versions (``__END_AT IS NULL``).
+
+How far the stream has applied the table (``AppliedBatch``): the apply sink makes one commit
+per streaming batch and names the batch in it (Delta: the ``txn`` action and the commit info;
+Iceberg: the snapshot summary). The newest such batch, when it was committed, and when the same
+query's previous batch was committed: ``tablestore_cdc.reconcile.inflight`` turns that into a
+position of the change stream.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tablestore_cdc.lakehouse import END_AT, START_AT, open_apply_sink
+from tablestore_cdc.lakehouse.delta import DeltaApplySink
+from tablestore_cdc.reconcile.errors import TargetMissingError
+
+
+@dataclass(frozen=True)
+class AppliedBatch:
+    """The newest batch an apply query committed to the target (times: seconds since the
+    epoch, the committing process's clock)."""
+
+    app_id: str
+    batch_id: int
+    committed_at: float
+    #: when the same query's previous batch was committed (None: this is its first)
+    previous_committed_at: float | None
+
+
+class TargetTable(ABC):
+    """One target table at one version. Opened by ``open_target_table``."""
+
+    #: what reports call the target
+    shown: str
+    #: the pinned version: Delta's table version, Iceberg's snapshot id ("" for an empty table)
+    version: str
+
+    def __init__(self, shown: str, soft_delete_column: str | None) -> None:
+        self.shown = shown
+        self.soft_delete_column = soft_delete_column
+
+    @property
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The table's columns at the pinned version."""
+
+    @property
+    def scd(self) -> int:
+        """2 when the table keeps versions (``__START_AT`` and ``__END_AT``), else 1."""
+        names = set(self.schema.names)
+        return 2 if {START_AT, END_AT} <= names else 1
+
+    @abstractmethod
+    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """The current rows (module docstring), only ``columns``, about ``batch_rows`` a
+        batch."""
+
+    @abstractmethod
+    def applied(self) -> AppliedBatch | None:
+        """The newest batch of an apply query in the table (None: none recorded)."""
+
+    def estimated_rows(self) -> int | None:
+        return None
+
+
+def open_target_table(uri: str, soft_delete_column: str | None = None) -> TargetTable:
+    """The reader of the table at ``uri`` (``delta:///...`` or ``iceberg:///...?table=...``).
+    ``TargetUriError`` for a bad URI, ``TargetMissingError`` when no table is there."""
+    sink = open_apply_sink(uri)
+    table = sink.table()  # type: ignore[attr-defined]
+    if table is None:
+        raise TargetMissingError(target=uri)
+    if isinstance(sink, DeltaApplySink):
+        from tablestore_cdc.reconcile.target_delta import DeltaTargetTable
+
+        return DeltaTargetTable(uri, table, soft_delete_column)
+    from tablestore_cdc.reconcile.target_iceberg import IcebergTargetTable
+
+    return IcebergTargetTable(uri, table, soft_delete_column)

@@ -1,0 +1,80 @@
+"""A Delta Lake target for reconcile (``deltalake``): the pinned version's files as a pyarrow
+dataset, filtered to the current rows; the apply batches from the commit history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tablestore_cdc.lakehouse import END_AT
+from tablestore_cdc.lakehouse.delta import BATCH_ID_KEY, QUERY_ID_KEY
+from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable
+
+#: commits of the history read at a time while looking for the apply's two newest batches
+HISTORY_PAGE = 200
+
+
+class DeltaTargetTable(TargetTable):
+    def __init__(self, shown: str, table: Any, soft_delete_column: str | None) -> None:
+        super().__init__(shown, soft_delete_column)
+        self._table = table
+        self.version = str(table.version())
+        self._schema = pa.schema(table.schema().to_arrow())
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def _filter(self) -> Any:
+        keep = None
+        if self.scd == 2:
+            keep = pc.field(END_AT).is_null()
+        flag = self.soft_delete_column
+        if flag is not None and flag in self.schema.names:
+            live = pc.field(flag).is_null() | ~pc.field(flag)
+            keep = live if keep is None else keep & live
+        return keep
+
+    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+        dataset = self._table.to_pyarrow_dataset()
+        yield from dataset.to_batches(columns=list(columns), filter=self._filter(),
+                                      batch_size=batch_rows)
+
+    def estimated_rows(self) -> int | None:
+        try:
+            actions = pa.table(self._table.get_add_actions(flatten=True))
+            return int(pc.sum(actions.column("num_records")).as_py() or 0)
+        except Exception:  # only a progress bar's total
+            return None
+
+    def applied(self) -> AppliedBatch | None:
+        limit = HISTORY_PAGE
+        while True:
+            history = self._table.history(limit=limit)
+            whole = len(history) < limit
+            found = newest_two(history, whole)
+            if found is not None or whole:
+                return found
+            limit *= 4
+
+
+def newest_two(history: list[dict[str, Any]], whole: bool) -> AppliedBatch | None:
+    """From commit infos, newest first: the newest apply batch and its query's previous one.
+    None when there is none, or (``whole`` False: more history exists) when the previous one
+    may be further back."""
+    newest: tuple[str, int, float] | None = None
+    for commit in history:
+        app_id, batch = commit.get(QUERY_ID_KEY), commit.get(BATCH_ID_KEY)
+        if app_id is None or batch is None:
+            continue
+        at = float(commit["timestamp"]) / 1000
+        if newest is None:
+            newest = (str(app_id), int(batch), at)
+        elif app_id == newest[0] and int(batch) < newest[1]:
+            return AppliedBatch(newest[0], newest[1], newest[2], at)
+    if newest is None or not whole:
+        return None
+    return AppliedBatch(newest[0], newest[1], newest[2], None)

@@ -1,0 +1,71 @@
+"""An Apache Iceberg target for reconcile (``pyiceberg``): a scan of the pinned snapshot filtered
+to the current rows; the apply batches from the snapshot summaries of its ancestors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from tablestore_cdc.lakehouse import END_AT
+from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
+from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable
+
+
+class IcebergTargetTable(TargetTable):
+    def __init__(self, shown: str, table: Any, soft_delete_column: str | None) -> None:
+        super().__init__(shown, soft_delete_column)
+        self._table = table
+        self._snapshot = table.current_snapshot()
+        self.version = "" if self._snapshot is None else str(self._snapshot.snapshot_id)
+        self._schema = table.schema().as_arrow()
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def _filter(self) -> Any:
+        import pyiceberg.expressions
+
+        # typed as Any: the classes take positional terms at run time, not as their
+        # pydantic signatures say
+        e: Any = pyiceberg.expressions
+        keep: Any = e.AlwaysTrue()
+        if self.scd == 2:
+            keep = e.IsNull(END_AT)
+        flag = self.soft_delete_column
+        if flag is not None and flag in self.schema.names:
+            keep = e.And(keep, e.Or(e.IsNull(flag), e.EqualTo(flag, False)))
+        return keep
+
+    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+        if self._snapshot is None:
+            return
+        scan = self._table.scan(row_filter=self._filter(), selected_fields=tuple(columns),
+                                snapshot_id=self._snapshot.snapshot_id)
+        for batch in scan.to_arrow_batch_reader():
+            for offset in range(0, batch.num_rows, batch_rows):
+                yield batch.slice(offset, batch_rows)
+
+    def estimated_rows(self) -> int | None:
+        summary = self._snapshot.summary if self._snapshot is not None else None
+        total = summary.get("total-records") if summary is not None else None
+        return int(total) if total is not None else None
+
+    def applied(self) -> AppliedBatch | None:
+        from pyiceberg.table.snapshots import ancestors_of
+
+        newest: tuple[str, int, float] | None = None
+        for snapshot in ancestors_of(self._snapshot, self._table.metadata):
+            summary = snapshot.summary
+            app_id = summary.get(QUERY_ID_PROPERTY) if summary is not None else None
+            if app_id is None or summary is None:
+                continue
+            batch = int(str(summary.get(BATCH_ID_PROPERTY)))
+            at = snapshot.timestamp_ms / 1000
+            if newest is None:
+                newest = (app_id, batch, at)
+            elif app_id == newest[0] and batch < newest[1]:
+                return AppliedBatch(newest[0], newest[1], newest[2], at)
+        return None if newest is None else AppliedBatch(newest[0], newest[1], newest[2], None)
