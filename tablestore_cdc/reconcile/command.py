@@ -149,7 +149,7 @@ def print_report(out: Console, report: TableReport, limit: int) -> None:
         "[green]EQUAL but for changes in flight[/]" if report.ok else "[red]DIFFERS[/]"
     out.print(f"  {verdict}: {counts['MISSING']} missing, {counts['EXTRA']} extra, "
               f"{counts['DIFFERENT']} different; {counts['IN-FLIGHT']} in flight "
-              f"({c.unequal_buckets} unequal bucket(s), {c.drill_rows} row(s) read again)")
+              f"({c.unequal_buckets} unequal bucket(s): {c.drill_rows} row(s) compared by key)")
     if report.in_flight is not None and not report.in_flight.determined:
         out.print(f"  in flight: not determined: {escape(report.in_flight.note)}")
     listed = sorted(c.differences, key=lambda d: (d.in_flight, d.kind, repr(d.key)))

@@ -91,8 +91,10 @@ class Comparison:
     source_rows: int = 0
     target_rows: int = 0
     unequal_buckets: int = 0
-    #: rows read in pass 2 (both sides, all rounds)
+    #: rows of unequal buckets compared key by key in pass 2 (both sides)
     drill_rows: int = 0
+    #: rounds of pass 2 (each reads both sides again)
+    rounds: int = 0
     differences: list[Difference] = field(default_factory=list)
 
 
@@ -149,6 +151,7 @@ def compare(source: SourceTable, target: TargetTable, layout: CompareLayout,
                            result.source_rows if name == "source" else result.target_rows)
             kept.append(_rows_in(batches(), mask, layout, progress))
             progress.end()
+        result.rounds += 1
         result.drill_rows += kept[0].num_rows + kept[1].num_rows
         result.differences += classify(kept[0], kept[1], layout,
                                        detailed=DETAILED - len(result.differences))

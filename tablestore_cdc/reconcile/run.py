@@ -87,7 +87,8 @@ def as_json(report: TableReport, limit: int) -> dict[str, Any]:
         "table": report.table, "source": report.source, "target": report.target,
         "target_version": report.target_version, "scd": report.scd, "ok": report.ok,
         "rows": {"source": c.source_rows, "target": c.target_rows},
-        "unequal_buckets": c.unequal_buckets, "rows_reread": c.drill_rows,
+        "unequal_buckets": c.unequal_buckets, "rows_compared_by_key": c.drill_rows,
+        "rereads": c.rounds,
         "differences": report.counts(),
         "in_flight": None if report.in_flight is None else {
             "determined": report.in_flight.determined, "note": report.in_flight.note,
