@@ -25,12 +25,13 @@ from benchmarks.freshness import FreshnessConfig
 from benchmarks.lakehouse_apply import LakehouseApplyConfig
 from benchmarks.memory import MemoryConfig
 from benchmarks.protocol import ProtocolConfig
+from benchmarks.reconcile import ReconcileConfig
 from benchmarks.recovery import RecoveryConfig
 from benchmarks.throughput import ThroughputConfig
 from benchmarks.wire import WireConfig
 
 BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
-              "wire", "lakehouse_apply")
+              "wire", "lakehouse_apply", "reconcile")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Preset:
     memory: MemoryConfig = MemoryConfig()
     wire: WireConfig = WireConfig()
     lakehouse_apply: LakehouseApplyConfig = LakehouseApplyConfig()
+    reconcile: ReconcileConfig = ReconcileConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -61,6 +63,7 @@ PRESETS: dict[str, Preset] = {
         MemoryConfig(records=20_000),
         WireConfig(records=4_000, decode_records=4_000, repeats=1),
         LakehouseApplyConfig(batches=2, batch_size=500),
+        reconcile=ReconcileConfig(rows=20_000),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -97,6 +100,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "wire_client_us_per_record": ("<=", 3.0, "us"),
     "wire_protocol_ms_per_batch_256ch": ("<=", 80.0, "ms"),
     "wire_protocol_delay_ratio_ms_per_batch_256ch": ("<=", 3.0, "x"),
+    # issue 41: one million rows compared in at most 60 s
+    "reconcile_rows_s": (">=", 1_000_000 / 60, ""),
 }
 
 
@@ -111,6 +116,7 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
         freshness,
         lakehouse_apply,
         memory,
+        reconcile,
         protocol,
         recovery,
         throughput,
@@ -130,6 +136,10 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
             log("lakehouse_apply: changes applied into Delta vs a plain append of them ...")
             results["lakehouse_apply"] = lakehouse_apply.run(preset.lakehouse_apply,
                                                              root / "lakehouse_apply")
+        if "reconcile" in only:
+            log(f"reconcile: an equal pair of {preset.reconcile.rows:,} rows (embedded store, "
+                "Delta) compared ...")
+            results["reconcile"] = reconcile.run(preset.reconcile, root / "reconcile")
         if "memory" in only:
             log(f"memory: one Python process reads a {preset.memory.records:,}-record "
                 "partition ...")
@@ -241,6 +251,12 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out["lakehouse_append_rows_s"] = round(a["append_rows_s"])
         if "iceberg_apply_changes_s" in a:
             out["lakehouse_iceberg_apply_changes_s"] = round(a["iceberg_apply_changes_s"])
+    if "reconcile" in results:
+        r = results["reconcile"]
+        out["reconcile_rows_s"] = round(r["rows_s"])
+        out["reconcile_seconds"] = round(r["seconds"], 2)
+        out["reconcile_rows"] = r["rows"]
+        out["reconcile_peak_rss_growth_mb"] = round(r["peak_rss_growth_mb"], 1)
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -347,9 +363,12 @@ def format_table(s: dict[str, Any]) -> str:
     if "lakehouse_apply_ratio" in s:
         add("lakehouse_apply_ratio", s["lakehouse_apply_ratio"], "{:.4f}")
     for key in ("lakehouse_apply_changes_s", "lakehouse_append_rows_s",
-                "lakehouse_iceberg_apply_changes_s"):
+                "lakehouse_iceberg_apply_changes_s", "reconcile_rows_s"):
         if key in s:
             add(key, s[key], "{:,.0f}")
+    for key in ("reconcile_seconds", "reconcile_peak_rss_growth_mb"):
+        if key in s:
+            add(key, s[key], "{:.1f}")
     for key in ("wire_client_us_per_record", "wire_client_us_per_record_prefetch_off"):
         if key in s:
             add(key, s[key], "{:.2f}")

@@ -39,6 +39,8 @@ POSITIVE_KEYS = (
     "lakehouse_apply_ratio",
     "lakehouse_apply_changes_s",
     "lakehouse_append_rows_s",
+    "reconcile_rows_s",
+    "reconcile_seconds",
 )
 
 
