@@ -6,13 +6,11 @@ INTEGER, DOUBLE and BOOLEAN attributes) and a Delta table holding the very same 
 ``reconcile_table`` over the pair, timed: pass 1 reads the source (``LocalTablestore.scan_pages``,
 10,000 rows a page), puts it into the compared layout and hashes it, then the target; the pair
 is equal, so no bucket differs and nothing is read again. ``reconcile_rows_s`` = source rows /
-seconds of the whole call; ``reconcile_peak_rss_mb``: the process's peak RSS growth during it
-(pages and record batches, never a whole table).
+seconds of the whole call.
 """
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,14 +60,11 @@ def run(config: ReconcileConfig, workdir: Path) -> dict[str, Any]:
     from tablestore_cdc.reconcile import SourceSpec, reconcile_table
 
     endpoint, target = build(config, workdir)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     report = reconcile_table(SourceSpec(endpoint, "t"), target)
     seconds = time.perf_counter() - started
-    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     c = report.comparison
     if c.differences or c.source_rows != config.rows or c.target_rows != config.rows:
         raise AssertionError(f"the pair is not equal: {report.counts()}, {c.source_rows} / "
                              f"{c.target_rows} rows")
-    return {"rows": config.rows, "seconds": seconds, "rows_s": config.rows / seconds,
-            "peak_rss_growth_mb": max(0, rss_after - rss_before) / 1024}
+    return {"rows": config.rows, "seconds": seconds, "rows_s": config.rows / seconds}

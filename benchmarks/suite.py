@@ -256,7 +256,6 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out["reconcile_rows_s"] = round(r["rows_s"])
         out["reconcile_seconds"] = round(r["seconds"], 2)
         out["reconcile_rows"] = r["rows"]
-        out["reconcile_peak_rss_growth_mb"] = round(r["peak_rss_growth_mb"], 1)
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -366,9 +365,8 @@ def format_table(s: dict[str, Any]) -> str:
                 "lakehouse_iceberg_apply_changes_s", "reconcile_rows_s"):
         if key in s:
             add(key, s[key], "{:,.0f}")
-    for key in ("reconcile_seconds", "reconcile_peak_rss_growth_mb"):
-        if key in s:
-            add(key, s[key], "{:.1f}")
+    if "reconcile_seconds" in s:
+        add("reconcile_seconds", s["reconcile_seconds"], "{:.1f}")
     for key in ("wire_client_us_per_record", "wire_client_us_per_record_prefetch_off"):
         if key in s:
             add(key, s[key], "{:.2f}")

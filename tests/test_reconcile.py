@@ -458,3 +458,27 @@ def test_a_dynamodb_source_is_scanned_and_its_six_differences_found(
                              "DIFFERENT": set(changed), "IN-FLIGHT": set()}
     difference = next(d for d in report.comparison.differences if d.kind == "DIFFERENT")
     assert set(difference.columns) == {"note", "qty", "tags"}
+
+
+# --- docs/reconcile.md ----------------------------------------------------------------------------
+
+
+def test_the_reconcile_doc_snippet_runs_as_written(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/reconcile.md's Python snippet, with ``/data`` a temporary directory holding the
+    README's ``orders`` table and its copy as ``replicate --output /data/out`` makes it."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "reconcile.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    with LocalTablestore(tmp_path / "shop.db") as store:
+        store.create_table("orders", primary_key=[("order_id", "INTEGER")],
+                           columns=[("customer", "STRING"), ("amount", "DOUBLE")])
+        for i in range(50):
+            store.put_row("orders", {"order_id": i}, {"customer": f"c{i % 7}", "amount": i / 2})
+        store.delete_row("orders", {"order_id": 3})
+    apply_stream(f"local://{tmp_path}/shop.db", "orders",
+                 open_apply_sink(f"delta://{tmp_path}/out/orders"))
+    exec(compile(block.replace("/data", str(tmp_path)), "docs/reconcile.md", "exec"), {})
+    assert capsys.readouterr().out == ("True {'MISSING': 0, 'EXTRA': 0, 'DIFFERENT': 0, "
+                                       "'IN-FLIGHT': 0}\n")

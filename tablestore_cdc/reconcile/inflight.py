@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_common.uris import redact_uri
 from connector.errors import CdcError, ChannelNotReadableError, TrimmedDataError
 from connector.options import SourceOptions
 from connector.planning.positions import Position, positions_after_batch
@@ -70,7 +71,7 @@ def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: I
         meta = open_meta_store(options.meta_store, options.meta_store_credentials,
                                create=False)
     except MetaTableMissingError:
-        return InFlight(False, f"no meta table at {options.safe_endpoint}'s meta store: the "
+        return InFlight(False, f"no meta table ({redact_uri(options.meta_store)}): the "
                         "stream has not run")
     try:
         return _in_flight(options, meta, applied, wanted, progress or NoProgress())
