@@ -38,7 +38,8 @@ from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SEC
 from cdc_common.uris import redact_uri
 from connector.planning.logs import LOG_LEVEL_ENV
 from connector.tunnel.local import LocalTablestore
-from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.source_flags import reader_options, source_endpoint
 from tablestore_cdc.verify import key_of, rows_by_key, verify
 
 console = Console(stderr=True)
@@ -482,19 +483,8 @@ def replicate(
     resumes exactly."""
     from connector.spark import local_session
 
-    if (store is None) == (endpoint is None):
-        fail("give exactly one of --store or --endpoint")
-    if store is not None:
-        if not store.exists():
-            fail(f"store {store} does not exist")
-        endpoint = f"local://{store.resolve()}"
-    assert endpoint is not None
-    extra = {}
-    for item in option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            fail(f"--option {item!r}: expected KEY=VALUE")
-        extra[key] = value
+    endpoint = source_endpoint(store, endpoint)
+    extra = reader_options(option)
     output = output.resolve()
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column)

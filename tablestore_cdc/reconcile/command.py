@@ -33,6 +33,7 @@ from rich.progress import (
 from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.reconcile.run import TableReport, as_json, json_value, reconcile_table
 from tablestore_cdc.reconcile.source import SourceSpec
+from tablestore_cdc.source_flags import reader_options, source_endpoint
 
 TABLE_PLACEHOLDER = "{table}"
 
@@ -97,19 +98,8 @@ def reconcile(
     rows, IN-FLIGHT when the stream has yet to apply them. Exit 0: equal (in-flight
     differences only); 1: differences; 2: could not run. Read-only; runs while the stream
     runs."""
-    if (store is None) == (endpoint is None):
-        fail("give exactly one of --store or --endpoint")
-    if store is not None:
-        if not store.exists():
-            fail(f"--store {store} does not exist")
-        endpoint = f"local://{store.resolve()}"
-    assert endpoint is not None
-    extra = {}
-    for item in option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            fail(f"--option {item!r}: expected KEY=VALUE")
-        extra[key] = value
+    source = source_endpoint(store, endpoint)
+    extra = reader_options(option)
     if target is None:
         if output is None:
             fail("give --target (or replicate's --output, for its default target)")
@@ -123,7 +113,7 @@ def reconcile(
             TimeElapsedColumn(), console=err, transient=True,
             disable=not err.is_terminal) as bar:
         for name in table:
-            spec = SourceSpec(endpoint, name, tunnel, extra)
+            spec = SourceSpec(source, name, tunnel, extra)
             reports.append(reconcile_table(
                 spec, target.replace(TABLE_PLACEHOLDER, name),
                 soft_delete_column=soft_delete_column, ignore=ignore_column or (),

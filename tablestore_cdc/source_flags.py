@@ -1,0 +1,32 @@
+"""The source flags ``replicate`` and ``reconcile`` share: ``--store`` / ``--endpoint`` and
+``--option KEY=VALUE``, turned into the reader's ``endpoint`` option and extra options (CLI
+process). A bad combination ends the command with one ``error:`` line (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tablestore_cdc.cli_errors import fail
+
+
+def source_endpoint(store: Path | None, endpoint: str | None) -> str:
+    """The reader's endpoint: ``--endpoint`` as given, or ``local://`` of ``--store``."""
+    if (store is None) == (endpoint is None):
+        fail("give exactly one of --store or --endpoint")
+    if store is not None:
+        if not store.exists():
+            fail(f"store {store} does not exist")
+        return f"local://{store.resolve()}"
+    assert endpoint is not None
+    return endpoint
+
+
+def reader_options(option: list[str] | None) -> dict[str, str]:
+    """``--option KEY=VALUE`` flags as the reader's extra options."""
+    extra = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail(f"--option {item!r}: expected KEY=VALUE")
+        extra[key] = value
+    return extra
