@@ -19,15 +19,20 @@ position of the change stream.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
 from tablestore_cdc.lakehouse import END_AT, START_AT, open_apply_sink
-from tablestore_cdc.lakehouse.delta import DeltaApplySink
 from tablestore_cdc.reconcile.errors import TargetMissingError
+
+#: target URI scheme -> "module:class" of its reader (this package)
+_READERS = {"delta": "tablestore_cdc.reconcile.target_delta:DeltaTargetTable",
+            "iceberg": "tablestore_cdc.reconcile.target_iceberg:IcebergTargetTable"}
 
 
 @dataclass(frozen=True)
@@ -81,14 +86,11 @@ class TargetTable(ABC):
 def open_target_table(uri: str, soft_delete_column: str | None = None) -> TargetTable:
     """The reader of the table at ``uri`` (``delta:///...`` or ``iceberg:///...?table=...``).
     ``TargetUriError`` for a bad URI, ``TargetMissingError`` when no table is there."""
-    sink = open_apply_sink(uri)
+    sink = open_apply_sink(uri)  # parses the URI (one place for its forms) and opens the table
     table = sink.table()  # type: ignore[attr-defined]
     if table is None:
         raise TargetMissingError(target=uri)
-    if isinstance(sink, DeltaApplySink):
-        from tablestore_cdc.reconcile.target_delta import DeltaTargetTable
-
-        return DeltaTargetTable(uri, table, soft_delete_column)
-    from tablestore_cdc.reconcile.target_iceberg import IcebergTargetTable
-
-    return IcebergTargetTable(uri, table, soft_delete_column)
+    module, _, name = _READERS[urlsplit(uri).scheme].partition(":")
+    reader: TargetTable = getattr(importlib.import_module(module), name)(
+        uri, table, soft_delete_column)
+    return reader
