@@ -44,6 +44,9 @@ from tablestore_cdc.reconcile.target import AppliedBatch
 
 #: records asked per read
 READ_LIMIT = 1000
+#: empty reads in a row after which a channel counts as read to its head (a backend may say
+#: "maybe more" with nothing to give yet)
+EMPTY_READS = 3
 #: how long a channel in WAIT (its parent not finished yet for the tunnel) is waited for
 WAIT_DEADLINE_S = 60.0
 
@@ -139,8 +142,10 @@ def _read_after(tunnel: TunnelService, tunnel_id: str, tokens: dict[str, str],
             waiting = {}
             for channel_id, token in pending.items():
                 try:
-                    while True:
+                    empty = 0  # reads in a row that returned nothing (a head still moving)
+                    while empty < EMPTY_READS:
                         result = tunnel.read_records(tunnel_id, channel_id, token, READ_LIMIT)
+                        empty = 0 if result.records else empty + 1
                         for record in result.records:
                             key = tuple(record.primary_key[k] for k in key_columns)
                             if key in wanted:
