@@ -419,7 +419,8 @@ def _print_where(table_path: str) -> None:
         'GROUP BY status").show()',
     ]
     lines = [f"demo: the current state is the Delta table {table_path}; query it with deltalake, "
-             f"Polars or DuckDB (for these two first: {python} -m pip install polars duckdb):"]
+             f"Polars (both installed with the package) or DuckDB (first: {python} -m pip install "
+             "duckdb):"]
     lines += [f"  {python} -c {shlex.quote(query)}" for query in queries]
     result_console.print("\n".join(lines), soft_wrap=True, highlight=False, markup=False)
 
