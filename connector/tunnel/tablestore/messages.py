@@ -24,6 +24,8 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from connector.tunnel.tablestore.proto_text import invalid_string_field
+
 _F = descriptor_pb2.FieldDescriptorProto
 _REQ, _OPT, _REP = _F.LABEL_REQUIRED, _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
 _T = {
@@ -256,12 +258,14 @@ FLAG_LATEST, FLAG_EARLIEST = 0, 1
 
 class MessageError(ValueError):
     """Bytes that are not a complete message of the expected type (missing required fields
-    included). Callers turn it into the product's typed errors."""
+    and ``string`` fields that are not UTF-8 included). Callers turn it into the product's
+    typed errors."""
 
 
 def parse(cls: Any, data: bytes) -> Any:
-    """``cls`` parsed from ``data``, required fields enforced (``ParseFromString`` alone does
-    not check them in this protobuf runtime)."""
+    """``cls`` parsed from ``data``, required fields enforced and ``string`` fields checked as
+    UTF-8 (``ParseFromString`` alone checks neither in this protobuf runtime:
+    ``proto_text``)."""
     msg = cls()
     try:
         msg.ParseFromString(data)
@@ -270,4 +274,7 @@ def parse(cls: Any, data: bytes) -> Any:
     if not msg.IsInitialized():
         missing = ", ".join(msg.FindInitializationErrors())
         raise MessageError(f"{cls.DESCRIPTOR.name} lacks required field(s): {missing}")
+    bad = invalid_string_field(msg)
+    if bad is not None:
+        raise MessageError(f"{cls.DESCRIPTOR.name} field {bad} is not UTF-8 text")
     return msg
