@@ -78,6 +78,11 @@ def verify_request(
     for name in _REQUIRED_HEADERS:
         if not headers.get(name):
             raise parameter_invalid(f"Missing header: '{name}'.")
+    for name, value in headers.items():
+        # every x-ots-* value the SDKs send is ASCII (dates, base64, ids, names); http.server
+        # hands other bytes over as Latin-1 text, which no signature or name can match
+        if name.startswith("x-ots-") and not value.isascii():
+            raise parameter_invalid(f"Invalid header '{name}': not ASCII.")
     if headers["x-ots-accesskeyid"] != access_key_id:
         raise auth_failed("The AccessKeyID is disabled or does not exist.")
     instance_name = headers["x-ots-instancename"]

@@ -40,6 +40,7 @@ from connector.errors import (
     UnknownTableError,
 )
 from connector.tunnel.base import TableSchema
+from connector.tunnel.tablestore.proto_text import invalid_string_field
 from tablestore_emulator import plainbuffer as plb
 from tablestore_emulator.context import EmulatorContext, Handler
 from tablestore_emulator.errors import (
@@ -86,6 +87,9 @@ def _parse(message: Any, body: bytes) -> Any:
         message.ParseFromString(body)
     except Exception as exc:  # DecodeError, or a proto2 required field missing
         raise parameter_invalid(f"Invalid request body: {exc}.") from None
+    bad = invalid_string_field(message)  # proto2: the runtime leaves string bytes unchecked
+    if bad is not None:
+        raise parameter_invalid(f"Invalid request body: field {bad} is not UTF-8 text.")
     return message
 
 

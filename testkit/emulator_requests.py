@@ -1,0 +1,162 @@
+"""Requests to the emulator written byte by byte, and the official SDK's verdict on the answer.
+
+The emulator must answer any request -- however malformed -- in the service's error shape. The
+tests that check it (``tests/test_emulator_bad_requests.py``) and the emulator's fuzz target
+(``tests/fuzz/test_fuzz_emulator.py``) send requests no SDK would send, so they are made here:
+
+- ``request_type(path)``: the protobuf request message of every route the emulator serves (the
+  table API's from the ``tablestore`` SDK, the tunnel API's from ``connector``'s messages);
+- ``sample_request(cls)``: a message of that type with every required field set, recursively;
+- ``signed_headers(path, body)``: the v2-signed ``x-ots-*`` headers an SDK would send;
+- ``exchange(url, raw)``: send raw bytes on a fresh connection, read one HTTP answer, and tell
+  whether the server closed the connection after it;
+- ``sdk_verdict(answer, path)``: the ``tablestore`` SDK's own response handling
+  (``OTSProtocol.handle_error``) run on the answer: the ``OTSServiceError`` it raises (status,
+  code, message), ``None`` for a success, or the ``OTSClientError`` of an answer it cannot read.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from google.protobuf.descriptor import FieldDescriptor
+
+from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore import signing
+from tablestore_emulator import table_api, tunnel_api
+
+AK, SK, INSTANCE = "test-ak", "test-secret", "emu"
+
+#: the tunnel API's request messages (the table API's are the SDK's ``<Name>Request``)
+TUNNEL_REQUESTS: dict[str, Any] = {
+    "/tunnel/create": m.CreateTunnelRequest, "/tunnel/list": m.ListTunnelRequest,
+    "/tunnel/describe": m.DescribeTunnelRequest, "/tunnel/delete": m.DeleteTunnelRequest,
+    "/tunnel/connect": m.ConnectRequest, "/tunnel/heartbeat": m.HeartbeatRequest,
+    "/tunnel/shutdown": m.ShutdownRequest, "/tunnel/getcheckpoint": m.GetCheckpointRequest,
+    "/tunnel/readrecords": m.ReadRecordsRequest, "/tunnel/checkpoint": m.CheckpointRequest,
+    "/tunnel/getrpo": m.GetRpoRequest,
+}
+ROUTES = sorted([*table_api.ROUTES, *tunnel_api.ROUTES])
+
+
+def request_type(path: str) -> Any:
+    """The protobuf message class a route parses its body as."""
+    if path in TUNNEL_REQUESTS:
+        return TUNNEL_REQUESTS[path]
+    from tablestore.protobuf import table_store_pb2 as pb
+
+    return getattr(pb, path.lstrip("/") + "Request")
+
+
+def sample_request(cls: Any, text: str = "t") -> Any:
+    """A ``cls`` message with every required field set (strings to ``text``), recursively."""
+    msg = cls()
+    fill_required(msg, text)
+    return msg
+
+
+def fill_required(msg: Any, text: str = "t", depth: int = 0) -> None:
+    """Set every unset required field of ``msg`` (strings to ``text``), recursively."""
+    for field in msg.DESCRIPTOR.fields:
+        if field.label != FieldDescriptor.LABEL_REQUIRED or depth > 8:
+            continue
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            fill_required(getattr(msg, field.name), text, depth + 1)
+        elif msg.HasField(field.name):
+            continue
+        elif field.type == FieldDescriptor.TYPE_STRING:
+            setattr(msg, field.name, text)
+        elif field.type == FieldDescriptor.TYPE_BYTES:
+            setattr(msg, field.name, text.encode())
+        elif field.type == FieldDescriptor.TYPE_ENUM:
+            setattr(msg, field.name, field.enum_type.values[0].number)
+        elif field.type == FieldDescriptor.TYPE_BOOL:
+            setattr(msg, field.name, True)
+        else:
+            setattr(msg, field.name, 1)
+
+
+def signed_headers(path: str, body: bytes, *, secret: str = SK) -> dict[str, str]:
+    """The ``x-ots-*`` headers an SDK sends with ``body`` to ``path``, signed with ``secret``."""
+    headers = {"x-ots-date": signing.ots_date(), "x-ots-apiversion": "2015-12-31",
+               "x-ots-accesskeyid": AK, "x-ots-instancename": INSTANCE,
+               "x-ots-contentmd5": signing.content_md5(body)}
+    headers["x-ots-signature"] = signing.request_signature(path, headers,
+                                                           signing.SigningKey(secret))
+    return headers
+
+
+def raw_request(path: str, body: bytes, headers: dict[str, Any], *,
+                content_length: bool = True, method: str = "POST") -> bytes:
+    """An HTTP/1.1 request as bytes: header values are str (sent as UTF-8) or bytes."""
+    lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: 127.0.0.1"]
+    for name, value in headers.items():
+        lines.append(name.encode() + b": " + (value if isinstance(value, bytes)
+                                              else str(value).encode()))
+    if content_length:
+        lines.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    reason: str
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+    #: the server closed the connection after answering (None: not checked)
+    closed: bool | None
+
+
+def exchange(url: str, raw: bytes, *, check_closed: bool = False,
+             timeout: float = 10.0) -> Answer:
+    """Send ``raw`` on a new connection and read one answer (``http.client``'s parser);
+    ``check_closed``: wait (up to 2 s) to see whether the server closes the connection."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading all of it
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        body = resp.read()
+        headers = {k.lower(): v for k, v in resp.getheaders()}
+        closed = None
+        if check_closed:
+            try:
+                sock.settimeout(min(timeout, 2.0))
+                closed = sock.recv(1) == b""
+            except ConnectionResetError:
+                closed = True
+            except TimeoutError:
+                closed = False
+        return Answer(resp.status, resp.reason, headers, body, closed)
+
+
+def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> Any:
+    """What the ``tablestore`` SDK makes of ``answer`` to a request to ``path``: the
+    ``OTSServiceError`` it raises (the service's error shape), ``None`` (a success), or the
+    ``OTSClientError`` it raises for an answer it cannot read as the service's."""
+    from tablestore import OTSClient, OTSClientError, OTSServiceError
+    from tablestore.auth import RequestContext
+
+    client = OTSClient("http://127.0.0.1:1", AK, SK, INSTANCE)
+    # a tunnel path has no SDK API name: a table API's stands in (it only picks the parser)
+    name = api_name or (path.lstrip("/") if path in table_api.ROUTES else "ListTable")
+    context = RequestContext(client.credentials_provider.get_credentials())
+    try:
+        client.protocol.handle_error(name, path, answer.status, answer.reason, answer.headers,
+                                     answer.body, client._signer, context)
+    except (OTSServiceError, OTSClientError) as exc:
+        return exc
+    return None
+
+
+__all__ = ["AK", "INSTANCE", "ROUTES", "SK", "TUNNEL_REQUESTS", "Answer", "exchange",
+           "fill_required", "raw_request", "request_type", "sample_request", "sdk_verdict",
+           "signed_headers"]
