@@ -47,7 +47,11 @@ from connector.tunnel.tablestore.plainbuffer import (
     encode_row,
 )
 from connector.tunnel.tablestore.read_answer import read_answer
-from connector.tunnel.tablestore.records import decode_columns, decode_columns_python
+from connector.tunnel.tablestore.records import (
+    decode_columns,
+    decode_columns_python,
+    decode_page,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TS_US = 1_750_000_000_000_000
@@ -108,6 +112,8 @@ def assert_same(records: list[Any], base_offset: int | None, layout: PageLayout,
         return batch
 
     expected = outcome(decode_columns_python, records, base_offset, layout)
+    # input from the service ends in a batch or the typed error, never a raw one (issue 36)
+    assert expected[0] == "batch" or expected[1] is MalformedRecordError, expected
     got = outcome(compiled, records, base_offset, layout)
     if handed_over:
         assert not must_compile, "the compiled decoder handed a well-typed page over"
@@ -334,8 +340,8 @@ def test_edge_values_decode_in_the_compiled_decoder() -> None:
 
 @needs_compiled
 def test_what_the_compiled_decoder_hands_to_the_python_path() -> None:
-    """A declared column of another type, a range bound in a key, an unsupported layout
-    type: the Python path decides (here: pyarrow converts the integer; refuses the bound)."""
+    """A declared column of another type, an unsupported layout type: the Python path decides
+    (here: the integer fits a double exactly, and pyarrow converts it to int32)."""
     record = m.Record(action_type=m.ACTION_PUT_ROW,
                       record=encode_row(Row((("id", "k"),), (Cell("v", 3),), False,
                                             SequenceInfo(0, TS_US, 1))))
@@ -345,11 +351,99 @@ def test_what_the_compiled_decoder_hands_to_the_python_path() -> None:
     int32 = PageLayout((("id", pa.string()), ("v", pa.int32())))
     assert decode_compiled([record], "ch", "tok", None, int32) is None
     assert decode_columns([record], "ch", "tok", None, int32).column("v").to_pylist() == [3]
-    bound = m.Record(action_type=m.ACTION_PUT_ROW,
-                     record=encode_row(Row((("id", Special.INF_MAX),))))
-    assert decode_compiled([bound], "ch", "tok", None, as_float) is None
-    with pytest.raises(TypeError):  # key_order_string: today's Python path, not a wrong row
-        decode_columns([bound], "ch", "tok", None, as_float)
+
+
+# --- bad input of each kind: the typed error, alike in both decoders ---------------------------
+
+STRING_KEY = PageLayout((("id", pa.string()), ("v", pa.int64())))
+
+
+def _refused(records: list[Any], base_offset: int | None, layout: PageLayout) -> str:
+    """Both decoders (objects and scanned bytes) refuse the page with the same
+    ``MalformedRecordError``, naming the channel and the token; its reason."""
+    got = assert_same(records, base_offset, layout, must_compile=False)
+    assert got[:2] == ("error", MalformedRecordError), got
+    return str(got[2])
+
+
+def _put(key: Any, cells: tuple[Cell, ...] = (), seq: SequenceInfo | None = None,
+         before: tuple[Cell, ...] | None = None) -> Any:
+    record = m.Record(action_type=m.ACTION_PUT_ROW, record=encode_row(Row(key, cells, False, seq)))
+    if before is not None:
+        record.origin_record = encode_row(Row((), before))
+    return record
+
+
+@needs_compiled
+@pytest.mark.parametrize("ts", [253_402_300_800_000, 2**53, 2**63 - 1])
+@pytest.mark.parametrize("where", ["stream record", "base record", "before-image"])
+def test_cell_timestamps_after_the_year_9999_are_malformed(ts: int, where: str) -> None:
+    """A cell timestamp is milliseconds since the epoch; one after 9999-12-31 is no instant a
+    timestamp column holds (a base record's commit time is its newest cell's): refused where
+    the cell is read, in a record or its before-image, stream or base."""
+    late = (Cell("v", 1, CellOp.PUT, ts),)
+    seq = None if where == "base record" else SequenceInfo(0, TS_US, 1)
+    good = _put((("id", "k"),), (Cell("v", 2, CellOp.PUT, 253_402_300_799_999),), seq)
+    bad = _put((("id", "k2"),), () if where == "before-image" else late,
+               None if seq is None else SequenceInfo(0, TS_US + 1, 2),
+               before=late if where == "before-image" else None)
+    reason = _refused([good, bad], None, STRING_KEY)
+    assert f"record #1: cell 'v': timestamp {ts} ms is after the year 9999" in reason
+
+
+@needs_compiled
+@pytest.mark.parametrize("placeholder", list(Special))
+@pytest.mark.parametrize("stream", [True, False])
+def test_placeholders_in_a_record_key_are_malformed(placeholder: Special, stream: bool) -> None:
+    """INF_MIN / INF_MAX (a range read's bounds) and AUTO_INCREMENT are no key value: a record
+    whose key holds one, in any key column, is refused (not a TypeError, not a wrong row)."""
+    for key in ((("id", placeholder),), (("id", "k"), ("n", placeholder))):
+        records = [_put(key, (Cell("v", 1),), SequenceInfo(0, TS_US, 1) if stream else None)]
+        for layout in (STRING_KEY, PageLayout((("id", pa.string()), ("n", pa.int64())))):
+            reason = _refused(records, None, layout)
+            column = key[-1][0]
+            assert (f"record #0: key column {column!r} holds {placeholder.name}, a placeholder "
+                    "that is not a value") in reason
+        with pytest.raises(MalformedRecordError, match="placeholder"):
+            decode_page(records, "ch-1", "tok-1", None)  # the protobuf-object path
+
+
+#: (a value, the Arrow column types it fits without loss) for every value kind
+FITS: list[tuple[Any, set[pa.DataType]]] = [
+    (7, {pa.int64(), pa.float64()}),
+    (2**53 + 1, {pa.int64()}),  # no double holds it exactly
+    (4.0, {pa.int64(), pa.float64()}),  # a whole number
+    (4.5, {pa.float64()}),
+    (math.nan, {pa.float64()}),
+    (1e300, {pa.float64()}),
+    (True, {pa.bool_()}),
+    ("x", {pa.string()}),
+    ("", {pa.string()}),
+    (b"\x00", {pa.binary()}),
+]
+
+
+@needs_compiled
+@pytest.mark.parametrize("typ", list(TYPES.values()), ids=str)
+@pytest.mark.parametrize("value, fits", FITS, ids=lambda v: repr(v)[:12])
+def test_a_value_of_another_type_than_its_column(value: Any, fits: set[pa.DataType],
+                                                  typ: pa.DataType) -> None:
+    """Every value kind against every column type: a value that fits without loss is written
+    (both decoders alike); any other is a ``MalformedRecordError`` naming the record and the
+    column -- never pyarrow's error, never a DOUBLE 1.5 made the bigint 1."""
+    layout = PageLayout((("id", pa.string()), ("v", typ)))
+    ok = _put((("id", "a"),), (Cell("v", None, CellOp.DELETE_ALL_VERSION),),
+              SequenceInfo(0, TS_US, 1))
+    ok.action_type = m.ACTION_UPDATE_ROW
+    records = [ok, _put((("id", "b"),), (Cell("v", value),), SequenceInfo(0, TS_US, 2))]
+    if typ in fits:
+        got = assert_same(records, None, layout, must_compile=False)
+        assert got[0] == "batch"
+        column = decode_columns_python(records, "c", "t", None, layout).column("v").to_pylist()
+        assert column[0] is None and (column[1] == value or math.isnan(column[1]))
+    else:
+        reason = _refused(records, None, layout)
+        assert "record #1: column 'v': " in reason and f"declared type {typ}" in reason
 
 
 # --- the fallback, announced once ------------------------------------------------------------

@@ -201,7 +201,8 @@ class TunnelService(ABC):
         per record overrides it.
         """
         result = self.read_records(tunnel_id, channel_id, token, limit)
-        return Page(records_to_page(result.records, layout), result.next_token, result.may_more)
+        return Page(records_to_page(result.records, layout, token=token), result.next_token,
+                    result.may_more)
 
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool | None:
         """Is anything readable beyond ``positions`` (channel id -> token)? ``None`` = can't tell.

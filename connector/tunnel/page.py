@@ -34,6 +34,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from connector.errors import MalformedRecordError
+from connector.tunnel.column_values import ColumnValueError, column_array
 from connector.tunnel.types import Op, Record, TableSchema
 
 #: Tablestore type name -> Arrow type of a page column (the Spark type's Arrow form)
@@ -184,11 +186,15 @@ def to_json(values: dict[str, Any] | None) -> str | None:
 # --- records -> page (backends without a columnar store) ---------------------------------------
 
 
-def records_to_page(records: Sequence[Record], layout: PageLayout) -> pa.RecordBatch:
-    """The page batch of ``records`` (Python objects, e.g. from ``read_records``).
+def records_to_page(records: Sequence[Record], layout: PageLayout, *,
+                    token: str = "") -> pa.RecordBatch:
+    """The page batch of ``records`` (Python objects, e.g. from ``read_records`` after
+    ``token``).
 
     Per record only the merged row (key + after image) is made; every column is then one list
-    comprehension and one ``pa.array`` call; ``_commit_ts`` is cast from integer microseconds.
+    comprehension and one array (``column_values.column_array``: a value of another type than
+    its column is a ``MalformedRecordError`` naming the record's channel, ``token`` and the
+    record); ``_commit_ts`` is cast from integer microseconds.
     """
     names = layout.names()
     rows: list[Any] = []
@@ -212,8 +218,13 @@ def records_to_page(records: Sequence[Record], layout: PageLayout) -> pa.RecordB
         else:
             extras.append(ENCODE_JSON({k: v for k, v in values.items() if k not in names}))
     schema = page_schema(layout)
-    arrays: list[pa.Array] = [pa.array([v.get(name) for v in rows], type=typ)
-                              for name, typ in layout.columns]
+    try:
+        arrays: list[pa.Array] = [column_array([v.get(name) for v in rows], name, typ)
+                                  for name, typ in layout.columns]
+    except ColumnValueError as exc:
+        record = records[exc.row or 0]
+        raise MalformedRecordError(channel_id=record.channel_id, token=token,
+                                   reason=str(exc)) from None
     arrays.append(pa.array([r.op.value for r in records], type=pa.string()))
     arrays.append(pa.array([r.sequence for r in records], type=pa.string()))
     arrays.append(pa.array([r.commit_ts_us for r in records], type=pa.int64())

@@ -409,7 +409,8 @@ class DynamoDbStreamsTunnelService(TunnelService):
 
         result = self.read_records(tunnel_id, channel_id, token, limit)
         records = codec.fit_records(result.records, layout.columns, self._numbers)
-        return Page(records_to_page(records, layout), result.next_token, result.may_more)
+        return Page(records_to_page(records, layout, token=token), result.next_token,
+                    result.may_more)
 
     def _read(self, table: str, shard_id: str, tunnel_id: str, token: str,
               limit: int) -> ReadResult:

@@ -17,9 +17,10 @@
  *   ``pa.Array.from_buffers``;
  * - a str: the page is malformed; the reason of the ``MalformedRecordError`` to raise;
  * - None: the page holds something only the Python path converts (a value whose type differs
- *   from its declared column's, a range bound in a key, a record that is not a protobuf
- *   ``Record`` with bytes fields, an overflow); the caller decodes the page with it, so the
- *   outcome -- pyarrow's conversion or its error -- is the Python path's by construction.
+ *   from its declared column's, a record that is not a protobuf ``Record`` with bytes fields,
+ *   an overflow); the caller decodes the page with it, so the outcome -- the value converted
+ *   without loss, or its ``MalformedRecordError`` (connector/tunnel/column_values.py) -- is
+ *   the Python path's by construction.
  *
  * ``names``: the layout's column names (UTF-8 bytes); ``kinds``: one byte per column
  * (KIND_* below); ``base_offset``: records of the channel before the page, or None.
@@ -78,6 +79,9 @@
 #define KIND_BOOL 2
 #define KIND_STRING 3
 #define KIND_BINARY 4
+
+/* the latest cell timestamp, 9999-12-31T23:59:59.999Z in ms (plainbuffer.py) */
+#define MAX_CELL_TIMESTAMP_MS 253402300799999LL
 
 /* plausible commit times in microseconds since the epoch (records.py) */
 #define MIN_TS_US 946684800000000LL
@@ -593,6 +597,9 @@ static int read_cell(Ctx *c, Py_ssize_t pos, int in_pk, RawCell *cell, uint8_t *
         int64_t ts = (int64_t)rd_u64(d + pos + 1);
         crc = crc8(crc, d + pos + 1, 8);
         if (ts < 0) FAIL_NAMED(c, pos + 1, id, "cell %R: negative timestamp %lld", (long long)ts);
+        if (ts > MAX_CELL_TIMESTAMP_MS)
+            FAIL_NAMED(c, pos + 1, id, "cell %R: timestamp %lld ms is after the year 9999",
+                       (long long)ts);
         cell->ts = ts;
         cell->has_ts = 1;
         pos += 9;
@@ -1132,8 +1139,21 @@ static int decode_record(Page *pg, Py_ssize_t i, const Parts *w, int has_base,
     }
     if ((r = decode_bytes(pg, i, w->record, w->record_len, 0, &pg->row)) != OK) return r;
 
-    /* the key: a dict of its cells; a name twice is an error */
+    /* the key: no placeholder (a range bound) as a value */
     const CellList *pk = &pg->row.pk;
+    for (Py_ssize_t k = 0; k < pk->n; k++) {
+        if (pk->cells[k].v.kind == V_SPECIAL) {
+            Ctx c = {NULL, 0, t, NULL};
+            PyObject *nm = name_str(&c, pk->cells[k].id);
+            if (nm == NULL) return FAILED;
+            PyObject *reason = PyUnicode_FromFormat(
+                "key column %R holds %s, a placeholder that is not a value", nm,
+                special_name(pk->cells[k].v.vt));
+            Py_DECREF(nm);
+            return reason == NULL ? FAILED : record_error(pg, i, reason);
+        }
+    }
+    /* the key: a dict of its cells; a name twice is an error */
     for (Py_ssize_t k = 0; k < pk->n; k++) {
         int32_t id = pk->cells[k].id;
         if (t->pk_stamp[id] == stamp) {

@@ -15,10 +15,10 @@ and errors.
 - the extension is not installed (one WARNING line per process, at the first decode);
 - the layout has a column type the compiled decoder does not fill (anything but int64,
   float64, bool, string, binary: a schema given by the user may ask for others);
-- the page holds what only pyarrow's conversion decides: a value of another type than its
-  declared column's (e.g. an INTEGER in a float64 column), a range bound (INF_MIN / INF_MAX)
-  in a key, a number past int64. The Python path then gives whatever it gives (a converted
-  value or pyarrow's error), so both decoders agree by construction.
+- the page holds a value of another type than its declared column's (e.g. an INTEGER in a
+  float64 column): the Python path decides whether it fits without loss
+  (``connector.tunnel.column_values``: converted, or a ``MalformedRecordError`` naming the
+  record and the column), so both decoders agree by construction.
 
 ``TABLESTORE_CDC_REQUIRE_COMPILED_DECODER=1`` (set by ``make test``) makes
 tests/test_decoders.py fail when the extension is missing, so CI tests the compiled one.

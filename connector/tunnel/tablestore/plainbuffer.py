@@ -7,7 +7,8 @@ a stream record's ``SequenceInfo``. Pure bytes in, pure values out: no SDK, no I
 - header: little-endian u32 ``0x75``; every integer below is little-endian;
 - row: ``0x01 {cell}* [0x02 {cell}*] [0x08] [0x0B u32 len  0x0C u32 len  0x0D i32 epoch
   0x0E i64 ts  0x0F i32 row_index] 0x09 crc``;
-- cell: ``0x03 0x04 u32 len name [0x05 u32 len VT payload] [0x06 op] [0x07 i64 ts_ms] 0x0A crc``.
+- cell: ``0x03 0x04 u32 len name [0x05 u32 len VT payload] [0x06 op] [0x07 i64 ts_ms] 0x0A crc``;
+  a cell timestamp is milliseconds since the epoch, 0 to ``MAX_CELL_TIMESTAMP_MS`` (9999).
 
 Checksums are CRC-8 (polynomial 0x07, initial 0). A cell's covers its name, its value (type
 byte, then the payload: u32 length + bytes for STRING/BLOB, 8 bytes for INTEGER/DOUBLE, one byte
@@ -54,6 +55,10 @@ VT_BLOB = 0x7
 VT_INF_MIN = 0x9
 VT_INF_MAX = 0xA
 VT_AUTO_INCREMENT = 0xB
+
+#: the latest cell timestamp decoded: 9999-12-31T23:59:59.999Z in milliseconds (a later one
+#: is no instant a timestamp column, Spark or Python can hold)
+MAX_CELL_TIMESTAMP_MS = 253_402_300_799_999
 
 
 class CellOp(enum.IntEnum):
@@ -383,6 +388,9 @@ def _read_cell(data: bytes, pos: int, end: int, in_pk: bool) -> tuple[RawCell, i
             crc = table[crc ^ byte]
         if ts < 0:
             raise PlainBufferError(f"cell {name!r}: negative timestamp {ts}", pos + 1)
+        if ts > MAX_CELL_TIMESTAMP_MS:
+            raise PlainBufferError(f"cell {name!r}: timestamp {ts} ms is after the year 9999",
+                                   pos + 1)
         pos += 9
     if op:
         crc = table[crc ^ op]
@@ -519,6 +527,7 @@ def encode_values(primary_key: Sequence[tuple[str, Any]]) -> bytes:
 
 __all__ = [
     "CRC8_TABLE",
+    "MAX_CELL_TIMESTAMP_MS",
     "Cell",
     "CellOp",
     "PlainBufferError",

@@ -18,9 +18,13 @@ channel_id, token, base_offset)`` into ``connector.tunnel.base.Record`` objects 
   outside 2000..2200 read that way is refused as malformed); for a base record the newest cell
   timestamp (milliseconds, x1000), else 0.
 
-Anything that does not decode -- bad PlainBuffer, a record without a key, an unknown action, a
-stream record without sequence info next to ones with it -- raises ``MalformedRecordError``
-naming the channel and the token the page was read from: never a wrong row.
+Anything that does not decode -- bad PlainBuffer (a cell timestamp after the year 9999
+included), a record without a key, a key holding a placeholder (INF_MIN, INF_MAX,
+AUTO_INCREMENT: a range read's bounds, no row's value), an unknown action, a stream record
+without sequence info next to ones with it, a value of another type than its declared column
+(``connector.tunnel.column_values``) -- raises ``MalformedRecordError`` naming the channel, the
+token the page was read from and the record's index in the page: never a wrong row, never
+pyarrow's or Python's own error.
 
 ``decode_columns`` has two implementations giving the same batch and the same errors: the
 compiled decoder (``columnar``: C, PlainBuffer straight into Arrow buffers), used when it is
@@ -41,10 +45,11 @@ import pyarrow as pa
 
 from connector.errors import MalformedRecordError
 from connector.tunnel.base import Op, Record
+from connector.tunnel.column_values import ColumnValueError, column_array
 from connector.tunnel.page import ENCODE_JSON, PageLayout, page_schema
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import RawRecords, decode_compiled
-from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, decode_raw
+from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, Special, decode_raw
 
 _ACTIONS = {
     m.ACTION_PUT_ROW: Op.PUT, m.ACTION_UPDATE_ROW: Op.UPDATE, m.ACTION_DELETE_ROW: Op.DELETE,
@@ -88,6 +93,10 @@ def decode_one(wire: Any) -> Decoded:
     if op is None:
         raise ValueError(f"unknown action type {wire.action_type}")
     key, cells, _, seq = decode_raw(wire.record)
+    for name, value in key:
+        if isinstance(value, Special):  # a range bound (a read's start or end), not a row's
+            raise ValueError(f"key column {name!r} holds {value.name}, a placeholder that is "
+                             "not a value")
     pk = dict(key)
     if len(pk) != len(key):
         raise ValueError("a key column appears twice")
@@ -222,8 +231,11 @@ def decode_columns_python(records: Sequence[Any], channel_id: str, token: str,
         else:
             append_extra(ENCODE_JSON({k: v for k, v in values.items() if k not in names}))
     schema = page_schema(layout)
-    arrays: list[pa.Array] = [pa.array([v.get(name) for v in rows], type=typ)
-                              for name, typ in layout.columns]
+    try:
+        arrays: list[pa.Array] = [column_array([v.get(name) for v in rows], name, typ)
+                                  for name, typ in layout.columns]
+    except ColumnValueError as exc:
+        raise MalformedRecordError(channel_id=channel_id, token=token, reason=str(exc)) from None
     arrays.append(pa.array(ops, type=pa.string()))
     arrays.append(pa.array([d[4] for d in decoded], type=pa.string()))
     arrays.append(pa.array([d[5] for d in decoded], type=pa.int64())
