@@ -27,8 +27,11 @@ fake of the shard map.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import math
 import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -122,10 +125,66 @@ def padded(sequence_number: str) -> str:
 
 
 # --- values ------------------------------------------------------------------------------------
+#
+# A record's attribute values are DynamoDB's typed JSON as botocore parses it (or raw JSON, in
+# a test fake). Each one is checked as it is decoded: its shape (a map of exactly one known
+# type tag), the Python type of what the tag holds (a number is a string of digits, a map's
+# keys are strings ...), numbers within DynamoDB's range, and the nesting within DynamoDB's 32
+# levels. Anything else raises ``AttributeValueError`` naming where in the record it is, which
+# ``decode_record`` turns into a ``MalformedRecordError``: never a value guessed from another
+# type (``bool("false")``), never a ``RecursionError``.
+
+#: DynamoDB nests M and L values at most 32 levels deep
+MAX_DEPTH = 32
+#: a number as DynamoDB writes it: an optional sign, digits with an optional fraction, an
+#: optional exponent
+_NUMBER_TEXT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+#: DynamoDB's numbers: 0, or a magnitude from 1E-130 up to (not including) 1E+126
+_MIN_MAGNITUDE, _MAX_MAGNITUDE = Decimal("1E-130"), Decimal("1E+126")
+_TAGS = ("S", "N", "B", "BOOL", "NULL", "M", "L", "SS", "NS", "BS")
 
 
-def _number(text: str, mode: NumberMode) -> Any:
-    return Decimal(text) if mode == "decimal" else float(text)
+class AttributeValueError(ValueError):
+    """A typed attribute value that is not one (``decode_record`` reports it as the record's
+    ``MalformedRecordError``); the message starts with where it is (``NewImage.tags[2]``)."""
+
+
+def _bad(path: str, problem: str) -> AttributeValueError:
+    return AttributeValueError(f"{path}: {problem}")
+
+
+def _tagged(value: Any, path: str) -> tuple[str, Any]:
+    """(type tag, what it holds) of a typed value, its shape checked."""
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise _bad(path, "not a typed DynamoDB value ({TAG: value} with one of "
+                   f"{', '.join(_TAGS)}): {reprlib.repr(value)}")
+    ((tag, inner),) = value.items()
+    if not isinstance(tag, str) or tag not in _TAGS:
+        raise _bad(path, f"unknown DynamoDB type {reprlib.repr(tag)}")
+    return tag, inner
+
+
+def _want(inner: Any, kind: type | tuple[type, ...], tag: str, what: str, path: str) -> None:
+    if not isinstance(inner, kind) or (kind is not bool and isinstance(inner, bool)):
+        raise _bad(path, f"{tag} holds {type(inner).__name__} {reprlib.repr(inner)}, "
+                   f"not {what}")
+
+
+def _decimal(text: Any, path: str) -> Decimal:
+    """A DynamoDB number's text, checked, as a Decimal."""
+    _want(text, str, "N", "a number as a string", path)
+    if not _NUMBER_TEXT.fullmatch(text):
+        raise _bad(path, f"N holds {reprlib.repr(text)}, not a number")
+    value = Decimal(text)
+    if value and not _MIN_MAGNITUDE <= abs(value) < _MAX_MAGNITUDE:
+        raise _bad(path, f"N {reprlib.repr(text)} is outside DynamoDB's range (1E-130 .. "
+                   "1E+126)")
+    return value
+
+
+def _number(text: Any, mode: NumberMode, path: str) -> Any:
+    value = _decimal(text, path)
+    return value if mode == "decimal" else float(value)
 
 
 def _json_number(text: str) -> Any:
@@ -135,82 +194,126 @@ def _json_number(text: str) -> Any:
         else float(value)
 
 
-def _plain(value: Mapping[str, Any]) -> Any:
+def _items(inner: Any, tag: str, path: str) -> list[Any]:
+    _want(inner, (list, tuple), tag, "a list", path)
+    return list(inner)
+
+
+def _plain(value: Any, path: str, depth: int) -> Any:
     """A typed attribute value as plain JSON-able Python (for M/L/sets inside JSON text)."""
-    ((tag, inner),) = value.items()
+    if depth > MAX_DEPTH:
+        raise _bad(path, f"nested deeper than DynamoDB's {MAX_DEPTH} levels")
+    tag, inner = _tagged(value, path)
     if tag == "S":
+        _want(inner, str, tag, "a string", path)
         return inner
     if tag == "N":
-        return _json_number(inner)
+        return _json_number(str(_decimal(inner, path)))
     if tag == "B":
-        return {"$binary": base64.b64encode(_bytes(inner)).decode()}
+        return {"$binary": base64.b64encode(_bytes(inner, path)).decode()}
     if tag == "BOOL":
-        return bool(inner)
+        _want(inner, bool, tag, "true or false", path)
+        return inner
     if tag == "NULL":
+        if inner is not True:
+            raise _bad(path, f"NULL holds {reprlib.repr(inner)}, not true")
         return None
     if tag == "M":
-        return {k: _plain(v) for k, v in inner.items()}
+        _want(inner, Mapping, tag, "a map", path)
+        out = {}
+        for k, v in inner.items():
+            if not isinstance(k, str):
+                raise _bad(path, f"M has a key {reprlib.repr(k)} that is not a string")
+            out[k] = _plain(v, f"{path}.{k}", depth + 1)
+        return out
     if tag == "L":
-        return [_plain(v) for v in inner]
+        return [_plain(v, f"{path}[{i}]", depth + 1)
+                for i, v in enumerate(_items(inner, tag, path))]
     if tag == "SS":
-        return sorted(inner)
+        strings = _items(inner, tag, path)
+        for i, item in enumerate(strings):
+            _want(item, str, tag, "a string", f"{path}[{i}]")
+        return sorted(strings)
     if tag == "NS":
-        return sorted((_json_number(n) for n in inner), key=float)
-    if tag == "BS":
-        encoded = sorted(base64.b64encode(_bytes(b)).decode() for b in inner)
-        return [{"$binary": b} for b in encoded]
-    raise ValueError(f"unknown DynamoDB type {tag!r}")
+        numbers = [_json_number(str(_decimal(n, f"{path}[{i}]")))
+                   for i, n in enumerate(_items(inner, tag, path))]
+        return sorted(numbers, key=float)
+    encoded = sorted(base64.b64encode(_bytes(b, f"{path}[{i}]")).decode()
+                     for i, b in enumerate(_items(inner, tag, path)))  # BS
+    return [{"$binary": b} for b in encoded]
 
 
-def _bytes(inner: Any) -> bytes:
+def _bytes(inner: Any, path: str) -> bytes:
     # boto3 hands binary values over as bytes; raw JSON (a fake, a test) as base64 text
-    return bytes(inner) if isinstance(inner, bytes | bytearray) else base64.b64decode(inner)
+    if isinstance(inner, bytes | bytearray):
+        return bytes(inner)
+    _want(inner, str, "B", "bytes or base64 text", path)
+    try:
+        return base64.b64decode(inner, validate=True)
+    except binascii.Error:
+        raise _bad(path, f"B holds {reprlib.repr(inner)}, not base64") from None
 
 
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
-def decode_value(value: Mapping[str, Any], mode: NumberMode = "double") -> Any:
+def decode_value(value: Mapping[str, Any], mode: NumberMode = "double",
+                 path: str = "value") -> Any:
     """One typed attribute value (``{"S": "x"}``) as a plain Python value.
 
     S -> str, N -> float (or Decimal with ``mode="decimal"``), B -> bytes, BOOL -> bool,
     NULL -> None; M, L, SS, NS, BS -> compact JSON text with sorted keys (sets sorted; numbers
     as JSON numbers; binary as ``{"$binary": base64}``, as the ``_extra`` column writes it).
+    ``AttributeValueError`` (naming ``path``) for anything that is not a typed value.
     """
-    if not isinstance(value, Mapping) or len(value) != 1:
-        raise ValueError(f"not a typed DynamoDB value: {value!r}")
-    ((tag, inner),) = value.items()
+    tag, inner = _tagged(value, path)
     if tag == "S":
-        return str(inner)
+        _want(inner, str, tag, "a string", path)
+        return inner
     if tag == "N":
-        return _number(str(inner), mode)
+        return _number(inner, mode, path)
     if tag == "B":
-        return _bytes(inner)
-    if tag == "BOOL":
-        return bool(inner)
-    if tag == "NULL":
-        return None
-    if tag in ("M", "L", "SS", "NS", "BS"):
-        return _JSON(_plain(value))
-    raise ValueError(f"unknown DynamoDB type {tag!r}")
+        return _bytes(inner, path)
+    if tag in ("BOOL", "NULL"):
+        return _plain(value, path, 0)
+    return _JSON(_plain(value, path, 0))
 
 
 def decode_item(item: Mapping[str, Any] | None, mode: NumberMode = "double",
-                skip: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+                skip: frozenset[str] = frozenset(), path: str = "item") -> dict[str, Any] | None:
+    """An item (attribute name -> typed value) as plain values; None stays None.
+    ``AttributeValueError`` for an item that is not a map of names to typed values."""
     if item is None:
         return None
-    return {name: decode_value(v, mode) for name, v in item.items() if name not in skip}
+    if not isinstance(item, Mapping):
+        raise _bad(path, f"not a map of attributes: {reprlib.repr(item)}")
+    out = {}
+    for name, v in item.items():
+        if not isinstance(name, str) or not name:
+            raise _bad(path, f"attribute name {reprlib.repr(name)} is not a non-empty string")
+        if name not in skip:
+            out[name] = decode_value(v, mode, f"{path}.{name}")
+    return out
 
 
 # --- records -----------------------------------------------------------------------------------
 
 _OPS = {"INSERT": Op.PUT, "MODIFY": Op.UPDATE, "REMOVE": Op.DELETE}
+#: the latest commit time a record may carry: 9999-12-31T23:59:59.999999Z in microseconds
+_MAX_COMMIT_US = 253_402_300_799_999_999
 
 
 def _micros(when: Any) -> int:
     if isinstance(when, datetime):
-        return int(when.timestamp() * 1_000_000)
-    return int(float(when) * 1_000_000)  # epoch seconds in raw JSON
+        micros = int(when.timestamp() * 1_000_000)
+    elif isinstance(when, int | float) and not isinstance(when, bool) and math.isfinite(when):
+        micros = int(when * 1_000_000)  # epoch seconds in raw JSON
+    else:
+        raise ValueError(f"ApproximateCreationDateTime {reprlib.repr(when)} is not a time")
+    if not 0 <= micros <= _MAX_COMMIT_US:
+        raise ValueError(f"ApproximateCreationDateTime {reprlib.repr(when)} is not between "
+                         "1970 and 9999")
+    return micros
 
 
 def decode_record(raw: Mapping[str, Any], shard_id: str, token: str,
@@ -226,18 +329,28 @@ def decode_record(raw: Mapping[str, Any], shard_id: str, token: str,
       DELETE ``before`` = the old item;
     - ``KEYS_ONLY``: every record carries the keys only.
 
-    A record that cannot be decoded raises ``MalformedRecordError``: never a wrong row.
+    A record that cannot be decoded -- a missing or mistyped field, an attribute value of a
+    wrong shape (``AttributeValueError``), nesting past 32 levels -- raises
+    ``MalformedRecordError`` naming the shard and the token: never a wrong row.
     """
     try:
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("dynamodb"), Mapping):
+            raise ValueError("not a stream record: 'dynamodb' is missing or not a map")
         ddb = raw["dynamodb"]
-        op = _OPS[raw["eventName"]]
-        keys = decode_item(ddb["Keys"], mode) or {}
+        event = raw.get("eventName")
+        if not isinstance(event, str) or event not in _OPS:
+            raise ValueError(f"eventName {reprlib.repr(event)} is not one of "
+                             f"{', '.join(_OPS)}")
+        op = _OPS[event]
+        keys = decode_item(ddb.get("Keys"), mode, path="Keys")
+        if not keys:
+            raise ValueError("Keys is missing or empty")
         key_names = frozenset(keys)
-        new = decode_item(ddb.get("NewImage"), mode, key_names)
-        old = decode_item(ddb.get("OldImage"), mode, key_names)
-        seq = str(ddb["SequenceNumber"])
-        if not _SEQ.match(seq):
-            raise ValueError(f"bad sequence number {seq!r}")
+        new = decode_item(ddb.get("NewImage"), mode, key_names, path="NewImage")
+        old = decode_item(ddb.get("OldImage"), mode, key_names, path="OldImage")
+        seq = ddb.get("SequenceNumber")
+        if not isinstance(seq, str) or not _SEQ.match(seq):
+            raise ValueError(f"bad sequence number {reprlib.repr(seq)}")
         when = ddb.get("ApproximateCreationDateTime")
         commit_ts_us = _micros(when) if when is not None else 0
     except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
@@ -295,7 +408,9 @@ def fit_records(records: Sequence[Record], columns: Sequence[tuple[str, pa.DataT
 
 
 __all__ = [
+    "MAX_DEPTH",
     "SEQUENCE_DIGITS",
+    "AttributeValueError",
     "NumberMode",
     "Position",
     "after_token",
