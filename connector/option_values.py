@@ -45,7 +45,7 @@ def parse_timestamp_ms(text: str) -> int:
     with a zone (``Z`` or ``+hh:mm``); ``ValueError`` otherwise (a time without a zone would
     mean a different instant on every machine)."""
     stripped = text.strip()
-    if stripped.isdigit():
+    if stripped.isascii() and stripped.isdigit():  # not "١٢٣": int() reads any script's digits
         return int(stripped)
     try:
         when = dt.datetime.fromisoformat(stripped)
@@ -54,7 +54,10 @@ def parse_timestamp_ms(text: str) -> int:
                          "timestamp") from None
     if when.tzinfo is None or when.utcoffset() is None:
         raise ValueError("has no zone (add Z or an offset such as +08:00)")
-    millis = round(when.timestamp() * 1000)
+    try:
+        millis = round(when.timestamp() * 1000)
+    except (OverflowError, ValueError):  # 0001-01-01 at +01:00 is before year 1 in UTC
+        raise ValueError("is out of range") from None
     if millis < 0:
         raise ValueError("is before 1970-01-01T00:00:00Z")
     return millis
@@ -63,7 +66,7 @@ def parse_timestamp_ms(text: str) -> int:
 def parse_duration_ms(text: str) -> int:
     """``maxTriggerDelay``: Spark's duration strings (``15m``, ``30s``, ``500ms``, ``1h``,
     ``2d``; a bare number is milliseconds) as milliseconds; ``ValueError`` otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    match = re.fullmatch(r"\s*([0-9]+)\s*([a-z]*)\s*", text.lower())
     if not match or match.group(2) not in ("", *_DURATION_UNITS_MS):
         raise ValueError("is not a duration")
     return int(match.group(1)) * _DURATION_UNITS_MS.get(match.group(2), 1)
@@ -72,7 +75,7 @@ def parse_duration_ms(text: str) -> int:
 def parse_bytes(text: str) -> int:
     """``maxBytesPerTrigger``: a number of bytes, with an optional binary unit (``k``/``kb``,
     ``m``/``mb``, ``g``/``gb``, ``t``/``tb``, any case); ``ValueError`` otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    match = re.fullmatch(r"\s*([0-9]+)\s*([a-z]*)\s*", text.lower())
     if not match or match.group(2) not in ("", *_BYTE_UNITS):
         raise ValueError("is not a number of bytes")
     return int(match.group(1)) * _BYTE_UNITS.get(match.group(2), 1)
@@ -85,6 +88,9 @@ def parse_catalog(text: str) -> tuple[tuple[str, str], ...]:
         doc = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
+    except RecursionError:  # the catalog is 3 levels deep; json recurses per level
+        raise ValueError("not JSON this reader takes (nested past Python's recursion "
+                         "limit)") from None
     columns = doc.get("columns") if isinstance(doc, dict) else None
     if not isinstance(columns, dict) or not columns:
         raise ValueError('expected {"columns": {"name": {"type": ...}, ...}} with columns')

@@ -32,6 +32,7 @@ from cdc_common.credentials import (
 from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value, tablestore_instance
 from connector.errors import OptionError
 from connector.identity import SourceIdentity, identity_of, legacy_namespace
+from connector.option_input import blamed, shown_key, text_problem, uri_problem
 from connector.option_values import (
     DEFAULT_MAX_TRIGGER_DELAY_MS,
     TIMESTAMP_ALLOWED,
@@ -43,6 +44,7 @@ from connector.option_values import (
 )
 from connector.tunnel import TUNNEL_BACKENDS
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
+from meta_store import META_BACKENDS
 
 #: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
 #: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
@@ -289,6 +291,10 @@ class SourceOptions(BaseModel):
             raise ValueError("not a URI (expected scheme://...)")
         if parts.scheme == "local" and (parts.netloc or not parts.path.startswith("/")):
             raise ValueError("a local endpoint needs an absolute path: local:///abs/path/store.db")
+        if parts.scheme in ("http", "https"):
+            parts.port  # noqa: B018 - ValueError for a port that is not 0..65535
+            if not parts.hostname:
+                raise ValueError("names no host (expected http(s)://HOST[:PORT])")
         return value
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
@@ -312,10 +318,21 @@ class SourceOptions(BaseModel):
                 close = difflib.get_close_matches(key.lower(), _BY_LOWER, n=1, cutoff=0.6)
                 hint = f"did you mean '{_BY_LOWER[close[0]]}'?" if close else "no similar option"
                 # a misspelt secret option (acess.key.secret) must not show its value either
-                raise OptionError(option=key, value=shown_value(key, value),
+                raise OptionError(option=shown_key(key), value=shown_value(key, value),
                                   problem=f"unknown option; {hint}",
                                   allowed=", ".join(OPTIONS))
-            values[OPTIONS[canonical].field] = value
+            field = OPTIONS[canonical].field
+            problem = text_problem(value)
+            if problem is not None:  # before any parser: none of them reads it
+                raise OptionError(option=canonical, value=_shown(field, value), problem=problem,
+                                  allowed=OPTIONS[canonical].allowed)
+            values[field] = value
+        if "meta_store" in values:
+            problem = uri_problem(values["meta_store"], META_BACKENDS)
+            if problem is not None:
+                raise OptionError(option="meta.store", value=_shown("meta_store",
+                                                                    values["meta_store"]),
+                                  problem=problem, allowed=OPTIONS["meta.store"].allowed)
         # in the order a person reads a query: the endpoint and its scheme first (it decides
         # which other options apply), then the table and the tunnel, then the rest
         for required in ("endpoint", "table.name", "tunnel.name"):
@@ -328,7 +345,9 @@ class SourceOptions(BaseModel):
                 _check_endpoint_scheme(str(values["endpoint"]))
         tablestore = urlsplit(str(values["endpoint"])).scheme in ("http", "https")
         if tablestore:
-            values = _tablestore_endpoint(values)
+            with blamed("endpoint", _shown("endpoint", values["endpoint"]),
+                        OPTIONS["endpoint"].allowed):
+                values = _tablestore_endpoint(values)
         else:
             for field in _TABLESTORE_ONLY:
                 if values.get(field) is not None:
@@ -353,7 +372,8 @@ class SourceOptions(BaseModel):
                               problem=_problem(error["msg"]),
                               allowed=spec.allowed if spec else "see docs/options.md") from None
         _check_combinations(built, given=set(values))
-        built.identity  # noqa: B018 - an endpoint that names no service is refused at load()
+        with blamed("endpoint", built.safe_endpoint, OPTIONS["endpoint"].allowed):
+            built.identity  # noqa: B018 - an endpoint that names no service is refused at load()
         return built
 
     # --- checks per kind of read (driver: DataSource.streamReader / reader) ---------------------
