@@ -281,7 +281,29 @@ class MetaStore(ABC):
         its batch). Missing UUIDs are ignored."""
 
     @abstractmethod
-    def list_namespaces(self) -> list[str]: ...
+    def list_namespaces(self) -> list[str]:
+        """Namespaces that have a description, sorted (CLI, read-only). Each name read is
+        checked by ``_decode_namespace`` (the inspection tools skip a corrupt one)."""
+
+    def _decode_namespace(self, value: Any) -> str:
+        """One namespace name as a backend's listing read it: ``CorruptMetaRecordError`` for a
+        cell that is not text (NULL, a BLOB, a number: a row this product did not write).
+        One cell per call, like ``_decode_batch``: ``tablestore_cdc.feed.InspectedStore``
+        wraps it to skip and name such a row."""
+        if isinstance(value, str):
+            return value
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise CorruptMetaRecordError(store=self.uri, key=f"namespace {shown}",
+                                     reason=f"the namespace cell holds {type(value).__name__}, "
+                                     "not text")
+
+    def _sorted_namespaces(self, cells: Iterable[Any]) -> list[str]:
+        """``list_namespaces``' answer: the distinct names among the namespace ``cells`` a
+        backend read, each checked by ``_decode_namespace``, sorted (what a decoder wrapped
+        for inspection gives instead of a name is left out)."""
+        names = {self._decode_namespace(cell) for cell in cells}
+        return sorted(name for name in names if isinstance(name, str))
 
     @abstractmethod
     def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:

@@ -567,12 +567,13 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         }
         if self.page_size:
             kwargs["Limit"] = self.page_size
-        found: set[str] = set()
+        cells: list[Any] = []
         while True:
             page = self._call("list_namespaces", "scan", **kwargs)
-            found.update(item["ns"]["S"] for item in page.get("Items", []))
+            # a key of another type (a foreign table): its typed value, refused as not text
+            cells += [item["ns"].get("S", item["ns"]) for item in page.get("Items", [])]
             if not page.get("LastEvaluatedKey"):
-                return sorted(found)
+                return self._sorted_namespaces(cells)
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def close(self) -> None:

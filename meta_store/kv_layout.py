@@ -70,6 +70,13 @@ PENDING_SK = "N#pending"
 #: the fields of a batch kept in their own columns, not in its ``doc``
 BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_batch_id")
 _NAMESPACE_INFO = TypeAdapter(dict[str, str])
+#: a batch row's ``doc``: a JSON object (pydantic's parser: nesting bounded at 200 levels)
+_DOC = TypeAdapter(dict[str, Any])
+#: the largest manifest JSON written or read, compressed or not (16 MiB: tens of thousands of
+#: channels). Checked when written; a compressed cell is inflated at most this far when read,
+#: so a cell that inflates further (a few hundred KB can inflate to hundreds of MB) is refused
+#: as corrupt without allocating it.
+MAX_MANIFEST_JSON_BYTES = 16 * 1024 * 1024
 #: put-if-absent: attempts when the stored row vanishes (gc) between the put and the read
 _PUT_ROUNDS = 3
 
@@ -169,6 +176,12 @@ class KeyValueMetaStore(MetaStore):
         """The manifest's one column: its JSON, or compressed when over the threshold."""
         storage = self.manifest_storage
         raw = manifest.model_dump_json().encode()
+        if len(raw) > MAX_MANIFEST_JSON_BYTES:
+            raise MetaStoreRequestError(
+                store=self.uri, operation="put_manifest",
+                reason=f"batch {uuid!r}: the manifest of {len(manifest.channels)} channels is "
+                f"{len(raw)} bytes of JSON, over the {MAX_MANIFEST_JSON_BYTES} a meta store "
+                "reads back (read fewer channels per tunnel)")
         if len(raw) <= storage.compress_over:
             return {"manifest": raw.decode()}
         packed = zlib.compress(raw, 6)
@@ -205,9 +218,7 @@ class KeyValueMetaStore(MetaStore):
         sk = str(row.get("sk", "?"))
         key = f"{namespace}/{sk}"
         try:
-            fields = json.loads(row["doc"])
-            if not isinstance(fields, dict):
-                raise ValueError(f"doc is a JSON {type(fields).__name__}, not an object")
+            fields = dict(_DOC.validate_json(row["doc"]))
             fields["state"] = row["state"]
             for name in ("committed_at", "pushed_at", "spark_batch_id"):
                 if name in row:
@@ -215,7 +226,7 @@ class KeyValueMetaStore(MetaStore):
             stored = row.get(self.manifest_storage.compressed_column, row.get("manifest"))
             manifest: Manifest | None = None
             if stored is not None:
-                raw = zlib.decompress(stored) if isinstance(stored, bytes) else stored
+                raw = self._inflate(key, stored) if isinstance(stored, bytes) else stored
                 parsed = parse_record(Manifest, raw, store=self.uri, key=key + "/manifest")
                 assert isinstance(parsed, Manifest)
                 manifest = parsed
@@ -232,6 +243,23 @@ class KeyValueMetaStore(MetaStore):
         if sk != batch_sk(batch.uuid):
             raise self._corrupt(key, f"the row holds batch {batch.uuid!r}")
         return batch
+
+    def _inflate(self, key: str, stored: bytes) -> bytes:
+        """A compressed manifest cell's JSON, inflated at most ``MAX_MANIFEST_JSON_BYTES``
+        (one more byte tells it is over): ``CorruptMetaRecordError`` past that, for a stream
+        cut short, or for bytes after its end."""
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(stored, MAX_MANIFEST_JSON_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_JSON_BYTES or inflater.unconsumed_tail:
+            raise self._corrupt(key, f"the compressed manifest ({len(stored)} bytes) inflates "
+                                f"past {MAX_MANIFEST_JSON_BYTES} bytes, more than any manifest "
+                                "written")
+        if not inflater.eof:
+            raise self._corrupt(key, "the compressed manifest is cut short")
+        if inflater.unused_data:
+            raise self._corrupt(key, f"{len(inflater.unused_data)} byte(s) after the compressed "
+                                "manifest")
+        return raw
 
     def _decode_end(self, namespace: str, uuid: str, row: PlainRow) -> EndCheckpoint:
         """An end checkpoint row's record (one row per call, like ``_decode_batch``)."""

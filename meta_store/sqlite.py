@@ -499,7 +499,7 @@ class SqliteMetaStore(MetaStore):
         """Namespaces that have a description (``set_namespace_info``), sorted. CLI, read-only."""
         rows = self._run("list_namespaces", lambda conn: conn.execute(
             "SELECT ns FROM cdc_namespaces ORDER BY ns").fetchall())
-        return [row[0] for row in rows]
+        return self._sorted_namespaces(row[0] for row in rows)
 
     def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
         payload = json.dumps(_INFO.validate_python(dict(info)), sort_keys=True)

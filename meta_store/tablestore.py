@@ -590,7 +590,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
         read-only; it reads the whole table (only its ``info`` column)."""
         start: Any = [("ns", INF_MIN), ("sk", INF_MIN)]
         end = [("ns", INF_MAX), ("sk", INF_MAX)]
-        found: set[str] = set()
+        cells: list[Any] = []
         while start is not None:
             _, start, rows, _ = self._call(
                 "list_namespaces", self._client.get_range, self.table, "FORWARD", start, end,
@@ -599,8 +599,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
             for row in rows:
                 pk = dict(row.primary_key)
                 if pk.get("sk") == INFO_SK:
-                    found.add(pk["ns"])
-        return sorted(found)
+                    cells.append(pk.get("ns"))
+        return self._sorted_namespaces(cells)
 
     def close(self) -> None:
         """Close the client's connection pool (idempotent)."""

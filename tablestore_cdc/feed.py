@@ -101,13 +101,14 @@ def missing_table(exc: MetaTableMissingError) -> InspectionError:
 class InspectedStore:
     """A meta store as the inspection tools read it: one corrupt row does not hide the rest.
 
-    Wraps an open ``MetaStore`` (CLI, dashboard). ``list_batches``, ``get_end_checkpoints``,
-    ``latest_committed`` and ``get_namespace_info`` skip a row that does not decode and note
-    it in ``corrupt`` (key -> reason, as ``CorruptMetaRecordError`` names them); every other
-    attribute is the store's own. The skipping relies on the backends decoding row by row in
-    ``_decode_batch`` / ``_decode_end``: for one call, the wrapped instance's decoder returns
-    a marker instead of raising (a backend without them fails on the row as before). Never used
-    by the protocol, which must stop on a corrupt row.
+    Wraps an open ``MetaStore`` (CLI, dashboard). ``list_namespaces``, ``list_batches``,
+    ``get_end_checkpoints``, ``latest_committed`` and ``get_namespace_info`` skip a row that
+    does not decode and note it in ``corrupt`` (key -> reason, as ``CorruptMetaRecordError``
+    names them); every other attribute is the store's own. The skipping relies on the backends
+    decoding row by row in ``_decode_namespace`` / ``_decode_batch`` / ``_decode_end``: for one
+    call, the wrapped instance's decoder returns a marker instead of raising (a backend without
+    them fails on the row as before). Never used by the protocol, which must stop on a corrupt
+    row.
     """
 
     def __init__(self, store: MetaStore) -> None:
@@ -148,6 +149,9 @@ class InspectedStore:
         store: Any = self.store
         ends = self._skipping("_decode_end", lambda: store._list_ends(namespace, uuid))
         return {e.channel_id: e for e in ends}
+
+    def list_namespaces(self) -> list[str]:
+        return self._skipping("_decode_namespace", self.store.list_namespaces)
 
     def latest_committed(self, namespace: str) -> BatchRecord | None:
         committed = [b for b in self.list_batches(namespace)
@@ -293,7 +297,7 @@ def _load_entries(store: MetaStore, key: str) -> list[dict[str, Any]]:
     info = _safe_info(store, key) or {}
     try:
         entries = json.loads(info.get("entries", "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return []  # a damaged progress record must not hide the meta table's own facts
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
