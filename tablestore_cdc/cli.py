@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from tablestore_cdc.cli_errors import OneLineErrors, set_verbose
 from tablestore_cdc.dashboard import dashboard_command
 from tablestore_cdc.emulator_cli import emulator_command
 from tablestore_cdc.job import demo, replicate
@@ -23,11 +26,23 @@ from tablestore_cdc.reconcile.command import reconcile
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
+    cls=OneLineErrors,  # every error is one line (tablestore_cdc/cli_errors.py)
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     # plain help: typer's rich help shows every flag as "--json <bool>" with this click
     rich_markup_mode=None,
 )
+
+
+@app.callback()
+def _options(verbose: Annotated[bool, typer.Option(
+        "--verbose", envvar="TABLESTORE_CDC_VERBOSE",
+        help="On an error, print its Python traceback before the one-line message (for a "
+        "bug report). Goes before the command: tablestore-cdc --verbose meta batches")] = False,
+             ) -> None:
+    set_verbose(verbose)
+
+
 app.add_typer(local_app, name="local")
 app.add_typer(meta_app, name="meta")
 app.command("demo")(demo)
