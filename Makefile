@@ -6,8 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast test-spark-oldest test-install faults-full netfaults-full cluster-long soak benchmarks \
-	lint java-check clean
+.PHONY: demo test test-fast test-spark-oldest test-install fuzz faults-full netfaults-full cluster-long \
+	soak benchmarks lint java-check clean
 
 # The oldest PySpark the package supports (the floor of pyproject's range), in its own venv
 SPARK_OLDEST := 4.0.0
@@ -66,6 +66,14 @@ test-install: $(STAMP) java-check
 ## make test-fast: the tests that start no Spark (seconds)
 test-fast: $(STAMP)
 	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+## make fuzz: the fuzz targets of tests/fuzz/ (page decoders, DynamoDB codec, options, emulator
+## requests) long: FUZZ_EXAMPLES inputs each (default 10000, about 15 min); prints the inputs
+## tried per target and what became of them (hypothesis statistics)
+FUZZ_EXAMPLES ?= 10000
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(REQUIRE_COMPILED) nice -n 10 $(BIN)/python -m pytest tests/fuzz \
+		-m fuzz -p no:cacheprovider --timeout 0 --hypothesis-show-statistics $(PYTEST_ARGS)
 
 ## make faults-full: the full crash-point matrix and random kills (long)
 faults-full: $(STAMP) java-check

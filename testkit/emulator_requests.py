@@ -112,15 +112,19 @@ class Answer:
     closed: bool | None
 
 
-def exchange(url: str, raw: bytes, *, check_closed: bool = False,
+def exchange(url: str, raw: bytes, *, check_closed: bool = False, half_close: bool = False,
              timeout: float = 10.0) -> Answer:
     """Send ``raw`` on a new connection and read one answer (``http.client``'s parser);
-    ``check_closed``: wait (up to 2 s) to see whether the server closes the connection."""
+    ``check_closed``: wait (up to 2 s) to see whether the server closes the connection;
+    ``half_close``: end the sending side after ``raw`` (a server waiting for more -- a request
+    line, a body -- then reads the end of the stream instead of waiting)."""
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
         try:
             sock.sendall(raw)
-        except (BrokenPipeError, ConnectionResetError):
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+        except OSError:
             pass  # the server answered and closed before reading all of it
         resp = http.client.HTTPResponse(sock)
         resp.begin()

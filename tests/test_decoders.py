@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from connector.errors import MalformedRecordError
@@ -33,7 +33,6 @@ from connector.tunnel.page import PageLayout
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import (
     REQUIRE_COMPILED_ENV,
-    RawRecords,
     compiled_available,
     compiled_required,
     decode_compiled,
@@ -46,12 +45,12 @@ from connector.tunnel.tablestore.plainbuffer import (
     Special,
     encode_row,
 )
-from connector.tunnel.tablestore.read_answer import read_answer
 from connector.tunnel.tablestore.records import (
     decode_columns,
     decode_columns_python,
     decode_page,
 )
+from testkit.page_decoders import assert_same
 
 REPO = Path(__file__).resolve().parents[1]
 TS_US = 1_750_000_000_000_000
@@ -69,66 +68,6 @@ def test_the_compiled_decoder_is_installed_where_required() -> None:
     assert compiled_available(), (
         "the compiled PlainBuffer decoder (connector.tunnel.tablestore._columnar) is not "
         "built: reinstall with a C compiler (make .venv/.installed-stamp)")
-
-
-# --- comparing outcomes -----------------------------------------------------------------------
-
-
-def canonical(batch: pa.RecordBatch) -> tuple[Any, ...]:
-    """Everything a page batch says, floats by their bits (NaN != NaN in ``equals``)."""
-    batch.validate(full=True)
-    columns = []
-    for field, column in zip(batch.schema, batch.columns, strict=True):
-        values = column.to_pylist()
-        if pa.types.is_floating(field.type):
-            values = [None if v is None else struct.pack("<d", v).hex() for v in values]
-        columns.append((field.name, column.null_count, values))
-    return batch.schema, batch.num_rows, columns
-
-
-def outcome(decode: Any, records: list[Any], base_offset: int | None,
-            layout: PageLayout) -> tuple[Any, ...]:
-    try:
-        batch = decode(records, "ch-1", "tok-1", base_offset, layout)
-    except Exception as exc:  # noqa: BLE001 -- whatever it is, both must raise it
-        if isinstance(exc, MalformedRecordError):
-            assert exc.fields["channel_id"] == "ch-1" and exc.fields["token"] == "tok-1"
-        return "error", type(exc), str(exc)
-    assert batch is not None
-    return ("batch", *canonical(batch))
-
-
-def assert_same(records: list[Any], base_offset: int | None, layout: PageLayout, *,
-                must_compile: bool) -> tuple[Any, ...]:
-    """The compiled decoder's outcome equals the Python one's; ``must_compile``: the page is
-    one the compiled decoder fills itself (no hand-over to the Python path)."""
-    handed_over = []
-
-    def compiled(*args: Any) -> pa.RecordBatch:
-        batch = decode_compiled(*args)
-        if batch is None:
-            handed_over.append(True)
-            return decode_columns(*args)  # the Python path (protobuf Records for RawRecords)
-        return batch
-
-    expected = outcome(decode_columns_python, records, base_offset, layout)
-    # input from the service ends in a batch or the typed error, never a raw one (issue 36)
-    assert expected[0] == "batch" or expected[1] is MalformedRecordError, expected
-    got = outcome(compiled, records, base_offset, layout)
-    if handed_over:
-        assert not must_compile, "the compiled decoder handed a well-typed page over"
-    if currently_in_test_context():  # hypothesis statistics (pytest --hypothesis-show-statistics)
-        event(f"outcome: {expected[0]}{', handed to the Python path' if handed_over else ''}")
-    assert got == expected
-    # the client's read_page path: the same records sent in an answer, scanned, decoded from
-    # its bytes (tests/test_read_answer.py holds the scan itself to the protobuf runtime's)
-    answer = read_answer(m.ReadRecordsResponse(records=records, next_token="t")
-                         .SerializeToString(), scan=True)
-    assert isinstance(answer.records, RawRecords)
-    handed_over.clear()
-    assert outcome(compiled, answer.records, base_offset, layout) == expected
-    assert not (handed_over and must_compile), "a scanned well-typed page was handed over"
-    return got
 
 
 # --- generated pages ------------------------------------------------------------------------
