@@ -541,12 +541,13 @@ def tablestore_meta_store(endpoint: str, instance: str, checkpoint_table: str | 
 
 
 def _shown(field: str, value: Any) -> Any:
-    """An option value as an error may show it: secrets masked, endpoints redacted."""
+    """An option value as an error may show it: secrets masked, endpoints redacted, cut to
+    200 characters (a catalog may be long)."""
     if field in ("endpoint", "meta_store") and isinstance(value, str):
-        return redact_uri(value)
-    if isinstance(value, str) and value:
-        return shown_value(field, value)
-    return value
+        value = redact_uri(value)
+    elif isinstance(value, str) and value:
+        value = shown_value(field, value)
+    return value[:197] + "..." if isinstance(value, str) and len(value) > 200 else value
 
 
 def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:

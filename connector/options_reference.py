@@ -107,6 +107,9 @@ def _samples(workdir: Path) -> Iterator[Callable[[], Any]]:
     yield load(**{**local, "endpoint": "local://data/store.db"})
     yield load(**{**local, "endpoint": "htp://127.0.0.1:38421"})  # a mistyped scheme
     yield load(**{**local, "endpoint": "127.0.0.1:38421"})  # a host and port, no scheme
+    yield load(**{**local, "meta.store": "sqlite://[::1]:99999/meta.db"})  # unparseable
+    yield load(**{**local, "tunnel.name": "orders\udcff"})  # not text: a lone surrogate
+    yield load(**local, catalog="[" * 5_000)  # JSON nested past the recursion limit
     yield load(**{**local, "access.key.id": "LTAI-example"})
     yield load(**{**local, "endpoint": "http://127.0.0.1:8080"})
     yield load(**{**local, "endpoint": "dynamodb-streams://orders?checkpoint_table=cdc"})
