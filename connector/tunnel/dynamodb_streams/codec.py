@@ -27,7 +27,6 @@ fake of the shard map.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import re
@@ -250,7 +249,7 @@ def _bytes(inner: Any, path: str) -> bytes:
     _want(inner, str, "B", "bytes or base64 text", path)
     try:
         return base64.b64decode(inner, validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or text that is not ASCII
         raise _bad(path, f"B holds {reprlib.repr(inner)}, not base64") from None
 
 
