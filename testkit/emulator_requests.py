@@ -80,6 +80,27 @@ def fill_required(msg: Any, text: str = "t", depth: int = 0) -> None:
             setattr(msg, field.name, 1)
 
 
+def with_text(cls: Any, path: tuple[str, ...], text: str) -> Any:
+    """A ``cls`` message with its required fields set (``sample_request``) and ``text`` in the
+    string field at ``path`` (field names from the top; a repeated field gets one more item)."""
+    msg = sample_request(cls)
+    target = msg
+    for name in path:
+        field = target.DESCRIPTOR.fields_by_name[name]
+        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        if field.type == FieldDescriptor.TYPE_STRING:
+            if repeated:
+                getattr(target, name).append(text)
+            else:
+                setattr(target, name, text)
+        elif repeated:
+            target = getattr(target, name).add()
+            fill_required(target)
+        else:
+            target = getattr(target, name)
+    return msg
+
+
 def signed_headers(path: str, body: bytes, *, secret: str = SK) -> dict[str, str]:
     """The ``x-ots-*`` headers an SDK sends with ``body`` to ``path``, signed with ``secret``."""
     headers = {"x-ots-date": signing.ots_date(), "x-ots-apiversion": "2015-12-31",
@@ -163,4 +184,4 @@ def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> An
 
 __all__ = ["AK", "INSTANCE", "ROUTES", "SK", "TUNNEL_REQUESTS", "Answer", "exchange",
            "fill_required", "raw_request", "request_type", "sample_request", "sdk_verdict",
-           "signed_headers"]
+           "signed_headers", "with_text"]

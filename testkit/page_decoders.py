@@ -38,7 +38,7 @@ def canonical(batch: pa.RecordBatch) -> tuple[Any, ...]:
     return batch.schema, batch.num_rows, columns
 
 
-def outcome(decode: Any, records: list[Any], base_offset: int | None,
+def outcome(decode: Any, records: Any, base_offset: int | None,
             layout: PageLayout) -> tuple[Any, ...]:
     try:
         batch = decode(records, "ch-1", "tok-1", base_offset, layout)

@@ -29,12 +29,11 @@ from testkit.emulator_requests import (  # noqa: E402
     ROUTES,
     SK,
     exchange,
-    fill_required,
     raw_request,
     request_type,
-    sample_request,
     sdk_verdict,
     signed_headers,
+    with_text,
 )
 
 
@@ -84,22 +83,7 @@ def _string_paths(cls: Any, depth: int = 0) -> list[tuple[str, ...]]:
 
 def _with_mark(cls: Any, path: tuple[str, ...]) -> bytes:
     """A request whose string field at ``path`` holds bytes that are not UTF-8."""
-    msg = sample_request(cls)
-    target = msg
-    for name in path:
-        field = target.DESCRIPTOR.fields_by_name[name]
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
-        if field.type == FieldDescriptor.TYPE_STRING:
-            if repeated:
-                getattr(target, name).append(MARK)
-            else:
-                setattr(target, name, MARK)
-        elif repeated:
-            target = getattr(target, name).add()
-            fill_required(target)
-        else:
-            target = getattr(target, name)
-    data = msg.SerializePartialToString()
+    data = with_text(cls, path, MARK).SerializePartialToString()
     assert data.count(MARK.encode()) == 1
     return data.replace(MARK.encode(), b"\xffq\xc0\xaf\xed\xa0\x80z")  # 3 bad sequences
 

@@ -17,7 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.read_answer import read_answer
-from testkit.emulator_requests import fill_required
+from testkit.emulator_requests import with_text
 
 MARK = "zqzqzqzq"
 BAD = b"\xc3(\xff\xfe\xed\xa0\x80z"  # a cut sequence, bytes never in UTF-8, a surrogate
@@ -41,26 +41,6 @@ def _cases() -> list[tuple[str, tuple[str, ...]]]:
 CASES = _cases()
 
 
-def _message_with(cls: Any, path: tuple[str, ...], text: str) -> Any:
-    msg = cls()
-    fill_required(msg)
-    target = msg
-    for name in path:
-        field = target.DESCRIPTOR.fields_by_name[name]
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
-        if field.type == FieldDescriptor.TYPE_STRING:
-            if repeated:
-                getattr(target, name).append(text)
-            else:
-                setattr(target, name, text)
-        elif repeated:
-            target = getattr(target, name).add()
-            fill_required(target)
-        else:
-            target = getattr(target, name)
-    return msg
-
-
 def test_every_message_with_text_is_covered() -> None:
     with_strings = {name for name, _ in CASES}
     assert {"ReadRecordsResponse", "DescribeTunnelResponse", "Error", "TokenContentV2",
@@ -72,10 +52,10 @@ def test_every_message_with_text_is_covered() -> None:
 def test_a_string_field_that_is_not_utf8_is_a_message_error(name: str,
                                                             path: tuple[str, ...]) -> None:
     cls = getattr(m, name)
-    good = _message_with(cls, path, "ké ☃ \U0001f600")
+    good = with_text(cls, path, "ké ☃ \U0001f600")
     data = good.SerializeToString()
     assert m.parse(cls, data) == good  # valid text, non-ASCII included, parses as before
-    bad = _message_with(cls, path, MARK).SerializeToString().replace(MARK.encode(), BAD)
+    bad = with_text(cls, path, MARK).SerializeToString().replace(MARK.encode(), BAD)
     with pytest.raises(m.MessageError) as info:
         m.parse(cls, bad)
     message = str(info.value)
