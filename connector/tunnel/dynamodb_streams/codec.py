@@ -164,7 +164,7 @@ def _tagged(value: Any, path: str) -> tuple[str, Any]:
 
 
 def _want(inner: Any, kind: type | tuple[type, ...], tag: str, what: str, path: str) -> None:
-    if not isinstance(inner, kind) or (kind is not bool and isinstance(inner, bool)):
+    if not isinstance(inner, kind):
         raise _bad(path, f"{tag} holds {type(inner).__name__} {reprlib.repr(inner)}, "
                    f"not {what}")
 
@@ -207,7 +207,8 @@ def _plain(value: Any, path: str, depth: int) -> Any:
         _want(inner, str, tag, "a string", path)
         return inner
     if tag == "N":
-        return _json_number(str(_decimal(inner, path)))
+        _decimal(inner, path)
+        return _json_number(inner)
     if tag == "B":
         return {"$binary": base64.b64encode(_bytes(inner, path)).decode()}
     if tag == "BOOL":
@@ -234,9 +235,10 @@ def _plain(value: Any, path: str, depth: int) -> Any:
             _want(item, str, tag, "a string", f"{path}[{i}]")
         return sorted(strings)
     if tag == "NS":
-        numbers = [_json_number(str(_decimal(n, f"{path}[{i}]")))
-                   for i, n in enumerate(_items(inner, tag, path))]
-        return sorted(numbers, key=float)
+        numbers = _items(inner, tag, path)
+        for i, n in enumerate(numbers):
+            _decimal(n, f"{path}[{i}]")
+        return sorted((_json_number(n) for n in numbers), key=float)
     encoded = sorted(base64.b64encode(_bytes(b, f"{path}[{i}]")).decode()
                      for i, b in enumerate(_items(inner, tag, path)))  # BS
     return [{"$binary": b} for b in encoded]
