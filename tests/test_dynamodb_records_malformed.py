@@ -169,9 +169,11 @@ def test_items_of_a_wrong_shape(item: Any, words: str, where: str) -> None:
     (record(SequenceNumber="1.5"), "bad sequence number"),
     (record(SequenceNumber=None), "bad sequence number None"),
     (record(ApproximateCreationDateTime="yesterday"), "is not a time"),
-    (record(ApproximateCreationDateTime=math.nan), "is not a time"),
+    (record(ApproximateCreationDateTime=math.nan), "is not between 1970 and 9999"),
     (record(ApproximateCreationDateTime=True), "is not a time"),
     (record(ApproximateCreationDateTime=1e300), "is not between 1970 and 9999"),
+    (record(ApproximateCreationDateTime=1e303), "is not between 1970 and 9999"),
+    (record(ApproximateCreationDateTime=10**400), "is not between 1970 and 9999"),
     (record(ApproximateCreationDateTime=-5), "is not between 1970 and 9999"),
 ], ids=lambda v: repr(v)[:40])
 def test_records_of_a_wrong_shape(raw: Any, words: str) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 import reprlib
 from collections.abc import Mapping, Sequence
@@ -307,8 +306,12 @@ _MAX_COMMIT_US = 253_402_300_799_999_999
 def _micros(when: Any) -> int:
     if isinstance(when, datetime):
         micros = int(when.timestamp() * 1_000_000)
-    elif isinstance(when, int | float) and not isinstance(when, bool) and math.isfinite(when):
-        micros = int(when * 1_000_000)  # epoch seconds in raw JSON
+    elif isinstance(when, int | float) and not isinstance(when, bool) and -1e15 < when < 1e15:
+        # epoch seconds in raw JSON, bounded first (NaN and infinities are not in the bounds;
+        # 1e303 seconds would overflow as microseconds)
+        micros = int(when * 1_000_000)
+    elif isinstance(when, int | float) and not isinstance(when, bool):
+        micros = -1  # a number, far outside any time: refused below
     else:
         raise ValueError(f"ApproximateCreationDateTime {reprlib.repr(when)} is not a time")
     if not 0 <= micros <= _MAX_COMMIT_US:
