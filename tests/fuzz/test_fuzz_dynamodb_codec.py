@@ -6,7 +6,8 @@ numbers out of range, maps with keys of another type, unknown tags), with any pa
 record replaced by arbitrary JSON-like data now and then; then a page of the decoded records
 for a layout of any of the column types.
 
-Property: ``codec.decode_record`` gives a ``Record`` or ``MalformedRecordError``;
+Property: ``codec.decode_record`` gives a ``Record`` or ``MalformedRecordError`` from one of
+its own checks (not a ``TypeError`` or ``OverflowError`` it caught as a last resort);
 ``fit_records`` and ``records_to_page`` give a batch or ``MalformedRecordError``. Never
 another error (no ``AttributeError``, no ``RecursionError``, no pyarrow error).
 """
@@ -116,6 +117,8 @@ def test_fuzz_records_decode_and_page_or_a_malformed_record_error(
             decoded.append(codec.decode_record(raw, SHARD, TOKEN, mode))  # type: ignore[arg-type]
         except MalformedRecordError as exc:
             assert exc.fields["channel_id"] == SHARD and exc.fields["token"] == TOKEN
+            # refused by a check of the codec's, not by Python tripping over the input
+            assert exc.fields["reason"].startswith(("AttributeValueError: ", "ValueError: "))
             event(f"record refused: {str(exc.fields['reason']).split(':')[0]}")
         else:
             event("record decoded")
