@@ -68,7 +68,7 @@ test-fast: $(STAMP)
 	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 ## make fuzz: the fuzz targets of tests/fuzz/ (page decoders, DynamoDB codec, options, emulator
-## requests) long: FUZZ_EXAMPLES inputs each (default 10000, about 15 min); prints the inputs
+## requests) long: FUZZ_EXAMPLES inputs each (default 10000, about 30 min); prints the inputs
 ## tried per target and what became of them (hypothesis statistics)
 FUZZ_EXAMPLES ?= 10000
 fuzz: $(STAMP)
