@@ -95,7 +95,7 @@ class ApplySettings:
 
     target: str
     scd: int = 1
-    schema_drift: str = "fail"
+    schema_drift: str = "lenient"
     soft_delete_column: str | None = None
 
 
@@ -468,8 +468,11 @@ def replicate(
         min=1, max=2, help="1: the current state; 2: one row per version with __START_AT and "
         "__END_AT.")] = 1,
     schema_drift: Annotated[str, typer.Option(
-        help="An attribute the target has no column for: fail, add (new nullable column) or "
-        "keep (in the target's _extra JSON column).")] = "fail",
+        help="Attributes the target has no column for, and values of another type: lenient "
+        "(new nullable columns, lossless widening, other values typed in _extra), try_evolve "
+        "(the same), evolve (new columns and widening, else fail), exception (fail on any "
+        "change) or ignore (columns never change, the rest in _extra); aliases fail, add, "
+        "keep.")] = "lenient",
     soft_delete_column: Annotated[str | None, typer.Option(
         help="SCD 1: a DELETE sets this boolean column instead of removing the row.")] = None,
     tunnel: Annotated[str, typer.Option(help="Tunnel name (created if missing).")]

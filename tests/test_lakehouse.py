@@ -141,8 +141,12 @@ def test_scd2_makes_one_version_per_change_and_a_delete_ends_the_current_one() -
 def test_options_are_checked() -> None:
     with pytest.raises(ApplyOptionError, match="'scd'"):
         ApplyOptions(("id",), scd=3)
-    with pytest.raises(ApplyOptionError, match="fail, add, keep"):
-        ApplyOptions(("id",), schema_drift="ignore")
+    with pytest.raises(ApplyOptionError, match="exception, evolve, try_evolve, lenient, "
+                       "ignore .aliases: fail=exception, add=evolve, keep=ignore."):
+        ApplyOptions(("id",), schema_drift="drop")
+    assert ApplyOptions(("id",)).schema_drift == "lenient"  # the default
+    assert [ApplyOptions(("id",), schema_drift=a).schema_drift for a in ("fail", "add", "keep")
+            ] == ["exception", "evolve", "ignore"]
     with pytest.raises(ApplyOptionError, match="SCD type 2 already keeps"):
         ApplyOptions(("id",), scd=2, soft_delete_column="_deleted")
     with pytest.raises(TargetUriError, match="absolute"):
@@ -352,7 +356,8 @@ def test_drift_add_evolves_the_table_with_nullable_columns(target) -> None:
         1: ("blue", None), 2: ("red", 7)}
     sink.apply(batch(change("PUT", "c", 4, 4, 3, "c", 3)), "q", 2)  # no colour: null
     assert {r["id"]: r["colour"] for r in target.rows()}[3] is None
-    with pytest.raises(ColumnTypeConflictError, match="column 'size' is int64 but .* str"):
+    with pytest.raises(ColumnTypeConflictError, match="column 'size' is int64 but the change "
+                       "in channel 'c' at 00000000000000000005 carries string .'large'."):
         sink.apply(batch(change("PUT", "c", 5, 5, 4, "d", 4, size="large")), "q", 3)
 
 
@@ -368,14 +373,25 @@ def test_drift_keep_holds_new_attributes_as_json(target) -> None:
         "name": "b", "qty": 2, "colour": "red", "size": 7}
 
 
-def test_a_type_conflict_on_a_declared_column_fails_under_every_policy(target) -> None:
-    for policy in ("keep", "add", "fail"):
+def test_a_value_of_another_type_fails_only_under_the_strict_policies(target) -> None:
+    """A string in the declared long column ``qty``: exception and evolve fail the batch
+    naming it; try_evolve, lenient and ignore keep it, typed, in ``_extra``."""
+    bad = batch(change("PUT", "c", 2, 2, 2, "b", 2)).set_column(
+        2, pa.field("qty", pa.string()), pa.array(["two"]))
+    for policy in ("exception", "evolve"):
         sink = target.sink(schema_drift=policy)
         sink.apply(FIRST, "q", 0)
-        bad = batch(change("PUT", "c", 2, 2, 2, "b", 2)).set_column(
-            2, pa.field("qty", pa.string()), pa.array(["two"]))
-        with pytest.raises(ColumnTypeConflictError, match="column 'qty'"):
+        with pytest.raises(ColumnTypeConflictError, match=(
+                f"column 'qty' is int64 but the change in channel 'c' at 00000000000000000002 "
+                f"carries string .'two'.* schema_drift={policy}")):
             sink.apply(bad, "q", 1)
+    for batch_id, policy in enumerate(("try_evolve", "lenient", "ignore"), start=1):
+        sink = target.sink(schema_drift=policy)
+        result = sink.apply(bad, "q", batch_id)
+        assert result.values_in_extra == 1
+        rows = {r["id"]: r for r in target.rows()}
+        assert (rows[2]["qty"], json.loads(rows[2]["_extra"])) == (None, {"qty": "two"})
+        assert table_state(target.rows(), ["id"])['{"id": 2}'] == {"name": "b", "qty": "two"}
 
 
 # --- a lost commit race ---------------------------------------------------------------------
@@ -427,7 +443,7 @@ def test_replicate_refuses_a_bad_target_or_policy_before_starting_spark(tmp_path
     base = [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store", str(store.path),
             "--table", "t", "--output", str(tmp_path / "out")]
     for extra, message in (
-            (["--schema-drift", "ignore"], "option 'schema_drift': unknown policy"),
+            (["--schema-drift", "drop"], "option 'schema_drift': unknown policy"),
             (["--target", "iceberg:///tmp/wh"], "table=NAMESPACE.TABLE is required"),
             (["--scd", "2", "--soft-delete-column", "_deleted"], "SCD type 2 already keeps")):
         done = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)

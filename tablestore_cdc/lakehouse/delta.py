@@ -18,8 +18,11 @@ One commit per batch, one MERGE:
   (``__END_AT IS NULL``), which gets ``__END_AT`` = the key's first change time here.
 
 The first batch creates the table in its commit (``write_deltalake``, with the ``txn``). New
-columns (``schema_drift=add``) are added by a schema-only commit just before the MERGE (delta-rs'
-``merge_schema`` mixes up rows when some source columns are excluded); a replay finds them there.
+columns (schema drift, ``drift.py``) are added by a schema-only commit just before the MERGE
+(delta-rs' ``merge_schema`` mixes up rows when some source columns are excluded); its commit info
+records the change (``tablestore-cdc.schema-changes``) and the batch; a replay after a crash
+between the two finds the columns there and commits the data. delta-rs has no type widening:
+a Delta column keeps its type (``drift.no_promotions``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from tablestore_cdc.lakehouse.plan import (
     plan_batch,
     to_arrow,
 )
-from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
+from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink
 
 #: the commit-info keys naming the batch a commit applied (as the Iceberg sink's snapshot
 #: summary names it)
@@ -95,24 +98,29 @@ class DeltaApplySink(ApplySink):
             return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
         target = None if table is None else pa.schema(table.schema().to_arrow())
         plan = plan_batch(batch, target, options, self.table_uri)
-        # the commit's info names the batch too (``DeltaTable.history``): how a reader that
-        # does not know the query id finds how far the table is applied (``reconcile``)
-        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
-                                  custom_metadata={QUERY_ID_KEY: app_id,
-                                                   BATCH_ID_KEY: str(batch_id)})
-        self._before_commit()
+        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
         if table is None:
+            self._before_commit()
             deltalake.write_deltalake(self.table_uri, to_arrow(plan.upserts, plan.layout.schema),
                                       storage_options=self.storage_options,
                                       commit_properties=commit)
         else:
-            if plan.layout.added:
+            if plan.layout.added:  # its own commit, before the data's: a replay finds it done
+                self._log_schema_changes(self.table_uri, batch_id, plan)
                 fields = deltalake.Schema.from_arrow(pa.schema(plan.layout.added)).fields
-                table.alter.add_columns(fields)
+                table.alter.add_columns(fields, commit_properties=CommitProperties(
+                    custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
+            self._before_commit()  # schema changed (if at all), the batch's data not committed
             merge = _scd2_merge if options.scd == 2 else _scd1_merge
             merge(table, plan, options, commit)
         self._after_commit()
         return self._result(batch_id, plan, self.table().version())  # type: ignore[union-attr]
+
+
+def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:
+    """The commit info of a schema-change commit: what changed, for which query and batch."""
+    return {SCHEMA_CHANGES_PROPERTY: "; ".join(plan.layout.schema_changes()),
+            "tablestore-cdc.query-id": app_id, "tablestore-cdc.batch-id": str(batch_id)}
 
 
 def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:

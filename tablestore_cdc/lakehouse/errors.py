@@ -37,21 +37,24 @@ class ChangeBatchError(LakehouseError, ValueError):
 
 
 class SchemaDriftError(LakehouseError):
-    """A change carries a column the target table does not have, under ``schema_drift=fail``."""
+    """A change carries an attribute the target has no column for, under
+    ``schema_drift=exception``."""
 
     template = ("table {table}: change in channel {channel_id!r} at {sequence} carries new "
-                "column(s) {columns} that the target does not have (schema_drift=fail); "
-                "add them to the target, or choose schema_drift=add (new nullable columns) "
-                "or schema_drift=keep (kept as JSON in the _extra column)")
+                "column(s) {columns} that the target does not have (schema_drift=exception); "
+                "add them to the target, or choose schema_drift=lenient (new nullable columns, "
+                "values that fit no column kept in _extra; the default), evolve (new columns, "
+                "a value that fits no column fails) or ignore (kept in _extra)")
 
 
 class ColumnTypeConflictError(LakehouseError):
-    """A value cannot go into its column: the types differ. Fails under every drift policy."""
+    """A value fits no column of the target under the drift policy (docs/lakehouse.md, "Schema
+    drift"): its type differs and no lossless widening the format can make holds it."""
 
     template = ("table {table}: column {column!r} is {column_type} but the change in channel "
-                "{channel_id!r} at {sequence} carries {value_type} ({value!r}); a type "
-                "change is never applied silently: convert the column in the target, or "
-                "write the values with one type in the source")
+                "{channel_id!r} at {sequence} carries {value_type} ({value!r}), which it cannot "
+                "hold losslessly ({why}; schema_drift={policy}); choose schema_drift=lenient to "
+                "keep such values typed in _extra, or convert the column in the target")
 
 
 class QueryIdUnknownError(LakehouseError):

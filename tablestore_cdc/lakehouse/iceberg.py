@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
+from tablestore_cdc.lakehouse.drift import iceberg_promotions
 from tablestore_cdc.lakehouse.plan import (
     END_AT,
     ApplyOptions,
@@ -40,7 +41,7 @@ from tablestore_cdc.lakehouse.plan import (
     plan_batch,
     to_arrow,
 )
-from tablestore_cdc.lakehouse.sink import ApplyResult, ApplySink
+from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink
 
 QUERY_ID_PROPERTY = "tablestore-cdc.query-id"
 BATCH_ID_PROPERTY = "tablestore-cdc.batch-id"
@@ -131,7 +132,7 @@ class IcebergApplySink(ApplySink):
             if recorded is not None and recorded >= batch_id:
                 return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
         target = None if table is None else table.schema().as_arrow()
-        plan = plan_batch(batch, target, options, self.identifier)
+        plan = plan_batch(batch, target, options, self.identifier, iceberg_promotions)
         if table is None:
             catalog = self.catalog()
             catalog.create_namespace_if_not_exists(self.identifier.rpartition(".")[0])
@@ -139,15 +140,16 @@ class IcebergApplySink(ApplySink):
                                          properties={NO_LIBRARY_RETRY: "0"})
         summary = {QUERY_ID_PROPERTY: app_id, BATCH_ID_PROPERTY: str(batch_id)}
         transaction = table.transaction()
-        if plan.layout.added:
-            with transaction.update_schema() as update:
-                update.union_by_name(pa.schema(plan.layout.added))
+        if plan.layout.added or plan.layout.promoted:  # in the batch's own catalog commit
+            self._log_schema_changes(self.identifier, batch_id, plan)
+            summary[SCHEMA_CHANGES_PROPERTY] = "; ".join(plan.layout.schema_changes())
+            _change_schema(transaction, plan)
         schema = transaction.table_metadata.schema().as_arrow()
         if options.scd == 2:
             delete_filter, rows = _scd2_rows(table, plan, options)
         else:
             delete_filter, rows = _scd1_rows(table, plan, options)
-        if delete_filter is None and not rows and not plan.layout.added:
+        if delete_filter is None and not rows and not summary.get(SCHEMA_CHANGES_PROPERTY):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
         if delete_filter is not None and table.current_snapshot() is not None:
             with warnings.catch_warnings():  # "did not match any records": new keys only
@@ -160,6 +162,19 @@ class IcebergApplySink(ApplySink):
         self._after_commit()
         snapshot = table.current_snapshot()
         return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id)
+
+
+def _change_schema(transaction: Any, plan: ApplyPlan) -> None:
+    """Add the plan's new columns and promote its widened ones (Iceberg's type promotion:
+    ``drift.iceberg_promotions`` widens only to long and double)."""
+    from pyiceberg.types import DoubleType, LongType
+
+    wider_types = {pa.int64(): LongType(), pa.float64(): DoubleType()}
+    with transaction.update_schema() as update:
+        if plan.layout.added:
+            update.union_by_name(pa.schema(plan.layout.added))
+        for name, (_, wider) in plan.layout.promoted.items():
+            update.update_column(name, field_type=wider_types[wider])
 
 
 def committed_batch(table: Any, app_id: str) -> int | None:

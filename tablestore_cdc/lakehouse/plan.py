@@ -12,12 +12,11 @@ one commit of their format. Three steps, one function each:
    change (then of their last; the channel id breaks an exact tie). Fed straight from the
    source a batch holds one channel per key (docs/schema.md, "Order"); a batch read back from
    a change log (``tablestore-cdc replicate``) may span a split, and this rule orders it.
-2. ``plan_layout``: the target's columns after this batch under the schema-drift policy.
+2. ``drift.plan_layout``: the target's columns after this batch under the schema-drift policy.
    Attributes the reader's schema does not declare arrive in ``_extra`` (JSON); with the
-   declared attribute columns they make a change's *image*. An image column the target lacks
-   is new: ``fail`` stops with its name, ``add`` adds a nullable column (type from the values),
-   ``keep`` keeps it in the target's ``_extra`` JSON column. A value whose type does not fit
-   its column stops the batch under every policy.
+   declared attribute columns they make a change's *image*. Each image value goes into its
+   column when it fits (widening the column or adding one where the policy and the format
+   allow), else into the target's ``_extra`` or, under the strict policies, fails the batch.
 3. ``reduce_scd1`` / ``reduce_scd2``: SCD type 1 keeps each key's final image (or its delete);
    SCD type 2 keeps every version, valid from its change's commit time (``__START_AT``) to the
    next change's (``__END_AT``, null while current), as Spark's auto-CDC flows name them; a
@@ -27,8 +26,8 @@ one commit of their format. Three steps, one function each:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
-import functools
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,12 +37,22 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from tablestore_cdc.lakehouse.errors import (
-    ApplyOptionError,
-    ChangeBatchError,
-    ColumnTypeConflictError,
-    SchemaDriftError,
+from tablestore_cdc.lakehouse.drift import (
+    DEFAULT_POLICY,
+    EVOLVE,
+    EXCEPTION,
+    EXTRA_COLUMN,
+    IGNORE,
+    TIMESTAMP,
+    Promotions,
+    TargetLayout,
+    as_stored,
+    canonical_policy,
+    fits,
+    no_promotions,
+    plan_layout,
 )
+from tablestore_cdc.lakehouse.errors import ApplyOptionError, ChangeBatchError
 
 #: the source's metadata columns (docs/schema.md); never target columns
 META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
@@ -51,10 +60,6 @@ REQUIRED_META = ("_op", "_channel_id", "_sequence", "_commit_ts")
 #: SCD type 2 validity columns, named as Spark's auto-CDC flows (``create_auto_cdc_flow``) name them
 START_AT = "__START_AT"
 END_AT = "__END_AT"
-#: the target's JSON column of attributes that have no column (``schema_drift=keep``)
-EXTRA_COLUMN = "_extra"
-DRIFT_POLICIES = ("fail", "add", "keep")
-TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 Key = tuple[Any, ...]
 
@@ -64,14 +69,16 @@ class ApplyOptions:
     """How changes are applied; shared by every target.
 
     ``key_columns``: the table's primary key (the source marks them non-nullable, see
-    ``key_columns_of``). ``scd``: 1 (current state) or 2 (history). ``schema_drift``: ``fail``,
-    ``add`` or ``keep``. ``soft_delete_column`` (SCD 1 only): a DELETE sets this boolean column
-    to true and keeps the row instead of removing it."""
+    ``key_columns_of``). ``scd``: 1 (current state) or 2 (history). ``schema_drift``: one of
+    ``drift.POLICIES`` or an alias (stored as the policy it stands for). ``widen_to_string``:
+    any value fits a string column, as its text. ``soft_delete_column`` (SCD 1 only): a DELETE
+    sets this boolean column to true and keeps the row instead of removing it."""
 
     key_columns: tuple[str, ...]
     scd: int = 1
-    schema_drift: str = "fail"
+    schema_drift: str = DEFAULT_POLICY
     soft_delete_column: str | None = None
+    widen_to_string: bool = False
 
     def __post_init__(self) -> None:
         if not self.key_columns:
@@ -80,9 +87,7 @@ class ApplyOptions:
         if self.scd not in (1, 2):
             raise ApplyOptionError(option="scd", value=self.scd, problem="unknown SCD type",
                                    allowed="1 (current state) or 2 (history)")
-        if self.schema_drift not in DRIFT_POLICIES:
-            raise ApplyOptionError(option="schema_drift", value=self.schema_drift,
-                                   problem="unknown policy", allowed=", ".join(DRIFT_POLICIES))
+        object.__setattr__(self, "schema_drift", canonical_policy(self.schema_drift))
         if self.soft_delete_column is not None:
             if self.scd == 2:
                 raise ApplyOptionError(
@@ -181,147 +186,23 @@ def _ts(change: Change) -> dt.datetime:
     return change.commit_ts or dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
-# --- 2. the target's columns (schema drift) ----------------------------------------------------
-
-
-@dataclass
-class TargetLayout:
-    """The target's schema after this batch and the columns this batch adds to it."""
-
-    schema: pa.Schema
-    added: list[pa.Field] = field(default_factory=list)
-    #: True when the target keeps unknown attributes in its ``_extra`` JSON column
-    keeps_extra: bool = False
-
-    @functools.cached_property
-    def data_columns(self) -> frozenset[str]:
-        """Columns an image may fill (every column but ``_extra``)."""
-        return frozenset(n for n in self.schema.names if n != EXTRA_COLUMN)
+# --- 2. the target's columns (schema drift: drift.py) ------------------------------------------
 
 
 def initial_schema(declared: pa.Schema, options: ApplyOptions) -> pa.Schema:
     """The schema of a new target: the batch's key and declared attribute columns, then
-    ``_extra`` (``keep``) and the system columns."""
+    ``_extra`` (``ignore``) and the system columns."""
     fields = [_normal_field(declared.field(k), nullable=False) for k in options.key_columns]
     fields += [_normal_field(f, nullable=True) for f in declared
                if f.name not in META_COLUMNS and f.name not in options.key_columns]
-    if options.schema_drift == "keep":
+    if options.schema_drift == IGNORE:
         fields.append(pa.field(EXTRA_COLUMN, pa.string()))
     return pa.schema(fields + options.system_fields())
-
-
-def plan_layout(target: pa.Schema, declared: pa.Schema, changes: Sequence[Change],
-                options: ApplyOptions, table: str) -> TargetLayout:
-    """The target's columns for this batch under ``options.schema_drift`` (see module doc);
-    raises ``SchemaDriftError`` / ``ColumnTypeConflictError``. Declared columns are checked by
-    their type in the batch's schema, ``_extra`` values one by one."""
-    known = {f.name: f.type for f in target}
-    new_types: dict[str, pa.DataType] = {}
-
-    def first_with(name: str) -> Change:
-        return next(c for c in changes if c.image.get(name) is not None)
-
-    for f in declared:
-        if f.name in META_COLUMNS or f.name in options.key_columns:
-            continue
-        if not any(c.image.get(f.name) is not None for c in changes):
-            continue  # no value to store: nothing new, nothing to check
-        if f.name in known:
-            if not _type_fits(f.type, known[f.name]):
-                change = first_with(f.name)
-                raise _conflict(table, f.name, known[f.name], change.image[f.name], change)
-        elif options.schema_drift == "fail":
-            _drift(table, first_with(f.name), known)
-        elif options.schema_drift == "add":
-            new_types[f.name] = _normal_field(f, nullable=True).type
-    for change in changes:
-        for name, value in change.extra.items():
-            if value is None:
-                continue  # a null for a column nobody has: nothing to keep
-            if name in known:
-                if not _fits(value, known[name]):
-                    raise _conflict(table, name, known[name], value, change)
-                continue
-            if options.schema_drift == "fail":
-                _drift(table, change, known)
-            if options.schema_drift != "add":
-                continue  # keep: into _extra
-            inferred = _type_of(value)
-            seen = new_types.get(name)
-            if seen is None or (pa.types.is_integer(seen) and pa.types.is_floating(inferred)):
-                new_types[name] = inferred  # an int column that also sees floats is a double
-            elif not _fits(value, seen):
-                raise _conflict(table, name, seen, value, change)
-    added = [pa.field(name, typ) for name, typ in sorted(new_types.items())]
-    if options.schema_drift == "keep" and EXTRA_COLUMN not in target.names:
-        added.append(pa.field(EXTRA_COLUMN, pa.string()))  # a target made under another policy
-    return TargetLayout(schema=pa.schema([*target, *added]), added=added,
-                        keeps_extra=options.schema_drift == "keep")
-
-
-def _drift(table: str, change: Change, known: Mapping[str, Any]) -> None:
-    new = sorted(k for k, v in change.image.items() if k not in known and v is not None)
-    raise SchemaDriftError(table=table, channel_id=change.channel_id, sequence=change.sequence,
-                           columns=new)
-
-
-def _type_fits(source: pa.DataType, target: pa.DataType) -> bool:
-    """Whether every value of a column of type ``source`` fits a column of type ``target``."""
-    if source == target:
-        return True
-    if pa.types.is_integer(source):
-        return (pa.types.is_integer(target) or pa.types.is_floating(target)
-                or pa.types.is_decimal(target))
-    kinds = (pa.types.is_floating, pa.types.is_timestamp, pa.types.is_boolean)
-    if any(kind(source) and kind(target) for kind in kinds):
-        return True
-    strings = (pa.types.is_string, pa.types.is_large_string)
-    binaries = (pa.types.is_binary, pa.types.is_large_binary)
-    return any(any(k(source) for k in group) and any(k(target) for k in group)
-               for group in (strings, binaries))
 
 
 def _normal_field(f: pa.Field, nullable: bool) -> pa.Field:
     typ = TIMESTAMP if pa.types.is_timestamp(f.type) else f.type
     return pa.field(f.name, typ, nullable=nullable)
-
-
-def _type_of(value: Any) -> pa.DataType:
-    if isinstance(value, bool):
-        return pa.bool_()
-    if isinstance(value, int):
-        return pa.int64()
-    if isinstance(value, float):
-        return pa.float64()
-    if isinstance(value, bytes):
-        return pa.binary()
-    if isinstance(value, dt.datetime):
-        return TIMESTAMP
-    return pa.string()
-
-
-def _fits(value: Any, typ: pa.DataType) -> bool:
-    """Whether ``value`` can be stored in a column of ``typ`` without changing its meaning."""
-    if isinstance(value, bool):
-        return pa.types.is_boolean(typ)
-    if isinstance(value, int):
-        return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
-    if isinstance(value, float):
-        return pa.types.is_floating(typ) or pa.types.is_decimal(typ)
-    if isinstance(value, str):
-        return pa.types.is_string(typ) or pa.types.is_large_string(typ)
-    if isinstance(value, bytes):
-        return pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
-    if isinstance(value, dt.datetime):
-        return pa.types.is_timestamp(typ)
-    return True  # other Arrow values: Arrow's own conversion decides
-
-
-def _conflict(table: str, column: str, typ: pa.DataType, value: Any,
-              change: Change) -> ColumnTypeConflictError:
-    return ColumnTypeConflictError(table=table, column=column, column_type=str(typ),
-                                   value_type=type(value).__name__, value=value,
-                                   channel_id=change.channel_id, sequence=change.sequence)
 
 
 def _from_json(value: Any) -> Any:
@@ -352,19 +233,28 @@ class ApplyPlan:
     upserts: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[Key] = field(default_factory=list)
     closes: dict[Key, dt.datetime] = field(default_factory=dict)
+    #: values written into ``_extra`` because they fit no column (or, ``ignore``, have none)
+    values_in_extra: int = 0
 
     def is_empty(self) -> bool:
-        return not (self.upserts or self.deletes or self.closes or self.layout.added)
+        return not (self.upserts or self.deletes or self.closes or self.layout.added
+                    or self.layout.promoted)
 
 
 def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
-               table: str) -> ApplyPlan:
-    """The whole plan for one batch (``target`` None: the table does not exist yet)."""
+               table: str, promotions: Promotions = no_promotions) -> ApplyPlan:
+    """The whole plan for one batch (``target`` None: the table does not exist yet).
+    ``promotions``: the type widenings the target's format makes in place (drift.py)."""
     changes = read_changes(batch, options.key_columns)
     schema = target if target is not None else initial_schema(batch.schema, options)
-    layout = plan_layout(schema, batch.schema, changes, options, table)
+    images = ((c.image, c.channel_id, c.sequence) for c in sorted(
+        changes, key=lambda c: (_ts(c), c.channel_id, c.sequence)))
+    # a new table is made with the first batch's attributes (under ignore: into _extra)
+    creating = target is None and options.schema_drift == EXCEPTION
+    layout = plan_layout(schema, batch.schema, images, dataclasses.replace(
+        options, schema_drift=EVOLVE) if creating else options, table, promotions)
     if target is None:  # a new table is created with its columns, not evolved into them
-        layout = TargetLayout(layout.schema, added=[], keeps_extra=layout.keeps_extra)
+        layout = TargetLayout(layout.schema, [], {}, layout.widen_to_string, layout.checked)
     by_key = ordered_changes(changes)
     plan = ApplyPlan(layout=layout, changes=len(changes))
     if options.scd == 2:
@@ -380,14 +270,14 @@ def reduce_scd1(by_key: Mapping[Key, list[Change]], options: ApplyOptions,
     for key, changes in by_key.items():
         last = changes[-1]
         if not last.deleted:
-            plan.upserts.append(_row(key, last.image, options, plan.layout,
+            plan.upserts.append(_row(key, last.image, options, plan,
                                      {flag: False} if flag else {}))
         elif flag is None:
             plan.deletes.append(key)
         else:
             images = [c for c in changes if not c.deleted]
             if images:  # the row's last image is in this batch: keep it, flagged
-                plan.upserts.append(_row(key, images[-1].image, options, plan.layout,
+                plan.upserts.append(_row(key, images[-1].image, options, plan,
                                          {flag: True}))
             else:
                 plan.deletes.append(key)
@@ -403,23 +293,32 @@ def reduce_scd2(by_key: Mapping[Key, list[Change]], options: ApplyOptions,
         for change, following in zip(changes, [*changes[1:], None], strict=True):
             if change.deleted:
                 continue
-            plan.upserts.append(_row(key, change.image, options, plan.layout, {
+            plan.upserts.append(_row(key, change.image, options, plan, {
                 START_AT: change.commit_ts,
                 END_AT: following.commit_ts if following is not None else None}))
 
 
-def _row(key: Key, image: Mapping[str, Any], options: ApplyOptions, layout: TargetLayout,
+def _row(key: Key, image: Mapping[str, Any], options: ApplyOptions, plan: ApplyPlan,
          system: Mapping[str, Any]) -> dict[str, Any]:
+    """A target row: the key, each image value in its column when it fits (drift.py), the
+    others in ``_extra``, then the system columns."""
+    layout = plan.layout
     row: dict[str, Any] = dict(zip(options.key_columns, key, strict=True))
-    columns = layout.data_columns
+    types, checked, wide = layout.types, layout.checked, layout.widen_to_string
     leftover = {}
     for name, value in image.items():
-        if name in columns and name not in row:
-            row[name] = value
-        elif value is not None:
+        if name in row or value is None:
+            continue
+        typ = types.get(name)
+        if name in checked or (typ is not None and fits(value, typ, wide)):
+            row[name] = as_stored(value, typ) if wide and typ is not None else value
+        else:
             leftover[name] = value
     if layout.keeps_extra:
         row[EXTRA_COLUMN] = _extra_json(leftover) if leftover else None
+        plan.values_in_extra += len(leftover)
+    elif leftover:  # plan_layout adds _extra whenever a value needs it
+        raise AssertionError(f"values {sorted(leftover)} have no column and no _extra")
     row.update(system)
     return row
 

@@ -15,6 +15,7 @@ there (the other writer may have been a zombie of this very query), plans again 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from connector.faults import fault_point
+from tablestore_cdc.lakehouse.drift import DEFAULT_POLICY, IGNORE
 from tablestore_cdc.lakehouse.errors import ApplyOptionError, QueryIdUnknownError
 from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, key_columns_of
 
@@ -32,6 +34,9 @@ log = logging.getLogger("tablestore_cdc.lakehouse")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: commits tried per batch when other writers keep winning the race
 COMMIT_ATTEMPTS = 5
+#: the key in a commit's metadata (Delta commit info, Iceberg snapshot summary) that records
+#: the schema changes the commit made, "; "-separated
+SCHEMA_CHANGES_PROPERTY = "tablestore-cdc.schema-changes"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,11 @@ class ApplyResult:
     #: the target version (Delta) or snapshot id (Iceberg) after the commit
     version: int | None = None
     attempts: int = 1
+    #: what the batch changed in the target's schema ("add column colour string", "widen
+    #: column qty int -> long"), also in the target's history and the log
+    schema_changes: tuple[str, ...] = ()
+    #: values written into ``_extra`` because they fit no column (a warning is logged)
+    values_in_extra: int = 0
 
 
 class ApplySink(ABC):
@@ -54,19 +64,22 @@ class ApplySink(ABC):
     the conflict-retry loop. Subclasses implement ``_apply_once`` and ``committed_batch``."""
 
     def __init__(self, *, key_columns: tuple[str, ...] | list[str] | None = None,
-                 scd: int = 1, schema_drift: str = "fail",
-                 soft_delete_column: str | None = None, app_id: str | None = None) -> None:
+                 scd: int = 1, schema_drift: str = DEFAULT_POLICY,
+                 soft_delete_column: str | None = None, app_id: str | None = None,
+                 widen_to_string: bool = False) -> None:
         self.key_columns = tuple(key_columns) if key_columns else None
         self.scd, self.schema_drift = scd, schema_drift
         self.soft_delete_column = soft_delete_column
         self.app_id = app_id
+        self.widen_to_string = widen_to_string
         # fail at construction on a bad option (keys, when not given, come with the batch)
         self.options(self.key_columns or ("<key>",))
 
     def options(self, key_columns: tuple[str, ...]) -> ApplyOptions:
         return ApplyOptions(key_columns=key_columns, scd=self.scd,
                             schema_drift=self.schema_drift,
-                            soft_delete_column=self.soft_delete_column)
+                            soft_delete_column=self.soft_delete_column,
+                            widen_to_string=self.widen_to_string)
 
     # --- foreachBatch ------------------------------------------------------------------------
 
@@ -97,8 +110,11 @@ class ApplySink(ABC):
                             batch_id, exc)
                 continue
             if attempt > 1:
-                result = ApplyResult(**{**result.__dict__, "attempts": attempt})
+                result = dataclasses.replace(result, attempts=attempt)
             log.info("batch %d: %s", batch_id, result)
+            if result.values_in_extra and options.schema_drift != IGNORE:
+                log.warning("batch %d: %d value(s) fit no column of the target and were kept "
+                            "in _extra", batch_id, result.values_in_extra)
             return result
         raise AssertionError("unreachable")
 
@@ -128,7 +144,17 @@ class ApplySink(ABC):
     def _result(batch_id: int, plan: ApplyPlan, version: int | None) -> ApplyResult:
         return ApplyResult(batch_id=batch_id, committed=True, changes=plan.changes,
                            upserts=len(plan.upserts),
-                           deletes=len(plan.deletes) + len(plan.closes), version=version)
+                           deletes=len(plan.deletes) + len(plan.closes), version=version,
+                           schema_changes=tuple(plan.layout.schema_changes()),
+                           values_in_extra=plan.values_in_extra)
+
+    @staticmethod
+    def _log_schema_changes(table: str, batch_id: int, plan: ApplyPlan) -> None:
+        """One log line per batch that changes the target's schema."""
+        changes = plan.layout.schema_changes()
+        if changes:
+            log.info("table %s: schema change by batch %d: %s", table, batch_id,
+                     "; ".join(changes))
 
 
 def _query_id(df: Any, batch_id: int) -> str:
