@@ -97,6 +97,7 @@ class ApplySettings:
     scd: int = 1
     schema_drift: str = "lenient"
     soft_delete_column: str | None = None
+    adopt_target: bool = False
 
 
 def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path,
@@ -117,7 +118,9 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
     key_columns = key_columns_of(changes.schema)
     sink = open_apply_sink(apply.target, key_columns=key_columns, scd=apply.scd,
                            schema_drift=apply.schema_drift,
-                           soft_delete_column=apply.soft_delete_column)
+                           soft_delete_column=apply.soft_delete_column,
+                           source=f"{redact_uri(endpoint)}#{table}",
+                           adopt_target=apply.adopt_target)
     listener = _attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})
@@ -133,6 +136,16 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
                    .trigger(**trigger).start())
     return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
                     listener=listener)
+
+
+def _checkpoint_query_id(checkpoint: Path) -> str | None:
+    """The streaming query id Spark keeps in a checkpoint (its ``metadata`` file), or None."""
+    import json
+
+    try:
+        return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
@@ -475,6 +488,9 @@ def replicate(
         "keep.")] = "lenient",
     soft_delete_column: Annotated[str | None, typer.Option(
         help="SCD 1: a DELETE sets this boolean column instead of removing the row.")] = None,
+    adopt_target: Annotated[bool, typer.Option(
+        help="Take over a target table this job did not create (its keys and their types are "
+        "checked); without it such a table is refused, unchanged.")] = False,
     tunnel: Annotated[str, typer.Option(help="Tunnel name (created if missing).")]
     = "replicate",
     option: Annotated[list[str] | None, typer.Option(
@@ -491,13 +507,15 @@ def replicate(
     extra = reader_options(option)
     output = output.resolve()
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
-                          soft_delete_column)
+                          soft_delete_column, adopt_target)
     with reported_errors():
         from tablestore_cdc.lakehouse import open_apply_sink
 
-        # a bad target or option fails here, before Spark starts
+        # a bad target or option, or a target of another job, fails here, before Spark starts
         open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
-                        soft_delete_column=soft_delete_column)
+                        soft_delete_column=soft_delete_column, adopt_target=adopt_target,
+                        source=f"{redact_uri(endpoint)}#{table}").check_target(
+            _checkpoint_query_id(output / "_checkpoints" / "apply"))
         spark = local_session("tablestore-cdc-replicate", master=master)
         pipeline = start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
                                   trigger_ms)

@@ -29,6 +29,7 @@ from tablestore_cdc.lakehouse import (  # noqa: E402
 from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     ApplyOptionError,
     ColumnTypeConflictError,
+    ForeignTargetError,
     SchemaDriftError,
     TargetDependencyError,
     TargetUriError,
@@ -192,6 +193,13 @@ class Delta:
         """Table versions so far (a replayed batch must not add one)."""
         return DeltaTable(self.path).version() + 1
 
+    def other_writer(self, changes: pa.Table, scd: int) -> None:
+        """Another writer's commit of ``changes``' rows, straight into the table (deltalake)."""
+        from deltalake import write_deltalake
+
+        write_deltalake(self.path, _rows_of(changes, DeltaTable(self.path).schema().to_arrow(),
+                                           scd), mode="append")
+
 
 class Iceberg:
     """An Iceberg target (SQL catalog on SQLite) in ``tmp`` and how to read it back."""
@@ -213,6 +221,23 @@ class Iceberg:
 
         table = load_catalog("tablestore_cdc", **self.properties).load_table("cdc.orders")
         return len(table.metadata.snapshots)
+
+    def other_writer(self, changes: pa.Table, scd: int) -> None:
+        """Another writer's commit of ``changes``' rows, straight into the table (pyiceberg)."""
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("tablestore_cdc", **self.properties).load_table("cdc.orders")
+        table.append(_rows_of(changes, table.schema().as_arrow(), scd))
+
+
+def _rows_of(changes: pa.Table, schema: Any, scd: int) -> pa.Table:
+    """PUT changes as rows of a table of ``schema`` (SCD 2: open versions)."""
+    schema = pa.schema(schema)
+    rows = [{k: v for k, v in row.items() if k in schema.names} for row in changes.to_pylist()]
+    for row, source in zip(rows, changes.to_pylist(), strict=True):
+        if scd == 2:
+            row["__START_AT"] = source["_commit_ts"]
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 @pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
@@ -296,8 +321,12 @@ def test_a_replayed_batch_adds_no_commit(target, tmp_path) -> None:
         assert not result.committed
     assert (target.commits(), target.rows()) == (before, rows)
     assert sink.committed_batch("query-1") == 2
-    # another query (a new checkpoint) is not mistaken for this one: its batch 0 applies
-    assert sink.apply(pages[3], "query-2", 0).committed
+    # another query (a new checkpoint) is not mistaken for this one: refused, unless it takes
+    # the table over on purpose; then its batch 0 applies
+    with pytest.raises(ForeignTargetError, match="written by job 'query-1'"):
+        sink.apply(pages[3], "query-2", 0)
+    assert target.commits() == before
+    assert target.sink(scd=2, adopt_target=True).apply(pages[3], "query-2", 0).committed
     assert target.commits() > before
 
 
@@ -420,7 +449,7 @@ def test_a_commit_lost_to_another_writer_is_retried_and_a_zombie_batch_is_not_do
     assert (result.committed, result.attempts) == (False, 2)
     assert len([r for r in target.rows() if r["id"] == 2]) == 1
     raced.clear()
-    sink._before_commit = lambda: raced or (raced.append("x"), zombie.apply(other, "w", 0))
+    sink._before_commit = lambda: raced or (raced.append("x"), target.other_writer(other, 2))
     result = sink.apply(batch(change("PUT", "c", 5, 5, 3, "c", 3)), "q", 2)
     assert result.committed  # delta-rs may rebase a disjoint commit itself: 1 or 2 attempts
     assert {r["id"] for r in target.rows() if r["__END_AT"] is None} == {1, 2, 3, 9}

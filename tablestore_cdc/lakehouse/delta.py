@@ -17,7 +17,8 @@ One commit per batch, one MERGE:
   and one ``close`` row per touched key whose merge key matches the key's open version
   (``__END_AT IS NULL``), which gets ``__END_AT`` = the key's first change time here.
 
-The first batch creates the table in its commit (``write_deltalake``, with the ``txn``). New
+The first batch creates the table with the job's marker (ownership.py) in one commit, then
+appends its rows in the next (``write_deltalake``, with the ``txn``). New
 columns (schema drift, ``drift.py``) are added by a schema-only commit just before the MERGE
 (delta-rs' ``merge_schema`` mixes up rows when some source columns are excluded); its commit info
 records the change (``tablestore-cdc.schema-changes``) and the batch; a replay after a crash
@@ -32,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import (
     END_AT,
     ApplyOptions,
@@ -39,12 +41,16 @@ from tablestore_cdc.lakehouse.plan import (
     plan_batch,
     to_arrow,
 )
-from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink
+from tablestore_cdc.lakehouse.sink import (
+    SCHEMA_CHANGES_PROPERTY,
+    ApplyResult,
+    ApplySink,
+    TableCreatedMeanwhile,
+    log,
+)
 
-#: the commit-info keys naming the batch a commit applied (as the Iceberg sink's snapshot
-#: summary names it)
-QUERY_ID_KEY = "tablestore-cdc.query-id"
-BATCH_ID_KEY = "tablestore-cdc.batch-id"
+#: the commit info key of the commit that (re)marks a table as this job's (ownership.py)
+ADOPTED_PROPERTY = "tablestore-cdc.marked-by"
 #: the MERGE source's own columns (never written to the target)
 APPLY = "__apply"
 CLOSE_AT = "__close_at"
@@ -73,7 +79,7 @@ class DeltaApplySink(ApplySink):
 
     @property
     def conflict_errors(self) -> tuple[type[BaseException], ...]:
-        return (_deltalake().exceptions.CommitFailedError,)
+        return (*super().conflict_errors, _deltalake().exceptions.CommitFailedError)
 
     def table(self) -> Any | None:
         """The table as it is now (``DeltaTable``), or None if it does not exist yet."""
@@ -87,22 +93,49 @@ class DeltaApplySink(ApplySink):
         table = self.table()
         return None if table is None else table.transaction_version(app_id)
 
+    def target_properties(self) -> dict[str, str] | None:
+        table = self.table()
+        return None if table is None else dict(table.metadata().configuration)
+
+    def __str__(self) -> str:
+        return self.table_uri
+
     def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
                     options: ApplyOptions) -> ApplyResult:
         deltalake = _deltalake()
         from deltalake.transaction import CommitProperties, Transaction
 
         table = self.table()
-        recorded = None if table is None else table.transaction_version(app_id)
+        marker = self._marker(app_id, options)
+        recorded = None
+        if table is not None:
+            recorded = table.transaction_version(app_id)
+            schema = pa.schema(table.schema().to_arrow())
+            if claim(self.table_uri, table.metadata().configuration, schema,
+                     self._batch_keys(batch, options), marker, self.adopt_target,
+                     recorded is not None):  # its own commit: a replay finds it done
+                log.info("table %s: marked as written by %s", self.table_uri, marker.describe())
+                table.alter.set_table_properties(
+                    marker.properties(), raise_if_not_exists=False,
+                    commit_properties=CommitProperties(custom_metadata={
+                        ADOPTED_PROPERTY: marker.job}))
         if recorded is not None and recorded >= batch_id:
             return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
         target = None if table is None else pa.schema(table.schema().to_arrow())
         plan = plan_batch(batch, target, options, self.table_uri)
         commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
-        if table is None:
+        if table is None:  # created with the marker; the batch follows in its own commit
+            try:
+                deltalake.DeltaTable.create(
+                    self.table_uri, plan.layout.schema, configuration=marker.properties(),
+                    storage_options=self.storage_options, raise_if_key_not_exists=False)
+            except deltalake.exceptions.DeltaError as exc:
+                if self.table() is None:
+                    raise
+                raise TableCreatedMeanwhile(str(exc)) from exc
             self._before_commit()
             deltalake.write_deltalake(self.table_uri, to_arrow(plan.upserts, plan.layout.schema),
-                                      storage_options=self.storage_options,
+                                      mode="append", storage_options=self.storage_options,
                                       commit_properties=commit)
         else:
             if plan.layout.added:  # its own commit, before the data's: a replay finds it done

@@ -57,6 +57,23 @@ class ColumnTypeConflictError(LakehouseError):
                 "keep such values typed in _extra, or convert the column in the target")
 
 
+class ForeignTargetError(LakehouseError):
+    """The target table exists but does not belong to this job (lakehouse/ownership.py):
+    refused before anything is written."""
+
+    template = ("target {table}: {problem}; nothing was written. To take it over on purpose "
+                "(its keys and their types are checked), pass adopt_target=True "
+                "(replicate: --adopt-target); job {job!r} then owns it")
+
+
+class TargetKeysError(LakehouseError):
+    """The target table's key columns are not the changes' keys: never written, not even when
+    adopting it."""
+
+    template = ("target {table}: {problem}; nothing was written: apply the changes into "
+                "another table")
+
+
 class QueryIdUnknownError(LakehouseError):
     """Called outside a streaming query with no ``app_id`` given."""
 

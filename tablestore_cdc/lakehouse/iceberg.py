@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
+from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import (
     END_AT,
     ApplyOptions,
@@ -41,14 +42,14 @@ from tablestore_cdc.lakehouse.plan import (
     plan_batch,
     to_arrow,
 )
-from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink
+from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink, log
 
 QUERY_ID_PROPERTY = "tablestore-cdc.query-id"
 BATCH_ID_PROPERTY = "tablestore-cdc.batch-id"
 #: pyiceberg retries a refused commit itself by rebasing the transaction's snapshots onto the
 #: new head, which would commit a batch a zombie attempt already committed (appends rebase
 #: cleanly): the sink's own retry re-checks the summary first, so the table property turns
-#: pyiceberg's off
+#: pyiceberg's off (set with the job's marker, ownership.py)
 NO_LIBRARY_RETRY = "commit.retry.num-retries"
 
 
@@ -93,7 +94,8 @@ class IcebergApplySink(ApplySink):
             ValidationException,
         )
 
-        return (CommitFailedException, TableAlreadyExistsError, ValidationException)
+        return (*super().conflict_errors, CommitFailedException, TableAlreadyExistsError,
+                ValidationException)
 
     def catalog(self) -> Any:
         """The catalog, opened once per process (not pickled with the sink)."""
@@ -121,25 +123,38 @@ class IcebergApplySink(ApplySink):
         table = self.table()
         return None if table is None else committed_batch(table, app_id)
 
+    def target_properties(self) -> dict[str, str] | None:
+        table = self.table()
+        return None if table is None else dict(table.properties)
+
+    def __str__(self) -> str:
+        return self.identifier
+
     def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
                     options: ApplyOptions) -> ApplyResult:
         table = self.table()
-        if table is not None and table.properties.get(NO_LIBRARY_RETRY) != "0":
-            with table.transaction() as setting:  # a metadata-only commit, once per table
-                setting.set_properties({NO_LIBRARY_RETRY: "0"})
+        marker = self._marker(app_id, options)
+        marking = False
         if table is not None:
             recorded = committed_batch(table, app_id)
+            marking = claim(self.identifier, table.properties, table.schema().as_arrow(),
+                            self._batch_keys(batch, options), marker, self.adopt_target,
+                            recorded is not None)
             if recorded is not None and recorded >= batch_id:
                 return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
         target = None if table is None else table.schema().as_arrow()
         plan = plan_batch(batch, target, options, self.identifier, iceberg_promotions)
-        if table is None:
+        if table is None:  # created with the marker; the batch follows in its own commit
             catalog = self.catalog()
             catalog.create_namespace_if_not_exists(self.identifier.rpartition(".")[0])
             table = catalog.create_table(self.identifier, schema=plan.layout.schema,
-                                         properties={NO_LIBRARY_RETRY: "0"})
+                                         properties={NO_LIBRARY_RETRY: "0",
+                                                     **marker.properties()})
         summary = {QUERY_ID_PROPERTY: app_id, BATCH_ID_PROPERTY: str(batch_id)}
         transaction = table.transaction()
+        if marking:  # an adopted table (or one of this job from before markers)
+            log.info("table %s: marked as written by %s", self.identifier, marker.describe())
+            transaction.set_properties({NO_LIBRARY_RETRY: "0", **marker.properties()})
         if plan.layout.added or plan.layout.promoted:  # in the batch's own catalog commit
             self._log_schema_changes(self.identifier, batch_id, plan)
             summary[SCHEMA_CHANGES_PROPERTY] = "; ".join(plan.layout.schema_changes())
@@ -149,7 +164,8 @@ class IcebergApplySink(ApplySink):
             delete_filter, rows = _scd2_rows(table, plan, options)
         else:
             delete_filter, rows = _scd1_rows(table, plan, options)
-        if delete_filter is None and not rows and not summary.get(SCHEMA_CHANGES_PROPERTY):
+        if (delete_filter is None and not rows and not summary.get(SCHEMA_CHANGES_PROPERTY)
+                and not marking):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
         if delete_filter is not None and table.current_snapshot() is not None:
             with warnings.catch_warnings():  # "did not match any records": new keys only

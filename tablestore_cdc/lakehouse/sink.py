@@ -25,7 +25,12 @@ import pyarrow as pa
 
 from connector.faults import fault_point
 from tablestore_cdc.lakehouse.drift import DEFAULT_POLICY, IGNORE
-from tablestore_cdc.lakehouse.errors import ApplyOptionError, QueryIdUnknownError
+from tablestore_cdc.lakehouse.errors import (
+    ApplyOptionError,
+    ChangeBatchError,
+    QueryIdUnknownError,
+)
+from tablestore_cdc.lakehouse.ownership import Marker, claim
 from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, key_columns_of
 
 log = logging.getLogger("tablestore_cdc.lakehouse")
@@ -66,12 +71,16 @@ class ApplySink(ABC):
     def __init__(self, *, key_columns: tuple[str, ...] | list[str] | None = None,
                  scd: int = 1, schema_drift: str = DEFAULT_POLICY,
                  soft_delete_column: str | None = None, app_id: str | None = None,
-                 widen_to_string: bool = False) -> None:
+                 widen_to_string: bool = False, source: str | None = None,
+                 adopt_target: bool = False) -> None:
         self.key_columns = tuple(key_columns) if key_columns else None
         self.scd, self.schema_drift = scd, schema_drift
         self.soft_delete_column = soft_delete_column
         self.app_id = app_id
         self.widen_to_string = widen_to_string
+        #: the source's identity in the table's marker (ownership.py); adopt_target: take
+        #: over a table this job did not create
+        self.source, self.adopt_target = source or "", adopt_target
         # fail at construction on a bad option (keys, when not given, come with the batch)
         self.options(self.key_columns or ("<key>",))
 
@@ -121,7 +130,19 @@ class ApplySink(ABC):
     @property
     def conflict_errors(self) -> tuple[type[BaseException], ...]:
         """Exceptions that mean "another writer committed first": reload and try again."""
-        return ()
+        return (TableCreatedMeanwhile,)
+
+    def _marker(self, app_id: str, options: ApplyOptions) -> Marker:
+        """This job's marker of the tables it writes (ownership.py)."""
+        return Marker(self.source, app_id, options.key_columns)
+
+    @staticmethod
+    def _batch_keys(batch: pa.Table, options: ApplyOptions) -> pa.Schema:
+        """The key columns as the batch carries them (``ChangeBatchError`` if one is missing)."""
+        for name in options.key_columns:
+            if name not in batch.column_names:
+                raise ChangeBatchError(column=name)
+        return pa.schema([batch.schema.field(k) for k in options.key_columns])
 
     @abstractmethod
     def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
@@ -131,6 +152,21 @@ class ApplySink(ABC):
     @abstractmethod
     def committed_batch(self, app_id: str) -> int | None:
         """The highest batch id of ``app_id`` the target holds (None: none)."""
+
+    @abstractmethod
+    def target_properties(self) -> dict[str, str] | None:
+        """The target table's properties (None: the table does not exist yet)."""
+
+    def check_target(self, app_id: str | None) -> None:
+        """Refuse, before a query starts, a target this job may not write: the check every
+        batch makes first (ownership.py), without the keys (not known yet). ``app_id``: the
+        query id kept in the checkpoint; None for a new checkpoint (a job that wrote nothing)."""
+        properties = self.target_properties()
+        if properties is None:
+            return
+        written = app_id is not None and self.committed_batch(app_id) is not None
+        claim(str(self), properties, pa.schema([]), pa.schema([]),
+              Marker(self.source, app_id or "(a new query)", ()), self.adopt_target, written)
 
     @staticmethod
     def _before_commit() -> None:
@@ -155,6 +191,11 @@ class ApplySink(ABC):
         if changes:
             log.info("table %s: schema change by batch %d: %s", table, batch_id,
                      "; ".join(changes))
+
+
+class TableCreatedMeanwhile(Exception):
+    """Another writer created the target between the sink's look and its own create: reload
+    (and check whose it is) like any lost race."""
 
 
 def _query_id(df: Any, batch_id: int) -> str:
