@@ -10,6 +10,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ from tablestore_cdc.lakehouse import (  # noqa: E402
     IcebergApplySink,
     open_apply_sink,
 )
+from tablestore_cdc.lakehouse.changes import ordered  # noqa: E402
 from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     ApplyOptionError,
     ColumnTypeConflictError,
@@ -35,12 +37,7 @@ from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     TargetUriError,
 )
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
-from tablestore_cdc.lakehouse.plan import (  # noqa: E402
-    ApplyOptions,
-    ordered_changes,
-    plan_batch,
-    read_changes,
-)
+from tablestore_cdc.lakehouse.plan import ApplyOptions, plan_batch  # noqa: E402
 from tablestore_cdc.verify import (  # noqa: E402
     history_mismatches,
     read_delta,
@@ -78,6 +75,16 @@ def ts(seconds: float) -> dt.datetime:
 # --- ordering and reduction ------------------------------------------------------------------
 
 
+def ordered_changes(rows: pa.Table, keys: list[str]) -> dict[tuple, list[SimpleNamespace]]:
+    """Each key's changes as ``changes.ordered`` puts them (channel, sequence, image)."""
+    by_key: dict[tuple, list[SimpleNamespace]] = {}
+    for row in ordered(rows, keys).to_pylist():
+        by_key.setdefault(tuple(row[k] for k in keys), []).append(SimpleNamespace(
+            channel_id=row["_channel_id"], sequence=row["_sequence"],
+            image={"name": row["name"]}))
+    return by_key
+
+
 def test_a_keys_changes_follow_sequence_in_a_channel_and_parents_before_children() -> None:
     rows = [
         # key 1: parent "z-parent" (sequence 7, 8), then child "a-child" (sequence 1, 2): the
@@ -96,11 +103,11 @@ def test_a_keys_changes_follow_sequence_in_a_channel_and_parents_before_children
     ]
     shuffled = rows[:]
     random.Random(4).shuffle(shuffled)
-    ordered = ordered_changes(read_changes(batch(*shuffled), ["id"]))
-    assert [(c.channel_id, c.sequence[-1]) for c in ordered[(1,)]] == [
+    by_key = ordered_changes(batch(*shuffled), ["id"])
+    assert [(c.channel_id, c.sequence[-1]) for c in by_key[(1,)]] == [
         ("z-parent", "7"), ("z-parent", "8"), ("a-child", "1"), ("a-child", "2")]
-    assert [c.image["name"] for c in ordered[(2,)]] == ["first", "second"]
-    assert [c.image["name"] for c in ordered[(3,)]] == ["parent", "child-1", "child-2"]
+    assert [c.image["name"] for c in by_key[(2,)]] == ["first", "second"]
+    assert [c.image["name"] for c in by_key[(3,)]] == ["parent", "child-1", "child-2"]
 
 
 def test_scd1_keeps_each_keys_final_image_or_its_delete() -> None:

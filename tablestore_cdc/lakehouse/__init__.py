@@ -1,8 +1,12 @@
 """Apply a change stream into the tables people query: Delta Lake and Apache Iceberg.
 
-``plan.py`` orders and reduces a micro-batch (SCD type 1 or 2, schema drift), ``sink.py`` is
-the ``foreachBatch`` side (query id, conflict retries), ``delta.py`` and ``iceberg.py`` make the
-one idempotent commit per batch, ``target.py`` opens a sink from a ``--target`` URI.
+``plan.py`` orders and reduces a micro-batch (SCD type 1 or 2) in Arrow compute, with
+``changes.py`` (the batch as columns: order, ``_extra``'s values by type), ``drift.py`` (the
+drift policies and the type lattice) and ``images.py`` (each value into its column or
+``_extra``); ``sink.py`` is the ``foreachBatch`` side (query id, conflict retries),
+``ownership.py`` the marker that says which job a table belongs to, ``delta.py`` and
+``iceberg.py`` make the one idempotent commit per batch, ``target.py`` opens a sink from a
+``--target`` URI.
 docs/lakehouse.md describes the whole.
 """
 

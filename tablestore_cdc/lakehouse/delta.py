@@ -34,13 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from tablestore_cdc.lakehouse.ownership import claim
-from tablestore_cdc.lakehouse.plan import (
-    END_AT,
-    ApplyOptions,
-    ApplyPlan,
-    plan_batch,
-    to_arrow,
-)
+from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.sink import (
     SCHEMA_CHANGES_PROPERTY,
     ApplyResult,
@@ -53,7 +47,6 @@ from tablestore_cdc.lakehouse.sink import (
 ADOPTED_PROPERTY = "tablestore-cdc.marked-by"
 #: the MERGE source's own columns (never written to the target)
 APPLY = "__apply"
-CLOSE_AT = "__close_at"
 MERGE_KEY = "__merge_"
 
 
@@ -134,7 +127,7 @@ class DeltaApplySink(ApplySink):
                     raise
                 raise TableCreatedMeanwhile(str(exc)) from exc
             self._before_commit()
-            deltalake.write_deltalake(self.table_uri, to_arrow(plan.upserts, plan.layout.schema),
+            deltalake.write_deltalake(self.table_uri, plan.upsert_table,
                                       mode="append", storage_options=self.storage_options,
                                       commit_properties=commit)
         else:
@@ -161,15 +154,14 @@ def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:
 
 
 def _scd1_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any) -> None:
-    schema = plan.layout.schema
-    keys = options.key_columns
-    rows = [{**row, APPLY: "upsert"} for row in plan.upserts]
-    rows += [{**dict(zip(keys, key, strict=True)), APPLY: "delete"} for key in plan.deletes]
-    if not rows:
+    schema = plan.layout.schema.append(pa.field(APPLY, pa.string()))
+    source = pa.concat_tables([
+        _tagged(plan.upsert_table, "upsert", schema),
+        _tagged(plan.delete_keys, "delete", schema)])
+    if not source.num_rows:
         return
-    source = to_arrow(rows, schema.append(pa.field(APPLY, pa.string())))
-    merger = table.merge(source, _predicate(keys), source_alias="s", target_alias="t",
-                         commit_properties=commit)
+    merger = table.merge(source, _predicate(options.key_columns), source_alias="s",
+                         target_alias="t", commit_properties=commit)
     deleted, upsert = f"s.{APPLY} = 'delete'", f"s.{APPLY} = 'upsert'"
     if options.soft_delete_column:
         merger = merger.when_matched_update({f"`{options.soft_delete_column}`": "true"},
@@ -182,19 +174,18 @@ def _scd1_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any)
 
 
 def _scd2_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any) -> None:
-    schema = plan.layout.schema
     keys = options.key_columns
-    merge_keys = [pa.field(MERGE_KEY + k, schema.field(k).type) for k in keys]
-    helpers = [pa.field(APPLY, pa.string()), pa.field(CLOSE_AT, schema.field(END_AT).type),
-               *merge_keys]
-    rows = [{**row, APPLY: "version"} for row in plan.upserts]
-    for key, close_at in plan.closes.items():
-        key_values = dict(zip(keys, key, strict=True))
-        rows.append({**key_values, APPLY: "close", CLOSE_AT: close_at,
-                     **{MERGE_KEY + k: v for k, v in key_values.items()}})
-    if not rows:
+    layout = plan.layout.schema
+    helpers = [pa.field(APPLY, pa.string()), pa.field(CLOSE_AT, layout.field(END_AT).type),
+               *[pa.field(MERGE_KEY + k, layout.field(k).type) for k in keys]]
+    schema = pa.schema([*layout, *helpers])
+    closes = plan.close_table.append_column(APPLY, pa.repeat("close", plan.close_table.num_rows))
+    for k in keys:
+        closes = closes.append_column(MERGE_KEY + k, plan.close_table.column(k))
+    source = pa.concat_tables([_tagged(plan.upsert_table, "version", schema),
+                               _tagged(closes, None, schema)])
+    if not source.num_rows:
         return
-    source = to_arrow(rows, pa.schema([*schema, *helpers]))
     predicate = (_predicate(keys, "s.`" + MERGE_KEY + "{}`")
                  + f" AND t.`{END_AT}` IS NULL")
     (table.merge(source, predicate, source_alias="s", target_alias="t",
@@ -203,3 +194,16 @@ def _scd2_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any)
      .when_not_matched_insert_all(predicate=f"s.{APPLY} = 'version'",
                                   except_cols=[f.name for f in helpers])
      .execute())
+
+
+def _tagged(rows: pa.Table, apply: str | None, schema: pa.Schema) -> pa.Table:
+    """``rows`` as a MERGE source of ``schema``: missing columns null, ``__apply`` set."""
+    columns = []
+    for f in schema:
+        if f.name in rows.column_names:
+            columns.append(rows.column(f.name).cast(f.type))
+        elif f.name == APPLY and apply is not None:
+            columns.append(pa.array([apply] * rows.num_rows, pa.string()))
+        else:
+            columns.append(pa.nulls(rows.num_rows, f.type))
+    return pa.Table.from_arrays(columns, schema=schema.remove_metadata())

@@ -35,12 +35,12 @@ from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import (
+    CLOSE_AT,
     END_AT,
     ApplyOptions,
     ApplyPlan,
     Key,
     plan_batch,
-    to_arrow,
 )
 from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink, log
 
@@ -164,15 +164,15 @@ class IcebergApplySink(ApplySink):
             delete_filter, rows = _scd2_rows(table, plan, options)
         else:
             delete_filter, rows = _scd1_rows(table, plan, options)
-        if (delete_filter is None and not rows and not summary.get(SCHEMA_CHANGES_PROPERTY)
-                and not marking):
+        if (delete_filter is None and not rows.num_rows
+                and not summary.get(SCHEMA_CHANGES_PROPERTY) and not marking):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
         if delete_filter is not None and table.current_snapshot() is not None:
             with warnings.catch_warnings():  # "did not match any records": new keys only
                 warnings.filterwarnings("ignore", "Delete operation did not match")
                 transaction.delete(delete_filter, snapshot_properties=summary)
-        if rows:
-            transaction.append(to_arrow(rows, schema), snapshot_properties=summary)
+        if rows.num_rows:
+            transaction.append(_conformed(rows, schema), snapshot_properties=summary)
         self._before_commit()  # data files written, the catalog not yet pointed at them
         table = transaction.commit_transaction()
         self._after_commit()
@@ -205,27 +205,48 @@ def committed_batch(table: Any, app_id: str) -> int | None:
 
 
 def _scd1_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
-               ) -> tuple[Any | None, list[dict[str, Any]]]:
+               ) -> tuple[Any | None, pa.Table]:
     keys = options.key_columns
-    rows = list(plan.upserts)
-    touched = [tuple(row[k] for k in keys) for row in plan.upserts] + plan.deletes
+    rows = plan.upsert_table
+    deleted = plan.deletes
+    touched = _key_tuples(rows, keys) + deleted
     flag = options.soft_delete_column
-    if flag and plan.deletes:  # deleted here, last image in the table: keep it, flagged
-        current = table.scan(row_filter=keys_filter(keys, plan.deletes)).to_arrow().to_pylist()
-        rows += [{**row, flag: True} for row in current]
+    if flag and deleted:  # deleted here, last image in the table: keep it, flagged
+        current = table.scan(row_filter=keys_filter(keys, deleted)).to_arrow()
+        current = current.set_column(current.schema.get_field_index(flag), flag,
+                                     pa.repeat(True, current.num_rows))
+        rows = pa.concat_tables([rows, _conformed(current, rows.schema)])
     return (keys_filter(keys, touched) if touched else None), rows
 
 
 def _scd2_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
-               ) -> tuple[Any | None, list[dict[str, Any]]]:
+               ) -> tuple[Any | None, pa.Table]:
     expressions = _expressions()
     keys = options.key_columns
-    if not plan.closes:
-        return None, list(plan.upserts)
-    open_versions = expressions.And(keys_filter(keys, plan.closes), expressions.IsNull(END_AT))
-    current = table.scan(row_filter=open_versions).to_arrow().to_pylist()
-    closed = [{**row, END_AT: plan.closes[tuple(row[k] for k in keys)]} for row in current]
-    return (open_versions if closed else None), closed + plan.upserts
+    if not plan.close_table.num_rows:
+        return None, plan.upsert_table
+    open_versions = expressions.And(keys_filter(keys, _key_tuples(plan.close_table, keys)),
+                                    expressions.IsNull(END_AT))
+    current = table.scan(row_filter=open_versions).to_arrow()
+    if not current.num_rows:
+        return None, plan.upsert_table
+    closing = current.drop_columns([END_AT]).join(plan.close_table, keys=list(keys))
+    closed = closing.rename_columns([END_AT if n == CLOSE_AT else n
+                                     for n in closing.column_names])
+    return open_versions, pa.concat_tables([_conformed(closed, plan.upsert_table.schema),
+                                            plan.upsert_table])
+
+
+def _key_tuples(rows: pa.Table, keys: tuple[str, ...]) -> list[Key]:
+    """The keys of ``rows`` as Python tuples (pyiceberg's filters take values)."""
+    return list(zip(*[rows.column(k).to_pylist() for k in keys], strict=True))
+
+
+def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with ``schema``'s columns in its order and types (missing ones null)."""
+    return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names
+                                 else pa.nulls(rows.num_rows, f.type) for f in schema],
+                                schema=schema)
 
 
 def keys_filter(key_columns: tuple[str, ...], keys: Iterable[Key]) -> Any:

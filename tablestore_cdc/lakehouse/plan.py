@@ -1,10 +1,11 @@
-"""What one micro-batch does to a target table, whatever its format (driver, plain Python).
+"""What one micro-batch does to a target table, whatever its format (driver, Arrow compute:
+no Python object per change).
 
 The Delta and Iceberg sinks (``delta.py``, ``iceberg.py``) call ``plan_batch`` with the batch
-as an Arrow table and the target's current schema; they turn the returned ``ApplyPlan`` into
-one commit of their format. Three steps, one function each:
+as an Arrow table and the target's current schema; they turn the returned ``ApplyPlan`` (Arrow
+tables) into one commit of their format. Three steps:
 
-1. ``ordered_changes``: each key's changes in the source's order. Within a channel that is
+1. ``changes.ordered``: each key's changes in the source's order. Within a channel that is
    ``_sequence`` order (``_sequence`` is not comparable across channels). A key moves to another
    channel only when its channel splits or merges, and the source reads a parent to its end
    before any record of its children, so every change of a key in the parent was committed
@@ -17,7 +18,8 @@ one commit of their format. Three steps, one function each:
    declared attribute columns they make a change's *image*. Each image value goes into its
    column when it fits (widening the column or adding one where the policy and the format
    allow), else into the target's ``_extra`` or, under the strict policies, fails the batch.
-3. ``reduce_scd1`` / ``reduce_scd2``: SCD type 1 keeps each key's final image (or its delete);
+3. ``reduce_scd1`` / ``reduce_scd2`` (row indices of the ordered batch, then ``_rows``):
+   SCD type 1 keeps each key's final image (or its delete);
    SCD type 2 keeps every version, valid from its change's commit time (``__START_AT``) to the
    next change's (``__END_AT``, null while current), as Spark's auto-CDC flows name them; a
    delete ends the current version and opens none.
@@ -25,18 +27,16 @@ one commit of their format. Three steps, one function each:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
-import json
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from operator import attrgetter
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from tablestore_cdc.lakehouse.changes import META_COLUMNS, attributes, key_boundaries, ordered
 from tablestore_cdc.lakehouse.drift import (
     DEFAULT_POLICY,
     EVOLVE,
@@ -46,16 +46,13 @@ from tablestore_cdc.lakehouse.drift import (
     TIMESTAMP,
     Promotions,
     TargetLayout,
-    as_stored,
     canonical_policy,
-    fits,
     no_promotions,
     plan_layout,
 )
 from tablestore_cdc.lakehouse.errors import ApplyOptionError, ChangeBatchError
+from tablestore_cdc.lakehouse.images import Images, representative_images, route
 
-#: the source's metadata columns (docs/schema.md); never target columns
-META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
 REQUIRED_META = ("_op", "_channel_id", "_sequence", "_commit_ts")
 #: SCD type 2 validity columns, named as Spark's auto-CDC flows (``create_auto_cdc_flow``) name them
 START_AT = "__START_AT"
@@ -117,75 +114,6 @@ def key_columns_of(schema: pa.Schema | Any) -> tuple[str, ...]:
     return tuple(f.name for f in fields if not f.nullable and f.name not in META_COLUMNS)
 
 
-# --- 1. order ------------------------------------------------------------------------------------
-
-
-class Change(NamedTuple):
-    """One change of the batch: its key, where it came from and the row's image after it."""
-
-    key: Key
-    op: str
-    channel_id: str
-    sequence: str
-    commit_ts: dt.datetime | None
-    #: attribute columns after the change (declared columns and ``_extra``), {} for a DELETE
-    image: Mapping[str, Any]
-    #: the part of ``image`` that came from ``_extra`` (undeclared attributes)
-    extra: Mapping[str, Any]
-
-    @property
-    def deleted(self) -> bool:
-        return self.op == "DELETE"
-
-
-def read_changes(batch: pa.Table, key_columns: Sequence[str]) -> list[Change]:
-    """The batch's rows as ``Change`` records (any order)."""
-    for name in (*key_columns, *REQUIRED_META):
-        if name not in batch.column_names:
-            raise ChangeBatchError(column=name)
-    attributes = [n for n in batch.column_names if n not in META_COLUMNS and n not in key_columns]
-
-    def column(name: str) -> list[Any]:
-        return batch.column(name).to_pylist()
-
-    keys = list(zip(*[column(k) for k in key_columns], strict=True))
-    values = list(zip(*[column(a) for a in attributes], strict=True)) if attributes \
-        else [()] * batch.num_rows
-    extras = column("_extra") if "_extra" in batch.column_names else [None] * batch.num_rows
-    changes = []
-    for key, op, channel_id, sequence, commit_ts, row, extra_json in zip(
-            keys, column("_op"), column("_channel_id"), column("_sequence"),
-            column("_commit_ts"), values, extras, strict=True):
-        image: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        if op != "DELETE":
-            image = dict(zip(attributes, row, strict=True))
-            if extra_json:
-                extra = {k: _from_json(v) for k, v in json.loads(extra_json).items()}
-                image.update(extra)
-        changes.append(Change(key, op, channel_id, sequence, commit_ts, image, extra))
-    return changes
-
-
-def ordered_changes(changes: Iterable[Change]) -> dict[Key, list[Change]]:
-    """Each key's changes in the source's order (the rule in the module docstring)."""
-    by_key_channel: dict[Key, dict[str, list[Change]]] = defaultdict(lambda: defaultdict(list))
-    for change in changes:
-        by_key_channel[change.key][change.channel_id].append(change)
-    by_sequence = attrgetter("sequence")
-    ordered: dict[Key, list[Change]] = {}
-    for key, channels in by_key_channel.items():
-        runs = [sorted(run, key=by_sequence) for run in channels.values()]
-        if len(runs) > 1:  # the key moved channels (a split or merge) within this batch
-            runs.sort(key=lambda run: (_ts(run[0]), _ts(run[-1]), run[0].channel_id))
-        ordered[key] = [change for run in runs for change in run]
-    return ordered
-
-
-def _ts(change: Change) -> dt.datetime:
-    return change.commit_ts or dt.datetime.min.replace(tzinfo=dt.UTC)
-
-
 # --- 2. the target's columns (schema drift: drift.py) ------------------------------------------
 
 
@@ -205,130 +133,130 @@ def _normal_field(f: pa.Field, nullable: bool) -> pa.Field:
     return pa.field(f.name, typ, nullable=nullable)
 
 
-def _from_json(value: Any) -> Any:
-    """A value of ``_extra`` as Python: ``{"$binary": b64}`` is bytes; nested values stay JSON."""
-    if isinstance(value, dict):
-        if set(value) == {"$binary"}:
-            return base64.b64decode(value["$binary"])
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    if isinstance(value, list):
-        return json.dumps(value, separators=(",", ":"))
-    return value
+# --- 3. reduce --------------------------------------------------------------------------------
 
-
-# --- 3. reduce -------------------------------------------------------------------------------
+#: the close time of a key's open SCD 2 version, in ``ApplyPlan.close_table``
+CLOSE_AT = "__close_at"
 
 
 @dataclass
 class ApplyPlan:
-    """One batch's effect on the target, as rows of ``layout.schema`` (dicts).
+    """One batch's effect on the target, as Arrow tables.
 
-    SCD 1: ``upserts`` are final images (with the soft-delete flag when that option is on);
-    ``deletes`` are keys to remove, or, with a soft-delete column, keys whose row is only
-    flagged (their last image is not in this batch). SCD 2: ``upserts`` are new versions;
-    ``closes`` maps a key to the time its open version ends (its first change here)."""
+    SCD 1: ``upsert_table`` holds final images (rows of ``layout.schema``, with the soft-delete
+    flag when that option is on); ``delete_keys`` keys to remove, or, with a soft-delete column,
+    keys whose row is only flagged (their last image is not in this batch). SCD 2:
+    ``upsert_table`` holds the new versions; ``close_table`` each touched key and the time its
+    open version ends (its first change here, ``CLOSE_AT``). ``upserts``, ``deletes`` and
+    ``closes`` show the same as Python values (for tests and logs, not for the commit path)."""
 
     layout: TargetLayout
     changes: int
-    upserts: list[dict[str, Any]] = field(default_factory=list)
-    deletes: list[Key] = field(default_factory=list)
-    closes: dict[Key, dt.datetime] = field(default_factory=dict)
+    upsert_table: pa.Table
+    delete_keys: pa.Table
+    close_table: pa.Table
     #: values written into ``_extra`` because they fit no column (or, ``ignore``, have none)
     values_in_extra: int = 0
 
+    @property
+    def upserts(self) -> list[dict[str, Any]]:
+        return self.upsert_table.to_pylist()
+
+    @property
+    def deletes(self) -> list[Key]:
+        return [tuple(row.values()) for row in self.delete_keys.to_pylist()]
+
+    @property
+    def closes(self) -> dict[Key, dt.datetime]:
+        return {tuple(v for k, v in row.items() if k != CLOSE_AT): row[CLOSE_AT]
+                for row in self.close_table.to_pylist()}
+
     def is_empty(self) -> bool:
-        return not (self.upserts or self.deletes or self.closes or self.layout.added
-                    or self.layout.promoted)
+        return not (self.upsert_table.num_rows or self.delete_keys.num_rows
+                    or self.close_table.num_rows or self.layout.added or self.layout.promoted)
 
 
 def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
                table: str, promotions: Promotions = no_promotions) -> ApplyPlan:
     """The whole plan for one batch (``target`` None: the table does not exist yet).
     ``promotions``: the type widenings the target's format makes in place (drift.py)."""
-    changes = read_changes(batch, options.key_columns)
+    keys = options.key_columns
+    for name in (*keys, *REQUIRED_META):
+        if name not in batch.column_names:
+            raise ChangeBatchError(column=name)
+    rows = ordered(batch, keys)
+    values = attributes(rows, keys)
     schema = target if target is not None else initial_schema(batch.schema, options)
-    images = ((c.image, c.channel_id, c.sequence) for c in sorted(
-        changes, key=lambda c: (_ts(c), c.channel_id, c.sequence)))
     # a new table is made with the first batch's attributes (under ignore: into _extra)
     creating = target is None and options.schema_drift == EXCEPTION
-    layout = plan_layout(schema, batch.schema, images, dataclasses.replace(
-        options, schema_drift=EVOLVE) if creating else options, table, promotions)
+    layout = plan_layout(schema, batch.schema, representative_images(rows, values), dataclasses
+                         .replace(options, schema_drift=EVOLVE) if creating else options,
+                         table, promotions)
     if target is None:  # a new table is created with its columns, not evolved into them
         layout = TargetLayout(layout.schema, [], {}, layout.widen_to_string, layout.checked)
-    by_key = ordered_changes(changes)
-    plan = ApplyPlan(layout=layout, changes=len(changes))
-    if options.scd == 2:
-        reduce_scd2(by_key, options, plan)
-    else:
-        reduce_scd1(by_key, options, plan)
-    return plan
+    images = route(rows, values, layout)
+    last = key_boundaries(rows, keys)
+    deleted = pc.equal(rows.column("_op"), "DELETE").combine_chunks()
+    reduce = reduce_scd2 if options.scd == 2 else reduce_scd1
+    return reduce(rows, images, last, deleted, options, layout)
 
 
-def reduce_scd1(by_key: Mapping[Key, list[Change]], options: ApplyOptions,
-                plan: ApplyPlan) -> None:
-    flag = options.soft_delete_column
-    for key, changes in by_key.items():
-        last = changes[-1]
-        if not last.deleted:
-            plan.upserts.append(_row(key, last.image, options, plan,
-                                     {flag: False} if flag else {}))
-        elif flag is None:
-            plan.deletes.append(key)
-        else:
-            images = [c for c in changes if not c.deleted]
-            if images:  # the row's last image is in this batch: keep it, flagged
-                plan.upserts.append(_row(key, images[-1].image, options, plan,
-                                         {flag: True}))
-            else:
-                plan.deletes.append(key)
+def reduce_scd1(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Array,
+                options: ApplyOptions, layout: TargetLayout) -> ApplyPlan:
+    keys, flag = options.key_columns, options.soft_delete_column
+    kept = pc.indices_nonzero(pc.and_(last, pc.invert(deleted)))
+    gone = pc.indices_nonzero(pc.and_(last, deleted))
+    upserts = [images.rows(kept, rows, keys, layout, {flag: pa.repeat(False, len(kept))}
+                           if flag else {})]
+    in_extra = images.in_extra(kept)
+    if flag is not None and len(gone):  # the row's last image in this batch: kept, flagged
+        image_at = _last_image(rows, last, deleted).take(gone)
+        flagged = pc.drop_null(image_at)
+        upserts.append(images.rows(flagged, rows, keys, layout,
+                                   {flag: pa.repeat(True, len(flagged))}))
+        in_extra += images.in_extra(flagged)
+        gone = gone.filter(pc.is_null(image_at))
+    return ApplyPlan(layout, rows.num_rows, pa.concat_tables(upserts),
+                     _keys(rows, gone, keys, layout.schema),
+                     _closes(rows, pa.array([], pa.int64()), keys, layout), in_extra)
 
 
-def reduce_scd2(by_key: Mapping[Key, list[Change]], options: ApplyOptions,
-                plan: ApplyPlan) -> None:
-    for key, changes in by_key.items():
-        for change in changes:
-            if change.commit_ts is None:
-                raise ChangeBatchError(column="_commit_ts (null: SCD type 2 needs it)")
-        plan.closes[key] = changes[0].commit_ts  # type: ignore[assignment]
-        for change, following in zip(changes, [*changes[1:], None], strict=True):
-            if change.deleted:
-                continue
-            plan.upserts.append(_row(key, change.image, options, plan, {
-                START_AT: change.commit_ts,
-                END_AT: following.commit_ts if following is not None else None}))
+def reduce_scd2(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Array,
+                options: ApplyOptions, layout: TargetLayout) -> ApplyPlan:
+    keys = options.key_columns
+    commit_ts = rows.column("_commit_ts").combine_chunks()
+    if commit_ts.null_count:
+        raise ChangeBatchError(column="_commit_ts (null: SCD type 2 needs it)")
+    n = rows.num_rows
+    first = pc.indices_nonzero(pa.concat_arrays([pa.array([True]), last.slice(0, n - 1)])
+                               if n else pa.array([], pa.bool_()))
+    versions = pc.indices_nonzero(pc.invert(deleted))
+    following = pa.concat_arrays([commit_ts.slice(1), pa.nulls(1, commit_ts.type)]) if n \
+        else commit_ts
+    end_at = pc.if_else(last, pa.nulls(n, commit_ts.type), following)
+    upserts = images.rows(versions, rows, keys, layout, {
+        START_AT: commit_ts.take(versions), END_AT: end_at.take(versions)})
+    return ApplyPlan(layout, n, upserts, _keys(rows, pa.array([], pa.int64()), keys,
+                                               layout.schema),
+                     _closes(rows, first, keys, layout), images.in_extra(versions))
 
 
-def _row(key: Key, image: Mapping[str, Any], options: ApplyOptions, plan: ApplyPlan,
-         system: Mapping[str, Any]) -> dict[str, Any]:
-    """A target row: the key, each image value in its column when it fits (drift.py), the
-    others in ``_extra``, then the system columns."""
-    layout = plan.layout
-    row: dict[str, Any] = dict(zip(options.key_columns, key, strict=True))
-    types, checked, wide = layout.types, layout.checked, layout.widen_to_string
-    leftover = {}
-    for name, value in image.items():
-        if name in row or value is None:
-            continue
-        typ = types.get(name)
-        if name in checked or (typ is not None and fits(value, typ, wide)):
-            row[name] = as_stored(value, typ) if wide and typ is not None else value
-        else:
-            leftover[name] = value
-    if layout.keeps_extra:
-        row[EXTRA_COLUMN] = _extra_json(leftover) if leftover else None
-        plan.values_in_extra += len(leftover)
-    elif leftover:  # plan_layout adds _extra whenever a value needs it
-        raise AssertionError(f"values {sorted(leftover)} have no column and no _extra")
-    row.update(system)
-    return row
+def _last_image(rows: pa.Table, last: pa.Array, deleted: pa.Array) -> pa.Array:
+    """Per row: the index of its key's latest change so far that is not a DELETE (null when
+    the key has none up to there)."""
+    n = rows.num_rows
+    index = pa.array(range(n), pa.int64())
+    images = pc.fill_null_forward(pc.if_else(deleted, pa.nulls(n, pa.int64()), index))
+    starts = pa.concat_arrays([pa.array([True]), last.slice(0, n - 1)]) if n else last
+    group = pc.cumulative_sum(starts.cast(pa.int64()))
+    same_key = pc.equal(group.take(pc.fill_null(images, 0)), group)
+    return pc.if_else(pc.fill_null(same_key, False), images, pa.nulls(n, pa.int64()))
 
 
-def _extra_json(values: Mapping[str, Any]) -> str:
-    from connector.schema import to_json
-
-    return to_json(dict(values)) or ""
+def _keys(rows: pa.Table, at: Any, keys: Sequence[str], schema: pa.Schema) -> pa.Table:
+    return pa.table({k: rows.column(k).take(at).cast(schema.field(k).type) for k in keys})
 
 
-def to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Plan rows as an Arrow table of the target's schema (missing columns are null)."""
-    return pa.Table.from_pylist(rows, schema=schema)
+def _closes(rows: pa.Table, at: Any, keys: Sequence[str], layout: TargetLayout) -> pa.Table:
+    table = _keys(rows, at, keys, layout.schema)
+    return table.append_column(CLOSE_AT, rows.column("_commit_ts").take(at).cast(TIMESTAMP))

@@ -179,8 +179,9 @@ class ApplySink(ABC):
     @staticmethod
     def _result(batch_id: int, plan: ApplyPlan, version: int | None) -> ApplyResult:
         return ApplyResult(batch_id=batch_id, committed=True, changes=plan.changes,
-                           upserts=len(plan.upserts),
-                           deletes=len(plan.deletes) + len(plan.closes), version=version,
+                           upserts=plan.upsert_table.num_rows,
+                           deletes=plan.delete_keys.num_rows + plan.close_table.num_rows,
+                           version=version,
                            schema_changes=tuple(plan.layout.schema_changes()),
                            values_in_extra=plan.values_in_extra)
 

@@ -1,0 +1,186 @@
+"""A change batch as columns (driver, called by ``plan.plan_batch``): each key's changes in the
+source's order, and every attribute's values split by their type — with Arrow compute, no
+Python object per change.
+
+``ordered(batch)`` sorts the rows so that each key's changes are contiguous and in the source's
+order: within a channel by ``_sequence``; a key's channels (a split or merge within the batch)
+by the commit time of their first change, then of their last, then by channel id (the rule in
+plan.py's docstring). ``attributes(batch)`` gives the declared attribute columns and the
+undeclared attributes of ``_extra`` (JSON), each as ``Attribute``: its values by kind (int64,
+double, string, bool, binary, ...), one array per kind aligned with the rows.
+
+``_extra`` is parsed by pyarrow's JSON reader; an attribute whose values are all integers, or
+all fractions, or all strings, stays columnar. Where the reader merges integers and fractions
+into one double column, the integer literals are found again in the JSON text (the source
+writes sorted, compact JSON: ``{"qty":3}``) and kept as integers. A batch the reader cannot
+take as columns (an attribute that is a number in one row and a string in another, nested
+values) is parsed row by row (``json.loads``): the exception, not the rule.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from tablestore_cdc.lakehouse.drift import natural_type
+
+#: the source's metadata columns (docs/schema.md); never target columns
+META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
+#: a null commit time sorts first (as the per-change rule's datetime.min)
+NO_TIME = -(2 ** 63)
+
+
+def ordered(batch: pa.Table, key_columns: Sequence[str]) -> pa.Table:
+    """The batch's rows in per-key source order (module doc)."""
+    by_channel = [(k, "ascending") for k in key_columns] + [
+        ("_channel_id", "ascending"), ("_sequence", "ascending")]
+    rows = batch.take(pc.sort_indices(batch, sort_keys=by_channel))
+    keys = [*key_columns, "_channel_id"]
+    times = pc.fill_null(rows.column("_commit_ts").cast(pa.int64()), NO_TIME)
+    runs = (rows.select(keys).append_column("__ts", times)
+            .group_by(keys, use_threads=False).aggregate([("__ts", "first"), ("__ts", "last")]))
+    if runs.num_rows == rows.select(list(key_columns)).group_by(
+            list(key_columns), use_threads=False).aggregate([]).num_rows:
+        return rows  # no key in two channels: the channels' order does not matter
+    ranked = runs.take(pc.sort_indices(runs, sort_keys=[
+        *[(k, "ascending") for k in key_columns], ("__ts_first", "ascending"),
+        ("__ts_last", "ascending"), ("_channel_id", "ascending")]))
+    ranked = ranked.select(keys).append_column(
+        "__rank", pa.array(range(ranked.num_rows), pa.int64()))
+    joined = rows.join(ranked, keys=keys, join_type="inner")
+    joined = joined.take(pc.sort_indices(joined, sort_keys=[("__rank", "ascending"),
+                                                            ("_sequence", "ascending")]))
+    return joined.select(rows.column_names)
+
+
+def key_boundaries(rows: pa.Table, key_columns: Sequence[str]) -> pa.BooleanArray:
+    """``last[i]``: row i is its key's last change (rows in ``ordered`` order)."""
+    n = rows.num_rows
+    if n == 0:
+        return pa.array([], pa.bool_())
+    differs = None
+    for name in key_columns:
+        column = rows.column(name).combine_chunks()
+        step = pc.not_equal(column.slice(0, n - 1), column.slice(1))
+        differs = step if differs is None else pc.or_(differs, step)
+    assert differs is not None
+    return pa.concat_arrays([differs.combine_chunks() if isinstance(differs, pa.ChunkedArray)
+                             else differs, pa.array([True])])
+
+
+# --- attribute values -------------------------------------------------------------------------
+
+
+@dataclass
+class Attribute:
+    """One attribute's values in the batch: kind (Arrow type) -> values of that kind, aligned
+    with the rows (null where the row holds another kind or nothing)."""
+
+    name: str
+    kinds: dict[pa.DataType, pa.Array] = field(default_factory=dict)
+    #: a declared column of the reader's schema (else from ``_extra``)
+    declared: bool = False
+
+
+def attributes(rows: pa.Table, key_columns: Sequence[str]) -> dict[str, Attribute]:
+    """The attributes of every change's image (a DELETE's image is empty: its values are
+    masked), declared columns first in the schema's order, then ``_extra``'s by name."""
+    live = pc.not_equal(rows.column("_op"), "DELETE").combine_chunks()
+    out: dict[str, Attribute] = {}
+    for f in rows.schema:
+        if f.name in META_COLUMNS or f.name in key_columns:
+            continue
+        values = _masked(rows.column(f.name).combine_chunks(), live)
+        out[f.name] = Attribute(f.name, {f.type: values}, declared=True)
+    if "_extra" in rows.column_names:
+        extra = _masked(rows.column("_extra").combine_chunks(), live)
+        for name, attribute in sorted(extra_attributes(extra).items()):
+            if name in out:  # the source never sends a declared column in _extra
+                continue
+            out[name] = attribute
+    return out
+
+
+def _masked(values: pa.Array, live: pa.Array) -> pa.Array:
+    return pc.if_else(live, values, pa.nulls(len(values), values.type))
+
+
+def extra_attributes(extra: pa.Array) -> dict[str, Attribute]:
+    """``_extra``'s JSON objects as attributes (module doc), aligned with ``extra``."""
+    if not pc.any(pc.is_valid(extra)).as_py():
+        return {}
+    texts = pc.fill_null(extra, "{}")
+    lines = pa.py_buffer("\n".join(texts.to_pylist()).encode())
+    try:
+        parsed = pa_json.read_json(lines)
+        dated = [f.name for f in parsed.schema if pa.types.is_timestamp(f.type)]
+        if dated:  # the reader takes date-like strings for timestamps: they are strings
+            parsed = pa_json.read_json(lines, parse_options=pa_json.ParseOptions(
+                explicit_schema=pa.schema([(name, pa.string()) for name in dated])))
+    except (pa.ArrowInvalid, ValueError):
+        return _rows_parsed(extra)
+    out: dict[str, Attribute] = {}
+    for name, column in zip(parsed.column_names, parsed.columns, strict=True):
+        kinds = _kinds(name, column.combine_chunks(), texts)
+        if kinds is None:
+            return _rows_parsed(extra)
+        if kinds:
+            out[name] = Attribute(name, kinds)
+    return out
+
+
+def _kinds(name: str, values: pa.Array, texts: pa.Array) -> dict[pa.DataType, pa.Array] | None:
+    """The values of one ``_extra`` attribute by kind, or None (row by row then)."""
+    typ = values.type
+    if pa.types.is_null(typ):
+        return {}
+    if typ in (pa.int64(), pa.string(), pa.bool_()):
+        return {typ: values}
+    if typ == pa.float64():  # integers and fractions merged by the reader: split them again
+        literal = re.escape(json.dumps(name))
+        number = f'[{{,]\\s*{literal}\\s*:\\s*(?P<v>-?[0-9]+)\\s*[,}}]'
+        integers = pc.match_substring_regex(texts, number)
+        if not pc.any(integers).as_py():
+            return {typ: values}
+        exact = pc.extract_regex(texts, number)
+        ints = pc.struct_field(exact, [0]).cast(pa.int64())
+        ints = pc.if_else(integers, ints, pa.nulls(len(ints), pa.int64()))
+        return {pa.int64(): ints, typ: pc.if_else(integers, pa.nulls(len(values), typ), values)}
+    if pa.types.is_struct(typ) and [f.name for f in typ] == ["$binary"]:
+        b64 = pc.struct_field(values, [0]).to_pylist()
+        return {pa.binary(): pa.array([None if v is None else base64.b64decode(v) for v in b64],
+                                      pa.binary())}
+    return None
+
+
+def _rows_parsed(extra: pa.Array) -> dict[str, Attribute]:
+    """``_extra`` parsed row by row (the reader could not take it as columns)."""
+    by_name: dict[str, dict[pa.DataType, dict[int, Any]]] = {}
+    texts = extra.to_pylist()
+    for i, text in enumerate(texts):
+        for name, raw in (json.loads(text) if text else {}).items():
+            value = from_json(raw)
+            if value is not None:
+                by_name.setdefault(name, {}).setdefault(natural_type(value), {})[i] = value
+    return {name: Attribute(name, {typ: pa.array([values.get(i) for i in range(len(texts))],
+                                                 typ) for typ, values in kinds.items()})
+            for name, kinds in by_name.items()}
+
+
+def from_json(value: Any) -> Any:
+    """A value of ``_extra`` as Python: ``{"$binary": b64}`` is bytes; nested values stay JSON."""
+    if isinstance(value, dict):
+        if set(value) == {"$binary"}:
+            return base64.b64decode(value["$binary"])
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return value
