@@ -32,9 +32,11 @@ import os
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
+from tablestore_cdc.lakehouse.pruning import comparable, may_hold
 from tablestore_cdc.lakehouse.sink import (
     SCHEMA_CHANGES_PROPERTY,
     ApplyResult,
@@ -136,17 +138,42 @@ class DeltaApplySink(ApplySink):
                 fields = deltalake.Schema.from_arrow(pa.schema(plan.layout.added)).fields
                 table.alter.add_columns(fields, commit_properties=CommitProperties(
                     custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
+            appending = not _may_hold(table, plan, options.key_columns[0])
             self._before_commit()  # schema changed (if at all), the batch's data not committed
-            merge = _scd2_merge if options.scd == 2 else _scd1_merge
-            merge(table, plan, options, commit)
+            if appending:  # every key is new to the table: no MERGE to make
+                deltalake.write_deltalake(table, plan.upsert_table, mode="append",
+                                          commit_properties=commit)
+            else:
+                merge = _scd2_merge if options.scd == 2 else _scd1_merge
+                merge(table, plan, options, commit)
         self._after_commit()
-        return self._result(batch_id, plan, self.table().version())  # type: ignore[union-attr]
+        return self._result(batch_id, plan, self.table().version(),  # type: ignore[union-attr]
+                            appended=table is None or appending)
 
 
 def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:
     """The commit info of a schema-change commit: what changed, for which query and batch."""
     return {SCHEMA_CHANGES_PROPERTY: "; ".join(plan.layout.schema_changes()),
             "tablestore-cdc.query-id": app_id, "tablestore-cdc.batch-id": str(batch_id)}
+
+
+def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
+    """Whether the table may hold a key the batch touches (pruning.py): the ``add`` actions'
+    statistics of the first key column, then, if they cannot tell, that column itself."""
+    import pyarrow.dataset as ds
+
+    files = pa.table(table.get_add_actions(flatten=True))
+    if not files.num_rows:
+        return False
+    keys = plan.touched_keys(key)
+    if f"min.{key}" in files.column_names and not may_hold(
+            keys, files.column(f"min.{key}").to_pylist(), files.column(f"max.{key}").to_pylist()):
+        return False
+    if not comparable(keys.type):
+        return True
+    found = table.to_pyarrow_dataset().to_table(columns=[key],
+                                                filter=ds.field(key).isin(pc.unique(keys)))
+    return found.num_rows > 0
 
 
 def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:

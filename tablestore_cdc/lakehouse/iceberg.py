@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
@@ -42,6 +43,7 @@ from tablestore_cdc.lakehouse.plan import (
     Key,
     plan_batch,
 )
+from tablestore_cdc.lakehouse.pruning import comparable, may_hold
 from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink, log
 
 QUERY_ID_PROPERTY = "tablestore-cdc.query-id"
@@ -160,7 +162,10 @@ class IcebergApplySink(ApplySink):
             summary[SCHEMA_CHANGES_PROPERTY] = "; ".join(plan.layout.schema_changes())
             _change_schema(transaction, plan)
         schema = transaction.table_metadata.schema().as_arrow()
-        if options.scd == 2:
+        appending = not _may_hold(table, plan, options.key_columns[0])
+        if appending:  # every key is new to the table: append, nothing to delete or close
+            delete_filter, rows = None, plan.upsert_table
+        elif options.scd == 2:
             delete_filter, rows = _scd2_rows(table, plan, options)
         else:
             delete_filter, rows = _scd1_rows(table, plan, options)
@@ -177,7 +182,8 @@ class IcebergApplySink(ApplySink):
         table = transaction.commit_transaction()
         self._after_commit()
         snapshot = table.current_snapshot()
-        return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id)
+        return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id,
+                            appended=appending)
 
 
 def _change_schema(transaction: Any, plan: ApplyPlan) -> None:
@@ -235,6 +241,29 @@ def _scd2_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
                                      for n in closing.column_names])
     return open_versions, pa.concat_tables([_conformed(closed, plan.upsert_table.schema),
                                             plan.upsert_table])
+
+
+def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
+    """Whether the table may hold a key the batch touches (pruning.py): the data files' lower
+    and upper bounds of the first key column, then, if they cannot tell, that column itself."""
+    from pyiceberg.conversions import from_bytes
+
+    if table.current_snapshot() is None:
+        return False
+    field = table.schema().find_field(key)
+    lows, highs = [], []
+    for task in table.scan().plan_files():
+        low = (task.file.lower_bounds or {}).get(field.field_id)
+        high = (task.file.upper_bounds or {}).get(field.field_id)
+        lows.append(None if low is None else from_bytes(field.field_type, low))
+        highs.append(None if high is None else from_bytes(field.field_type, high))
+    keys = plan.touched_keys(key)
+    if not may_hold(keys, lows, highs):
+        return False
+    if not comparable(keys.type):
+        return True
+    probe = _expressions().In(key, set(pc.unique(keys).to_pylist()))
+    return table.scan(row_filter=probe, selected_fields=(key,)).to_arrow().num_rows > 0
 
 
 def _key_tuples(rows: pa.Table, keys: tuple[str, ...]) -> list[Key]:

@@ -171,6 +171,11 @@ class ApplyPlan:
         return {tuple(v for k, v in row.items() if k != CLOSE_AT): row[CLOSE_AT]
                 for row in self.close_table.to_pylist()}
 
+    def touched_keys(self, key_column: str) -> pa.Array:
+        """Every key the batch touches (its upserts, deletes and closes), one key column."""
+        return pa.chunked_array([t.column(key_column).combine_chunks() for t in (
+            self.upsert_table, self.delete_keys, self.close_table)]).combine_chunks()
+
     def is_empty(self) -> bool:
         return not (self.upsert_table.num_rows or self.delete_keys.num_rows
                     or self.close_table.num_rows or self.layout.added or self.layout.promoted)

@@ -62,6 +62,8 @@ class ApplyResult:
     schema_changes: tuple[str, ...] = ()
     #: values written into ``_extra`` because they fit no column (a warning is logged)
     values_in_extra: int = 0
+    #: the batch's keys were all new to the table: its rows were appended, not merged
+    appended: bool = False
 
 
 class ApplySink(ABC):
@@ -177,8 +179,10 @@ class ApplySink(ABC):
         fault_point("after_target_commit")
 
     @staticmethod
-    def _result(batch_id: int, plan: ApplyPlan, version: int | None) -> ApplyResult:
+    def _result(batch_id: int, plan: ApplyPlan, version: int | None,
+                appended: bool = False) -> ApplyResult:
         return ApplyResult(batch_id=batch_id, committed=True, changes=plan.changes,
+                           appended=appended,
                            upserts=plan.upsert_table.num_rows,
                            deletes=plan.delete_keys.num_rows + plan.close_table.num_rows,
                            version=version,

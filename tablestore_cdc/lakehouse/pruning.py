@@ -1,0 +1,54 @@
+"""Whether a batch's keys are all new to the table (driver, called by the Delta and Iceberg
+sinks before they commit a batch).
+
+A batch whose touched keys are all absent from the table is **appended** (the first load of a
+table, a stream of new keys) instead of merged, with the same batch marker in the commit. The
+sinks decide it in two steps, the second only when the first cannot tell:
+
+1. the files' statistics of the first key column (Delta's ``minValues``/``maxValues`` of each
+   ``add``, Iceberg's lower and upper bounds of each data file), which both protocols define as
+   bounds of every value in the file: a key outside every file's [min, max] is not in the table
+   (an empty table; keys beyond the table's, as auto-increment ids and time-ordered keys are).
+   A file without statistics may hold anything;
+2. the first key column itself, read by the format's own reader with the batch's keys as an
+   ``isin`` filter (row groups pruned by their statistics): a read of one column where a MERGE
+   would read and rewrite whole files. A key that is there sends the batch to the MERGE.
+
+Only integer, string and binary keys are compared (their order is the same in Arrow and in the
+statistics); any other key type always merges.
+
+One writer per table (ownership.py) keeps the answer true until the commit: a zombie attempt of
+the same batch carries the same batch marker, and the formats refuse the second of two commits
+with one marker (Delta: the ``txn`` conflict; Iceberg: the catalog's snapshot assertion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def comparable(typ: pa.DataType) -> bool:
+    """Whether statistics of a key of this type can tell that a key is absent."""
+    return (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)
+            or pa.types.is_binary(typ))
+
+
+def may_hold(keys: pa.Array, lows: Sequence[Any], highs: Sequence[Any]) -> bool:
+    """Whether any of ``keys`` may lie in a file whose first key column spans [low, high]
+    (a None bound: the file's statistics are unknown, it may hold any key)."""
+    if not len(keys) or not len(lows):
+        return False
+    if not comparable(keys.type) or any(v is None for v in lows) or any(
+            v is None for v in highs):
+        return True
+    ordered = pc.unique(keys).sort()
+    values = ordered.to_numpy(zero_copy_only=False)
+    dtype = values.dtype if values.dtype != object else object
+    first = np.searchsorted(values, np.asarray(list(lows), dtype=dtype), side="left")
+    after = np.searchsorted(values, np.asarray(list(highs), dtype=dtype), side="right")
+    return bool(np.any(after > first))

@@ -1,0 +1,155 @@
+"""A batch whose keys are all new to the table is appended, not merged (tablestore_cdc
+.lakehouse.pruning): the first load of a table read by two channels at once, a stream of new
+keys, the switch to MERGE when a key is already there, exactly once across the switch and
+across a SIGKILL during an appended batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+
+from deltalake import DeltaTable  # noqa: E402
+
+from connector.faults import FAULT_DIR_ENV  # noqa: E402
+from tablestore_cdc.lakehouse.pruning import may_hold  # noqa: E402
+from tablestore_cdc.verify import table_state  # noqa: E402
+from testkit.processes import REPO  # noqa: E402
+from tests.test_lakehouse import Delta, Iceberg, batch, change  # noqa: E402
+
+
+@pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
+    return request.param(tmp_path)
+
+
+def test_statistics_tell_a_key_is_absent_only_when_no_range_holds_it() -> None:
+    keys = pa.array([5, 50, 500], pa.int64())
+    assert not may_hold(keys, [], [])  # an empty table
+    assert not may_hold(keys, [0, 6, 501], [4, 49, 900])
+    assert may_hold(keys, [0, 6, 501], [4, 50, 900])
+    assert may_hold(keys, [None], [10])  # a file without statistics
+    assert not may_hold(pa.array(["b", "d"]), ["a", "c", "e"], ["aa", "cz", "f"])
+    assert may_hold(pa.array(["b", "d"]), ["a"], ["bb"])
+    assert may_hold(pa.array([1.5]), [0.0], [1.0])  # doubles: never compared
+
+
+def snapshot_batches(rows_per_channel: int = 40, per_batch: int = 10) -> list[pa.Table]:
+    """A first load read by two channels at once, each in key order: channel ``a`` keys 0..,
+    channel ``b`` keys 1000..; every batch holds a slice of both (ranges interleave)."""
+    out = []
+    for start in range(0, rows_per_channel, per_batch):
+        rows = []
+        for channel, base in (("a", 0), ("b", 1000)):
+            for i in range(start, start + per_batch):
+                rows.append(change("PUT", channel, i + 1, 1 + i, base + i, f"n{base + i}", i))
+        out.append(batch(*rows))
+    return out
+
+
+def data_operations(target: Delta | Iceberg) -> list[str]:
+    """The kind of each data commit: Delta's commit operations, Iceberg's snapshot ones."""
+    if target.name == "delta":
+        return [h["operation"] for h in reversed(DeltaTable(target.path).history())
+                if h["operation"] in ("WRITE", "MERGE")]
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("tablestore_cdc", **target.properties).load_table("cdc.orders")
+    return [str(s.summary.operation.value) for s in table.metadata.snapshots]
+
+
+@pytest.mark.parametrize("scd", [1, 2])
+def test_a_first_load_appends_and_the_stream_after_it_merges(target, scd) -> None:
+    sink = target.sink(scd=scd)
+    loads = snapshot_batches()
+    results = [sink.apply(b, "q", i) for i, b in enumerate(loads)]
+    assert all(r.appended and r.committed for r in results)
+    assert set(data_operations(target)) == ({"WRITE"} if target.name == "delta" else {"append"})
+    expected = {json.dumps({"id": k}): {"name": f"n{k}", "qty": k % 1000}
+                for k in [*range(40), *range(1000, 1040)]}
+    assert table_state(target.rows(), ["id"]) == expected
+    before = target.commits()
+    assert not sink.apply(loads[-1], "q", len(loads) - 1).committed  # a replay: nothing
+    assert target.commits() == before
+    # the stream: an update of a loaded key merges; then keys beyond the table append again
+    update = sink.apply(batch(change("UPDATE", "a", 100, 100, 7, "seven", 77),
+                              change("DELETE", "b", 100, 100, 1003)), "q", len(loads))
+    fresh = sink.apply(batch(change("PUT", "a", 101, 101, 5000, "new", 1)), "q", len(loads) + 1)
+    assert (update.appended, fresh.appended) == (False, True)
+    expected[json.dumps({"id": 7})] = {"name": "seven", "qty": 77}
+    del expected[json.dumps({"id": 1003})]
+    expected[json.dumps({"id": 5000})] = {"name": "new", "qty": 1}
+    assert table_state(target.rows(), ["id"]) == expected
+    if scd == 2:
+        versions = [r for r in target.rows() if r["id"] == 7]
+        assert sorted((r["name"], r["__END_AT"] is None) for r in versions) == [
+            ("n7", False), ("seven", True)]
+
+
+KILL_SCRIPT = """
+import sys, time
+from pathlib import Path
+from tests.test_lakehouse import Delta, Iceberg
+from tests.test_lakehouse_firstload import snapshot_batches
+target = (Delta if sys.argv[1] == "delta" else Iceberg)(Path(sys.argv[2]))
+faults = Path(sys.argv[3])
+sink = target.sink()
+for i, b in enumerate(snapshot_batches()):
+    if i == 2:  # two batches loaded: wait for the crash point to be armed
+        (faults / "loaded-two").touch()
+        while not (faults / "arm-before_target_commit").exists():
+            time.sleep(0.02)
+    sink.apply(b, "q", i)
+"""
+
+
+def test_a_kill_during_a_first_load_resumes_exactly_once(target, tmp_path) -> None:
+    """SIGKILL at ``before_target_commit`` of the third appended batch (its files may be
+    written, the commit is not), then the load again from its first batch, as Spark replays."""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**os.environ, FAULT_DIR_ENV: str(faults), "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, target.name, str(tmp_path),
+                                str(faults)], cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (faults / "loaded-two").exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        (faults / ".arm").write_text("park")
+        (faults / ".arm").rename(faults / "arm-before_target_commit")
+        while not (faults / "hit-before_target_commit").exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    killed_at = _committed(target)
+    assert killed_at == 2
+    sink = target.sink()
+    results = [sink.apply(b, "q", i) for i, b in enumerate(snapshot_batches())]
+    assert [r.committed for r in results] == [i >= killed_at for i in range(4)]
+    assert all(r.appended for r in results if r.committed)
+    assert len(target.rows()) == 80
+    assert table_state(target.rows(), ["id"]) == {
+        json.dumps({"id": k}): {"name": f"n{k}", "qty": k % 1000}
+        for k in [*range(40), *range(1000, 1040)]}
+
+
+def _committed(target: Delta | Iceberg) -> int:
+    """Batches of query q in the table (0 when it does not exist yet)."""
+    try:
+        recorded = target.sink().committed_batch("q")
+    except Exception:  # the table is being created
+        return 0
+    return 0 if recorded is None else recorded + 1
