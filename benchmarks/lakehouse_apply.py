@@ -1,29 +1,35 @@
-"""Apply rate into Delta Lake against a plain append of the same rows, in one run (no Spark).
+"""The apply sink against plain appends, at target sizes that show growth (no Spark).
 
-What is measured: ``batches`` micro-batches of ``batch_size`` changes each, in the source's
-output schema (PUT of new keys, UPDATE and DELETE of live ones: 50 / 35 / 15 %), built once.
-Then, in this process, timed separately and one after the other:
+For every target size N (``sizes``), format (Delta, Iceberg) and SCD type, in this process and
+one after the other:
 
-- **apply**: ``DeltaApplySink.apply`` per batch (order and reduce per key, then one MERGE commit
-  with the batch's application transaction) into a new Delta table, SCD type 1;
-- **append**: ``deltalake.write_deltalake(mode="append")`` of the very same batches into another
-  new table: what the change rows cost to land in Delta at all;
-- **iceberg apply** (for reference): ``IcebergApplySink.apply`` per batch (SQL catalog on SQLite).
+- **first load**: N rows as the source delivers a snapshot (PUTs, ``channels`` channels read at
+  once, each in key order, ``load_batch`` changes per batch) applied into a new table through
+  the sink (``apply``: every batch appended, pruning.py); against ``write_deltalake`` /
+  pyiceberg's ``append`` of the same rows in the same batches into another new table;
+- **stream**: ``batches`` batches of ``batch_size`` changes into the loaded table: 50 % PUTs of
+  new keys, 35 % UPDATEs and 15 % DELETEs of keys among the ``hot_keys`` newest (orders are
+  paid and shipped soon after they are placed); against an append of the very same change rows.
+  ``per_batch_s`` is the median apply time of one stream batch.
 
-``ratio`` = apply changes/s / append rows/s. The MERGE rewrites the files holding touched keys
-and reads the table, so it falls as the table grows; the figure is for the configured sizes.
+Figures per (format, SCD, size): ``first_load_ratio`` (first-load rows/s over append rows/s),
+``apply_ratio`` (stream changes/s over append rows/s), ``per_batch_s``; and per (format, SCD)
+``growth`` = ``per_batch_s`` at the largest size over the smallest. Built columnar (pyarrow), so
+10 M-row loads are made in seconds.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import random
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64(), False), pa.field("customer", pa.string()),
@@ -32,92 +38,190 @@ SCHEMA = pa.schema([
     pa.field("_sequence", pa.string(), False), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
     pa.field("_before", pa.string()), pa.field("_extra", pa.string()),
 ])
+START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
 class LakehouseApplyConfig:
-    batches: int = 20
+    sizes: tuple[int, ...] = (100_000, 1_000_000)
+    formats: tuple[str, ...] = ("delta", "iceberg")
+    scds: tuple[int, ...] = (1, 2)
+    load_batch: int = 50_000
+    channels: int = 4
+    batches: int = 10
     batch_size: int = 5_000
-    iceberg: bool = True
+    hot_keys: int = 50_000
 
 
-def change_batches(config: LakehouseApplyConfig, seed: int = 5) -> list[pa.Table]:
-    """Source-shaped batches over 4 channels, sequences increasing per channel."""
-    rng = random.Random(seed)
-    live: list[int] = []
-    next_id = 0
-    sequence = [0, 0, 0, 0]
-    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+def _changes(keys: np.ndarray, ops: np.ndarray, channels: np.ndarray, sequences: np.ndarray,
+             first_ts: int, rng: np.random.Generator) -> pa.Table:
+    """Change rows (the source's output schema) built column by column."""
+    n = len(keys)
+    deleted = pa.array(ops == 2)
+    status = pa.array(np.array(["new", "paid", "shipped"])[rng.integers(0, 3, n)])
+    customer = pc.binary_join_element_wise("c", pa.array(rng.integers(0, 500, n)).cast(
+        pa.string()), "")
+    amount = pa.array(np.round(rng.uniform(1, 500, n), 2))
+    return pa.Table.from_arrays([
+        pa.array(keys, pa.int64()),
+        pc.if_else(deleted, pa.nulls(n, pa.string()), customer),
+        pc.if_else(deleted, pa.nulls(n, pa.float64()), amount),
+        pc.if_else(deleted, pa.nulls(n, pa.string()), status),
+        pa.array(np.array(["PUT", "UPDATE", "DELETE"])[ops]),
+        pc.binary_join_element_wise("ch-", pa.array(channels).cast(pa.string()), ""),
+        pc.utf8_lpad(pa.array(sequences).cast(pa.string()), 20, "0"),
+        pa.array(first_ts + np.arange(n), pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        pa.nulls(n, pa.string()), pa.nulls(n, pa.string())], schema=SCHEMA)
+
+
+def load_batches(size: int, config: LakehouseApplyConfig) -> list[pa.Table]:
+    """A snapshot of ``size`` rows: channel c holds keys [c*size/channels, ...), each read in
+    key order; a batch takes the next ``load_batch / channels`` rows of every channel."""
+    rng = np.random.default_rng(1)
+    per_channel = size // config.channels
+    step = max(1, config.load_batch // config.channels)
     out = []
-    for b in range(config.batches):
-        rows: list[dict[str, Any]] = []
-        for i in range(config.batch_size):
-            roll = rng.random()
-            if not live or roll < 0.5:
-                next_id += 1
-                key, op = next_id, "PUT"
-                live.append(key)
-            elif roll < 0.85:
-                key, op = rng.choice(live), "UPDATE"
-            else:
-                key, op = live.pop(rng.randrange(len(live))), "DELETE"
-            channel = key % 4
-            sequence[channel] += 1
-            deleted = op == "DELETE"
-            rows.append({
-                "id": key, "customer": None if deleted else f"c{rng.randrange(500)}",
-                "amount": None if deleted else round(rng.uniform(1, 500), 2),
-                "status": None if deleted else rng.choice(["new", "paid", "shipped"]),
-                "_op": op, "_channel_id": f"ch-{channel}",
-                "_sequence": f"{sequence[channel]:020d}",
-                "_commit_ts": start + dt.timedelta(microseconds=b * config.batch_size + i),
-                "_before": None, "_extra": None})
-        out.append(pa.Table.from_pylist(rows, schema=SCHEMA))
+    for start in range(0, per_channel, step):
+        stop = min(per_channel, start + step)
+        keys = np.concatenate([np.arange(c * per_channel + start, c * per_channel + stop)
+                               for c in range(config.channels)])
+        channels = np.repeat(np.arange(config.channels), stop - start)
+        sequences = np.tile(np.arange(start + 1, stop + 1), config.channels)
+        out.append(_changes(keys, np.zeros(len(keys), np.int64), channels, sequences,
+                            int(START.timestamp() * 1e6) + start, rng))
     return out
 
 
-def run(config: LakehouseApplyConfig, workdir: Path) -> dict[str, Any]:
-    from deltalake import write_deltalake
+def stream_batches(size: int, config: LakehouseApplyConfig) -> list[pa.Table]:
+    """Changes after the load: new keys beyond the table, updates and deletes of hot keys."""
+    rng = np.random.default_rng(2)
+    next_key = size
+    live = list(range(max(0, size - config.hot_keys), size))
+    sequence = np.full(config.channels, size)
+    out = []
+    for b in range(config.batches):
+        keys, ops = [], []
+        for roll in rng.random(config.batch_size):
+            if roll < 0.5 or not live:
+                keys.append(next_key)
+                ops.append(0)
+                live.append(next_key)
+                next_key += 1
+            elif roll < 0.85:
+                keys.append(live[int(rng.integers(len(live)))])
+                ops.append(1)
+            else:
+                keys.append(live.pop(int(rng.integers(len(live)))))
+                ops.append(2)
+        key_array = np.array(keys, np.int64)
+        channels = key_array % config.channels
+        sequences = np.empty(len(keys), np.int64)
+        for i, c in enumerate(channels):
+            sequence[c] += 1
+            sequences[i] = sequence[c]
+        out.append(_changes(key_array, np.array(ops, np.int64), channels, sequences,
+                            int(START.timestamp() * 1e6) + 10 ** 9 + b * config.batch_size, rng))
+        live = live[-config.hot_keys:]
+    return out
 
-    from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink
-    from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+
+class _Target:
+    """One benchmark table: the sink and a plain appender of the same format."""
+
+    def __init__(self, kind: str, directory: Path, scd: int) -> None:
+        self.kind, self.directory, self.scd = kind, directory, scd
+
+    def sink(self) -> Any:
+        from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink
+        from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+
+        if self.kind == "delta":
+            return DeltaApplySink(self.directory / "apply", key_columns=["id"], scd=self.scd)
+        return IcebergApplySink(sqlite_catalog_properties(str(self.directory / "warehouse")),
+                                "bench.apply", key_columns=["id"], scd=self.scd)
+
+    def appender(self) -> Any:
+        """A function appending rows into a plain table of the format (one commit a call)."""
+        if self.kind == "delta":
+            from deltalake import write_deltalake
+
+            path = str(self.directory / "append")
+            return lambda rows: write_deltalake(path, rows, mode="append")
+        from pyiceberg.catalog import load_catalog
+
+        from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+
+        warehouse = self.directory / "append-warehouse"
+        warehouse.mkdir(parents=True, exist_ok=True)
+        catalog = load_catalog("bench", **sqlite_catalog_properties(str(warehouse)))
+        catalog.create_namespace_if_not_exists("bench")
+        table = catalog.create_table("bench.append", schema=SCHEMA)
+        return table.append
+
+
+def run_one(kind: str, scd: int, size: int, config: LakehouseApplyConfig,
+            workdir: Path) -> dict[str, Any]:
+    target = _Target(kind, workdir / f"{kind}-scd{scd}-{size}", scd)
+    sink = target.sink()
+    loads = load_batches(size, config)
+    began = time.perf_counter()
+    for batch_id, batch in enumerate(loads):
+        result = sink.apply(batch, "bench", batch_id)
+        assert result.appended, f"load batch {batch_id} was merged"
+    load_s = time.perf_counter() - began
+    append = target.appender()
+    began = time.perf_counter()
+    for batch in loads:
+        append(batch)
+    append_load_s = time.perf_counter() - began
+    stream = stream_batches(size, config)
+    times = []
+    for i, batch in enumerate(stream):
+        began = time.perf_counter()
+        sink.apply(batch, "bench", len(loads) + i)
+        times.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    for batch in stream:
+        append(batch)
+    append_stream_s = time.perf_counter() - began
+    changes = sum(b.num_rows for b in stream)
+    return {
+        "rows": size, "first_load_rows_s": size / load_s, "append_load_rows_s": size / append_load_s,
+        "first_load_ratio": append_load_s / load_s,
+        "apply_changes_s": changes / sum(times), "append_rows_s": changes / append_stream_s,
+        "apply_ratio": append_stream_s / sum(times),
+        "per_batch_s": statistics.median(times),
+    }
+
+
+def run(config: LakehouseApplyConfig, workdir: Path,
+        log: Any = lambda message: None) -> dict[str, Any]:
+    from benchmarks.common import load_average
 
     workdir.mkdir(parents=True, exist_ok=True)
-    batches = change_batches(config)
-    changes = sum(b.num_rows for b in batches)
-
-    sink = DeltaApplySink(workdir / "apply", key_columns=["id"])
-    began = time.perf_counter()
-    for batch_id, batch in enumerate(batches):
-        sink.apply(batch, "bench", batch_id)
-    apply_s = time.perf_counter() - began
-
-    began = time.perf_counter()
-    for batch in batches:
-        write_deltalake(str(workdir / "append"), batch, mode="append")
-    append_s = time.perf_counter() - began
-
-    result: dict[str, Any] = {
-        "changes": changes, "batches": config.batches,
-        "apply_changes_s": changes / apply_s, "append_rows_s": changes / append_s,
-        "ratio": append_s / apply_s, "apply_s": round(apply_s, 2),
-        "append_s": round(append_s, 2),
-    }
-    if config.iceberg:
-        iceberg = IcebergApplySink(sqlite_catalog_properties(str(workdir / "warehouse")),
-                                   "bench.orders", key_columns=["id"])
-        began = time.perf_counter()
-        for batch_id, batch in enumerate(batches):
-            iceberg.apply(batch, "bench", batch_id)
-        iceberg_s = time.perf_counter() - began
-        result["iceberg_apply_changes_s"] = changes / iceberg_s
-        result["iceberg_apply_s"] = round(iceberg_s, 2)
-    return result
+    results: dict[str, Any] = {}
+    for kind in config.formats:
+        for scd in config.scds:
+            for size in config.sizes:
+                name = f"{kind}_scd{scd}_{size}"
+                log(f"lakehouse_apply: {name} ...")
+                figures = run_one(kind, scd, size, config, workdir)
+                figures["load_avg"] = load_average()
+                results[name] = figures
+            small, large = min(config.sizes), max(config.sizes)
+            results[f"{kind}_scd{scd}_growth"] = (results[f"{kind}_scd{scd}_{large}"]
+                                                  ["per_batch_s"] / results[
+                                                      f"{kind}_scd{scd}_{small}"]["per_batch_s"])
+    return results
 
 
 if __name__ == "__main__":  # a quick look: python -m benchmarks.lakehouse_apply
+    import sys
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        figures = run(LakehouseApplyConfig(), Path(tmp))
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()})
+        figures = run(LakehouseApplyConfig(formats=("delta",), scds=(1,)), Path(tmp),
+                      log=lambda m: print(m, file=sys.stderr))
+    for key, value in figures.items():
+        print(key, {k: v if isinstance(v, list) else round(v, 3) for k, v in value.items()}
+              if isinstance(value, dict) else round(value, 3))

@@ -40,16 +40,18 @@ NO_TIME = -(2 ** 63)
 
 def ordered(batch: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     """The batch's rows in per-key source order (module doc)."""
-    by_channel = [(k, "ascending") for k in key_columns] + [
-        ("_channel_id", "ascending"), ("_sequence", "ascending")]
+    by_key = [(k, "ascending") for k in key_columns]
+    rows = batch.take(pc.sort_indices(batch, sort_keys=by_key))
+    if not pc.any(pc.invert(key_boundaries(rows, key_columns))).as_py():
+        return rows  # every key once (a first load): nothing else to order
+    by_channel = [*by_key, ("_channel_id", "ascending"), ("_sequence", "ascending")]
     rows = batch.take(pc.sort_indices(batch, sort_keys=by_channel))
+    if not _moves_channel(rows, key_columns):
+        return rows  # no key in two channels: the channels' order does not matter
     keys = [*key_columns, "_channel_id"]
     times = pc.fill_null(rows.column("_commit_ts").cast(pa.int64()), NO_TIME)
     runs = (rows.select(keys).append_column("__ts", times)
             .group_by(keys, use_threads=False).aggregate([("__ts", "first"), ("__ts", "last")]))
-    if runs.num_rows == rows.select(list(key_columns)).group_by(
-            list(key_columns), use_threads=False).aggregate([]).num_rows:
-        return rows  # no key in two channels: the channels' order does not matter
     ranked = runs.take(pc.sort_indices(runs, sort_keys=[
         *[(k, "ascending") for k in key_columns], ("__ts_first", "ascending"),
         ("__ts_last", "ascending"), ("_channel_id", "ascending")]))
@@ -59,6 +61,18 @@ def ordered(batch: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     joined = joined.take(pc.sort_indices(joined, sort_keys=[("__rank", "ascending"),
                                                             ("_sequence", "ascending")]))
     return joined.select(rows.column_names)
+
+
+def _moves_channel(rows: pa.Table, key_columns: Sequence[str]) -> bool:
+    """Whether a key of the rows (sorted by key and channel) is in two channels: two
+    neighbouring rows of one key with different channels."""
+    last = key_boundaries(rows, key_columns)
+    n = rows.num_rows
+    if n < 2:
+        return False
+    channels = rows.column("_channel_id").combine_chunks()
+    other_channel = pc.not_equal(channels.slice(0, n - 1), channels.slice(1))
+    return bool(pc.any(pc.and_(pc.invert(last.slice(0, n - 1)), other_channel)).as_py())
 
 
 def key_boundaries(rows: pa.Table, key_columns: Sequence[str]) -> pa.BooleanArray:
@@ -94,6 +108,8 @@ def attributes(rows: pa.Table, key_columns: Sequence[str]) -> dict[str, Attribut
     """The attributes of every change's image (a DELETE's image is empty: its values are
     masked), declared columns first in the schema's order, then ``_extra``'s by name."""
     live = pc.not_equal(rows.column("_op"), "DELETE").combine_chunks()
+    if pc.all(live).as_py():
+        live = None  # no DELETE: nothing to mask
     out: dict[str, Attribute] = {}
     for f in rows.schema:
         if f.name in META_COLUMNS or f.name in key_columns:
@@ -109,8 +125,9 @@ def attributes(rows: pa.Table, key_columns: Sequence[str]) -> dict[str, Attribut
     return out
 
 
-def _masked(values: pa.Array, live: pa.Array) -> pa.Array:
-    return pc.if_else(live, values, pa.nulls(len(values), values.type))
+def _masked(values: pa.Array, live: pa.Array | None) -> pa.Array:
+    return values if live is None else pc.if_else(live, values, pa.nulls(len(values),
+                                                                           values.type))
 
 
 def extra_attributes(extra: pa.Array) -> dict[str, Attribute]:

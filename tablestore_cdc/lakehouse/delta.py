@@ -8,7 +8,9 @@ or below it; the data and the ``txn`` action are one commit, so "applied" and "r
 come apart. Two writers racing with the same batch: delta-rs' conflict check fails the later
 commit (``CommitFailedError``), the sink reloads and finds the batch recorded.
 
-One commit per batch, one MERGE:
+One commit per batch, one MERGE (``streamed_exec=False``: the batch is small and in memory, and
+only then does delta-rs derive a pruning predicate from its key range, so that the MERGE reads
+only the files whose key statistics overlap the batch's keys, layout.py):
 
 - SCD 1: the source holds each touched key once, ``__apply`` = ``upsert`` (its final image)
   or ``delete``; matched deletes are removed (or, with a soft-delete column, flagged), matched
@@ -31,12 +33,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tablestore_cdc.lakehouse.layout import file_groups, write_delta_files
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
-from tablestore_cdc.lakehouse.pruning import comparable, may_hold
+from tablestore_cdc.lakehouse.pruning import candidates, comparable
 from tablestore_cdc.lakehouse.sink import (
     SCHEMA_CHANGES_PROPERTY,
     ApplyResult,
@@ -71,18 +75,29 @@ class DeltaApplySink(ApplySink):
         super().__init__(**options)
         self.table_uri = str(table_uri)
         self.storage_options = storage_options
+        self._table: Any = None
 
     @property
     def conflict_errors(self) -> tuple[type[BaseException], ...]:
         return (*super().conflict_errors, _deltalake().exceptions.CommitFailedError)
 
     def table(self) -> Any | None:
-        """The table as it is now (``DeltaTable``), or None if it does not exist yet."""
+        """The table as it is now (``DeltaTable``), or None if it does not exist yet. Opened
+        once per process and brought up to date with the commits since (``update_incremental``
+        reads only those)."""
         deltalake = _deltalake()
+        if self._table is not None:
+            self._table.update_incremental()
+            return self._table
         try:
-            return deltalake.DeltaTable(self.table_uri, storage_options=self.storage_options)
+            self._table = deltalake.DeltaTable(self.table_uri,
+                                               storage_options=self.storage_options)
         except deltalake.exceptions.TableNotFoundError:
             return None
+        return self._table
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_table": None}
 
     def committed_batch(self, app_id: str) -> int | None:
         table = self.table()
@@ -129,9 +144,7 @@ class DeltaApplySink(ApplySink):
                     raise
                 raise TableCreatedMeanwhile(str(exc)) from exc
             self._before_commit()
-            deltalake.write_deltalake(self.table_uri, plan.upsert_table,
-                                      mode="append", storage_options=self.storage_options,
-                                      commit_properties=commit)
+            _append(self.table(), plan, options, commit, self.storage_options)
         else:
             if plan.layout.added:  # its own commit, before the data's: a replay finds it done
                 self._log_schema_changes(self.table_uri, batch_id, plan)
@@ -141,13 +154,13 @@ class DeltaApplySink(ApplySink):
             appending = not _may_hold(table, plan, options.key_columns[0])
             self._before_commit()  # schema changed (if at all), the batch's data not committed
             if appending:  # every key is new to the table: no MERGE to make
-                deltalake.write_deltalake(table, plan.upsert_table, mode="append",
-                                          commit_properties=commit)
+                _append(table, plan, options, commit, self.storage_options)
             else:
                 merge = _scd2_merge if options.scd == 2 else _scd1_merge
                 merge(table, plan, options, commit)
         self._after_commit()
-        return self._result(batch_id, plan, self.table().version(),  # type: ignore[union-attr]
+        committed = self.table()
+        return self._result(batch_id, plan, None if committed is None else committed.version(),
                             appended=table is None or appending)
 
 
@@ -159,21 +172,55 @@ def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict
 
 def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     """Whether the table may hold a key the batch touches (pruning.py): the ``add`` actions'
-    statistics of the first key column, then, if they cannot tell, that column itself."""
+    statistics of the first key column, then the column itself in the files they cannot
+    rule out."""
     import pyarrow.dataset as ds
 
     files = pa.table(table.get_add_actions(flatten=True))
     if not files.num_rows:
         return False
     keys = plan.touched_keys(key)
-    if f"min.{key}" in files.column_names and not may_hold(
-            keys, files.column(f"min.{key}").to_pylist(), files.column(f"max.{key}").to_pylist()):
+    if f"min.{key}" not in files.column_names:
+        held = np.ones(files.num_rows, bool)
+    else:
+        held = candidates(keys, files.column(f"min.{key}").to_pylist(),
+                          files.column(f"max.{key}").to_pylist())
+    if not held.any():
         return False
     if not comparable(keys.type):
         return True
-    found = table.to_pyarrow_dataset().to_table(columns=[key],
-                                                filter=ds.field(key).isin(pc.unique(keys)))
-    return found.num_rows > 0
+    probe = ds.field(key).isin(pc.unique(keys))
+    local = _local_path(table.table_uri)
+    if local is None:
+        return table.to_pyarrow_dataset().to_table(columns=[key], filter=probe).num_rows > 0
+    paths = [os.path.join(local, p) for p, h in zip(files.column("path").to_pylist(), held,
+                                                     strict=True) if h]
+    return ds.dataset(paths, format="parquet").to_table(columns=[key],
+                                                        filter=probe).num_rows > 0
+
+
+def _local_path(table_uri: str) -> str | None:
+    """The directory of a table on the local file system (None: an object store)."""
+    if table_uri.startswith("file://"):
+        return table_uri.removeprefix("file://")
+    return None if "://" in table_uri else table_uri
+
+
+def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
+            storage_options: dict[str, str] | None) -> None:
+    """Append the batch's rows in one commit, as key-clustered files (layout.py) when the
+    table is local, else with ``write_deltalake``."""
+    import deltalake
+
+    local = _local_path(table.table_uri)
+    if local is None or storage_options:
+        deltalake.write_deltalake(table, plan.upsert_table, mode="append",
+                                  commit_properties=commit)
+        return
+    schema = pa.schema(table.schema().to_arrow())
+    groups = file_groups(plan.upsert_table, plan.upsert_channels, options.key_columns[0])
+    actions = write_delta_files(local, groups, schema, options.key_columns)
+    table.create_write_transaction(actions, "append", schema, commit_properties=commit)
 
 
 def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:
@@ -188,7 +235,7 @@ def _scd1_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any)
     if not source.num_rows:
         return
     merger = table.merge(source, _predicate(options.key_columns), source_alias="s",
-                         target_alias="t", commit_properties=commit)
+                         target_alias="t", commit_properties=commit, streamed_exec=False)
     deleted, upsert = f"s.{APPLY} = 'delete'", f"s.{APPLY} = 'upsert'"
     if options.soft_delete_column:
         merger = merger.when_matched_update({f"`{options.soft_delete_column}`": "true"},
@@ -216,7 +263,7 @@ def _scd2_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any)
     predicate = (_predicate(keys, "s.`" + MERGE_KEY + "{}`")
                  + f" AND t.`{END_AT}` IS NULL")
     (table.merge(source, predicate, source_alias="s", target_alias="t",
-                 commit_properties=commit)
+                 commit_properties=commit, streamed_exec=False)
      .when_matched_update({f"`{END_AT}`": f"s.{CLOSE_AT}"}, predicate=f"s.{APPLY} = 'close'")
      .when_not_matched_insert_all(predicate=f"s.{APPLY} = 'version'",
                                   except_cols=[f.name for f in helpers])

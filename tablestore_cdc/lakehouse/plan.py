@@ -157,6 +157,8 @@ class ApplyPlan:
     close_table: pa.Table
     #: values written into ``_extra`` because they fit no column (or, ``ignore``, have none)
     values_in_extra: int = 0
+    #: the channel each row of ``upsert_table`` came from (how appended rows are laid out)
+    upsert_channels: pa.Array | None = None
 
     @property
     def upserts(self) -> list[dict[str, Any]]:
@@ -214,16 +216,20 @@ def reduce_scd1(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Arra
     upserts = [images.rows(kept, rows, keys, layout, {flag: pa.repeat(False, len(kept))}
                            if flag else {})]
     in_extra = images.in_extra(kept)
+    picked = [kept]
     if flag is not None and len(gone):  # the row's last image in this batch: kept, flagged
         image_at = _last_image(rows, last, deleted).take(gone)
         flagged = pc.drop_null(image_at)
         upserts.append(images.rows(flagged, rows, keys, layout,
                                    {flag: pa.repeat(True, len(flagged))}))
         in_extra += images.in_extra(flagged)
+        picked.append(flagged)
         gone = gone.filter(pc.is_null(image_at))
     return ApplyPlan(layout, rows.num_rows, pa.concat_tables(upserts),
                      _keys(rows, gone, keys, layout.schema),
-                     _closes(rows, pa.array([], pa.int64()), keys, layout), in_extra)
+                     _closes(rows, pa.array([], pa.int64()), keys, layout), in_extra,
+                     pa.concat_arrays([rows.column("_channel_id").take(at).combine_chunks()
+                                       for at in picked]))
 
 
 def reduce_scd2(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Array,
@@ -243,7 +249,8 @@ def reduce_scd2(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Arra
         START_AT: commit_ts.take(versions), END_AT: end_at.take(versions)})
     return ApplyPlan(layout, n, upserts, _keys(rows, pa.array([], pa.int64()), keys,
                                                layout.schema),
-                     _closes(rows, first, keys, layout), images.in_extra(versions))
+                     _closes(rows, first, keys, layout), images.in_extra(versions),
+                     rows.column("_channel_id").take(versions).combine_chunks())
 
 
 def _last_image(rows: pa.Table, last: pa.Array, deleted: pa.Array) -> pa.Array:

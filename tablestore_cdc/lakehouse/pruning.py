@@ -41,14 +41,25 @@ def comparable(typ: pa.DataType) -> bool:
 def may_hold(keys: pa.Array, lows: Sequence[Any], highs: Sequence[Any]) -> bool:
     """Whether any of ``keys`` may lie in a file whose first key column spans [low, high]
     (a None bound: the file's statistics are unknown, it may hold any key)."""
-    if not len(keys) or not len(lows):
-        return False
-    if not comparable(keys.type) or any(v is None for v in lows) or any(
-            v is None for v in highs):
-        return True
-    ordered = pc.unique(keys).sort()
-    values = ordered.to_numpy(zero_copy_only=False)
+    return bool(np.any(candidates(keys, lows, highs)))
+
+
+def candidates(keys: pa.Array, lows: Sequence[Any], highs: Sequence[Any]) -> np.ndarray:
+    """Per file: whether its [low, high] range may hold one of ``keys``."""
+    files = len(lows)
+    if not len(keys) or not files:
+        return np.zeros(files, bool)
+    unknown = np.array([low is None or high is None for low, high in zip(lows, highs,
+                                                                           strict=True)])
+    if not comparable(keys.type) or unknown.all():
+        return np.ones(files, bool)
+    values = pc.unique(keys).sort().to_numpy(zero_copy_only=False)
     dtype = values.dtype if values.dtype != object else object
-    first = np.searchsorted(values, np.asarray(list(lows), dtype=dtype), side="left")
-    after = np.searchsorted(values, np.asarray(list(highs), dtype=dtype), side="right")
-    return bool(np.any(after > first))
+    known = ~unknown
+    first = np.searchsorted(values, np.asarray([v for v, k in zip(lows, known, strict=True)
+                                                if k], dtype=dtype), side="left")
+    after = np.searchsorted(values, np.asarray([v for v, k in zip(highs, known, strict=True)
+                                                if k], dtype=dtype), side="right")
+    held = unknown.copy()
+    held[known] = after > first
+    return held

@@ -1,0 +1,84 @@
+"""How appended rows are laid out in files (driver): clustered by key, so that the files'
+key statistics stay narrow and tell later batches which files may hold their keys (pruning.py),
+and a MERGE reads only the files whose key range holds its keys.
+
+A batch read from several channels at once holds one run of keys per channel. When the
+channels' key ranges do not overlap (Tablestore's partitions are ranges of the first key
+column), each channel's rows go to a file of their own; when they do (hash-partitioned
+channels), the batch is one file. Every file is sorted by key. ``MAX_FILES`` caps the files of
+one batch: neighbouring runs are then merged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tablestore_cdc.lakehouse.pruning import comparable
+
+#: the most files one appended batch is written as
+MAX_FILES = 16
+
+
+def file_groups(rows: pa.Table, channels: pa.Array | None, key: str) -> list[pa.Table]:
+    """``rows`` cut into key-clustered groups (module doc), each sorted by ``key``."""
+    if not rows.num_rows:
+        return []
+    column = rows.column(key).combine_chunks()
+    if rows.num_rows > 1 and pc.all(pc.less_equal(column.slice(0, rows.num_rows - 1),
+                                                  column.slice(1))).as_py():
+        ordered = rows  # the plan's rows come in key order
+    else:
+        ordered = rows.take(pc.sort_indices(rows, sort_keys=[(key, "ascending")]))
+    if channels is None or not comparable(rows.schema.field(key).type):
+        return [ordered]
+    ranges = (pa.table({"ch": channels, "k": rows.column(key)})
+              .group_by("ch", use_threads=False).aggregate([("k", "min"), ("k", "max")])
+              .sort_by([("k_min", "ascending")]))
+    if ranges.num_rows < 2:
+        return [ordered]
+    lows, highs = ranges.column("k_min").to_pylist(), ranges.column("k_max").to_pylist()
+    if any(low <= high for low, high in zip(lows[1:], highs, strict=False)):
+        return [ordered]  # the channels' ranges overlap: one file
+    per_file = -(-len(lows) // MAX_FILES)
+    cuts = lows[per_file::per_file]  # each group starts at a channel's lowest key
+    keys = ordered.column(key)
+    bounds = [0, *[pc.sum(pc.less(keys, cut)).as_py() for cut in cuts], ordered.num_rows]
+    return [ordered.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def write_delta_files(table_uri: str, groups: Sequence[pa.Table], schema: pa.Schema,
+                      key_columns: Sequence[str]) -> list[Any]:
+    """Write ``groups`` as Parquet files into a local Delta table's directory and return their
+    ``AddAction``s (statistics: the row count and the key columns' bounds and null counts),
+    for one ``create_write_transaction`` commit. Files of a commit that never happens are not
+    referenced by the table (``vacuum`` removes them)."""
+    from deltalake.transaction import AddAction
+
+    actions = []
+    for group in groups:
+        name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+        path = os.path.join(table_uri, name)
+        data = pa.Table.from_arrays([group.column(f.name).cast(f.type) for f in schema],
+                                    schema=schema)
+        pq.write_table(data, path, compression="snappy")
+        stats: dict[str, Any] = {"numRecords": data.num_rows, "minValues": {},
+                                 "maxValues": {}, "nullCount": {}}
+        for name_ in key_columns:
+            column = data.column(name_)
+            stats["nullCount"][name_] = column.null_count
+            if comparable(column.type) and not pa.types.is_binary(column.type):
+                bounds = pc.min_max(column)
+                stats["minValues"][name_] = bounds["min"].as_py()
+                stats["maxValues"][name_] = bounds["max"].as_py()
+        actions.append(AddAction(name, os.path.getsize(path), {}, int(time.time() * 1000),
+                                 True, json.dumps(stats)))
+    return actions
