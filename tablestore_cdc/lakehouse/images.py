@@ -31,12 +31,18 @@ from tablestore_cdc.lakehouse.drift import (
 )
 
 
-def representative_images(rows: pa.Table, values: Mapping[str, Attribute]
+def representative_images(rows: pa.Table, values: Mapping[str, Attribute],
+                          target: pa.Schema, widen_to_string: bool
                           ) -> list[tuple[dict[str, Any], str, str]]:
     """(image, channel, sequence) of the changes that decide the layout (module doc), in
-    commit-time order, each image whole (every attribute the change carries)."""
+    commit-time order, each image whole (every attribute the change carries). A declared
+    column whose type fits the target's column decides nothing (``drift.plan_layout``)."""
     n = rows.num_rows
-    if n == 0:
+    known = {f.name: f.type for f in target}
+    deciding = {name: a for name, a in values.items() if not (
+        a.declared and name in known and all(type_fits(kind, known[name], widen_to_string)
+                                             for kind in a.kinds))}
+    if n == 0 or not deciding:
         return []
     order = pc.sort_indices(pa.table({
         "ts": pc.fill_null(rows.column("_commit_ts").cast(pa.int64()), NO_TIME),
@@ -44,7 +50,7 @@ def representative_images(rows: pa.Table, values: Mapping[str, Attribute]
         sort_keys=[("ts", "ascending"), ("ch", "ascending"), ("seq", "ascending")])
     rank = pc.sort_indices(order)  # the inverse permutation: each row's place in time order
     chosen: set[int] = set()
-    for attribute in values.values():
+    for attribute in deciding.values():
         for kind, array in attribute.kinds.items():
             valid = pc.is_valid(array)
             if not pc.any(valid).as_py():
@@ -92,9 +98,15 @@ class Images:
              system: Mapping[str, Any]) -> pa.Table:
         """Target rows (``layout.schema``) of the ordered rows at ``at``, with ``system``'s
         columns (SCD 2 validity, soft-delete flag) given per selected row."""
+        every = len(at) == rows.num_rows and (not len(at) or pc.all(pc.equal(
+            at, pa.array(range(len(at)), pa.int64()))).as_py())  # every row: no copy
         arrays = []
         for f in layout.schema:
-            if f.name in keys:
+            if every and f.name not in system:
+                array = (rows.column(f.name) if f.name in keys
+                         else self.extra if f.name == EXTRA_COLUMN and self.extra is not None
+                         else self.columns.get(f.name, pa.nulls(rows.num_rows, f.type)))
+            elif f.name in keys:
                 array = rows.column(f.name).take(at)
             elif f.name in system:
                 array = system[f.name]

@@ -16,6 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -61,24 +62,29 @@ def write_delta_files(table_uri: str, groups: Sequence[pa.Table], schema: pa.Sch
     ``AddAction``s (statistics: the row count and the key columns' bounds and null counts),
     for one ``create_write_transaction`` commit. Files of a commit that never happens are not
     referenced by the table (``vacuum`` removes them)."""
+    with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1) or 1) as pool:
+        return list(pool.map(lambda group: _write_delta_file(table_uri, group, schema,
+                                                             key_columns), groups))
+
+
+def _write_delta_file(table_uri: str, group: pa.Table, schema: pa.Schema,
+                      key_columns: Sequence[str]) -> Any:
+    """One Parquet file (pyarrow releases the GIL while it writes) and its ``AddAction``."""
     from deltalake.transaction import AddAction
 
-    actions = []
-    for group in groups:
-        name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
-        path = os.path.join(table_uri, name)
-        data = pa.Table.from_arrays([group.column(f.name).cast(f.type) for f in schema],
-                                    schema=schema)
-        pq.write_table(data, path, compression="snappy")
-        stats: dict[str, Any] = {"numRecords": data.num_rows, "minValues": {},
-                                 "maxValues": {}, "nullCount": {}}
-        for name_ in key_columns:
-            column = data.column(name_)
-            stats["nullCount"][name_] = column.null_count
-            if comparable(column.type) and not pa.types.is_binary(column.type):
-                bounds = pc.min_max(column)
-                stats["minValues"][name_] = bounds["min"].as_py()
-                stats["maxValues"][name_] = bounds["max"].as_py()
-        actions.append(AddAction(name, os.path.getsize(path), {}, int(time.time() * 1000),
-                                 True, json.dumps(stats)))
-    return actions
+    name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+    path = os.path.join(table_uri, name)
+    data = pa.Table.from_arrays([group.column(f.name).cast(f.type) for f in schema],
+                                schema=schema)
+    pq.write_table(data, path, compression="snappy")
+    stats: dict[str, Any] = {"numRecords": data.num_rows, "minValues": {},
+                             "maxValues": {}, "nullCount": {}}
+    for name_ in key_columns:
+        column = data.column(name_)
+        stats["nullCount"][name_] = column.null_count
+        if comparable(column.type) and not pa.types.is_binary(column.type):
+            bounds = pc.min_max(column)
+            stats["minValues"][name_] = bounds["min"].as_py()
+            stats["maxValues"][name_] = bounds["max"].as_py()
+    return AddAction(name, os.path.getsize(path), {}, int(time.time() * 1000), True,
+                     json.dumps(stats))

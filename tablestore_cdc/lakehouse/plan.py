@@ -196,7 +196,8 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
     schema = target if target is not None else initial_schema(batch.schema, options)
     # a new table is made with the first batch's attributes (under ignore: into _extra)
     creating = target is None and options.schema_drift == EXCEPTION
-    layout = plan_layout(schema, batch.schema, representative_images(rows, values), dataclasses
+    layout = plan_layout(schema, batch.schema, representative_images(
+        rows, values, schema, options.widen_to_string), dataclasses
                          .replace(options, schema_drift=EVOLVE) if creating else options,
                          table, promotions)
     if target is None:  # a new table is created with its columns, not evolved into them
