@@ -186,7 +186,8 @@ def run_one(kind: str, scd: int, size: int, config: LakehouseApplyConfig,
     append_stream_s = time.perf_counter() - began
     changes = sum(b.num_rows for b in stream)
     return {
-        "rows": size, "first_load_rows_s": size / load_s, "append_load_rows_s": size / append_load_s,
+        "rows": size, "first_load_rows_s": size / load_s,
+        "append_load_rows_s": size / append_load_s,
         "first_load_ratio": append_load_s / load_s,
         "apply_changes_s": changes / sum(times), "append_rows_s": changes / append_stream_s,
         "apply_ratio": append_stream_s / sum(times),

@@ -37,10 +37,11 @@ POSITIVE_KEYS = (
     "wire_decode_records_per_cpu_s",
     "wire_decode_records_per_cpu_s_python",
     "lakehouse_apply_ratio",
-    "lakehouse_apply_changes_s",
-    "lakehouse_append_rows_s",
-    "reconcile_rows_s",
-    "reconcile_seconds",
+    "lakehouse_first_load_ratio",
+    "lakehouse_growth",
+    "lakehouse_iceberg_over_delta",
+    "lakehouse_delta_scd2_4000_per_batch_s",
+    "lakehouse_iceberg_scd1_4000_first_load_rows_s",
 )
 
 
