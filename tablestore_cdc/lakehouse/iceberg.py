@@ -23,9 +23,8 @@ accepts can be passed as properties.
 
 from __future__ import annotations
 
-import functools
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,13 @@ import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
+from tablestore_cdc.lakehouse.layout import file_groups
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import (
     CLOSE_AT,
     END_AT,
     ApplyOptions,
     ApplyPlan,
-    Key,
     plan_batch,
 )
 from tablestore_cdc.lakehouse.pruning import comparable, may_hold
@@ -164,20 +163,20 @@ class IcebergApplySink(ApplySink):
         schema = transaction.table_metadata.schema().as_arrow()
         appending = not _may_hold(table, plan, options.key_columns[0])
         if appending:  # every key is new to the table: append, nothing to delete or close
-            delete_filter, rows = None, plan.upsert_table
-        elif options.scd == 2:
-            delete_filter, rows = _scd2_rows(table, plan, options)
+            span, groups = None, file_groups(plan.upsert_table, plan.upsert_channels,
+                                             options.key_columns[0])
         else:
-            delete_filter, rows = _scd1_rows(table, plan, options)
-        if (delete_filter is None and not rows.num_rows
-                and not summary.get(SCHEMA_CHANGES_PROPERTY) and not marking):
+            span, rows = _rewritten(table, plan, options)
+            groups = file_groups(rows, None, options.key_columns[0])
+        if (span is None and not groups and not summary.get(SCHEMA_CHANGES_PROPERTY)
+                and not marking):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
-        if delete_filter is not None and table.current_snapshot() is not None:
+        if span is not None and table.current_snapshot() is not None:
             with warnings.catch_warnings():  # "did not match any records": new keys only
                 warnings.filterwarnings("ignore", "Delete operation did not match")
-                transaction.delete(delete_filter, snapshot_properties=summary)
-        if rows.num_rows:
-            transaction.append(_conformed(rows, schema), snapshot_properties=summary)
+                transaction.delete(span, snapshot_properties=summary)
+        if groups:
+            _append_files(transaction, groups, schema, table.io, summary)
         self._before_commit()  # data files written, the catalog not yet pointed at them
         table = transaction.commit_transaction()
         self._after_commit()
@@ -210,42 +209,61 @@ def committed_batch(table: Any, app_id: str) -> int | None:
     return None
 
 
-def _scd1_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
-               ) -> tuple[Any | None, pa.Table]:
-    keys = options.key_columns
-    rows = plan.upsert_table
-    deleted = plan.deletes
-    touched = _key_tuples(rows, keys) + deleted
+def _rewritten(table: Any, plan: ApplyPlan, options: ApplyOptions
+               ) -> tuple[Any, pa.Table]:
+    """Copy-on-write of the batch's key span (pyiceberg writes no delete files): the filter
+    selecting every row whose first key column lies between the batch's lowest and highest
+    key (read through the files' bounds, a range binds at once where thousands of keys would
+    not), and the rows that replace them: the span's untouched rows, the batch's images
+    (SCD 1; soft-deleted keys' rows flagged) or versions (SCD 2; open versions of touched keys
+    closed)."""
+    e = _expressions()
+    keys = list(options.key_columns)
+    bounds = pc.min_max(plan.touched_keys(keys[0]))
+    span = e.And(e.GreaterThanOrEqual(keys[0], bounds["min"].as_py()),
+                 e.LessThanOrEqual(keys[0], bounds["max"].as_py()))
+    current = table.scan(row_filter=span).to_arrow()
+    touched = pa.concat_tables([t.select(keys).cast(current.select(keys).schema) for t in (
+        plan.upsert_table, plan.delete_keys, plan.close_table)]).group_by(keys).aggregate([])
+    schema = plan.upsert_table.schema
+    parts = [_conformed(current.join(touched, keys=keys, join_type="left anti"), schema),
+             plan.upsert_table]
+    hit = current.join(touched, keys=keys, join_type="left semi")
     flag = options.soft_delete_column
-    if flag and deleted:  # deleted here, last image in the table: keep it, flagged
-        current = table.scan(row_filter=keys_filter(keys, deleted)).to_arrow()
-        current = current.set_column(current.schema.get_field_index(flag), flag,
-                                     pa.repeat(True, current.num_rows))
-        rows = pa.concat_tables([rows, _conformed(current, rows.schema)])
-    return (keys_filter(keys, touched) if touched else None), rows
+    if options.scd == 2:
+        ended = pc.is_valid(hit.column(END_AT))
+        parts.append(_conformed(hit.filter(ended), schema))  # history of touched keys
+        closing = hit.filter(pc.invert(ended)).drop_columns([END_AT]).join(
+            plan.close_table, keys=keys)
+        parts.append(_conformed(closing.rename_columns(
+            [END_AT if n == CLOSE_AT else n for n in closing.column_names]), schema))
+    elif flag and plan.delete_keys.num_rows:  # deleted here, last image in the table: flagged
+        gone = hit.join(plan.delete_keys.cast(hit.select(keys).schema), keys=keys,
+                        join_type="left semi")
+        gone = gone.set_column(gone.schema.get_field_index(flag), flag,
+                               pa.repeat(True, gone.num_rows))
+        parts.append(_conformed(gone, schema))
+    return span, pa.concat_tables(parts)
 
 
-def _scd2_rows(table: Any, plan: ApplyPlan, options: ApplyOptions
-               ) -> tuple[Any | None, pa.Table]:
-    expressions = _expressions()
-    keys = options.key_columns
-    if not plan.close_table.num_rows:
-        return None, plan.upsert_table
-    open_versions = expressions.And(keys_filter(keys, _key_tuples(plan.close_table, keys)),
-                                    expressions.IsNull(END_AT))
-    current = table.scan(row_filter=open_versions).to_arrow()
-    if not current.num_rows:
-        return None, plan.upsert_table
-    closing = current.drop_columns([END_AT]).join(plan.close_table, keys=list(keys))
-    closed = closing.rename_columns([END_AT if n == CLOSE_AT else n
-                                     for n in closing.column_names])
-    return open_versions, pa.concat_tables([_conformed(closed, plan.upsert_table.schema),
-                                            plan.upsert_table])
+def _append_files(transaction: Any, groups: list[pa.Table], schema: pa.Schema, io: Any,
+                  summary: dict[str, str]) -> None:
+    """One snapshot adding a data file per group (each sorted by key, layout.py), written
+    by pyiceberg's own writer (the one ``Transaction.append`` uses) so that the files carry
+    Iceberg's field ids and bounds."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+        for group in groups:
+            for data_file in _dataframe_to_data_files(transaction.table_metadata,
+                                                      _conformed(group, schema), io):
+                append.append_data_file(data_file)
 
 
 def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     """Whether the table may hold a key the batch touches (pruning.py): the data files' lower
-    and upper bounds of the first key column, then, if they cannot tell, that column itself."""
+    and upper bounds of the first key column, then that column itself in the batch's key span
+    (the files' bounds prune the read)."""
     from pyiceberg.conversions import from_bytes
 
     if table.current_snapshot() is None:
@@ -262,13 +280,12 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
         return False
     if not comparable(keys.type):
         return True
-    probe = _expressions().In(key, set(pc.unique(keys).to_pylist()))
-    return table.scan(row_filter=probe, selected_fields=(key,)).to_arrow().num_rows > 0
-
-
-def _key_tuples(rows: pa.Table, keys: tuple[str, ...]) -> list[Key]:
-    """The keys of ``rows`` as Python tuples (pyiceberg's filters take values)."""
-    return list(zip(*[rows.column(k).to_pylist() for k in keys], strict=True))
+    e = _expressions()
+    bounds = pc.min_max(keys)
+    span = e.And(e.GreaterThanOrEqual(key, bounds["min"].as_py()),
+                 e.LessThanOrEqual(key, bounds["max"].as_py()))
+    held = table.scan(row_filter=span, selected_fields=(key,)).to_arrow().column(key)
+    return bool(pc.any(pc.is_in(held, value_set=keys.cast(held.type))).as_py())
 
 
 def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -276,17 +293,6 @@ def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names
                                  else pa.nulls(rows.num_rows, f.type) for f in schema],
                                 schema=schema)
-
-
-def keys_filter(key_columns: tuple[str, ...], keys: Iterable[Key]) -> Any:
-    """A pyiceberg row filter matching exactly ``keys``."""
-    e = _expressions()
-    keys = list(dict.fromkeys(keys))
-    if len(key_columns) == 1:
-        return e.In(key_columns[0], {key[0] for key in keys})
-    return functools.reduce(e.Or, [e.And(*[e.EqualTo(c, v) for c, v in zip(key_columns, key,
-                                                                          strict=True)])
-                                   for key in keys])
 
 
 def _expressions() -> Any:
