@@ -46,7 +46,7 @@ import psutil
 import pyarrow.parquet as pq
 
 from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV, POINTS
-from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
+from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table, preload
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import (
     history_mismatches,
@@ -82,12 +82,15 @@ FAILED_TASK = re.compile(r"Exception in task \S+ in stage \S+ \(TID (\d+)\)"
 
 @dataclass(frozen=True)
 class CrashAt:
-    """Arm ``point``, wait until a process parks there, SIGKILL the tree, restart."""
+    """Arm ``point``, wait until a process parks there, SIGKILL the tree, restart. The step
+    first waits until the query has caught up with the writer, unless ``early`` (then the
+    first pass of the point after the step starts is hit: e.g. during a first load)."""
 
     point: str
+    early: bool = False
 
     def describe(self) -> str:
-        return f"kill at {self.point}"
+        return f"kill at {self.point}" + (" (early)" if self.early else "")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,9 @@ class Scenario:
     #: read over the wire: an emulator (in this process) serves the store file; the query reads
     #: its Tunnel API and keeps its meta table in the emulated instance
     wire: bool = False
+    #: rows written (PUTs of keys the writer never touches) before the query starts: its first
+    #: batches are a first load of the table
+    preload: int = 0
 
     @property
     def kills(self) -> int:
@@ -482,7 +488,8 @@ class ScenarioRun:
     def step(self, step: Step) -> None:
         log.info("%s: %s", self.scenario.name, step.describe())
         if isinstance(step, CrashAt):
-            self.wait_caught_up()
+            if not step.early:
+                self.wait_caught_up()
             self.arm(step.point)
             self.wait_hit(step.point)
             self.kill()
@@ -540,6 +547,8 @@ class ScenarioRun:
         began = time.monotonic()
         s = self.scenario
         create_table(self.store_path, s.channels)
+        if s.preload:
+            preload(self.store_path, s.preload)
         writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.rate)
         try:
             if s.meta == "dynamodb":

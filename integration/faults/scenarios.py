@@ -133,6 +133,22 @@ def lakehouse_scenarios(seed: int, wire: bool) -> list[Scenario]:
                  "its history the change log's",
                  steps=target_kills, commit_interval=2, target="iceberg", scd=2, wire=wire,
                  **pace),
+        *([] if wire else first_load_scenarios()),
+    ]
+
+
+def first_load_scenarios() -> list[Scenario]:
+    """A table of 3,000 rows loaded by the query's first batches (every key new: appended, not
+    merged), killed before an appended batch's commit, then the stream (merges)."""
+    return [
+        Scenario(name=f"lakehouse/first-load-{kind}",
+                 why=f"a kill before the commit of an appended first-load batch into {kind}; "
+                 "then merges; the table equals the source",
+                 steps=(CrashAt("before_target_commit", early=True),
+                        CrashAt("after_target_commit")),
+                 commit_interval=2, target=kind, scd=1, preload=3000, rate=12.0,
+                 options=(("maxOffsetsPerChannel", "200"),))
+        for kind in ("delta", "iceberg")
     ]
 
 

@@ -19,6 +19,8 @@ from connector.local import LocalTablestore
 
 TABLE = "t"
 KEY_COLUMNS = ["id"]
+#: keys of ``preload``'s rows start here, above every key the ``Writer`` writes
+PRELOAD_KEYS_FROM = 1_000_000
 
 
 def create_table(path: Path, channels: int) -> None:
@@ -27,6 +29,19 @@ def create_table(path: Path, channels: int) -> None:
     try:
         store.create_table(TABLE, primary_key=[("id", "INTEGER")],
                            columns=[("name", "STRING"), ("qty", "INTEGER")], channels=channels)
+    finally:
+        store.close()
+
+
+def preload(path: Path, rows: int) -> None:
+    """``rows`` PUTs of keys above the writer's key space (from ``PRELOAD_KEYS_FROM``), in
+    atomic groups of 100, before the query starts."""
+    store = LocalTablestore(path, create=False)
+    try:
+        for start in range(0, rows, 100):
+            store.batch_write(TABLE, [
+                ("put", {"id": PRELOAD_KEYS_FROM + i}, {"name": f"p{i}", "qty": i})
+                for i in range(start, min(rows, start + 100))])
     finally:
         store.close()
 

@@ -9,12 +9,17 @@ commit that requires the table's current snapshot to be the one the sink read
 (``AssertRefSnapshotId``); if another writer committed meanwhile the catalog refuses
 (``CommitFailedException``), and the sink reloads, checks the summary again and re-plans.
 
-Row-level changes are copy-on-write with a key filter (``pyiceberg`` writes no delete files):
+Row-level changes are copy-on-write over the batch's key span (``_rewritten``; ``pyiceberg``
+writes no delete files): the rows whose first key column lies between the batch's lowest and
+highest key are deleted and written again without the touched keys' rows, with
 
-- SCD 1: delete every touched key's row, append the final images (with a soft-delete column,
-  keys deleted here without an image in the batch keep their current row, flagged);
-- SCD 2: read the touched keys' open versions (``__END_AT IS NULL``), delete them, append them
-  closed (``__END_AT`` = the key's first change time here) together with the new versions.
+- SCD 1: the final images (with a soft-delete column, keys deleted here without an image in
+  the batch keep their current row, flagged);
+- SCD 2: the touched keys' open versions (``__END_AT IS NULL``) closed (``__END_AT`` = the
+  key's first change time here) and the new versions.
+
+A batch whose keys are all new to the table is only appended (pruning.py), as key-clustered
+files (layout.py).
 
 The default catalog is pyiceberg's SQL catalog on a SQLite file (``open_apply_sink``:
 ``iceberg:///abs/warehouse?table=ns.name``); any catalog ``pyiceberg.catalog.load_catalog``

@@ -134,6 +134,10 @@ def route(rows: pa.Table, values: Mapping[str, Attribute], layout: TargetLayout)
     declared_kept = pa.repeat(False, n)
     for name, attribute in values.items():
         typ = types.get(name)
+        if typ is not None and name in layout.checked and not wide:
+            (array,) = attribute.kinds.values()  # a declared column that fits: as it is
+            parts[name] = [array.cast(typ)]
+            continue
         for kind, array in attribute.kinds.items():
             valid = pc.is_valid(array)
             fit = (valid if typ is not None and name in layout.checked
