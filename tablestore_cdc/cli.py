@@ -6,7 +6,7 @@
 - ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
 - ``tablestore-cdc demo`` / ``replicate``  the main job (tablestore_cdc/job.py)
 - ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
-- ``tablestore-cdc reconcile``    source table against its lakehouse copy (tablestore_cdc/reconcile)
+- ``tablestore-cdc lake ...``     the apply sink's tables' upkeep (tablestore_cdc/lake_cli.py)
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tablestore_cdc.cli_errors import OneLineErrors, set_verbose
 from tablestore_cdc.dashboard import dashboard_command
 from tablestore_cdc.emulator_cli import emulator_command
 from tablestore_cdc.job import demo, replicate
+from tablestore_cdc.lake_cli import app as lake_app
 from tablestore_cdc.local_cli import app as local_app
 from tablestore_cdc.meta_cli import app as meta_app
 from tablestore_cdc.meta_cli import progress_command
@@ -45,6 +46,7 @@ def _options(verbose: Annotated[bool, typer.Option(
 
 app.add_typer(local_app, name="local")
 app.add_typer(meta_app, name="meta")
+app.add_typer(lake_app, name="lake")
 app.command("demo")(demo)
 app.command("replicate")(replicate)
 app.command("reconcile")(reconcile)

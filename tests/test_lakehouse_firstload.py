@@ -153,3 +153,47 @@ def _committed(target: Delta | Iceberg) -> int:
     except Exception:  # the table is being created
         return 0
     return 0 if recorded is None else recorded + 1
+
+
+def test_lake_optimize_compacts_beside_the_stream_and_never_fails_a_batch(tmp_path) -> None:
+    """``tablestore-cdc lake optimize``: fewer files, the same rows; a compaction that commits
+    between a batch's read and its commit makes the batch retry, once, exactly."""
+    from tablestore_cdc.lakehouse.errors import TargetUriError
+    from tablestore_cdc.lakehouse.maintenance import optimize
+
+    target = Delta(tmp_path)
+    sink = target.sink()
+    for i, b in enumerate(snapshot_batches()):
+        sink.apply(b, "q", i)
+    sink.apply(batch(change("UPDATE", "a", 100, 100, 7, "seven", 77)), "q", 4)
+    rows = table_state(target.rows(), ["id"])
+    before = len(DeltaTable(target.path).file_uris())
+    result = optimize(f"delta://{target.path}", vacuum_hours=0)
+    assert result.compacted and result.files_after < before == result.files_before
+    assert result.vacuumed >= before - 1  # the compacted files, no longer referenced
+    assert table_state(target.rows(), ["id"]) == rows
+    raced: list[object] = []
+    sink._before_commit = lambda: raced or raced.append(  # type: ignore[method-assign]
+        optimize(f"delta://{target.path}"))
+    committed = sink.apply(batch(change("UPDATE", "b", 101, 101, 1005, "five", 5)), "q", 5)
+    assert committed.committed and committed.attempts == 2
+    rows['{"id": 1005}'] = {"name": "five", "qty": 5}
+    assert table_state(target.rows(), ["id"]) == rows
+    with pytest.raises(TargetUriError, match="compacts Delta tables only"):
+        optimize(f"iceberg://{tmp_path}/wh?table=cdc.orders")
+
+
+def test_lake_optimize_command_reports_in_one_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from tablestore_cdc.cli import app
+
+    target = Delta(tmp_path)
+    target.sink().apply(snapshot_batches()[0], "q", 0)
+    target.sink().apply(snapshot_batches()[1], "q", 1)
+    done = CliRunner().invoke(app, ["lake", "optimize", "--target", f"delta://{target.path}"])
+    assert done.exit_code == 0 and done.output.strip().endswith("compacted into 1"), done.output
+    missing = CliRunner().invoke(app, ["lake", "optimize", "--target",
+                                       f"delta://{tmp_path}/none"])
+    assert missing.exit_code == 2 and missing.output.count("\n") == 1
+    assert "error: target" in missing.output and "no table there yet" in missing.output

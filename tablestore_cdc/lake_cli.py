@@ -1,0 +1,29 @@
+"""``tablestore-cdc lake ...``: maintenance of the tables the apply sink writes
+(tablestore_cdc/lakehouse/maintenance.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tablestore_cdc.cli_errors import reported_errors
+
+app = typer.Typer(help="Maintenance of the Delta tables replicate writes.",
+                  no_args_is_help=True, rich_markup_mode=None)
+
+
+@app.command("optimize")
+def optimize_command(
+    target: Annotated[str, typer.Option(help="The table, as replicate's --target: "
+                                        "delta:///abs/path.")],
+    vacuum_hours: Annotated[int | None, typer.Option(
+        min=0, help="Also remove files no version of the last N hours references (the files "
+        "of batches killed before their commit among them).")] = None,
+) -> None:
+    """Compact a Delta target's small files, sorted by its key, beside the running stream
+    (a batch committing meanwhile wins; run it again)."""
+    from tablestore_cdc.lakehouse.maintenance import describe, optimize
+
+    with reported_errors():
+        typer.echo(describe(optimize(target, vacuum_hours)))
