@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", help="also apply each batch into this table "
                         "(delta:///abs/path or iceberg:///abs/warehouse?table=ns.name)")
     parser.add_argument("--scd", type=int, default=1, help="SCD type of --target (1 or 2)")
+    parser.add_argument("--executor-write-rows", type=int, default=None,
+                        help="appended batches of at least this many rows have their files "
+                        "written by the executors (the apply sink's executor_write_rows)")
     args = parser.parse_args(argv)
     if not (args.store or args.endpoint):
         parser.error("one of --store or --endpoint is required")
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         reader = reader.option(key, value)
     sink = ExactlyOnceParquetSink(args.sink)
     if args.target:
-        sink = _and_apply(sink, args.target, args.scd)
+        sink = _and_apply(sink, args.target, args.scd, args.executor_write_rows)
     writer = (reader.load().writeStream.foreachBatch(sink)
               .option("checkpointLocation", args.checkpoint))
     if args.available_now:
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _and_apply(parquet: Any, target: str, scd: int) -> Any:
+def _and_apply(parquet: Any, target: str, scd: int, executor_write_rows: int | None) -> Any:
     """A ``foreachBatch`` function: the apply sink first (the harness compares its table with
     the source), then the Parquet sink (the harness verifies delivery there). In this order a
     batch that reached the Parquet sink is in the table too, so the harness, which stops the
@@ -94,7 +97,7 @@ def _and_apply(parquet: Any, target: str, scd: int) -> Any:
     batch)."""
     from tablestore_cdc.lakehouse import open_apply_sink
 
-    apply = open_apply_sink(target, scd=scd)
+    apply = open_apply_sink(target, scd=scd, executor_write_rows=executor_write_rows)
 
     def both(df: Any, batch_id: int) -> None:
         df.persist()  # read the batch from the source once for both sinks

@@ -157,6 +157,8 @@ class Scenario:
     #: rows written (PUTs of keys the writer never touches) before the query starts: its first
     #: batches are a first load of the table
     preload: int = 0
+    #: appended batches of at least this many rows are written by Spark's executors (Delta)
+    executor_write_rows: int | None = None
 
     @property
     def kills(self) -> int:
@@ -370,6 +372,8 @@ class ScenarioRun:
                 args += ["--option", f"{key}={value}"]
         if self.target is not None:
             args += ["--target", self.target.uri, "--scd", str(self.scenario.scd)]
+            if self.scenario.executor_write_rows is not None:
+                args += ["--executor-write-rows", str(self.scenario.executor_write_rows)]
         for key, value in self.scenario.options:
             args += ["--option", f"{key}={value}"]
         for key, value in self.scenario.conf:

@@ -30,14 +30,21 @@ a Delta column keeps its type (``drift.no_promotions``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tablestore_cdc.lakehouse.layout import file_groups, write_delta_files
+from tablestore_cdc.lakehouse.layout import (
+    file_groups,
+    split,
+    write_delta_files,
+    write_delta_files_on_executors,
+)
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
@@ -97,7 +104,7 @@ class DeltaApplySink(ApplySink):
         return self._table
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_table": None}
+        return {**super().__getstate__(), "_table": None}
 
     def committed_batch(self, app_id: str) -> int | None:
         table = self.table()
@@ -118,6 +125,7 @@ class DeltaApplySink(ApplySink):
         table = self.table()
         marker = self._marker(app_id, options)
         recorded = None
+        writers: set[int] = set()
         if table is not None:
             recorded = table.transaction_version(app_id)
             schema = pa.schema(table.schema().to_arrow())
@@ -143,8 +151,8 @@ class DeltaApplySink(ApplySink):
                 if self.table() is None:
                     raise
                 raise TableCreatedMeanwhile(str(exc)) from exc
-            self._before_commit()
-            _append(self.table(), plan, options, commit, self.storage_options)
+            writers = _append(self.table(), plan, options, commit, self.storage_options,
+                              self._executors_for(plan), self._before_commit)
         else:
             if plan.layout.added:  # its own commit, before the data's: a replay finds it done
                 self._log_schema_changes(self.table_uri, batch_id, plan)
@@ -152,16 +160,18 @@ class DeltaApplySink(ApplySink):
                 table.alter.add_columns(fields, commit_properties=CommitProperties(
                     custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
             appending = not _may_hold(table, plan, options.key_columns[0])
-            self._before_commit()  # schema changed (if at all), the batch's data not committed
             if appending:  # every key is new to the table: no MERGE to make
-                _append(table, plan, options, commit, self.storage_options)
-            else:
+                writers = _append(table, plan, options, commit, self.storage_options,
+                                  self._executors_for(plan), self._before_commit)
+            else:  # schema changed (if at all), the batch's data not committed
+                self._before_commit()
                 merge = _scd2_merge if options.scd == 2 else _scd1_merge
                 merge(table, plan, options, commit)
         self._after_commit()
         committed = self.table()
-        return self._result(batch_id, plan, None if committed is None else committed.version(),
-                            appended=table is None or appending)
+        result = self._result(batch_id, plan, None if committed is None else committed.version(),
+                              appended=table is None or appending)
+        return dataclasses.replace(result, written_by=tuple(sorted(writers)))
 
 
 def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:
@@ -207,20 +217,32 @@ def _local_path(table_uri: str) -> str | None:
 
 
 def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
-            storage_options: dict[str, str] | None) -> None:
+            storage_options: dict[str, str] | None, spark_context: Any,
+            before_commit: Callable[[], None]) -> set[int]:
     """Append the batch's rows in one commit, as key-clustered files (layout.py) when the
-    table is local, else with ``write_deltalake``."""
+    table is local — written by Spark's executors when ``spark_context`` is given — else with
+    ``write_deltalake``. ``before_commit`` runs once the files are written. Returns the ids of
+    the executor processes that wrote files."""
     import deltalake
 
     local = _local_path(table.table_uri)
     if local is None or storage_options:
+        before_commit()
         deltalake.write_deltalake(table, plan.upsert_table, mode="append",
                                   commit_properties=commit)
-        return
+        return set()
     schema = pa.schema(table.schema().to_arrow())
     groups = file_groups(plan.upsert_table, plan.upsert_channels, options.key_columns[0])
-    actions = write_delta_files(local, groups, schema, options.key_columns)
+    writers: set[int] = set()
+    if spark_context is not None:
+        pieces = split(groups, spark_context.defaultParallelism)
+        actions, writers = write_delta_files_on_executors(spark_context, local, pieces, schema,
+                                                          options.key_columns)
+    else:
+        actions = write_delta_files(local, groups, schema, options.key_columns)
+    before_commit()  # the files are written (unreferenced until the commit)
     table.create_write_transaction(actions, "append", schema, commit_properties=commit)
+    return writers
 
 
 def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:

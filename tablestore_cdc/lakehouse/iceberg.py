@@ -114,7 +114,7 @@ class IcebergApplySink(ApplySink):
         return self._catalog
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_catalog": None}
+        return {**super().__getstate__(), "_catalog": None}
 
     def table(self) -> Any | None:
         """The table as it is now (``pyiceberg.table.Table``), or None if it does not exist."""

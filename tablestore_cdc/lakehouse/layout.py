@@ -67,6 +67,46 @@ def write_delta_files(table_uri: str, groups: Sequence[pa.Table], schema: pa.Sch
                                                              key_columns), groups))
 
 
+def write_delta_files_on_executors(spark_context: Any, table_uri: str,
+                                   groups: Sequence[pa.Table], schema: pa.Schema,
+                                   key_columns: Sequence[str]) -> tuple[list[Any], set[int]]:
+    """``write_delta_files`` with the files written by Spark's executors, one task per group
+    (the group shipped as Arrow IPC, each task returns its file's ``AddAction`` fields); the
+    caller, on the driver, makes the one commit. Returns the actions and the ids of the
+    processes that wrote the files."""
+    from deltalake.transaction import AddAction
+
+    tasks = [(table_uri, _ipc(group), _ipc(schema.empty_table()), tuple(key_columns))
+             for group in groups]
+    written = spark_context.parallelize(tasks, len(tasks)).map(_executor_write).collect()
+    return ([AddAction(w["path"], w["size"], {}, w["modification_time"], True, w["stats"])
+             for w in written], {w["pid"] for w in written})
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _executor_write(task: tuple[str, bytes, bytes, tuple[str, ...]]) -> dict[str, Any]:
+    """One Spark task (executor): write a group's file, return its ``AddAction`` fields."""
+    table_uri, rows, schema, key_columns = task
+    group = pa.ipc.open_stream(rows).read_all()
+    action = _write_delta_file(table_uri, group, pa.ipc.open_stream(schema).schema,
+                               key_columns)
+    return {"path": action.path, "size": action.size, "stats": action.stats,
+            "modification_time": action.modification_time, "pid": os.getpid()}
+
+
+def split(groups: Sequence[pa.Table], pieces: int) -> list[pa.Table]:
+    """``groups`` cut into at least ``pieces`` key-ordered slices (one file each)."""
+    total = sum(g.num_rows for g in groups)
+    size = max(1, -(-total // max(1, pieces)))
+    return [g.slice(start, size) for g in groups for start in range(0, g.num_rows, size)]
+
+
 def _write_delta_file(table_uri: str, group: pa.Table, schema: pa.Schema,
                       key_columns: Sequence[str]) -> Any:
     """One Parquet file (pyarrow releases the GIL while it writes) and its ``AddAction``."""

@@ -39,6 +39,8 @@ log = logging.getLogger("tablestore_cdc.lakehouse")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: commits tried per batch when other writers keep winning the race
 COMMIT_ATTEMPTS = 5
+#: from this many appended rows a batch's files are written by Spark's executors (Delta)
+EXECUTOR_WRITE_ROWS = 200_000
 #: the key in a commit's metadata (Delta commit info, Iceberg snapshot summary) that records
 #: the schema changes the commit made, "; "-separated
 SCHEMA_CHANGES_PROPERTY = "tablestore-cdc.schema-changes"
@@ -64,6 +66,8 @@ class ApplyResult:
     values_in_extra: int = 0
     #: the batch's keys were all new to the table: its rows were appended, not merged
     appended: bool = False
+    #: the ids of the executor processes that wrote the batch's files (empty: the driver)
+    written_by: tuple[int, ...] = ()
 
 
 class ApplySink(ABC):
@@ -74,7 +78,8 @@ class ApplySink(ABC):
                  scd: int = 1, schema_drift: str = DEFAULT_POLICY,
                  soft_delete_column: str | None = None, app_id: str | None = None,
                  widen_to_string: bool = False, source: str | None = None,
-                 adopt_target: bool = False) -> None:
+                 adopt_target: bool = False,
+                 executor_write_rows: int | None = EXECUTOR_WRITE_ROWS) -> None:
         self.key_columns = tuple(key_columns) if key_columns else None
         self.scd, self.schema_drift = scd, schema_drift
         self.soft_delete_column = soft_delete_column
@@ -83,6 +88,11 @@ class ApplySink(ABC):
         #: the source's identity in the table's marker (ownership.py); adopt_target: take
         #: over a table this job did not create
         self.source, self.adopt_target = source or "", adopt_target
+        #: an appended batch of at least this many rows has its files written by Spark's
+        #: executors (in a foreachBatch; None: never), the driver making the one commit
+        self.executor_write_rows = executor_write_rows
+        self._spark_context: Any = None
+        self.last_result: ApplyResult | None = None
         # fail at construction on a bad option (keys, when not given, come with the batch)
         self.options(self.key_columns or ("<key>",))
 
@@ -103,7 +113,24 @@ class ApplySink(ABC):
                                    problem="the batch's schema marks no key column (a change "
                                    "log read back from files loses the marks)",
                                    allowed="key_columns=[...] given to the sink")
-        self.apply(df.toArrow(), app_id, batch_id, key_columns)
+        try:
+            self._spark_context = df.sparkSession.sparkContext
+        except Exception:  # Spark Connect has no SparkContext: the driver writes
+            self._spark_context = None
+        try:
+            self.apply(df.toArrow(), app_id, batch_id, key_columns)
+        finally:
+            self._spark_context = None
+
+    def _executors_for(self, plan: ApplyPlan) -> Any:
+        """The SparkContext whose executors write this batch's appended files, or None."""
+        if (self._spark_context is None or self.executor_write_rows is None
+                or plan.upsert_table.num_rows < self.executor_write_rows):
+            return None
+        return self._spark_context
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_spark_context": None}
 
     # --- one batch ---------------------------------------------------------------------------
 
@@ -123,6 +150,7 @@ class ApplySink(ABC):
             if attempt > 1:
                 result = dataclasses.replace(result, attempts=attempt)
             log.info("batch %d: %s", batch_id, result)
+            self.last_result = result
             if result.values_in_extra and options.schema_drift != IGNORE:
                 log.warning("batch %d: %d value(s) fit no column of the target and were kept "
                             "in _extra", batch_id, result.values_in_extra)
