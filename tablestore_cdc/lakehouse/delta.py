@@ -75,7 +75,8 @@ class DeltaApplySink(ApplySink):
 
     ``table_uri``: a path or any URI delta-rs writes (``storage_options`` for cloud stores).
     Options as ``ApplySink`` (``key_columns``, ``scd``, ``schema_drift``,
-    ``soft_delete_column``, ``app_id``)."""
+    ``soft_delete_column``, ``app_id``, ``widen_to_string``, ``source``, ``adopt_target``,
+    ``executor_write_rows``)."""
 
     def __init__(self, table_uri: str | os.PathLike[str], *,
                  storage_options: dict[str, str] | None = None, **options: Any) -> None:

@@ -72,7 +72,13 @@ class ApplyResult:
 
 class ApplySink(ABC):
     """Base of ``DeltaApplySink`` and ``IcebergApplySink``: options, ``foreachBatch`` entry,
-    the conflict-retry loop. Subclasses implement ``_apply_once`` and ``committed_batch``."""
+    the conflict-retry loop. Subclasses implement ``_apply_once``, ``committed_batch`` and
+    ``target_properties``.
+
+    Options (docs/lakehouse.md, "Options"): ``key_columns``, ``scd``, ``schema_drift``
+    (drift.py), ``soft_delete_column``, ``app_id``, ``widen_to_string``, ``source`` and
+    ``adopt_target`` (ownership.py), ``executor_write_rows`` (Delta appends written by the
+    executors)."""
 
     def __init__(self, *, key_columns: tuple[str, ...] | list[str] | None = None,
                  scd: int = 1, schema_drift: str = DEFAULT_POLICY,

@@ -21,7 +21,8 @@ FORMS = "delta:///abs/path or iceberg:///abs/warehouse?table=namespace.table"
 
 def open_apply_sink(uri: str, **options: Any) -> ApplySink:
     """The sink for ``uri`` with ``options`` (``key_columns``, ``scd``, ``schema_drift``,
-    ``soft_delete_column``, ``app_id``)."""
+    ``soft_delete_column``, ``app_id``, ``widen_to_string``, ``source``, ``adopt_target``,
+    ``executor_write_rows``: ``sink.ApplySink``)."""
     parts = urlsplit(uri)
     if parts.netloc or not parts.path.startswith("/"):
         raise TargetUriError(uri=uri, problem="the path must be absolute (three slashes)",
