@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
@@ -22,7 +25,7 @@ pytest.importorskip("pyiceberg")
 from deltalake import DeltaTable  # noqa: E402
 
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
-from tablestore_cdc.lakehouse.pruning import may_hold  # noqa: E402
+from tablestore_cdc.lakehouse.pruning import candidates, may_hold  # noqa: E402
 from tablestore_cdc.verify import table_state  # noqa: E402
 from testkit.processes import REPO  # noqa: E402
 from tests.test_lakehouse import Delta, Iceberg, batch, change  # noqa: E402
@@ -42,6 +45,26 @@ def test_statistics_tell_a_key_is_absent_only_when_no_range_holds_it() -> None:
     assert not may_hold(pa.array(["b", "d"]), ["a", "c", "e"], ["aa", "cz", "f"])
     assert may_hold(pa.array(["b", "d"]), ["a"], ["bb"])
     assert may_hold(pa.array([1.5]), [0.0], [1.0])  # doubles: never compared
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.integers(-50, 50), max_size=30),
+       files=st.lists(st.tuples(st.integers(-60, 60), st.integers(0, 20)), max_size=12),
+       strings=st.booleans())
+def test_the_files_a_key_may_be_in_are_exactly_those_whose_range_holds_it(
+        keys: list[int], files: list[tuple[int, int]], strings: bool) -> None:
+    """``pruning.candidates`` against the plain rule: a file may hold a key when
+    low <= key <= high (string keys compared as the formats order them: by bytes)."""
+    def value(v: int) -> Any:
+        return f"k{v + 100:03d}" if strings else v
+
+    lows = [value(low) for low, _ in files]
+    highs = [value(low + width) for low, width in files]
+    array = pa.array([value(k) for k in keys], pa.string() if strings else pa.int64())
+    expected = [any(lo <= value(k) <= hi for k in keys) for lo, hi in zip(lows, highs,
+                                                                          strict=True)]
+    assert list(candidates(array, lows, highs)) == expected
+    assert may_hold(array, lows, highs) == any(expected)
 
 
 def snapshot_batches(rows_per_channel: int = 40, per_batch: int = 10) -> list[pa.Table]:
