@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
 from deltalake import DeltaTable  # noqa: E402

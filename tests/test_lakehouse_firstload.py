@@ -19,7 +19,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
 from deltalake import DeltaTable  # noqa: E402

@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
 from deltalake import DeltaTable, write_deltalake  # noqa: E402

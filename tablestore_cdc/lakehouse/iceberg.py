@@ -36,8 +36,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
+from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.layout import file_groups
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import (
