@@ -64,6 +64,7 @@ PRESETS: dict[str, Preset] = {
         WireConfig(records=4_000, decode_records=4_000, repeats=1),
         LakehouseApplyConfig(sizes=(2_000, 4_000), load_batch=1_000, batches=2,
                              batch_size=500, hot_keys=1_000),
+        reconcile=ReconcileConfig(rows=20_000),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -107,6 +108,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "lakehouse_first_load_ratio": (">=", 0.8, ""),
     "lakehouse_growth": ("<=", 2.0, "x"),
     "lakehouse_iceberg_over_delta": ("<=", 2.0, "x"),
+    # issue 41: one million rows compared in at most 60 s
+    "reconcile_rows_s": (">=", 1_000_000 / 60, ""),
 }
 
 
@@ -142,6 +145,10 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
                 "plain appends, per target size ...")
             results["lakehouse_apply"] = lakehouse_apply.run(preset.lakehouse_apply,
                                                              root / "lakehouse_apply", log=log)
+        if "reconcile" in only:
+            log(f"reconcile: an equal pair of {preset.reconcile.rows:,} rows (embedded store, "
+                "Delta) compared ...")
+            results["reconcile"] = reconcile.run(preset.reconcile, root / "reconcile")
         if "memory" in only:
             log(f"memory: one Python process reads a {preset.memory.records:,}-record "
                 "partition ...")
@@ -248,6 +255,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "lakehouse_apply" in results:
         out.update(lakehouse_summary(results["lakehouse_apply"]))
+    if "reconcile" in results:
+        r = results["reconcile"]
+        out["reconcile_rows_s"] = round(r["rows_s"])
+        out["reconcile_seconds"] = round(r["seconds"], 2)
+        out["reconcile_rows"] = r["rows"]
     if "recovery" in results:
         out["recovery_s"] = results["recovery"]["recovery_s"]
         out["recovery_rereads"] = results["recovery"]["rereads"]
@@ -382,6 +394,10 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted(k for k in s if k.startswith("lakehouse_")):
         add(key, s[key], "{:,.0f}" if key.endswith("_s") and not key.endswith("per_batch_s")
             else "{:.3f}")
+    if "reconcile_rows_s" in s:
+        add("reconcile_rows_s", s["reconcile_rows_s"], "{:,.0f}")
+    if "reconcile_seconds" in s:
+        add("reconcile_seconds", s["reconcile_seconds"], "{:.1f}")
     for key in ("wire_client_us_per_record", "wire_client_us_per_record_prefetch_off"):
         if key in s:
             add(key, s[key], "{:.2f}")

@@ -42,6 +42,8 @@ POSITIVE_KEYS = (
     "lakehouse_iceberg_over_delta",
     "lakehouse_delta_scd2_4000_per_batch_s",
     "lakehouse_iceberg_scd1_4000_first_load_rows_s",
+    "reconcile_rows_s",
+    "reconcile_seconds",
 )
 
 

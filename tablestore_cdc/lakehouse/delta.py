@@ -56,8 +56,15 @@ from tablestore_cdc.lakehouse.sink import (
     log,
 )
 
-#: the commit info key of the commit that (re)marks a table as this job's (ownership.py)
+#: the commit-info keys naming the batch a commit applied (as the Iceberg sink's snapshot
+#: summary names it); only a batch's data commit carries them
+QUERY_ID_KEY = "tablestore-cdc.query-id"
+BATCH_ID_KEY = "tablestore-cdc.batch-id"
+#: the commit-info key of the commit that (re)marks a table as this job's (ownership.py)
 ADOPTED_PROPERTY = "tablestore-cdc.marked-by"
+#: the commit-info key naming the batch a schema-only commit was made for (its data follows in
+#: the next commit, which alone names the batch with ``BATCH_ID_KEY``)
+SCHEMA_CHANGE_BATCH_KEY = "tablestore-cdc.schema-change-of-batch"
 #: the MERGE source's own columns (never written to the target)
 APPLY = "__apply"
 MERGE_KEY = "__merge_"
@@ -142,7 +149,11 @@ class DeltaApplySink(ApplySink):
             return ApplyResult(batch_id=batch_id, committed=False, changes=batch.num_rows)
         target = None if table is None else pa.schema(table.schema().to_arrow())
         plan = plan_batch(batch, target, options, self.table_uri)
-        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+        # the commit's info names the batch too (``DeltaTable.history``): how a reader that
+        # does not know the query id finds how far the table is applied (``reconcile``)
+        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
+                                  custom_metadata={QUERY_ID_KEY: app_id,
+                                                   BATCH_ID_KEY: str(batch_id)})
         if table is None:  # created with the marker; the batch follows in its own commit
             try:
                 deltalake.DeltaTable.create(
@@ -178,7 +189,7 @@ class DeltaApplySink(ApplySink):
 def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:
     """The commit info of a schema-change commit: what changed, for which query and batch."""
     return {SCHEMA_CHANGES_PROPERTY: "; ".join(plan.layout.schema_changes()),
-            "tablestore-cdc.query-id": app_id, "tablestore-cdc.batch-id": str(batch_id)}
+            SCHEMA_CHANGE_BATCH_KEY: f"{app_id}/{batch_id}"}
 
 
 def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
