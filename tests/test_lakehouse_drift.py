@@ -81,6 +81,8 @@ def test_the_lattice_widens_losslessly_only() -> None:
                                                 (i32, f32), (f64, i64), (pa.string(), i64),
                                                 (i64, pa.string()), (pa.bool_(), i8)))
     assert type_fits(i64, pa.string(), widen_to_string=True)
+    # the large variants (Iceberg's Arrow schema) hold what the plain ones hold
+    assert type_fits(pa.binary(), pa.large_binary()) and type_fits(pa.string(), pa.large_string())
     # values: an integer into a double column while it is exact there (2^53), not beyond
     assert fits(2 ** 53, f64) and fits(-(2 ** 53), f64) and not fits(2 ** 53 + 1, f64)
     assert fits(2 ** 24, f32) and not fits(2 ** 24 + 1, f32)

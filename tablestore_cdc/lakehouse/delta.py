@@ -214,11 +214,15 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     probe = ds.field(key).isin(pc.unique(keys))
     local = _local_path(table.table_uri)
     if local is None:
-        return table.to_pyarrow_dataset().to_table(columns=[key], filter=probe).num_rows > 0
+        column = table.to_pyarrow_dataset().to_table(columns=[key]).column(key)
+        return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
     paths = [os.path.join(local, p) for p, h in zip(files.column("path").to_pylist(), held,
                                                      strict=True) if h]
-    return ds.dataset(paths, format="parquet").to_table(columns=[key],
-                                                        filter=probe).num_rows > 0
+    # the key column read as the batch's type (delta-rs may store strings as views, which
+    # ``isin`` does not take); the filter prunes row groups by their statistics
+    only_key = pa.schema([pa.field(key, keys.type)])
+    return ds.dataset(paths, schema=only_key, format="parquet").to_table(
+        columns=[key], filter=probe).num_rows > 0
 
 
 def _local_path(table_uri: str) -> str | None:

@@ -143,7 +143,7 @@ def fits(value: Any, typ: pa.DataType, widen_to_string: bool = False) -> bool:
     if isinstance(value, str):
         return _is_string(typ)
     if isinstance(value, bytes):
-        return pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+        return _is_binary(typ)
     if isinstance(value, dt.datetime):
         return pa.types.is_timestamp(typ)
     if isinstance(value, dt.date):
@@ -166,7 +166,7 @@ def type_fits(source: pa.DataType, target: pa.DataType, widen_to_string: bool = 
     if pa.types.is_timestamp(source) and pa.types.is_timestamp(target):
         return True
     return (_is_string(source) and _is_string(target)) or (
-        pa.types.is_binary(source) and pa.types.is_binary(target))
+        _is_binary(source) and _is_binary(target))
 
 
 def promotion(value: Any, column: pa.DataType) -> pa.DataType | None:
@@ -216,6 +216,10 @@ def as_stored(value: Any, typ: pa.DataType) -> Any:
 
 def _is_string(typ: pa.DataType) -> bool:
     return pa.types.is_string(typ) or pa.types.is_large_string(typ)
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    return pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
 
 
 # --- the target's columns after a batch --------------------------------------------------------
