@@ -6,6 +6,7 @@
 - ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
 - ``tablestore-cdc demo`` / ``replicate``  the main job (tablestore_cdc/job.py)
 - ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
+- ``tablestore-cdc reconcile``    source table against its lakehouse copy (tablestore_cdc/reconcile)
 - ``tablestore-cdc lake ...``     the apply sink's tables' upkeep (tablestore_cdc/lake_cli.py)
 """
 
