@@ -29,7 +29,7 @@ import pytest
 from connector.local import LocalTablestore
 from meta_store import open_meta_store
 from tablestore_cdc.dashboard import DashboardApp, make_server
-from tablestore_cdc.feed import user_namespaces
+from tablestore_cdc.feed.reading import user_namespaces
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
 
@@ -71,7 +71,8 @@ error = query.exception()
 # onQueryTerminated reaches the listener asynchronously: let it record the stop first (if it
 # never does, the test's own check of the page's "stopped" state says so)
 from meta_store import open_meta_store
-from tablestore_cdc.feed import load_query_status, user_namespaces
+from tablestore_cdc.feed.reading import user_namespaces
+from tablestore_cdc.query_record import load_query_status
 with open_meta_store(f"sqlite://{meta}") as m:
     try:
         wait_until("the listener to record the stop",

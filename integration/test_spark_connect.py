@@ -28,7 +28,8 @@ import pytest
 from connector.local import LocalTablestore
 from integration.connect_env import REPO, ClientUnavailable, client_python, connect_server
 from meta_store import open_meta_store
-from tablestore_cdc.feed import load_query_progress, user_namespaces
+from tablestore_cdc.feed.reading import user_namespaces
+from tablestore_cdc.query_record import load_query_progress
 from tablestore_cdc.sinks import deliveries_from_rows
 from tablestore_cdc.verify import Delivered, rows_by_key, verify
 

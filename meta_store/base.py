@@ -288,7 +288,7 @@ class MetaStore(ABC):
     def _decode_namespace(self, value: Any) -> str:
         """One namespace name as a backend's listing read it: ``CorruptMetaRecordError`` for a
         cell that is not text (NULL, a BLOB, a number: a row this product did not write).
-        One cell per call, like ``_decode_batch``: ``tablestore_cdc.feed.InspectedStore``
+        One cell per call, like ``_decode_batch``: ``tablestore_cdc.feed.reading.InspectedStore``
         wraps it to skip and name such a row."""
         if isinstance(value, str):
             return value

@@ -9,16 +9,16 @@ Spark calls ``onQueryProgress`` on the driver (PySpark forwards the JVM listener
 Python process) after each micro-batch. For every source of the query whose end offset is one
 of ours (``{"uuid": ..., "source": namespace}``), the listener stores an entry — batch id, input
 and processed rows/s, batch duration, query id — keyed by the batch's end UUID, with
-``tablestore_cdc.feed.record_query_progress`` (a companion record in the meta store, so it works on
-every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join it to the
-batch with that UUID.
+``tablestore_cdc.query_record.record_query_progress`` (a companion record in the meta store, so
+it works on every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join
+it to the batch with that UUID.
 
 It also records whether the query is alive, for the dashboard's stale/stopped state: every
 progress report marks the namespace ``running``, ``onQueryIdle`` (Spark's no-data heartbeat)
 refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's exception
-(``tablestore_cdc.feed.record_query_status``). ``namespaces`` limits the listener to the sources it
-was made for (``tablestore_cdc.job`` passes its own), so a listener left on a shared session never
-writes another query's progress into its store.
+(``tablestore_cdc.query_record.record_query_status``). ``namespaces`` limits the listener to the
+sources it was made for (``tablestore_cdc.job`` passes its own), so a listener left on a shared
+session never writes another query's progress into its store.
 
 Over Spark Connect (PySpark 4) the same call on a client session runs the listener in the
 *client* process: the server streams the events to it. The client then writes to the meta store
@@ -166,7 +166,7 @@ class ProgressListener(StreamingQueryListener):
 
     def _status(self, event: Any, status: str, reason: str | None) -> None:
         """Record ``status`` for the namespaces of the query the event is about."""
-        from tablestore_cdc.feed import record_query_status
+        from tablestore_cdc.query_record import record_query_status
 
         try:
             query_id = str(getattr(event, "id", ""))
@@ -193,7 +193,7 @@ class ProgressListener(StreamingQueryListener):
     def record(self, progress: Any) -> int:
         """Store the entries of one progress report (a ``StreamingQueryProgress`` or a
         ``lastProgress`` dict); returns how many were stored. Raises on failure."""
-        from tablestore_cdc.feed import record_query_progress
+        from tablestore_cdc.query_record import record_query_progress
 
         entries = [(ns, e) for ns, e in progress_entries(progress)
                    if self.namespaces is None or ns in self.namespaces]

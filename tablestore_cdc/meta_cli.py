@@ -40,22 +40,22 @@ from rich.tree import Tree
 
 from meta_store import BatchRecord, BatchState, MetaStore
 from tablestore_cdc.cli_errors import fail, reported_errors
-from tablestore_cdc.feed import (
-    FEED_SCHEMA_VERSION,
+from tablestore_cdc.feed.polling import follow_feed
+from tablestore_cdc.feed.reading import (
     InspectedStore,
-    batch_record,
-    channel_tree,
-    channel_view,
-    committed_positions,
     find_batch,
-    follow_feed,
-    load_query_progress,
     open_existing_meta_store,
-    positions_after,
     resolve_namespace,
-    tunnel_endpoint,
     user_namespaces,
 )
+from tablestore_cdc.feed.shapes import (
+    FEED_SCHEMA_VERSION,
+    batch_record,
+    channel_tree,
+    positions_after,
+)
+from tablestore_cdc.feed.tunnel_view import channel_view, committed_positions, tunnel_endpoint
+from tablestore_cdc.query_record import load_query_progress
 
 app = typer.Typer(
     help="Inspect the meta table: batches, checkpoints, channels, lag, retention, export.",

@@ -272,7 +272,7 @@ def test_meta_lag_and_the_feed_over_the_wire(writer, emulator, tmp_path):
     from typer.testing import CliRunner
 
     from tablestore_cdc.cli import app as root_app
-    from tablestore_cdc.feed import progress_snapshot
+    from tablestore_cdc.feed.snapshot import progress_snapshot
 
     write(writer, range(10))
     options = wire_options(emulator, tmp_path)

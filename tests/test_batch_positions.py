@@ -6,7 +6,7 @@ from __future__ import annotations
 from connector.planning.positions import Position, positions_after_batch
 from connector.tunnel import FINISHED
 from meta_store import BatchRecord, BatchState, ChannelStart, EndCheckpoint, Manifest
-from tablestore_cdc.feed import positions_after as feed_positions_after
+from tablestore_cdc.feed.shapes import positions_after as feed_positions_after
 
 
 def start(channel_id: str, token: str, sequence_number: int, last: str | None = None,

@@ -44,7 +44,9 @@ def test_demo_records_spark_batch_ids_and_its_stop(tmp_path):
     assert any(c["only_in"] == "between" for c in data["channels"]), data["channels"]
 
     from meta_store import open_meta_store
-    from tablestore_cdc.feed import load_query_status, progress_snapshot, user_namespaces
+    from tablestore_cdc.feed.reading import user_namespaces
+    from tablestore_cdc.feed.snapshot import progress_snapshot
+    from tablestore_cdc.query_record import load_query_status
 
     with open_meta_store(meta) as store:
         namespace = user_namespaces(store)[0]

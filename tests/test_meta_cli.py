@@ -37,13 +37,10 @@ from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
 from tablestore_cdc.cli import app as root_app
 from tablestore_cdc.dashboard import DashboardApp, make_server
-from tablestore_cdc.feed import (
-    follow_feed,
-    load_query_progress,
-    record_query_progress,
-    user_namespaces,
-)
+from tablestore_cdc.feed.polling import follow_feed
+from tablestore_cdc.feed.reading import user_namespaces
 from tablestore_cdc.listener import ProgressListener, progress_entries
+from tablestore_cdc.query_record import load_query_progress, record_query_progress
 from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent

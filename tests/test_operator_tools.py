@@ -24,7 +24,7 @@ from cdc_common.tokens import FINISHED
 from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
 from tablestore_cdc.cli import app as root_app
-from tablestore_cdc.feed import throughput
+from tablestore_cdc.feed.snapshot import throughput
 
 NS = "local:///nowhere/store.db#t#n"
 
@@ -373,7 +373,7 @@ def test_dashboard_snapshot_survives_and_lists_a_corrupt_row(tmp_path: Path) -> 
 
 
 def test_activity_tells_live_idle_stale_and_stopped() -> None:
-    from tablestore_cdc.feed import STALE_AFTER_S, activity
+    from tablestore_cdc.feed.snapshot import STALE_AFTER_S, activity
 
     def committed(at: float) -> dict[str, Any]:
         return {"initial": False, "times": {"committed": at}}

@@ -1,9 +1,9 @@
 """Positions after a batch: where every channel of a batch stands once the batch is read.
 
 One rule, used by the driver's planner (``StreamProtocol.positions_after``: the next batch starts
-there) and by the progress feed (``tablestore_cdc.feed.positions_after``: what the CLI and the
-dashboard show): a channel's end checkpoint when its read recorded one, else its manifest start
-(a channel not read in that batch, or not read yet).
+there) and by the progress feed (``tablestore_cdc.feed.shapes.positions_after``: what the CLI and
+the dashboard show): a channel's end checkpoint when its read recorded one, else its manifest
+start (a channel not read in that batch, or not read yet).
 """
 
 from __future__ import annotations

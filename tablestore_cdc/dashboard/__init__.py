@@ -4,8 +4,9 @@ A ``ThreadingHTTPServer`` (standard library) serves
 
 - ``/`` — ``index.html`` with ``dashboard.js`` and ``dashboard.css`` (all local files of this
   package: no CDN, works offline), which polls ``/api/progress`` every second;
-- ``/api/progress`` — the snapshot of ``tablestore_cdc.feed.progress_snapshot`` (recent batches,
-  per-channel latest positions and lag, the channel tree, throughput, the last Spark progress);
+- ``/api/progress`` — the snapshot of ``tablestore_cdc.feed.snapshot.progress_snapshot`` (recent
+  batches, per-channel latest positions and lag, the channel tree, throughput, the last Spark
+  progress);
   ``409`` with ``{"error": ...}`` when the namespace is ambiguous or unknown, ``503`` when the
   meta store cannot be read;
 - ``/healthz`` — ``ok``.
@@ -30,12 +31,8 @@ import typer
 
 from connector.errors import CdcError
 from meta_store import MetaStore
-from tablestore_cdc.feed import (
-    InspectedStore,
-    InspectionError,
-    open_existing_meta_store,
-    progress_snapshot,
-)
+from tablestore_cdc.feed.reading import InspectedStore, InspectionError, open_existing_meta_store
+from tablestore_cdc.feed.snapshot import progress_snapshot
 
 log = logging.getLogger("tablestore_cdc.dashboard")
 

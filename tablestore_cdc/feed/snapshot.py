@@ -1,0 +1,180 @@
+"""The dashboard's snapshot (``/api/progress``): recent batches, channels, throughput, whether the
+query is alive. Built by ``progress_snapshot`` for ``tablestore_cdc.dashboard`` (and tests).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from meta_store import EndCheckpoint, MetaStore
+from tablestore_cdc.feed.polling import feed_records
+from tablestore_cdc.feed.reading import InspectedStore, resolve_namespace, user_namespaces
+from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION, channel_tree, consumed, query_entry
+from tablestore_cdc.feed.tunnel_view import TunnelView, committed_positions, safe_channel_view
+from tablestore_cdc.query_record import load_query_progress, load_query_status
+
+
+def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[str, Any]:
+    """Rows/s over the last ``window`` committed (non-initial) batches, and a per-batch series.
+
+    Window rate = ``rate_records`` / ``seconds``: the rows of the batches committed after the
+    window's first commit, over the seconds from that first commit to the last one (a single
+    batch: its rows over its plan-to-commit time). The dashboard's caption prints exactly these
+    two numbers; ``records`` is every row of the window. Per batch, ``rows_per_second`` is
+    Spark's processed rows/s when a listener reported it, else rows / plan-to-commit seconds.
+    """
+    done = [r for r in records if not r["initial"] and r["times"]["committed"] is not None]
+    done = done[-window:]
+    series = []
+    for r in done:
+        t = r["times"]
+        q = r.get("query") or {}
+        rate = q.get("processed_rows_per_second")
+        if rate is None and t["planned"] is not None:
+            span = t["committed"] - t["planned"]
+            rate = r["records"] / span if span > 0 else None
+        series.append({"uuid": r["uuid"], "spark_batch_id": r["spark_batch_id"],
+                       "at": t["committed"], "records": r["records"],
+                       "rows_per_second": rate,
+                       "input_rows_per_second": q.get("input_rows_per_second")})
+    rows_per_second = seconds = rate_records = None
+    if len(done) >= 2:
+        seconds = done[-1]["times"]["committed"] - done[0]["times"]["committed"]
+        rate_records = sum(r["records"] for r in done[1:])
+    elif done and done[0]["times"]["planned"] is not None:
+        seconds = done[0]["times"]["committed"] - done[0]["times"]["planned"]
+        rate_records = done[0]["records"]
+    if seconds is not None and rate_records is not None and seconds > 0:
+        rows_per_second = rate_records / seconds
+    return {"window_batches": len(done), "seconds": seconds, "rows_per_second": rows_per_second,
+            "rate_records": rate_records,
+            "records": sum(r["records"] for r in done), "series": series}
+
+
+#: a running query's last commit (or listener heartbeat) may be this old before it is "stale"
+STALE_AFTER_S = 30.0
+
+
+def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | None,
+             records_behind: int | None, now: float) -> dict[str, Any]:
+    """Is the query alive? ``state`` is one of
+
+    - ``waiting``: no batch committed yet;
+    - ``stopped``: the ``ProgressListener`` saw the query terminate (``reason``: its error);
+    - ``live``: a commit or a listener heartbeat within ``stale_after_s``;
+    - ``idle``: nothing for longer, but nothing is behind either (caught up, no new data);
+    - ``stale``: nothing for longer while records are behind (or lag is unknown): the query
+      has probably stopped or hangs.
+
+    ``last_commit_age_s`` is the age of the newest commit among ``records``."""
+    commits = [r["times"]["committed"] for r in records if r["times"]["committed"] is not None
+               and not r["initial"]]
+    last_commit = max(commits, default=None)
+    stale_after = STALE_AFTER_S
+    if len(commits) >= 3:  # a slow trigger commits rarely: allow 5 of its intervals
+        gaps = sorted(b - a for a, b in zip(commits, commits[1:], strict=False))
+        stale_after = max(STALE_AFTER_S, 5 * gaps[len(gaps) // 2])
+    heard = [t for t in (last_commit, status.get("at") if status else None) if t is not None]
+    last_heard = max(heard, default=None)
+    if status and status.get("status") == "stopped":
+        state = "stopped"
+    elif last_commit is None:
+        state = "waiting"
+    elif last_heard is not None and now - last_heard <= stale_after:
+        state = "live"
+    elif records_behind == 0:
+        state = "idle"
+    else:
+        state = "stale"
+    return {
+        "state": state, "last_commit_at": last_commit,
+        "last_commit_age_s": None if last_commit is None else max(0.0, now - last_commit),
+        "stale_after_s": stale_after,
+        "stopped_at": status.get("at") if status and state == "stopped" else None,
+        "reason": status.get("reason") if status and state == "stopped" else None,
+    }
+
+
+def progress_snapshot(
+    store: MetaStore,
+    namespace: str | None,
+    *,
+    endpoint: str | None = None,
+    recent: int = 50,
+    with_tunnel: bool = True,
+    ends_cache: dict[str, dict[str, EndCheckpoint]] | None = None,
+) -> dict[str, Any]:
+    """The ``/api/progress`` document: recent batch records, every channel's latest position,
+    pushed checkpoint, lag and lineage, the channel tree, throughput and the last Spark
+    progress. ``namespace=None`` with an empty store gives ``namespace: null`` (the dashboard
+    waits for the query to start). ``ends_cache``: see ``feed_records``."""
+    now = time.time()
+    base: dict[str, Any] = {
+        "schema_version": FEED_SCHEMA_VERSION, "kind": "snapshot", "generated_at": now,
+        "meta_uri": store.uri, "namespace": None, "namespace_info": None, "batch_count": 0,
+        "state_counts": {}, "batches": [], "channels": [], "tree": [], "throughput":
+        throughput([]), "query": None, "tunnel_error": None,
+        "activity": activity([], None, None, now),
+    }
+    if namespace is None and not user_namespaces(store):
+        return base
+    ns = resolve_namespace(store, namespace)
+    view = safe_channel_view(store, ns, endpoint) if with_tunnel else TunnelView(
+        error="tunnel not consulted")
+    all_batches = store.list_batches(ns)
+    records = feed_records(store, ns, view=view, limit=recent, now=now, ends_cache=ends_cache)
+    counts: dict[str, int] = {}
+    for b in all_batches:
+        counts[b.state.value] = counts.get(b.state.value, 0) + 1
+    channels = view.channels if view.error is None else _channels_from_meta(store, ns)
+    latest = _latest_positions(records)
+    for c in channels:
+        c["latest"] = latest.get(c["channel_id"])
+        if c["consumed"] is None and c["latest"] is not None:  # finished and left the manifests
+            c["consumed"] = c["latest"]["consumed"]
+    progress = load_query_progress(store, ns)
+    last_query = max(progress.values(), key=lambda e: (e.get("batch_id") or -1),
+                     default=None)
+    behind = [c["lag"]["records_behind"] for c in channels if c.get("lag")]
+    records_behind = sum(behind) if behind and None not in behind else None
+    base.update({
+        "activity": activity(records, load_query_status(store, ns), records_behind, now),
+        "namespace": ns, "namespace_info": store.get_namespace_info(ns),
+        "batch_count": len(all_batches), "state_counts": counts, "batches": records,
+        "channels": channels, "tree": channel_tree(channels),
+        "throughput": throughput(records), "query": query_entry(last_query),
+        "tunnel_error": view.error,
+        # rows skipped because they do not decode (only when read through InspectedStore)
+        "corrupt": store.corrupt_records() if isinstance(store, InspectedStore) else [],
+    })
+    return base
+
+
+def _latest_positions(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per channel, the newest recorded end among ``records`` (batch UUID, position, records
+    read in that batch)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for c in r["channels"]:
+            if c["end"] is not None:
+                out[c["channel_id"]] = {"uuid": r["uuid"], "spark_batch_id": r["spark_batch_id"],
+                                        "end": c["end"], "records": c["records"],
+                                        "consumed": consumed(c["end"])}
+    return out
+
+
+def _channels_from_meta(store: MetaStore, namespace: str) -> list[dict[str, Any]]:
+    """Channels as the meta table knows them (when the tunnel cannot be asked): those of the
+    latest committed batch's manifest, without status or lag."""
+    batch, committed = committed_positions(store, namespace)
+    starts = {c.channel_id: c for c in batch.manifest.channels} if batch and batch.manifest else {}
+    ids = sorted(committed)
+    return [{
+        "channel_id": ch, "status": None, "channel_type": None,
+        "parent_ids": list(starts[ch].parent_ids) if ch in starts else [],
+        "children": sorted(o for o in ids if ch in (starts[o].parent_ids if o in starts else ())),
+        "waiting_for": [], "pushed": None, "position": committed[ch],
+        "consumed": consumed(committed[ch]), "lag": None,
+    } for ch in ids]
