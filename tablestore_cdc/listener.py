@@ -17,7 +17,7 @@ It also records whether the query is alive, for the dashboard's stale/stopped st
 progress report marks the namespace ``running``, ``onQueryIdle`` (Spark's no-data heartbeat)
 refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's exception
 (``tablestore_cdc.query_record.record_query_status``). ``namespaces`` limits the listener to the
-sources it was made for (``tablestore_cdc.job`` passes its own), so a listener left on a shared
+sources it was made for (``tablestore_cdc.pipeline`` passes its own), so a listener left on a shared
 session never writes another query's progress into its store.
 
 Over Spark Connect (PySpark 4) the same call on a client session runs the listener in the

@@ -379,7 +379,7 @@ def test_over_the_emulator_the_six_differences_are_found(emulator: Any, tmp_path
                                                          target: Target) -> None:
     from tablestore import OTSClient, Row
 
-    from tablestore_cdc.job import _SdkRows
+    from tablestore_cdc.demo.writer import _SdkRows
 
     writes = _SdkRows(emulator)  # more changes through the official SDK
     for i in range(20):

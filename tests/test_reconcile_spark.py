@@ -1,4 +1,4 @@
-"""``tablestore-cdc reconcile`` against the real pipeline (``tablestore_cdc.job.start_pipeline``:
+"""``tablestore-cdc reconcile`` against the real pipeline (``tablestore_cdc.pipeline``:
 the source into a change log, the change log applied into Delta or Iceberg) on a real local
 Spark, while a writer makes inserts, updates and deletes with channel splits and a merge.
 
@@ -21,7 +21,8 @@ pytest.importorskip("pyiceberg")
 pytest.importorskip("polars")
 
 from connector.local import LocalTablestore  # noqa: E402
-from tablestore_cdc.job import DEMO_TABLE, ApplySettings, DemoWriter, start_pipeline  # noqa: E402
+from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter  # noqa: E402
+from tablestore_cdc.pipeline import ApplySettings, start_pipeline  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile.errors import TargetMissingError  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402

@@ -452,7 +452,7 @@ class ScenarioRun:
         """The store's change log, with sequences as the query sees them (over the wire: as
         the emulator carries them)."""
         from connector.local import LocalTablestore
-        from tablestore_cdc.job import wire_sequences
+        from tablestore_cdc.demo.run import wire_sequences
 
         store = LocalTablestore(self.store_path, create=False)
         try:

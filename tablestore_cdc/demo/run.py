@@ -1,0 +1,199 @@
+"""The demo's run: a fresh store, the pipeline, the writer, live counts, the verification."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
+from connector.planning.logs import LOG_LEVEL_ENV
+from connector.tunnel.local import LocalTablestore
+from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter
+from tablestore_cdc.pipeline import ApplySettings, Pipeline, start_pipeline
+from tablestore_cdc.verify import rows_by_key, verify
+
+console = Console(stderr=True)
+result_console = Console()  # the verification line goes to stdout, for scripts
+DEMO_MARKER = ".tablestore-cdc-demo"
+
+
+#: the demo emulator's instance and its (throwaway, per-run) key id
+DEMO_INSTANCE = "demo"
+
+
+def _start_demo_emulator(store_path: Path) -> tuple[Any, dict[str, str]]:
+    """An in-process emulator over the demo's store file and the reader options to reach it
+    (driver). The meta table lives in the same emulated instance; its store reads credentials
+    from the environment, which the Spark processes started after this inherit."""
+    import secrets
+
+    from tablestore_emulator.server import EmulatorServer
+
+    key_id, secret = "demo-" + secrets.token_hex(4), secrets.token_urlsafe(18)
+    server = EmulatorServer(str(store_path), DEMO_INSTANCE, key_id, secret).start()
+    os.environ[ALIBABA_ACCESS_KEY_ID] = key_id
+    os.environ[ALIBABA_ACCESS_KEY_SECRET] = secret
+    options = {"instance.name": DEMO_INSTANCE, "access.key.id": key_id,
+               "access.key.secret": secret,
+               "catalog": '{"columns": {"customer": {"type": "string"}, "amount": '
+                          '{"type": "double"}, "status": {"type": "string"}}}'}
+    return server, options
+
+
+def wire_sequences(change_log: list[Any]) -> list[Any]:
+    """The store's change log with ``sequence`` as the emulator's Tunnel API carries it."""
+    import dataclasses
+
+    return [dataclasses.replace(r, sequence=f"{0:08x}:{r.commit_ts_us:016x}:"
+                                f"{int(r.sequence):08x}") for r in change_log]
+
+
+def prepare_workdir(workdir: Path) -> None:
+    """A fresh demo directory; refuses to wipe a directory the demo did not create."""
+    if workdir.exists() and any(workdir.iterdir()):
+        if not (workdir / DEMO_MARKER).exists():
+            raise typer.BadParameter(
+                f"{workdir} is not empty and was not created by the demo; choose another "
+                "--workdir", param_hint="--workdir")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / DEMO_MARKER).touch()
+
+
+def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed: int,
+             master: str, backend: str = "local") -> bool:
+    """The whole demo; returns whether verification passed (driver). ``backend="emulator"``
+    serves the store through the emulator and runs everything over the wire: the writer uses
+    the official SDK, the source the Tunnel API, the meta table is in the emulated instance."""
+    from connector.spark import local_session
+
+    prepare_workdir(workdir)
+    # the live progress bar replaces the per-batch log lines of the planning process
+    os.environ.setdefault(LOG_LEVEL_ENV, "WARNING")
+    store_path = workdir / "store.db"
+    with LocalTablestore(store_path) as store:
+        store.create_table(DEMO_TABLE, primary_key=[("order_id", "INTEGER")],
+                           columns=[("customer", "STRING"), ("amount", "DOUBLE"),
+                                    ("status", "STRING")], channels=channels)
+    emulator, options = None, None
+    if backend == "emulator":
+        emulator, options = _start_demo_emulator(store_path)
+    console.print(f"[bold]demo[/] store {store_path} · table {DEMO_TABLE} · {channels} channels"
+                  f" · {changes} changes over ~{duration_s:.0f}s · "
+                  + (f"over the wire at {emulator.url} · " if emulator else "")
+                  + f"starting Spark ({master})")
+    try:
+        spark = local_session("tablestore-cdc-demo", master=master)
+        endpoint = emulator.url if emulator else f"local://{store_path}"
+        target = ApplySettings(f"delta://{workdir / 'out' / DEMO_TABLE}")
+        pipeline = start_pipeline(spark, endpoint, DEMO_TABLE, "demo", workdir / "out", target,
+                                  options=options)
+        writer = DemoWriter(store_path, changes, duration_s, seed, emulator=emulator)
+        writer.start()
+        try:
+            _show_progress(pipeline, writer, changes)
+            if writer.error is not None:
+                raise writer.error
+            pipeline.drain()
+        finally:
+            pipeline.stop()
+        ok = _verify_demo(pipeline, store_path, writer, wire=emulator is not None)
+        spark.stop()
+    finally:
+        if emulator is not None:
+            emulator.stop()
+    return ok
+
+
+def _show_progress(pipeline: Pipeline, writer: DemoWriter, changes: int,
+                   catch_up_timeout_s: float = 180) -> None:
+    columns = (BarColumn(bar_width=20), TextColumn(
+        "written {task.fields[written]} · delivered {task.completed:.0f} · "
+        "batches {task.fields[batches]} · lag {task.fields[lag]} · "
+        "splits {task.fields[splits]} merge {task.fields[merges]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("changes", total=changes, written=0, batches=0, lag=0,
+                                 splits=0, merges=0)
+        deadline = None
+        while True:
+            pipeline.check()
+            delivered, batches = pipeline.poll()
+            progress.update(task, completed=delivered, written=writer.written, batches=batches,
+                            lag=writer.written - delivered, splits=writer.splits,
+                            merges=writer.merges)
+            if not writer.is_alive():
+                if delivered >= writer.written or writer.error is not None:
+                    return
+                deadline = deadline or time.monotonic() + catch_up_timeout_s
+                if time.monotonic() > deadline:
+                    console.print("[red]timed out waiting for the pipeline to catch up")
+                    return
+            time.sleep(0.5)
+
+
+def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
+                 wire: bool = False) -> bool:
+    """Compare the change log with the store's, and the Delta table (read back with deltalake,
+    not through the sink) with the store's table row by row; print where the table is."""
+    import pyarrow.parquet as pq
+
+    from tablestore_cdc.sinks import deliveries_from_rows
+    from tablestore_cdc.verify import read_delta, table_state
+
+    with LocalTablestore(store_path) as store:
+        change_log = store.change_log(DEMO_TABLE)
+        if wire:
+            change_log = wire_sequences(change_log)
+        source = rows_by_key(store.scan(DEMO_TABLE))
+        channels = store.list_channels(DEMO_TABLE)
+    rows = pq.read_table(pipeline.changelog_dir).to_pylist()
+    result = verify(change_log, deliveries_from_rows(rows, ["order_id"]), check_order=False)
+    table_path = pipeline.target.removeprefix("delta://")
+    state = table_state(read_delta(table_path), pipeline.key_columns)
+    state_ok = {k: dict(v) for k, v in source.items()} == state
+    _, batches = pipeline.poll()
+    _print_where(table_path)
+    line = (f"demo: {result.expected} changes written ({writer.splits} splits, {writer.merges} "
+            f"merge(s), {len(channels)} channels), {result.delivered} delivered in {batches} "
+            f"batches: {result.lost} lost, {result.duplicated} duplicated; current state "
+            f"{'matches' if state_ok else 'DIFFERS FROM'} the source table row by row "
+            f"({len(source)} rows in the Delta table)")
+    ok = result.lost == 0 and result.duplicated == 0 and state_ok
+    result_console.print(f"[{'green' if ok else 'red'}]{line}", soft_wrap=True)
+    if not ok:
+        console.print(f"examples: {result.examples}; state keys differing: "
+                      f"{sorted(set(state) ^ set(source))[:5]}")
+    return ok
+
+
+def _print_where(table_path: str) -> None:
+    """Where the Delta table is and how to query it: one-liners for this interpreter, which has
+    ``deltalake`` (a base dependency); Polars and DuckDB need one ``pip install``. All run
+    offline (DuckDB reads the table through Arrow: its ``delta`` extension would be downloaded).
+    tests/test_doc_snippets.py runs the lines as printed."""
+    python = shlex.quote(sys.executable)
+    path = json.dumps(table_path)  # a Python string literal, inside the shell's single quotes
+    queries = [  # double quotes only: shlex.quote then wraps each in plain single quotes
+        f'from deltalake import DeltaTable; print(DeltaTable({path}).to_pyarrow_table()'
+        '.group_by("status").aggregate([("order_id", "count"), ("amount", "sum")]))',
+        f'import polars as pl; print(pl.read_delta({path}).group_by("status")'
+        '.agg(pl.len(), pl.col("amount").sum().round(2)))',
+        f'import duckdb, deltalake; orders = deltalake.DeltaTable({path}).to_pyarrow_dataset(); '
+        'duckdb.sql("SELECT status, count(*), round(sum(amount), 2) FROM orders '
+        'GROUP BY status").show()',
+    ]
+    lines = [f"demo: the current state is the Delta table {table_path}; query it with deltalake, "
+             f"Polars (both installed with the package) or DuckDB (first: {python} -m pip install "
+             "duckdb):"]
+    lines += [f"  {python} -c {shlex.quote(query)}" for query in queries]
+    result_console.print("\n".join(lines), soft_wrap=True, highlight=False, markup=False)

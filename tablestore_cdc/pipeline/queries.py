@@ -1,0 +1,129 @@
+"""The two queries of one table's pipeline (driver): start them, watch them, stop them.
+
+``start_pipeline`` starts the change-log query and the apply query on any endpoint the source
+reads and attaches a ``ProgressListener`` so the dashboard and ``tablestore-cdc meta`` know
+Spark's batch ids and see the queries stop; ``Pipeline`` is what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdc_common.uris import redact_uri
+
+
+@dataclass
+class Pipeline:
+    """The two running queries of the job and where they write (driver)."""
+
+    changelog: Any
+    state_query: Any
+    #: the apply sink of the second query (``tablestore_cdc.lakehouse.ApplySink``)
+    sink: Any
+    target: str
+    key_columns: tuple[str, ...]
+    changelog_dir: Path
+    delivered_by_batch: dict[int, int] = field(default_factory=dict)
+    listener: Any = None  # the ProgressListener attached by start_pipeline
+
+    def poll(self) -> tuple[int, int]:
+        """(changes delivered to the change log, batches) from the query's progress."""
+        for progress in self.changelog.recentProgress:
+            self.delivered_by_batch[progress["batchId"]] = progress["numInputRows"]
+        return sum(self.delivered_by_batch.values()), len(self.delivered_by_batch)
+
+    def applied_batch(self) -> int | None:
+        """The newest batch of the apply query recorded in the target table."""
+        return self.sink.committed_batch(str(self.state_query.id))
+
+    def check(self) -> None:
+        for query in (self.changelog, self.state_query):
+            if query.exception() is not None:
+                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+
+    def drain(self) -> None:
+        self.check()
+        self.changelog.processAllAvailable()
+        self.state_query.processAllAvailable()
+
+    def stop(self) -> None:
+        for query in (self.changelog, self.state_query):
+            query.stop()
+        if self.listener is not None:  # the dashboard shows "stopped" only once it is recorded
+            self.listener.wait_terminated(timeout=10)
+
+
+@dataclass(frozen=True)
+class ApplySettings:
+    """Where and how the second query applies the changes (``--target``, ``--scd``, ...)."""
+
+    target: str
+    scd: int = 1
+    schema_drift: str = "lenient"
+    soft_delete_column: str | None = None
+    adopt_target: bool = False
+
+
+def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path,
+                   apply: ApplySettings, options: dict[str, str] | None = None,
+                   trigger_ms: int = 0) -> Pipeline:
+    """Start the change-log and apply queries (driver) on any ``endpoint`` the source reads
+    (``local://``, the emulator's or a service's ``http(s)://``, ``dynamodb-streams://``)."""
+    from tablestore_cdc.lakehouse import open_apply_sink
+    from tablestore_cdc.lakehouse.plan import key_columns_of
+
+    reader = (spark.readStream.format("tablestore")
+              .option("endpoint", endpoint)
+              .option("table.name", table).option("tunnel.name", tunnel))
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    changes = reader.load()
+    # the source marks key columns non-nullable; the change log read back from files does not
+    key_columns = key_columns_of(changes.schema)
+    sink = open_apply_sink(apply.target, key_columns=key_columns, scd=apply.scd,
+                           schema_drift=apply.schema_drift,
+                           soft_delete_column=apply.soft_delete_column,
+                           source=f"{redact_uri(endpoint)}#{table}",
+                           adopt_target=apply.adopt_target)
+    listener = _attach_listener(spark, {"endpoint": endpoint,
+                                        "table.name": table, "tunnel.name": tunnel,
+                                        **(options or {})})
+    changelog_dir = out / "changelog"
+    trigger = {"processingTime": f"{trigger_ms} milliseconds"}
+    changelog = (changes.writeStream.format("parquet").queryName("changelog")
+                 .option("path", str(changelog_dir))
+                 .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
+                 .trigger(**trigger).start())
+    state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
+                   .writeStream.queryName("apply").foreachBatch(sink)
+                   .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
+                   .trigger(**trigger).start())
+    return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
+                    listener=listener)
+
+
+def checkpoint_query_id(checkpoint: Path) -> str | None:
+    """The streaming query id Spark keeps in a checkpoint (its ``metadata`` file), or None."""
+    import json
+
+    try:
+        return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
+    """A ``ProgressListener`` for this source on ``spark`` (driver), so the dashboard, ``meta
+    show`` and ``progress`` know Spark's batch ids and rates and see the query stop."""
+    from connector.options import SourceOptions
+    from tablestore_cdc.listener import ProgressListener
+
+    options = SourceOptions.from_spark(source_options)
+    # (a checkpoint of an earlier version keeps the namespace it was written in)
+    listener = ProgressListener(options.meta_store,
+                                namespaces={options.source_identity, options.legacy_namespace},
+                                credentials=options.meta_store_credentials)
+    spark.streams.addListener(listener)
+    return listener
