@@ -1,8 +1,8 @@
 """The ``tablestore-cdc`` command: one typer app, one sub-command group per concern.
 
 - ``tablestore-cdc local ...``    the embedded store (tablestore_cdc/local_cli.py)
-- ``tablestore-cdc meta ...``     meta-table inspection (tablestore_cdc/meta_cli.py)
-- ``tablestore-cdc progress``     the progress feed as JSON lines (tablestore_cdc/meta_cli.py)
+- ``tablestore-cdc meta ...``     meta-table inspection (tablestore_cdc/meta_cli/)
+- ``tablestore-cdc progress``     the progress feed as JSON lines (tablestore_cdc/feed_cli.py)
 - ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
 - ``tablestore-cdc demo`` / ``replicate``  the pipeline (tablestore_cdc/pipeline_cli.py)
 - ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
@@ -19,10 +19,10 @@ import typer
 from tablestore_cdc.cli_errors import OneLineErrors, set_verbose
 from tablestore_cdc.dashboard import dashboard_command
 from tablestore_cdc.emulator_cli import emulator_command
+from tablestore_cdc.feed_cli import progress_command
 from tablestore_cdc.lake_cli import app as lake_app
 from tablestore_cdc.local_cli import app as local_app
 from tablestore_cdc.meta_cli import app as meta_app
-from tablestore_cdc.meta_cli import progress_command
 from tablestore_cdc.pipeline_cli import demo, replicate
 from tablestore_cdc.reconcile.command import reconcile
 

@@ -1,0 +1,141 @@
+"""The tunnel's side: ``meta channels`` (the channel tree) and ``meta lag``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.tree import Tree
+
+from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.feed.reading import resolve_namespace
+from tablestore_cdc.feed.shapes import channel_tree
+from tablestore_cdc.feed.tunnel_view import channel_view, committed_positions, tunnel_endpoint
+from tablestore_cdc.meta_cli.common import (
+    EndpointOpt,
+    JsonOpt,
+    MetaOpt,
+    NamespaceOpt,
+    _console,
+    _print_json,
+    _store,
+    _table,
+)
+from tablestore_cdc.query_record import load_query_progress
+
+
+def channels(
+    meta: MetaOpt, namespace: NamespaceOpt = None, endpoint: EndpointOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The tunnel's channel tree: lineage, status, pushed checkpoint, waiting-for-parent."""
+    with _store(meta) as store, reported_errors():
+        ns = resolve_namespace(store, namespace)
+        info = store.get_namespace_info(ns) or {}
+        view = channel_view(store, ns, endpoint)
+        tree = channel_tree(view.channels)
+        if as_json:
+            _print_json({"namespace": ns, "tunnel": info, "channels": view.channels,
+                         "tree": tree})
+            return
+        by_id = {c["channel_id"]: c for c in view.channels}
+        root = Tree(f"[bold]{info.get('table')}[/bold] / tunnel {info.get('tunnel')} "
+                    f"({info.get('tunnel_id')})")
+
+        def label(node: dict[str, Any]) -> str:
+            c = by_id[node["channel_id"]]
+            colour = {"OPEN": "green", "WAIT": "yellow", "TERMINATED": "dim"}.get(c["status"], "")
+            text = f"[{colour}]{c['channel_id']} {c['status']}[/{colour}]" if colour else (
+                f"{c['channel_id']} {c['status']}")
+            pushed = c["pushed"]
+            if pushed is not None:
+                text += (" pushed=finished" if pushed["finished"]
+                         else f" pushed seq={pushed['sequence_number']}")
+            if c["consumed"] is not None:
+                text += f" consumed={c['consumed']}"
+            if c["lag"] and c["lag"]["records_behind"]:
+                text += f" behind={c['lag']['records_behind']}"
+            if c["waiting_for"]:
+                text += f" [yellow]waiting for {', '.join(c['waiting_for'])}[/yellow]"
+            if node["also_under"]:
+                text += f" (also child of {', '.join(node['also_under'])})"
+            return text
+
+        def add(parent: Tree, node: dict[str, Any]) -> None:
+            branch = parent.add(label(node))
+            for child in node["children"]:
+                add(branch, child)
+
+        for node in tree:
+            add(root, node)
+        _console().print(root)
+
+
+def lag(
+    meta: MetaOpt, namespace: NamespaceOpt = None, endpoint: EndpointOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per channel, records and seconds behind the head from the latest committed batch."""
+    with _store(meta) as store, reported_errors():
+        from connector.tunnel import open_tunnel_service
+
+        ns = resolve_namespace(store, namespace)
+        info = store.get_namespace_info(ns) or {}
+        batch, positions = committed_positions(store, ns)
+        with open_tunnel_service(tunnel_endpoint(info, endpoint)) as tunnel:
+            tunnel_id = info.get("tunnel_id") or tunnel.describe_tunnel(
+                info["table"], info["tunnel"]).tunnel.tunnel_id
+            raw = tunnel.lag(tunnel_id, {ch: p["token"] for ch, p in positions.items()})
+        rows: list[dict[str, Any]] | None = None
+        if raw is not None:
+            rows = [{"channel_id": ch, "records_behind": v.records_behind,
+                     "seconds_behind": v.seconds_behind,
+                     "position": "batch" if ch in positions else "tunnel"}
+                    for ch, v in sorted(raw.items())]
+        result: dict[str, Any] = {
+            "namespace": ns, "batch": batch.uuid if batch else None,
+            "spark_batch_id": None if batch is None else batch.spark_batch_id
+            if batch.spark_batch_id is not None
+            else load_query_progress(store, ns).get(batch.uuid, {}).get("batch_id"),
+            "lag": rows,
+            # the figures of Spark's progress report (connector.progress): a total only when
+            # every channel's count is known; the oldest unread change of any channel
+            "records_behind": _total(r["records_behind"] for r in rows or ()),
+            "seconds_behind": _oldest(r["seconds_behind"] for r in rows or ()),
+            "reason": None if raw is not None else "the tunnel backend cannot report lag",
+        }
+        if as_json:
+            _print_json(result)
+            return
+        console = _console()
+        if rows is None:
+            console.print(f"lag unknown: {result['reason']}")
+            return
+        table = _table(f"lag from batch {result['batch']}")
+        for col in ("channel", "records behind", "seconds behind", "position from"):
+            table.add_column(col, justify="right" if "behind" in col else "left")
+        for r in rows:
+            table.add_row(r["channel_id"], str(r["records_behind"]),
+                          "-" if r["seconds_behind"] is None else f"{r['seconds_behind']:.1f}",
+                          "latest committed batch" if r["position"] == "batch"
+                          else "tunnel checkpoint (not in the batch yet)")
+        console.print(table)
+        total = result["records_behind"]
+        console.print(f"total records behind: {'unknown' if total is None else total}; oldest "
+                      f"unread change: {_seconds(result['seconds_behind'])}")
+
+
+def _total(counts: Iterable[int | None]) -> int | None:
+    """The sum of per-channel counts, ``None`` when one of them is unknown."""
+    values = list(counts)
+    return None if None in values else sum(v for v in values if v is not None)
+
+
+def _oldest(ages: Iterable[float | None]) -> float | None:
+    """The largest per-channel age, ``None`` when one of them is unknown (0 for none)."""
+    values = list(ages)
+    return None if None in values else max((v for v in values if v is not None), default=0.0)
+
+
+def _seconds(age: float | None) -> str:
+    return "unknown" if age is None else f"{age:.1f} s"
