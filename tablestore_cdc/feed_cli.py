@@ -14,7 +14,7 @@ import typer
 from tablestore_cdc.cli_errors import reported_errors
 from tablestore_cdc.feed.polling import follow_feed
 from tablestore_cdc.feed.reading import user_namespaces
-from tablestore_cdc.meta_cli.common import EndpointOpt, MetaOpt, NamespaceOpt, _store
+from tablestore_cdc.meta_cli.common import EndpointOpt, MetaOpt, NamespaceOpt, inspected_store
 
 
 def progress_command(
@@ -28,7 +28,7 @@ def progress_command(
                          ] = False,
 ) -> None:
     """The progress feed as JSON lines: one record per batch (docs/progress-feed.md)."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         try:
             if follow and namespace is None and not user_namespaces(store):
                 typer.echo(f"waiting for a query to write to {store.uri} (Ctrl-C stops)…",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any
 
 import typer
@@ -14,16 +15,44 @@ from tablestore_cdc.meta_cli.common import (
     JsonOpt,
     MetaOpt,
     NamespaceOpt,
-    _clock,
-    _console,
-    _corrupt_batches,
-    _print_json,
-    _short,
-    _store,
-    _table,
-    _time,
+    compact_table,
+    inspected_store,
+    print_json,
+    stdout_console,
 )
 from tablestore_cdc.query_record import load_query_progress
+
+
+def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
+    """Keys of corrupt batch rows of ``namespace`` noted so far, relative to the namespace
+    (``batch/<uuid>`` on SQLite, ``B#<uuid>`` on DynamoDB)."""
+    prefix = namespace + "/"
+    return [k.removeprefix(prefix) for k in sorted(store.corrupt)
+            if k.startswith(prefix) and ("/end/" not in k and "/E#" not in k)
+            and not k.endswith("/info")]
+
+
+def _time(epoch: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    if epoch is None:
+        return "-"
+    return dt.datetime.fromtimestamp(epoch).strftime(fmt)
+
+
+def _clock(epochs: list[float | None]) -> tuple[str, str]:
+    """A compact time format for a table's times: the clock alone when they all fall on one
+    day (returned as the caption), else month-day and clock."""
+    days = {dt.datetime.fromtimestamp(e).date() for e in epochs if e is not None}
+    if len(days) == 1:
+        return "%H:%M:%S", f"times are local, on {days.pop().isoformat()}"
+    return "%m-%d %H:%M:%S", "times are local"
+
+
+def _short(token: str | None, width: int = 24) -> str:
+    """A token cut to ``width``, keeping its end: tokens of one channel share a long head
+    (an encoded table and channel name) and differ at the tail."""
+    if token is None:
+        return "-"
+    return token if len(token) <= width else "…" + token[-(width - 1):]
 
 
 def _batch_summary(store: MetaStore | InspectedStore, namespace: str, batch: BatchRecord,
@@ -56,7 +85,7 @@ def batches(
 ) -> None:
     """Batches in chain order (oldest first; unused UUIDs last) with state, times, records.
     A corrupt row is listed as corrupt (and named on stderr); the others are shown."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         all_batches = store.list_batches(ns)
         progress = load_query_progress(store, ns)
@@ -64,12 +93,13 @@ def batches(
         rows = every if limit is None else every[-limit:] if limit > 0 else []
         corrupt = _corrupt_batches(store, ns)
         if as_json:
-            _print_json({"namespace": ns, "batches": rows, "total_batches": len(every),
+            print_json({"namespace": ns, "batches": rows, "total_batches": len(every),
                          "total_records": sum(r["records"] for r in every),
                          "corrupt": store.corrupt_records()})
             return
         fmt, caption = _clock([r[k] for r in rows for k in ("planned_at", "committed_at")])
-        table = _table(f"batches of {ns}", caption + "; --json has every field (pushed at, ...)")
+        table = compact_table(f"batches of {ns}",
+                              caption + "; --json has every field (pushed at, ...)")
         table.add_column("#", justify="right", no_wrap=True)
         table.add_column("uuid", no_wrap=True)
         table.add_column("spark", justify="right", no_wrap=True)
@@ -90,7 +120,7 @@ def batches(
         for key in corrupt:
             table.add_row("?", key, "-", "[red]CORRUPT[/red]", "-", "-", "-", "-",
                           "see stderr")
-        console = _console()
+        console = stdout_console()
         console.print(table)
         shown = sum(r["records"] for r in rows)
         if len(rows) == len(every):
@@ -108,15 +138,15 @@ def show(
     meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """One batch: per channel its start (manifest), end checkpoint, records, writing attempt."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batch = find_batch(store, ns, uuid)
         record = batch_record(ns, batch, store.get_end_checkpoints(ns, batch.uuid),
                               query=load_query_progress(store, ns).get(batch.uuid))
         if as_json:
-            _print_json(record)
+            print_json(record)
             return
-        console = _console()
+        console = stdout_console()
         t = record["times"]
         console.print(f"[bold]batch {batch.uuid}[/bold]  state={batch.state.value}"
                       f"{' (initial offset)' if record['initial'] else ''}  "
@@ -134,7 +164,7 @@ def show(
         if batch.manifest is None:
             console.print("no manifest: this UUID was minted but never planned")
         fmt, caption = _clock([c["written_at"] for c in record["channels"]])
-        table = _table("channels", caption + "; --json shows whole tokens")
+        table = compact_table("channels", caption + "; --json shows whole tokens")
         table.add_column("channel", no_wrap=True)
         table.add_column("parents")
         table.add_column("start token (tail)", no_wrap=True)
@@ -164,7 +194,7 @@ def diff(
     meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Per-channel progress from the end of UUID1 to the end of UUID2."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         a, b = find_batch(store, ns, uuid1), find_batch(store, ns, uuid2)
         pos_a = positions_after(a, store.get_end_checkpoints(ns, a.uuid))
@@ -200,13 +230,13 @@ def diff(
             "channels": channels,
         }
         if as_json:
-            _print_json(result)
+            print_json(result)
             return
-        console = _console()
+        console = stdout_console()
         console.print(f"from {a.uuid} to {b.uuid}: " + (
             f"{result['batches_between']} batch(es), {result['records']} record(s)"
             if between is not None else "UUID2 is not after UUID1 on the batch chain"))
-        table = _table()
+        table = compact_table()
         for col in ("channel", "from seq", "to seq", "Δ seq", "records", "note"):
             table.add_column(col, justify="left" if col in ("channel", "note") else "right")
         for c in channels:
@@ -235,7 +265,7 @@ def gc(
     as_json: JsonOpt = False,
 ) -> None:
     """Retention: list what would be deleted (dry run), or delete it with --yes."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         victims = store.retention_victims(ns, keep, minted_older_than)
         deleted = store.gc(ns, keep, minted_older_than) if yes else []
@@ -243,13 +273,13 @@ def gc(
             {"uuid": b.uuid, "state": b.state.value, "created_at": b.created_at,
              "committed_at": b.committed_at} for b in victims]
         if as_json:
-            _print_json({"namespace": ns, "dry_run": not yes, "keep": keep,
+            print_json({"namespace": ns, "dry_run": not yes, "keep": keep,
                          "minted_older_than_s": minted_older_than, "victims": rows,
                          "deleted": deleted})
             return
-        console = _console()
+        console = stdout_console()
         fmt, caption = _clock([r[k] for r in rows for k in ("created_at", "committed_at")])
-        table = _table("deleted" if yes else "would delete (dry run; --yes deletes)",
+        table = compact_table("deleted" if yes else "would delete (dry run; --yes deletes)",
                        caption if rows else None)
         for col in ("uuid", "state", "created", "committed"):
             table.add_column(col, no_wrap=True)

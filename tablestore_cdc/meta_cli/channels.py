@@ -16,10 +16,10 @@ from tablestore_cdc.meta_cli.common import (
     JsonOpt,
     MetaOpt,
     NamespaceOpt,
-    _console,
-    _print_json,
-    _store,
-    _table,
+    compact_table,
+    inspected_store,
+    print_json,
+    stdout_console,
 )
 from tablestore_cdc.query_record import load_query_progress
 
@@ -29,13 +29,13 @@ def channels(
     as_json: JsonOpt = False,
 ) -> None:
     """The tunnel's channel tree: lineage, status, pushed checkpoint, waiting-for-parent."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         info = store.get_namespace_info(ns) or {}
         view = channel_view(store, ns, endpoint)
         tree = channel_tree(view.channels)
         if as_json:
-            _print_json({"namespace": ns, "tunnel": info, "channels": view.channels,
+            print_json({"namespace": ns, "tunnel": info, "channels": view.channels,
                          "tree": tree})
             return
         by_id = {c["channel_id"]: c for c in view.channels}
@@ -68,7 +68,7 @@ def channels(
 
         for node in tree:
             add(root, node)
-        _console().print(root)
+        stdout_console().print(root)
 
 
 def lag(
@@ -76,7 +76,7 @@ def lag(
     as_json: JsonOpt = False,
 ) -> None:
     """Per channel, records and seconds behind the head from the latest committed batch."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         from connector.tunnel import open_tunnel_service
 
         ns = resolve_namespace(store, namespace)
@@ -105,13 +105,13 @@ def lag(
             "reason": None if raw is not None else "the tunnel backend cannot report lag",
         }
         if as_json:
-            _print_json(result)
+            print_json(result)
             return
-        console = _console()
+        console = stdout_console()
         if rows is None:
             console.print(f"lag unknown: {result['reason']}")
             return
-        table = _table(f"lag from batch {result['batch']}")
+        table = compact_table(f"lag from batch {result['batch']}")
         for col in ("channel", "records behind", "seconds behind", "position from"):
             table.add_column(col, justify="right" if "behind" in col else "left")
         for r in rows:

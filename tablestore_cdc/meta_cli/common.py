@@ -1,11 +1,9 @@
 """What every ``tablestore-cdc meta`` command shares: the flags (``--meta``, ``--namespace``,
-``--json``, ``--endpoint``), the store opened for inspection, and how tables, times and JSON
-are printed.
-"""
+``--json``, ``--endpoint``), the store opened for inspection, and how tables and JSON are
+printed. ``tablestore-cdc progress`` (``tablestore_cdc/feed_cli.py``) uses them too."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import sys
@@ -41,7 +39,7 @@ EndpointOpt = Annotated[str | None, typer.Option(
 
 
 @contextmanager
-def _store(meta: str) -> Iterator[Any]:
+def inspected_store(meta: str) -> Iterator[Any]:
     """The store, read so that a corrupt row is skipped and named (``InspectedStore``): each
     one gets a ``warning: ...`` line on stderr when the command ends, whatever its outcome."""
     with reported_errors():
@@ -63,16 +61,7 @@ def _warn_corrupt(store: InspectedStore) -> None:
                        f"or foreign ({reason}); shown as corrupt, skipped", err=True)
 
 
-def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
-    """Keys of corrupt batch rows of ``namespace`` noted so far, relative to the namespace
-    (``batch/<uuid>`` on SQLite, ``B#<uuid>`` on DynamoDB)."""
-    prefix = namespace + "/"
-    return [k.removeprefix(prefix) for k in sorted(store.corrupt)
-            if k.startswith(prefix) and ("/end/" not in k and "/E#" not in k)
-            and not k.endswith("/info")]
-
-
-def _console() -> Console:
+def stdout_console() -> Console:
     """stdout console. Sentences are never broken over lines (a terminal wraps them itself),
     so a UUID or a path in one copies whole; not a terminal, tables are 200 columns wide so
     UUIDs are never cut in pipes and logs."""
@@ -80,34 +69,11 @@ def _console() -> Console:
     return Console(width=None if terminal else 200, soft_wrap=True)
 
 
-def _table(title: str | None = None, caption: str | None = None) -> Table:
+def compact_table(title: str | None = None, caption: str | None = None) -> Table:
     """A compact table (no outer frame, single padding) so wide rows fit a terminal."""
     return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
                  pad_edge=False, padding=(0, 1), collapse_padding=True)
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=False, default=str))
-
-
-def _time(epoch: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
-    if epoch is None:
-        return "-"
-    return dt.datetime.fromtimestamp(epoch).strftime(fmt)
-
-
-def _clock(epochs: list[float | None]) -> tuple[str, str]:
-    """A compact time format for a table's times: the clock alone when they all fall on one
-    day (returned as the caption), else month-day and clock."""
-    days = {dt.datetime.fromtimestamp(e).date() for e in epochs if e is not None}
-    if len(days) == 1:
-        return "%H:%M:%S", f"times are local, on {days.pop().isoformat()}"
-    return "%m-%d %H:%M:%S", "times are local"
-
-
-def _short(token: str | None, width: int = 24) -> str:
-    """A token cut to ``width``, keeping its end: tokens of one channel share a long head
-    (an encoded table and channel name) and differ at the tail."""
-    if token is None:
-        return "-"
-    return token if len(token) <= width else "…" + token[-(width - 1):]

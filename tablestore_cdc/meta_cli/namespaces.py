@@ -16,10 +16,10 @@ from tablestore_cdc.meta_cli.common import (
     JsonOpt,
     MetaOpt,
     NamespaceOpt,
-    _console,
-    _print_json,
-    _store,
-    _table,
+    compact_table,
+    inspected_store,
+    print_json,
+    stdout_console,
 )
 from tablestore_cdc.query_record import load_query_progress
 
@@ -58,7 +58,7 @@ def meta_uri(
 
 def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
     """List the sources (namespaces) the meta store holds."""
-    with _store(meta) as store:
+    with inspected_store(meta) as store:
         rows: list[dict[str, Any]] = []
         for ns in user_namespaces(store):
             info = store.get_namespace_info(ns) or {}
@@ -72,9 +72,9 @@ def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
                 "query_progress": bool(load_query_progress(store, ns)),
             })
         if as_json:
-            _print_json({"meta_uri": store.uri, "namespaces": rows})
+            print_json({"meta_uri": store.uri, "namespaces": rows})
             return
-        table = _table(f"namespaces in {store.uri}",
+        table = compact_table(f"namespaces in {store.uri}",
                        "--json has the tunnel id and whole UUIDs" if rows else None)
         for col in ("namespace", "table", "tunnel", "batches", "latest committed"):
             # the namespace never wraps (it is what --namespace takes); the rest may fold
@@ -84,7 +84,8 @@ def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
             latest = r["latest_committed"]
             table.add_row(r["namespace"], r["table"] or "-", r["tunnel"] or "-",
                           str(r["batches"]), latest[:8] + "…" if latest else "-")
-        _console().print(table if rows else "no namespaces (no query has run against this store)")
+        stdout_console().print(
+            table if rows else "no namespaces (no query has run against this store)")
 
 
 def reset(
@@ -95,16 +96,16 @@ def reset(
     """Forget a namespace's batches and its tunnel binding (after its tunnel was deleted or
     re-created): the next query, in a new checkpoint location, binds to the tunnel as it is.
     Dry run unless --yes. A checkpoint location that used the namespace cannot resume after."""
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         info = store.get_namespace_info(ns) or {}
         batches = len(store.list_batches(ns))
         deleted = store.reset_namespace(ns) if yes else 0
         if as_json:
-            _print_json({"namespace": ns, "dry_run": not yes, "tunnel_id": info.get("tunnel_id"),
+            print_json({"namespace": ns, "dry_run": not yes, "tunnel_id": info.get("tunnel_id"),
                          "batches": batches, "deleted": deleted})
             return
-        console = _console()
+        console = stdout_console()
         if yes:
             console.print(f"{ns}: {deleted} batch(es) deleted, tunnel binding "
                           f"{info.get('tunnel_id')!r} cleared")
@@ -121,7 +122,7 @@ def export(
     """The whole namespace as JSON: info, batches with manifests and end checkpoints."""
     if output is not None and not output.parent.is_dir():
         fail(f"cannot write {output}: directory {output.parent} does not exist")
-    with _store(meta) as store, reported_errors():
+    with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batches_out = []
         ends_total = 0
@@ -145,13 +146,13 @@ def export(
             typer.echo(f"{len(document['corrupt'])} corrupt record(s) skipped in the export: "
                        + ", ".join(c["key"] for c in document["corrupt"]), err=True)
         if output is None:
-            _print_json(document)
+            print_json(document)
             return
         output.write_text(json.dumps(document, indent=2) + "\n")
         summary = {"path": str(output), "namespace": ns, "batches": len(batches_out),
                    "end_checkpoints": ends_total}
         if as_json:
-            _print_json(summary)
+            print_json(summary)
         else:
-            _console().print(f"exported {len(batches_out)} batch(es) and {ends_total} end "
+            stdout_console().print(f"exported {len(batches_out)} batch(es) and {ends_total} end "
                              f"checkpoint(s) of {ns} to {output}")
