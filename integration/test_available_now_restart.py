@@ -27,11 +27,11 @@ from integration.test_tablestore_e2e import (  # noqa: E402, F401 - the fixture 
     NO_ENV_CREDENTIALS,
     runner_args,
     setup,
-    wire_log,
     write_changes,
 )
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
+from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
 from testkit.processes import kill_tree, start_runner  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 
@@ -42,7 +42,7 @@ def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_pat
                                                                   ) -> None:
     emulator, store, client = setup
     write_changes(client, 0, 300)
-    before_first_run = {(r.channel_id, r.sequence) for r in wire_log(store)}
+    before_first_run = {(r.channel_id, r.sequence) for r in wire_change_log(store.change_log("t"))}
     faults = tmp_path / "faults"
     faults.mkdir()
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
@@ -79,7 +79,8 @@ def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_pat
         assert runner.wait(300) == 0, log.read_text()[-3000:]
     finally:
         kill_tree(runner.pid)
-    result = verify(wire_log(store), sink.deliveries(["id"]), rows_by_key(store.scan("t")))
+    result = verify(wire_change_log(store.change_log("t")), sink.deliveries(["id"]),
+                    rows_by_key(store.scan("t")))
     print(result.summary(), file=sys.stderr)
     assert result.ok, f"{result.summary()} {result.examples}"
     assert all(r["identical"] for r in sink.replays()), sink.replays()

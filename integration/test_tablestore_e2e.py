@@ -26,7 +26,6 @@ time and the store's per-channel sequence).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import subprocess
@@ -53,9 +52,9 @@ from tablestore import (  # noqa: E402
 from tablestore.retry import WriteRetryPolicy  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
-from connector.tunnel.base import Record  # noqa: E402
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
+from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
 from testkit.processes import REPO, kill_tree, start_runner  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 
@@ -129,12 +128,6 @@ def write_changes(client: OTSClient, start: int, n: int, keys: int = 60) -> None
             client.put_row("t", Row(pk, [("name", f"n{i}"), ("qty", i)]), IGNORE)
 
 
-def wire_log(store: LocalTablestore) -> list[Record]:
-    """The store's change log with sequences as the emulator puts them on the wire."""
-    return [dataclasses.replace(r, sequence=f"{0:08x}:{r.commit_ts_us:016x}:{int(r.sequence):08x}")
-            for r in store.change_log("t")]
-
-
 def create_source_table(client: OTSClient) -> None:
     client.create_table(TableMeta("t", [("id", "INTEGER")]), TableOptions(),
                         ReservedThroughput(CapacityUnit(0, 0)))
@@ -196,7 +189,8 @@ def finish_and_verify(tmp_path: Path, store: LocalTablestore, sink: ExactlyOnceP
         assert runner.wait(120) == 0, log.read_text()[-3000:]
     finally:
         kill_tree(runner.pid)
-    result = verify(wire_log(store), sink.deliveries(["id"]), rows_by_key(store.scan("t")))
+    result = verify(wire_change_log(store.change_log("t")), sink.deliveries(["id"]),
+                    rows_by_key(store.scan("t")))
     print(result.summary(), file=sys.stderr)
     assert result.ok, f"{result.summary()} {result.examples}"
 

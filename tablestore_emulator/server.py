@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import ssl
 import sys
 import threading
@@ -34,6 +35,7 @@ from typing import Any
 
 from tablestore.protobuf import table_store_pb2 as pb
 
+from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
 from connector.tunnel.local import LocalTablestore
 from tablestore_emulator import auth, table_api, tunnel_api
 from tablestore_emulator.context import EmulatorContext, Handler
@@ -216,6 +218,27 @@ class EmulatorServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._context: EmulatorContext | None = None
+
+    @classmethod
+    def with_throwaway_key(cls, store_path: str, instance: str, **kwargs: Any) -> EmulatorServer:
+        """An emulator whose one key pair is made up for this run (the demo's, a benchmark's):
+        known to this process and whoever it hands ``source_options`` or ``credential_env`` to,
+        never written down. ``kwargs``: as the constructor's."""
+        return cls(str(store_path), instance, f"{instance}-{secrets.token_hex(4)}",
+                   secrets.token_urlsafe(18), **kwargs)
+
+    def source_options(self) -> dict[str, str]:
+        """The reader options that reach this emulator besides ``endpoint`` (its ``url``): the
+        instance and the key pair."""
+        return {"instance.name": self.instance, "access.key.id": self.access_key_id,
+                "access.key.secret": self.access_key_secret}
+
+    def credential_env(self) -> dict[str, str]:
+        """The key pair under the environment names a Tablestore meta store in this instance
+        reads its credentials from (``cdc_common.credentials``); a process started with them
+        (a query's, and the Spark processes it starts) can open that meta store."""
+        return {ALIBABA_ACCESS_KEY_ID: self.access_key_id,
+                ALIBABA_ACCESS_KEY_SECRET: self.access_key_secret}
 
     @property
     def stopped(self) -> bool:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -73,6 +74,7 @@ from connector.tunnel.base import (
     ChannelType,
     Checkpoint,
     Op,
+    Record,
     StartPosition,
     TunnelType,
 )
@@ -489,17 +491,27 @@ def checkpoint(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> A
 READ_PAGE = 500
 
 
+def sequence_info(record: Any) -> SequenceInfo:
+    """Where a store's stream record sits on the wire: epoch 0, its commit time in
+    microseconds, the store's per-channel sequence as the row index."""
+    index = int(record.sequence)
+    if index > _MAX_ROW_INDEX:
+        raise OtsError(500, "OTSInternalServerError", "the emulator's row index overflowed 31 bits")
+    return SequenceInfo(0, record.commit_ts_us, index)
+
+
+def wire_change_log(change_log: list[Record]) -> list[Record]:
+    """A store's change log with each record's ``sequence`` as a reader of this emulator's
+    Tunnel API sees it (the wire client's ``SequenceInfo`` text), so a sink's deliveries over
+    the wire compare with the store's own log (the demo's verification, the tests')."""
+    return [dataclasses.replace(r, sequence=sequence_info(r).sortable()) for r in change_log]
+
+
 def encode_record(record: Any, base: bool) -> Any:
     """One store ``Record`` as a wire ``Record`` (PlainBuffer bodies)."""
     pk = tuple(record.primary_key.items())
     ts_ms = record.commit_ts_us // 1000
-    seq = None
-    if not base:
-        index = int(record.sequence)
-        if index > _MAX_ROW_INDEX:
-            raise OtsError(500, "OTSInternalServerError",
-                           "the emulator's row index overflowed 31 bits")
-        seq = SequenceInfo(0, record.commit_ts_us, index)
+    seq = None if base else sequence_info(record)
     if record.op is Op.DELETE:
         action = m.ACTION_DELETE_ROW
         row = Row(pk, (), True, seq)

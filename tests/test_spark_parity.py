@@ -19,7 +19,6 @@ integration/test_parity.py.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -29,11 +28,11 @@ from typing import Any
 import pytest
 
 from connector.local import LocalTablestore
-from connector.tunnel import Record
 from meta_store import open_meta_store
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import verify
 from tablestore_emulator.server import EmulatorServer
+from tablestore_emulator.tunnel_api import wire_change_log
 from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
 
 pytestmark = pytest.mark.slow
@@ -84,13 +83,6 @@ def read_stream(spark, options: dict[str, str]):
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
-
-
-def wire_log(store: LocalTablestore) -> list[Record]:
-    """The change log with sequences as the emulator puts them on the wire."""
-    return [dataclasses.replace(
-        r, sequence=f"{0:08x}:{r.commit_ts_us:016x}:{int(r.sequence):08x}")
-        for r in store.change_log("t")]
 
 
 def wait_until(condition, timeout: float, query=None) -> None:
@@ -167,7 +159,7 @@ def test_available_now_over_the_wire_twice_with_a_split_exactly_once(
         assert query.awaitTermination(240), "AvailableNow did not stop by itself"
         assert query.exception() is None
 
-    before_first = {(r.channel_id, r.sequence) for r in wire_log(writer)}
+    before_first = {(r.channel_id, r.sequence) for r in wire_change_log(writer.change_log("t"))}
     run(store_and_write_late)
     first = {(d.channel_id, d.sequence) for d in sink.deliveries(["id"])}
     assert first == before_first and late
@@ -176,7 +168,7 @@ def test_available_now_over_the_wire_twice_with_a_split_exactly_once(
                                      if not c.closed)[0])
     write_changes(writer, 2000, 120)
     run(sink)
-    result = verify(wire_log(writer), sink.deliveries(["id"]))
+    result = verify(wire_change_log(writer.change_log("t")), sink.deliveries(["id"]))
     assert result.ok, f"{result.summary()} {result.examples}"
     assert {c.channel_id for c in writer.list_channels("t") if c.parent_ids} <= {
         d.channel_id for d in sink.deliveries(["id"])}
@@ -241,7 +233,7 @@ def test_starting_timestamp_over_the_wire(spark, writer, emulator, tmp_path):
              .trigger(availableNow=True)
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     assert query.awaitTermination(180) and query.exception() is None
-    expected = {(r.channel_id, r.sequence) for r in wire_log(writer)
+    expected = {(r.channel_id, r.sequence) for r in wire_change_log(writer.change_log("t"))
                 if r.commit_ts_us >= instant * 1000}
     assert {(r._channel_id, r._sequence) for r in rows} == expected and len(rows) == 150
 
@@ -266,7 +258,7 @@ def test_a_bounded_batch_read_returns_exactly_the_changes_in_range(
                        "endingTimestamp": str(end)}.items():
         reader = reader.option(key, value)
     df = reader.load()
-    log = wire_log(writer) if over == "wire" else writer.change_log("t")
+    log = wire_change_log(writer.change_log("t")) if over == "wire" else writer.change_log("t")
     expected = {(r.channel_id, r.sequence) for r in log
                 if start * 1000 <= r.commit_ts_us < end * 1000}
     got = [(r._channel_id, r._sequence) for r in df.collect()]

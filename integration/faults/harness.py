@@ -452,14 +452,14 @@ class ScenarioRun:
         """The store's change log, with sequences as the query sees them (over the wire: as
         the emulator carries them)."""
         from connector.local import LocalTablestore
-        from tablestore_cdc.demo.run import wire_sequences
+        from tablestore_emulator.tunnel_api import wire_change_log
 
         store = LocalTablestore(self.store_path, create=False)
         try:
             log = store.change_log(TABLE)
         finally:
             store.close()
-        return wire_sequences(log) if self.scenario.wire else log
+        return wire_change_log(log) if self.scenario.wire else log
 
     def wait_new_batch(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Wait until the sink stores a batch it did not have (the query makes progress)."""

@@ -57,12 +57,11 @@ from integration.netfaults.harness import (
     KEY_ID,
     META_TABLE,
     SECRET,
-    wire_log,
-    wire_sequence,
 )
 from integration.netfaults.netns import Hosts
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
+from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
 
@@ -223,7 +222,7 @@ class ClusterRun:
 
         store = LocalTablestore(self.store_path, create=False)
         try:
-            return {(r.channel_id, wire_sequence(r)) for r in store.change_log(TABLE)}
+            return {(r.channel_id, r.sequence) for r in wire_change_log(store.change_log(TABLE))}
         finally:
             store.close()
 
@@ -328,7 +327,8 @@ class ClusterRun:
         r = self.result
         store = LocalTablestore(self.store_path, create=False)
         try:
-            change_log, rows = wire_log(store), rows_by_key(store.scan(TABLE))
+            change_log = wire_change_log(store.change_log(TABLE))
+            rows = rows_by_key(store.scan(TABLE))
         finally:
             store.close()
         v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), rows)

@@ -37,12 +37,12 @@ from typing import Any
 from urllib.parse import quote
 
 from connector.local import LocalTablestore
-from connector.tunnel.base import Record
 from integration.faults.harness import SinkWatcher
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
 from meta_store import BatchState, MetaStore, open_meta_store
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
+from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.fault_proxy import QUICK_KINDS, FaultProxy, Kind, Rule
 from testkit.processes import REPO, kill_tree, start_runner
 from testkit.waiting import wait_until
@@ -131,17 +131,6 @@ class NetResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "ok": self.ok}
-
-
-def wire_sequence(record: Record) -> str:
-    """A store record's sequence as the emulator puts it on the wire."""
-    return f"{0:08x}:{record.commit_ts_us:016x}:{int(record.sequence):08x}"
-
-
-def wire_log(store: LocalTablestore) -> list[Record]:
-    import dataclasses
-
-    return [dataclasses.replace(r, sequence=wire_sequence(r)) for r in store.change_log(TABLE)]
 
 
 class Emulator:
@@ -290,7 +279,7 @@ class NetScenarioRun:
     def written(self) -> set[tuple[str, str]]:
         store = LocalTablestore(self.store_path, create=False)
         try:
-            return {(r.channel_id, wire_sequence(r)) for r in store.change_log(TABLE)}
+            return {(r.channel_id, r.sequence) for r in wire_change_log(store.change_log(TABLE))}
         finally:
             store.close()
 
@@ -456,7 +445,8 @@ class NetScenarioRun:
         r = self.result
         store = LocalTablestore(self.store_path, create=False)
         try:
-            change_log, source_rows = wire_log(store), rows_by_key(store.scan(TABLE))
+            change_log = wire_change_log(store.change_log(TABLE))
+            source_rows = rows_by_key(store.scan(TABLE))
         finally:
             store.close()
         v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), source_rows)

@@ -43,10 +43,10 @@ from integration.netfaults.harness import (
     META_TABLE,
     SECRET,
     Emulator,
-    wire_log,
 )
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
+from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.processes import kill_tree, start_runner
 from testkit.waiting import wait_until
 
@@ -245,7 +245,8 @@ class Soak:
                 time.sleep(0.5)
             writer.finish()
             stopped = time.monotonic()
-            expected = {(rec.channel_id, rec.sequence) for rec in wire_log(meta_view)}
+            expected = {(rec.channel_id, rec.sequence)
+                        for rec in wire_change_log(meta_view.change_log(TABLE))}
             wait_until("the soak drained", lambda: self.watcher.covers(expected), timeout=3600,
                        process=self.runner, interval=2.0)
             r.drain_s = round(time.monotonic() - stopped, 1)
@@ -267,8 +268,8 @@ class Soak:
                 kill_tree(self.runner.pid)
         r.splits, r.merges, r.batches = writer.splits, writer.merges, self.watcher.poll()
         try:
-            v = verify(wire_log(meta_view), self.sink.deliveries(KEY_COLUMNS),
-                       rows_by_key(meta_view.scan(TABLE)))
+            v = verify(wire_change_log(meta_view.change_log(TABLE)),
+                       self.sink.deliveries(KEY_COLUMNS), rows_by_key(meta_view.scan(TABLE)))
             r.changes, r.lost, r.duplicated = v.expected, v.lost, v.duplicated
             r.out_of_order, r.state_matches = v.keys_out_of_order, not v.state_mismatches
             if not v.ok:

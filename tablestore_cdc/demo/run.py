@@ -15,7 +15,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
 from connector.planning.logs import LOG_LEVEL_ENV
 from connector.tunnel.local import LocalTablestore
 from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter
@@ -27,35 +26,24 @@ result_console = Console()  # the verification line goes to stdout, for scripts
 DEMO_MARKER = ".tablestore-cdc-demo"
 
 
-#: the demo emulator's instance and its (throwaway, per-run) key id
+#: the demo emulator's instance
 DEMO_INSTANCE = "demo"
+#: the demo table's attribute columns, as the reader's ``catalog`` option declares them
+#: (Tablestore declares only the key)
+DEMO_CATALOG = ('{"columns": {"customer": {"type": "string"}, "amount": {"type": "double"}, '
+                '"status": {"type": "string"}}}')
 
 
 def _start_demo_emulator(store_path: Path) -> tuple[Any, dict[str, str]]:
-    """An in-process emulator over the demo's store file and the reader options to reach it
-    (driver). The meta table lives in the same emulated instance; its store reads credentials
-    from the environment, which the Spark processes started after this inherit."""
-    import secrets
-
+    """An in-process emulator over the demo's store file, with a key pair made up for this run,
+    and the reader options to reach it (driver). The meta table lives in the same emulated
+    instance; its store reads credentials from the environment, which the Spark processes
+    started after this inherit."""
     from tablestore_emulator.server import EmulatorServer
 
-    key_id, secret = "demo-" + secrets.token_hex(4), secrets.token_urlsafe(18)
-    server = EmulatorServer(str(store_path), DEMO_INSTANCE, key_id, secret).start()
-    os.environ[ALIBABA_ACCESS_KEY_ID] = key_id
-    os.environ[ALIBABA_ACCESS_KEY_SECRET] = secret
-    options = {"instance.name": DEMO_INSTANCE, "access.key.id": key_id,
-               "access.key.secret": secret,
-               "catalog": '{"columns": {"customer": {"type": "string"}, "amount": '
-                          '{"type": "double"}, "status": {"type": "string"}}}'}
-    return server, options
-
-
-def wire_sequences(change_log: list[Any]) -> list[Any]:
-    """The store's change log with ``sequence`` as the emulator's Tunnel API carries it."""
-    import dataclasses
-
-    return [dataclasses.replace(r, sequence=f"{0:08x}:{r.commit_ts_us:016x}:"
-                                f"{int(r.sequence):08x}") for r in change_log]
+    server = EmulatorServer.with_throwaway_key(str(store_path), DEMO_INSTANCE).start()
+    os.environ.update(server.credential_env())
+    return server, {**server.source_options(), "catalog": DEMO_CATALOG}
 
 
 def prepare_workdir(workdir: Path) -> None:
@@ -153,7 +141,9 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
     with LocalTablestore(store_path) as store:
         change_log = store.change_log(DEMO_TABLE)
         if wire:
-            change_log = wire_sequences(change_log)
+            from tablestore_emulator.tunnel_api import wire_change_log
+
+            change_log = wire_change_log(change_log)
         source = rows_by_key(store.scan(DEMO_TABLE))
         channels = store.list_channels(DEMO_TABLE)
     rows = pq.read_table(pipeline.changelog_dir).to_pylist()
