@@ -29,7 +29,7 @@ from connector.local import LocalTablestore
 from integration.connect_env import REPO, ClientUnavailable, client_python, connect_server
 from meta_store import open_meta_store
 from tablestore_cdc.feed.reading import user_namespaces
-from tablestore_cdc.query_record import load_query_progress
+from tablestore_cdc.query_record import load_spark_metrics
 from tablestore_cdc.sinks import deliveries_from_rows
 from tablestore_cdc.verify import Delivered, rows_by_key, verify
 
@@ -158,7 +158,7 @@ def test_register_and_restart_from_a_thin_client_exactly_once(client, remote, tm
         meta = open_meta_store(f"sqlite:///{meta_path(store)}")
         try:
             [namespace] = user_namespaces(meta)
-            progress = load_query_progress(meta, namespace)
+            progress = load_spark_metrics(meta, namespace)
             batch_uuids = {b.uuid for b in meta.list_batches(namespace)}
         finally:
             meta.close()

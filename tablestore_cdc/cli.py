@@ -19,7 +19,7 @@ import typer
 from tablestore_cdc.cli_errors import OneLineErrors, set_verbose
 from tablestore_cdc.dashboard import dashboard_command
 from tablestore_cdc.emulator_cli import emulator_command
-from tablestore_cdc.feed_cli import progress_command
+from tablestore_cdc.feed_cli import feed_command
 from tablestore_cdc.lake_cli import app as lake_app
 from tablestore_cdc.local_cli import app as local_app
 from tablestore_cdc.meta_cli import app as meta_app
@@ -51,7 +51,7 @@ app.add_typer(lake_app, name="lake")
 app.command("demo")(demo)
 app.command("replicate")(replicate)
 app.command("reconcile")(reconcile)
-app.command("progress")(progress_command)
+app.command("progress")(feed_command)
 app.command("dashboard")(dashboard_command)
 app.command("emulator")(emulator_command)
 

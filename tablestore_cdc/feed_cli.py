@@ -17,7 +17,7 @@ from tablestore_cdc.feed.reading import user_namespaces
 from tablestore_cdc.meta_cli.common import EndpointOpt, MetaOpt, NamespaceOpt, inspected_store
 
 
-def progress_command(
+def feed_command(
     meta: MetaOpt, namespace: NamespaceOpt = None, endpoint: EndpointOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f",
                                          help="Keep polling; print new or changed batches.")

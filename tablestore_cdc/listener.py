@@ -7,10 +7,10 @@ Usage (driver, before or after ``start()``)::
 
 Spark calls ``onQueryProgress`` on the driver (PySpark forwards the JVM listener bus event to this
 Python process) after each micro-batch. For every source of the query whose end offset is one
-of ours (``{"uuid": ..., "source": namespace}``), the listener stores an entry — batch id, input
-and processed rows/s, batch duration, query id — keyed by the batch's end UUID, with
-``tablestore_cdc.query_record.record_query_progress`` (a companion record in the meta store, so
-it works on every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join
+of ours (``{"uuid": ..., "source": namespace}``), the listener stores Spark's metrics of the batch —
+batch id, input and processed rows/s, batch duration, query id — keyed by the batch's end UUID,
+with ``tablestore_cdc.query_record.record_spark_metrics`` (a companion record in the meta store,
+so it works on every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join
 it to the batch with that UUID.
 
 It also records whether the query is alive, for the dashboard's stale/stopped state: every
@@ -79,8 +79,10 @@ def _offset(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def progress_entries(progress: Any) -> list[tuple[str, dict[str, Any]]]:
-    """``(namespace, entry)`` for each tablestore source in one progress report.
+def spark_metrics(progress: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Spark's metrics of the batch one progress report is about: ``(namespace, entry)`` for
+    each tablestore source of the query (what ``record`` stores with
+    ``tablestore_cdc.query_record.record_spark_metrics``).
 
     ``entry`` holds: uuid (the batch's end offset UUID), batch_id, query_id, run_id, name,
     timestamp (Spark's ISO string), recorded_at (epoch s), num_input_rows (this source's),
@@ -193,16 +195,16 @@ class ProgressListener(StreamingQueryListener):
     def record(self, progress: Any) -> int:
         """Store the entries of one progress report (a ``StreamingQueryProgress`` or a
         ``lastProgress`` dict); returns how many were stored. Raises on failure."""
-        from tablestore_cdc.query_record import record_query_progress
+        from tablestore_cdc.query_record import record_spark_metrics
 
-        entries = [(ns, e) for ns, e in progress_entries(progress)
+        entries = [(ns, e) for ns, e in spark_metrics(progress)
                    if self.namespaces is None or ns in self.namespaces]
         if not entries:
             return 0
         with self._lock:
             store = self._open()
             for namespace, entry in entries:
-                record_query_progress(store, namespace, entry)
+                record_spark_metrics(store, namespace, entry)
                 if entry.get("query_id"):
                     self._by_query.setdefault(str(entry["query_id"]), set()).add(namespace)
             self.recorded += len(entries)

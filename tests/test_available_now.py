@@ -272,7 +272,7 @@ def test_meta_lag_and_the_feed_over_the_wire(writer, emulator, tmp_path):
     from typer.testing import CliRunner
 
     from tablestore_cdc.cli import app as root_app
-    from tablestore_cdc.feed.snapshot import progress_snapshot
+    from tablestore_cdc.feed.snapshot import dashboard_snapshot
 
     write(writer, range(10))
     options = wire_options(emulator, tmp_path)
@@ -290,7 +290,7 @@ def test_meta_lag_and_the_feed_over_the_wire(writer, emulator, tmp_path):
 
     behind = lag()
     assert behind["records_behind"] == 15 and behind["seconds_behind"] >= 0.05
-    snapshot = progress_snapshot(proto.meta, proto.namespace, endpoint=endpoint)
+    snapshot = dashboard_snapshot(proto.meta, proto.namespace, endpoint=endpoint)
     assert sum(c["lag"]["records_behind"] for c in snapshot["channels"] if c["lag"]) == 15
     run(proto, end)
     caught_up = lag()

@@ -45,12 +45,12 @@ def test_demo_records_spark_batch_ids_and_its_stop(tmp_path):
 
     from meta_store import open_meta_store
     from tablestore_cdc.feed.reading import user_namespaces
-    from tablestore_cdc.feed.snapshot import progress_snapshot
+    from tablestore_cdc.feed.snapshot import dashboard_snapshot
     from tablestore_cdc.query_record import load_query_status
 
     with open_meta_store(meta) as store:
         namespace = user_namespaces(store)[0]
         assert (load_query_status(store, namespace) or {}).get("status") == "stopped"
-        snapshot = progress_snapshot(store, None)
+        snapshot = dashboard_snapshot(store, None)
     assert snapshot["activity"]["state"] == "stopped"
     assert snapshot["activity"]["last_commit_age_s"] >= 0

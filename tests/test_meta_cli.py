@@ -39,8 +39,8 @@ from tablestore_cdc.cli import app as root_app
 from tablestore_cdc.dashboard import DashboardApp, make_server
 from tablestore_cdc.feed.polling import follow_feed
 from tablestore_cdc.feed.reading import user_namespaces
-from tablestore_cdc.listener import ProgressListener, progress_entries
-from tablestore_cdc.query_record import load_query_progress, record_query_progress
+from tablestore_cdc.listener import ProgressListener, spark_metrics
+from tablestore_cdc.query_record import load_spark_metrics, record_spark_metrics
 from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ def real_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         meta = open_meta_store(meta_uri)
         namespace = user_namespaces(meta)[0]
         wait_until(f"the listener's progress of batches {sorted(delivered)}",
-                   lambda: {e["batch_id"] for e in load_query_progress(meta, namespace).values()},
+                   lambda: {e["batch_id"] for e in load_spark_metrics(meta, namespace).values()},
                    lambda recorded: recorded >= set(delivered), timeout=30)
         meta.close()
     finally:
@@ -578,7 +578,7 @@ def test_any_backend_by_uri_dynamodb(moto_endpoint: str) -> None:
     base = f"dynamodb://cdc-meta-cli?region=us-east-1&endpoint_url={moto_endpoint}"
     build_meta(base + "&create_table=true", batches=2)
     with open_meta_store(base) as meta:
-        record_query_progress(meta, NS, {"uuid": "batch-1", "batch_id": 1})
+        record_spark_metrics(meta, NS, {"uuid": "batch-1", "batch_id": 1})
     data = cli_json("meta", "batches", "--meta", base)
     assert [(b["uuid"], b["records"], b["spark_batch_id"]) for b in data["batches"]] == [
         ("batch-init", 0, None), ("batch-0", 10, None), ("batch-1", 10, 1)]
@@ -622,7 +622,7 @@ def test_follow_prints_only_new_or_changed_batches(tmp_path: Path) -> None:
                 changed.append(json.loads(proc.stdout.readline()))
             assert {r["uuid"] for r in changed} == {"batch-1"}
             assert changed[-1]["records"] == 10
-            record_query_progress(meta, NS, {"uuid": "batch-1", "batch_id": 7})
+            record_spark_metrics(meta, NS, {"uuid": "batch-1", "batch_id": 7})
             joined = json.loads(proc.stdout.readline())
             assert (joined["uuid"], joined["spark_batch_id"]) == ("batch-1", 7)
     finally:
@@ -713,14 +713,14 @@ def test_dashboard_http_errors_and_fallbacks(tmp_path: Path, schema: dict[str, A
 
 
 def test_listener_entries_from_a_progress_report() -> None:
-    [(namespace, entry)] = progress_entries(PROGRESS)
+    [(namespace, entry)] = spark_metrics(PROGRESS)
     assert namespace == NS
     assert entry["uuid"] == "u-3" and entry["batch_id"] == 3
     assert (entry["num_input_rows"], entry["batch_duration_ms"]) == (17, 753)
     assert entry["processed_rows_per_second"] == 22.5
     nan = {**PROGRESS, "sources": [{**PROGRESS["sources"][0],
                                     "inputRowsPerSecond": float("nan")}]}
-    assert progress_entries(nan)[0][1]["input_rows_per_second"] is None
+    assert spark_metrics(nan)[0][1]["input_rows_per_second"] is None
 
 
 def test_listener_records_and_never_raises(tmp_path: Path) -> None:
@@ -735,7 +735,7 @@ def test_listener_records_and_never_raises(tmp_path: Path) -> None:
     listener.close()
     assert listener.errors == 0 and listener.recorded == 1
     with open_meta_store(uri) as meta:
-        assert load_query_progress(meta, NS)["batch-0"]["batch_id"] == 3
+        assert load_spark_metrics(meta, NS)["batch-0"]["batch_id"] == 3
         assert user_namespaces(meta) == [NS]  # the companion record stays hidden
     row = cli_json("meta", "batches", "--meta", uri)["batches"][1]
     assert row["spark_batch_id"] == 3

@@ -4,7 +4,7 @@ A ``ThreadingHTTPServer`` (standard library) serves
 
 - ``/`` — ``index.html`` with ``dashboard.js`` and ``dashboard.css`` (all local files of this
   package: no CDN, works offline), which polls ``/api/progress`` every second;
-- ``/api/progress`` — the snapshot of ``tablestore_cdc.feed.snapshot.progress_snapshot`` (recent
+- ``/api/progress`` — the snapshot of ``tablestore_cdc.feed.snapshot.dashboard_snapshot`` (recent
   batches, per-channel latest positions and lag, the channel tree, throughput, the last Spark
   progress);
   ``409`` with ``{"error": ...}`` when the namespace is ambiguous or unknown, ``503`` when the
@@ -32,7 +32,7 @@ import typer
 from connector.errors import CdcError
 from meta_store import MetaStore
 from tablestore_cdc.feed.reading import InspectedStore, InspectionError, open_existing_meta_store
-from tablestore_cdc.feed.snapshot import progress_snapshot
+from tablestore_cdc.feed.snapshot import dashboard_snapshot
 
 log = logging.getLogger("tablestore_cdc.dashboard")
 
@@ -79,7 +79,7 @@ class DashboardApp:
                 return self._cached[1]
             if len(self._ends_cache) > 4 * self.recent:  # batches age out of the window
                 self._ends_cache.clear()
-            body = json.dumps(progress_snapshot(self.store, self.namespace,
+            body = json.dumps(dashboard_snapshot(self.store, self.namespace,
                                                 endpoint=self.endpoint, recent=self.recent,
                                                 ends_cache=self._ends_cache),
                               separators=(",", ":")).encode()

@@ -89,7 +89,7 @@ def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed
         writer = DemoWriter(store_path, changes, duration_s, seed, emulator=emulator)
         writer.start()
         try:
-            _show_progress(pipeline, writer, changes)
+            _show_live_counts(pipeline, writer, changes)
             if writer.error is not None:
                 raise writer.error
             pipeline.drain()
@@ -103,7 +103,7 @@ def run_demo(workdir: Path, changes: int, duration_s: float, channels: int, seed
     return ok
 
 
-def _show_progress(pipeline: Pipeline, writer: DemoWriter, changes: int,
+def _show_live_counts(pipeline: Pipeline, writer: DemoWriter, changes: int,
                    catch_up_timeout_s: float = 180) -> None:
     columns = (BarColumn(bar_width=20), TextColumn(
         "written {task.fields[written]} · delivered {task.completed:.0f} · "

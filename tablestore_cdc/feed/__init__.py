@@ -7,7 +7,7 @@ front ends:
 - ``tablestore-cdc progress`` prints one **batch record** per line (JSON lines; ``--follow`` polls
   and prints only new or changed batches) — ``polling.follow_feed``;
 - ``tablestore-cdc dashboard`` serves ``/api/progress``, a **snapshot** (recent batch records,
-  per-channel positions and lag, the channel tree, throughput) — ``snapshot.progress_snapshot``,
+  per-channel positions and lag, the channel tree, throughput) — ``snapshot.dashboard_snapshot``,
   served by ``tablestore_cdc.dashboard``;
 - ``tablestore-cdc meta ...`` (``tablestore_cdc.meta_cli``) uses the same read-only helpers
   (``open_existing_meta_store``, ``resolve_namespace``, ``find_batch``, ``channel_view``).

@@ -13,7 +13,7 @@ from meta_store import BatchState, EndCheckpoint, MetaStore
 from tablestore_cdc.feed.reading import InspectionError, resolve_namespace, user_namespaces
 from tablestore_cdc.feed.shapes import batch_record
 from tablestore_cdc.feed.tunnel_view import TunnelView, safe_channel_view
-from tablestore_cdc.query_record import load_query_progress
+from tablestore_cdc.query_record import load_spark_metrics
 
 
 def feed_records(
@@ -34,7 +34,7 @@ def feed_records(
     batches = store.list_batches(namespace)
     if limit is not None:
         batches = batches[-limit:] if limit > 0 else []
-    progress = load_query_progress(store, namespace)
+    metrics = load_spark_metrics(store, namespace)
     planned = [b for b in batches if b.manifest is not None]
     newest = planned[-1].uuid if planned else None
     at = time.time() if now is None else now
@@ -49,7 +49,7 @@ def feed_records(
                 ends_cache[b.uuid] = ends
         out.append(batch_record(
             namespace, b, ends,
-            query=progress.get(b.uuid),
+            query=metrics.get(b.uuid),
             lag=view.lag if current and view is not None else None,
             waiting=view.waiting() if current and view is not None else None,
             observed_at=at,

@@ -22,7 +22,7 @@ from connector.errors import (
 from meta_store import BatchRecord, BatchState, EndCheckpoint, MetaStore, open_meta_store
 from meta_store.base import chain_order
 from meta_store.errors import MetaStoreAbsentError
-from tablestore_cdc.query_record import QUERY_PROGRESS_PREFIX
+from tablestore_cdc.query_record import QUERY_RECORD_PREFIX
 
 #: the shortest UUID prefix ``find_batch`` accepts
 MIN_PREFIX = 4
@@ -154,12 +154,12 @@ def corrupt_info_message(namespace: str) -> str:
 
 
 def user_namespaces(store: MetaStore) -> list[str]:
-    """The store's source namespaces (companion query-progress namespaces hidden), sorted."""
+    """The store's source namespaces (the companion namespaces of query records hidden), sorted."""
     try:
         names = store.list_namespaces()  # the first read of every inspection command
     except MetaTableMissingError as exc:
         raise missing_table(exc) from None
-    return [ns for ns in names if not ns.startswith(QUERY_PROGRESS_PREFIX)]
+    return [ns for ns in names if not ns.startswith(QUERY_RECORD_PREFIX)]
 
 
 def resolve_namespace(store: MetaStore, namespace: str | None) -> str:

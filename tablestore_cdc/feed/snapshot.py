@@ -1,5 +1,5 @@
 """The dashboard's snapshot (``/api/progress``): recent batches, channels, throughput, whether the
-query is alive. Built by ``progress_snapshot`` for ``tablestore_cdc.dashboard`` (and tests).
+query is alive. Built by ``dashboard_snapshot`` for ``tablestore_cdc.dashboard`` (and tests).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tablestore_cdc.feed.polling import feed_records
 from tablestore_cdc.feed.reading import InspectedStore, resolve_namespace, user_namespaces
 from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION, channel_tree, consumed, query_entry
 from tablestore_cdc.feed.tunnel_view import TunnelView, committed_positions, safe_channel_view
-from tablestore_cdc.query_record import load_query_progress, load_query_status
+from tablestore_cdc.query_record import load_query_status, load_spark_metrics
 
 
 def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | N
     }
 
 
-def progress_snapshot(
+def dashboard_snapshot(
     store: MetaStore,
     namespace: str | None,
     *,
@@ -134,8 +134,8 @@ def progress_snapshot(
         c["latest"] = latest.get(c["channel_id"])
         if c["consumed"] is None and c["latest"] is not None:  # finished and left the manifests
             c["consumed"] = c["latest"]["consumed"]
-    progress = load_query_progress(store, ns)
-    last_query = max(progress.values(), key=lambda e: (e.get("batch_id") or -1),
+    metrics = load_spark_metrics(store, ns)
+    last_query = max(metrics.values(), key=lambda e: (e.get("batch_id") or -1),
                      default=None)
     behind = [c["lag"]["records_behind"] for c in channels if c.get("lag")]
     records_behind = sum(behind) if behind and None not in behind else None

@@ -20,7 +20,7 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
-from tablestore_cdc.query_record import load_query_progress
+from tablestore_cdc.query_record import load_spark_metrics
 
 
 def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
@@ -56,9 +56,9 @@ def _short(token: str | None, width: int = 24) -> str:
 
 
 def _batch_summary(store: MetaStore | InspectedStore, namespace: str, batch: BatchRecord,
-                   progress: dict[str, dict], index: int) -> dict[str, Any]:
+                   metrics: dict[str, dict], index: int) -> dict[str, Any]:
     ends = store.get_end_checkpoints(namespace, batch.uuid)
-    entry = progress.get(batch.uuid) or {}
+    entry = metrics.get(batch.uuid) or {}
     return {
         "index": index,
         "uuid": batch.uuid,
@@ -88,8 +88,8 @@ def batches(
     with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         all_batches = store.list_batches(ns)
-        progress = load_query_progress(store, ns)
-        every = [_batch_summary(store, ns, b, progress, i) for i, b in enumerate(all_batches)]
+        metrics = load_spark_metrics(store, ns)
+        every = [_batch_summary(store, ns, b, metrics, i) for i, b in enumerate(all_batches)]
         rows = every if limit is None else every[-limit:] if limit > 0 else []
         corrupt = _corrupt_batches(store, ns)
         if as_json:
@@ -142,7 +142,7 @@ def show(
         ns = resolve_namespace(store, namespace)
         batch = find_batch(store, ns, uuid)
         record = batch_record(ns, batch, store.get_end_checkpoints(ns, batch.uuid),
-                              query=load_query_progress(store, ns).get(batch.uuid))
+                              query=load_spark_metrics(store, ns).get(batch.uuid))
         if as_json:
             print_json(record)
             return

@@ -21,7 +21,7 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
-from tablestore_cdc.query_record import load_query_progress
+from tablestore_cdc.query_record import load_spark_metrics
 
 
 def channels(
@@ -96,7 +96,7 @@ def lag(
             "namespace": ns, "batch": batch.uuid if batch else None,
             "spark_batch_id": None if batch is None else batch.spark_batch_id
             if batch.spark_batch_id is not None
-            else load_query_progress(store, ns).get(batch.uuid, {}).get("batch_id"),
+            else load_spark_metrics(store, ns).get(batch.uuid, {}).get("batch_id"),
             "lag": rows,
             # the figures of Spark's progress report (connector.progress): a total only when
             # every channel's count is known; the oldest unread change of any channel

@@ -21,7 +21,7 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
-from tablestore_cdc.query_record import load_query_progress
+from tablestore_cdc.query_record import load_spark_metrics
 
 
 def meta_uri(
@@ -69,7 +69,7 @@ def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
                 "tunnel": info.get("tunnel"), "tunnel_id": info.get("tunnel_id"),
                 "batches": len(batches),
                 "latest_committed": latest.uuid if latest else None,
-                "query_progress": bool(load_query_progress(store, ns)),
+                "query_progress": bool(load_spark_metrics(store, ns)),
             })
         if as_json:
             print_json({"meta_uri": store.uri, "namespaces": rows})
@@ -137,7 +137,7 @@ def export(
             "exported_at": time.time(), "meta_uri": store.uri, "namespace": ns,
             "namespace_info": store.get_namespace_info(ns),
             "batches": batches_out,
-            "query_progress": sorted(load_query_progress(store, ns).values(),
+            "query_progress": sorted(load_spark_metrics(store, ns).values(),
                                      key=lambda e: e.get("batch_id") or -1),
             # rows that did not decode (skipped above; their raw bytes stay in the store)
             "corrupt": store.corrupt_records(),
