@@ -8,6 +8,11 @@ deadlines, so they stay in one group, run one after another on one worker, while
 worker runs ``tests/``. The tests that share the session's demo run (``demo_run``) are a group
 of their own, so the demo runs once. A plain ``pytest`` (no ``-n``) runs everything in one
 process as before.
+
+The fixtures both folders share (``spark``, ``store``, ``aws_env``, ``moto_endpoint``,
+``demo_run``, ...) are defined once, in ``testkit/fixtures.py``, and registered here for the
+whole suite. Tests that use Spark are marked ``slow``; ``pytest -m "not slow"`` runs the rest in
+seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["testkit.fixtures"]
 
 #: every test under this directory runs on the same worker, one at a time
 SERIAL_DIR = Path(__file__).resolve().parent / "integration"

@@ -56,7 +56,8 @@ from integration.faults.harness import CrashAt, RandomKill, run_scenario
 from meta_store import BatchState, EndCheckpoint, open_meta_store
 from tablestore_cdc.verify import Delivered, key_of, verify
 from testkit.clock import FakeClock
-from testkit.fixtures import local_store
+
+pytestmark = pytest.mark.store_table(channels=3)
 
 SEED = int(os.environ.get("TABLESTORE_CDC_FAULTS_SEED", "1"))
 
@@ -110,13 +111,6 @@ def test_permanent_errors_are_not_retried(error: Exception) -> None:
     with pytest.raises(type(error)):
         with_retries(flaky).call("never")
     assert flaky.calls == 1
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = local_store(tmp_path / "store.db", channels=3)
-    yield s
-    s.close()
 
 
 @pytest.fixture

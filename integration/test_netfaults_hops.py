@@ -42,7 +42,6 @@ from meta_store import (  # noqa: E402
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 from testkit.fault_proxy import FaultProxy, Kind, Rule  # noqa: E402
-from testkit.fixtures import aws_env, moto_endpoint  # noqa: E402, F401
 
 INSTANCE, KEY_ID, SECRET = "netinst", "LTAI-net", "net-Secret-9"
 NS = "ep=net;table=t;tunnel=n"

@@ -6,7 +6,7 @@ with the product (pyproject's package list leaves it out), found through pytest'
   message naming what was awaited and the last value seen (standard library only).
 - ``clock``: ``FakeClock``, for code that takes its clock and sleep as arguments.
 - ``fixtures``: the pytest fixtures defined once (``spark``, ``store``, ``aws_env``,
-  ``moto_endpoint``), which ``tests/conftest.py`` exposes.
+  ``moto_endpoint``), which the root ``conftest.py`` registers for the whole suite.
 - ``processes``: start a query in its own process (``runner``) and SIGKILL its whole tree.
 - ``runner``: ``python -m testkit.runner``, one streaming query in its own process.
 - ``aws``: fake AWS credentials and moto servers on 127.0.0.1.

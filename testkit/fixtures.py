@@ -1,16 +1,18 @@
 """The pytest fixtures tests share, defined once.
 
-``tests/conftest.py`` imports them for every test under ``tests/``; a module under
-``integration/`` imports the ones it uses. A test module that needs another shape of the same
-thing (a store with other columns) defines its own fixture of the same name, which takes
-precedence in that module. With ``make test``'s two workers, session fixtures exist once per
-worker (two Spark sessions, two moto servers).
+The root ``conftest.py`` registers them for every test (``pytest_plugins``), under ``tests/`` and
+``integration/`` alike. A test that needs another shape of the same thing asks for it (the
+``store_table`` marker) rather than defining a fixture of the same name. With
+``make test``'s two workers, session fixtures exist once per worker (two Spark sessions, two
+moto servers).
 
 - ``spark`` (session): one real local Spark (``local[2]``) with ``format("tablestore")``
   registered; it takes 5-11 s to start, so the whole session shares it.
 - ``store``: an embedded store with table ``t`` (key ``id`` INTEGER, attribute ``v`` INTEGER,
-  2 channels); ``local_store`` builds the same with another channel count, ``put_rows`` writes
-  to it and ``options_for`` gives the reader options of tunnel ``q`` on it.
+  2 channels); a module or a test that needs another table says so with the ``store_table``
+  marker (``pytestmark = pytest.mark.store_table(channels=3, columns=[("name", "STRING")])``:
+  ``local_store``'s arguments). ``local_store`` builds one outside a fixture, ``put_rows``
+  writes to it and ``options_for`` gives the reader options of tunnel ``q`` on it.
 - ``aws_env`` (session): fake AWS credentials and region for boto3, inherited by child
   processes; the user's real AWS config files are hidden.
 - ``moto_endpoint`` (session): the URL of a serialized moto server on 127.0.0.1
@@ -27,7 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +39,18 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
 
+#: table ``t``'s key and attribute columns unless a test asks for others
+PRIMARY_KEY = (("id", "INTEGER"),)
+COLUMNS = (("v", "INTEGER"),)
 
-def local_store(path: Path, channels: int = 2) -> LocalTablestore:
-    """An embedded store at ``path`` with table ``t``: key ``id`` INTEGER, attribute ``v``
-    INTEGER, ``channels`` change channels."""
+
+def local_store(path: Path, channels: int = 2,
+                columns: Sequence[tuple[str, str]] = COLUMNS,
+                primary_key: Sequence[tuple[str, str]] = PRIMARY_KEY) -> LocalTablestore:
+    """An embedded store at ``path`` with table ``t``: by default key ``id`` INTEGER, attribute
+    ``v`` INTEGER, ``channels`` change channels."""
     store = LocalTablestore(path)
-    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+    store.create_table("t", primary_key=list(primary_key), columns=list(columns),
                        channels=channels)
     return store
 
@@ -73,9 +81,11 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalTablestore]:
-    """``local_store`` in the test's temporary directory, closed after the test."""
-    s = local_store(tmp_path / "store.db")
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalTablestore]:
+    """``local_store`` in the test's temporary directory, closed after the test; the nearest
+    ``store_table`` marker (the test's, its class's or its module's) gives its arguments."""
+    marker = request.node.get_closest_marker("store_table")
+    s = local_store(tmp_path / "store.db", **(marker.kwargs if marker else {}))
     yield s
     s.close()
 

@@ -8,9 +8,6 @@ store. (What Spark passes per trigger, and the same on a real Spark: tests/test_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
 
@@ -23,14 +20,7 @@ from connector.tunnel.page import PageLayout
 from tablestore_emulator.server import EmulatorServer
 from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
 
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalTablestore]:
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")],
-                   columns=[("v", "INTEGER"), ("note", "STRING")], channels=3)
-    yield s
-    s.close()
+pytestmark = pytest.mark.store_table(channels=3, columns=[("v", "INTEGER"), ("note", "STRING")])
 
 
 def options(store: LocalTablestore, **extra: str) -> SourceOptions:

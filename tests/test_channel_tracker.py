@@ -4,8 +4,6 @@ itself over a real local tunnel through a split (the protocol tests cover the sa
 
 from __future__ import annotations
 
-import pytest
-
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.planning.positions import Position
@@ -116,14 +114,6 @@ def test_a_time_bound_is_reached_by_the_claim_that_recorded_it():
 
 
 # --- the tracker over a local tunnel -----------------------------------------------------------
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=2)
-    yield s
-    s.close()
 
 
 def open_tracker(store: LocalTablestore, refresh_ms: str = "600000"

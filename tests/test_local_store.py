@@ -50,6 +50,12 @@ from tablestore_cdc.local_cli import app as cli_app
 from testkit.waiting import wait_until
 from tests.contract.tunnel_contract import ConsumerState, TunnelContract, consume, consume_pass
 
+pytestmark = pytest.mark.store_table(
+    primary_key=[("id", "INTEGER"), ("region", "STRING")],
+    columns=[("name", "STRING"), ("score", "DOUBLE"), ("ok", "BOOLEAN"), ("blob", "BINARY"),
+             ("n", "INTEGER")],
+    channels=4)
+
 # --- the contract ------------------------------------------------------------------------------
 
 
@@ -104,25 +110,6 @@ class TestLocalTunnelContract(TunnelContract):
 
 
 # --- table API -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table(
-        "t",
-        [("id", "INTEGER"), ("region", "STRING")],
-        [
-            ("name", "STRING"),
-            ("score", "DOUBLE"),
-            ("ok", "BOOLEAN"),
-            ("blob", "BINARY"),
-            ("n", "INTEGER"),
-        ],
-        channels=4,
-    )
-    yield s
-    s.close()
 
 
 PK = {"id": 1, "region": "eu"}

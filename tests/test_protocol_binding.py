@@ -16,7 +16,6 @@ Spark's own behaviour for the same cases is covered by integration/test_first_ho
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,6 @@ from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from meta_store import open_meta_store
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalTablestore]:
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=2)
-    yield s
-    s.close()
 
 
 def options(endpoint: str, **extra: str) -> SourceOptions:

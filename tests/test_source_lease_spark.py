@@ -3,7 +3,7 @@
 The natural way to write a stream to two places makes two streaming queries, each with its own
 planning process, on the same tunnel. The second is refused at its start with
 ``SourceInUseError`` naming ``tunnel.name`` (connector/planning/lease.py), and the first goes
-on, exactly once. The shared local Spark session of tests/conftest.py.
+on, exactly once. The shared local Spark session of testkit/fixtures.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """format("tablestore") on a real local Spark: end to end, limits, AvailableNow, errors.
 
-All tests share the session-scoped ``spark`` fixture (tests/conftest.py). Kill/restart tests
+All tests share the session-scoped ``spark`` fixture (testkit/fixtures.py). Kill/restart tests
 live in integration/test_restart.py (they need the driver in its own process).
 """
 
@@ -19,7 +19,8 @@ from tablestore_cdc.sinks import ExactlyOnceParquetSink, deliveries_from_rows
 from tablestore_cdc.verify import rows_by_key, verify
 from testkit.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.store_table(channels=3, columns=[("name", "STRING"), ("qty", "INTEGER")])]
 
 
 @pytest.fixture(autouse=True)
@@ -28,15 +29,6 @@ def stop_queries(spark):
     yield
     for query in spark.streams.active:
         query.stop()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")],
-                   columns=[("name", "STRING"), ("qty", "INTEGER")], channels=3)
-    yield s
-    s.close()
 
 
 def stream(spark, store: LocalTablestore, tunnel: str = "q", **options: str):

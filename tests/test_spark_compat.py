@@ -116,14 +116,6 @@ def test_degradations_are_logged_once_per_process(caplog, monkeypatch):
 # --- the reader as PySpark 4.0/4.1 call it ------------------------------------------------------
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = LocalTablestore(tmp_path / "store.db")
-    s.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")], channels=2)
-    yield s
-    s.close()
-
-
 def write(store: LocalTablestore, ids: range) -> None:
     for i in ids:
         store.put_row("t", {"id": i}, {"v": i})
