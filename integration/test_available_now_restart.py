@@ -16,6 +16,7 @@ backend reports no channel heads, so the run is bounded by the instant it was pr
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,22 +24,29 @@ import pytest
 pytest.importorskip("tablestore")
 
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
-from integration.test_tablestore_e2e import (  # noqa: E402, F401 - the fixture by name
-    NO_ENV_CREDENTIALS,
-    runner_args,
-    setup,
-    write_changes,
-)
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
 from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
 from testkit.processes import kill_tree, start_runner  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
+from testkit.wire_e2e import (  # noqa: E402
+    NO_ENV_CREDENTIALS,
+    WireSetup,
+    runner_args,
+    wire_scenario,
+    write_changes,
+)
 
 pytestmark = pytest.mark.slow
 
 
-def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_path: Path  # noqa: F811
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[WireSetup]:
+    with wire_scenario(tmp_path) as parts:
+        yield parts
+
+
+def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_path: Path
                                                                   ) -> None:
     emulator, store, client = setup
     write_changes(client, 0, 300)

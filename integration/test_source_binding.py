@@ -27,7 +27,12 @@ import pytest
 pytest.importorskip("tablestore")
 
 from connector.local import LocalTablestore  # noqa: E402
-from integration.test_tablestore_e2e import (  # noqa: E402
+from meta_store import open_meta_store  # noqa: E402
+from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
+from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
+from testkit.processes import kill_tree, start_runner  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
+from testkit.wire_e2e import (  # noqa: E402
     INSTANCE,
     KEY_ID,
     NO_ENV_CREDENTIALS,
@@ -41,11 +46,6 @@ from integration.test_tablestore_e2e import (  # noqa: E402
     sdk_client,
     write_changes,
 )
-from meta_store import open_meta_store  # noqa: E402
-from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
-from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
-from testkit.processes import kill_tree, start_runner  # noqa: E402
-from testkit.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

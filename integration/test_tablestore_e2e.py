@@ -29,170 +29,45 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 
 pytest.importorskip("tablestore")
 
-from tablestore import (  # noqa: E402
-    CapacityUnit,
-    Condition,
-    OTSClient,
-    ReservedThroughput,
-    Row,
-    RowExistenceExpectation,
-    TableMeta,
-    TableOptions,
-)
-from tablestore.retry import WriteRetryPolicy  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
-from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
-from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
+from testkit.emulator import CLI  # noqa: E402
 from testkit.processes import REPO, kill_tree, start_runner  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
+from testkit.wire_e2e import (  # noqa: E402
+    INSTANCE,
+    META_ENV,
+    NO_ENV_CREDENTIALS,
+    SECRET,
+    STS,
+    Emulator,
+    WireSetup,
+    create_source_table,
+    delivered,
+    finish_and_verify,
+    meta_uri,
+    runner_args,
+    sdk_client,
+    wire_scenario,
+    write_changes,
+)
 
 pytestmark = pytest.mark.slow
 
-INSTANCE = "e2einst"
-KEY_ID = "LTAI-e2e-key"
-SECRET = "e2e-Secret-7Qx9vP2mZ"
-STS = "e2e-StsToken-K3jR8w"
-IGNORE = Condition(RowExistenceExpectation.IGNORE)
-CATALOG = '{"columns": {"id": {"type": "long"}, "name": {"type": "string"}, ' \
-          '"qty": {"type": "long"}}}'
-CLI = str(Path(sys.executable).with_name("tablestore-cdc"))
-
-
-class Emulator:
-    """``tablestore-cdc emulator`` as a child process (SIGKILL-able, restartable on a port);
-    https when given a PEM file holding the certificate chain and its key."""
-
-    def __init__(self, store: Path, log: Path, port: int = 0, tls_pem: Path | None = None
-                 ) -> None:
-        self.store, self.log, self.port, self.tls_pem = store, log, port, tls_pem
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self) -> Emulator:
-        tls = ["--tls-cert", str(self.tls_pem), "--tls-key", str(self.tls_pem)] \
-            if self.tls_pem else []
-        self.proc = subprocess.Popen(
-            [CLI, "emulator", "--store", str(self.store), "--instance", INSTANCE,
-             "--access-key-id", KEY_ID, "--access-key-secret", SECRET,
-             "--port", str(self.port), "--channels", "2", *tls],
-            stdout=subprocess.PIPE, stderr=open(self.log, "ab"), text=True, cwd=REPO)  # noqa: SIM115
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        scheme = "https" if self.tls_pem else "http"
-        assert line.startswith(f"listening on {scheme}://"), line
-        self.url = line.removeprefix("listening on ")
-        self.port = int(self.url.rsplit(":", 1)[1])
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
-def sdk_client(url: str, ca: Path | None = None) -> OTSClient:
-    client = OTSClient(url, KEY_ID, SECRET, INSTANCE, retry_policy=WriteRetryPolicy(),
-                       logger_name="e2e-sdk")
-    if ca is not None:  # the SDK takes no CA: the meta store's way of giving it one
-        from meta_store.tablestore import _trust_ca
-
-        _trust_ca(client, str(ca))
-    return client
-
-
-def write_changes(client: OTSClient, start: int, n: int, keys: int = 60) -> None:
-    """Inserts, updates (one column set, one deleted) and deletes through the official SDK."""
-    for i in range(start, start + n):
-        pk = [("id", i % keys)]
-        if i % 7 == 3:
-            client.delete_row("t", Row(pk), IGNORE)
-        elif i % 3 == 1:
-            update = {"PUT": [("qty", i)]}
-            if i % 2:
-                update["DELETE_ALL"] = ["name"]  # type: ignore[list-item]
-            client.update_row("t", Row(pk, update), IGNORE)
-        else:
-            client.put_row("t", Row(pk, [("name", f"n{i}"), ("qty", i)]), IGNORE)
-
-
-def create_source_table(client: OTSClient) -> None:
-    client.create_table(TableMeta("t", [("id", "INTEGER")]), TableOptions(),
-                        ReservedThroughput(CapacityUnit(0, 0)))
-
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[tuple[Emulator, LocalTablestore, OTSClient]]:
-    store_path = tmp_path / "store.db"
-    emulator = Emulator(store_path, tmp_path / "emulator.log").start()
-    client = sdk_client(emulator.url)
-    create_source_table(client)
-    store = LocalTablestore(store_path)  # the same file: channel splits/merges, verification
-    try:
-        yield emulator, store, client
-    finally:
-        emulator.kill()
-        store.close()
-
-
-def runner_args(tmp_path: Path, url: str, sink: ExactlyOnceParquetSink,
-                ca: Path | None = None) -> list[str]:
-    """The query, with the vendor connector's option names (and the CA of an https one)."""
-    options = {"instance.name": INSTANCE, "access.key.id": KEY_ID, "access.key.secret": SECRET,
-               "security.token": STS, "catalog": CATALOG, "maxOffsetsPerChannel": "40",
-               "checkpoint.table": "cdc_meta"}
-    if ca is not None:
-        options["ssl.ca.bundle"] = str(ca)
-    args = ["--endpoint", url, "--table", "t", "--tunnel", "e2e",
-            "--checkpoint", str(tmp_path / "ckpt"), "--sink", str(sink.path),
-            "--stop-file", str(tmp_path / "stop"), "--trigger-ms", "300"]
-    for k, v in options.items():
-        args += ["--option", f"{k}={v}"]
-    return args
-
-
-#: the CLI commands (meta export, progress) take the meta table's credentials from the
-#: environment; the query itself needs none there: its options carry them to every executor
-META_ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET}
-NO_ENV_CREDENTIALS = {name: "" for name in META_ENV}
-
-
-def meta_uri(emulator: Emulator, ca: Path | None = None) -> str:
-    """The meta table the query's options name (``checkpoint.table=cdc_meta``)."""
-    uri = f"tablestore://{INSTANCE}/cdc_meta?endpoint={quote(emulator.url, safe='')}"
-    return uri + (f"&ca_bundle={quote(str(ca), safe='')}" if ca else "")
-
-
-def delivered(sink: ExactlyOnceParquetSink) -> int:
-    return sum(1 for _ in sink.deliveries(["id"]))
-
-
-def finish_and_verify(tmp_path: Path, store: LocalTablestore, sink: ExactlyOnceParquetSink,
-                      runner: subprocess.Popen, log: Path) -> None:
-    expected = len(store.change_log("t"))
-    try:
-        wait_until(f"{expected} changes delivered", lambda: delivered(sink),
-                   lambda n: n >= expected, timeout=300, process=runner)
-        (tmp_path / "stop").touch()
-        assert runner.wait(120) == 0, log.read_text()[-3000:]
-    finally:
-        kill_tree(runner.pid)
-    result = verify(wire_change_log(store.change_log("t")), sink.deliveries(["id"]),
-                    rows_by_key(store.scan("t")))
-    print(result.summary(), file=sys.stderr)
-    assert result.ok, f"{result.summary()} {result.examples}"
+def setup(tmp_path: Path) -> Iterator[WireSetup]:
+    with wire_scenario(tmp_path) as parts:
+        yield parts
 
 
 def test_sigkill_and_restart_over_the_wire(tmp_path: Path, setup: tuple) -> None:

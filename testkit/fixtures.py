@@ -21,6 +21,10 @@ moto servers).
   two splits and a merge), shared by the tests that check its verification line
   (tests/test_job.py) and run the query lines it prints (tests/test_doc_snippets.py); the root
   conftest.py keeps them on one worker, so it runs once.
+- ``moto_url`` (module) and ``streams_fake`` (module): a moto server in this process (threaded),
+  with the shard map moto's DynamoDB Streams lacks installed (``StreamsFake`` patches moto in
+  this process, so its server must run here); ``aws_test_credentials``: fake AWS credentials in
+  the environment for one test (``pytestmark = pytest.mark.usefixtures(...)`` for a module).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import pytest
 
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
-from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
+from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server, threaded_moto_server
+from testkit.dynamodb_streams_fake import StreamsFake
 
 #: table ``t``'s key and attribute columns unless a test asks for others
 PRIMARY_KEY = (("id", "INTEGER"),)
@@ -124,3 +129,25 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPr
         [sys.executable, "-m", "tablestore_cdc.cli", "demo", "--workdir", str(workdir),
          "--changes", "800", "--duration", "6", "--channels", "3"],
         capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """URL of a moto server running in this process (threaded), for the module."""
+    with threaded_moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def streams_fake() -> Iterator[StreamsFake]:
+    """The DynamoDB Streams shard map, installed into this process's moto for the module."""
+    fake = StreamsFake().install()
+    yield fake
+    fake.uninstall()
+
+
+@pytest.fixture
+def aws_test_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake AWS credentials and region in the environment for one test."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.setenv(name, AWS_TEST_ENV[name])

@@ -32,7 +32,8 @@ from connector.reader import MAX_EMPTY_PAGES, _clients, read_partition
 from connector.tunnel import FINISHED, Record
 from connector.tunnel.page import Page, PageLayout
 from tablestore_emulator.server import EmulatorServer
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.protocol_runs import run_until_caught_up as run
 
 
 @pytest.fixture
@@ -63,19 +64,6 @@ def local_options(writer: LocalTablestore, **extra: str) -> SourceOptions:
 def write(store: LocalTablestore, ids: range) -> None:
     for i in ids:
         store.put_row("t", {"id": i}, {"v": i})
-
-
-def run(proto: StreamProtocol, start: dict, max_batches: int = 50) -> tuple[dict, list[Record]]:
-    """Batches in Spark's order until ``latestOffset`` returns its start (the run is done)."""
-    seen: list[Record] = []
-    for _ in range(max_batches):
-        end = proto.latest_offset(start, None)
-        if end == start:
-            return start, seen
-        seen += [r for p in proto.plan(start, end) for r in read_partition(p)]
-        proto.commit(end)
-        start = end
-    raise AssertionError(f"the run did not end within {max_batches} batches")
 
 
 def keys(records: list[Record]) -> list[tuple[str, int]]:

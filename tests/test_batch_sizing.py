@@ -18,7 +18,7 @@ from connector.protocol import StreamProtocol
 from connector.reader import claim_and_read, read_partition, record_sizes
 from connector.tunnel.page import PageLayout
 from tablestore_emulator.server import EmulatorServer
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 
 pytestmark = pytest.mark.store_table(channels=3, columns=[("v", "INTEGER"), ("note", "STRING")])
 

@@ -21,10 +21,9 @@ from connector.tunnel.tablestore.transport import Credentials, ServiceError, Tra
 from tablestore_emulator import auth
 from tablestore_emulator.server import EmulatorServer
 from tablestore_emulator.tunnel_clients import ChannelState, ClientGone, TunnelClients
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.tunnel_harnesses import LocalHarness
 from tests.contract.tunnel_service_contract import TunnelServiceContract, call, refused
-from tests.test_local_store import LocalHarness
-
-INSTANCE, KEY_ID, SECRET = "inst", "test-key-id", "test-secret-3f9a1c"
 
 
 class Clock:

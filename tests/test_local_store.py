@@ -39,7 +39,6 @@ from connector.tunnel.base import (
     ChannelStatus,
     Checkpoint,
     Op,
-    Record,
     StartPosition,
     TunnelType,
 )
@@ -47,6 +46,7 @@ from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.local.channels import KEY_SPACE
 from connector.tunnel.local.values import key_hash
 from tablestore_cdc.local_cli import app as cli_app
+from testkit.tunnel_harnesses import LocalHarness
 from testkit.waiting import wait_until
 from tests.contract.tunnel_contract import ConsumerState, TunnelContract, consume, consume_pass
 
@@ -57,45 +57,6 @@ pytestmark = pytest.mark.store_table(
     channels=4)
 
 # --- the contract ------------------------------------------------------------------------------
-
-
-class LocalHarness:
-    """Backend side of the contract for the local store: a writer instance and a separate
-    service instance on one file, as a writer process and a Spark driver would have."""
-
-    def __init__(self, path: Path) -> None:
-        self.writer = LocalTablestore(path)
-        self.service = LocalTunnelService(LocalTablestore(path))
-
-    def create_table(self, name: str, channels: int) -> None:
-        self.writer.create_table(
-            name, [("id", "STRING")], [("value", "INTEGER")], channels=channels
-        )
-
-    def put(self, table: str, key: str, value: int) -> None:
-        self.writer.put_row(table, {"id": key}, {"value": value})
-
-    def update(self, table: str, key: str, value: int) -> None:
-        self.writer.update_row(table, {"id": key}, {"value": value})
-
-    def delete(self, table: str, key: str) -> None:
-        self.writer.delete_row(table, {"id": key})
-
-    def split(self, table: str, channel_id: str) -> tuple[str, str]:
-        return self.writer.split_channel(table, channel_id)
-
-    def merge(self, table: str, a: str, b: str) -> str:
-        return self.writer.merge_channels(table, a, b)
-
-    def trim(self, table: str) -> None:
-        self.writer.trim_history(table, keep_last=0)
-
-    def change_log(self, table: str) -> list[Record]:
-        return self.writer.change_log(table)
-
-    def close(self) -> None:
-        self.service.close()
-        self.writer.close()
 
 
 @pytest.fixture

@@ -21,15 +21,10 @@ pytest.importorskip("tablestore")
 
 from tablestore import (  # noqa: E402
     CapacityUnit,
-    Condition,
-    OTSClient,
     ReservedThroughput,
-    Row,
-    RowExistenceExpectation,
     TableMeta,
     TableOptions,
 )
-from tablestore.retry import NoRetryPolicy  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from connector.errors import (  # noqa: E402
@@ -42,6 +37,15 @@ from meta_store import BatchState, open_meta_store  # noqa: E402
 from meta_store.tablestore import TablestoreMetaStore  # noqa: E402
 from tablestore_cdc.cli import app as root_app  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.tablestore_meta import (  # noqa: E402
+    AK,
+    ENV,
+    INSTANCE,
+    SK,
+    sdk_client,
+    table_uri,
+    tablestore_raw_writer,
+)
 from tests.contract.meta_contract import (  # noqa: E402
     NS,
     MetaStoreContract,
@@ -50,9 +54,6 @@ from tests.contract.meta_contract import (  # noqa: E402
     make_manifest,
     new_uuid,
 )
-
-AK, SK, INSTANCE = "meta-test-ak", "meta-test-secret-never-shown", "emu"
-ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SK}
 
 
 @pytest.fixture(scope="module")
@@ -69,28 +70,6 @@ def ots_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("ALIBABA_CLOUD_SECURITY_TOKEN", raising=False)
     return dict(ENV)
-
-
-def table_uri(emulator: EmulatorServer, table: str | None = None, **params: str) -> str:
-    table = table or f"cdc_meta_{uuidlib.uuid4().hex[:12]}"
-    query = "&".join(f"{k}={v}" for k, v in {"endpoint": emulator.url, **params}.items())
-    return f"tablestore://{INSTANCE}/{table}?{query}"
-
-
-def sdk_client(emulator: EmulatorServer) -> OTSClient:
-    return OTSClient(emulator.url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
-
-
-def tablestore_raw_writer(emulator: EmulatorServer, uri: str) -> RawWriter:
-    table = uri.split("?")[0].rsplit("/", 1)[1]
-
-    def write(namespace: str, uuid: str, channel_id: str | None, payload: str) -> None:
-        sk = f"B#{uuid}" if channel_id is None else f"E#{uuid}#{channel_id}"
-        sdk_client(emulator).update_row(
-            table, Row([("ns", namespace), ("sk", sk)], {"put": [("doc", payload)]}),
-            Condition(RowExistenceExpectation.EXPECT_EXIST))
-
-    return write
 
 
 class TestTablestoreMetaStore(MetaStoreContract):

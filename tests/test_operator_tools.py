@@ -431,7 +431,7 @@ def test_a_corrupt_tablestore_meta_row_is_marked_too(tmp_path_factory: Any,
     """And on the Tablestore meta store (the local emulator over HTTP, official SDK)."""
     pytest.importorskip("tablestore")
     from tablestore_emulator.server import EmulatorServer
-    from tests.test_meta_store_tablestore import (
+    from testkit.tablestore_meta import (
         AK,
         ENV,
         INSTANCE,

@@ -28,13 +28,10 @@ from connector.range_read import RangePartition, TablestoreRangeReader, parents_
 from connector.schema import output_schema
 from connector.tunnel import ChannelInfo, ChannelStatus, open_tunnel_service
 from tablestore_emulator.server import EmulatorServer
-from tests.test_starting_timestamp import DynamoBackend, instant_between
-from tests.test_tunnel_dynamodb_streams import (  # noqa: F401 - fixtures used by name
-    _aws_env,
-    moto_url,
-    streams_fake,
-)
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
+from testkit.backends import DynamoBackend, instant_between
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
+
+pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them
 
 
 @pytest.fixture
@@ -167,7 +164,7 @@ def test_parents_first_puts_unnamed_waiting_channels_last():
     assert [c.channel_id for c in parents_first(channels)] == ["a", "b", "c", "d", "x"]
 
 
-def test_on_dynamodb_streams(tmp_path, moto_url, streams_fake):  # noqa: F811
+def test_on_dynamodb_streams(tmp_path, moto_url, streams_fake):
     """DynamoDB Streams rounds commit times down to the second: changes a second or more away
     from the range's ends are in or out exactly. (``meta.store`` is required for this endpoint
     by the options, and never opened by a batch read.)"""

@@ -33,7 +33,7 @@ from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import verify
 from tablestore_emulator.server import EmulatorServer
 from tablestore_emulator.tunnel_api import wire_change_log
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 
 pytestmark = pytest.mark.slow
 

@@ -13,108 +13,19 @@ reader in Spark's order, compared as sets with the source's change log.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from connector.errors import OptionError, StartBeforeTunnelError, TrimmedDataError
-from connector.local import LocalTablestore
-from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import Checkpoint, Record, StartPosition, open_tunnel_service
-from tablestore_emulator.server import EmulatorServer
-from tests.test_available_now import run as drain  # batches until nothing is new
-from tests.test_tunnel_dynamodb_streams import (  # noqa: F401 - fixtures used by name
-    StreamsHarness,
-    _aws_env,
-    moto_url,
-    streams_fake,
-)
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET
+from testkit.backends import Backend, DynamoBackend, LocalBackend, WireBackend, instant_between
+from testkit.protocol_runs import run_until_caught_up as drain
 
-
-class Backend:
-    """A table with one INTEGER/STRING key ``id`` on one backend: writes, a split, the
-    options of a query reading it, the keys of its change log with their commit times."""
-
-    #: how long to wait around the instant so the backend's commit times fall on either side
-    settle_s = 0.01
-
-    def write(self, ids: range) -> None: ...
-    def split(self) -> None: ...
-    def options(self, **extra: str) -> SourceOptions: ...
-    def close(self) -> None: ...
-
-
-class LocalBackend(Backend):
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.writer = LocalTablestore(tmp_path / "store.db")
-        self.writer.create_table("t", primary_key=[("id", "INTEGER")],
-                                 columns=[("v", "INTEGER")], channels=2)
-
-    def write(self, ids: range) -> None:
-        for i in ids:
-            self.writer.put_row("t", {"id": i}, {"v": i})
-
-    def split(self) -> None:
-        open_channels = [c.channel_id for c in self.writer.list_channels("t") if not c.closed]
-        self.writer.split_channel("t", sorted(open_channels)[0])
-
-    def options(self, **extra: str) -> SourceOptions:
-        return SourceOptions.from_spark({"endpoint": f"local://{self.writer.path}",
-                                         "table.name": "t", "tunnel.name": "q", **extra})
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WireBackend(LocalBackend):
-    """The same store served by the emulator: the query reads over HTTP."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        super().__init__(tmp_path)
-        self.emulator = EmulatorServer(str(self.writer.path), INSTANCE, KEY_ID, SECRET).start()
-
-    def options(self, **extra: str) -> SourceOptions:
-        return SourceOptions.from_spark({
-            "endpoint": self.emulator.url, "instance.name": INSTANCE, "access.key.id": KEY_ID,
-            "access.key.secret": SECRET, "table.name": "t", "tunnel.name": "q",
-            "meta.store": f"sqlite://{self.tmp_path}/meta.db", **extra})
-
-    def close(self) -> None:
-        self.emulator.stop()
-        super().close()
-
-
-class DynamoBackend(Backend):
-    """A DynamoDB table on moto with the shard map of ``StreamsFake``."""
-
-    settle_s = 1.1  # ApproximateCreationDateTime is rounded down to the second
-
-    def __init__(self, tmp_path: Path, url: str, fake: Any) -> None:
-        self.tmp_path = tmp_path
-        self.harness = StreamsHarness(url, fake)
-        self.harness.create_table("t", 2)
-
-    def write(self, ids: range) -> None:
-        for i in ids:
-            self.harness.put("t", str(i), i)
-
-    def split(self) -> None:
-        self.harness.split("t", sorted(self.harness.fake.open_shards("t"))[0])
-
-    def options(self, **extra: str) -> SourceOptions:
-        return SourceOptions.from_spark({
-            "endpoint": self.harness.uri, "table.name": "t", "tunnel.name": "q",
-            "meta.store": f"sqlite://{self.tmp_path}/meta.db", **extra})
-
-    def close(self) -> None:
-        self.harness.close()
+pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them
 
 
 @pytest.fixture(params=["local", "wire", "dynamodb"])
@@ -132,16 +43,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 
 def key_ids(records: list[Record]) -> list[int]:
     return sorted(int(r.primary_key["id"]) for r in records)
-
-
-def instant_between(backend: Backend, before: range, after: range) -> int:
-    """Write ``before``, take the instant (ms since the epoch), write ``after``."""
-    backend.write(before)
-    time.sleep(backend.settle_s)
-    instant = int(time.time() * 1000)
-    time.sleep(backend.settle_s)
-    backend.write(after)
-    return instant
 
 
 def test_a_new_query_starts_at_the_first_change_at_or_after_the_instant(backend):

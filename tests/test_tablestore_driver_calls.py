@@ -27,7 +27,8 @@ from connector.reader import read_partition
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY
 from tablestore_emulator.errors import OtsError
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET, EmulatorHarness, service_uri
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
+from testkit.tunnel_harnesses import EmulatorHarness
 
 CHANNELS = 8
 

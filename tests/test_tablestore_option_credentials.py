@@ -16,7 +16,8 @@ import pytest
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET, EmulatorHarness
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.tunnel_harnesses import EmulatorHarness
 
 ENV = ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
        "ALIBABA_CLOUD_SECURITY_TOKEN")

@@ -28,8 +28,9 @@ from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import TablestoreTunnelService
 from tablestore_emulator.errors import OtsError
 from tablestore_emulator.server import EmulatorServer
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
+from testkit.tunnel_harnesses import EmulatorHarness
 from testkit.waiting import wait_until
-from tests.test_tunnel_tablestore import INSTANCE, KEY_ID, SECRET, EmulatorHarness, service_uri
 
 RECORDS = 2_300  # the emulator pages by 500: five pages
 

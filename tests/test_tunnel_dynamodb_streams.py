@@ -20,11 +20,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import requests
 
 from connector.errors import (
     OptionError,
@@ -40,7 +38,6 @@ from connector.tunnel.base import (
     ChannelStatus,
     Checkpoint,
     Op,
-    Record,
     StartPosition,
     TunnelType,
 )
@@ -49,85 +46,13 @@ from connector.tunnel.dynamodb_streams.service import DynamoDbStreamsTunnelServi
 from connector.tunnel.page import PageLayout
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
-from testkit.aws import AWS_TEST_ENV, threaded_moto_server
+from testkit.aws import AWS_TEST_ENV
 from testkit.dynamodb_streams_fake import StreamsFake
+from testkit.tunnel_harnesses import REGION, StreamsHarness
 from testkit.waiting import wait_until
 from tests.contract.tunnel_contract import TunnelContract, consume, per_key, read_all
 
-REGION = "us-east-1"
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    with threaded_moto_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def streams_fake() -> Iterator[StreamsFake]:
-    fake = StreamsFake().install()
-    yield fake
-    fake.uninstall()
-
-
-@pytest.fixture(autouse=True)
-def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
-        monkeypatch.setenv(name, AWS_TEST_ENV[name])
-
-
-class StreamsHarness:
-    """Backend side of the contract: tables on moto written through boto3, the shard map of
-    ``StreamsFake``, a fresh checkpoint table per test."""
-
-    def __init__(self, url: str, fake: StreamsFake, view: str = "NEW_AND_OLD_IMAGES",
-                 extra: str = "", poll_interval_ms: int = 0) -> None:
-        requests.post(f"{url}/moto-api/reset", timeout=10)
-        fake.reset()
-        self.url, self.fake, self.view = url, fake, view
-        self.ddb = boto3.client("dynamodb", endpoint_url=url, region_name=REGION)
-        # poll_interval_ms=0 by default: the contract asks has_new_data again right after
-        # each write
-        self.uri = (f"dynamodb-streams://?checkpoint_table=cdc-{uuid.uuid4().hex[:8]}"
-                    f"&region={REGION}&endpoint_url={url}&create_table=true"
-                    f"&poll_interval_ms={poll_interval_ms}{extra}")
-        self.service = open_tunnel_service(self.uri)
-
-    def create_table(self, name: str, channels: int) -> None:
-        self.ddb.create_table(
-            TableName=name, BillingMode="PAY_PER_REQUEST",
-            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-            StreamSpecification={"StreamEnabled": True, "StreamViewType": self.view},
-        )
-        self.fake.attach(name, channels)
-
-    def put(self, table: str, key: str, value: int) -> None:
-        self.ddb.put_item(TableName=table, Item={"id": {"S": key}, "value": {"N": str(value)}})
-
-    def update(self, table: str, key: str, value: int) -> None:
-        self.ddb.update_item(TableName=table, Key={"id": {"S": key}},
-                             UpdateExpression="SET #v = :v",
-                             ExpressionAttributeNames={"#v": "value"},
-                             ExpressionAttributeValues={":v": {"N": str(value)}})
-
-    def delete(self, table: str, key: str) -> None:
-        self.ddb.delete_item(TableName=table, Key={"id": {"S": key}})
-
-    def split(self, table: str, channel_id: str) -> tuple[str, str]:
-        return self.fake.split(table, channel_id)
-
-    def merge(self, table: str, a: str, b: str) -> str:
-        pytest.skip("DynamoDB Streams has no merges: a shard has at most one parent")
-
-    def trim(self, table: str) -> None:
-        self.fake.trim(table)
-
-    def change_log(self, table: str) -> list[Record]:
-        return [codec.decode_record(raw, sid, "") for sid, raw in self.fake.held(table)]
-
-    def close(self) -> None:
-        self.service.close()
+pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them
 
 
 @pytest.fixture

@@ -51,35 +51,9 @@ from connector.tunnel.tablestore.records import decode_page
 from connector.tunnel.tablestore.transport import VALIDATION_ATTEMPTS, Credentials
 from tablestore_emulator.server import EmulatorServer
 from testkit.clock import FakeClock
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
+from testkit.tunnel_harnesses import EmulatorHarness
 from tests.contract.tunnel_contract import TunnelContract, consume, read_all
-from tests.test_local_store import LocalHarness
-
-INSTANCE = "inst"
-KEY_ID = "test-key-id"
-SECRET = "test-secret-3f9a1c"
-
-
-def service_uri(url: str, secret: str = SECRET, **extra: str) -> str:
-    query = f"instance={INSTANCE}&access_key_id={KEY_ID}&access_key_secret={secret}"
-    for k, v in extra.items():
-        query += f"&{k}={v}"
-    return f"{url}?{query}"
-
-
-class EmulatorHarness(LocalHarness):
-    """Backend side of the contract: an emulator serving the store file over HTTP, the wire
-    client as the service under test, and a writer on the same file (as a writer process).
-    The writer's operations (create_table, put, split, ...) are the local harness's."""
-
-    def __init__(self, path: Path) -> None:  # not the local harness's: no local service here
-        self.writer = LocalTablestore(path)
-        self.emulator = EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET).start()
-        self.service = open_tunnel_service(service_uri(self.emulator.url))
-
-    def close(self) -> None:
-        self.service.close()
-        self.emulator.stop()
-        self.writer.close()
 
 
 @pytest.fixture

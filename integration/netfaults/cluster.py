@@ -52,7 +52,6 @@ from connector.faults import FAULT_DIR_ENV
 from integration.faults.harness import SinkWatcher
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
 from integration.netfaults.harness import (
-    CLI,
     INSTANCE,
     KEY_ID,
     META_TABLE,
@@ -62,6 +61,7 @@ from integration.netfaults.netns import Hosts
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
 from tablestore_emulator.tunnel_api import wire_change_log
+from testkit.emulator import CLI
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
 

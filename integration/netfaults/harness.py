@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +42,9 @@ from meta_store import BatchState, MetaStore, open_meta_store
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
 from tablestore_emulator.tunnel_api import wire_change_log
+from testkit.emulator import EmulatorProcess
 from testkit.fault_proxy import QUICK_KINDS, FaultProxy, Kind, Rule
-from testkit.processes import REPO, kill_tree, start_runner
+from testkit.processes import kill_tree, start_runner
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.netfaults")
@@ -56,7 +56,6 @@ STARTUP_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 600.0
 #: how long a query may take to fail once a hop is down for good (the budget, with margin)
 FAILURE_TIMEOUT_S = 240.0
-CLI = str(Path(sys.executable).with_name("tablestore-cdc"))
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
@@ -133,32 +132,10 @@ class NetResult:
         return {**self.__dict__, "ok": self.ok}
 
 
-class Emulator:
-    """``tablestore-cdc emulator`` serving a store file, in a child process."""
-
-    def __init__(self, store: Path, log_path: Path) -> None:
-        self.store, self.log_path = store, log_path
-        self.proc: subprocess.Popen[str] | None = None
-        self.port = 0
-
-    def start(self) -> Emulator:
-        self.proc = subprocess.Popen(
-            [CLI, "emulator", "--store", str(self.store), "--instance", INSTANCE,
-             "--access-key-id", KEY_ID, "--access-key-secret", SECRET, "--port",
-             str(self.port)], stdout=subprocess.PIPE, text=True, cwd=REPO,
-            stderr=open(self.log_path, "ab"))  # noqa: SIM115 - the child owns it
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("listening on http://"):
-            raise RuntimeError(f"the emulator did not start: {line!r}")
-        self.port = int(line.rsplit(":", 1)[1])
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+def emulator_process(store: Path, log: Path) -> EmulatorProcess:
+    """``tablestore-cdc emulator`` serving ``store`` with the scenarios' instance and key pair,
+    in a child process."""
+    return EmulatorProcess(store, log, INSTANCE, KEY_ID, SECRET)
 
 
 def meta_consistency(meta: MetaStore, namespace: str) -> list[str]:
@@ -216,7 +193,7 @@ class NetScenarioRun:
         self.sink = ExactlyOnceParquetSink(self.dir / "sink")
         self.watcher = SinkWatcher(self.sink)
         self.stop_file = self.dir / "stop"
-        self.emulator = Emulator(self.store_path, self.dir / "emulator.log")
+        self.emulator = emulator_process(self.store_path, self.dir / "emulator.log")
         self.moto: subprocess.Popen[str] | None = None
         self.proxies: dict[str, FaultProxy] = {}
         self.runner: subprocess.Popen | None = None
@@ -299,7 +276,7 @@ class NetScenarioRun:
         try:
             return self._run()
         finally:  # also when interrupted: no service outlives the scenario
-            self.emulator.stop()
+            self.emulator.kill()
             if self.moto is not None:
                 from testkit.aws import stop_moto_server
 

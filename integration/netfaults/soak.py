@@ -42,7 +42,7 @@ from integration.netfaults.harness import (
     KEY_ID,
     META_TABLE,
     SECRET,
-    Emulator,
+    emulator_process,
 )
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
@@ -150,7 +150,7 @@ class Soak:
         self.store_path = self.dir / "store.db"
         self.sink = ExactlyOnceParquetSink(self.dir / "sink")
         self.watcher = SinkWatcher(self.sink)
-        self.emulator = Emulator(self.store_path, self.dir / "emulator.log")
+        self.emulator = emulator_process(self.store_path, self.dir / "emulator.log")
         self.runner: subprocess.Popen | None = None
         self.runs = 0
         self.result = SoakResult(minutes, channels, changes)
@@ -199,7 +199,7 @@ class Soak:
         try:
             return self._run()
         finally:
-            self.emulator.stop()  # also when interrupted
+            self.emulator.kill()  # also when interrupted
 
     def _run(self) -> SoakResult:
         r = self.result
@@ -276,7 +276,7 @@ class Soak:
                 r.problems.append(f"{v.summary()} {v.examples}")
         finally:
             meta_view.close()
-            self.emulator.stop()
+            self.emulator.kill()
         rows = [s.meta_rows for s in r.samples if s.meta_rows >= 0]
         if rows and max(rows[len(rows) // 2:]) > 2 * max(rows[: max(1, len(rows) // 2)]) + 500:
             r.problems.append(f"meta-table rows grew: {rows}")
