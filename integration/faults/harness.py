@@ -22,7 +22,9 @@ failing tasks, duplicate reads), a restart after each kill on the same checkpoin
 end: stop writing, wait until every change in the store's change log is in the sink, stop the
 query through its stop file, and verify (``tablestore_cdc.verify``): nothing lost, nothing
 duplicated, every key's changes in source order, the table rebuilt from the sink equal to the
-store's, every replay of a stored batch identical, and no stored batch rewritten.
+store's, every replay of a stored batch identical, and no stored batch rewritten. The run's
+skeleton, the result's common fields and those checks are ``integration/scenario.py``'s, shared
+with the network-fault harnesses.
 """
 
 from __future__ import annotations
@@ -32,42 +34,40 @@ import logging
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pyarrow.parquet as pq
 
-from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV, POINTS
-from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table, preload
-from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
+from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, preload
+from integration.scenario import (
+    ScenarioResult,
+    ScenarioRun,
+    arm_crash_point,
+    run_and_tidy,
+)
 from tablestore_cdc.verify import (
     history_mismatches,
     read_delta,
     read_iceberg,
-    rows_by_key,
     source_history,
     table_history,
     table_state,
-    verify,
 )
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
-from testkit.processes import REPO, kill_tree, start_runner
+from testkit.processes import REPO, start_runner
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.faults")
 
 #: how long a runner may take to start Spark and run its first batch (2 cores, maybe shared)
 STARTUP_TIMEOUT_S = 300.0
-#: how long the query may take to deliver everything once the writer has stopped
-DRAIN_TIMEOUT_S = 600.0
 #: crash points that run in Python workers on executors
 EXECUTOR_POINTS = ("read_before_claim", "mid_read")
 #: Spark's log lines for a failed task attempt: the executor's ERROR (the only one left with the
@@ -176,36 +176,21 @@ class Duplicate:
 
 
 @dataclass
-class Result:
-    name: str
+class Result(ScenarioResult):
     kills: int = 0
-    changes: int = 0
     delivered: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    out_of_order: int = 0
     state_mismatches: int = 0
-    replays: int = 0
-    replays_identical: bool = True
     restarts: int = 0
-    splits: int = 0
-    merges: int = 0
     injected_errors: int = 0
     task_failures: int = 0
     duplicate_reads: int = 0
     #: duplicate reads that claimed more than the held attempt had read (it then followed them)
     duplicates_ahead: int = 0
-    seconds: float = 0.0
     #: rows of the applied table (live rows) and keys whose row or history differs from the source
     target_rows: int = 0
     target_mismatches: int = 0
     #: crash points reached, with where the process was (``mid_read@executor-jvm``)
     hits: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
     def line(self) -> str:
         extra = []
@@ -226,9 +211,6 @@ class Result:
                 f"{'' if self.replays_identical else ' (DIFFERENT)'} "
                 f"{' '.join(extra) + ' ' if extra else ''}"
                 f"{self.seconds:.0f}s {verdict}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ok": self.ok}
 
 
 # --- the applied table (Delta or Iceberg) -----------------------------------------------------
@@ -271,76 +253,23 @@ class TargetTable:
         return read_iceberg(sqlite_catalog_properties(self.location), f"cdc.{TABLE}")
 
 
-# --- the sink, watched while the query runs ---------------------------------------------------
-
-
-class SinkWatcher:
-    """Reads each new batch directory of the sink once (harness process).
-
-    Remembers every directory's identity (inode, files, sizes) when first seen, so the end of
-    the run can check the exactly-once sink contract: a stored batch is never rewritten."""
-
-    def __init__(self, sink: ExactlyOnceParquetSink) -> None:
-        self.sink = sink
-        self.ids: Counter[tuple[str, str]] = Counter()
-        self.identity: dict[str, tuple[Any, ...]] = {}
-        self.rows: dict[str, list[tuple[str, str]]] = {}
-
-    @staticmethod
-    def _identity(directory: Path) -> tuple[Any, ...]:
-        files = sorted((p.name, p.stat().st_size) for p in directory.iterdir())
-        return (directory.stat().st_ino, tuple(files))
-
-    def poll(self) -> int:
-        """Read new batch directories; returns how many batches are stored."""
-        if self.sink.path.exists():
-            for directory in sorted(self.sink.path.glob("batch=*")):
-                if directory.name in self.identity:
-                    continue
-                identity = self._identity(directory)
-                table = pq.read_table(directory, columns=["_channel_id", "_sequence"])
-                rows = list(zip(table.column("_channel_id").to_pylist(),
-                                table.column("_sequence").to_pylist(), strict=True))
-                self.identity[directory.name] = identity
-                self.rows[directory.name] = rows
-                self.ids.update(rows)
-        return len(self.identity)
-
-    def covers(self, expected: set[tuple[str, str]]) -> bool:
-        self.poll()
-        return all(i in self.ids for i in expected)
-
-    def rewritten(self) -> list[str]:
-        """Batch directories whose identity changed since first seen (must be none)."""
-        changed = []
-        for name, identity in self.identity.items():
-            directory = self.sink.path / name
-            if not directory.exists() or self._identity(directory) != identity:
-                changed.append(name)
-        return changed
-
-
 # --- the run ------------------------------------------------------------------------------------
 
 
-class ScenarioRun:
-    """One scenario's processes and files; ``run()`` returns its ``Result``."""
+class FaultScenarioRun(ScenarioRun):
+    """One fault scenario's processes and files; ``run()`` (``ScenarioRun``'s) returns its
+    ``Result``."""
+
+    result: Result
 
     def __init__(self, scenario: Scenario, workdir: Path, seed: int) -> None:
+        super().__init__(scenario.name, workdir)
         self.scenario = scenario
         self.seed = seed
-        self.dir = workdir / scenario.name.replace("/", "-")
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
+        self.channels = scenario.channels
+        self.wire = scenario.wire
         self.faults = self.dir / "faults"
         self.faults.mkdir()
-        self.store_path = self.dir / "store.db"
-        self.sink = ExactlyOnceParquetSink(self.dir / "sink")
-        self.watcher = SinkWatcher(self.sink)
-        self.stop_file = self.dir / "stop"
-        self.runner: subprocess.Popen | None = None
-        self.runner_log: Path | None = None
         self.incarnation = 0
         self.started_at = 0.0
         self.moto: subprocess.Popen | None = None
@@ -392,9 +321,8 @@ class ScenarioRun:
 
     def kill(self) -> None:
         assert self.runner is not None
-        killed = kill_tree(self.runner.pid)
+        killed = self.kill_query()
         killed += self.sweep()
-        self.runner = None
         self.result.kills += 1
         log.info("%s: killed %d process(es)", self.scenario.name, killed)
 
@@ -422,7 +350,7 @@ class ScenarioRun:
         return len(victims)
 
     def wait_query_started(self) -> None:
-        assert self.runner is not None and self.runner_log is not None
+        assert self.runner is not None
         log_path = self.runner_log
         wait_until("the query to start", lambda: "runner: query" in log_path.read_text(
             errors="replace"), timeout=STARTUP_TIMEOUT_S, process=self.runner)
@@ -444,23 +372,6 @@ class ScenarioRun:
                 break
         self.wait_new_batch(timeout)
 
-    def written(self) -> set[tuple[str, str]]:
-        """(channel, sequence) of every change in the store's change log now."""
-        return {(r.channel_id, r.sequence) for r in self.change_log()}
-
-    def change_log(self) -> list[Any]:
-        """The store's change log, with sequences as the query sees them (over the wire: as
-        the emulator carries them)."""
-        from connector.local import LocalTablestore
-        from tablestore_emulator.tunnel_api import wire_change_log
-
-        store = LocalTablestore(self.store_path, create=False)
-        try:
-            log = store.change_log(TABLE)
-        finally:
-            store.close()
-        return wire_change_log(log) if self.scenario.wire else log
-
     def wait_new_batch(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Wait until the sink stores a batch it did not have (the query makes progress)."""
         before = self.watcher.poll()
@@ -479,13 +390,7 @@ class ScenarioRun:
                                  "executor JVM: the cluster scenario does not test what it says")
 
     def arm(self, point: str, mode: str = "park") -> None:
-        if point not in POINTS:
-            raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
-        for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
-            (self.faults / stale).unlink(missing_ok=True)
-        tmp = self.faults / f".arm-{point}"
-        tmp.write_text(mode)
-        tmp.rename(self.faults / f"arm-{point}")
+        arm_crash_point(self.faults, point, mode)
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -547,112 +452,47 @@ class ScenarioRun:
 
     # --- the whole scenario -----------------------------------------------------------------------
 
-    def run(self) -> Result:
-        began = time.monotonic()
+    def make_writer(self) -> Writer:
+        return Writer(self.store_path, f"{self.seed}:{self.scenario.name}", rate=self.scenario.rate)
+
+    def execute(self, writer: Writer) -> None:
         s = self.scenario
-        create_table(self.store_path, s.channels)
         if s.preload:
             preload(self.store_path, s.preload)
-        writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.rate)
-        try:
-            if s.meta == "dynamodb":
-                self._start_moto()
-            if s.wire:
-                self._start_emulator()
-            writer.start()
-            self.start()
-            for step in s.steps:
-                self.step(step)
-            self.wait_new_batch()
-            time.sleep(s.tail_s)  # let time pass: the writer goes on, the query follows
-            writer.finish()
-            self._drain_and_stop()
-        except Exception as exc:  # the scenario fails; still verify what was delivered
-            self.result.problems.append(f"{type(exc).__name__}: {exc}")
-            log.exception("%s failed", s.name)
-        finally:
-            self._cleanup(writer)
-        self.result.splits, self.result.merges = writer.splits, writer.merges
-        try:
-            self._verify()
-        except Exception as exc:
-            self.result.problems.append(f"verification failed to run: {exc!r}")
-        self.result.seconds = time.monotonic() - began
-        return self.result
+        if s.meta == "dynamodb":
+            self._start_moto()
+        if s.wire:
+            self._start_emulator()
+        writer.start()
+        self.start()
+        for step in s.steps:
+            self.step(step)
+        self.wait_new_batch()
+        time.sleep(s.tail_s)  # let time pass: the writer goes on, the query follows
+        writer.finish()
+        self.drain_and_stop()
 
-    def _cleanup(self, writer: Writer) -> None:
-        """Leave no process behind, whatever happened."""
-        actions: list[tuple[str, Callable[[], Any]]] = [
-            ("writer", lambda: writer.finish() if writer.is_alive() else None),
-            ("runner", lambda: kill_tree(self.runner.pid) if self.runner is not None else 0),
-            ("sweep", self.sweep),
-            ("moto", self._stop_moto),
-            ("emulator", lambda: self.emulator.stop() if self.emulator is not None else None),
-        ]
-        for what, action in actions:
-            try:
-                action()
-            except Exception as exc:
-                self.result.problems.append(f"cleanup of {what}: {exc!r}")
-
-    def _drain_and_stop(self) -> None:
-        expected = self.written()
-        wait_until(f"all {len(expected)} changes delivered",
-                   lambda: self.watcher.covers(expected), timeout=DRAIN_TIMEOUT_S, interval=0.5,
-                   process=self.runner)
-        self.stop_file.touch()
-        assert self.runner is not None
-        try:
-            code = self.runner.wait(180)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("the runner did not stop within 180 s of its stop file") from None
-        if code != 0:
-            raise AssertionError(f"the runner exited with {code} after its stop file: "
-                                 f"{self._log_tail()}")
-        self.runner = None
-
-    def _log_tail(self, chars: int = 1500) -> str:
-        if self.runner_log is None or not self.runner_log.exists():
-            return ""
-        return self.runner_log.read_text(errors="replace")[-chars:]
+    def cleanup_actions(self, writer: Writer) -> list[tuple[str, Callable[[], Any]]]:
+        return [*super().cleanup_actions(writer), ("sweep", self.sweep),
+                ("moto", self._stop_moto),
+                ("emulator", lambda: self.emulator.stop() if self.emulator is not None else None)]
 
     def _logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.dir.glob("runner-*")))
 
-    def _verify(self) -> None:
-        from connector.local import LocalTablestore
-
+    def verify(self) -> None:
         r = self.result
-        store = LocalTablestore(self.store_path, create=False)
-        try:
-            source_rows = rows_by_key(store.scan(TABLE))
-        finally:
-            store.close()
+        source_rows = self.source_rows()
         change_log = self.change_log()
         if self.target is not None:
             self._verify_target(change_log, source_rows)
-        v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), source_rows)
-        r.changes, r.delivered = v.expected, v.delivered
-        r.lost, r.duplicated, r.out_of_order = v.lost, v.duplicated, v.keys_out_of_order
-        r.state_mismatches = v.state_mismatches or 0
-        if not v.ok:
-            r.problems.append(f"{v.summary()} {v.examples}")
-        replays = self.sink.replays()
-        r.replays = len(replays)
-        r.replays_identical = all(x["identical"] for x in replays)
+        v = self.verify_delivery(change_log, source_rows,
+                                 splits_required=self.scenario.splits_required)
+        r.delivered, r.state_mismatches = v.delivered, v.state_mismatches or 0
         sink_kills = sum(s == CrashAt("after_sink_write") for s in self.scenario.steps)
         if r.replays < sink_kills:
             r.problems.append(f"{sink_kills} kill(s) after the sink write but only {r.replays} "
                               "replay(s) of a stored batch")
-        if not r.replays_identical:
-            r.problems.append(f"a replayed batch differs from the stored one: "
-                              f"{[x for x in replays if not x['identical']]}")
-        self.watcher.poll()
-        rewritten = self.watcher.rewritten()
-        if rewritten:
-            r.problems.append(f"stored batches were rewritten: {rewritten}")
-        if self.scenario.splits_required and (r.splits == 0 or r.merges == 0):
-            r.problems.append(f"the run had {r.splits} split(s) and {r.merges} merge(s)")
         logs = self._logs()
         r.task_failures = len({a or b for a, b in FAILED_TASK.findall(logs)})
         expected_failures = sum(isinstance(s, FailTask) for s in self.scenario.steps)
@@ -706,8 +546,7 @@ class ScenarioRun:
                                        WIRE_SECRET).start()
         # the meta table lives in the emulated instance; its store takes these from the
         # environment in the runner and in this process
-        self.extra_env = {**self.extra_env, "ALIBABA_CLOUD_ACCESS_KEY_ID": WIRE_KEY_ID,
-                          "ALIBABA_CLOUD_ACCESS_KEY_SECRET": WIRE_SECRET}
+        self.extra_env = {**self.extra_env, **self.emulator.credential_env()}
 
     def _check_duplicate(self, duplicate: Duplicate) -> str | None:
         """The duplicate read's records must be exactly what Spark delivered for that channel
@@ -774,13 +613,9 @@ def _sleep_watching(seconds: float, process: subprocess.Popen | None) -> None:
 def run_scenario(scenario: Scenario, workdir: Path, seed: int = 1, keep: bool = False,
                  on_done: Callable[[Result], None] | None = None) -> Result:
     """Run ``scenario`` in ``workdir``; its files are removed when it passes unless ``keep``."""
-    run = ScenarioRun(scenario, workdir, seed)
     log.info("scenario %s: %s", scenario.name, scenario.why)
-    result = run.run()
-    if result.ok and not keep:
-        shutil.rmtree(run.dir, ignore_errors=True)
-    elif not result.ok:
-        result.problems.append(f"files kept in {run.dir}")
+    result = run_and_tidy(FaultScenarioRun(scenario, workdir, seed), keep)
+    assert isinstance(result, Result)
     if on_done is not None:
         on_done(result)
     return result

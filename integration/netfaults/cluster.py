@@ -38,10 +38,10 @@ state, identical replays).
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,7 @@ from typing import Any
 import psutil
 
 from connector.faults import FAULT_DIR_ENV
-from integration.faults.harness import SinkWatcher
-from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
+from integration.faults.workload import TABLE, Writer
 from integration.netfaults.harness import (
     INSTANCE,
     KEY_ID,
@@ -58,9 +57,12 @@ from integration.netfaults.harness import (
     SECRET,
 )
 from integration.netfaults.netns import Hosts
-from tablestore_cdc.sinks import ExactlyOnceParquetSink
-from tablestore_cdc.verify import rows_by_key, verify
-from tablestore_emulator.tunnel_api import wire_change_log
+from integration.scenario import (
+    ScenarioResult,
+    ScenarioRun,
+    arm_crash_point,
+    run_and_tidy,
+)
 from testkit.emulator import CLI
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
@@ -71,7 +73,6 @@ HOSTS = {"svc": 10, "master": 20, "driver": 30, "w1": 41, "w2": 42}
 WORKERS = ("w1", "w2")
 EMULATOR_PORT, MASTER_PORT = 8090, 7077
 STARTUP_TIMEOUT_S = 400.0
-DRAIN_TIMEOUT_S = 600.0
 
 
 def spark_home() -> Path:
@@ -92,28 +93,13 @@ class ClusterScenario:
 
 
 @dataclass
-class ClusterResult:
-    name: str
-    changes: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    out_of_order: int = 0
-    replays: int = 0
-    replays_identical: bool = True
-    splits: int = 0
-    merges: int = 0
+class ClusterResult(ScenarioResult):
     workers_killed: int = 0
     workers_cut: int = 0
     executors_lost: int = 0
     #: read failures the cut worker's executor logged while cut off
     cut_read_failures: int = 0
     recover_s: list[float] = field(default_factory=list)
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
     def line(self) -> str:
         verdict = "PASS" if self.ok else "FAIL: " + "; ".join(self.problems)
@@ -124,27 +110,23 @@ class ClusterResult:
                 f"executors-lost={self.executors_lost} cut-read-failures="
                 f"{self.cut_read_failures}{recover} {self.seconds:.0f}s {verdict}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ok": self.ok}
 
+class ClusterRun(ScenarioRun):
+    """The cluster scenario's hosts, processes and files; ``run()`` (``ScenarioRun``'s) returns
+    its ``ClusterResult``."""
 
-class ClusterRun:
+    result: ClusterResult
+
     def __init__(self, scenario: ClusterScenario, workdir: Path, seed: int = 1) -> None:
+        super().__init__(scenario.name, workdir)
         self.scenario = scenario
         self.seed = seed
-        self.dir = workdir / scenario.name
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
+        self.channels = scenario.channels
         self.faults = self.dir / "faults"
         self.faults.mkdir()
-        self.store_path = self.dir / "store.db"
-        self.sink = ExactlyOnceParquetSink(self.dir / "sink")
-        self.watcher = SinkWatcher(self.sink)
         self.hosts = Hosts(HOSTS)
         self.workers: dict[str, subprocess.Popen[Any]] = {}
-        self.runner: subprocess.Popen[Any] | None = None
-        self.driver_log = self.dir / "driver.log"
+        self.runner_log = self.dir / "driver.log"  # the driver's host runs the query
         self.result = ClusterResult(scenario.name)
 
     # --- the cluster ----------------------------------------------------------------------------
@@ -170,7 +152,6 @@ class ClusterRun:
 
     def start_cluster(self) -> None:
         self.hosts.up()
-        create_table(self.store_path, self.scenario.channels)
         emulator = self.hosts.popen(
             "svc", [CLI, "emulator", "--store", str(self.store_path), "--instance", INSTANCE,
                     "--access-key-id", KEY_ID, "--access-key-secret", SECRET, "--host",
@@ -213,31 +194,14 @@ class ClusterRun:
         self.runner = self.hosts.popen(
             "driver", [sys.executable, "-m", "testkit.runner", *args],
             env={"PYSPARK_PYTHON": sys.executable, FAULT_DIR_ENV: str(self.faults)},
-            log=self.driver_log, cwd=REPO)
+            log=self.runner_log, cwd=REPO)
 
     # --- steps ------------------------------------------------------------------------------
 
-    def written(self) -> set[tuple[str, str]]:
-        from connector.local import LocalTablestore
-
-        store = LocalTablestore(self.store_path, create=False)
-        try:
-            return {(r.channel_id, r.sequence) for r in wire_change_log(store.change_log(TABLE))}
-        finally:
-            store.close()
-
     def recovered_since(self, since: float) -> None:
-        expected = self.written()
-        wait_until("every change written so far delivered", lambda: self.watcher.covers(expected),
-                   timeout=DRAIN_TIMEOUT_S, process=self.runner, interval=0.5)
+        """Record how long after ``since`` every change written by then was delivered."""
+        self.wait_all_delivered()
         self.result.recover_s.append(round(time.monotonic() - since, 1))
-
-    def _arm(self, point: str, mode: str) -> None:
-        for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
-            (self.faults / stale).unlink(missing_ok=True)
-        tmp = self.faults / f".arm-{point}"
-        tmp.write_text(mode)
-        tmp.rename(self.faults / f"arm-{point}")
 
     def _held_worker(self, point: str) -> str:
         """A task reached ``point``: on which worker (the Worker JVM among its ancestors)."""
@@ -252,7 +216,7 @@ class ClusterRun:
         raise AssertionError(f"the task at {point} (pid {pid}) runs under no worker")
 
     def kill_worker_mid_batch(self) -> None:
-        self._arm("mid_read", "park")
+        arm_crash_point(self.faults, "mid_read", "park")
         name = self._held_worker("mid_read")
         log.info("%s: SIGKILL worker %s (a task parked at mid_read)", self.scenario.name, name)
         kill_tree(self.workers[name].pid)
@@ -264,7 +228,7 @@ class ClusterRun:
     def cut_worker_mid_read(self) -> None:
         # held between fetching its records and claiming its end: the claim (a meta-table
         # write) and the worker's next reads go out while it is cut off
-        self._arm("read_before_claim", "hold")
+        arm_crash_point(self.faults, "read_before_claim", "hold")
         name = self._held_worker("read_before_claim")
         log.info("%s: worker %s cut off from the service for %.0f s mid-read",
                  self.scenario.name, name, self.scenario.cut_s)
@@ -278,80 +242,39 @@ class ClusterRun:
         self.recovered_since(mended)
         self.result.cut_read_failures += _executor_failures(self.dir / f"{name}-work", mark)
 
-    def run(self) -> ClusterResult:
-        began = time.monotonic()
+    def make_writer(self) -> Writer:
+        return Writer(self.store_path, f"{self.seed}:{self.scenario.name}",
+                      rate=self.scenario.write_rate)
+
+    def execute(self, writer: Writer) -> None:
         s = self.scenario
-        writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.write_rate)
-        try:
-            self.start_cluster()
-            writer.start()
-            self.start_query()
-            before = self.watcher.poll()
-            wait_until("the first batch in the sink", lambda: self.watcher.poll() > before,
-                       timeout=STARTUP_TIMEOUT_S, process=self.runner)
-            for _ in range(s.kill_worker):
-                self.kill_worker_mid_batch()
-            for _ in range(s.cut_worker):
-                self.cut_worker_mid_read()
-            time.sleep(s.tail_s)
-            writer.finish()
-            wait_until("every change delivered", lambda: self.watcher.covers(self.written()),
-                       timeout=DRAIN_TIMEOUT_S, process=self.runner, interval=0.5)
-            (self.dir / "stop").touch()
-            assert self.runner is not None
-            code = self.runner.wait(180)
-            if code != 0:
-                raise AssertionError(f"the query exited with {code}: "
-                                     f"{self.driver_log.read_text(errors='replace')[-1500:]}")
-        except Exception as exc:
-            self.result.problems.append(f"{type(exc).__name__}: {exc}")
-            log.exception("%s failed", s.name)
-        finally:
-            try:
-                if writer.is_alive():
-                    writer.finish()
-            except Exception as exc:
-                self.result.problems.append(f"writer: {exc!r}")
-            self.hosts.down()
-        self.result.splits, self.result.merges = writer.splits, writer.merges
-        try:
-            self._verify()
-        except Exception as exc:
-            self.result.problems.append(f"verification failed to run: {exc!r}")
-        self.result.seconds = round(time.monotonic() - began, 1)
-        return self.result
+        self.start_cluster()
+        writer.start()
+        self.start_query()
+        before = self.watcher.poll()
+        wait_until("the first batch in the sink", lambda: self.watcher.poll() > before,
+                   timeout=STARTUP_TIMEOUT_S, process=self.runner)
+        for _ in range(s.kill_worker):
+            self.kill_worker_mid_batch()
+        for _ in range(s.cut_worker):
+            self.cut_worker_mid_read()
+        time.sleep(s.tail_s)
+        writer.finish()
+        self.drain_and_stop()
 
-    def _verify(self) -> None:
-        from connector.local import LocalTablestore
+    def cleanup_actions(self, writer: Writer) -> list[tuple[str, Callable[[], Any]]]:
+        return [*super().cleanup_actions(writer), ("hosts", self.hosts.down)]
 
+    def verify(self) -> None:
         r = self.result
-        store = LocalTablestore(self.store_path, create=False)
-        try:
-            change_log = wire_change_log(store.change_log(TABLE))
-            rows = rows_by_key(store.scan(TABLE))
-        finally:
-            store.close()
-        v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), rows)
-        r.changes, r.lost, r.duplicated, r.out_of_order = (v.expected, v.lost, v.duplicated,
-                                                           v.keys_out_of_order)
-        if not v.ok:
-            r.problems.append(f"{v.summary()} {v.examples}")
-        replays = self.sink.replays()
-        r.replays = len(replays)
-        r.replays_identical = all(x["identical"] for x in replays)
-        if not r.replays_identical:
-            r.problems.append("a replayed batch differs from the stored one")
-        if self.watcher.rewritten():
-            r.problems.append("stored batches were rewritten")
-        r.executors_lost = _count(self.driver_log, "Lost executor")
+        self.verify_delivery()
+        r.executors_lost = _count(self.runner_log, "Lost executor")
         if r.workers_killed and r.executors_lost < r.workers_killed:
             r.problems.append(f"{r.workers_killed} worker(s) killed, but the driver lost "
                               f"{r.executors_lost} executor(s)")
         if r.workers_cut and r.cut_read_failures == 0:
             r.problems.append("the cut worker's executor logged no failed service call: the "
                               "cut hit no read")
-        if r.splits == 0 or r.merges == 0:
-            r.problems.append(f"the run had {r.splits} split(s) and {r.merges} merge(s)")
 
 
 def _count(path: Path, text: str) -> int:
@@ -382,11 +305,7 @@ def _executor_failures(work: Path, mark: dict[Path, int]) -> int:
 
 def run_cluster_scenario(scenario: ClusterScenario, workdir: Path, seed: int = 1,
                          keep: bool = False) -> ClusterResult:
-    run = ClusterRun(scenario, workdir, seed)
-    result = run.run()
-    if result.ok and not keep:
-        shutil.rmtree(run.dir, ignore_errors=True)
-    elif not result.ok:
-        result.problems.append(f"files kept in {run.dir}")
+    result = run_and_tidy(ClusterRun(scenario, workdir, seed), keep)
+    assert isinstance(result, ClusterResult)
     return result
 

@@ -27,21 +27,17 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from connector.local import LocalTablestore
-from integration.faults.harness import SinkWatcher
-from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
+from integration.faults.workload import TABLE, Writer
+from integration.scenario import ScenarioResult, ScenarioRun, run_and_tidy
 from meta_store import BatchState, MetaStore, open_meta_store
-from tablestore_cdc.sinks import ExactlyOnceParquetSink
-from tablestore_cdc.verify import rows_by_key, verify
-from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.emulator import EmulatorProcess
 from testkit.fault_proxy import QUICK_KINDS, FaultProxy, Kind, Rule
 from testkit.processes import kill_tree, start_runner
@@ -53,7 +49,6 @@ INSTANCE, KEY_ID, SECRET = "netinst", "LTAI-netfaults", "netfaults-Secret-4Kq"
 TUNNEL = "netfaults"
 META_TABLE = "cdc_meta"
 STARTUP_TIMEOUT_S = 300.0
-DRAIN_TIMEOUT_S = 600.0
 #: how long a query may take to fail once a hop is down for good (the budget, with margin)
 FAILURE_TIMEOUT_S = 240.0
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
@@ -89,19 +84,10 @@ class NetScenario:
 
 
 @dataclass
-class NetResult:
-    name: str
+class NetResult(ScenarioResult):
     hops: str = ""
     faults: str = ""
     runs: int = 0
-    changes: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    out_of_order: int = 0
-    replays: int = 0
-    replays_identical: bool = True
-    splits: int = 0
-    merges: int = 0
     requests: dict[str, int] = field(default_factory=dict)
     injected: dict[str, dict[str, int]] = field(default_factory=dict)
     #: the query failures the scenario caused on purpose, each with the error's first line
@@ -110,12 +96,6 @@ class NetResult:
     #: was delivered
     recover_s: list[float] = field(default_factory=list)
     meta_batches: int = 0
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
     def line(self) -> str:
         injected = sum(sum(k.values()) for k in self.injected.values())
@@ -127,9 +107,6 @@ class NetResult:
                 f"replays={self.replays}{'' if self.replays_identical else ' (DIFFERENT)'} "
                 f"faults={injected}/{requests} failures={len(self.failures)}{recover} "
                 f"{self.seconds:.0f}s {verdict}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ok": self.ok}
 
 
 def emulator_process(store: Path, log: Path) -> EmulatorProcess:
@@ -179,24 +156,20 @@ def meta_consistency(meta: MetaStore, namespace: str) -> list[str]:
     return problems[:10]
 
 
-class NetScenarioRun:
-    """One scenario's processes, proxies and files; ``run()`` returns its ``NetResult``."""
+class NetScenarioRun(ScenarioRun):
+    """One scenario's processes, proxies and files; ``run()`` (``ScenarioRun``'s) returns its
+    ``NetResult``."""
+
+    result: NetResult
 
     def __init__(self, scenario: NetScenario, workdir: Path, seed: int) -> None:
+        super().__init__(scenario.name, workdir)
         self.scenario = scenario
         self.seed = seed
-        self.dir = workdir / scenario.name.replace("/", "-")
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
-        self.store_path = self.dir / "store.db"
-        self.sink = ExactlyOnceParquetSink(self.dir / "sink")
-        self.watcher = SinkWatcher(self.sink)
-        self.stop_file = self.dir / "stop"
+        self.channels = scenario.channels
         self.emulator = emulator_process(self.store_path, self.dir / "emulator.log")
         self.moto: subprocess.Popen[str] | None = None
         self.proxies: dict[str, FaultProxy] = {}
-        self.runner: subprocess.Popen | None = None
         self.runner_log = self.dir / "runner-00.log"
         self.meta_uri = ""
         self.direct_meta_uri = ""  # the same meta table, not through the proxy
@@ -207,7 +180,6 @@ class NetScenarioRun:
 
     def _start_services(self) -> None:
         s = self.scenario
-        create_table(self.store_path, s.channels)
         self.emulator.start()
         self.proxies["tunnel"] = FaultProxy(self.emulator.port, name="tunnel").start()
         if s.meta == "dynamodb":
@@ -248,78 +220,44 @@ class NetScenarioRun:
         log.info("%s: query run #%d (pid %d)", self.scenario.name, self.result.runs,
                  self.runner.pid)
 
-    def kill_query(self) -> None:
-        if self.runner is not None:
-            kill_tree(self.runner.pid)
-            self.runner = None
-
-    def written(self) -> set[tuple[str, str]]:
-        store = LocalTablestore(self.store_path, create=False)
-        try:
-            return {(r.channel_id, r.sequence) for r in wire_change_log(store.change_log(TABLE))}
-        finally:
-            store.close()
-
-    def wait_delivered(self, expected: set[tuple[str, str]], timeout: float, what: str) -> None:
-        wait_until(what, lambda: self.watcher.covers(expected), timeout=timeout,
-                   process=self.runner, interval=0.5)
-
     def recovered_since(self, since: float) -> None:
         """Record how long after ``since`` every change written by then was delivered."""
-        expected = self.written()
-        self.wait_delivered(expected, DRAIN_TIMEOUT_S, "recovery after a fault")
+        self.wait_all_delivered()
         self.result.recover_s.append(round(time.monotonic() - since, 1))
 
     # --- the scenario -----------------------------------------------------------------------
 
-    def run(self) -> NetResult:
-        try:
-            return self._run()
-        finally:  # also when interrupted: no service outlives the scenario
-            self.emulator.kill()
-            if self.moto is not None:
-                from testkit.aws import stop_moto_server
+    def make_writer(self) -> Writer:
+        return Writer(self.store_path, f"{self.seed}:{self.scenario.name}",
+                      rate=self.scenario.write_rate)
 
-                stop_moto_server(self.moto)
-                self.moto = None
+    def execute(self, writer: Writer) -> None:
+        self._start_services()
+        writer.start()
+        self.start_query()
+        before = self.watcher.poll()
+        wait_until("the first batch in the sink", lambda: self.watcher.poll() > before,
+                   timeout=STARTUP_TIMEOUT_S, process=self.runner)
+        self._faults(time.monotonic())
+        for proxy in self.proxies.values():
+            proxy.clear()
+        writer.finish()
+        drained = time.monotonic()
+        self.drain_and_stop()
+        log.info("%s: drained and stopped in %.1f s", self.scenario.name,
+                 time.monotonic() - drained)
 
-    def _run(self) -> NetResult:
-        began = time.monotonic()
-        s = self.scenario
-        writer = Writer(self.store_path, f"{self.seed}:{s.name}", rate=s.write_rate)
-        try:
-            self._start_services()
-            writer.start()
-            self.start_query()
-            before = self.watcher.poll()
-            wait_until("the first batch in the sink", lambda: self.watcher.poll() > before,
-                       timeout=STARTUP_TIMEOUT_S, process=self.runner)
-            self._faults(time.monotonic())
-            for proxy in self.proxies.values():
-                proxy.clear()
-            writer.finish()
-            drained = time.monotonic()
-            self.wait_delivered(self.written(), DRAIN_TIMEOUT_S, "every change delivered")
-            log.info("%s: drained in %.1f s", s.name, time.monotonic() - drained)
-            self.stop_file.touch()
-            assert self.runner is not None
-            code = self.runner.wait(180)
-            if code != 0:
-                raise AssertionError(f"the query exited with {code} after its stop file: "
-                                     f"{self._tail()}")
-            self.runner = None
-        except Exception as exc:
-            self.result.problems.append(f"{type(exc).__name__}: {exc}")
-            log.exception("%s failed", s.name)
-        finally:
-            self._cleanup(writer)
-        self.result.splits, self.result.merges = writer.splits, writer.merges
-        try:
-            self._verify()
-        except Exception as exc:
-            self.result.problems.append(f"verification failed to run: {exc!r}")
-        self.result.seconds = round(time.monotonic() - began, 1)
-        return self.result
+    def cleanup_actions(self, writer: Writer) -> list[tuple[str, Callable[[], Any]]]:
+        return [*super().cleanup_actions(writer), ("proxies", self._stop_proxies)]
+
+    def close(self) -> None:
+        """The emulator and moto served the meta table ``_check_meta`` read."""
+        self.emulator.kill()
+        if self.moto is not None:
+            from testkit.aws import stop_moto_server
+
+            stop_moto_server(self.moto)
+            self.moto = None
 
     def _faults(self, start: float) -> None:
         """The fault timeline, from ``start`` (the query delivers)."""
@@ -403,44 +341,15 @@ class NetScenarioRun:
                                      f"{self._failure_line()}")
             time.sleep(min(0.2, max(0.0, when - time.monotonic())))
 
-    def _tail(self) -> str:
-        return self.runner_log.read_text(errors="replace")[-1500:]
-
-    def _cleanup(self, writer: Writer) -> None:
-        for what, action in (("writer", lambda: writer.finish() if writer.is_alive() else None),
-                             ("query", self.kill_query)):
-            try:
-                action()
-            except Exception as exc:
-                self.result.problems.append(f"cleanup of {what}: {exc!r}")
+    def _stop_proxies(self) -> None:
         for name, proxy in self.proxies.items():
             self.result.requests[name] = proxy.requests
             self.result.injected[name] = proxy.counts()
             proxy.stop()
 
-    def _verify(self) -> None:
+    def verify(self) -> None:
         r = self.result
-        store = LocalTablestore(self.store_path, create=False)
-        try:
-            change_log = wire_change_log(store.change_log(TABLE))
-            source_rows = rows_by_key(store.scan(TABLE))
-        finally:
-            store.close()
-        v = verify(change_log, self.sink.deliveries(KEY_COLUMNS), source_rows)
-        r.changes, r.lost, r.duplicated = v.expected, v.lost, v.duplicated
-        r.out_of_order = v.keys_out_of_order
-        if not v.ok:
-            r.problems.append(f"{v.summary()} {v.examples}")
-        replays = self.sink.replays()
-        r.replays = len(replays)
-        r.replays_identical = all(x["identical"] for x in replays)
-        if not r.replays_identical:
-            r.problems.append("a replayed batch differs from the stored one")
-        self.watcher.poll()
-        if self.watcher.rewritten():
-            r.problems.append(f"stored batches were rewritten: {self.watcher.rewritten()}")
-        if r.splits == 0 or r.merges == 0:
-            r.problems.append(f"the run had {r.splits} split(s) and {r.merges} merge(s)")
+        self.verify_delivery()
         faults = {k for hop in r.injected.values() for k in hop}
         r.faults = ",".join(sorted(faults))
         expected = set(self.scenario.kinds) if self.scenario.rate else set()
@@ -483,11 +392,7 @@ class NetScenarioRun:
 def run_net_scenario(scenario: NetScenario, workdir: Path, seed: int = 1,
                      keep: bool = False) -> NetResult:
     """Run ``scenario`` in ``workdir``; its files are removed when it passes unless ``keep``."""
-    run = NetScenarioRun(scenario, workdir, seed)
     log.info("scenario %s: %s", scenario.name, scenario.why)
-    result = run.run()
-    if result.ok and not keep:
-        shutil.rmtree(run.dir, ignore_errors=True)
-    elif not result.ok:
-        result.problems.append(f"files kept in {run.dir}")
+    result = run_and_tidy(NetScenarioRun(scenario, workdir, seed), keep)
+    assert isinstance(result, NetResult)
     return result

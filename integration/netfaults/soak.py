@@ -24,9 +24,7 @@ batches per minute.
 from __future__ import annotations
 
 import logging
-import shutil
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +33,7 @@ from typing import Any
 import psutil
 
 from connector.local import LocalTablestore
-from integration.faults.harness import SinkWatcher
-from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
+from integration.faults.workload import TABLE, Writer
 from integration.netfaults.harness import (
     INSTANCE,
     KEY_ID,
@@ -44,10 +41,8 @@ from integration.netfaults.harness import (
     SECRET,
     emulator_process,
 )
-from tablestore_cdc.sinks import ExactlyOnceParquetSink
-from tablestore_cdc.verify import rows_by_key, verify
-from tablestore_emulator.tunnel_api import wire_change_log
-from testkit.processes import kill_tree, start_runner
+from integration.scenario import ScenarioResult, ScenarioRun
+from testkit.processes import start_runner
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.netfaults.soak")
@@ -67,26 +62,15 @@ class Sample:
 
 
 @dataclass
-class SoakResult:
-    minutes: float
-    channels: int
-    target_changes: int
-    changes: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    out_of_order: int = 0
+class SoakResult(ScenarioResult):
+    minutes: float = 0.0
+    channels: int = 0
+    target_changes: int = 0
     state_matches: bool = True
     kills: int = 0
-    splits: int = 0
-    merges: int = 0
     batches: int = 0
     drain_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "samples": [s.__dict__ for s in self.samples], "ok": self.ok}
@@ -134,26 +118,26 @@ def _rss_mb(processes: list[psutil.Process]) -> float:
     return total / 2**20
 
 
-class Soak:
+class Soak(ScenarioRun):
+    """The soak's processes and files; ``run()`` (``ScenarioRun``'s) returns its
+    ``SoakResult``."""
+
+    result: SoakResult
+
     def __init__(self, workdir: Path, *, minutes: float = 20.0, changes: int = 1_000_000,
                  channels: int = 64, kill_every_s: float = 60.0, reshape_every_s: float = 4.0,
                  sample_s: float = 20.0, max_backlog_s: float = 45.0, retention: int = 10,
                  seed: int = 1) -> None:
-        self.dir = workdir / "soak"
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
+        super().__init__("soak", workdir)
         self.minutes, self.target, self.channels = minutes, changes, channels
         self.kill_every_s, self.reshape_every_s = kill_every_s, reshape_every_s
         self.sample_s, self.max_backlog_s, self.seed = sample_s, max_backlog_s, seed
         self.retention = retention
-        self.store_path = self.dir / "store.db"
-        self.sink = ExactlyOnceParquetSink(self.dir / "sink")
-        self.watcher = SinkWatcher(self.sink)
+        self.rate = self.target / (self.minutes * 60)
         self.emulator = emulator_process(self.store_path, self.dir / "emulator.log")
-        self.runner: subprocess.Popen | None = None
         self.runs = 0
-        self.result = SoakResult(minutes, channels, changes)
+        self.result = SoakResult("soak", minutes=minutes, channels=channels,
+                                 target_changes=changes)
 
     def _args(self) -> list[str]:
         return ["--endpoint", f"http://127.0.0.1:{self.emulator.port}", "--table", TABLE,
@@ -167,7 +151,8 @@ class Soak:
 
     def _start_query(self) -> None:
         self.runs += 1
-        self.runner = start_runner(self._args(), self.dir / f"runner-{self.runs:03d}.log",
+        self.runner_log = self.dir / f"runner-{self.runs:03d}.log"
+        self.runner = start_runner(self._args(), self.runner_log,
                                    {"TABLESTORE_CDC_LOG_LEVEL": "WARNING"})
         self.query_started = time.monotonic()
         self.batches_at_start = self.watcher.poll()
@@ -195,21 +180,14 @@ class Soak:
                       _rss_mb(workers), _rss_mb(emulator), meta_rows,
                       round(time.monotonic() - self.query_started, 1))
 
-    def run(self) -> SoakResult:
-        try:
-            return self._run()
-        finally:
-            self.emulator.kill()  # also when interrupted
+    def make_writer(self) -> Writer:
+        return Writer(self.store_path, f"soak:{self.seed}", rate=self.rate, keys=50_000,
+                      reshape_every_s=self.reshape_every_s,
+                      min_channels=max(2, self.channels - 8), max_channels=self.channels + 8)
 
-    def _run(self) -> SoakResult:
+    def execute(self, writer: Writer) -> None:
         r = self.result
-        began = time.monotonic()
-        create_table(self.store_path, self.channels)
         self.emulator.start()
-        rate = self.target / (self.minutes * 60)
-        writer = Writer(self.store_path, f"soak:{self.seed}", rate=rate, keys=50_000,
-                        reshape_every_s=self.reshape_every_s,
-                        min_channels=max(2, self.channels - 8), max_channels=self.channels + 8)
         meta_view = LocalTablestore(self.store_path, create=False)
         try:
             self._start_query()
@@ -227,14 +205,13 @@ class Soak:
                     r.samples.append(sample)
                     log.info("soak: %s", sample)
                     backlog = sample.written - sample.delivered
-                    writer.rate = (rate if backlog < rate * self.max_backlog_s
-                                   else max(1.0, rate / 4))
+                    writer.rate = (self.rate if backlog < self.rate * self.max_backlog_s
+                                   else max(1.0, self.rate / 4))
                     next_sample = now + self.sample_s
                 # a kill a minute, but never before this run of the query stored a batch of
                 # its own: on a busy machine Spark's start can take most of a minute
                 if now >= next_kill and self.watcher.poll() > self.batches_at_start:
-                    assert self.runner is not None
-                    kill_tree(self.runner.pid)
+                    self.kill_query()
                     r.kills += 1
                     self._start_query()
                     next_kill = now + self.kill_every_s
@@ -245,39 +222,21 @@ class Soak:
                 time.sleep(0.5)
             writer.finish()
             stopped = time.monotonic()
-            expected = {(rec.channel_id, rec.sequence)
-                        for rec in wire_change_log(meta_view.change_log(TABLE))}
-            wait_until("the soak drained", lambda: self.watcher.covers(expected), timeout=3600,
-                       process=self.runner, interval=2.0)
+            self.wait_all_delivered(timeout=3600, interval=2.0)
             r.drain_s = round(time.monotonic() - stopped, 1)
             r.samples.append(self._sample(began, writer, meta_view))
-            (self.dir / "stop").touch()
-            assert self.runner is not None
-            self.runner.wait(300)
-            self.runner = None
-        except Exception as exc:
-            r.problems.append(f"{type(exc).__name__}: {exc}")
-            log.exception("soak failed")
-        finally:
-            if writer.is_alive():
-                try:
-                    writer.finish()
-                except Exception as exc:  # noqa: BLE001
-                    r.problems.append(f"writer: {exc!r}")
-            if self.runner is not None:
-                kill_tree(self.runner.pid)
-        r.splits, r.merges, r.batches = writer.splits, writer.merges, self.watcher.poll()
-        try:
-            v = verify(wire_change_log(meta_view.change_log(TABLE)),
-                       self.sink.deliveries(KEY_COLUMNS), rows_by_key(meta_view.scan(TABLE)))
-            r.changes, r.lost, r.duplicated = v.expected, v.lost, v.duplicated
-            r.out_of_order, r.state_matches = v.keys_out_of_order, not v.state_mismatches
-            if not v.ok:
-                r.problems.append(f"{v.summary()} {v.examples}")
+            self.stop_query(stop_timeout=300)
         finally:
             meta_view.close()
-            self.emulator.kill()
+
+    def verify(self) -> None:
+        r = self.result
+        r.batches = self.watcher.poll()
+        v = self.verify_delivery()
+        r.state_matches = not v.state_mismatches
         rows = [s.meta_rows for s in r.samples if s.meta_rows >= 0]
         if rows and max(rows[len(rows) // 2:]) > 2 * max(rows[: max(1, len(rows) // 2)]) + 500:
             r.problems.append(f"meta-table rows grew: {rows}")
-        return r
+
+    def close(self) -> None:
+        self.emulator.kill()  # also when interrupted
