@@ -18,6 +18,7 @@ or a cycle.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,3 +217,54 @@ def test_errors_have_one_root_reexported_by_connector() -> None:
     assert connector_errors.CdcError is meta_errors.CdcError is CdcError
     assert issubclass(connector_errors.TunnelError, meta_errors.CdcError)
     assert connector_errors.UnknownBatchError is meta_errors.UnknownBatchError
+
+
+# --- the map in docs/index.md ------------------------------------------------------------------
+
+#: the folders whose every module docs/index.md names on a line of its own
+MAPPED = [*LAYERS, "testkit"]
+MODULE_ROW = re.compile(r"^\| `([\w/]+\.(?:py|c))` \| ", re.M)
+
+
+def _mapped_modules() -> list[str]:
+    return sorted(str(path.relative_to(ROOT)) for package in _existing(MAPPED)
+                  for path in (ROOT / package).rglob("*") if path.suffix in (".py", ".c")
+                  and "__pycache__" not in path.parts)
+
+
+def test_docs_index_names_every_module_once() -> None:
+    """docs/index.md's "Every module" tables have one row per module of the product and of
+    ``testkit``: none missing, none twice, none that no longer exists."""
+    rows = MODULE_ROW.findall((ROOT / "docs" / "index.md").read_text())
+    modules = _mapped_modules()
+    missing = sorted(set(modules) - set(rows))
+    stale = sorted(set(rows) - set(modules))
+    twice = sorted({r for r in rows if rows.count(r) > 1})
+    assert not missing, "modules docs/index.md does not name:\n" + "\n".join(missing)
+    assert not stale, "docs/index.md names modules that do not exist:\n" + "\n".join(stale)
+    assert not twice, "docs/index.md names these modules twice:\n" + "\n".join(twice)
+
+
+def test_the_module_map_check_sees_a_missing_row(tmp_path: Path) -> None:
+    """The row pattern is not blind: it reads the map's rows and nothing else."""
+    text = ("| `a/b.py` | one line |\n| `a/_c.c` | compiled |\n"
+            "prose naming `a/d.py` is not a row\n| module | what it holds |\n")
+    assert MODULE_ROW.findall(text) == ["a/b.py", "a/_c.c"]
+
+
+# --- test modules stand alone --------------------------------------------------------------------
+
+
+def test_no_test_module_imports_another() -> None:
+    """A helper two test modules need lives in ``testkit`` (or a suite's support module such as
+    ``tests/contract/``), never in a test module another one imports: importing a test module
+    also collects its tests and fixtures where they were not meant to run."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {name}"
+        for folder in ("tests", "integration", "benchmarks")
+        for path in _python_files(folder)
+        for node, name in _imports(path)
+        if name.split(".")[0] in ("tests", "integration")
+        and any(part.startswith("test_") for part in name.split(".")[1:])
+    ]
+    assert not wrong, "test modules importing test modules:\n" + "\n".join(wrong)
