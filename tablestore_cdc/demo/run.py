@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from connector.errors import CdcError
 from connector.planning.logs import LOG_LEVEL_ENV
 from connector.tunnel.local import LocalTablestore
 from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter
@@ -46,13 +46,18 @@ def _start_demo_emulator(store_path: Path) -> tuple[Any, dict[str, str]]:
     return server, {**server.source_options(), "catalog": DEMO_CATALOG}
 
 
+class ForeignWorkdirError(CdcError):
+    """The demo was pointed at a directory it did not create: it never wipes one."""
+
+    template = ("{workdir} is not empty and was not created by the demo; choose another "
+                "--workdir")
+
+
 def prepare_workdir(workdir: Path) -> None:
     """A fresh demo directory; refuses to wipe a directory the demo did not create."""
     if workdir.exists() and any(workdir.iterdir()):
         if not (workdir / DEMO_MARKER).exists():
-            raise typer.BadParameter(
-                f"{workdir} is not empty and was not created by the demo; choose another "
-                "--workdir", param_hint="--workdir")
+            raise ForeignWorkdirError(workdir=workdir)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / DEMO_MARKER).touch()
