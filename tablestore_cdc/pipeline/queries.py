@@ -16,7 +16,7 @@ from cdc_common.uris import redact_uri
 
 @dataclass
 class Pipeline:
-    """The two running queries of the job and where they write (driver)."""
+    """The two running queries of the pipeline and where they write (driver)."""
 
     changelog: Any
     state_query: Any
