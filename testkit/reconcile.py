@@ -6,13 +6,18 @@ tunnel of its own, parents before children (a channel read to its end is checkpo
 ``FINISHED`` so its children open), and applies it with a real apply sink
 (``tablestore_cdc.lakehouse``) in batches of the source's output layout
 (``connector.tunnel.page.records_to_page`` plus ``_channel_id``), as the source delivers them.
+
+``DeltaTarget`` and ``IcebergTarget`` are a target URI and how to change its table behind the
+product's back (rows deleted, changed, added); ``found`` sorts a report's differences by label.
 """
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
+import deltalake
 import pyarrow as pa
 
 from connector.tunnel import FINISHED, ChannelStatus, Checkpoint, Record, open_tunnel_service
@@ -71,3 +76,86 @@ def _read_channel(tunnel: Any, tunnel_id: str, channel_id: str) -> tuple[list[Re
         if not result.records and not result.may_more:
             break
     return records, token == FINISHED
+
+
+class Target:
+    """A target URI and how to change it behind the product's back."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def live_keys(self) -> list[int]:
+        raise NotImplementedError
+
+    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
+        raise NotImplementedError
+
+
+class DeltaTarget(Target):
+    def __init__(self, root: Path) -> None:
+        super().__init__(f"delta://{root}/delta")
+        self.path = str(root / "delta")
+
+    def live_keys(self) -> list[int]:
+        return sorted(deltalake.DeltaTable(self.path).to_pyarrow_table(columns=["id"])
+                      .column("id").to_pylist())
+
+    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
+        table = deltalake.DeltaTable(self.path)
+        table.delete(f"id IN ({', '.join(map(str, deleted))})")
+        deltalake.DeltaTable(self.path).update(predicate=f"id = {changed[0]}",
+                                               updates={"qty": "-1"})
+        deltalake.DeltaTable(self.path).update(predicate=f"id = {changed[1]}",
+                                               updates={"name": "'changed by hand'"})
+        schema = pa.schema(deltalake.DeltaTable(self.path).schema().to_arrow())
+        row: dict[str, Any] = {f.name: None for f in schema}
+        row.update(id=added, name="added by hand", qty=7)
+        deltalake.write_deltalake(self.path, pa.Table.from_pylist([row], schema=schema),
+                                  mode="append")
+
+
+class IcebergTarget(Target):
+    def __init__(self, root: Path) -> None:
+        from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+
+        super().__init__(f"iceberg://{root}/wh?table=cdc.t")
+        self.props = sqlite_catalog_properties(str(root / "wh"))
+
+    def table(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        return load_catalog("tablestore_cdc", **self.props).load_table("cdc.t")
+
+    def live_keys(self) -> list[int]:
+        return sorted(self.table().scan(selected_fields=("id",)).to_arrow().column("id")
+                      .to_pylist())
+
+    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
+        from pyiceberg import expressions
+
+        # the expressions' pydantic fields type their constructors keyword-only for mypy;
+        # pyiceberg's documented calls are positional
+        In: Any = expressions.In  # noqa: N806
+        EqualTo: Any = expressions.EqualTo  # noqa: N806
+        table = self.table()
+        table.delete(In("id", set(deleted)))
+        rows = self.table().scan(row_filter=In("id", set(changed))).to_arrow().to_pylist()
+        for row in rows:
+            if row["id"] == changed[0]:
+                row["qty"] = -1
+            else:
+                row["name"] = "changed by hand"
+            self.table().overwrite(pa.Table.from_pylist([row], schema=table.schema().as_arrow()),
+                                   overwrite_filter=EqualTo("id", row["id"]))
+        schema = self.table().schema().as_arrow()
+        new: dict[str, Any] = {f.name: None for f in schema}
+        new.update(id=added, name="added by hand", qty=7)
+        self.table().append(pa.Table.from_pylist([new], schema=schema))
+
+
+def found(report: Any) -> dict[str, set[Any]]:
+    out: dict[str, set[Any]] = {"MISSING": set(), "EXTRA": set(), "DIFFERENT": set(),
+                                "IN-FLIGHT": set()}
+    for d in report.comparison.differences:
+        out[d.label].add(d.key[0])
+    return out

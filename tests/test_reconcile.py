@@ -27,11 +27,16 @@ from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel import ColumnSpec, TableSchema  # noqa: E402
 from tablestore_cdc.cli import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
-from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile import compare as compare_module  # noqa: E402
 from tablestore_cdc.reconcile.layout import CompareLayout  # noqa: E402
-from testkit.reconcile import apply_stream  # noqa: E402
+from testkit.reconcile import (  # noqa: E402
+    DeltaTarget,
+    IcebergTarget,
+    Target,
+    apply_stream,
+    found,
+)
 
 runner = CliRunner()
 
@@ -69,75 +74,6 @@ def make_store(path: Path, **kwargs: Any) -> LocalTablestore:
     return store
 
 
-class Target:
-    """A target URI and how to change it behind the product's back."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-
-    def live_keys(self) -> list[int]:
-        raise NotImplementedError
-
-    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
-        raise NotImplementedError
-
-
-class DeltaTarget(Target):
-    def __init__(self, root: Path) -> None:
-        super().__init__(f"delta://{root}/delta")
-        self.path = str(root / "delta")
-
-    def live_keys(self) -> list[int]:
-        return sorted(deltalake.DeltaTable(self.path).to_pyarrow_table(columns=["id"])
-                      .column("id").to_pylist())
-
-    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
-        table = deltalake.DeltaTable(self.path)
-        table.delete(f"id IN ({', '.join(map(str, deleted))})")
-        deltalake.DeltaTable(self.path).update(predicate=f"id = {changed[0]}",
-                                               updates={"qty": "-1"})
-        deltalake.DeltaTable(self.path).update(predicate=f"id = {changed[1]}",
-                                               updates={"name": "'changed by hand'"})
-        schema = pa.schema(deltalake.DeltaTable(self.path).schema().to_arrow())
-        row = {f.name: None for f in schema}
-        row.update(id=added, name="added by hand", qty=7)
-        deltalake.write_deltalake(self.path, pa.Table.from_pylist([row], schema=schema),
-                                  mode="append")
-
-
-class IcebergTarget(Target):
-    def __init__(self, root: Path) -> None:
-        super().__init__(f"iceberg://{root}/wh?table=cdc.t")
-        self.props = sqlite_catalog_properties(str(root / "wh"))
-
-    def table(self) -> Any:
-        from pyiceberg.catalog import load_catalog
-
-        return load_catalog("tablestore_cdc", **self.props).load_table("cdc.t")
-
-    def live_keys(self) -> list[int]:
-        return sorted(self.table().scan(selected_fields=("id",)).to_arrow().column("id")
-                      .to_pylist())
-
-    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
-        from pyiceberg.expressions import EqualTo, In
-
-        table = self.table()
-        table.delete(In("id", set(deleted)))
-        rows = self.table().scan(row_filter=In("id", set(changed))).to_arrow().to_pylist()
-        for row in rows:
-            if row["id"] == changed[0]:
-                row["qty"] = -1
-            else:
-                row["name"] = "changed by hand"
-            self.table().overwrite(pa.Table.from_pylist([row], schema=table.schema().as_arrow()),
-                                   overwrite_filter=EqualTo("id", row["id"]))
-        schema = self.table().schema().as_arrow()
-        new = {f.name: None for f in schema}
-        new.update(id=added, name="added by hand", qty=7)
-        self.table().append(pa.Table.from_pylist([new], schema=schema))
-
-
 @pytest.fixture(params=[DeltaTarget, IcebergTarget], ids=["delta", "iceberg"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     result: Target = request.param(tmp_path)
@@ -151,14 +87,6 @@ def six_changes(target: Target) -> tuple[list[int], list[int], int]:
     deleted, changed, added = picked[:3], picked[3:], max(keys) + 1000
     target.tamper(deleted, changed, added)
     return deleted, changed, added
-
-
-def found(report: Any) -> dict[str, set[Any]]:
-    out: dict[str, set[Any]] = {"MISSING": set(), "EXTRA": set(), "DIFFERENT": set(),
-                                "IN-FLIGHT": set()}
-    for d in report.comparison.differences:
-        out[d.label].add(d.key[0])
-    return out
 
 
 # --- the embedded store -------------------------------------------------------------------------

@@ -25,8 +25,8 @@ from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter  # noqa: E402
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile.errors import TargetMissingError  # noqa: E402
+from testkit.reconcile import DeltaTarget, IcebergTarget, Target, found  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
-from tests.test_reconcile import DeltaTarget, IcebergTarget, Target, found  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
