@@ -11,19 +11,16 @@ import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyiceberg")
 
-from deltalake import DeltaTable  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel.page import PageLayout, records_to_page  # noqa: E402
 from tablestore_cdc.lakehouse import (  # noqa: E402
-    DeltaApplySink,
     IcebergApplySink,
     open_apply_sink,
 )
@@ -40,34 +37,22 @@ from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: 
 from tablestore_cdc.lakehouse.plan import ApplyOptions, plan_batch  # noqa: E402
 from tablestore_cdc.verify import (  # noqa: E402
     history_mismatches,
-    read_delta,
-    read_iceberg,
     rows_by_key,
     source_history,
     table_history,
     table_state,
 )
+from testkit.lakehouse import (  # noqa: E402
+    FIRST,
+    SCHEMA,
+    WITH_COLOUR,
+    Delta,
+    Iceberg,
+    batch,
+    change,
+)
 
 UTC = dt.UTC
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), False), pa.field("name", pa.string()), pa.field("qty", pa.int64()),
-    pa.field("_op", pa.string(), False), pa.field("_channel_id", pa.string(), False),
-    pa.field("_sequence", pa.string(), False), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
-    pa.field("_before", pa.string()), pa.field("_extra", pa.string()),
-])
-
-
-def change(op: str, channel: str, seq: int, ts: float, id_: int, name: str | None = None,
-           qty: int | None = None, **extra: Any) -> dict[str, Any]:
-    return {"id": id_, "name": name, "qty": qty, "_op": op, "_channel_id": channel,
-            "_sequence": f"{seq:020d}", "_commit_ts": dt.datetime.fromtimestamp(ts, UTC),
-            "_before": None, "_extra": json.dumps(extra, sort_keys=True) if extra else None}
-
-
-def batch(*rows: dict[str, Any]) -> pa.Table:
-    return pa.Table.from_pylist(list(rows), schema=SCHEMA)
-
-
 def ts(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, UTC)
 
@@ -180,71 +165,6 @@ def test_the_iceberg_target_without_pyiceberg_fails_when_made_naming_the_extra(
 
 
 # --- the two targets, real tables ------------------------------------------------------------
-
-
-class Delta:
-    """A Delta target in ``tmp`` and how to read it back (deltalake)."""
-
-    name = "delta"
-
-    def __init__(self, tmp: Path) -> None:
-        self.path = str(tmp / "delta" / "orders")
-
-    def sink(self, **options: Any) -> DeltaApplySink:
-        return DeltaApplySink(self.path, key_columns=["id"], **options)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return read_delta(self.path)
-
-    def commits(self) -> int:
-        """Table versions so far (a replayed batch must not add one)."""
-        return DeltaTable(self.path).version() + 1
-
-    def other_writer(self, changes: pa.Table, scd: int) -> None:
-        """Another writer's commit of ``changes``' rows, straight into the table (deltalake)."""
-        from deltalake import write_deltalake
-
-        write_deltalake(self.path, _rows_of(changes, DeltaTable(self.path).schema().to_arrow(),
-                                           scd), mode="append")
-
-
-class Iceberg:
-    """An Iceberg target (SQL catalog on SQLite) in ``tmp`` and how to read it back."""
-
-    name = "iceberg"
-
-    def __init__(self, tmp: Path) -> None:
-        self.properties = sqlite_catalog_properties(str(tmp / "warehouse"))
-
-    def sink(self, **options: Any) -> IcebergApplySink:
-        return IcebergApplySink(self.properties, "cdc.orders", key_columns=["id"], **options)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return read_iceberg(self.properties, "cdc.orders")
-
-    def commits(self) -> int:
-        """Snapshots so far (a replayed batch must not add one)."""
-        from pyiceberg.catalog import load_catalog
-
-        table = load_catalog("tablestore_cdc", **self.properties).load_table("cdc.orders")
-        return len(table.metadata.snapshots)
-
-    def other_writer(self, changes: pa.Table, scd: int) -> None:
-        """Another writer's commit of ``changes``' rows, straight into the table (pyiceberg)."""
-        from pyiceberg.catalog import load_catalog
-
-        table = load_catalog("tablestore_cdc", **self.properties).load_table("cdc.orders")
-        table.append(_rows_of(changes, table.schema().as_arrow(), scd))
-
-
-def _rows_of(changes: pa.Table, schema: Any, scd: int) -> pa.Table:
-    """PUT changes as rows of a table of ``schema`` (SCD 2: open versions)."""
-    schema = pa.schema(schema)
-    rows = [{k: v for k, v in row.items() if k in schema.names} for row in changes.to_pylist()]
-    for row, source in zip(rows, changes.to_pylist(), strict=True):
-        if scd == 2:
-            row["__START_AT"] = source["_commit_ts"]
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 @pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
@@ -367,11 +287,6 @@ def test_soft_delete_flags_rows(target) -> None:
 
 
 # --- schema drift: a column appears mid-stream ------------------------------------------------
-
-
-FIRST = batch(change("PUT", "c", 1, 1, 1, "a", 1))
-WITH_COLOUR = batch(change("PUT", "c", 2, 2, 2, "b", 2, colour="red", size=7),
-                    change("UPDATE", "c", 3, 3, 1, "a", 5, colour="blue"))
 
 
 def test_drift_fail_stops_naming_the_column_and_changes_nothing(target) -> None:

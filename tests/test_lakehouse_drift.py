@@ -36,8 +36,8 @@ from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     SchemaDriftError,
 )
 from tablestore_cdc.verify import table_state  # noqa: E402
+from testkit.lakehouse import Delta, Iceberg  # noqa: E402
 from testkit.processes import REPO  # noqa: E402
-from tests.test_lakehouse import Delta, Iceberg  # noqa: E402
 
 UTC = dt.UTC
 #: a table created with only a primary key: every attribute arrives in _extra
@@ -271,7 +271,7 @@ def test_schema_changes_are_recorded_in_the_tables_history_and_logged(target, ca
 
 APPLY_SCRIPT = """
 import sys, pyarrow as pa
-from tests.test_lakehouse import Delta, Iceberg
+from testkit.lakehouse import Delta, Iceberg
 from pathlib import Path
 target = (Delta if sys.argv[1] == "delta" else Iceberg)(Path(sys.argv[2]))
 batch = pa.ipc.open_file(sys.argv[3]).read_all()

@@ -26,8 +26,8 @@ from deltalake import DeltaTable  # noqa: E402
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.lakehouse.pruning import candidates, may_hold  # noqa: E402
 from tablestore_cdc.verify import table_state  # noqa: E402
+from testkit.lakehouse import Delta, Iceberg, batch, change  # noqa: E402
 from testkit.processes import REPO  # noqa: E402
-from tests.test_lakehouse import Delta, Iceberg, batch, change  # noqa: E402
 
 
 @pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
@@ -121,7 +121,7 @@ def test_a_first_load_appends_and_the_stream_after_it_merges(target, scd) -> Non
 KILL_SCRIPT = """
 import sys, time
 from pathlib import Path
-from tests.test_lakehouse import Delta, Iceberg
+from testkit.lakehouse import Delta, Iceberg
 from tests.test_lakehouse_firstload import snapshot_batches
 target = (Delta if sys.argv[1] == "delta" else Iceberg)(Path(sys.argv[2]))
 faults = Path(sys.argv[3])

@@ -23,7 +23,7 @@ from tablestore_cdc.lakehouse.iceberg import (  # noqa: E402
 )
 from tablestore_cdc.lakehouse.ownership import JOB_PROPERTY, SOURCE_PROPERTY  # noqa: E402
 from tablestore_cdc.verify import table_state  # noqa: E402
-from tests.test_lakehouse import FIRST, WITH_COLOUR, Delta, Iceberg  # noqa: E402
+from testkit.lakehouse import FIRST, WITH_COLOUR, Delta, Iceberg  # noqa: E402
 
 
 @pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])

@@ -1,0 +1,106 @@
+"""The apply sink's targets as the lakehouse tests reach them: a change batch of table
+``orders`` (``change``, ``batch``, two ready batches), and a Delta or an Iceberg target in a
+temporary directory with how to read it back and how another writer commits into it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink
+from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+from tablestore_cdc.verify import read_delta, read_iceberg
+
+UTC = dt.UTC
+SCHEMA = pa.schema([
+    pa.field("id", pa.int64(), False), pa.field("name", pa.string()), pa.field("qty", pa.int64()),
+    pa.field("_op", pa.string(), False), pa.field("_channel_id", pa.string(), False),
+    pa.field("_sequence", pa.string(), False), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("_before", pa.string()), pa.field("_extra", pa.string()),
+])
+
+
+def change(op: str, channel: str, seq: int, ts: float, id_: int, name: str | None = None,
+           qty: int | None = None, **extra: Any) -> dict[str, Any]:
+    return {"id": id_, "name": name, "qty": qty, "_op": op, "_channel_id": channel,
+            "_sequence": f"{seq:020d}", "_commit_ts": dt.datetime.fromtimestamp(ts, UTC),
+            "_before": None, "_extra": json.dumps(extra, sort_keys=True) if extra else None}
+
+
+def batch(*rows: dict[str, Any]) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=SCHEMA)
+
+
+FIRST = batch(change("PUT", "c", 1, 1, 1, "a", 1))
+WITH_COLOUR = batch(change("PUT", "c", 2, 2, 2, "b", 2, colour="red", size=7),
+                    change("UPDATE", "c", 3, 3, 1, "a", 5, colour="blue"))
+
+
+class Delta:
+    """A Delta target in ``tmp`` and how to read it back (deltalake)."""
+
+    name = "delta"
+
+    def __init__(self, tmp: Path) -> None:
+        self.path = str(tmp / "delta" / "orders")
+
+    def sink(self, **options: Any) -> DeltaApplySink:
+        return DeltaApplySink(self.path, key_columns=["id"], **options)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_delta(self.path)
+
+    def commits(self) -> int:
+        """Table versions so far (a replayed batch must not add one)."""
+        return DeltaTable(self.path).version() + 1
+
+    def other_writer(self, changes: pa.Table, scd: int) -> None:
+        """Another writer's commit of ``changes``' rows, straight into the table (deltalake)."""
+        from deltalake import write_deltalake
+
+        write_deltalake(self.path, _rows_of(changes, DeltaTable(self.path).schema().to_arrow(),
+                                           scd), mode="append")
+
+
+class Iceberg:
+    """An Iceberg target (SQL catalog on SQLite) in ``tmp`` and how to read it back."""
+
+    name = "iceberg"
+
+    def __init__(self, tmp: Path) -> None:
+        self.properties = sqlite_catalog_properties(str(tmp / "warehouse"))
+
+    def sink(self, **options: Any) -> IcebergApplySink:
+        return IcebergApplySink(self.properties, "cdc.orders", key_columns=["id"], **options)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_iceberg(self.properties, "cdc.orders")
+
+    def commits(self) -> int:
+        """Snapshots so far (a replayed batch must not add one)."""
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("tablestore_cdc", **self.properties).load_table("cdc.orders")
+        return len(table.metadata.snapshots)
+
+    def other_writer(self, changes: pa.Table, scd: int) -> None:
+        """Another writer's commit of ``changes``' rows, straight into the table (pyiceberg)."""
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("tablestore_cdc", **self.properties).load_table("cdc.orders")
+        table.append(_rows_of(changes, table.schema().as_arrow(), scd))
+
+
+def _rows_of(changes: pa.Table, schema: Any, scd: int) -> pa.Table:
+    """PUT changes as rows of a table of ``schema`` (SCD 2: open versions)."""
+    schema = pa.schema(schema)
+    rows = [{k: v for k, v in row.items() if k in schema.names} for row in changes.to_pylist()]
+    for row, source in zip(rows, changes.to_pylist(), strict=True):
+        if scd == 2:
+            row["__START_AT"] = source["_commit_ts"]
+    return pa.Table.from_pylist(rows, schema=schema)
