@@ -35,6 +35,9 @@ class Backend:
     install: str = INCLUDED
     #: the URI form this backend takes, for messages and docs (``local:///abs/path/store.db``)
     form: str = ""
+    #: ``"package.module:attribute"``: what the backend knows about its URIs beyond opening
+    #: them (a tunnel backend's endpoint rules, ``connector.tunnel.endpoint``); "" for none
+    rules: str = ""
 
 
 #: ``refuse(shown_uri, problem, allowed)`` builds the registry owner's typed error
@@ -69,6 +72,16 @@ class BackendRegistry(Mapping[str, Backend]):
         """The backend class for ``uri``'s scheme, its module imported now. An unknown scheme,
         or a backend whose dependencies are not installed, raises the owner's error naming the
         URI (secrets removed) and the schemes or the install line that fix it."""
+        backend = self._backend(uri)
+        return self._import(uri, backend, backend.target)
+
+    def rules(self, uri: str) -> Any | None:
+        """The ``rules`` object of ``uri``'s backend, its module imported now (``None`` when the
+        backend names none); refused as ``load`` refuses."""
+        backend = self._backend(uri)
+        return self._import(uri, backend, backend.rules) if backend.rules else None
+
+    def _backend(self, uri: str) -> Backend:
         try:
             scheme = urlsplit(uri).scheme
         except ValueError:
@@ -77,10 +90,13 @@ class BackendRegistry(Mapping[str, Backend]):
         if backend is None:
             raise self._refuse(redact_uri(uri), f"unsupported scheme {scheme!r}",
                                ", ".join(f"{s}://..." for s in sorted(self._backends)))
-        module_name, _, class_name = backend.target.partition(":")
+        return backend
+
+    def _import(self, uri: str, backend: Backend, target: str) -> Any:
+        module_name, _, name = target.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:  # an optional SDK is missing
             raise self._refuse(redact_uri(uri), f"backend unavailable ({exc})",
                                backend.install) from exc
-        return getattr(module, class_name)
+        return getattr(module, name)

@@ -1,31 +1,40 @@
-"""The tunnel-service interface: what the Spark source needs from a change-data-capture service.
+"""The tunnel-service interface in three roles: what the Spark source needs from a CDC service.
 
 Shaped after the real Tablestore Tunnel service (see docs/protocol.md): tunnels on a table,
 channels with a status, opaque string tokens, per-(tunnel, channel) checkpoints with a sequence
 number, ``"finished"`` at a channel's end. Connect/heartbeat/client ids of the real wire protocol
 are a backend's private business and do not appear here.
 
-Who calls what:
-- the driver (the Spark source's planning process) calls ``ensure_tunnel``, ``table_schema``,
-  ``describe_tunnel``, ``get_checkpoint``, ``checkpoint`` (push), ``has_new_data``,
-  ``head_sequences`` and ``lag`` (the backlog behind the read caps, and the progress
-  reporter's figures);
-- the inspection CLI and the feed behind the dashboard call ``describe_tunnel`` and ``lag``;
-- executors call ``read_page`` only (columnar pages, ``connector.tunnel.page``; its default
-  is built on ``read_records``), each on a client opened inside ``read()``.
+Each role is its own small interface, so a caller holds only what it needs (as Spark's Kafka
+source keeps ``KafkaOffsetReader`` on the driver apart from the executors' consumer, and a
+Flink FLIP-27 reader gets a two-method stream proxy):
 
-The plain data these methods take and return (``Record``, ``Checkpoint``, ``TableSchema``, the
-enums, ``FINISHED``) lives in ``connector.tunnel.types`` and is re-exported here. Backends are
-chosen by URI scheme in ``connector.tunnel.open_tunnel_service``. Every backend passes the same
-contract suite (``tests/contract/tunnel_contract.py``).
+- ``TunnelAdministration`` (driver, range-read planning, inspection CLI): create, describe,
+  list and delete tunnels, ``ensure_tunnel``, ``table_schema``;
+- ``ChannelPositions`` (driver): checkpoints (``get_checkpoint``, ``checkpoint``,
+  ``checkpoint_many``) and where channels stand (``has_new_data``, ``head_sequences``,
+  ``lag``: the backlog behind the read caps, the progress report's figures, ``meta lag``);
+- ``ChannelReader`` (executors): ``read_page`` (columnar pages, ``connector.tunnel.page``;
+  its default is built on ``read_records``). The executor's read path
+  (``connector.reader``) receives only this role, on a client opened by the seam
+  (``connector.clients``).
+
+``TunnelService`` is a backend class: all three roles over one endpoint, chosen by URI scheme
+in ``connector.tunnel.open_tunnel_service``. The plain data these methods take and return
+(``Record``, ``Checkpoint``, ``TableSchema``, the enums, ``FINISHED``) lives in
+``connector.tunnel.types`` and is re-exported here. Every backend passes every role's contract
+suite (``tests/contract/tunnel_admin_contract.py``, ``channel_positions_contract.py``,
+``channel_reader_contract.py``; ``tunnel_contract.py`` runs the three).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Self
 
 from connector.errors import TunnelExistsError, UnknownTunnelError
+from connector.tunnel.endpoint import TunnelEndpoint
 from connector.tunnel.page import Page, PageLayout, records_to_page
 from connector.tunnel.types import (
     FINISHED,
@@ -49,6 +58,8 @@ __all__ = [
     "FINISHED",
     "ChannelInfo",
     "ChannelLag",
+    "ChannelPositions",
+    "ChannelReader",
     "ChannelStatus",
     "ChannelType",
     "Checkpoint",
@@ -58,6 +69,8 @@ __all__ = [
     "Record",
     "StartPosition",
     "TableSchema",
+    "TunnelAdministration",
+    "TunnelClient",
     "TunnelDescription",
     "TunnelInfo",
     "TunnelService",
@@ -65,37 +78,28 @@ __all__ = [
 ]
 
 
-class TunnelService(ABC):
-    """A client of one tunnel service endpoint. Not shared across processes; cheap to open.
-
-    All methods are synchronous and may raise ``TransientTunnelError`` (retryable) or another
-    ``TunnelError`` subclass (not retryable).
-    """
+class TunnelClient(ABC):  # noqa: B024 - the roles below declare the abstract methods
+    """What a client of every role has: the URI it was opened with and ``close``. Not shared
+    across processes; cheap to open. Every call is synchronous and may raise
+    ``TransientTunnelError`` (retryable) or another ``TunnelError`` subclass (not
+    retryable)."""
 
     #: The URI this client was opened with, secrets removed (safe to log and to store).
     uri: str
-    #: How precise ``Record.commit_ts_us`` is, in microseconds: a backend whose service rounds
-    #: commit times down (DynamoDB Streams: to the second) says so, and a read that starts at
-    #: an instant (``startingTimestamp``) passes over only records older than the instant
-    #: rounded down the same way -- it never drops a change made after it.
-    commit_time_granularity_us: int = 1
 
-    # --- identity (driver) --------------------------------------------------------------
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Safe to call twice."""
 
-    @classmethod
-    @abstractmethod
-    def service_of(cls, uri: str) -> str:
-        """What names the service behind ``uri``: the same for every spelling that reaches it
-        (another host name, a parameter that only says how to reach it), different for
-        another service. Part of the source identity (``connector.identity``); parses only,
-        makes no request."""
-    #: How many per-channel calls of the driver (checkpoint pushes, ``connector.planning.
-    #: pushes``) are worth running at once: a backend whose calls are network round trips says
-    #: more than 1 and must then be safe to call from that many threads; 1 (the default) runs
-    #: them one after another.
-    concurrent_calls: int = 1
+    def __enter__(self) -> Self:
+        return self
 
-    # --- tunnels (driver) ---------------------------------------------------------------
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TunnelAdministration(TunnelClient):
+    """Tunnels on a table and the table's schema (driver: binding, range-read planning;
+    the inspection CLI and the feed)."""
 
     @abstractmethod
     def create_tunnel(
@@ -154,7 +158,17 @@ class TunnelService(ABC):
     def table_schema(self, table: str) -> TableSchema:
         """The table's declared schema, so the source can derive Spark types."""
 
-    # --- checkpoints (driver) -------------------------------------------------------------
+
+class ChannelPositions(TunnelClient):
+    """Where each channel of a tunnel stands: its pushed checkpoint, and what waits beyond a
+    position (driver: the protocol's pushes, ``latestOffset``, the read caps, the progress
+    report; the inspection CLI and the feed)."""
+
+    #: How many per-channel calls of the driver (checkpoint pushes, ``connector.planning.
+    #: pushes``) are worth running at once: a backend whose calls are network round trips says
+    #: more than 1 and must then be safe to call from that many threads; 1 (the default) runs
+    #: them one after another.
+    concurrent_calls: int = 1
 
     @abstractmethod
     def get_checkpoint(self, tunnel_id: str, channel_id: str) -> Checkpoint:
@@ -175,34 +189,6 @@ class TunnelService(ABC):
         raises every error. This default pushes none (every push goes through
         ``checkpoint``); a backend whose pushes are round trips overrides it."""
         return [channel_id for channel_id, _ in pushes]
-
-    # --- data (executors) -------------------------------------------------------------------
-
-    @abstractmethod
-    def read_records(
-        self, tunnel_id: str, channel_id: str, token: str, limit: int
-    ) -> ReadResult:
-        """Read at most ``limit`` records after ``token``. Never blocks waiting for new data.
-
-        Raises ``TrimmedDataError`` when records after ``token`` were trimmed away,
-        ``MalformedTokenError`` for a token this backend never issued, and
-        ``ChannelNotReadableError`` for a channel in WAIT.
-        """
-
-    def read_page(
-        self, tunnel_id: str, channel_id: str, token: str, limit: int, layout: PageLayout
-    ) -> Page:
-        """Read at most ``limit`` records after ``token`` as one columnar page (executor).
-
-        The executor's read path (``connector.reader``) calls this, never ``read_records``.
-        Same positions, tokens, ``may_more`` and errors as ``read_records``; the records come
-        as an Arrow batch shaped by ``layout`` (``connector.tunnel.page``). This default
-        converts ``read_records``; a backend that can produce columns without a Python object
-        per record overrides it.
-        """
-        result = self.read_records(tunnel_id, channel_id, token, limit)
-        return Page(records_to_page(result.records, layout, token=token), result.next_token,
-                    result.may_more)
 
     def has_new_data(self, tunnel_id: str, positions: Mapping[str, str]) -> bool | None:
         """Is anything readable beyond ``positions`` (channel id -> token)? ``None`` = can't tell.
@@ -227,16 +213,69 @@ class TunnelService(ABC):
         unread change, 0.0 for a caught-up channel (never a clock growing while a channel is
         idle). Called on the driver by the protocol's read caps (a channel's backlog shapes its
         share of ``maxOffsetsPerTrigger`` and ``maxBytesPerTrigger``), by
-        ``minOffsetsPerTrigger`` (``connector.planning.backlog``) and by the progress reporter
-        (``connector.progress``), and by the inspection CLI (``meta lag``) and the feed behind
-        the dashboard."""
+        ``minOffsetsPerTrigger`` (``connector.planning.backlog``) and by the latest-offset
+        report (``connector.latest_offset_report``), and by the inspection CLI (``meta lag``)
+        and the feed behind the dashboard."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections. Safe to call twice."""
 
-    def __enter__(self) -> TunnelService:
-        return self
+class ChannelReader(TunnelClient):
+    """Reading a channel from a token (executors: ``connector.reader``, the range read's
+    tasks; the driver reads too where a backend answers ``lag`` with reads)."""
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    #: How precise ``Record.commit_ts_us`` is, in microseconds: a backend whose service rounds
+    #: commit times down (DynamoDB Streams: to the second) says so, and a read that starts at
+    #: an instant (``startingTimestamp``) passes over only records older than the instant
+    #: rounded down the same way -- it never drops a change made after it.
+    commit_time_granularity_us: int = 1
+
+    @abstractmethod
+    def read_records(
+        self, tunnel_id: str, channel_id: str, token: str, limit: int
+    ) -> ReadResult:
+        """Read at most ``limit`` records after ``token``. Never blocks waiting for new data.
+
+        Raises ``TrimmedDataError`` when records after ``token`` were trimmed away,
+        ``MalformedTokenError`` for a token this backend never issued, and
+        ``ChannelNotReadableError`` for a channel in WAIT.
+        """
+
+    def read_page(
+        self, tunnel_id: str, channel_id: str, token: str, limit: int, layout: PageLayout
+    ) -> Page:
+        """Read at most ``limit`` records after ``token`` as one columnar page (executor).
+
+        The executor's read path (``connector.reader``) calls this, never ``read_records``.
+        Same positions, tokens, ``may_more`` and errors as ``read_records``; the records come
+        as an Arrow batch shaped by ``layout`` (``connector.tunnel.page``), and the page can
+        tell the token after any of its records (``Page.token_after``) so a read can stop
+        inside it without asking again. This default converts ``read_records`` and cannot
+        tell those tokens; every backend overrides it.
+        """
+        result = self.read_records(tunnel_id, channel_id, token, limit)
+        return Page(records_to_page(result.records, layout, token=token), result.next_token,
+                    result.may_more)
+
+
+class TunnelService(TunnelAdministration, ChannelPositions, ChannelReader):
+    """A backend: every role over one endpoint, opened by ``connector.tunnel.open_tunnel_service``
+    (the seam ``connector.clients`` opens it for the source, with retries)."""
+
+    @classmethod
+    @abstractmethod
+    def service_of(cls, uri: str) -> str:
+        """What names the service behind ``uri``: the same for every spelling that reaches it
+        (another host name, a parameter that only says how to reach it), different for
+        another service. Part of the source identity (``connector.identity``); parses only,
+        makes no request."""
+
+    @classmethod
+    def from_uri(cls, uri: str) -> Self:
+        """Open a client for ``uri`` (driver or executor)."""
+        raise NotImplementedError(f"{cls.__name__} opens no URI")
+
+    @classmethod
+    def from_endpoint(cls, endpoint: TunnelEndpoint) -> Self:
+        """Open a client from the typed endpoint the source's options carry
+        (``connector.tunnel.endpoint``); this default opens its URI."""
+        return cls.from_uri(endpoint.uri)

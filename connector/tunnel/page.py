@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,27 +105,37 @@ class EncodedBatch:
         return batch.select(list(self.columns)) if self.columns is not None else batch
 
     def head(self, n: int) -> EncodedBatch:
-        if n >= self.count:
+        return self.part(0, n)
+
+    def part(self, skip: int, n: int) -> EncodedBatch:
+        """Rows ``skip .. skip + n`` of these (no copy, still encoded)."""
+        if skip == 0 and n >= self.count:
             return self
-        return EncodedBatch(self.data, self.offset, n, "", self.columns)
+        last = self.last_sequence if skip + n >= self.count else ""
+        return EncodedBatch(self.data, self.offset + skip, min(n, self.count - skip), last,
+                            self.columns)
 
 
 class Page:
     """Up to ``limit`` records of one channel, columnar (see the module docstring).
 
     ``next_token`` and ``may_more`` mean what they mean in ``ReadResult``. A backend builds a
-    page from an Arrow batch, ``Page(batch, next_token, may_more)``; one that stores pages
-    serialized may pass ``encoded=`` instead, and the batch is then decoded on each access of
-    ``batch`` (the reader accesses it once, when it hands the page on).
+    page from an Arrow batch, ``Page(batch, next_token, may_more, tokens=...)``; one that stores
+    pages serialized may pass ``encoded=`` instead, and the batch is then decoded on each
+    access of ``batch`` (the reader accesses it once, when it hands the page on). ``tokens(n)``
+    is the token after the page's first ``n`` records (``0 < n < count``), made without a
+    request -- each backend knows how its tokens count records -- so a read can stop inside a
+    page (``token_after``).
     """
 
-    __slots__ = ("_batch", "_encoded", "next_token", "may_more")
+    __slots__ = ("_batch", "_encoded", "_tokens", "next_token", "may_more")
 
     def __init__(self, batch: pa.RecordBatch | None, next_token: str, may_more: bool, *,
-                 encoded: EncodedBatch | None = None) -> None:
+                 encoded: EncodedBatch | None = None,
+                 tokens: Callable[[int], str] | None = None) -> None:
         if (batch is None) == (encoded is None):
             raise ValueError("a page holds either a batch or an encoded batch")
-        self._batch, self._encoded = batch, encoded
+        self._batch, self._encoded, self._tokens = batch, encoded, tokens
         self.next_token, self.may_more = next_token, may_more
 
     @property
@@ -156,6 +166,33 @@ class Page:
             return Page(None, self.next_token, self.may_more, encoded=self._encoded.head(n))
         assert self._batch is not None
         return Page(self._batch.slice(0, n), self.next_token, self.may_more)
+
+    def token_after(self, n: int) -> str:
+        """The token after the page's first ``n`` records, without asking the service again:
+        ``next_token`` for all of them (an empty page's too), else what the backend's
+        ``tokens`` says. ``ValueError`` for a page whose backend gave no ``tokens``."""
+        if n == self.count:
+            return self.next_token
+        if not 0 < n < self.count:
+            raise ValueError(f"no token after {n} record(s) of a page of {self.count}")
+        if self._tokens is None:
+            raise ValueError("this page cannot tell a token inside it (no tokens given)")
+        return self._tokens(n)
+
+    def part(self, skip: int, n: int) -> Page:
+        """Records ``skip .. skip + n`` of the page (no copy), ending at the token after them;
+        ``may_more`` as the page's when they end it, else true."""
+        if skip == 0 and n >= self.count:
+            return self
+        ends = skip + n >= self.count
+        tokens = None if self._tokens is None else (lambda k: self.token_after(skip + k))
+        next_token = self.token_after(min(skip + n, self.count))
+        may_more = self.may_more if ends else True
+        if self._encoded is not None:
+            return Page(None, next_token, may_more, encoded=self._encoded.part(skip, n),
+                        tokens=tokens)
+        assert self._batch is not None
+        return Page(self._batch.slice(skip, n), next_token, may_more, tokens=tokens)
 
     def __repr__(self) -> str:
         return f"Page(count={self.count}, next_token={self.next_token!r}, " \

@@ -382,6 +382,11 @@ class DynamoDbStreamsTunnelService(TunnelService):
         tunnel, to see whether it aged out); a shard no longer listed
         whose position is not FINISHED lost its remaining records to retention
         (``TrimmedDataError`` with ``resume_token`` FINISHED)."""
+        return self._read_channel(tunnel_id, channel_id, token, limit)
+
+    def _read_channel(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+                      afters: list[str] | None = None) -> ReadResult:
+        """``read_records``; ``afters`` (when given) gets the token after each record read."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         tunnel = self._tunnel(tunnel_id)
@@ -396,7 +401,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
                 if pos.parent_id in shards:
                     raise ChannelNotReadableError(channel_id=channel_id, tunnel_id=tunnel_id,
                                                   status=ChannelStatus.WAIT.value)
-        result = self._read(tunnel.table_name, channel_id, tunnel_id, token, limit)
+        result = self._read(tunnel.table_name, channel_id, tunnel_id, token, limit, afters)
         if result.next_token == FINISHED:
             self.checkpoints.mark_end(tunnel_id, channel_id)
         return result
@@ -404,18 +409,21 @@ class DynamoDbStreamsTunnelService(TunnelService):
     def read_page(self, tunnel_id: str, channel_id: str, token: str, limit: int,
                   layout: PageLayout) -> Page:
         """``read_records`` as one columnar page (executor, ``connector.reader``), with numbers
-        shaped for the layout's column types (``codec.fit_records``)."""
+        shaped for the layout's column types (``codec.fit_records``); the token after its
+        ``n``-th record is the one after that record's sequence number."""
         from connector.tunnel.page import Page, records_to_page
 
-        result = self.read_records(tunnel_id, channel_id, token, limit)
+        afters: list[str] = []
+        result = self._read_channel(tunnel_id, channel_id, token, limit, afters)
         records = codec.fit_records(result.records, layout.columns, self._numbers)
         return Page(records_to_page(records, layout, token=token), result.next_token,
-                    result.may_more)
+                    result.may_more, tokens=lambda n: afters[n - 1])
 
     def _read(self, table: str, shard_id: str, tunnel_id: str, token: str,
-              limit: int) -> ReadResult:
+              limit: int, afters: list[str] | None = None) -> ReadResult:
         """``GetShardIterator`` for ``token``, then ``GetRecords`` until ``limit`` records, an
-        empty page (caught up) or a null next iterator (FINISHED)."""
+        empty page (caught up) or a null next iterator (FINISHED); ``afters`` (when given)
+        gets the token after each record."""
         pos = codec.parse_token(token, shard_id)
         records: list[Record] = []
         iterator = self._iterator(table, shard_id, tunnel_id, pos)
@@ -438,6 +446,8 @@ class DynamoDbStreamsTunnelService(TunnelService):
             for raw in page:
                 records.append(codec.decode_record(raw, shard_id, last, self._numbers))
                 last = codec.after_token(shard_id, str(raw["dynamodb"]["SequenceNumber"]))
+                if afters is not None:
+                    afters.append(last)
             iterator = out.get("NextShardIterator")
             if not iterator:
                 return ReadResult(records, FINISHED, False)

@@ -338,7 +338,7 @@ class LocalTunnelService(TunnelService):
                 records = read_changes(conn, schema, channel_id, after, limit)
             return records, len(records)
 
-        records, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
+        records, next_token, may_more, _ = self._read(tunnel_id, channel_id, token, limit, fetch)
         return ReadResult(records if records is not None else [], next_token, may_more)
 
     def read_page(
@@ -361,11 +361,11 @@ class LocalTunnelService(TunnelService):
                 return batch, batch.count
             return batch, batch.num_rows
 
-        batch, next_token, may_more = self._read(tunnel_id, channel_id, token, limit, fetch)
+        batch, next_token, may_more, tokens = self._read(tunnel_id, channel_id, token, limit, fetch)
         if isinstance(batch, EncodedBatch):
-            return Page(None, next_token, may_more, encoded=batch)
+            return Page(None, next_token, may_more, encoded=batch, tokens=tokens)
         return Page(batch if batch is not None else empty_page_batch(layout), next_token,
-                    may_more)
+                    may_more, tokens=tokens)
 
     def _read(
         self,
@@ -374,9 +374,11 @@ class LocalTunnelService(TunnelService):
         token: str,
         limit: int,
         fetch: Callable[[Any, TunnelRow, TunnelChannel, int], tuple[Any, int]],
-    ) -> tuple[Any, str, bool]:
+    ) -> tuple[Any, str, bool, Callable[[int], str]]:
         """The checks and token arithmetic of a read; ``fetch(conn, tunnel, channel, after)``
-        returns (payload, count) of the records after ``after`` (at most ``limit``)."""
+        returns (payload, count) of the records after ``after`` (at most ``limit``). Returns the
+        payload, the next token, ``may_more`` and the token after the payload's first ``n``
+        records (``Page.token_after``: sequences are gapless past the trim point)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         with self.store.transaction() as conn:
@@ -393,7 +395,7 @@ class LocalTunnelService(TunnelService):
                         token=token,
                         reason="FINISHED given for a channel still open",
                     )
-                return None, FINISHED, False
+                return None, FINISHED, False, lambda n: FINISHED
             after = tunnels.decode_token(token, tunnel.table, ch)
             if ch.trimmed_upto > after:
                 raise TrimmedDataError(
@@ -415,6 +417,7 @@ class LocalTunnelService(TunnelService):
             payload,
             FINISHED if finished else tunnels.encode_token(tunnel.table, channel_id, last),
             last < ch.head_seq,
+            lambda n: tunnels.encode_token(tunnel.table, channel_id, after + n),
         )
 
     # --- progress (driver, CLI) ---------------------------------------------------------------
