@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -27,9 +25,8 @@ from cdc_common.credentials import (
     ALIBABA_ACCESS_KEY_ID,
     ALIBABA_ACCESS_KEY_SECRET,
     ALIBABA_SECURITY_TOKEN,
-    alibaba_credentials,
 )
-from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value, tablestore_instance
+from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
 from connector.identity import SourceIdentity, identity_of, legacy_namespace
 from connector.option_input import blamed, shown_key, text_problem, uri_problem
@@ -42,13 +39,10 @@ from connector.option_values import (
     parse_duration_ms,
     parse_timestamp_ms,
 )
-from connector.tunnel import TUNNEL_BACKENDS
+from connector.tunnel import TUNNEL_BACKENDS, TunnelAdministration, endpoint_rules
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
+from connector.tunnel.endpoint import TunnelEndpoint
 from meta_store import META_BACKENDS
-
-#: the meta table of a Tablestore endpoint when neither meta.store nor checkpoint.table is given
-#: (not the vendor's ``__spark_meta_checkpoint__``: its rows have another layout)
-DEFAULT_CHECKPOINT_TABLE = "tablestore_cdc_meta"
 
 
 class OptionSpec(NamedTuple):
@@ -137,7 +131,8 @@ OPTIONS: dict[str, OptionSpec] = {
     "checkpoint.table": OptionSpec(
         "checkpoint_table", "a table name in the same instance for the meta store (default "
         "tablestore_cdc_meta)", "the meta table in the endpoint's instance",
-        default=f"`{DEFAULT_CHECKPOINT_TABLE}`"),
+        # connector.tunnel.tablestore.endpoint.DEFAULT_CHECKPOINT_TABLE (a test holds them equal)
+        default="`tablestore_cdc_meta`"),
     "ssl.ca.bundle": OptionSpec(
         "ssl_ca_bundle", "the path of a PEM file of CA certificates that verifies an https "
         "endpoint, on the driver and every executor (else REQUESTS_CA_BUNDLE, then "
@@ -171,7 +166,8 @@ OPTIONS: dict[str, OptionSpec] = {
         "bytes of records read per batch (the last record of a channel may cross it)",
         type="size"),
 }
-#: options that only mean something for a Tablestore (http/https) endpoint
+#: options that only mean something for a Tablestore (http/https) endpoint: its rules take them
+#: (``connector.tunnel.tablestore.endpoint``), every other endpoint refuses them
 _TABLESTORE_ONLY = ("instance_name", "tunnel_id", "access_key_id", "access_key_secret",
                     "security_token", "checkpoint_table", "ssl_ca_bundle", "read_prefetch")
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
@@ -186,11 +182,14 @@ class SourceOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: for a Tablestore endpoint this carries the instance and the credentials (query
-    #: parameters dropped by ``safe_endpoint``): never log or store it, use ``safe_endpoint``
-    endpoint: str = Field(repr=False)
+    #: the typed endpoint its backend's rules built (``connector.tunnel.endpoint``): for a
+    #: Tablestore endpoint the instance and the credentials (``SecretStr``); travels to
+    #: executors inside partitions. ``safe_endpoint`` is the form to show or store
+    endpoint: TunnelEndpoint = Field(repr=False)
     table_name: str = Field(min_length=1)
-    tunnel_name: str = Field(min_length=1)
+    #: ``None`` only while ``tunnel.id`` alone names the tunnel: ``resolved`` fills it in when
+    #: the query binds
+    tunnel_name: str | None = Field(default=None, min_length=1)
     tunnel_type: TunnelType = TunnelType.STREAM
     starting_position: StartPosition = StartPosition.EARLIEST
     meta_store: str
@@ -210,7 +209,7 @@ class SourceOptions(BaseModel):
     catalog: tuple[tuple[str, str], ...] | None = None
     checkpoint_table: str | None = Field(default=None, min_length=1)
     #: the CA bundle verifying an https endpoint (the option, else the driver's environment);
-    #: folded into the endpoint and the meta-store URI as ``ca_bundle=`` (a path, no secret)
+    #: in the endpoint, and in the meta-store URI as ``ca_bundle=`` (a path, no secret)
     ssl_ca_bundle: str | None = Field(default=None, min_length=1)
     #: ``startingTimestamp``, milliseconds since the epoch: a new query's first batch starts at
     #: the first change committed at or after it; a batch read's inclusive start
@@ -220,14 +219,16 @@ class SourceOptions(BaseModel):
     min_offsets_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
     max_trigger_delay_ms: int = Field(default=DEFAULT_MAX_TRIGGER_DELAY_MS, ge=0, le=_LONG_MAX)
     max_bytes_per_trigger: int | None = Field(default=None, ge=1, le=_LONG_MAX)
-    #: executors' Tablestore clients send a channel's next ReadRecords request ahead; folded
-    #: into the endpoint as ``prefetch=false`` when off (connector/tunnel/tablestore/prefetch.py)
+    #: executors' Tablestore clients send a channel's next ReadRecords request ahead; in the
+    #: endpoint (connector/tunnel/tablestore/prefetch.py)
     read_prefetch: bool = True
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
-    def _name(cls, value: str) -> str:
+    def _name(cls, value: str | None) -> str | None:
         # a blank or padded name would make a distinct source identity (and tunnel) silently
+        if value is None:
+            return value
         if not value.strip():
             raise ValueError("is blank")
         if value != value.strip():
@@ -283,20 +284,6 @@ class SourceOptions(BaseModel):
     def _bytes(cls, value: Any) -> Any:
         return parse_bytes(value) if isinstance(value, str) else value
 
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if not parts.scheme:
-            raise ValueError("not a URI (expected scheme://...)")
-        if parts.scheme == "local" and (parts.netloc or not parts.path.startswith("/")):
-            raise ValueError("a local endpoint needs an absolute path: local:///abs/path/store.db")
-        if parts.scheme in ("http", "https"):
-            parts.port  # noqa: B018 - ValueError for a port that is not 0..65535
-            if not parts.hostname:
-                raise ValueError("names no host (expected http(s)://HOST[:PORT])")
-        return value
-
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # ``endpoint`` stays out (repr=False); ``meta.store`` is shown redacted, as a URI with
         # a secret in it (refused when the store is opened) may be logged before that
@@ -337,30 +324,23 @@ class SourceOptions(BaseModel):
         # which other options apply), then the table and the tunnel, then the rest
         for required in ("endpoint", "table.name", "tunnel.name"):
             if required == "tunnel.name" and values.get("tunnel_id"):
-                continue  # resolved from the tunnel id below
+                continue  # read from the tunnel id when the query binds (resolved)
             if OPTIONS[required].field not in values:
                 raise OptionError(option=required, value=None, problem="is required",
                                   allowed=OPTIONS[required].allowed)
             if required == "endpoint":
                 _check_endpoint_scheme(str(values["endpoint"]))
-        tablestore = urlsplit(str(values["endpoint"])).scheme in ("http", "https")
-        if tablestore:
-            with blamed("endpoint", _shown("endpoint", values["endpoint"]),
-                        OPTIONS["endpoint"].allowed):
-                values = _tablestore_endpoint(values)
-        else:
-            for field in _TABLESTORE_ONLY:
-                if values.get(field) is not None:
-                    option = _FIELD_TO_OPTION[field]
-                    raise OptionError(option=option, value=_shown(field, values[field]),
-                                      problem="applies to a Tablestore (http/https) endpoint "
-                                      "only", allowed="leave it out")
-        if "meta_store" not in values and (default := default_meta_store(values["endpoint"])):
-            values["meta_store"] = default
-        if tablestore and values.get("tunnel_id") and values.get("table_name"):
-            values["tunnel_name"] = resolve_tunnel_id(
-                values["endpoint"], str(values["table_name"]), str(values["tunnel_id"]),
-                values.get("tunnel_name"))
+        # what the endpoint takes is its backend's knowledge (connector/tunnel/endpoint.py)
+        rules = endpoint_rules(str(values["endpoint"]))
+        for field in _TABLESTORE_ONLY:
+            if values.get(field) is not None and field not in rules.option_fields:
+                option = _FIELD_TO_OPTION[field]
+                raise OptionError(option=option, value=_shown(field, values[field]),
+                                  problem="applies to a Tablestore (http/https) endpoint "
+                                  "only", allowed="leave it out")
+        with blamed("endpoint", _shown("endpoint", values["endpoint"]),
+                    OPTIONS["endpoint"].allowed):
+            values = rules.configure(values, allowed=lambda option: OPTIONS[option].allowed)
         try:
             built = cls(**values)
         except ValidationError as exc:
@@ -372,9 +352,21 @@ class SourceOptions(BaseModel):
                               problem=_problem(error["msg"]),
                               allowed=spec.allowed if spec else "see docs/options.md") from None
         _check_combinations(built, given=set(values))
+        # an endpoint that names no service is refused at load(), before any tunnel is named
         with blamed("endpoint", built.safe_endpoint, OPTIONS["endpoint"].allowed):
-            built.identity  # noqa: B018 - an endpoint that names no service is refused at load()
+            identity_of(built.endpoint.uri, built.table_name, built.tunnel_name or "")
         return built
+
+    def resolved(self, tunnel: TunnelAdministration) -> SourceOptions:
+        """These options with ``tunnel.name`` read from ``tunnel.id`` (driver, when the query
+        binds: one ListTunnel through ``tunnel``, never during validation); ``OptionError``
+        when the table has no tunnel of that id, or ``tunnel.name`` names another. Without
+        ``tunnel.id`` the options themselves."""
+        if self.tunnel_id is None:
+            return self
+        name = endpoint_rules(self.endpoint.uri).resolve_tunnel_name(
+            tunnel, self.table_name, self.tunnel_id, self.tunnel_name)
+        return self.model_copy(update={"tunnel_name": name})
 
     # --- checks per kind of read (driver: DataSource.streamReader / reader) ---------------------
 
@@ -423,27 +415,33 @@ class SourceOptions(BaseModel):
     @property
     def meta_store_credentials(self) -> dict[str, str] | None:
         """Credentials for a ``tablestore://`` meta store: those of a Tablestore endpoint (the
-        options or the driver's ``ALIBABA_CLOUD_*``, folded into the endpoint). They travel to
+        options or the driver's ``ALIBABA_CLOUD_*``, in the typed endpoint). They travel to
         executors inside partitions, like the endpoint, and are never stored or shown."""
         if urlsplit(self.meta_store).scheme != "tablestore":
             return None
-        query = dict(parse_qsl(urlsplit(self.endpoint).query))
-        creds = {k: query[k] for k in ("access_key_id", "access_key_secret", "security_token")
-                 if query.get(k)}
-        return creds or None
+        return self.endpoint.credentials()
 
     @property
     def safe_endpoint(self) -> str:
         """The endpoint as it may be shown and stored (``cdc_common.uris.redact_uri``: no user
         info, no secret query pair): in the namespace description and the legacy namespace;
         its form for an endpoint in use never changes (tests/test_uri_pins.py)."""
-        return redact_uri(self.endpoint)
+        return redact_uri(self.endpoint.uri)
+
+    @property
+    def named_tunnel(self) -> str:
+        """``tunnel.name``; a query named by ``tunnel.id`` alone has one once ``resolved``."""
+        if self.tunnel_name is None:
+            raise OptionError(option="tunnel.id", value=self.tunnel_id, problem="names a "
+                              "tunnel whose name is read when the query binds, not yet",
+                              allowed="the options returned by SourceOptions.resolved")
+        return self.tunnel_name
 
     @property
     def identity(self) -> SourceIdentity:
         """The source this query reads: the service (not the URL's spelling), the table and
         the tunnel (``connector.identity``). Parses the endpoint only; no request."""
-        return identity_of(self.endpoint, self.table_name, self.tunnel_name)
+        return identity_of(self.endpoint.uri, self.table_name, self.named_tunnel)
 
     @property
     def source_identity(self) -> str:
@@ -456,7 +454,7 @@ class SourceOptions(BaseModel):
     def legacy_namespace(self) -> str:
         """The namespace earlier versions gave this query (``endpoint#table#tunnel`` with the
         endpoint's shown form), still used where their rows are (``connector.identity``)."""
-        return legacy_namespace(self.safe_endpoint, self.table_name, self.tunnel_name)
+        return legacy_namespace(self.safe_endpoint, self.table_name, self.named_tunnel)
 
     @property
     def source_digest(self) -> str:
@@ -517,29 +515,6 @@ def _problem(message: str) -> str:
     return message
 
 
-def default_meta_store(endpoint: str) -> str | None:
-    """For a local endpoint, a SQLite meta store beside the store file; else none. (A
-    Tablestore endpoint's default, a table in the same instance, is set by
-    ``_tablestore_endpoint``.)"""
-    parts = urlsplit(endpoint)
-    if parts.scheme == "local" and not parts.netloc and parts.path.startswith("/"):
-        base, _ = os.path.splitext(parts.path)
-        return f"sqlite://{base}.meta.db"
-    return None
-
-
-def tablestore_meta_store(endpoint: str, instance: str, checkpoint_table: str | None = None,
-                          *, create_table: bool = False) -> str:
-    """The meta table a query on the Tablestore ``endpoint`` (``http(s)://HOST[:PORT]``) uses
-    when ``meta.store`` is not given: ``tablestore://INSTANCE/TABLE?endpoint=...`` in the same
-    instance, ``checkpoint.table`` or ``tablestore_cdc_meta``; the query creates it when
-    missing (``create_table``). Also what ``tablestore-cdc meta uri`` prints for the CLI and
-    the dashboard (without ``create_table``: inspection never creates)."""
-    table = checkpoint_table or DEFAULT_CHECKPOINT_TABLE
-    uri = f"tablestore://{instance}/{table}?endpoint={quote(endpoint.rstrip('/'), safe='')}"
-    return uri + ("&create_table=true" if create_table else "")
-
-
 def _shown(field: str, value: Any) -> Any:
     """An option value as an error may show it: secrets masked, endpoints redacted, cut to
     200 characters (a catalog may be long)."""
@@ -548,109 +523,3 @@ def _shown(field: str, value: Any) -> Any:
     elif isinstance(value, str) and value:
         value = shown_value(field, value)
     return value[:197] + "..." if isinstance(value, str) and len(value) > 200 else value
-
-
-def _tablestore_endpoint(values: dict[str, Any]) -> dict[str, Any]:
-    """Fold the instance and credentials into a Tablestore endpoint's query (driver).
-
-    The endpoint travels to executors inside partitions (they open their own clients); every
-    copy that is logged or stored goes through ``redact_uri``, which drops the credential
-    parameters. Credentials not given as options come from the environment of the driver."""
-    values = dict(values)
-    endpoint = str(values["endpoint"])
-    parts = urlsplit(endpoint)
-    if parts.username or parts.password:
-        raise OptionError(option="endpoint", value=redact_uri(endpoint),
-                          problem="credentials do not belong in the endpoint",
-                          allowed="access.key.id / access.key.secret options or "
-                          f"{ALIBABA_ACCESS_KEY_ID} / {ALIBABA_ACCESS_KEY_SECRET}")
-    if parts.path not in ("", "/"):
-        raise OptionError(option="endpoint", value=redact_uri(endpoint),
-                          problem="a Tablestore endpoint has no path",
-                          allowed="https://INSTANCE.REGION.ots.aliyuncs.com")
-    query = dict(parse_qsl(parts.query))
-    instance = tablestore_instance(endpoint, values.get("instance_name"))
-    if not instance:
-        raise OptionError(option="instance.name", value=None,
-                          problem="is required for this endpoint (its host does not name the "
-                          "instance)", allowed=OPTIONS["instance.name"].allowed)
-    given = alibaba_credentials(*(values.get(field) or query.get(field) for field in
-                                  ("access_key_id", "access_key_secret", "security_token")))
-    creds = asdict(given)
-    for field, env in (("access_key_id", ALIBABA_ACCESS_KEY_ID),
-                       ("access_key_secret", ALIBABA_ACCESS_KEY_SECRET)):
-        if not creds[field]:
-            raise OptionError(option=_FIELD_TO_OPTION[field], value=None,
-                              problem=f"is required for a Tablestore endpoint (or set {env})",
-                              allowed=OPTIONS[_FIELD_TO_OPTION[field]].allowed)
-    bundle = _ca_bundle_option(parts.scheme, values.get("ssl_ca_bundle") or query.get("ca_bundle"))
-    params = {"instance": instance}
-    params.update({k: v for k, v in creds.items() if v})
-    if bundle:
-        params["ca_bundle"] = bundle
-    prefetch = values.get("read_prefetch", query.get("prefetch"))
-    if prefetch is not None:
-        try:
-            if not parse_bool(prefetch):
-                params["prefetch"] = "false"
-        except ValueError:
-            raise OptionError(option="read.prefetch", value=prefetch, problem="is not a boolean",
-                              allowed=OPTIONS["read.prefetch"].allowed) from None
-    values["endpoint"] = f"{parts.scheme}://{parts.netloc}?{urlencode(params)}"
-    values["instance_name"] = instance
-    values["ssl_ca_bundle"] = bundle
-    with_ca = f"&ca_bundle={quote(bundle, safe='')}" if bundle else ""
-    if "meta_store" not in values:
-        values["meta_store"] = tablestore_meta_store(
-            f"{parts.scheme}://{parts.netloc}", instance, values.get("checkpoint_table"),
-            create_table=True) + with_ca
-    else:
-        meta = urlsplit(str(values["meta_store"]))
-        meta_query = dict(parse_qsl(meta.query))
-        if (meta.scheme == "tablestore" and bundle and "ca_bundle" not in meta_query
-                and meta_query.get("endpoint", "").startswith("https://")):
-            values["meta_store"] = f"{values['meta_store']}{'&' if meta.query else '?'}" + \
-                with_ca.lstrip("&")  # the same CA verifies a meta table over https
-    return values
-
-
-def _ca_bundle_option(scheme: str, given: str | None) -> str | None:
-    """The CA bundle of an https endpoint: the option, else the driver's REQUESTS_CA_BUNDLE /
-    SSL_CERT_FILE, checked here so a bad one fails before the query starts (``OptionError``
-    naming ``ssl.ca.bundle``); ``None`` for the system's trust store."""
-    from cdc_common.tls import ca_bundle_origin, ca_bundle_problem
-
-    if scheme != "https":
-        if given:
-            raise OptionError(option="ssl.ca.bundle", value=given,
-                              problem="applies to an https endpoint only",
-                              allowed="leave it out for http://, or use the https endpoint")
-        return None
-    bundle, origin = ca_bundle_origin(given)
-    problem = ca_bundle_problem(bundle) if bundle else None
-    if problem:
-        source = "" if origin == "given" else f" (from {origin})"
-        raise OptionError(option="ssl.ca.bundle", value=bundle, problem=problem + source,
-                          allowed=OPTIONS["ssl.ca.bundle"].allowed)
-    return bundle
-
-
-def resolve_tunnel_id(endpoint: str, table: str, tunnel_id: str, name: str | None) -> str:
-    """The name of the tunnel ``tunnel_id`` on ``table`` (driver, once, at option validation;
-    one ListTunnel call): ``OptionError`` if the table has no such tunnel, or if ``name``
-    (``tunnel.name``) is given and differs."""
-    from connector.tunnel import open_tunnel_service
-
-    with open_tunnel_service(endpoint) as service:
-        tunnels = service.list_tunnels(table)
-    for t in tunnels:
-        if t.tunnel_id == tunnel_id:
-            if name is not None and t.tunnel_name != name:
-                raise OptionError(option="tunnel.id", value=tunnel_id,
-                                  problem=f"names tunnel {t.tunnel_name!r}, not tunnel.name "
-                                  f"{name!r}", allowed="matching names")
-            return t.tunnel_name
-    raise OptionError(option="tunnel.id", value=tunnel_id,
-                      problem=f"no tunnel with this id on table {table!r}",
-                      allowed=", ".join(f"{t.tunnel_id} ({t.tunnel_name})" for t in tunnels)
-                      or "create the tunnel first, or use tunnel.name")

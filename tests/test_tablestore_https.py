@@ -150,16 +150,16 @@ def test_the_option_travels_in_the_uris_not_in_the_identity(
              "tunnel.name": "tun", "access.key.id": KEY_ID, "access.key.secret": SECRET}
     plain = SourceOptions.from_spark(spark)
     given = SourceOptions.from_spark({**spark, "ssl.ca.bundle": str(tls.ca)})
-    assert f"ca_bundle={quote(str(tls.ca), safe='')}" in given.endpoint
+    assert f"ca_bundle={quote(str(tls.ca), safe='')}" in given.endpoint.uri
     assert f"ca_bundle={quote(str(tls.ca), safe='')}" in given.meta_store
     assert given.source_identity == plain.source_identity  # moving the file orphans nothing
-    assert "ca_bundle" not in plain.endpoint
+    assert "ca_bundle" not in plain.endpoint.uri
     with open_tunnel_service(given.endpoint) as client:  # what an executor opens
         assert client.list_tunnels("t") == []
     open_meta_store(given.meta_store, given.meta_store_credentials).close()
     # the driver's environment is folded in like the option (executors may not have it)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca))
-    assert "ca_bundle=" in SourceOptions.from_spark(spark).endpoint
+    assert "ca_bundle=" in SourceOptions.from_spark(spark).endpoint.uri
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/no/such/ca.pem")
     with pytest.raises(OptionError, match="from REQUESTS_CA_BUNDLE"):
         SourceOptions.from_spark(spark)

@@ -184,10 +184,10 @@ def test_read_prefetch_option() -> None:
     url = "http://127.0.0.1:9"
     on, off = _options(url), _options(url, **{"read.prefetch": "False"})
     assert on.read_prefetch and not off.read_prefetch
-    assert "prefetch" not in on.endpoint and off.endpoint.endswith("&prefetch=false")
+    assert "prefetch" not in on.endpoint.uri and off.endpoint.uri.endswith("&prefetch=false")
     assert on.source_identity == off.source_identity  # how it reads, not what
-    assert TablestoreTunnelService.from_uri(off.endpoint).prefetch is False
-    assert TablestoreTunnelService.from_uri(on.endpoint).prefetch is True
+    assert TablestoreTunnelService.from_endpoint(off.endpoint).prefetch is False
+    assert TablestoreTunnelService.from_endpoint(on.endpoint).prefetch is True
     with pytest.raises(OptionError, match="read.prefetch"):
         _options(url, **{"read.prefetch": "sometimes"})
     with pytest.raises(OptionError, match="read.prefetch"):

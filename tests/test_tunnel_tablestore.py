@@ -409,7 +409,10 @@ def test_vendor_options_fold_credentials_out_of_sight(monkeypatch: pytest.Monkey
         monkeypatch.delenv(env, raising=False)
     o = SourceOptions.from_spark(_vendor_options("http://127.0.0.1:9", **{
         "security.token": "sts-token-77", "checkpoint.table": "my_meta"}))
-    assert SECRET in o.endpoint and "sts-token-77" in o.endpoint  # travels to executors
+    # travels to executors, in the typed endpoint's secret fields (never in a URI)
+    assert o.endpoint.access_key_secret.get_secret_value() == SECRET
+    assert o.endpoint.security_token.get_secret_value() == "sts-token-77"
+    assert SECRET not in str(o.endpoint) and SECRET not in repr(o.endpoint)
     for text in (o.safe_endpoint, o.source_identity, repr(o), o.meta_store):
         assert SECRET not in text and "sts-token-77" not in text and KEY_ID not in text
     assert o.safe_endpoint == f"http://127.0.0.1:9?instance={INSTANCE}"
@@ -422,7 +425,8 @@ def test_vendor_options_fold_credentials_out_of_sight(monkeypatch: pytest.Monkey
     monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "env-secret-55")
     o2 = SourceOptions.from_spark({"endpoint": "https://myinst.cn-hangzhou.ots.aliyuncs.com",
                                    "table.name": "t", "tunnel.name": "tun"})
-    assert o2.instance_name == "myinst" and "env-secret-55" in o2.endpoint
+    assert o2.instance_name == "myinst"
+    assert o2.endpoint.access_key_secret.get_secret_value() == "env-secret-55"
     assert "env-secret-55" not in o2.source_identity
     assert o2.meta_store.startswith("tablestore://myinst/tablestore_cdc_meta?")
 
@@ -466,18 +470,26 @@ def test_catalog_declares_attribute_columns() -> None:
 
 
 def test_tunnel_id_resolves_to_its_name(tunnel_harness: EmulatorHarness) -> None:
+    """``tunnel.id`` is read when the query binds (one ListTunnel), never while the options
+    are validated."""
     from connector.options import SourceOptions
+    from connector.protocol import StreamProtocol
 
     h = tunnel_harness
     h.create_table("t", 1)
     tid = h.service.create_tunnel("t", "vendor-tunnel").tunnel_id
     opts = _vendor_options(h.emulator.url, **{"tunnel.id": tid})
     del opts["tunnel.name"]
-    assert SourceOptions.from_spark(opts).tunnel_name == "vendor-tunnel"
+    options = SourceOptions.from_spark(opts)
+    assert options.tunnel_name is None  # validation asked the service nothing
+    assert options.resolved(h.service).tunnel_name == "vendor-tunnel"
+    protocol = StreamProtocol(options)
+    assert protocol.identity.tunnel == protocol.options.tunnel_name == "vendor-tunnel"
+    protocol.close()
     with pytest.raises(OptionError, match="not tunnel.name"):
-        SourceOptions.from_spark({**opts, "tunnel.name": "other"})
+        SourceOptions.from_spark({**opts, "tunnel.name": "other"}).resolved(h.service)
     with pytest.raises(OptionError, match="no tunnel with this id"):
-        SourceOptions.from_spark({**opts, "tunnel.id": "nope"})
+        SourceOptions.from_spark({**opts, "tunnel.id": "nope"}).resolved(h.service)
 
 
 # --- retry policy and error mapping, against a scripted server --------------------------------

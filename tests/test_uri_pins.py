@@ -322,4 +322,4 @@ def test_every_accepted_tablestore_endpoint_keeps_its_namespace(
     if token is not None:
         options["security.token"] = token
     opts = SourceOptions.from_spark({**options, "endpoint": endpoint})
-    assert opts.safe_endpoint == strip_secrets_before_unification(opts.endpoint)
+    assert opts.safe_endpoint == strip_secrets_before_unification(opts.endpoint.uri)

@@ -48,14 +48,14 @@ class NamespaceRecord:
         (``TunnelReplacedError``), or it exists with another ``tunnel.type``."""
         o = self._options
         try:
-            self._current = self._tunnel.describe_tunnel(o.table_name, o.tunnel_name).tunnel
+            self._current = self._tunnel.describe_tunnel(o.table_name, o.named_tunnel).tunnel
         except UnknownTunnelError:
             self._current = None
         recorded_id = self._recorded.get("tunnel_id")
         current = self._current
         if recorded_id and (current is None or current.tunnel_id != recorded_id):
             if self._has_committed():
-                fields = {"table": o.table_name, "tunnel": o.tunnel_name,
+                fields = {"table": o.table_name, "tunnel": o.named_tunnel,
                           "namespace": self.namespace, "recorded_id": recorded_id}
                 if current is None:
                     raise TunnelGoneError(**fields)
@@ -74,14 +74,14 @@ class NamespaceRecord:
             self.created_tunnel = True
             start_at_us = (o.starting_timestamp * 1000 if o.starting_timestamp is not None
                            else None)
-            info = self._tunnel.ensure_tunnel(o.table_name, o.tunnel_name, o.tunnel_type,
+            info = self._tunnel.ensure_tunnel(o.table_name, o.named_tunnel, o.tunnel_type,
                                               o.starting_position, start_at_us)
         self._check_type(info)
         self.tunnel_id = info.tunnel_id
         self._info = {
             **self._recorded,
             "endpoint": o.safe_endpoint, "table": o.table_name,
-            "tunnel": o.tunnel_name, "tunnel_id": self.tunnel_id,
+            "tunnel": o.named_tunnel, "tunnel_id": self.tunnel_id,
         }
         if self._recorded.get("tunnel_id") != self.tunnel_id:
             self._info.pop("committed_generation", None)  # generations of another tunnel
@@ -92,7 +92,7 @@ class NamespaceRecord:
         o = self._options
         if info.tunnel_type is not o.tunnel_type:
             raise OptionError(option="tunnel.type", value=o.tunnel_type.value,
-                              problem=f"tunnel {o.tunnel_name!r} already exists with type "
+                              problem=f"tunnel {o.named_tunnel!r} already exists with type "
                               f"{info.tunnel_type.value}",
                               allowed=f"{info.tunnel_type.value}, or another tunnel.name")
 

@@ -46,21 +46,21 @@ def check_starting_timestamp(options: SourceOptions, tunnel: TunnelService, tunn
            for b in meta.list_batches(namespace)):
         raise conflict(f"applies to a query with no checkpoint, and the meta table holds "
                        f"committed batches of {namespace!r} (an earlier query read tunnel "
-                       f"{options.tunnel_name!r})")
-    description = tunnel.describe_tunnel(options.table_name, options.tunnel_name)
+                       f"{options.named_tunnel!r})")
+    description = tunnel.describe_tunnel(options.table_name, options.named_tunnel)
     by_start = {s.channel_id: s.sequence_number for s in starts}
     for channel in () if created_now else description.channels:
         number = by_start.get(channel.channel_id)
         if number is None:
             number = tunnel.get_checkpoint(tunnel_id, channel.channel_id).sequence_number
         if number > 0:
-            raise conflict(f"tunnel {options.tunnel_name!r} holds a checkpoint pushed by a "
+            raise conflict(f"tunnel {options.named_tunnel!r} holds a checkpoint pushed by a "
                            f"consumer (channel {channel.channel_id!r} at sequence number "
                            f"{number})")
     info = description.tunnel
     if (info.start_position is StartPosition.LATEST
             and options.starting_timestamp / 1000 < info.created_at):
-        error = StartBeforeTunnelError(starting=starting, tunnel=options.tunnel_name,
+        error = StartBeforeTunnelError(starting=starting, tunnel=options.named_tunnel,
                                        started=_iso(int(info.created_at * 1000)))
         if options.fail_on_data_loss:
             raise error

@@ -151,7 +151,7 @@ class ChannelTracker:
 
     def _channels(self) -> tuple[ChannelInfo, ...]:
         return self._tunnel.describe_tunnel(self._options.table_name,
-                                            self._options.tunnel_name).channels
+                                            self._options.named_tunnel).channels
 
     def starts(self, exclude: Collection[str],
                channels: Iterable[ChannelInfo] | None = None) -> list[ChannelStart]:

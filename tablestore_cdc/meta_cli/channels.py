@@ -98,8 +98,9 @@ def lag(
             if batch.spark_batch_id is not None
             else load_spark_metrics(store, ns).get(batch.uuid, {}).get("batch_id"),
             "lag": rows,
-            # the figures of Spark's progress report (connector.progress): a total only when
-            # every channel's count is known; the oldest unread change of any channel
+            # the figures of Spark's progress report (connector.latest_offset_report): a
+            # total only when every channel's count is known; the oldest unread change of
+            # any channel
             "records_behind": _total(r["records_behind"] for r in rows or ()),
             "seconds_behind": _oldest(r["seconds_behind"] for r in rows or ()),
             "reason": None if raw is not None else "the tunnel backend cannot report lag",

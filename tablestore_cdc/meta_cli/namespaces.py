@@ -38,7 +38,8 @@ def meta_uri(
     from urllib.parse import urlsplit
 
     from cdc_common.uris import tablestore_instance
-    from connector.options import default_meta_store, tablestore_meta_store
+    from connector.tunnel.endpoint import default_local_meta_store as default_meta_store
+    from connector.tunnel.tablestore.endpoint import tablestore_meta_store
 
     parts = urlsplit(endpoint)
     if parts.scheme in ("http", "https") and parts.hostname:

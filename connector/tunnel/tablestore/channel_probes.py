@@ -12,17 +12,18 @@ the protocol asks on the driver are answered with ReadRecords from each channel'
 - ``lag`` (progress report, read caps, ``minOffsetsPerTrigger``, ``tablestore-cdc meta lag``,
   the feed): one DescribeTunnel, then one ReadRecords per readable channel at its position.
 
-``ChannelProbes`` belongs to one ``TablestoreTunnelService`` (``client.py``), which delegates
-both methods to it; it uses only the client's calls named in ``ProbedClient``.
+``ChannelProbes`` belongs to one ``TablestoreTunnelService``, whose positions role
+(``positions.py``) delegates both methods to it; it uses only the client's calls named in
+``ProbedClient``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from connector.errors import TrimmedDataError
 from connector.tunnel.base import (
@@ -34,6 +35,9 @@ from connector.tunnel.base import (
     TunnelDescription,
 )
 from connector.tunnel.tablestore.records import decode_page
+
+if TYPE_CHECKING:
+    from connector.tunnel.tablestore.reading import WireRecords
 
 #: records ``lag`` asks for per channel (the service's page: it sends up to about 500 anyway)
 LAG_PEEK_RECORDS = 500
@@ -47,8 +51,8 @@ class ProbedClient(Protocol):
     def get_checkpoint(self, tunnel_id: str, channel_id: str) -> Checkpoint: ...
     def read_records(self, tunnel_id: str, channel_id: str, token: str,
                      limit: int) -> ReadResult: ...
-    def fetch(self, tunnel_id: str, channel_id: str, token: str, limit: int
-              ) -> tuple[Sequence[Any], int | None, str, bool] | None: ...
+    def fetch(self, tunnel_id: str, channel_id: str, token: str,
+              limit: int) -> WireRecords | None: ...
 
 
 class ChannelProbes:
@@ -170,13 +174,13 @@ class ChannelProbes:
                 out[ch] = ChannelLag(ch, None, None)
                 continue
             assert fetched is not None
-            wanted, first, next_token, may_more = fetched
-            if not wanted:
-                caught_up = next_token == token or not may_more
+            if not fetched.records:
+                caught_up = fetched.next_token == token or not fetched.may_more
                 out[ch] = ChannelLag(ch, 0, 0.0) if caught_up else ChannelLag(ch, None, None)
                 continue
-            oldest = decode_page(wanted[:1], ch, token, first)[0].commit_ts_us
-            out[ch] = ChannelLag(ch, None if may_more else len(wanted),
+            oldest = decode_page(fetched.records[:1], ch, token,
+                                 fetched.first_offset)[0].commit_ts_us
+            out[ch] = ChannelLag(ch, None if fetched.may_more else len(fetched.records),
                                  max(0.0, (now_us - oldest) / 1e6))
         return out
 

@@ -2,8 +2,10 @@
 
 ReadRecords has no limit: a service that ignores the emulator-only ``max_records`` may answer
 with a longer page than asked. The client then returns the first ``limit`` records with the
-token ``"<page token>~<k>"`` ("k records after that token"); reading from such a token re-reads
-the page and skips k records (``TablestoreTunnelService.fetch``). The service's own tokens
+token ``"<page token>~<k>"`` ("k records after that token"), and a page tells the same token
+after any of its records (``reading.WireRecords.token_after``): a read that stops inside a page
+asks nothing again. Reading from such a token re-reads the page and skips k records
+(``reading.TablestoreReading.fetch``). The service's own tokens
 are base64 of a ``Token`` message wrapping ``TokenContent(V2)``; a base-data channel's carries
 the records before it (``base_offset``). Pure functions, used by the client on the driver and
 executors.
@@ -15,11 +17,33 @@ import base64
 import binascii
 from typing import Any
 
+from connector.errors import MalformedTokenError
 from connector.tunnel.base import FINISHED
 from connector.tunnel.tablestore import messages as m
 
 #: separates a page token from a record count in a client token (not a base64 character)
 SKIP_MARK = "~"
+
+
+def inside_page(page_token: str, skip: int) -> str:
+    """The client token "``skip`` records after ``page_token``" (``skip`` > 0)."""
+    return f"{page_token}{SKIP_MARK}{skip}"
+
+
+def check_token(channel_id: str, token: Any) -> tuple[str, int]:
+    """``(page token, records to skip)`` of a token this backend could have issued, else
+    ``MalformedTokenError`` (no request sent)."""
+    if not isinstance(token, str) or not token:
+        raise MalformedTokenError(channel_id=channel_id, token=token,
+                                  reason="a token is a non-empty string")
+    if token == FINISHED:
+        return token, 0
+    try:
+        page, skip = split_token(token)
+        token_content(page)
+    except ValueError as exc:
+        raise MalformedTokenError(channel_id=channel_id, token=token, reason=str(exc)) from None
+    return page, skip
 
 
 def split_token(token: str) -> tuple[str, int]:
@@ -56,4 +80,5 @@ def base_offset(page_token: str) -> int | None:
     return int(content.total_count) if content.HasField("total_count") else None
 
 
-__all__ = ["SKIP_MARK", "base_offset", "split_token", "token_content"]
+__all__ = ["SKIP_MARK", "base_offset", "check_token", "inside_page", "split_token",
+           "token_content"]
