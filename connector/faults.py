@@ -1,13 +1,13 @@
-"""Fault injection for the harness (integration/faults). Inert in production.
+"""Crash points for the fault-injection harness (integration/faults). Inert in production.
 
-Two kinds of fault (and a clock the tests move), both switched on only by environment
-variables the harness sets on the Spark driver it starts (Spark passes the environment on to
-its Python workers and, in ``local-cluster`` mode, to the executor JVMs and their workers):
-
-**Crash points.** ``fault_point(name)`` is called at protocol steps on the driver and on
-executors. It does nothing unless ``TABLESTORE_CDC_FAULT_DIR`` names a directory holding a file
-``arm-<name>``. Then it consumes that file (an atomic rename to ``fired-<name>``: one process
-fires it, once), writes ``hit-<name>`` (the process id) and acts on the armed file's content:
+Reached only through the seam, ``connector.clients.crash_point`` (which calls ``fault_point``
+only when ``TABLESTORE_CDC_FAULT_DIR`` is set: no product path enters this module otherwise),
+at protocol steps on the driver and on executors. The harness sets the variable on the Spark
+driver it starts (Spark passes the environment on to its Python workers and, in
+``local-cluster`` mode, to the executor JVMs and their workers) to a directory; a file
+``arm-<name>`` there arms the point. ``fault_point(name)`` then consumes that file (an atomic
+rename to ``fired-<name>``: one process fires it, once), writes ``hit-<name>`` (the process id)
+and acts on the armed file's content:
 
 - empty or ``park``: block forever, so the harness can SIGKILL the whole Spark process tree
   while the process is parked exactly at that step;
@@ -17,46 +17,19 @@ fires it, once), writes ``hit-<name>`` (the process id) and acts on the armed fi
   ``hit-<name>.pkl`` and block until the harness creates ``release-<name>``, then go on. The
   harness uses the pause to run a concurrent duplicate of the same read.
 
-**Transient errors.** ``inject_transient_errors(client)`` wraps a tunnel-service or meta-store
-client so that, when ``TABLESTORE_CDC_FLAKY`` holds a rate (e.g. ``0.1``), about that share of
-its calls raise the client's retryable error (``TransientTunnelError`` /
-``TransientMetaStoreError``): half of them *before* the real call, half *after* it (the call
-took effect but the caller sees an error: the nastiest case for a retry). At most
-``MAX_INJECTED_IN_A_ROW`` calls in a row fail, so an error stays transient and the bounded retry
-layer (``connector.retry``) always gets through (a rate of 1 fails every call exactly that many
-times, then lets it through). ``TABLESTORE_CDC_FLAKY_SEED`` seeds the choice
-(mixed with the process id: each process draws its own sequence). Without the variable the client
-is returned unchanged. Every injection is appended to ``flaky.log`` in the fault directory, when
-one is set, so the harness can count them.
-
-**The planner's clock.** ``clock()`` is ``time.time()``, plus the seconds written in the file
-``clock-offset`` of the fault directory when the harness or a test put one there: the driver's
-time-based decisions (``maxTriggerDelay``, the AvailableNow bound, manifests' ``planned_at``)
-read it, so a test makes time pass without waiting.
+Transient errors (``testkit/flaky.py``) and the planner's clock are the seam's injected
+collaborators, not here.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
-import random
-import threading
 import time
-from typing import Any, TypeVar
-
-from connector.errors import CdcError, TransientMetaStoreError, TransientTunnelError
-from connector.proxy import ClientProxy
+from typing import Any
 
 FAULT_DIR_ENV = "TABLESTORE_CDC_FAULT_DIR"
-FLAKY_ENV = "TABLESTORE_CDC_FLAKY"
-FLAKY_SEED_ENV = "TABLESTORE_CDC_FLAKY_SEED"
-FLAKY_LOG = "flaky.log"
-#: in the fault directory: seconds added to the planner's clock (``clock``)
-CLOCK_OFFSET_FILE = "clock-offset"
 
-#: an injected error never hits more calls in a row than this (the retry layer makes 6 attempts)
-MAX_INJECTED_IN_A_ROW = 3
 #: how long a ``hold`` waits for its release before going on by itself
 HOLD_TIMEOUT_S = 600.0
 
@@ -85,8 +58,6 @@ POINTS = (
     # driver (the apply sink): the batch committed into the table; Spark's commit log not written
     "after_target_commit",
 )
-
-log = logging.getLogger("connector.faults")
 
 
 class InjectedFault(RuntimeError):
@@ -124,98 +95,3 @@ def fault_point(name: str, context: Any = None) -> None:
         return
     while True:  # parked until the harness kills the process tree
         time.sleep(1)
-
-
-def clock() -> float:
-    """Seconds since the epoch as the driver's planner sees them (module docstring)."""
-    now = time.time()
-    directory = os.environ.get(FAULT_DIR_ENV)
-    if directory:
-        try:
-            with open(os.path.join(directory, CLOCK_OFFSET_FILE)) as f:
-                now += float(f.read().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            pass
-    return now
-
-
-# --- transient errors ------------------------------------------------------------------------
-
-Client = TypeVar("Client")
-
-#: methods never made to fail: housekeeping, not service calls
-_NEVER_FLAKY = frozenset({"close"})
-
-
-class _FlakyClient(ClientProxy):
-    """Proxy that makes ~``rate`` of the public calls of ``target`` raise ``error``."""
-
-    passthrough = _NEVER_FLAKY
-
-    def __init__(self, target: Any, error: type[CdcError], rate: float, seed: str) -> None:
-        super().__init__(target)
-        self._error = error
-        self._rate = rate
-        self._rng = random.Random(f"{seed}:{os.getpid()}:{error.__name__}")
-        self._lock = threading.Lock()
-        self._in_a_row = 0
-        self._log_dir = os.environ.get(FAULT_DIR_ENV)
-
-    def _draw(self) -> str | None:
-        """``before``, ``after`` or ``None`` (no injection) for the next call."""
-        with self._lock:
-            roll = self._rng.random()
-            if self._in_a_row >= MAX_INJECTED_IN_A_ROW or roll >= self._rate:
-                self._in_a_row = 0
-                return None
-            self._in_a_row += 1
-            return "before" if roll < self._rate / 2 else "after"
-
-    def _injected(self, when: str, method: str) -> CdcError:
-        if self._log_dir:
-            try:
-                with open(os.path.join(self._log_dir, FLAKY_LOG), "a") as f:
-                    f.write(f"{os.getpid()} {self._error.__name__} {when} {method}\n")
-            except OSError:
-                pass
-        return self._error(detail=f"injected {when} {method} (TABLESTORE_CDC_FLAKY)")
-
-    def _call(self, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        when = self._draw()
-        if when == "before":
-            raise self._injected(when, name)
-        result = method(*args, **kwargs)
-        if when == "after":
-            raise self._injected(when, name)
-        return result
-
-    def __repr__(self) -> str:
-        return f"<flaky {self._rate:.0%} {self._target!r}>"
-
-
-def inject_transient_errors(client: Client) -> Client:
-    """``client`` itself, or (when ``TABLESTORE_CDC_FLAKY`` is set) a proxy injecting transient
-    errors into its calls. Tunnel clients get ``TransientTunnelError``, meta stores
-    ``TransientMetaStoreError``. Called where clients are opened (driver and executors)."""
-    rate_text = os.environ.get(FLAKY_ENV, "").strip()
-    if not rate_text:
-        return client
-    rate = float(rate_text)
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"{FLAKY_ENV}={rate_text!r}: expected a rate in [0, 1]")
-    if rate == 0.0:
-        return client
-    from connector.tunnel.base import TunnelService
-
-    error: type[CdcError]
-    if isinstance(client, TunnelService):
-        error = TransientTunnelError
-    else:
-        from meta_store.base import MetaStore
-
-        if not isinstance(client, MetaStore):
-            raise TypeError(f"cannot inject transient errors into {client!r}")
-        error = TransientMetaStoreError
-    log.warning("injecting transient errors into %.0f%% of calls of %r", rate * 100, client)
-    seed = os.environ.get(FLAKY_SEED_ENV, "0")
-    return _FlakyClient(client, error, rate, seed)  # type: ignore[return-value]

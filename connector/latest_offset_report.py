@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("connector.progress")
+log = logging.getLogger("connector.latest_offset_report")
 
 #: a measurement is reused for REFRESH_FACTOR x its own duration (clamped to the bounds below)
 REFRESH_FACTOR = 20.0

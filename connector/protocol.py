@@ -36,8 +36,9 @@ import uuid as uuid_lib
 from dataclasses import dataclass
 from typing import Any
 
+from connector.clients import Clients, crash_point
 from connector.errors import CheckpointBehindMetaError, TunnelError, UnknownBatchError
-from connector.faults import clock, fault_point, inject_transient_errors
+from connector.identity import SourceIdentity
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.backlog import records_available
@@ -60,8 +61,7 @@ from connector.planning.read_limits import (
 )
 from connector.planning.starting import check_starting_timestamp
 from connector.planning.tracker import ChannelTracker
-from connector.retry import with_retries
-from connector.tunnel import FINISHED, TunnelService, open_tunnel_service
+from connector.tunnel import FINISHED, TunnelService
 from meta_store import BatchRecord, BatchState, ChannelStart, Manifest, MetaStore
 
 #: minted-but-never-planned UUIDs older than this are garbage-collected
@@ -88,15 +88,17 @@ class StreamProtocol:
     namespace, tunnel and lease at the first call that needs them
     (``connector.planning.binding``): ``initial_offset`` binds a new query, a call handed an
     offset from Spark's log binds a restart -- checking that offset's source and meta store
-    before anything is created."""
+    before anything is created.
 
-    def __init__(self, options: SourceOptions) -> None:
+    ``clients``: the seam that opens the tunnel and the meta store, retried
+    (``connector.clients``); a test passes one with its own collaborators."""
+
+    def __init__(self, options: SourceOptions, clients: Clients | None = None) -> None:
         configure_planner_logging()
         self.options = options
-        self.identity = options.identity
-        # transient errors are retried (connector.retry); the injection is inert in production
-        self.tunnel: TunnelService = with_retries(inject_transient_errors(
-            open_tunnel_service(options.endpoint)))
+        self.clients = clients or Clients()
+        self.tunnel: TunnelService = self.clients.tunnel(options.endpoint)
+        self._identity: SourceIdentity | None = None
         self._binding: Binding | None = None
         #: the instant prepare_available_now was called, before the binding (µs; None: not)
         self._available_now_at_us: int | None = None
@@ -106,9 +108,9 @@ class StreamProtocol:
         #: looked): ``latestOffset`` from it need not search the chain for one
         self._known_tip: str | None = None
         self.last_batch: BatchStats | None = None
-        #: seconds since the epoch for time-based decisions (``connector.faults.clock``: the
-        #: wall clock, moved by tests); a unit test may replace it
-        self.clock = clock
+        #: seconds since the epoch for time-based decisions (the seam's ``Clock``: the wall
+        #: clock); a unit test may replace it
+        self.clock = self.clients.clock
 
     def close(self) -> None:
         if self._binding is not None:
@@ -119,6 +121,16 @@ class StreamProtocol:
 
     # --- binding (connector.planning.binding) --------------------------------------------------
 
+    @property
+    def identity(self) -> SourceIdentity:
+        """The source this query reads (``connector.identity``). A query named by
+        ``tunnel.id`` reads its tunnel's name first (one ListTunnel, once: never during option
+        validation)."""
+        if self._identity is None:
+            self.options = self.options.resolved(self.tunnel)
+            self._identity = self.options.identity
+        return self._identity
+
     def _bind(self, offset: dict | None) -> Binding:
         """The binding, made now if it is not: for a restart when ``offset`` (from Spark's
         log) is given, else for a new query. The offset is also the evidence a lease left
@@ -126,10 +138,13 @@ class StreamProtocol:
         query checks its lease is still its own (another process took it over: this one is a
         leftover)."""
         if self._binding is None:
+            identity = self.identity  # first: it may read tunnel.id's name into the options
             if offset is None:
-                self._binding = bind_new_query(self.options, self.identity, self.tunnel)
+                self._binding = bind_new_query(self.options, identity, self.tunnel,
+                                               self.clients)
             else:
-                self._binding = bind_restart(self.options, self.identity, self.tunnel, offset)
+                self._binding = bind_restart(self.options, identity, self.tunnel, offset,
+                                             self.clients)
             if self._available_now_at_us is not None:
                 self._binding.tracker.prepare_available_now(self._available_now_at_us)
         elif offset is not None and self._binding.lease.pending:
@@ -213,7 +228,7 @@ class StreamProtocol:
         if not isinstance(limits, TriggerLimits):
             limits = TriggerLimits(max_rows=limits)
         start_uuid = self.uuid_of(start)
-        fault_point("latest_offset_start")
+        crash_point("latest_offset_start")
         # Spark asks for a new batch only once the batch ending at `start` is in its commit
         # log: catch up a commit lost in a crash before anything else.
         self._commit_through(start_uuid)
@@ -237,7 +252,7 @@ class StreamProtocol:
                     return start
         end_uuid = str(uuid_lib.uuid4())
         self.meta.create_batch(self.namespace, end_uuid, start_uuid, max_rows=limits.max_rows)
-        fault_point("after_latest_offset")
+        crash_point("after_latest_offset")
         return self.offset(end_uuid, limits.max_rows, limits.max_bytes)
 
     def _available_now_done(self, batch: BatchRecord, positions: dict[str, Position]) -> bool:
@@ -325,7 +340,7 @@ class StreamProtocol:
         start_uuid, end_uuid = self.uuid_of(start), self.uuid_of(end)
         if start_uuid == end_uuid:
             return []
-        fault_point("plan_start")  # Spark's offset log already holds this batch
+        crash_point("plan_start")  # Spark's offset log already holds this batch
         batch = self.meta.find_batch(self.namespace, end_uuid)
         replay = batch is not None and batch.manifest is not None
         if replay:
@@ -442,7 +457,7 @@ class StreamProtocol:
     def commit(self, end: dict) -> None:
         """``commit(end)``: Spark durably finished the batch ending at ``end``."""
         end_uuid = self.uuid_of(end)
-        fault_point("commit_start")  # Spark's commit log already holds this batch
+        crash_point("commit_start")  # Spark's commit log already holds this batch
         self._commit_through(end_uuid)
         # retention lists the namespace's batches: every commit for a small
         # metaRetentionBatches, else every tenth of it (at most that many more are held between)

@@ -1,7 +1,7 @@
 """A transparent proxy around a tunnel or meta-store client, wrapping its public method calls.
 
-Base of the retry layer (``connector.retry``) and the transient-error injection
-(``connector.faults``): subclasses decide, per call, what happens around the real method.
+Base of the retry layer (``connector.retry``) and the fault harness's transient-error injection
+(``testkit/flaky.py``): subclasses decide, per call, what happens around the real method.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ Who calls what:
   the dedicated tunnel and lists its channels with their start checkpoints, parents first;
 - ``TablestoreRangeReader.read`` runs on executors, one channel each (``read_range``).
 
+Clients come from the seam (``connector.clients``), retried as every client of the source:
+the driver opens one for the planning, each executor takes its process's pooled one.
+
 Lineage through the dedicated tunnel. A child channel can hold changes in the range only when
 its parents ended inside it: a parent with a change at or after ``T1`` split after ``T1``, and
 so did one that is still open. So the task of a channel that reads to its end (``FINISHED``)
@@ -47,25 +50,21 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from connector.clients import Clients, executor_clients
 from connector.errors import OptionError, RangeReadError, TrimmedDataError
 from connector.options import SourceOptions
-from connector.reader import (
-    MAX_EMPTY_PAGES,
-    PAGE_SIZE,
-    commit_micros,
-    leading_count,
-    resume_after_trim,
-)
+from connector.reader import resume_after_trim
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
+from connector.stop_rule import MAX_EMPTY_PAGES, PAGE_SIZE, commit_micros, leading_count
 from connector.tunnel import (
     FINISHED,
     ChannelInfo,
     ChannelStatus,
     Checkpoint,
     StartPosition,
+    TunnelEndpoint,
     TunnelService,
     TunnelType,
-    open_tunnel_service,
 )
 from connector.tunnel.page import Page, PageLayout
 
@@ -84,8 +83,8 @@ _RANGE_INFIX = "-range-"
 class RangePartition(InputPartition):
     """One channel of a range read (built on the driver, read on an executor): plain data."""
 
-    #: may carry credentials (a Tablestore endpoint's query): kept out of the repr
-    endpoint: str = field(repr=False)
+    #: the typed endpoint (its credentials ``SecretStr``): kept out of the repr
+    endpoint: TunnelEndpoint = field(repr=False)
     table: str
     tunnel_name: str
     tunnel_id: str
@@ -149,12 +148,14 @@ class TablestoreRangeReader(DataSourceReader):
             raise OptionError(option="endingTimestamp", value=o.ending_timestamp,
                               problem="is in the future: changes still to come would make two "
                               "reads of the range differ", allowed="an instant that has passed")
-        with open_tunnel_service(o.endpoint) as tunnel:
+        with Clients().tunnel(o.endpoint) as tunnel:
+            o = o.resolved(tunnel)  # tunnel.id names the tunnel: its name is the prefix
+            assert o.starting_timestamp is not None and o.ending_timestamp is not None
             table = tunnel.table_schema(o.table_name)
             if self.schema != output_schema(table):
                 check_user_schema(self.schema, table)
-            _delete_stale_range_tunnels(tunnel, o.table_name, o.tunnel_name)
-            name = range_tunnel_name(o.tunnel_name, time.time())
+            _delete_stale_range_tunnels(tunnel, o.table_name, o.named_tunnel)
+            name = range_tunnel_name(o.named_tunnel, time.time())
             # a service that rounds commit times down (DynamoDB Streams: to the second) gets
             # the range widened to whole units: no change inside it is lost to the rounding
             grain = tunnel.commit_time_granularity_us
@@ -185,9 +186,9 @@ class TablestoreRangeReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         builder = RecordBatchBuilder(self.schema)
-        with open_tunnel_service(partition.endpoint) as tunnel:
-            for page in read_range(tunnel, partition, builder.layout):
-                yield builder.project(page.batch, partition.channel_id)
+        tunnel = executor_clients().tunnel(partition.endpoint)
+        for page in read_range(tunnel, partition, builder.layout):
+            yield builder.project(page.batch, partition.channel_id)
 
 
 def _delete_stale_range_tunnels(tunnel: TunnelService, table: str, prefix: str) -> None:

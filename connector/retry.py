@@ -21,9 +21,9 @@ was lost:
 - a tunnel checkpoint push with the same sequence number is accepted again (FINISHED included),
   ``ensure_tunnel`` finds the tunnel a lost answer created, and reads only read.
 
-Where it is applied: ``StreamProtocol.__init__`` (the driver's planning process) and
-``connector.reader._clients`` (Python workers on executors) wrap the clients they open, around
-``connector.faults.inject_transient_errors`` (inert unless the fault harness switches it on).
+Where it is applied: once, where the source opens its clients (``connector.clients``: the
+driver's planning process and Python workers on executors), around the fault hook a test may
+inject.
 The retry loop itself is tenacity's; the pauses go through ``sleep`` (``time.sleep``; tests pass
 a fake clock's to check the backoff without waiting for it).
 """

@@ -6,8 +6,9 @@ Where each piece runs:
 - ``TablestoreStreamReader`` lives in Spark's planning process on the driver, where Spark calls
   ``initialOffset``, ``latestOffset``, ``partitions``, ``commit`` and
   ``prepareForTriggerAvailableNow``; it delegates them to ``StreamProtocol``. Spark calls
-  ``reportLatestOffset`` there too, for its progress report (``connector.progress``). Spark
-  pickles the reader to executors to call ``read``, so it holds no live client when pickled.
+  ``reportLatestOffset`` there too, for its progress report
+  (``connector.latest_offset_report``). Spark pickles the reader to executors to call ``read``,
+  so it holds no live client when pickled.
 - ``read`` runs on executors and delegates to ``connector.reader``.
 
 PySpark 4.0 and 4.1 call less of this (no read limit, no start in ``latestOffset``, no
@@ -38,12 +39,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from cdc_common.first_contact import query_start
+from connector.clients import Clients
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import TriggerLimits, trigger_limits
 from connector.reader import claim_and_read
 from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
-from connector.tunnel import open_tunnel_service
 
 log = logging.getLogger("connector.source")
 
@@ -62,7 +63,7 @@ class TablestoreDataSource(DataSource):
     def schema(self) -> StructType:
         """Called on the driver when no ``.schema(...)`` was given: the query's first contact
         with its tunnel service (an endpoint that does not answer fails at once)."""
-        with query_start(), open_tunnel_service(self.source_options.endpoint) as tunnel:
+        with query_start(), Clients().tunnel(self.source_options.endpoint) as tunnel:
             table = tunnel.table_schema(self.source_options.table_name)
             return output_schema(self.source_options.declared_schema(table))
 
@@ -88,7 +89,7 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self.options = options
         self.schema = schema
         self._protocol: Any = None  # opened on first use in the planning process
-        self._reporter: Any = None  # connector.progress.LatestOffsetReporter, same process
+        self._reporter: Any = None  # connector.latest_offset_report's, same process
         self._last_start: str | None = None  # start UUID of the batch latestOffset last saw
         #: PySpark 4.0/4.1 do not pass latestOffset its start: learned from their other calls
         self._starts = (None if features.admission_control
@@ -148,9 +149,10 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's API name
         """Called by Spark after ``latestOffset`` for ``lastProgress.sources[].latestOffset``:
-        per-channel heads and records/seconds behind (``connector.progress``; cached)."""
+        per-channel heads and records/seconds behind (``connector.latest_offset_report``;
+        cached)."""
         if self._reporter is None:
-            from connector.progress import LatestOffsetReporter
+            from connector.latest_offset_report import LatestOffsetReporter
 
             self._reporter = LatestOffsetReporter(self.protocol)
         return self._reporter.report(self._last_start)

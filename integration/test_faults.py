@@ -4,7 +4,8 @@ Three layers, cheapest first:
 
 - fast tests (no Spark, no marker): the retry layer (``connector.retry``) retries transient
   errors and only those, within its bounds; the transient-error injection
-  (``connector.faults``) fails calls before and after they take effect; the driver protocol and
+  (``testkit/flaky.py``, the client seam's fault hook) fails calls before and after they take
+  effect; the driver protocol and
   the executor reader, run in Spark's order in this process with 30% of their service calls
   failing, still deliver every change exactly once; crash points armed to ``raise`` and
   ``hold`` behave as the harness expects; the full matrix has what docs/reliability.md promises;
@@ -29,26 +30,17 @@ from pathlib import Path
 import pytest
 
 from connector import retry
+from connector.clients import FAULT_HOOK_ENV, executor_clients
 from connector.errors import (
     EndCheckpointConflictError,
     StaleCheckpointError,
     TransientMetaStoreError,
     TransientTunnelError,
 )
-from connector.faults import (
-    FAULT_DIR_ENV,
-    FLAKY_ENV,
-    FLAKY_LOG,
-    FLAKY_SEED_ENV,
-    MAX_INJECTED_IN_A_ROW,
-    POINTS,
-    InjectedFault,
-    fault_point,
-    inject_transient_errors,
-)
+from connector.faults import FAULT_DIR_ENV, POINTS, InjectedFault, fault_point
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import _META_STORES, _TUNNELS, read_partition
+from connector.reader import read_partition
 from connector.retry import ATTEMPTS, DEADLINE_S, with_retries
 from connector.tunnel import Checkpoint, open_tunnel_service
 from integration.faults import scenarios
@@ -56,6 +48,14 @@ from integration.faults.harness import CrashAt, RandomKill, run_scenario
 from meta_store import BatchState, EndCheckpoint, open_meta_store
 from tablestore_cdc.verify import Delivered, key_of, verify
 from testkit.clock import FakeClock
+from testkit.flaky import (
+    FLAKY_ENV,
+    FLAKY_LOG,
+    FLAKY_SEED_ENV,
+    HOOK,
+    MAX_INJECTED_IN_A_ROW,
+    inject_transient_errors,
+)
 
 pytestmark = pytest.mark.store_table(channels=3)
 
@@ -119,6 +119,7 @@ def flaky_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     faults = tmp_path / "faults"
     faults.mkdir()
     monkeypatch.setenv(FAULT_DIR_ENV, str(faults))
+    monkeypatch.setenv(FAULT_HOOK_ENV, HOOK)  # the seam's fault hook, as the harness sets it
     monkeypatch.setenv(FLAKY_SEED_ENV, "7")
 
     def rate(value: float) -> Path:
@@ -126,8 +127,7 @@ def flaky_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return faults / FLAKY_LOG
 
     yield rate
-    _META_STORES.clear()  # the reader caches clients per process: drop the flaky ones
-    _TUNNELS.clear()
+    executor_clients().close()  # executors pool clients per process: drop the flaky ones
 
 
 def test_injection_is_inert_without_the_variable(store, monkeypatch) -> None:

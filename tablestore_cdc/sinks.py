@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from connector.faults import fault_point
+from connector.clients import crash_point
 from tablestore_cdc.verify import Delivered, key_of
 
 REPLAY_LOG = "_replays.jsonl"
@@ -52,7 +52,7 @@ class ExactlyOnceParquetSink:
             shutil.rmtree(staging, ignore_errors=True)
             self._check_replay(df, batch_id, final)
             return
-        fault_point("after_sink_write")
+        crash_point("after_sink_write")
 
     def _check_replay(self, df: Any, batch_id: int, stored_dir: Path) -> None:
         replay = sorted((r["_channel_id"], r["_sequence"])

@@ -75,8 +75,8 @@ def test_last_progress_carries_heads_and_lag(spark, tmp_path):
 def test_measurements_are_reused_for_twenty_times_their_cost(tmp_path, took):
     """No Spark: the reporter on a real ``StreamProtocol`` over a local store, with a clock
     the test moves (a measurement "takes" ``took`` seconds)."""
+    from connector.latest_offset_report import MAX_REFRESH_S, MIN_REFRESH_S, LatestOffsetReporter
     from connector.options import SourceOptions
-    from connector.progress import MAX_REFRESH_S, MIN_REFRESH_S, LatestOffsetReporter
     from connector.protocol import StreamProtocol
 
     store = LocalTablestore(tmp_path / "store.db")

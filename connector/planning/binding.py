@@ -21,7 +21,8 @@ meta-store file or table, no lease row -- and in the order that names the actual
 4. the lease (``connector.planning.lease``): another live query on the source.
 
 Then it creates what is missing: the meta store (SQLite file, DynamoDB or Tablestore table),
-the lease, the tunnel, the namespace description. Every call runs inside
+the lease, the tunnel, the namespace description. The meta store is opened through the seam
+(``connector.clients``: retried). Every call runs inside
 ``cdc_common.first_contact.query_start``: an endpoint that gives no answer is a configuration
 error, reported at once.
 """
@@ -33,8 +34,8 @@ from typing import Any
 
 from cdc_common.first_contact import query_start
 from cdc_common.uris import redact_uri
+from connector.clients import Clients
 from connector.errors import CheckpointMetaStoreError, MetaTableMissingError
-from connector.faults import inject_transient_errors
 from connector.identity import SourceIdentity
 from connector.options import SourceOptions
 from connector.planning.lease import QueryLease, on_the_holders_line
@@ -42,9 +43,8 @@ from connector.planning.namespace import NamespaceRecord
 from connector.planning.offsets import offset_namespace
 from connector.planning.pushes import CheckpointPushes
 from connector.planning.tracker import ChannelTracker
-from connector.retry import with_retries
 from connector.tunnel import TunnelService
-from meta_store import MetaStore, open_meta_store
+from meta_store import MetaStore
 
 
 @dataclass
@@ -68,19 +68,16 @@ def shown_meta_store(options: SourceOptions) -> str:
     return redact_uri(options.meta_store)
 
 
-def _open_meta(options: SourceOptions, create: bool) -> MetaStore:
-    # transient errors are retried (connector.retry); the injection is inert in production
-    store: MetaStore = with_retries(inject_transient_errors(open_meta_store(
-        options.meta_store, options.meta_store_credentials, create=create)))
-    return store
+def _open_meta(options: SourceOptions, clients: Clients, create: bool) -> MetaStore:
+    return clients.meta_store(options.meta_store, options.meta_store_credentials, create=create)
 
 
-def _existing_meta(options: SourceOptions, probe: str) -> MetaStore | None:
+def _existing_meta(options: SourceOptions, clients: Clients, probe: str) -> MetaStore | None:
     """The meta store if it exists, opened without creating it (one read of namespace
     ``probe``: a DynamoDB or Tablestore table says it is missing only when asked); None when
     it does not exist."""
     try:
-        store = _open_meta(options, create=False)
+        store = _open_meta(options, clients, create=False)
     except MetaTableMissingError:
         return None
     try:
@@ -102,22 +99,22 @@ def _meta_holds(meta: MetaStore | None, namespace: str, uuid: str | None) -> boo
             or (uuid is not None and meta.find_batch(namespace, uuid) is not None))
 
 
-def bind_new_query(options: SourceOptions, identity: SourceIdentity,
-                   tunnel: TunnelService) -> Binding:
+def bind_new_query(options: SourceOptions, identity: SourceIdentity, tunnel: TunnelService,
+                   clients: Clients) -> Binding:
     """Bind a query that asks for its initial offset. Its namespace is the identity's, unless
     that is empty while the legacy namespace of the same endpoint spelling holds rows (a query
     of an earlier version: its generations of initial offsets go on)."""
     with query_start():
-        existing = _existing_meta(options, identity.namespace)
+        existing = _existing_meta(options, clients, identity.namespace)
         namespace = identity.namespace
         if (not _meta_holds(existing, namespace, None)
                 and _meta_holds(existing, options.legacy_namespace, None)):
             namespace = options.legacy_namespace
-        return _bind(options, identity, tunnel, namespace, existing, restart_from=None)
+        return _bind(options, identity, tunnel, clients, namespace, existing, restart_from=None)
 
 
 def bind_restart(options: SourceOptions, identity: SourceIdentity, tunnel: TunnelService,
-                 offset: Any) -> Binding:
+                 offset: Any, clients: Clients) -> Binding:
     """Bind a query restarted on its checkpoint: ``offset`` is from Spark's log. Its source
     must be this query's (``CheckpointMismatchError`` saying what changed), and the meta
     store must hold its namespace (``CheckpointMetaStoreError`` naming the meta store the
@@ -125,11 +122,11 @@ def bind_restart(options: SourceOptions, identity: SourceIdentity, tunnel: Tunne
     namespace = offset_namespace(offset, identity)  # 1. before any request
     uuid = offset.get("uuid") if isinstance(offset.get("uuid"), str) else None
     with query_start():
-        existing = _existing_meta(options, namespace)
+        existing = _existing_meta(options, clients, namespace)
         if not _meta_holds(existing, namespace, uuid):
             raise _other_meta_store(options, namespace, offset.get("metaStore"),
                                     exists=existing is not None)
-        return _bind(options, identity, tunnel, namespace, existing, restart_from=uuid)
+        return _bind(options, identity, tunnel, clients, namespace, existing, restart_from=uuid)
 
 
 def _other_meta_store(options: SourceOptions, namespace: str, recorded: Any,
@@ -148,7 +145,8 @@ def _other_meta_store(options: SourceOptions, namespace: str, recorded: Any,
 
 
 def _bind(options: SourceOptions, identity: SourceIdentity, tunnel: TunnelService,
-          namespace: str, existing: MetaStore | None, restart_from: str | None) -> Binding:
+          clients: Clients, namespace: str, existing: MetaStore | None,
+          restart_from: str | None) -> Binding:
     """Steps 3 and 4 of the module docstring, then the writes."""
     record = NamespaceRecord(options, namespace, tunnel, existing)
     record.check()
@@ -164,7 +162,7 @@ def _bind(options: SourceOptions, identity: SourceIdentity, tunnel: TunnelServic
                 existing, namespace, record.initial_uuid(read_only=True), holder)
             if not defer_lease:
                 probe.refuse_if_held(holder)
-    meta = existing if existing is not None else _open_meta(options, create=True)
+    meta = existing if existing is not None else _open_meta(options, clients, create=True)
     lease = QueryLease(meta, identity)
     if defer_lease:
         lease.defer(namespace)

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from connector.clients import crash_point
 from connector.errors import StaleCheckpointError
-from connector.faults import fault_point
 from connector.planning.logs import log
 from connector.tunnel import Checkpoint, TunnelService
 from meta_store import BatchRecord, EndCheckpoint, MetaStore
@@ -120,7 +120,7 @@ class CheckpointPushes:
         errors: dict[str, BaseException] = {}
         for i, (channel_id, end) in enumerate(channels):
             if i == 1:
-                fault_point("mid_commit_push")  # some channels pushed, others not
+                crash_point("mid_commit_push")  # some channels pushed, others not
                 if self._concurrency > 1 and len(channels) > 2:
                     self._push_all(channels[1:], errors)
                     break

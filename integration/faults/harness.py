@@ -44,7 +44,8 @@ from typing import Any
 
 import psutil
 
-from connector.faults import FAULT_DIR_ENV, FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
+from connector.clients import FAULT_HOOK_ENV
+from connector.faults import FAULT_DIR_ENV
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, preload
 from integration.scenario import (
     ScenarioResult,
@@ -61,6 +62,8 @@ from tablestore_cdc.verify import (
     table_state,
 )
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
+from testkit.flaky import FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
+from testkit.flaky import environment as flaky_environment
 from testkit.processes import REPO, start_runner
 from testkit.waiting import wait_until
 
@@ -284,9 +287,8 @@ class FaultScenarioRun(ScenarioRun):
 
     def _env(self) -> dict[str, str]:
         env = {FAULT_DIR_ENV: str(self.faults), **self.extra_env}
-        if self.scenario.flaky:
-            env[FLAKY_ENV] = str(self.scenario.flaky)
-            env[FLAKY_SEED_ENV] = f"{self.seed}:{self.incarnation}"
+        if self.scenario.flaky:  # the transient errors: the client seam's fault hook
+            env.update(flaky_environment(self.scenario.flaky, f"{self.seed}:{self.incarnation}"))
         return env
 
     def _args(self) -> list[str]:
@@ -431,7 +433,7 @@ class FaultScenarioRun(ScenarioRun):
         pickled = self.faults / f"hit-{point}.pkl"
         out = self.dir / f"duplicate-{len(self.duplicates)}.json"
         env = {k: v for k, v in os.environ.items()
-               if k not in (FAULT_DIR_ENV, FLAKY_ENV, FLAKY_SEED_ENV)}
+               if k not in (FAULT_DIR_ENV, FAULT_HOOK_ENV, FLAKY_ENV, FLAKY_SEED_ENV)}
         env.update(self.extra_env)
         done = subprocess.run(
             [sys.executable, "-m", "integration.faults.duplicate", str(pickled), str(out)],

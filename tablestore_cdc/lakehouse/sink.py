@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connector.faults import fault_point
+from connector.clients import crash_point
 from tablestore_cdc.lakehouse.drift import DEFAULT_POLICY, IGNORE
 from tablestore_cdc.lakehouse.errors import (
     ApplyOptionError,
@@ -206,11 +206,11 @@ class ApplySink(ABC):
 
     @staticmethod
     def _before_commit() -> None:
-        fault_point("before_target_commit")
+        crash_point("before_target_commit")
 
     @staticmethod
     def _after_commit() -> None:
-        fault_point("after_target_commit")
+        crash_point("after_target_commit")
 
     @staticmethod
     def _result(batch_id: int, plan: ApplyPlan, version: int | None,
