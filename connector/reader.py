@@ -16,7 +16,12 @@ rule:
 
 So every read of a batch yields the same rows, and no task ever has to fail to be right.
 
-The rows travel as columnar pages (``TunnelService.read_page``, ``connector.tunnel.page``):
+How far a read goes is the stop rule's to say (``connector.stop_rule``: pure, tested on its
+own); ``fetch_pages`` is its I/O loop. The clients come from the process's pool
+(``connector.clients.executor_clients``: the meta store and the tunnel's reading role only,
+``ChannelReader``), opened once per endpoint and retried there.
+
+The rows travel as columnar pages (``ChannelReader.read_page``, ``connector.tunnel.page``):
 Arrow batches from the tunnel to Spark, held until the claim is recorded and then yielded. The
 claim needs only the record count, the end token and the last ``_sequence`` (read from the
 Arrow column), so no Python object is built per record; the AvailableNow bound is applied on the
@@ -33,37 +38,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from connector.clients import crash_point, executor_clients
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
-from connector.faults import fault_point, inject_transient_errors
 from connector.partition import ChannelPartition
-from connector.retry import with_retries
-from connector.tunnel import FINISHED, Record, TableSchema, TunnelService, open_tunnel_service
+from connector.stop_rule import MAX_EMPTY_PAGES, PAGE_SIZE, StopRule, commit_micros
+from connector.tunnel import FINISHED, ChannelReader, Record, TableSchema
 from connector.tunnel.page import Page, PageLayout, page_to_records
-from meta_store import EndCheckpoint, MetaStore, open_meta_store
+from meta_store import EndCheckpoint
 
 log = logging.getLogger("connector.reader")
-
-#: records per tunnel call (one Arrow batch handed to Spark); a cap above it takes several calls
-PAGE_SIZE = 8192
-
-
-# Python workers are reused across tasks: keep one client per URI per process.
-_META_STORES: dict[tuple[str, tuple[tuple[str, str], ...]], MetaStore] = {}
-_TUNNELS: dict[str, TunnelService] = {}
-
-
-def _clients(p: ChannelPartition) -> tuple[MetaStore, TunnelService]:
-    # transient errors are retried (connector.retry); the injection is inert in production
-    meta_key = (p.meta_uri, p.meta_credentials)
-    if meta_key not in _META_STORES:
-        _META_STORES[meta_key] = with_retries(inject_transient_errors(
-            open_meta_store(p.meta_uri, dict(p.meta_credentials) or None)))
-    if p.endpoint not in _TUNNELS:
-        _TUNNELS[p.endpoint] = with_retries(inject_transient_errors(
-            open_tunnel_service(p.endpoint)))
-    return _META_STORES[meta_key], _TUNNELS[p.endpoint]
 
 
 def attempt_identity() -> str:
@@ -106,7 +90,9 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
     Identical rows on every call. The pages stay Arrow from the tunnel to the caller: the claim
     needs only the record count and the end token, so no Python object per record is made.
     """
-    meta, tunnel = _clients(p)
+    clients = executor_clients()
+    meta = clients.meta_store(p.meta_uri, dict(p.meta_credentials))
+    tunnel = clients.reader(p.endpoint)
     claimed = meta.get_end_checkpoint(p.namespace, p.end_uuid, p.channel_id)
     if claimed is not None:
         return ClaimedRead(claimed, _replay(tunnel, p, claimed, layout))
@@ -125,7 +111,7 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
         last_sequence=_last_sequence(p, pages),
         bound_reached_us=p.available_now_us if fetched.reached else None,
     )
-    fault_point("read_before_claim", {"partition": p, "end": end})
+    crash_point("read_before_claim", {"partition": p, "end": end})
     try:
         meta.put_end_checkpoint(p.namespace, p.end_uuid, end)
     except EndCheckpointConflictError as conflict:
@@ -135,7 +121,7 @@ def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
         if winner.start_token == start_token and winner.records <= count:
             return ClaimedRead(winner, _head(pages, winner.records))
         return ClaimedRead(winner, _replay(tunnel, p, winner, layout))
-    fault_point("mid_read", {"partition": p, "end": end})
+    crash_point("mid_read", {"partition": p, "end": end})
     return ClaimedRead(end, pages)
 
 
@@ -157,55 +143,10 @@ def _last_sequence(p: ChannelPartition, pages: list[Page]) -> str | None:
     return p.start_last_sequence
 
 
-# --- how far a read goes ------------------------------------------------------------------------
+# --- how far a read goes (the rule: connector.stop_rule) ------------------------------------------
 
 
-def record_sizes(batch: pa.RecordBatch) -> pa.Array:
-    """Each record's size in bytes, as ``maxBytesPerTrigger`` counts it: its share of the Arrow
-    page -- fixed-width values at their width (a boolean as one byte), strings and binaries
-    (the ``_before`` / ``_extra`` JSON included) at their length plus a 4-byte offset; nulls
-    count their width (fixed) or 4 (variable). Validity bitmaps are left out."""
-    fixed = 0
-    variable: pa.Array | None = None
-    for column in batch.columns:
-        kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_binary(kind) \
-                or pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
-            lengths = pc.fill_null(pc.binary_length(column), 0).cast(pa.int64())
-            variable = lengths if variable is None else pc.add(variable, lengths)
-            fixed += 4
-        elif pa.types.is_boolean(kind):
-            fixed += 1
-        else:
-            fixed += max(1, kind.bit_width // 8)
-    if variable is None:
-        return pa.array([fixed] * batch.num_rows, pa.int64())
-    return pc.add(variable, fixed)
-
-
-def records_within(batch: pa.RecordBatch, budget: int) -> int:
-    """How many leading records of ``batch`` a byte ``budget`` takes: each record whose
-    preceding records total less than the budget (so the last one may cross it)."""
-    if budget <= 0 or batch.num_rows == 0:
-        return 0
-    sizes = record_sizes(batch)
-    before = pc.subtract(pc.cumulative_sum(sizes), sizes)
-    return int(pc.sum(pc.less(before, budget)).as_py() or 0)
-
-
-def page_bytes(batch: pa.RecordBatch) -> int:
-    """The bytes of a whole page, as ``record_sizes`` counts them."""
-    return int(pc.sum(record_sizes(batch)).as_py() or 0) if batch.num_rows else 0
-
-
-def leading_count(flags: pa.Array) -> int:
-    """How many leading elements of the boolean array ``flags`` are true (null counts as
-    true)."""
-    first_false = pc.index(flags, False).as_py()
-    return len(flags) if first_false is None or first_false < 0 else int(first_false)
-
-
-def lost_before(tunnel: TunnelService, tunnel_id: str, channel_id: str, lost: TrimmedDataError,
+def lost_before(tunnel: ChannelReader, tunnel_id: str, channel_id: str, lost: TrimmedDataError,
                 layout: PageLayout, instant_us: int | None) -> bool:
     """Were all the records ``lost`` names committed before ``instant_us``? Yes when the first
     record still held was (commit times increase within a channel): a read that starts at that
@@ -218,7 +159,7 @@ def lost_before(tunnel: TunnelService, tunnel_id: str, channel_id: str, lost: Tr
     return bool(commit_micros(first.batch.column("_commit_ts"))[0].as_py() < instant_us)
 
 
-def resume_after_trim(tunnel: TunnelService, tunnel_id: str, channel_id: str,
+def resume_after_trim(tunnel: ChannelReader, tunnel_id: str, channel_id: str,
                       lost: TrimmedDataError, layout: PageLayout, *, before_us: int | None,
                       before_what: str, kept_any: bool, fail_on_data_loss: bool) -> str:
     """The token a read goes on from after ``lost`` (executor; ``fetch_pages`` and the bounded
@@ -233,11 +174,6 @@ def resume_after_trim(tunnel: TunnelService, tunnel_id: str, channel_id: str,
     else:
         log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
     return lost.resume_token
-
-
-def commit_micros(column: pa.Array) -> pa.Array:
-    """``_commit_ts`` as integer microseconds since the epoch."""
-    return column.cast(pa.int64())
 
 
 @dataclass
@@ -258,139 +194,47 @@ class Fetched:
     reached: bool
 
 
-#: empty pages in a row whose token moves and that say more may follow, before a read stops
-#: (a service that never says it is caught up must not keep one task reading forever)
-MAX_EMPTY_PAGES = 16
-
-
-def fetch_pages(tunnel: TunnelService, p: ChannelPartition, layout: PageLayout) -> Fetched:
-    """Read from the start up to what the partition allows (executor): its record cap, its byte
-    budget (``max_bytes``: the last record may cross it), its AvailableNow bound (a head
-    sequence, else the bound's commit time), or what is available now. Leading records
-    committed before ``skip_before_us`` (``startingTimestamp``) are passed over first: the
-    claim's start token then points after them. Where a page holds more than may be kept, the
-    kept records are read again exactly, so the next token lands right after them."""
+def fetch_pages(tunnel: ChannelReader, p: ChannelPartition, layout: PageLayout) -> Fetched:
+    """Read from the start up to what the partition allows (executor): the I/O loop of the
+    stop rule (``connector.stop_rule``), which decides what each page gives. A page the read
+    stops inside is cut after its last kept record (``Page.token_after``): no record is read
+    twice."""
+    rule = StopRule.of(p)
+    state = rule.start()
     start_token = token = p.start_token
     pages: list[Page] = []
-    count = 0
-    budget = p.max_bytes
-    empty_pages = 0
-    skipping = p.skip_before_us is not None
-    caught_up = False
-    while count < p.max_records:
-        want = min(PAGE_SIZE, p.max_records - count)
+    while want := rule.want(state):
         try:
             page = tunnel.read_page(p.tunnel_id, p.channel_id, token, want, layout)
         except TrimmedDataError as lost:
+            if state.confirming:
+                return Fetched(start_token, pages, token, False)  # the next batch resumes
             start_token = token = resume_after_trim(
                 tunnel, p.tunnel_id, p.channel_id, lost, layout,
-                before_us=p.skip_before_us if skipping else None,
+                before_us=p.skip_before_us if state.skipping else None,
                 before_what="startingTimestamp", kept_any=bool(pages),
                 fail_on_data_loss=p.fail_on_data_loss)
             continue
-        caught_up = _caught_up(page)
-        if not page.count:
-            if page.next_token == token or caught_up:
-                return Fetched(start_token, pages, page.next_token, True)
-            empty_pages += 1
-            token = page.next_token
-            if skipping:
-                start_token = token
-            if empty_pages >= MAX_EMPTY_PAGES:
+        step = rule.decide(state, page, token)
+        state = step.state
+        if step.start_moves:  # records passed over before any was kept: the claim starts after
+            start_token = page.token_after(step.skip)
+        if step.keep:
+            pages.append(page.part(step.skip, step.keep))
+        if step.past is not None:
+            token = page.token_after(step.past)
+        if step.stop:
+            if state.empty_pages >= MAX_EMPTY_PAGES:
                 log.warning("batch %s channel %s: %d empty pages in a row whose token moved and "
                             "that said more may follow; ending this read there%s", p.end_uuid,
-                            p.channel_id, empty_pages,
+                            p.channel_id, state.empty_pages,
                             " and counting the channel as caught up for the AvailableNow bound"
                             if p.available_now_us is not None else "")
-                return Fetched(start_token, pages, token, p.available_now_us is not None)
-            continue
-        empty_pages = 0
-        if skipping:
-            assert p.skip_before_us is not None
-            skip = leading_count(pc.less(commit_micros(page.batch.column("_commit_ts")),
-                                         p.skip_before_us))
-            if skip == page.count:  # the whole page is older than startingTimestamp
-                start_token = token = page.next_token
-                if caught_up:
-                    return Fetched(start_token, pages, token, True)
-                continue
-            skipping = False
-            if skip:  # the token right after the skipped records, then read on from there
-                start_token = token = tunnel.read_page(p.tunnel_id, p.channel_id, token, skip,
-                                                       layout).next_token
-                continue
-        keep, at_bound = _keep(p, page)
-        if budget is not None and keep:
-            within = records_within(page.batch.slice(0, keep) if keep < page.count
-                                    else page.batch, budget)
-            keep, at_bound = (within, False) if within < keep else (keep, at_bound)
-        if keep < page.count:
-            # read exactly the kept records again, so the next token lands right after them
-            if keep:
-                exact = tunnel.read_page(p.tunnel_id, p.channel_id, token, keep, layout)
-                pages.append(exact)
-                token = exact.next_token
-            return Fetched(start_token, pages, token, at_bound)
-        pages.append(page)
-        count += page.count
-        token = page.next_token
-        # AvailableNow: a page that ends a channel's records without "finished" is confirmed
-        # by one more read -- a closed channel's end may come only then, and its children
-        # (changes before the bound too) are released only by that end
-        ended = caught_up and (token == FINISHED or p.available_now_us is None)
-        if budget is not None:
-            budget -= page_bytes(page.batch)
-            if budget <= 0:
-                return Fetched(start_token, pages, token, ended)
-        if ended:
-            return Fetched(start_token, pages, token, True)
-    if caught_up and p.available_now_us is not None and p.stop_after_sequence is None \
-            and token != FINISHED:
-        # AvailableNow by commit time: the cap came with the page that caught up, before its
-        # confirming read; made now, it spares the run a batch planned only to make it
-        return Fetched(start_token, pages, *_confirm_caught_up(tunnel, p, token, layout))
+            return Fetched(start_token, pages, token, step.reached)
     return Fetched(start_token, pages, token, False)
 
 
-def _confirm_caught_up(tunnel: TunnelService, p: ChannelPartition, token: str,
-                       layout: PageLayout) -> tuple[str, bool]:
-    """(end token, bound reached) after a capped read whose last page caught up: one read of
-    at most a record at ``token``; an empty answer that is still caught up (the loop's rule)
-    reaches the bound, and its token -- ``FINISHED`` for a closed channel -- ends the read.
-    Anything else leaves both for the next batch."""
-    try:
-        page = tunnel.read_page(p.tunnel_id, p.channel_id, token, 1, layout)
-    except TrimmedDataError:
-        return token, False  # the next batch's read resumes after the trim
-    if not page.count and (page.next_token == token or _caught_up(page)):
-        return page.next_token, True
-    return token, False
-
-
-def _caught_up(page: Page) -> bool:
-    """The tunnel says nothing more follows ``page`` now: ``FINISHED``, or ``may_more`` false."""
-    return page.next_token == FINISHED or not page.may_more
-
-
-def _keep(p: ChannelPartition, page: Page) -> tuple[int, bool]:
-    """How many leading records of ``page`` the AvailableNow bound lets the read take, and
-    whether the bound cut the page (sequences and commit times increase within a channel, so
-    the kept records are a prefix)."""
-    if p.stop_after_sequence is not None:
-        bound = p.stop_after_sequence
-        if (page.last_sequence or "") <= bound:
-            return page.count, False
-        return leading_count(pc.less_equal(page.batch.column("_sequence"), bound)), True
-    if p.available_now_us is not None:
-        until = p.available_now_us
-        stamps = commit_micros(page.batch.column("_commit_ts"))
-        if stamps[-1].as_py() <= until:
-            return page.count, False
-        return leading_count(pc.less_equal(stamps, until)), True
-    return page.count, False
-
-
-def _replay(tunnel: TunnelService, p: ChannelPartition, end: EndCheckpoint,
+def _replay(tunnel: ChannelReader, p: ChannelPartition, end: EndCheckpoint,
             layout: PageLayout) -> list[Page]:
     """Read exactly the ``end.records`` records after ``end.start_token``."""
     pages: list[Page] = []
@@ -416,8 +260,8 @@ def read_partition(p: ChannelPartition, table: TableSchema | None = None) -> lis
     the fault harness, to compare reads record by record; the source reads pages with
     ``claim_and_read``). Values are the declared columns plus undeclared ones; an UPDATE's
     ``columns`` is the whole row after it (see ``page_to_records``)."""
-    _, tunnel = _clients(p)
     if table is None:
+        tunnel = executor_clients().tunnel(p.endpoint)
         name = next(t.table_name for t in tunnel.list_tunnels() if t.tunnel_id == p.tunnel_id)
         table = tunnel.table_schema(name)
     read = claim_and_read(p, PageLayout.of_table(table))

@@ -20,14 +20,16 @@ import pyarrow.compute as pc
 import pytest
 
 import connector.tunnel.local.segments as segments_module
+from connector.clients import executor_clients, tunnel_key
 from connector.errors import ReplayDivergedError, TrimmedDataError
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import _TUNNELS, _clients, claim_and_read, record_sizes
+from connector.reader import claim_and_read
 from connector.schema import output_schema
 from connector.source import TablestoreStreamReader
+from connector.stop_rule import record_sizes
 from connector.tunnel import FINISHED, TunnelService
 from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.page import PageLayout
@@ -209,7 +211,7 @@ def test_available_now_bound_on_the_sequence_column(service, tmp_path):
 
 def _all_rows(store: LocalTablestore, part: ChannelPartition) -> pa.Table:
     """Every record of the partition's channel after its start (a plain read, no claim)."""
-    svc = _clients(part)[1]
+    svc = executor_clients().reader(part.endpoint)
     layout = PageLayout.of_table(store.table_schema("t"))
     batches, token = [], part.start_token
     while True:
@@ -241,8 +243,8 @@ def test_a_byte_budget_stops_after_the_record_that_crosses_it(service, tmp_path)
         "_sequence").to_pylist()[:taken]
     assert read.end.bound_reached_us is None  # a byte budget is not a bound
     # the claimed end token continues right after the last record taken
-    after = _clients(part)[1].read_page(part.tunnel_id, part.channel_id, read.end.token,
-                                              1, layout)
+    after = executor_clients().reader(part.endpoint).read_page(
+        part.tunnel_id, part.channel_id, read.end.token, 1, layout)
     assert after.last_sequence == everything.column("_sequence")[taken].as_py()
     # a replay reads exactly the claimed records, whatever the budget says now
     again = claim_and_read(_with(part, max_bytes=1), layout)
@@ -321,5 +323,5 @@ def test_a_million_record_partition(tmp_path):
     assert end is not None and end.records == n and end.last_sequence == last
     assert end.token != FINISHED and end.sequence_number == part.start_sequence_number + n
     proto.close()
-    _TUNNELS.pop(part.endpoint, None)
+    executor_clients()._tunnels.pop(tunnel_key(part.endpoint)).close()
     store.close()
