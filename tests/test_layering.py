@@ -167,6 +167,16 @@ def test_no_module_import_cycle_in_the_product() -> None:
     assert not cycles, "module import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+def test_only_the_client_seam_imports_the_crash_points() -> None:
+    """``connector.faults`` (the fault harness's crash points) is reached through the seam that
+    opens the source's clients, ``connector.clients.crash_point``, which enters it only when the
+    harness set its directory: no other product module imports it, lazily or not."""
+    graph = import_graph(_existing(LAYERS))
+    importers = sorted(module for module, targets in graph.items()
+                       if "connector.faults" in targets)
+    assert importers == ["connector.clients"], importers
+
+
 def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
     """The check is not blind: two modules importing each other, one of them inside a
     function and by a relative import, are reported; a one-way import is not."""

@@ -150,3 +150,13 @@ def test_an_endpoint_without_a_known_scheme_is_named_before_any_other_option(end
         assert scheme in message
     assert "instance.name" not in message and "access.key" not in message
     assert "hunter2" not in message
+
+
+def test_the_default_meta_table_is_written_once() -> None:
+    """The option table states the Tablestore rules' default meta table (the docs are generated
+    from it)."""
+    from connector.options import OPTIONS
+    from connector.tunnel.tablestore.endpoint import DEFAULT_CHECKPOINT_TABLE
+
+    assert OPTIONS["checkpoint.table"].default == f"`{DEFAULT_CHECKPOINT_TABLE}`"
+    assert DEFAULT_CHECKPOINT_TABLE in OPTIONS["checkpoint.table"].allowed
