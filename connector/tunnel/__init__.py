@@ -12,27 +12,9 @@ from __future__ import annotations
 
 from cdc_common.registry import Backend, BackendRegistry
 from connector.errors import OptionError
-from connector.tunnel.base import (
-    FINISHED,
-    ChannelInfo,
-    ChannelLag,
-    ChannelPositions,
-    ChannelReader,
-    ChannelStatus,
-    ChannelType,
-    Checkpoint,
-    ColumnSpec,
-    Op,
-    ReadResult,
-    Record,
-    StartPosition,
-    TableSchema,
-    TunnelAdministration,
-    TunnelDescription,
-    TunnelInfo,
-    TunnelService,
-    TunnelType,
-)
+from connector.tunnel import base
+from connector.tunnel.base import *  # noqa: F403 - the interface and its plain data, re-exported
+from connector.tunnel.base import TunnelService
 from connector.tunnel.endpoint import PLAIN_RULES, EndpointRules, TunnelEndpoint
 
 _TABLESTORE_TARGET = "connector.tunnel.tablestore.client:TablestoreTunnelService"
@@ -79,28 +61,5 @@ def endpoint_rules(uri: str) -> EndpointRules:
     return rules if rules is not None else PLAIN_RULES
 
 
-__all__ = [
-    "FINISHED",
-    "TUNNEL_BACKENDS",
-    "ChannelInfo",
-    "ChannelLag",
-    "ChannelPositions",
-    "ChannelReader",
-    "ChannelStatus",
-    "ChannelType",
-    "Checkpoint",
-    "ColumnSpec",
-    "Op",
-    "ReadResult",
-    "Record",
-    "StartPosition",
-    "TableSchema",
-    "TunnelAdministration",
-    "TunnelDescription",
-    "TunnelInfo",
-    "TunnelEndpoint",
-    "TunnelService",
-    "TunnelType",
-    "endpoint_rules",
-    "open_tunnel_service",
-]
+__all__ = [*base.__all__, "TUNNEL_BACKENDS", "TunnelEndpoint", "endpoint_rules",
+           "open_tunnel_service"]
