@@ -2,8 +2,8 @@
 
 ``ChannelPartition`` is built by the driver's planner (``connector.protocol.StreamProtocol.plan``)
 and pickled by Spark to an executor, where ``connector.reader.claim_and_read`` reads it. It is
-plain picklable data only (ids, tokens, URIs, limits), never a live client: executors open their
-own clients from the URIs.
+plain picklable data only (ids, tokens, URIs, the typed endpoint, limits), never a live client:
+executors open their own clients from them (``connector.clients.executor_clients``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import InputPartition
 
+from connector.tunnel.endpoint import TunnelEndpoint
+
 
 @dataclass(frozen=True)
 class ChannelPartition(InputPartition):
@@ -19,9 +21,9 @@ class ChannelPartition(InputPartition):
 
     namespace: str
     meta_uri: str
-    #: may carry credentials (a Tablestore endpoint's query): kept out of the repr, so a log line
-    #: or an error showing a partition never shows a secret
-    endpoint: str = field(repr=False)
+    #: the typed endpoint (``connector.tunnel.endpoint``; a Tablestore one holds its credentials
+    #: as ``SecretStr``): kept out of the repr all the same
+    endpoint: TunnelEndpoint = field(repr=False)
     tunnel_id: str
     end_uuid: str
     channel_id: str
