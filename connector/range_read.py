@@ -62,6 +62,7 @@ from connector.tunnel import (
     ChannelStatus,
     Checkpoint,
     StartPosition,
+    TunnelAdministration,
     TunnelEndpoint,
     TunnelService,
     TunnelType,
@@ -191,7 +192,7 @@ class TablestoreRangeReader(DataSourceReader):
             yield builder.project(page.batch, partition.channel_id)
 
 
-def _delete_stale_range_tunnels(tunnel: TunnelService, table: str, prefix: str) -> None:
+def _delete_stale_range_tunnels(tunnel: TunnelAdministration, table: str, prefix: str) -> None:
     """Delete this table's dedicated range-read tunnels of ``prefix`` older than
     ``RANGE_TUNNEL_RETENTION_S`` (driver)."""
     cutoff = time.time() - RANGE_TUNNEL_RETENTION_S

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from connector.clients import crash_point
 from connector.errors import StaleCheckpointError
 from connector.planning.logs import log
-from connector.tunnel import Checkpoint, TunnelService
+from connector.tunnel import ChannelPositions, Checkpoint
 from meta_store import BatchRecord, EndCheckpoint, MetaStore
 
 
@@ -52,7 +52,7 @@ class Push:
 class CheckpointPushes:
     """Commit catch-up and checkpoint pushes of one namespace (driver only)."""
 
-    def __init__(self, meta: MetaStore, tunnel: TunnelService, namespace: str, tunnel_id: str,
+    def __init__(self, meta: MetaStore, tunnel: ChannelPositions, namespace: str, tunnel_id: str,
                  commit_interval: int) -> None:
         self._meta = meta
         self._tunnel = tunnel
@@ -64,7 +64,7 @@ class CheckpointPushes:
             OrderedDict())
         #: what this process last pushed per channel: an unchanged position is not pushed again
         self._pushed: dict[str, tuple[str, int]] = {}
-        #: pushes at once (``TunnelService.concurrent_calls``); the pool is made on first use
+        #: pushes at once (``ChannelPositions.concurrent_calls``); the pool is made on first use
         self._concurrency = max(1, int(getattr(tunnel, "concurrent_calls", 1)))
         self._pool: ThreadPoolExecutor | None = None
 
