@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_common.uris import redact_uri
+from connector.clients import Clients
 from connector.errors import CdcError, ChannelNotReadableError, TrimmedDataError
 from connector.options import SourceOptions
 from connector.planning.positions import Position, positions_after_batch
-from connector.tunnel import FINISHED, ChannelStatus, TunnelService, open_tunnel_service
-from meta_store import BatchRecord, BatchState, MetaStore, open_meta_store
+from connector.tunnel import FINISHED, ChannelStatus, TunnelService
+from meta_store import BatchRecord, BatchState, MetaStore
 from meta_store.errors import MetaTableMissingError
 from tablestore_cdc.reconcile.compare import NoProgress, Progress
 from tablestore_cdc.reconcile.layout import Key
@@ -71,8 +72,8 @@ def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: I
         return InFlight(False, "the target names no batch of an apply query, so how far the "
                         "stream applied it is unknown")
     try:
-        meta = open_meta_store(options.meta_store, options.meta_store_credentials,
-                               create=False)
+        meta = Clients().meta_store(options.meta_store, options.meta_store_credentials,
+                                    create=False)
     except MetaTableMissingError:
         return InFlight(False, f"no meta table ({redact_uri(options.meta_store)}): the "
                         "stream has not run")
@@ -115,8 +116,9 @@ def _in_flight(options: SourceOptions, meta: MetaStore, applied: AppliedBatch,
     for later in chain[index + 1:]:  # channels first read after the position: from their start
         for start in later.manifest.channels if later.manifest else ():
             frontier.setdefault(start.channel_id, Position.at_start(start))
-    with open_tunnel_service(options.endpoint) as tunnel:
-        description = tunnel.describe_tunnel(options.table_name, options.tunnel_name)
+    with Clients().tunnel(options.endpoint) as tunnel:
+        options = options.resolved(tunnel)  # a tunnel.id names the tunnel.name given
+        description = tunnel.describe_tunnel(options.table_name, options.named_tunnel)
         tunnel_id = description.tunnel.tunnel_id
         tokens = {c: p.token for c, p in frontier.items() if not p.finished}
         for channel in description.channels:

@@ -3,8 +3,10 @@
 ``SourceSpec`` is what ``tablestore-cdc reconcile`` takes, as ``replicate`` takes it: the
 endpoint (``--store`` / ``--endpoint``), the table, the tunnel and the reader options
 (``--option``). ``open_source_table`` validates them as the Spark source does
-(``connector.options.SourceOptions``) and opens the reader of the endpoint's scheme, one module
-per backend, imported lazily (an SDK a backend needs is only required when that scheme is used):
+(``connector.options.SourceOptions``: a typed endpoint, its secrets in ``SecretStr`` fields),
+reads the table's schema through a tunnel client opened by the source's seam
+(``connector.clients``: retries), and opens the reader of the endpoint's scheme, one module per
+backend, imported lazily (an SDK a backend needs is only required when that scheme is used):
 
 - ``local://``            ``source_local``: the embedded store's scan, a page per read transaction
 - ``http://``, ``https://``  ``source_tablestore``: the table API's GetRange pages (official SDK)
@@ -24,10 +26,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
+from connector.clients import Clients
 from connector.options import SourceOptions
-from connector.tunnel import TableSchema, TunnelService, open_tunnel_service
+from connector.tunnel import TableSchema, TunnelAdministration
 
 #: a page of source rows: (primary key, attribute columns)
 Row = tuple[dict[str, Any], dict[str, Any]]
@@ -86,7 +88,7 @@ class SourceTable(ABC):
         self.close()
 
 
-def declared_schema(options: SourceOptions, tunnel: TunnelService) -> TableSchema:
+def declared_schema(options: SourceOptions, tunnel: TunnelAdministration) -> TableSchema:
     """The table's schema as the source query declares it (the service's and the catalog's)."""
     return options.declared_schema(tunnel.table_schema(options.table_name))
 
@@ -95,9 +97,8 @@ def open_source_table(spec: SourceSpec) -> SourceTable:
     """The reader for ``spec``'s endpoint. Raises ``OptionError`` for a bad endpoint or option
     (as ``replicate`` would) and the backend's error for a missing table."""
     options = spec.source_options()
-    scheme = urlsplit(options.endpoint).scheme
-    module, _, name = _READERS[scheme].partition(":")
-    with open_tunnel_service(options.endpoint) as tunnel:  # the SDK check and the schema
+    module, _, name = _READERS[options.endpoint.scheme].partition(":")
+    with Clients().tunnel(options.endpoint) as tunnel:  # the SDK check and the schema
         schema = declared_schema(options, tunnel)
     reader: SourceTable = getattr(importlib.import_module(module), name)(options, schema)
     return reader

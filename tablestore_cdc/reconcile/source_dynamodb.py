@@ -19,7 +19,7 @@ from tablestore_cdc.reconcile.source import Row, SourceTable
 
 class DynamoDbSourceTable(SourceTable):
     def __init__(self, options: SourceOptions, schema: TableSchema) -> None:
-        self.config = parse_uri(options.endpoint)
+        self.config = parse_uri(options.endpoint.uri)
         self.table = options.table_name
         self.schema = schema
         self.shown = f"{self.config.uri} table {self.table}"

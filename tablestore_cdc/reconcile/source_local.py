@@ -17,7 +17,7 @@ from tablestore_cdc.reconcile.source import Row, SourceTable
 
 class LocalSourceTable(SourceTable):
     def __init__(self, options: SourceOptions, schema: TableSchema) -> None:
-        self.path = urlsplit(options.endpoint).path
+        self.path = urlsplit(options.endpoint.uri).path
         self.table = options.table_name
         self.schema = schema
         self.shown = f"local://{self.path} table {self.table}"

@@ -3,8 +3,9 @@ GetRange, page after page in primary-key order, through the official ``tablestor
 ``[tablestore]`` extra).
 
 The endpoint, instance and credentials are the ones the source query uses (the options fold
-them into the endpoint: ``connector.options``). Values come back as the change stream carries
-them: INTEGER -> int, DOUBLE -> float, BOOLEAN -> bool, STRING -> str, BINARY -> bytes.
+them into a typed endpoint, ``connector.tunnel.tablestore.endpoint.TablestoreEndpoint``). Values
+come back as the change stream carries them: INTEGER -> int, DOUBLE -> float, BOOLEAN -> bool,
+STRING -> str, BINARY -> bytes.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
-from cdc_common.credentials import alibaba_credentials
-from cdc_common.uris import tablestore_instance
 from connector.options import SourceOptions
 from connector.tunnel import TableSchema
+from connector.tunnel.tablestore.endpoint import TablestoreEndpoint
 from tablestore_cdc.reconcile.errors import SourceReadError
 from tablestore_cdc.reconcile.source import Row, SourceTable
 
@@ -31,20 +30,18 @@ class TablestoreSourceTable(SourceTable):
     def __init__(self, options: SourceOptions, schema: TableSchema) -> None:
         from tablestore import OTSClient
 
-        parts = urlsplit(options.endpoint)
-        query = dict(parse_qsl(parts.query))
-        creds = alibaba_credentials(query.get("access_key_id"), query.get("access_key_secret"),
-                                    query.get("security_token"))
-        instance = tablestore_instance(options.endpoint, query.get("instance"))
+        endpoint = options.endpoint
+        assert isinstance(endpoint, TablestoreEndpoint)  # the reader of http(s):// endpoints
+        creds = endpoint.credentials()
         self.table = options.table_name
         self.schema = schema
         self.shown = f"{options.safe_endpoint} table {self.table}"
         sdk_log = logging.getLogger(SDK_LOGGER)
         if sdk_log.level == logging.NOTSET:
             sdk_log.setLevel(logging.CRITICAL)
-        self._client = OTSClient(f"{parts.scheme}://{parts.netloc}", creds.access_key_id,
-                                 creds.access_key_secret, instance,
-                                 sts_token=creds.security_token, logger_name=SDK_LOGGER)
+        self._client = OTSClient(endpoint.origin, creds["access_key_id"],
+                                 creds["access_key_secret"], endpoint.instance,
+                                 sts_token=creds.get("security_token"), logger_name=SDK_LOGGER)
 
     def pages(self, page_rows: int) -> Iterator[list[Row]]:
         from tablestore import INF_MAX, INF_MIN, Direction, OTSClientError, OTSServiceError
