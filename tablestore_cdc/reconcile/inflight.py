@@ -87,6 +87,30 @@ def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: I
 
 def _in_flight(options: SourceOptions, meta: MetaStore, applied: AppliedBatch,
                wanted: set[Key], progress: Progress) -> InFlight:
+    with Clients().tunnel(options.endpoint) as tunnel:
+        options = options.resolved(tunnel)  # a tunnel.id names the tunnel.name given
+        # the channels and their checkpoints first, the batches after: a channel the stream
+        # has read by the time the batches are listed is in a batch's manifest, and one it had
+        # not read then has a checkpoint taken before any read of it (not past changes the
+        # target lacks, as a checkpoint taken after the listing could be)
+        description = tunnel.describe_tunnel(options.table_name, options.named_tunnel)
+        tunnel_id = description.tunnel.tunnel_id
+        unread = {channel.channel_id: tunnel.get_checkpoint(tunnel_id, channel.channel_id).token
+                  for channel in description.channels
+                  if channel.status is not ChannelStatus.TERMINATED}
+        found = _batches_after_position(options, meta, applied)
+        if isinstance(found, InFlight):
+            return found
+        frontier, position = found
+        tokens = {c: p.token for c, p in frontier.items() if not p.finished}
+        tokens.update((c, token) for c, token in unread.items() if c not in frontier)
+        return _read_after(tunnel, tunnel_id, tokens, wanted, options, position, progress)
+
+
+def _batches_after_position(options: SourceOptions, meta: MetaStore, applied: AppliedBatch
+                            ) -> tuple[dict[str, Position], dict[str, Any]] | InFlight:
+    """The applied position per channel (module docstring) and how it was found, from the
+    meta table's batches; an ``InFlight`` saying why when it cannot be known."""
     chain: list[BatchRecord] = []
     for namespace in (options.source_identity, options.legacy_namespace):
         chain = meta.list_batches(namespace)
@@ -116,17 +140,7 @@ def _in_flight(options: SourceOptions, meta: MetaStore, applied: AppliedBatch,
     for later in chain[index + 1:]:  # channels first read after the position: from their start
         for start in later.manifest.channels if later.manifest else ():
             frontier.setdefault(start.channel_id, Position.at_start(start))
-    with Clients().tunnel(options.endpoint) as tunnel:
-        options = options.resolved(tunnel)  # a tunnel.id names the tunnel.name given
-        description = tunnel.describe_tunnel(options.table_name, options.named_tunnel)
-        tunnel_id = description.tunnel.tunnel_id
-        tokens = {c: p.token for c, p in frontier.items() if not p.finished}
-        for channel in description.channels:
-            if channel.channel_id not in frontier and \
-                    channel.status is not ChannelStatus.TERMINATED:
-                tokens[channel.channel_id] = tunnel.get_checkpoint(
-                    tunnel_id, channel.channel_id).token
-        return _read_after(tunnel, tunnel_id, tokens, wanted, options, position, progress)
+    return frontier, position
 
 
 def _read_after(tunnel: TunnelService, tunnel_id: str, tokens: dict[str, str],
