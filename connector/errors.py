@@ -83,8 +83,9 @@ class SourceInUseError(CdcError):
         "other query has read their parents, and retention deletes the other query's batches. "
         "To write one stream to several sinks, run one query and write each batch to all of "
         "them in foreachBatch (docs/operations.md#one-query-many-sinks); give an independent "
-        "reader its own tunnel.name; if that query was killed, start this one again once its "
-        "lease has expired"
+        "reader its own tunnel.name. If that query was killed, this one can start once its "
+        "lease has expired (at {expires_at}), or at once after `tablestore-cdc meta break-lease "
+        "--meta {meta} --namespace {key}` (which checks that its process is dead)"
     )
 
 

@@ -788,3 +788,62 @@ def test_no_sdk_notice_on_a_command_that_imports_the_sdk(tmp_path: Path) -> None
     assert result.returncode == 2
     assert result.stderr.startswith("error: meta table 'nometa' does not exist")
     assert "Native" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# --- meta diff of an unused batch, meta break-lease ----------------------------------------------
+
+
+def test_diff_refuses_a_minted_batch_spark_never_planned(tmp_path: Path) -> None:
+    uri = build_meta(tmp_path / "meta.db")
+    with open_meta_store(uri) as meta:
+        meta.create_batch(NS, "batch-unused", "batch-1")  # minted by latestOffset, not planned
+    result = cli("meta", "diff", "batch-1", "batch-unused", "--meta", uri)
+    assert result.exit_code == 2
+    assert "batch-unused is no batch" in result.stderr
+    assert "dropped" not in result.output and "Traceback" not in result.output
+
+
+def _lease(uri: str, owner: str) -> None:
+    with open_meta_store(uri) as meta:
+        assert meta.take_lease(NS, owner, 120.0, namespace=NS) is None
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_break_lease_ends_a_dead_holders_lease_and_refuses_a_live_one(tmp_path: Path) -> None:
+    import socket
+
+    uri = build_meta(tmp_path / "meta.db")
+    host = socket.gethostname()
+    _lease(uri, f"{host}/{os.getpid()}/live")  # this test's own process: alive
+    refused = cli("meta", "break-lease", "--meta", uri)
+    assert refused.exit_code == 2 and "is running on this host" in refused.stderr
+    with open_meta_store(uri) as meta:
+        assert meta.get_lease(NS).live(time.time())
+
+    uri2 = build_meta(tmp_path / "meta2.db")
+    dead = f"{host}/{_dead_pid()}/gone"
+    _lease(uri2, dead)
+    broken = cli_json("meta", "break-lease", "--meta", uri2)
+    assert broken["holder"] == dead and "broken" in broken["outcome"]
+    with open_meta_store(uri2) as meta:
+        assert not meta.get_lease(NS).live(time.time())
+        assert meta.take_lease(NS, "next/1/x", 120.0, namespace=NS) is None  # starts now
+        meta.release_lease(NS, "next/1/x")
+    again = cli("meta", "break-lease", "--meta", uri2)
+    assert again.exit_code == 0 and "no live lease" in again.stdout
+
+
+def test_break_lease_of_another_hosts_holder_needs_force(tmp_path: Path) -> None:
+    uri = build_meta(tmp_path / "meta.db")
+    _lease(uri, "elsewhere.example/4242/abcd")
+    refused = cli("meta", "break-lease", "--meta", uri)
+    assert refused.exit_code == 2 and "add --force" in refused.stderr
+    forced = cli("meta", "break-lease", "--meta", uri, "--force")
+    assert forced.exit_code == 0, forced.output
+    with open_meta_store(uri) as meta:
+        assert not meta.get_lease(NS).live(time.time())

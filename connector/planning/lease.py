@@ -13,8 +13,12 @@ naming ``tunnel.name`` and the one-query-many-sinks pattern.
 - **Held** by this planning process (``owner_id``: host, pid and a random part), renewed every
   ``RENEW_EVERY_S`` by a small daemon thread, so a batch running for an hour keeps it, and
   carrying the newest batch the process planned or committed (``tip``).
-- **Released** at once when the query stops (``close``); a query that dies without stopping
-  (SIGKILL, a lost driver) lets it **expire** ``TTL_S`` after its last renewal.
+- **Released** at once when the query stops (``close``). Spark stops a query's planning
+  process with SIGTERM (``Process.destroy``) and the reader's ``stop()`` never runs then, so
+  the planning process releases its leases on SIGTERM itself (``release_on_sigterm``); it
+  releases them too when the JVM goes away (the runner's ``finally``). A query that dies
+  without either (SIGKILL of the whole tree, a lost host) lets it **expire** ``TTL_S`` after
+  its last renewal, or an operator breaks it (``tablestore-cdc meta break-lease``).
 - **Taken over at once by a restart of the same query**: a restarted query hands a batch from
   Spark's checkpoint, on the holder's line of batches (the lease's tip, an ancestor or a
   descendant of it), while a second query's offsets are on another line (another generation
@@ -33,11 +37,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from cdc_common.uris import redact_uri
 from connector.errors import SourceInUseError, TransientMetaStoreError
 from connector.identity import SourceIdentity
 from connector.planning.logs import log
@@ -54,7 +63,15 @@ TIP_EVERY_S = 5.0
 #: prev links walked from an offset to find the holder's tip on the same line
 _LINE_WALK = 10_000
 
+#: the longest the SIGTERM handler waits for the leases' release before the process ends
+RELEASE_ON_SIGTERM_S = 10.0
+#: the module Spark runs a streaming query's planning process as (``python -m ...``)
+PLANNING_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+
 _owner: tuple[int, str] | None = None
+#: the leases this process holds now (taken, not yet released): what SIGTERM releases
+_held: set[QueryLease] = set()
+_sigterm_installed = False
 
 
 def now() -> float:
@@ -70,6 +87,48 @@ def owner_id() -> str:
     if _owner is None or _owner[0] != os.getpid():
         _owner = (os.getpid(), f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}")
     return _owner[1]
+
+
+def in_planning_process() -> bool:
+    """Is this Spark's planning process of a streaming query (the runner module is
+    ``__main__``)? Nowhere else does the source install a signal handler."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == PLANNING_MODULE
+
+
+def release_on_sigterm() -> None:
+    """In Spark's planning process, release this process's leases on SIGTERM, then end it.
+
+    Spark stops a query's planning process with ``Process.destroy`` (SIGTERM) and PySpark's
+    runner calls the reader's ``stop()`` only in a ``finally`` a signal never reaches, so
+    without this a stopped query's lease stays until it expires. The release runs in a thread
+    of its own, waited for at most ``RELEASE_ON_SIGTERM_S``: the main thread may have been
+    interrupted inside a meta-store call, and a release that cannot finish (an outage) must not
+    keep the process alive (the lease then expires). Installed once, from the main thread, by
+    the first ``QueryLease.take``; anywhere but the planning process it does nothing."""
+    global _sigterm_installed
+    if (_sigterm_installed or not in_planning_process()
+            or threading.current_thread() is not threading.main_thread()):
+        return
+    signal.signal(signal.SIGTERM, _release_and_exit)
+    _sigterm_installed = True
+
+
+def _release_and_exit(signum: int, frame: Any) -> None:
+    releaser = threading.Thread(target=_release_held, name="tablestore-cdc-lease-release",
+                                daemon=True)
+    releaser.start()
+    releaser.join(RELEASE_ON_SIGTERM_S)
+    os._exit(128 + signum)  # what SIGTERM's default action would have reported
+
+
+def _release_held() -> None:
+    for lease in list(_held):
+        try:
+            lease.release()
+        except Exception as exc:  # noqa: BLE001 - the lease expires instead
+            log.warning("lease on %s not released at SIGTERM (it expires in at most %.0f "
+                        "s): %s", lease.key, TTL_S, exc)
 
 
 def continues_the_holders_line(meta: MetaStore, namespace: str, uuid: str, lease: Lease
@@ -117,7 +176,8 @@ class QueryLease:
                  clock: Callable[[], float] | None = None) -> None:
         self._meta = meta
         self._identity = identity
-        self._key = identity.namespace  # one lease per source, whichever namespace holds rows
+        #: one lease per source, whichever namespace holds rows
+        self.key = identity.namespace
         self._ttl_s = TTL_S if ttl_s is None else ttl_s
         self._clock = clock or now
         self._owner = owner_id()
@@ -146,12 +206,14 @@ class QueryLease:
             return evidence is not None and continues_the_holders_line(
                 self._meta, namespace, evidence, lease)
 
-        holder = self._meta.take_lease(self._key, self._owner, self._ttl_s, namespace=namespace,
+        holder = self._meta.take_lease(self.key, self._owner, self._ttl_s, namespace=namespace,
                                        tip=self.tip, now=self._clock(), may_take_over=same_query)
         if holder is not None:
             raise self._in_use(holder)
         self._written_at = self._clock()
-        log.debug("lease on %s taken by %s", self._key, self._owner)
+        log.debug("lease on %s taken by %s", self.key, self._owner)
+        _held.add(self)
+        release_on_sigterm()
         self._start_renewals()
 
     def advance(self, tip: str, *, now: bool = False) -> None:
@@ -183,7 +245,7 @@ class QueryLease:
         """Renew now, with the current ``tip``; a lease taken meanwhile by another process is
         noted (``check`` raises). Called by the renewal thread."""
         at = self._clock()
-        holder = self._meta.take_lease(self._key, self._owner, self._ttl_s,
+        holder = self._meta.take_lease(self.key, self._owner, self._ttl_s,
                                        namespace=self._namespace, tip=self.tip, now=at)
         if holder is not None:
             self._lost = holder
@@ -197,12 +259,14 @@ class QueryLease:
             raise self._in_use(self._lost)
 
     def release(self) -> None:
-        """Stop renewing and end the lease at once (the query stopped)."""
+        """Stop renewing and end the lease at once (the query stopped, or the planning process
+        got SIGTERM). Safe to call twice."""
+        _held.discard(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._namespace and self._lost is None and not self.pending:
-            self._meta.release_lease(self._key, self._owner, now=self._clock())
+            self._meta.release_lease(self.key, self._owner, now=self._clock())
 
     def _start_renewals(self) -> None:
         if self._thread is not None:
@@ -216,14 +280,16 @@ class QueryLease:
             try:
                 self.renew()
             except TransientMetaStoreError as exc:  # the next round tries again
-                log.warning("lease on %s not renewed (%s); retrying in %.1f s", self._key,
+                log.warning("lease on %s not renewed (%s); retrying in %.1f s", self.key,
                             exc, self._ttl_s / 4)
             except Exception as exc:  # noqa: BLE001 - a thread must not die silently
-                log.warning("lease on %s not renewed: %s", self._key, exc)
+                log.warning("lease on %s not renewed: %s", self.key, exc)
 
     def _in_use(self, holder: Lease) -> SourceInUseError:
         now = self._clock()
         return SourceInUseError(
             tunnel=self._identity.tunnel, table=self._identity.table, holder=holder.owner,
             renewed_ago=max(0.0, now - holder.renewed_at),
-            expires_in=max(0.0, holder.expires_at - now))
+            expires_in=max(0.0, holder.expires_at - now),
+            expires_at=time.strftime("%H:%M:%S", time.localtime(holder.expires_at)),
+            meta=shlex.quote(redact_uri(self._meta.uri)), key=shlex.quote(self.key))

@@ -1,10 +1,10 @@
 """``tablestore-cdc meta ...``: inspect a meta table (any backend, by URI).
 
 Mounted by ``tablestore_cdc/cli.py`` as ``tablestore-cdc meta``. Runs in an operator's shell.
-Every command reads only, except ``gc --yes`` and ``reset --yes``. Each prints rich tables for
+Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease``. Each prints rich tables for
 people, or JSON for scripts with ``--json``. The commands, by what they are about:
 ``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py`` (``batches``,
-``show``, ``diff``, ``gc``), ``channels.py`` (``channels``, ``lag``); ``common.py`` holds the
+``show``, ``diff``, ``gc``), ``channels.py`` (``channels``, ``lag``), ``leases.py`` (``break-lease``); ``common.py`` holds the
 flags, the store opened for inspection and the printing they share.
 
 - ``--meta URI`` (or ``$TABLESTORE_CDC_META``) picks the store: ``sqlite:///abs/meta.db`` or
@@ -29,6 +29,7 @@ import typer
 
 from tablestore_cdc.meta_cli.batches import batches, diff, gc, show
 from tablestore_cdc.meta_cli.channels import channels, lag
+from tablestore_cdc.meta_cli.leases import break_lease
 from tablestore_cdc.meta_cli.namespaces import export, meta_uri, namespaces, reset
 
 app = typer.Typer(
@@ -47,3 +48,4 @@ app.command()(lag)
 app.command()(gc)
 app.command()(reset)
 app.command()(export)
+app.command("break-lease")(break_lease)

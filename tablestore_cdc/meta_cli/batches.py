@@ -9,7 +9,12 @@ import typer
 
 from meta_store import BatchRecord, BatchState, MetaStore
 from tablestore_cdc.cli_errors import reported_errors
-from tablestore_cdc.feed.reading import InspectedStore, find_batch, resolve_namespace
+from tablestore_cdc.feed.reading import (
+    InspectedStore,
+    InspectionError,
+    find_batch,
+    resolve_namespace,
+)
 from tablestore_cdc.feed.shapes import batch_record, positions_after
 from tablestore_cdc.meta_cli.common import (
     JsonOpt,
@@ -188,6 +193,16 @@ def show(
         console.print(table)
 
 
+def _refuse_unplanned(batch: BatchRecord) -> None:
+    """A batch ``latestOffset`` minted that Spark never ran has no positions: comparing it
+    would show every channel as dropped."""
+    if batch.manifest is None:
+        raise InspectionError(detail=(
+            f"batch {batch.uuid} is no batch: latestOffset minted it but Spark never planned "
+            "it (state minted), so it has no channel positions to compare; give planned "
+            "batches (`tablestore-cdc meta batches` lists them)"))
+
+
 def diff(
     uuid1: Annotated[str, typer.Argument(help="The older batch (UUID or prefix).")],
     uuid2: Annotated[str, typer.Argument(help="The newer batch (UUID or prefix).")],
@@ -197,6 +212,8 @@ def diff(
     with inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         a, b = find_batch(store, ns, uuid1), find_batch(store, ns, uuid2)
+        for batch in (a, b):
+            _refuse_unplanned(batch)
         pos_a = positions_after(a, store.get_end_checkpoints(ns, a.uuid))
         pos_b = positions_after(b, store.get_end_checkpoints(ns, b.uuid))
         chain = [x.uuid for x in store.list_batches(ns)]
