@@ -53,3 +53,50 @@ def test_one_dataframe_into_two_sinks_refuses_the_second_query(spark: Any,
         (c.channel_id, c.sequence) for c in store.change_log("t"))
     assert not list((tmp_path / "out").glob("*.parquet"))
     store.close()
+
+
+def test_a_stopped_querys_lease_is_released_so_the_next_query_starts_at_once(
+        spark: Any, tmp_path: Path) -> None:
+    """``query.stop()`` ends the planning process with SIGTERM; its lease is released then
+    (not left to expire), and a second query on the same tunnel starts without a refusal."""
+    import time
+
+    from connector.options import SourceOptions
+    from meta_store import open_meta_store
+
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                       channels=2)
+    for i in range(20):
+        store.put_row("t", {"id": i}, {"v": i})
+    options = {"endpoint": f"local://{store.path}", "table.name": "t",
+               "tunnel.name": "handover"}
+    source = SourceOptions.from_spark(options)
+
+    def start(checkpoint: str, got: list[Any]) -> Any:
+        changes = spark.readStream.format("tablestore").options(**options).load()
+        return (changes.writeStream.foreachBatch(lambda df, _: got.extend(df.collect()))
+                .option("checkpointLocation", str(tmp_path / checkpoint)).start())
+
+    first_rows: list[Any] = []
+    first = start("ckpt-1", first_rows)
+    first.processAllAvailable()
+    with open_meta_store(source.meta_store) as meta:
+        assert meta.get_lease(source.source_identity).live(time.time())
+    first.stop()
+    deadline = time.time() + 5
+    with open_meta_store(source.meta_store) as meta:
+        while meta.get_lease(source.source_identity).live(time.time()):
+            assert time.time() < deadline, "the stopped query's lease is still live after 5 s"
+            time.sleep(0.2)
+    second_rows: list[Any] = []
+    second = start("ckpt-2", second_rows)  # another query on the same tunnel: not refused
+    try:
+        for i in range(20, 25):
+            store.put_row("t", {"id": i}, {"v": i})
+        second.processAllAvailable()
+        assert second.exception() is None
+        assert sorted(r["id"] for r in second_rows) == list(range(20, 25))
+        assert sorted(r["id"] for r in first_rows) == list(range(20))
+    finally:
+        second.stop()
