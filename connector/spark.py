@@ -59,7 +59,8 @@ def prepare_environment() -> None:
 
 
 def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
-                  conf: dict[str, str] | None = None) -> SparkSession:
+                  conf: dict[str, str] | None = None, *,
+                  log_level: str = "ERROR") -> SparkSession:
     """A local SparkSession with the tablestore source registered (driver). An unsupported
     PySpark is refused (``UnsupportedSparkError``) before a JVM is started for it."""
     prepare_environment()
@@ -78,6 +79,6 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark

@@ -8,9 +8,9 @@ and the demo (``tablestore_cdc.demo``): flags in, one line per change of the fig
 from __future__ import annotations
 
 import signal
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -82,10 +82,25 @@ def replicate(
     = None,
     trigger_ms: Annotated[int, typer.Option(help="Trigger interval in ms (0 = ASAP).")] = 0,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    once: Annotated[bool, typer.Option(
+        help="Catch up with the source (Trigger.AvailableNow), apply it and exit 0: for "
+        "schedulers. Without it the job runs until stopped.")] = False,
+    max_restarts: Annotated[int | None, typer.Option(
+        help="Restarts in a row after retryable failures (outages, throttling) before the "
+        "job gives up with exit code 3; default: restart forever.")] = None,
+    restart_backoff: Annotated[str, typer.Option(
+        help="FIRST[:MAX] seconds: the first restart's delay, doubled per restart in a row "
+        "up to MAX (jittered by 20 %).")] = "1:60",
 ) -> None:
-    """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C); a restart
-    resumes exactly."""
+    """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C, SIGTERM), or
+    with --once until caught up; a restart resumes exactly. Retryable failures restart the
+    pipeline with backoff. Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
+    configuration error, 3 gave up after --max-restarts, 4 already running."""
     from connector.spark import local_session
+    from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
+    from tablestore_cdc.pipeline.job_lock import JobLock
+    from tablestore_cdc.pipeline.job_log import spark_log_to_file
+    from tablestore_cdc.pipeline.restarts import restart_policy
 
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
@@ -93,38 +108,75 @@ def replicate(
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target)
     with reported_errors():
-        from tablestore_cdc.lakehouse import open_apply_sink
-
-        # a bad target or option, or a target of another job, fails here, before Spark starts
-        open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
-                        soft_delete_column=soft_delete_column, adopt_target=adopt_target,
-                        source=f"{redact_uri(endpoint)}#{table}").check_target(
-            checkpoint_query_id(output / "_checkpoints" / "apply"))
-        spark = local_session("tablestore-cdc-replicate", master=master)
-        pipeline = start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
-                                  trigger_ms)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
-                  f"(SCD {scd}, schema drift {schema_drift}) — Ctrl-C to stop")
-    shown = None
+        policy = restart_policy(restart_backoff, max_restarts)
+        lock = JobLock(output).acquire()  # a second start ends here, having touched nothing
     try:
-        while True:
-            pipeline.check()
-            delivered, batches = pipeline.poll()
-            applied = pipeline.applied_batch()
-            figures = (delivered, batches, applied)
-            if figures != shown:
-                # a whole line when the figures change, never a line rewritten in place: the
-                # planning process logs to the same terminal, and a line it writes must not
-                # land in the middle of ours
-                console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
-                              f"at apply batch {'-' if applied is None else applied}",
-                              soft_wrap=True)
-                shown = figures
-            time.sleep(2)
-    except KeyboardInterrupt:
-        console.print("stopping…")
-    finally:
-        pipeline.stop()
+        with reported_errors():
+            from tablestore_cdc.lakehouse import open_apply_sink
+
+            # a bad target or option, or a target of another job, fails here, before Spark
+            open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
+                            soft_delete_column=soft_delete_column, adopt_target=adopt_target,
+                            source=f"{redact_uri(endpoint)}#{table}").check_target(
+                checkpoint_query_id(output / "_checkpoints" / "apply"))
+            log, conf = spark_log_to_file(output)
+            console.print(f"Spark's log: {log}")
+            spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
+                                  log_level="WARN")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
+                      f"(SCD {scd}, schema drift {schema_drift}"
+                      f"{', once' if once else ''}) — Ctrl-C to stop")
+        job = ReplicationJob(
+            lambda: start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
+                                   trigger_ms, once=once),
+            policy, say=lambda line: console.print(line, soft_wrap=True), once=once,
+            record_status=_status_recorder(endpoint, table, tunnel, extra),
+            on_progress=_progress_printer())
+        code = job.run()
         spark.stop()
-    console.print("stopped cleanly; run the same command again to resume")
+    finally:
+        lock.release()
+    if code is JobExit.DONE:
+        console.print("caught up; run the same command again to go on" if once
+                      else "stopped cleanly; run the same command again to resume")
+    raise typer.Exit(int(code))
+
+
+def _progress_printer() -> Callable[[Any], None]:
+    """One line each time the figures change, never a line rewritten in place: the planning
+    process logs to the same terminal, and a line it writes must not land in ours."""
+    shown: list[tuple[int, int, int | None]] = []
+
+    def show(pipeline: Any) -> None:
+        delivered, batches = pipeline.poll()
+        applied = pipeline.applied_batch()
+        if not shown or shown[-1] != (delivered, batches, applied):
+            console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
+                          f"at apply batch {'-' if applied is None else applied}",
+                          soft_wrap=True)
+            shown[:] = [(delivered, batches, applied)]
+
+    return show
+
+
+def _status_recorder(endpoint: str, table: str, tunnel: str,
+                     extra: dict[str, str]) -> Callable[[str, str | None], None]:
+    """Record the job's state (restarting, failed, running) where the feed reads a query's
+    status (``query_record``); a meta store that does not answer (the outage itself) is
+    skipped: the job's log line says it all the same."""
+    from connector.options import SourceOptions
+    from meta_store import open_meta_store
+    from tablestore_cdc.query_record import record_query_status
+
+    options = SourceOptions.from_spark({"endpoint": endpoint, "table.name": table,
+                                        "tunnel.name": tunnel, **extra})
+
+    def record(status: str, reason: str | None) -> None:
+        try:
+            with open_meta_store(options.meta_store, options.meta_store_credentials) as meta:
+                record_query_status(meta, options.source_identity, status, reason=reason)
+        except Exception:  # noqa: BLE001 - best effort during an outage
+            pass
+
+    return record

@@ -1,11 +1,12 @@
 """``tablestore-cdc meta ...``: inspect a meta table (any backend, by URI).
 
 Mounted by ``tablestore_cdc/cli.py`` as ``tablestore-cdc meta``. Runs in an operator's shell.
-Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease``. Each prints rich tables for
-people, or JSON for scripts with ``--json``. The commands, by what they are about:
-``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py`` (``batches``,
-``show``, ``diff``, ``gc``), ``channels.py`` (``channels``, ``lag``), ``leases.py`` (``break-lease``); ``common.py`` holds the
-flags, the store opened for inspection and the printing they share.
+Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease``. Each
+prints rich tables for people, or JSON for scripts with ``--json``. The commands, by what they
+are about: ``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py``
+(``batches``, ``show``, ``diff``, ``gc``), ``channels.py`` (``channels``, ``lag``),
+``leases.py`` (``break-lease``); ``common.py`` holds the flags, the store opened for
+inspection and the printing they share.
 
 - ``--meta URI`` (or ``$TABLESTORE_CDC_META``) picks the store: ``sqlite:///abs/meta.db`` or
   ``dynamodb://TABLE?region=..``. A SQLite path that does not exist is refused, never created.

@@ -20,8 +20,14 @@ import typer
 
 from meta_store import Lease
 from tablestore_cdc.feed.reading import InspectionError, resolve_namespace
-from tablestore_cdc.meta_cli.common import JsonOpt, MetaOpt, NamespaceOpt, inspected_store, \
-    print_json, stdout_console
+from tablestore_cdc.meta_cli.common import (
+    JsonOpt,
+    MetaOpt,
+    NamespaceOpt,
+    inspected_store,
+    print_json,
+    stdout_console,
+)
 
 
 def holder_alive(owner: str) -> bool | None:

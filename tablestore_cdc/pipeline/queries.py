@@ -27,6 +27,11 @@ class Pipeline:
     changelog_dir: Path
     delivered_by_batch: dict[int, int] = field(default_factory=dict)
     listener: Any = None  # the ProgressListener attached by start_pipeline
+    spark: Any = None  # the session, to detach the listener at stop
+
+    @property
+    def queries(self) -> tuple[Any, Any]:
+        return (self.changelog, self.state_query)
 
     def poll(self) -> tuple[int, int]:
         """(changes delivered to the change log, batches) from the query's progress."""
@@ -53,6 +58,9 @@ class Pipeline:
             query.stop()
         if self.listener is not None:  # the dashboard shows "stopped" only once it is recorded
             self.listener.wait_terminated(timeout=10)
+            if self.spark is not None:  # a restarted pipeline attaches a listener of its own
+                self.spark.streams.removeListener(self.listener)
+                self.listener = None
 
 
 @dataclass(frozen=True)
@@ -68,9 +76,13 @@ class ApplySettings:
 
 def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path,
                    apply: ApplySettings, options: dict[str, str] | None = None,
-                   trigger_ms: int = 0) -> Pipeline:
+                   trigger_ms: int = 0, *, once: bool = False) -> Pipeline:
     """Start the change-log and apply queries (driver) on any ``endpoint`` the source reads
-    (``local://``, the emulator's or a service's ``http(s)://``, ``dynamodb-streams://``)."""
+    (``local://``, the emulator's or a service's ``http(s)://``, ``dynamodb-streams://``).
+
+    ``once``: Trigger.AvailableNow: the change-log query reads what the source has now and
+    ends (waited for here, so its error is raised here), then the apply query applies the
+    whole change log and ends; ``Pipeline.queries`` are then inactive when it is done."""
     from tablestore_cdc.lakehouse import open_apply_sink
     from tablestore_cdc.lakehouse.plan import key_columns_of
 
@@ -91,17 +103,24 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})
     changelog_dir = out / "changelog"
-    trigger = {"processingTime": f"{trigger_ms} milliseconds"}
+    trigger: dict[str, Any] = ({"availableNow": True} if once
+                               else {"processingTime": f"{trigger_ms} milliseconds"})
     changelog = (changes.writeStream.format("parquet").queryName("changelog")
                  .option("path", str(changelog_dir))
                  .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
                  .trigger(**trigger).start())
+    if once:  # the apply query must see the whole change log of this run
+        try:
+            changelog.awaitTermination()
+        except BaseException:
+            spark.streams.removeListener(listener)
+            raise
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
                    .writeStream.queryName("apply").foreachBatch(sink)
                    .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
                    .trigger(**trigger).start())
     return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
-                    listener=listener)
+                    listener=listener, spark=spark)
 
 
 def checkpoint_query_id(checkpoint: Path) -> str | None:

@@ -1,0 +1,148 @@
+"""The replication job: run the pipeline, restart it after a retryable failure, end it with an
+exit code (driver; ``tablestore-cdc replicate`` is built on ``run_job``).
+
+The loop: start the pipeline (``start_pipeline``), watch its two queries; when one fails,
+``failures.query_failure`` says what the error is:
+
+- retryable (an outage, throttling, a store that does not answer after the query's own per-call
+  retries): the pipeline is stopped and started again from its checkpoints after the restart
+  policy's delay (``restarts.RestartPolicy``: capped exponential backoff with jitter, forever by
+  default). Exactly once across restarts is the source's and the sink's: a restart replays the
+  planned batch from the meta table and the target's batch marker skips what it holds.
+- another query holds the source (``SourceInUseError``), a configuration error, or a fatal
+  one: the job ends, with exit code ``IN_USE``, ``CONFIGURATION`` or ``FAILED``.
+
+Every attempt is one log line (``say``) and the query record's status (``restarting``: attempt
+n, next in s; ``failed``: the reason), which the feed and the dashboard show. With ``once`` the
+pipeline catches up (Trigger.AvailableNow) and the job ends with ``DONE``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from enum import IntEnum
+from typing import Any
+
+from connector.errors import CdcError
+from tablestore_cdc.pipeline.failures import FailureKind, QueryFailure, error_kind, query_failure
+from tablestore_cdc.pipeline.queries import Pipeline
+from tablestore_cdc.pipeline.restarts import RestartPolicy
+
+#: how often the job looks at its queries (seconds)
+WATCH_EVERY_S = 2.0
+
+
+class JobExit(IntEnum):
+    """The exit codes of ``replicate`` (documented in docs/operations.md)."""
+
+    DONE = 0  #: stopped by the operator (Ctrl-C, SIGTERM), or ``--once`` caught up
+    FAILED = 1  #: an error no restart fixes without a look (data loss, a bug): see the log
+    CONFIGURATION = 2  #: a refused flag, option or target; bad credentials; a missing table
+    GAVE_UP = 3  #: ``--max-restarts`` restarts in a row failed
+    IN_USE = 4  #: another job or query holds the source or the output directory
+
+
+_EXIT_OF = {FailureKind.IN_USE: JobExit.IN_USE, FailureKind.CONFIGURATION:
+            JobExit.CONFIGURATION, FailureKind.FATAL: JobExit.FAILED}
+
+
+class ReplicationJob:
+    """One table's replication with its restart policy (driver). ``start`` starts the
+    pipeline (raising on a failure at start); ``record_status`` writes the job's state where
+    the feed reads it (``query_record.record_query_status``); ``say`` prints one line."""
+
+    def __init__(self, start: Callable[[], Pipeline], policy: RestartPolicy, *,
+                 say: Callable[[str], None], once: bool = False,
+                 record_status: Callable[[str, str | None], None] | None = None,
+                 on_progress: Callable[[Pipeline], None] | None = None) -> None:
+        self._start = start
+        self._policy = policy
+        self._say = say
+        self._once = once
+        self._record_status = record_status or (lambda status, reason: None)
+        self._on_progress = on_progress or (lambda pipeline: None)
+        #: set by ``stop`` (another thread, or a test): the job ends at its next look
+        self.stopping = threading.Event()
+        self.restarts = 0  # in a row
+        self._reached = False  # a pipeline has started before: an unreachable store is an outage
+
+    def run(self) -> JobExit:
+        """Run until stopped, done (``once``), or ended by a failure (module docstring). A
+        KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops the pipeline
+        and returns ``DONE``."""
+        pipeline: Pipeline | None = None
+        try:
+            while not self.stopping.is_set():
+                failure, pipeline = self._run_once()
+                if failure is None:
+                    return JobExit.DONE
+                if not failure.retryable:
+                    self._say(f"failed: {failure.line()}")
+                    self._record_status("failed", failure.line())
+                    return _EXIT_OF[failure.kind]
+                self.restarts += 1
+                if self._policy.gives_up(self.restarts):
+                    self._say(f"gave up after {self.restarts - 1} restart(s) in a row: "
+                              f"{failure.line()}")
+                    self._record_status("failed", f"gave up: {failure.line()}")
+                    return JobExit.GAVE_UP
+                delay = self._policy.delay(self.restarts)
+                self._say(f"restarting (attempt {self.restarts}, next in {delay:.1f} s): "
+                          f"{failure.line()}")
+                self._record_status("restarting", f"attempt {self.restarts}, next in "
+                                    f"{delay:.1f} s: {failure.line()}")
+                pipeline = None
+                if self.stopping.wait(delay):
+                    break
+            return JobExit.DONE
+        except KeyboardInterrupt:
+            self._say("stopping…")
+            return JobExit.DONE
+        finally:
+            if pipeline is not None:
+                pipeline.stop()
+
+    def _run_once(self) -> tuple[QueryFailure | None, Pipeline | None]:
+        """Start the pipeline and watch it until it fails, ends (``once``) or the job stops;
+        the failure (None: ended or stopped) and the pipeline still to stop."""
+        try:
+            pipeline = self._start()
+        except CdcError as exc:
+            return _failure_of(exc, self._reached), None
+        except Exception as exc:  # noqa: BLE001 - Spark's error carrying the source's
+            return query_failure(str(exc), reached_before=self._reached), None
+        self._reached = True
+        started_at = pipeline.applied_batch()
+        try:
+            while not self.stopping.is_set():
+                text = _failure_text(pipeline)
+                if text is not None:
+                    pipeline.stop()
+                    return query_failure(text, reached_before=True), None
+                if self._once and not any(q.isActive for q in pipeline.queries):
+                    return None, pipeline
+                if self.restarts and pipeline.applied_batch() != started_at:
+                    self.restarts = 0  # a batch was applied: the next outage starts afresh
+                    self._record_status("running", None)
+                self._on_progress(pipeline)
+                self.stopping.wait(WATCH_EVERY_S)
+        except Exception as exc:  # noqa: BLE001 - a query's error raised while watching it
+            pipeline.stop()
+            return query_failure(str(exc), reached_before=True), None
+        return None, pipeline
+
+
+def _failure_of(exc: CdcError, reached_before: bool) -> QueryFailure:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return QueryFailure(error_kind(type(exc), reached_before=reached_before),
+                        type(exc).__name__, first)
+
+
+def _failure_text(pipeline: Pipeline) -> str | None:
+    """The text of the first failed query's exception, or None while none failed."""
+    for query in pipeline.queries:
+        error: Any = query.exception()
+        if error is not None:
+            return str(error)
+    return None
