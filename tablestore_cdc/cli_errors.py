@@ -33,14 +33,15 @@ def set_verbose(on: bool) -> None:
     _verbose = on
 
 
-def fail(message: object) -> NoReturn:
+def fail(message: object, code: int = 2) -> NoReturn:
     """``error: <message>`` on stderr (the first line of a message that has several) and exit
-    code 2; with ``--verbose``, the traceback of the exception being handled first."""
+    ``code`` (2: bad input); with ``--verbose``, the traceback of the exception being handled
+    first."""
     if _verbose and sys.exc_info()[1] is not None:
         traceback.print_exc(file=sys.stderr)
     lines = [line for line in str(message).splitlines() if line.strip()] or [""]
     typer.echo(f"error: {lines[0]}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 @contextmanager

@@ -8,7 +8,8 @@ and the demo (``tablestore_cdc.demo``): flags in, one line per change of the fig
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +17,7 @@ import typer
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
-from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.demo.run import run_demo
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline
 from tablestore_cdc.pipeline.queries import checkpoint_query_id
@@ -98,7 +99,7 @@ def replicate(
     configuration error, 3 gave up after --max-restarts, 4 already running."""
     from connector.spark import local_session
     from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
-    from tablestore_cdc.pipeline.job_lock import JobLock
+    from tablestore_cdc.pipeline.job_lock import JobAlreadyRunningError, JobLock
     from tablestore_cdc.pipeline.job_log import spark_log_to_file
     from tablestore_cdc.pipeline.restarts import restart_policy
 
@@ -107,18 +108,22 @@ def replicate(
     output = output.resolve()
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target)
-    with reported_errors():
+    with reported_errors(), flags_named():
+        from tablestore_cdc.lakehouse import open_apply_sink
+
         policy = restart_policy(restart_backoff, max_restarts)
-        lock = JobLock(output).acquire()  # a second start ends here, having touched nothing
+        # a bad target or option, or a target of another job, fails here, read-only, before
+        # the lock and Spark
+        open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
+                        soft_delete_column=soft_delete_column, adopt_target=adopt_target,
+                        source=f"{redact_uri(endpoint)}#{table}").check_target(
+            checkpoint_query_id(output / "_checkpoints" / "apply"))
+    try:
+        lock = JobLock(output).acquire()  # a second start ends here, having written nothing
+    except JobAlreadyRunningError as exc:
+        fail(exc, int(JobExit.IN_USE))
     try:
         with reported_errors():
-            from tablestore_cdc.lakehouse import open_apply_sink
-
-            # a bad target or option, or a target of another job, fails here, before Spark
-            open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
-                            soft_delete_column=soft_delete_column, adopt_target=adopt_target,
-                            source=f"{redact_uri(endpoint)}#{table}").check_target(
-                checkpoint_query_id(output / "_checkpoints" / "apply"))
             log, conf = spark_log_to_file(output)
             console.print(f"Spark's log: {log}")
             spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
@@ -141,6 +146,26 @@ def replicate(
         console.print("caught up; run the same command again to go on" if once
                       else "stopped cleanly; run the same command again to resume")
     raise typer.Exit(int(code))
+
+
+#: the apply sink's arguments -> the flags of ``replicate`` that set them
+_FLAGS = {"schema_drift": "--schema-drift", "soft_delete_column": "--soft-delete-column",
+          "scd": "--scd", "adopt_target": "--adopt-target", "target": "--target"}
+
+
+@contextmanager
+def flags_named() -> Iterator[None]:
+    """An option error of the apply sink names the flag the user gave, not the sink's Python
+    argument (``schema_drift`` -> ``--schema-drift``)."""
+    from tablestore_cdc.lakehouse.errors import ApplyOptionError
+
+    try:
+        yield
+    except ApplyOptionError as exc:
+        option = exc.fields.get("option")
+        if option not in _FLAGS:
+            raise
+        raise type(exc)(**{**exc.fields, "option": _FLAGS[option]}) from exc
 
 
 def _progress_printer() -> Callable[[Any], None]:

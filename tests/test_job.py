@@ -103,6 +103,7 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
             output, _ = process.communicate(timeout=120)
             assert process.returncode == 0, output[-3000:]
             assert "stopped cleanly" in output
+            assert "Traceback" not in output and "\tat org.apache" not in output  # no stack
             # its progress lines and the planning process's log lines each keep a line
             lines = output.splitlines()
             progress = [line for line in lines if "change(s) in" in line]
@@ -122,3 +123,62 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
     rows = pq.read_table(out / "changelog").to_pylist()
     result = verify(store.change_log("t"), deliveries_from_rows(rows, ["id"]), check_order=False)
     assert (result.lost, result.duplicated, result.expected) == (0, 0, 700), result.examples
+
+
+def _state_equals_store(out, store) -> bool:
+    return ((out / "t" / "_delta_log").exists()
+            and table_state(read_delta(str(out / "t")), ["id"])
+            == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()})
+
+
+@pytest.mark.slow
+def test_replicate_started_twice_refuses_the_second_and_the_first_goes_on(tmp_path):
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                       channels=2)
+    out = tmp_path / "out"
+    command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
+               "--output", str(out)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    write(store, 0, 200)
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_until("the first job's Delta table", lambda: _state_equals_store(out, store),
+                   timeout=300, process=first)
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+        assert second.returncode == 4, second.stderr
+        assert second.stderr.count("\n") == 1 and "already running" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        write(store, 200, 200)  # the first is not disturbed: it delivers these too
+        wait_until("the first job delivering after the refusal",
+                   lambda: _state_equals_store(out, store), timeout=300, process=first)
+        assert first.poll() is None
+        created = {p.relative_to(out) for p in out.rglob("*")} - set(before)
+        assert all(p.parts[0] in ("t", "changelog", "_checkpoints", "logs") for p in created)
+    finally:
+        kill_tree(first.pid)
+
+
+@pytest.mark.slow
+def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path):
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                       channels=2)
+    out = tmp_path / "out"
+    command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
+               "--output", str(out), "--once"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    write(store, 0, 250)
+    for run_number in (1, 2):
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "caught up" in run.stderr and "Traceback" not in run.stderr
+        assert _state_equals_store(out, store)
+        if run_number == 1:  # writes between the runs, and a split
+            store.split_channel("t", store.list_channels("t")[0].channel_id)
+            write(store, 250, 150)
+    rows = pq.read_table(out / "changelog").to_pylist()
+    result = verify(store.change_log("t"), deliveries_from_rows(rows, ["id"]), check_order=False)
+    assert (result.lost, result.duplicated, result.expected) == (0, 0, 400), result.examples

@@ -1,0 +1,85 @@
+"""``tablestore-cdc replicate`` rides out an outage longer than every retry deadline.
+
+Everything is real: the emulator (``tablestore-cdc emulator``) serves a store file on
+127.0.0.1, the official ``tablestore`` SDK writes into it (a primary-key-only table: its
+attributes are undeclared), and ``replicate`` runs as its own process, reading the Tunnel and
+keeping its meta table over the wire, applying into Delta with its default options. The
+emulator is SIGKILLed for 60 s, longer than the query's per-call retries (about 15 s for the
+tunnel, 5 s for the meta table): the query fails, and the job restarts it with backoff, one
+log line per attempt, until the service is back. The same ``replicate`` process then
+delivers every change: its Delta table equals the source table row by row.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tablestore")
+
+from tablestore_cdc.verify import read_delta, rows_by_key, table_state  # noqa: E402
+from testkit.processes import kill_tree  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
+from testkit.wire_e2e import (  # noqa: E402
+    INSTANCE,
+    KEY_ID,
+    META_ENV,
+    SECRET,
+    sdk_client,
+    wire_scenario,
+    write_changes,
+)
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 60
+
+
+def test_replicate_rides_out_a_60_s_outage_in_the_same_process(tmp_path: Path) -> None:
+    with wire_scenario(tmp_path) as (emulator, store, client):
+        write_changes(client, 0, 100)
+        out = tmp_path / "out"
+        command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
+                   "--endpoint", emulator.url, "--table", "t", "--output", str(out),
+                   "--option", f"instance.name={INSTANCE}",
+                   "--option", f"access.key.id={KEY_ID}",
+                   "--option", f"access.key.secret={SECRET}",
+                   "--restart-backoff", "1:8", "--trigger-ms", "300"]
+        log = tmp_path / "replicate.log"
+        env = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable}
+        with open(log, "w") as sink:
+            job = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        target = out / "t"
+
+        def equal() -> bool:
+            if not (target / "_delta_log").exists():
+                return False
+            expected = {k: {c: v for c, v in row.items() if v is not None}
+                        for k, row in rows_by_key(store.scan("t")).items()}
+            got = {k: {c: v for c, v in row.items() if v is not None and c != "_extra"}
+                   for k, row in table_state(read_delta(str(target)), ["id"]).items()}
+            return got == expected
+
+        try:
+            wait_until("the first changes applied", equal, timeout=300, process=job)
+            write_changes(client, 100, 60)
+            emulator.kill()  # the service goes away for longer than every retry deadline
+            time.sleep(OUTAGE_S)
+            assert job.poll() is None, log.read_text()[-3000:]
+            emulator.start()  # same port, same store file
+            write_changes(sdk_client(emulator.url), 160, 80)
+            wait_until("the Delta table equal to the source after the outage", equal,
+                       timeout=300, process=job)
+            assert job.poll() is None
+            text = log.read_text()
+            attempts = [line for line in text.splitlines() if line.startswith("restarting (")]
+            assert attempts, text[-3000:]
+            assert "Traceback" not in text
+        finally:
+            kill_tree(job.pid)
