@@ -227,3 +227,67 @@ def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None
                 kill_tree(proc.pid)
         log.close()
         store.close()
+
+
+def test_dashboard_with_two_sources_lists_them_then_shows_one(browser: Any, spark: Any,
+                                                               tmp_path: Path) -> None:
+    """Two queries (two tables) share one meta store: the page lists both sources with their
+    state, never an error; a row opens that source's page, which links back. One source's job
+    records that it is restarting (as ``replicate`` does): the list shows it."""
+    from tablestore_cdc.query_record import record_query_status
+
+    store_path, meta_uri = tmp_path / "store.db", f"sqlite://{tmp_path / 'meta.db'}"
+    store = LocalTablestore(store_path)
+    for table in ("orders", "customers"):
+        store.create_table(table, [("id", "INTEGER")], [("v", "STRING")], channels=2)
+        store.batch_write(table, [("put", {"id": i}, {"v": f"{table}{i}"}) for i in range(20)])
+    queries = []
+    for table in ("orders", "customers"):
+        got: list[Any] = []
+        query = (spark.readStream.format("tablestore").option("endpoint", f"local://{store_path}")
+                 .option("table.name", table).option("tunnel.name", "two")
+                 .option("meta.store", meta_uri).load()
+                 .writeStream.foreachBatch(lambda df, _, got=got: got.extend(df.collect()))
+                 .option("checkpointLocation", str(tmp_path / f"ckpt-{table}")).start())
+        query.processAllAvailable()
+        queries.append(query)
+    for query in queries:
+        query.stop()
+    with open_meta_store(meta_uri) as meta:
+        namespaces = user_namespaces(meta)
+        assert len(namespaces) == 2
+        orders_ns = next(ns for ns in namespaces if "#orders#" in ns)
+        record_query_status(meta, orders_ns, "restarting",
+                            reason="attempt 2, next in 4.0 s: TransientTunnelError: down")
+
+    app = DashboardApp.open(meta_uri, cache_s=0.2)
+    server = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.goto(url)
+        page.wait_for_function("document.body.dataset.view === 'sources'", timeout=15_000)
+        rows = page.locator("#sources tbody tr[data-namespace]")
+        assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.namespace)")) == namespaces
+        assert page.locator(f'#sources tr[data-namespace="{orders_ns}"]').get_attribute(
+            "data-state") == "restarting"
+        assert "attempt 2" in page.locator(f'#sources tr[data-namespace="{orders_ns}"]'
+                                           ).inner_text()
+        assert page.locator("#error").is_hidden()
+        assert page.locator("#channels").is_hidden()  # the detail waits for a choice
+        page.locator("#sources a", has_text="customers").click()
+        page.wait_for_function("document.body.dataset.view === 'detail' "
+                               "&& Number(document.body.dataset.polls) >= 1", timeout=15_000)
+        assert "customers" in page.locator("#source").inner_text()
+        assert page.locator("#channels tbody tr[data-channel]").count() == 2
+        assert page.locator("#sources").is_hidden()
+        page.locator("#all-sources").click()
+        page.wait_for_function("document.body.dataset.view === 'sources'", timeout=15_000)
+        assert page_errors == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        app.close()

@@ -4,9 +4,12 @@ A ``ThreadingHTTPServer`` (standard library) serves
 
 - ``/`` — ``index.html`` with ``dashboard.js`` and ``dashboard.css`` (all local files of this
   package: no CDN, works offline), which polls ``/api/progress`` every second;
-- ``/api/progress`` — the snapshot of ``tablestore_cdc.feed.snapshot.dashboard_snapshot`` (recent
-  batches, per-channel latest positions and lag, the channel tree, throughput, the last Spark
-  progress);
+- ``/api/sources`` — every source (namespace) of the meta store with its table, tunnel, query
+  state and last commit (``tablestore_cdc.feed.snapshot.sources_summary``): the page's first
+  view when the store holds several;
+- ``/api/progress[?namespace=NS]`` — the snapshot of
+  ``tablestore_cdc.feed.snapshot.dashboard_snapshot`` for one source (recent batches,
+  per-channel latest positions and lag, the channel tree, throughput, the last Spark progress);
   ``409`` with ``{"error": ...}`` when the namespace is ambiguous or unknown, ``503`` when the
   meta store cannot be read;
 - ``/healthz`` — ``ok``.
@@ -26,13 +29,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import parse_qs
 
 import typer
 
 from connector.errors import CdcError
 from meta_store import MetaStore
 from tablestore_cdc.feed.reading import InspectedStore, InspectionError, open_existing_meta_store
-from tablestore_cdc.feed.snapshot import dashboard_snapshot
+from tablestore_cdc.feed.snapshot import dashboard_snapshot, sources_summary
 
 log = logging.getLogger("tablestore_cdc.dashboard")
 
@@ -64,7 +68,7 @@ class DashboardApp:
         self.recent = recent
         self.cache_s = cache_s
         self._lock = threading.Lock()
-        self._cached: tuple[float, bytes] | None = None
+        self._cached: dict[str, tuple[float, bytes]] = {}  # per document
         self._ends_cache: dict[str, Any] = {}  # committed batches' end checkpoints (final)
 
     @classmethod
@@ -72,18 +76,28 @@ class DashboardApp:
         """Open the meta store (refusing a SQLite path that does not exist)."""
         return cls(open_existing_meta_store(meta_uri), **kwargs)
 
-    def snapshot_json(self) -> bytes:
+    def snapshot_json(self, namespace: str | None = None) -> bytes:
+        """The ``/api/progress`` body for ``namespace`` (default: the one the dashboard was
+        started with, else the store's only one)."""
+        ns = namespace or self.namespace
+        return self._cached_json(f"progress#{ns}", lambda: dashboard_snapshot(
+            self.store, ns, endpoint=self.endpoint, recent=self.recent,
+            ends_cache=self._ends_cache))
+
+    def sources_json(self) -> bytes:
+        """The ``/api/sources`` body: every source of the meta store, summarised."""
+        return self._cached_json("sources", lambda: sources_summary(self.store))
+
+    def _cached_json(self, key: str, build: Any) -> bytes:
         with self._lock:
             now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < self.cache_s:
-                return self._cached[1]
+            cached = self._cached.get(key)
+            if cached is not None and now - cached[0] < self.cache_s:
+                return cached[1]
             if len(self._ends_cache) > 4 * self.recent:  # batches age out of the window
                 self._ends_cache.clear()
-            body = json.dumps(dashboard_snapshot(self.store, self.namespace,
-                                                endpoint=self.endpoint, recent=self.recent,
-                                                ends_cache=self._ends_cache),
-                              separators=(",", ":")).encode()
-            self._cached = (now, body)
+            body = json.dumps(build(), separators=(",", ":")).encode()
+            self._cached[key] = (now, body)
             return body
 
     def close(self) -> None:
@@ -95,9 +109,12 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "tablestore-cdc-dashboard"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         if path == "/api/progress":
-            self._api()
+            namespace = parse_qs(query).get("namespace", [None])[-1]
+            self._api(lambda: self.server.app.snapshot_json(namespace))
+        elif path == "/api/sources":
+            self._api(self.server.app.sources_json)
         elif path == "/favicon.ico":
             self.send_response(HTTPStatus.NO_CONTENT)
             self.end_headers()
@@ -109,9 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
 
-    def _api(self) -> None:
+    def _api(self, build: Any) -> None:
         try:
-            body = self.server.app.snapshot_json()
+            body = build()
         except InspectionError as exc:
             self._json_error(HTTPStatus.CONFLICT, str(exc))
             return
@@ -157,7 +174,8 @@ def dashboard_command(
         "tablestore://INSTANCE/TABLE?endpoint=http(s)://HOST[:PORT] (`tablestore-cdc meta uri "
         "--endpoint ...` prints the one a query on that endpoint uses).")],
     namespace: Annotated[str | None, typer.Option(
-        "--namespace", "-n", help="Source namespace; default: the only one.")] = None,
+        "--namespace", "-n", help="Source namespace to show first; default: the only one, "
+        "or a table of every source when there are several.")] = None,
     endpoint: Annotated[str | None, typer.Option(
         "--endpoint", help="Tunnel endpoint URI instead of the namespace's own.")] = None,
     host: Annotated[str, typer.Option(help="Interface to bind (no authentication!).")

@@ -62,6 +62,8 @@ function queryStatus(snap) {
       const ago = a.stopped_at === null ? "" : ` ${fmtAge(snap.generated_at - a.stopped_at)} ago`;
       return `query stopped${ago}${a.reason ? " with an error" : ""} · ${commit}`;
     }
+    case "restarting": return `restarting (${a.reason || "after a failure"}) · ${commit}`;
+    case "failed": return `failed: ${a.reason || "see the job's log"} · ${commit}`;
     default: return "waiting for the first committed batch";
   }
 }
@@ -223,11 +225,63 @@ function render(snap) {
     .filter(Boolean).join(" · "));
 }
 
+// Several sources in one meta store: a table of them first; ?namespace=NS shows one.
+const SELECTED = new URLSearchParams(window.location.search).get("namespace");
+
+function sourceLink(ns) { return "?namespace=" + encodeURIComponent(ns); }
+
+function renderSources(doc) {
+  document.body.dataset.view = "sources";
+  document.body.dataset.sourceCount = String(doc.sources.length);
+  $("source").textContent = `${doc.sources.length} sources · meta ${doc.meta_uri}`;
+  const body = $("sources").querySelector("tbody");
+  body.replaceChildren(...doc.sources.map(src => {
+    const a = src.activity || { state: "waiting" };
+    return el("tr", { "data-namespace": src.namespace, "data-state": a.state },
+      el("td", {}, el("a", { href: sourceLink(src.namespace) }, src.table ?? "?")),
+      el("td", {}, src.tunnel ?? "?"),
+      el("td", {}, badge(a.state)),
+      el("td", {}, a.last_commit_age_s === null ? "no commit yet" : `${fmtAge(a.last_commit_age_s)} ago`),
+      el("td", { class: "num" }, fmtNum(src.batch_count)),
+      el("td", { class: "mono" }, src.namespace),
+      el("td", { class: "muted" }, a.reason || ""));
+  }));
+}
+
+function showView(view) {
+  for (const node of document.querySelectorAll("[data-view]")) {
+    node.hidden = node.dataset.view !== view;
+  }
+}
+
+async function getJson(url) {
+  const response = await fetch(url, { cache: "no-store" });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
 async function poll() {
   try {
-    const response = await fetch("api/progress", { cache: "no-store" });
-    const body = await response.json();
-    if (!response.ok) throw new Error(body.error || response.statusText);
+    if (!SELECTED) {
+      const doc = await getJson("api/sources");
+      if (doc.sources.length > 1) {
+        showView("sources");
+        renderSources(doc);
+        polls += 1;
+        document.body.dataset.polls = String(polls);
+        const failing = doc.sources.filter(src => ["stale", "stopped", "restarting", "failed"]
+          .includes((src.activity || {}).state)).length;
+        setStatus(failing ? "stale" : "live", `${doc.sources.length} sources` +
+          (failing ? ` · ${failing} not running` : "") + " · page updated " + fmtTime(doc.generated_at));
+        showError("");
+        return;
+      }
+    }
+    showView("detail");
+    document.body.dataset.view = "detail";
+    $("all-sources").hidden = !SELECTED;
+    const body = await getJson("api/progress" + (SELECTED ? sourceLink(SELECTED) : ""));
     render(body);
     polls += 1;
     document.body.dataset.polls = String(polls);

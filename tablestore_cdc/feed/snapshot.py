@@ -57,12 +57,19 @@ def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[s
 STALE_AFTER_S = 30.0
 
 
+#: states in which the query is not running (``stopped_at`` and ``reason`` are given)
+_ENDED = ("stopped", "restarting", "failed")
+
+
 def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | None,
              records_behind: int | None, now: float) -> dict[str, Any]:
     """Is the query alive? ``state`` is one of
 
     - ``waiting``: no batch committed yet;
     - ``stopped``: the ``ProgressListener`` saw the query terminate (``reason``: its error);
+    - ``restarting``: the replication job restarts it after a retryable failure (``reason``:
+      the attempt, the delay and the error); ``failed``: the job ended on an error
+      (``tablestore_cdc.pipeline.job``);
     - ``live``: a commit or a listener heartbeat within ``stale_after_s``;
     - ``idle``: nothing for longer, but nothing is behind either (caught up, no new data);
     - ``stale``: nothing for longer while records are behind (or lag is unknown): the query
@@ -78,8 +85,9 @@ def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | N
         stale_after = max(STALE_AFTER_S, 5 * gaps[len(gaps) // 2])
     heard = [t for t in (last_commit, status.get("at") if status else None) if t is not None]
     last_heard = max(heard, default=None)
-    if status and status.get("status") == "stopped":
-        state = "stopped"
+    job_status = status.get("status") if status else None
+    if job_status in ("stopped", "restarting", "failed"):
+        state = job_status  # the listener saw the query end; the job restarts it or gave up
     elif last_commit is None:
         state = "waiting"
     elif last_heard is not None and now - last_heard <= stale_after:
@@ -92,8 +100,8 @@ def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | N
         "state": state, "last_commit_at": last_commit,
         "last_commit_age_s": None if last_commit is None else max(0.0, now - last_commit),
         "stale_after_s": stale_after,
-        "stopped_at": status.get("at") if status and state == "stopped" else None,
-        "reason": status.get("reason") if status and state == "stopped" else None,
+        "stopped_at": status.get("at") if status and state in _ENDED else None,
+        "reason": status.get("reason") if status and state in _ENDED else None,
     }
 
 
@@ -150,6 +158,28 @@ def dashboard_snapshot(
         "corrupt": store.corrupt_records() if isinstance(store, InspectedStore) else [],
     })
     return base
+
+
+def sources_summary(store: MetaStore) -> dict[str, Any]:
+    """The ``/api/sources`` document: every source (namespace) of the store with its table,
+    tunnel, batch count, newest batch, and the query's activity (as in ``dashboard_snapshot``,
+    without reading the tunnel: one meta-store pass per source)."""
+    now = time.time()
+    sources = []
+    for ns in user_namespaces(store):
+        info = store.get_namespace_info(ns) or {}
+        records = feed_records(store, ns, view=TunnelView(error="tunnel not consulted"),
+                               limit=5, now=now)
+        status = load_query_status(store, ns)
+        sources.append({
+            "namespace": ns, "table": info.get("table"), "tunnel": info.get("tunnel"),
+            "batch_count": len(store.list_batches(ns)),
+            "activity": activity(records, status, None, now),
+            "status": status["status"] if status else None,
+            "status_reason": status["reason"] if status else None,
+        })
+    return {"schema_version": FEED_SCHEMA_VERSION, "kind": "sources", "generated_at": now,
+            "meta_uri": store.uri, "sources": sources}
 
 
 def _latest_positions(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
