@@ -394,7 +394,7 @@ def test_replicate_refuses_a_bad_target_or_policy_before_starting_spark(tmp_path
     base = [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store", str(store.path),
             "--table", "t", "--output", str(tmp_path / "out")]
     for extra, message in (
-            (["--schema-drift", "drop"], "option 'schema_drift': unknown policy"),
+            (["--schema-drift", "drop"], "option '--schema-drift': unknown policy"),
             (["--target", "iceberg:///tmp/wh"], "table=NAMESPACE.TABLE is required"),
             (["--scd", "2", "--soft-delete-column", "_deleted"], "SCD type 2 already keeps")):
         done = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
