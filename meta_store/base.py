@@ -216,6 +216,10 @@ def chain_order(batches: Iterable[BatchRecord]) -> list[BatchRecord]:
     return ordered
 
 
+#: the lease-row key prefix of documents (a source identity never starts with it)
+DOCUMENT_PREFIX = "document:"
+
+
 class MetaStore(ABC):
     """A meta table. One instance per process; not shared across processes."""
 
@@ -540,6 +544,18 @@ class MetaStore(ABC):
             return
         ended = current.model_copy(update={"expires_at": at, "renewed_at": at})
         self._swap_lease_json(key, raw, ended.model_dump_json())  # lost: someone took it
+
+    # --- documents (driver and CLI; ``meta_store.signals``) ---------------------------------
+
+    def get_document(self, key: str) -> str | None:
+        """The small JSON document under ``key``, or None. Kept in the lease rows under a key
+        no source identity has (``DOCUMENT_PREFIX``), so every backend has it already."""
+        return self._get_lease_json(DOCUMENT_PREFIX + key)
+
+    def swap_document(self, key: str, expected: str | None, new: str) -> bool:
+        """Store ``new`` under ``key`` if the stored document is exactly ``expected`` (None:
+        none stored), atomically; True when it was written."""
+        return self._swap_lease_json(DOCUMENT_PREFIX + key, expected, new)
 
     def __enter__(self) -> MetaStore:
         return self

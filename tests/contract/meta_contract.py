@@ -313,6 +313,37 @@ class MetaStoreContract:
         assert store._swap_lease_json(NS, '{"x": 1}', '{"x": 4}') is False
         assert store._get_lease_json(NS) == '{"x": 3}'
 
+    # --- documents and re-snapshot signals -----------------------------------------------
+
+    def test_a_document_is_compare_and_set_and_apart_from_the_lease(
+            self, store: MetaStore, other: MetaStore) -> None:
+        assert store.get_document(NS) is None
+        assert store.swap_document(NS, None, '{"a": 1}') is True
+        assert other.swap_document(NS, None, '{"a": 2}') is False
+        assert other.swap_document(NS, '{"a": 1}', '{"a": 3}') is True
+        assert store.get_document(NS) == '{"a": 3}'
+        assert store.get_lease(NS) is None  # the lease of the same key is another row
+        assert store.take_lease(NS, "a", 60, namespace=NS, now=1000) is None
+        assert store.get_document(NS) == '{"a": 3}'
+
+    def test_signals_added_taken_and_finished_across_stores(
+            self, store: MetaStore, other: MetaStore) -> None:
+        from meta_store.signals import Signal, SignalBoard, SignalState
+
+        cli, job = SignalBoard(store, NS), SignalBoard(other, NS)
+        first = cli.add(Signal(table="orders", key_from=10, key_to=20))
+        assert cli.add(Signal(table="orders", key_from=10, key_to=20)).id == first.id
+        second = cli.add(Signal(table="orders"))
+        assert [s.id for s in job.signals()] == [first.id, second.id]
+        assert job.next_due().id == first.id
+        job.set(first.id, state=SignalState.RUNNING, percent=40.0)
+        assert "running 40 %" in cli.signals()[0].describe()
+        assert job.next_due().id == first.id  # a running one first: its job died in it
+        job.set(first.id, state=SignalState.DONE, counts={"upserts": 3, "deletes": 1})
+        assert job.next_due().id == second.id
+        assert SignalBoard(store, OTHER_NS).signals() == []
+        assert cli.signals()[0].counts == {"upserts": 3, "deletes": 1}
+
     # --- commit, push, listing ------------------------------------------------------------
 
     def _chain(self, store: MetaStore, length: int, start: float = 1000.0) -> list[str]:
