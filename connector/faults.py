@@ -57,6 +57,11 @@ POINTS = (
     "before_target_commit",
     # driver (the apply sink): the batch committed into the table; Spark's commit log not written
     "after_target_commit",
+    # driver (a re-snapshot's repair, tablestore_cdc.resnapshot): the repair's change batch is
+    # built from the source, not committed; the signal is marked running
+    "resnapshot_before_commit",
+    # driver (the repair): its commit is in the table, the signal not yet marked done
+    "resnapshot_after_commit",
 )
 
 

@@ -144,7 +144,8 @@ class SignalBoard:
         signals = self.signals()
         running = [s for s in signals if s.state is SignalState.RUNNING]
         pending = [s for s in signals if s.state is SignalState.PENDING]
-        return (running or pending or [None])[0]
+        due = running or pending
+        return due[0] if due else None
 
     def set(self, signal_id: str, **fields: Any) -> Signal | None:
         """Change one signal's fields (``updated_at`` set to now); None if it is gone."""

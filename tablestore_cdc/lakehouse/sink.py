@@ -99,6 +99,10 @@ class ApplySink(ABC):
         self.executor_write_rows = executor_write_rows
         self._spark_context: Any = None
         self.last_result: ApplyResult | None = None
+        #: the job named in the table's marker when it is not the commit's ``app_id``: a
+        #: re-snapshot's repair commits under its own app id for the job that owns the table
+        #: (``tablestore_cdc.resnapshot.repair``)
+        self.marker_job: str | None = None
         # fail at construction on a bad option (keys, when not given, come with the batch)
         self.options(self.key_columns or ("<key>",))
 
@@ -112,7 +116,7 @@ class ApplySink(ABC):
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` function (driver)."""
-        app_id = self.app_id or _query_id(df, batch_id)
+        app_id = self.app_id or query_id_of(df, batch_id)
         key_columns = self.key_columns or key_columns_of(df.schema)
         if not key_columns:
             raise ApplyOptionError(option="key_columns", value=None,
@@ -170,7 +174,7 @@ class ApplySink(ABC):
 
     def _marker(self, app_id: str, options: ApplyOptions) -> Marker:
         """This job's marker of the tables it writes (ownership.py)."""
-        return Marker(self.source, app_id, options.key_columns)
+        return Marker(self.source, self.marker_job or app_id, options.key_columns)
 
     @staticmethod
     def _batch_keys(batch: pa.Table, options: ApplyOptions) -> pa.Schema:
@@ -237,7 +241,7 @@ class TableCreatedMeanwhile(Exception):
     (and check whose it is) like any lost race."""
 
 
-def _query_id(df: Any, batch_id: int) -> str:
+def query_id_of(df: Any, batch_id: int) -> str:
     """The running streaming query's id (a local property of the batch's thread)."""
     try:
         query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)

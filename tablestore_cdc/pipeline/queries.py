@@ -116,11 +116,23 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
             spark.streams.removeListener(listener)
             raise
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
-                   .writeStream.queryName("apply").foreachBatch(sink)
+                   .writeStream.queryName("apply")
+                   .foreachBatch(_with_resnapshots(sink, endpoint, table, tunnel, options, apply))
                    .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
                    .trigger(**trigger).start())
     return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
                     listener=listener, spark=spark)
+
+
+def _with_resnapshots(sink: Any, endpoint: str, table: str, tunnel: str,
+                      options: dict[str, str] | None, apply: ApplySettings) -> Any:
+    """The apply sink with the job's re-snapshot repairs between its batches
+    (``tablestore_cdc.resnapshot.hook``)."""
+    from tablestore_cdc.reconcile.source import SourceSpec
+    from tablestore_cdc.resnapshot.hook import ResnapshotHook
+
+    spec = SourceSpec(endpoint, table, tunnel, dict(options or {}))
+    return ResnapshotHook(sink, spec, apply.target, soft_delete_column=apply.soft_delete_column)
 
 
 def checkpoint_query_id(checkpoint: Path) -> str | None:

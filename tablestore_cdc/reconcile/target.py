@@ -35,6 +35,16 @@ _READERS = {"delta": "tablestore_cdc.reconcile.target_delta:DeltaTargetTable",
             "iceberg": "tablestore_cdc.reconcile.target_iceberg:IcebergTargetTable"}
 
 
+#: the app id prefix of a re-snapshot's repair commit (``tablestore_cdc.resnapshot``): such a
+#: commit is not a batch of the stream, and how far the stream applied is read past it
+REPAIR_APP_PREFIX = "resnapshot-"
+
+
+def is_repair(app_id: object) -> bool:
+    """Whether a commit's app id is a re-snapshot's repair, not an apply batch."""
+    return str(app_id).startswith(REPAIR_APP_PREFIX)
+
+
 @dataclass(frozen=True)
 class AppliedBatch:
     """The newest batch an apply query committed to the target (times: seconds since the

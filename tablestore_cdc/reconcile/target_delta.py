@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse import END_AT
 from tablestore_cdc.lakehouse.delta import BATCH_ID_KEY, QUERY_ID_KEY
-from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable
+from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
 
 #: commits of the history read at a time while looking for the apply's two newest batches
 HISTORY_PAGE = 200
@@ -68,7 +68,7 @@ def newest_two(history: list[dict[str, Any]], whole: bool) -> AppliedBatch | Non
     newest: tuple[str, int, float] | None = None
     for commit in history:
         app_id, batch = commit.get(QUERY_ID_KEY), commit.get(BATCH_ID_KEY)
-        if app_id is None or batch is None:
+        if app_id is None or batch is None or is_repair(app_id):
             continue
         at = float(commit["timestamp"]) / 1000
         if newest is None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from tablestore_cdc.lakehouse import END_AT
 from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
-from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable
+from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
 
 
 class IcebergTargetTable(TargetTable):
@@ -60,7 +60,7 @@ class IcebergTargetTable(TargetTable):
         for snapshot in ancestors_of(self._snapshot, self._table.metadata):
             summary = snapshot.summary
             app_id = summary.get(QUERY_ID_PROPERTY) if summary is not None else None
-            if app_id is None or summary is None:
+            if app_id is None or summary is None or is_repair(app_id):
                 continue
             batch = int(str(summary.get(BATCH_ID_PROPERTY)))
             at = snapshot.timestamp_ms / 1000

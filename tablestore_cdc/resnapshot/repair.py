@@ -1,0 +1,164 @@
+"""One signal's repair (the apply job's driver, between two of its batches; ``hook.py``).
+
+1. Reconcile the table against the target (``tablestore_cdc.reconcile.run.reconcile_table``:
+   the target pinned, the source scanned, the differences labelled IN-FLIGHT when the change
+   stream holds a change of their key after the position the target is known to hold).
+2. Keep the differences in the signal's key range that are **not** in flight. An in-flight key
+   is the stream's: its later changes are still to be applied (or were applied since the
+   position) and win, which keeps each key's changes in order -- the watermark of Debezium's
+   incremental snapshot, per key. When the position cannot be known (no apply batch yet, the
+   change log trimmed past it), every difference is repaired: the stream applies every later
+   change after the repair, so each key still converges; the signal's note says so.
+3. Read the source rows of those keys again (the same reader): a key the source holds is
+   written as a PUT of its current row, a key it lacks as a DELETE -- the stream's own change
+   images (``connector.tunnel.page.records_to_page``), so the sink applies them as it applies
+   the stream (upsert; delete, soft delete or SCD 2 close).
+4. Commit them through the job's own apply sink in **one** commit under the app id
+   ``resnapshot-<signal id>`` and batch 0 (``REPAIR_APP_PREFIX``): the sink skips a batch its
+   app id already recorded, so a repair run again after a crash between its commit and the
+   signal's "done" changes nothing. The table's marker still names the job (``marker_job``).
+
+The job applies its next batch only after the repair returns: one writer, no commit race.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from connector.clients import crash_point
+from connector.tunnel import Op, Record
+from connector.tunnel.page import PageLayout, records_to_page
+from meta_store.signals import Signal, SignalBoard
+from tablestore_cdc.reconcile.compare import PAGE_ROWS
+from tablestore_cdc.reconcile.layout import Key
+from tablestore_cdc.reconcile.run import reconcile_table
+from tablestore_cdc.reconcile.source import SourceSpec, open_source_table
+from tablestore_cdc.reconcile.target import REPAIR_APP_PREFIX
+from tablestore_cdc.resnapshot.keyrange import KeyRange
+
+log = logging.getLogger("tablestore_cdc.resnapshot")
+
+#: the channel id the repair's change images carry (no channel of the source has it)
+REPAIR_CHANNEL = "resnapshot"
+#: least seconds between two progress writes into the signal
+PROGRESS_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class RepairOutcome:
+    """What a repair did (the signal's counts and note)."""
+
+    upserts: int = 0
+    deletes: int = 0
+    in_flight: int = 0
+    differences: int = 0
+    #: the commit was already in the target (a repair run again after a crash)
+    already: bool = False
+    note: str = ""
+
+    def counts(self) -> dict[str, int]:
+        return {"upserts": self.upserts, "deletes": self.deletes, "in_flight": self.in_flight,
+                "differences": self.differences}
+
+
+def repair_app_id(signal: Signal) -> str:
+    return f"{REPAIR_APP_PREFIX}{signal.id}"
+
+
+class SignalProgress:
+    """``reconcile.compare.Progress`` written into the signal (``running n %``), at most every
+    ``PROGRESS_EVERY_S``; the comparison reads each side up to twice, so each step is a
+    share of the whole."""
+
+    STEPS = 4
+
+    def __init__(self, board: SignalBoard, signal: Signal) -> None:
+        self.board, self.signal = board, signal
+        self.step, self.done, self.written = 0, 0, 0.0
+        self.total: int | None = None
+
+    def begin(self, what: str, total: int | None) -> None:
+        self.total, self.done = total, 0
+
+    def advance(self, rows: int) -> None:
+        self.done += rows
+        now = time.monotonic()
+        if now - self.written >= PROGRESS_EVERY_S:
+            self.written = now
+            share = min(1.0, self.done / self.total) if self.total else 0.5
+            percent = min(99.0, 100.0 * (min(self.step, self.STEPS - 1) + share) / self.STEPS)
+            self.board.set(self.signal.id, percent=round(percent, 1))
+
+    def end(self) -> None:
+        self.step += 1
+
+
+def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: Signal,
+               board: SignalBoard, *, soft_delete_column: str | None = None) -> RepairOutcome:
+    """Repair the target of ``sink`` (the running apply query ``job``'s) for ``signal``
+    (module docstring)."""
+    app_id = repair_app_id(signal)
+    if sink.committed_batch(app_id) is not None:
+        return RepairOutcome(already=True, note="the repair was committed before a restart")
+    report = reconcile_table(spec, target_uri, soft_delete_column=soft_delete_column,
+                             progress=SignalProgress(board, signal))
+    span = KeyRange(report.key_columns[0] if report.key_columns else "", signal.key_from,
+                    signal.key_to)
+    wanted = [d for d in report.comparison.differences if span.holds(d.key)]
+    repaired = {d.key for d in wanted if not d.in_flight}
+    found = report.in_flight
+    if found is None or found.determined:
+        note = f"{len(wanted) - len(repaired)} difference(s) in flight left to the stream"
+    else:
+        note = f"in-flight position unknown ({found.note}): every difference repaired"
+        log.warning("resnapshot %s of %s: %s", signal.id, spec.table, note)
+    batch = _change_batch(spec, repaired) if repaired else None
+    if batch is None:
+        return RepairOutcome(differences=len(wanted), in_flight=len(wanted), note=note)
+    writer = copy.copy(sink)
+    writer.marker_job = job
+    crash_point("resnapshot_before_commit")
+    writer.apply(batch, app_id, 0, report.key_columns)
+    crash_point("resnapshot_after_commit")
+    deletes = sum(1 for op in batch.column("_op").to_pylist() if op == Op.DELETE.value)
+    return RepairOutcome(upserts=batch.num_rows - deletes, deletes=deletes,
+                         in_flight=len(wanted) - len(repaired), differences=len(wanted),
+                         note=note)
+
+
+def _change_batch(spec: SourceSpec, keys: set[Key]) -> pa.Table:
+    """The source's current rows of ``keys`` as PUTs, the keys it no longer holds as DELETEs,
+    in the source's output layout (module docstring, step 3)."""
+    now_us = int(time.time() * 1_000_000)
+    records: list[Record] = []
+    with open_source_table(spec) as source:
+        names = tuple(c.name for c in source.schema.primary_key)
+        layout = PageLayout.of_table(source.schema)
+        left = set(keys)
+        for page in source.pages(PAGE_ROWS):
+            for pk, attrs in page:
+                key = tuple(pk.get(n) for n in names)
+                if key in left:
+                    left.discard(key)
+                    records.append(_record(Op.PUT, pk, attrs, len(records), now_us))
+            if not left:
+                break
+    for key in sorted(left, key=repr):
+        records.append(_record(Op.DELETE, dict(zip(names, key, strict=True)), {}, len(records),
+                               now_us))
+    page = pa.Table.from_batches([records_to_page(records, layout)])
+    return page.append_column(pa.field("_channel_id", pa.string(), False),
+                              pa.array([REPAIR_CHANNEL] * page.num_rows, pa.string()))
+
+
+def _record(op: Op, pk: dict[str, Any], attrs: dict[str, Any], n: int, at_us: int) -> Record:
+    return Record(op=op, primary_key=pk,
+                  columns={k: v for k, v in attrs.items() if v is not None},
+                  before=None, sequence=f"{n:020d}", commit_ts_us=at_us,
+                  channel_id=REPAIR_CHANNEL)
