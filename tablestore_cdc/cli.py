@@ -7,6 +7,7 @@
 - ``tablestore-cdc demo`` / ``replicate``  the pipeline (tablestore_cdc/pipeline_cli.py)
 - ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
 - ``tablestore-cdc reconcile``    source table against its lakehouse copy (tablestore_cdc/reconcile)
+- ``tablestore-cdc resnapshot``   the job repairs its copy (tablestore_cdc/resnapshot)
 - ``tablestore-cdc lake ...``     the apply sink's tables' upkeep (tablestore_cdc/lake_cli.py)
 """
 
@@ -25,6 +26,7 @@ from tablestore_cdc.local_cli import app as local_app
 from tablestore_cdc.meta_cli import app as meta_app
 from tablestore_cdc.pipeline_cli import demo, replicate
 from tablestore_cdc.reconcile.command import reconcile
+from tablestore_cdc.resnapshot.command import resnapshot
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
@@ -51,6 +53,7 @@ app.add_typer(lake_app, name="lake")
 app.command("demo")(demo)
 app.command("replicate")(replicate)
 app.command("reconcile")(reconcile)
+app.command("resnapshot")(resnapshot)
 app.command("progress")(feed_command)
 app.command("dashboard")(dashboard_command)
 app.command("emulator")(emulator_command)

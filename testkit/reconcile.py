@@ -8,7 +8,9 @@ tunnel of its own, parents before children (a channel read to its end is checkpo
 (``connector.tunnel.page.records_to_page`` plus ``_channel_id``), as the source delivers them.
 
 ``DeltaTarget`` and ``IcebergTarget`` are a target URI and how to change its table behind the
-product's back (rows deleted, changed, added); ``found`` sorts a report's differences by label.
+product's back (rows deleted, changed, added); ``OrdersTarget`` the same on the demo's
+``orders`` table (the Spark tests of reconcile and resnapshot); ``found`` sorts a report's
+differences by label.
 """
 
 from __future__ import annotations
@@ -159,3 +161,66 @@ def found(report: Any) -> dict[str, set[Any]]:
     for d in report.comparison.differences:
         out[d.label].add(d.key[0])
     return out
+
+
+class OrdersTarget:
+    """The test targets of tests/test_reconcile.py on the demo's ``orders`` table."""
+
+    @staticmethod
+    def delta(root: Path) -> Target:
+        return _Orders(DeltaTarget(root))
+
+    @staticmethod
+    def iceberg(root: Path) -> Target:
+        target = IcebergTarget(root)
+        target.uri = target.uri.replace("cdc.t", "cdc.orders")
+        target.table = _iceberg_table(target)  # type: ignore[method-assign]
+        return _Orders(target)
+
+
+def _iceberg_table(target: IcebergTarget) -> Any:
+    def table() -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        return load_catalog("tablestore_cdc", **target.props).load_table("cdc.orders")
+    return table
+
+
+class _Orders(Target):
+    """A test target whose key is ``order_id`` and whose columns are the demo's: the delete,
+    change and add of ``Target.tamper`` done with those names."""
+
+    def __init__(self, inner: Target) -> None:
+        super().__init__(inner.uri)
+        self.inner = inner
+
+    def tamper(self, deleted: list[int], changed: list[int], added: int) -> None:
+        import deltalake
+        import pyarrow as pa
+
+        inner = self.inner
+        if isinstance(inner, DeltaTarget):
+            deltalake.DeltaTable(inner.path).delete(
+                f"order_id IN ({', '.join(map(str, deleted))})")
+            deltalake.DeltaTable(inner.path).update(predicate=f"order_id = {changed[0]}",
+                                                    updates={"amount": "-1.0"})
+            deltalake.DeltaTable(inner.path).update(predicate=f"order_id = {changed[1]}",
+                                                    updates={"status": "'by hand'"})
+            schema = pa.schema(deltalake.DeltaTable(inner.path).schema().to_arrow())
+            row = {f.name: None for f in schema} | {"order_id": added, "status": "by hand"}
+            deltalake.write_deltalake(inner.path, pa.Table.from_pylist([row], schema=schema),
+                                      mode="append")
+            return
+        from pyiceberg.expressions import EqualTo, In
+
+        assert isinstance(inner, IcebergTarget)
+        inner.table().delete(In("order_id", set(deleted)))
+        for key, column, value in ((changed[0], "amount", -1.0),
+                                   (changed[1], "status", "by hand")):
+            rows = inner.table().scan(row_filter=EqualTo("order_id", key)).to_arrow()
+            row = rows.to_pylist()[0] | {column: value}
+            inner.table().overwrite(pa.Table.from_pylist([row], schema=rows.schema),
+                                    overwrite_filter=EqualTo("order_id", key))
+        schema = inner.table().schema().as_arrow()
+        row = {f.name: None for f in schema} | {"order_id": added, "status": "by hand"}
+        inner.table().append(pa.Table.from_pylist([row], schema=schema))

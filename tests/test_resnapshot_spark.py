@@ -1,0 +1,94 @@
+"""A re-snapshot repairs the target while the stream runs (``tablestore_cdc.resnapshot``), on
+the real pipeline (a real local Spark, the embedded store, Delta or Iceberg) under a write
+load: three rows deleted, two changed and one added in the target behind the product's back are
+repaired by the job between two of its batches; reconcile then reports zero differences."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+pytest.importorskip("polars")
+
+from connector.local import LocalTablestore  # noqa: E402
+from meta_store.signals import Signal, SignalState  # noqa: E402
+from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter  # noqa: E402
+from tablestore_cdc.pipeline import ApplySettings, start_pipeline  # noqa: E402
+from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
+from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
+from testkit.reconcile import OrdersTarget, found  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: keys the demo writer never touches (it counts up from 1): the tampered rows
+BASE = 5_000_000
+
+
+def make_orders(store_path: Path, rows: int = 20) -> None:
+    """The demo's table with ``rows`` rows outside the writer's keys."""
+    with LocalTablestore(store_path) as store:
+        store.create_table(DEMO_TABLE, primary_key=[("order_id", "INTEGER")],
+                           columns=[("customer", "STRING"), ("amount", "DOUBLE"),
+                                    ("status", "STRING")], channels=4)
+        for i in range(rows):
+            store.put_row(DEMO_TABLE, {"order_id": BASE + i},
+                          {"customer": f"c{i}", "amount": float(i), "status": "new"})
+
+
+def settle(pipeline: Any, store_path: Path) -> None:
+    """Every change applied and the target's applied position past them (two more writes
+    applied, as tests/test_reconcile_spark.py explains)."""
+    pipeline.drain()
+    with LocalTablestore(store_path) as store:
+        for extra in (1, 2):
+            store.put_row(DEMO_TABLE, {"order_id": 10_000_000 + extra}, {"status": "x"})
+            pipeline.drain()
+            time.sleep(1.0)
+            pipeline.drain()
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_resnapshot_during_a_write_load_repairs_six_differences(spark: Any, tmp_path: Path,
+                                                                   kind: str) -> None:
+    store_path = tmp_path / "store.db"
+    make_orders(store_path)
+    target = OrdersTarget.delta(tmp_path) if kind == "delta" else OrdersTarget.iceberg(tmp_path)
+    endpoint = f"local://{store_path}"
+    pipeline = start_pipeline(spark, endpoint, DEMO_TABLE, "replicate", tmp_path / "out",
+                              ApplySettings(target.uri), trigger_ms=500)
+    spec = SourceSpec(endpoint, DEMO_TABLE)
+    try:
+        wait_until("the first rows applied", pipeline.applied_batch,
+                   lambda batch: batch is not None, timeout=180, query=pipeline.state_query)
+        settle(pipeline, store_path)
+        deleted, changed, added = [BASE + 1, BASE + 2, BASE + 3], [BASE + 5, BASE + 6], BASE + 99
+        target.tamper(deleted, changed, added)
+        report = reconcile_table(spec, target.uri)
+        assert found(report) == {"MISSING": set(deleted), "EXTRA": {added},
+                                 "DIFFERENT": set(changed), "IN-FLIGHT": set()}
+        writer = DemoWriter(store_path, changes=1200, duration_s=15, seed=5)
+        writer.start()
+        time.sleep(2.0)  # the load runs: the repair's comparison sees rows in flight
+        with open_board(spec) as board:
+            signal = board.add(Signal(table=DEMO_TABLE))
+            done = wait_until(
+                "the job ran the resnapshot",
+                lambda: next(s for s in board.signals() if s.id == signal.id),
+                lambda s: s.finished, timeout=180, query=pipeline.state_query)
+        assert done.state is SignalState.DONE, done
+        assert done.counts["upserts"] == 5 and done.counts["deletes"] == 1, done
+        assert writer.is_alive() or writer.written == 1200
+        writer.join()
+        assert writer.error is None
+        settle(pipeline, store_path)
+        report = reconcile_table(spec, target.uri)
+        assert report.comparison.differences == [], report.comparison.differences
+        assert report.in_flight is None  # no difference: no in-flight read needed
+    finally:
+        pipeline.stop()
