@@ -211,8 +211,10 @@ class _Orders(Target):
             deltalake.write_deltalake(inner.path, pa.Table.from_pylist([row], schema=schema),
                                       mode="append")
             return
-        from pyiceberg.expressions import EqualTo, In
+        from pyiceberg import expressions
 
+        In: Any = expressions.In  # noqa: N806 - keyword-only for mypy (see IcebergTarget)
+        EqualTo: Any = expressions.EqualTo  # noqa: N806
         assert isinstance(inner, IcebergTarget)
         inner.table().delete(In("order_id", set(deleted)))
         for key, column, value in ((changed[0], "amount", -1.0),
