@@ -13,6 +13,7 @@ into the stream reader and input partitions.
 from __future__ import annotations
 
 import difflib
+import enum
 import hashlib
 import re
 from collections.abc import Iterator, Mapping
@@ -43,6 +44,13 @@ from connector.tunnel import TUNNEL_BACKENDS, TunnelAdministration, endpoint_rul
 from connector.tunnel.base import ColumnSpec, StartPosition, TableSchema, TunnelType
 from connector.tunnel.endpoint import TunnelEndpoint
 from meta_store import META_BACKENDS
+
+
+class DataLossPolicy(str, enum.Enum):  # noqa: UP042 - keep str() as is for callers
+    """``onDataLoss``: what records trimmed before the query read them do."""
+
+    FAIL = "fail"
+    RESNAPSHOT = "resnapshot"
 
 
 class OptionSpec(NamedTuple):
@@ -103,6 +111,11 @@ OPTIONS: dict[str, OptionSpec] = {
     "failOnDataLoss": OptionSpec(
         "fail_on_data_loss", "true or false",
         "fail when needed records were trimmed; false skips the gap with a warning"),
+    "onDataLoss": OptionSpec(
+        "on_data_loss", "fail or resnapshot",
+        "what trimmed records do: fail (as failOnDataLoss) or resnapshot: record a resnapshot "
+        "signal for the table, warn, go on after the gap (the replicate job repairs its "
+        "target; docs/resnapshot.md)"),
     "skipEmptyBatches": OptionSpec(
         "skip_empty_batches", "true or false",
         "run no batch while the tunnel reports nothing new"),
@@ -199,6 +212,7 @@ class SourceOptions(BaseModel):
     channel_refresh_interval_ms: int = Field(default=1_000, ge=0, le=_INT_MAX)
     meta_retention_batches: int = Field(default=100, ge=1, le=_INT_MAX)
     fail_on_data_loss: bool = True
+    on_data_loss: DataLossPolicy = DataLossPolicy.FAIL
     skip_empty_batches: bool = True
     instance_name: str | None = Field(default=None, min_length=1)
     tunnel_id: str | None = Field(default=None, min_length=1)
@@ -251,6 +265,11 @@ class SourceOptions(BaseModel):
                 if member.value.lower() == value.strip().lower():
                     return member
         return value
+
+    @field_validator("on_data_loss", mode="before")
+    @classmethod
+    def _data_loss(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("starting_position", mode="before")
     @classmethod
@@ -352,6 +371,8 @@ class SourceOptions(BaseModel):
                               problem=_problem(error["msg"]),
                               allowed=spec.allowed if spec else "see docs/options.md") from None
         _check_combinations(built, given=set(values))
+        if built.on_data_loss is DataLossPolicy.RESNAPSHOT:  # the read goes on after a gap
+            built = built.model_copy(update={"fail_on_data_loss": False})
         # an endpoint that names no service is refused at load(), before any tunnel is named
         with blamed("endpoint", built.safe_endpoint, OPTIONS["endpoint"].allowed):
             identity_of(built.endpoint.uri, built.table_name, built.tunnel_name or "")
@@ -464,6 +485,12 @@ class SourceOptions(BaseModel):
 
 def _check_combinations(built: SourceOptions, given: set[str]) -> None:
     """Options that are valid alone but not together (``given``: the fields the user set)."""
+    if (built.on_data_loss is DataLossPolicy.RESNAPSHOT and "fail_on_data_loss" in given
+            and built.fail_on_data_loss):
+        raise OptionError(option="onDataLoss", value=built.on_data_loss.value,
+                          problem="conflicts with failOnDataLoss=true: resnapshot goes on "
+                          "after trimmed records", allowed="one of onDataLoss=resnapshot and "
+                          "failOnDataLoss=true")
     if built.starting_timestamp is not None:
         if "starting_position" in given:
             raise OptionError(option="startingTimestamp", value=built.starting_timestamp,

@@ -46,3 +46,6 @@ class ChannelPartition(InputPartition):
     #: ``startingTimestamp`` (µs): records committed before it at the start of the read are
     #: passed over; set only while the query has consumed nothing of the channel
     skip_before_us: int | None = None
+    #: ``onDataLoss=resnapshot``: the table a resnapshot signal is recorded for when the read
+    #: passes over trimmed records (``connector.data_loss``); None: no signal
+    resnapshot_table: str | None = None

@@ -39,7 +39,7 @@ from typing import Any
 from connector.clients import Clients, crash_point
 from connector.errors import CheckpointBehindMetaError, TunnelError, UnknownBatchError
 from connector.identity import SourceIdentity
-from connector.options import SourceOptions
+from connector.options import DataLossPolicy, SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.backlog import records_available
 from connector.planning.binding import (
@@ -430,6 +430,8 @@ class StreamProtocol:
             "meta_credentials": tuple(sorted((self.options.meta_store_credentials or {}).items())),
             "endpoint": self.options.endpoint, "tunnel_id": self.tunnel_id, "end_uuid": end_uuid,
             "fail_on_data_loss": self.options.fail_on_data_loss,
+            "resnapshot_table": (self.options.table_name if self.options.on_data_loss
+                                 is DataLossPolicy.RESNAPSHOT else None),
             "available_now_us": available_now_us,
         }
 

@@ -34,12 +34,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from connector.clients import crash_point, executor_clients
+from connector.data_loss import resnapshot_on_gap
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
 from connector.partition import ChannelPartition
 from connector.stop_rule import MAX_EMPTY_PAGES, PAGE_SIZE, StopRule, commit_micros
@@ -161,18 +162,22 @@ def lost_before(tunnel: ChannelReader, tunnel_id: str, channel_id: str, lost: Tr
 
 def resume_after_trim(tunnel: ChannelReader, tunnel_id: str, channel_id: str,
                       lost: TrimmedDataError, layout: PageLayout, *, before_us: int | None,
-                      before_what: str, kept_any: bool, fail_on_data_loss: bool) -> str:
+                      before_what: str, kept_any: bool, fail_on_data_loss: bool,
+                      on_gap: Callable[[TrimmedDataError], None] | None = None) -> str:
     """The token a read goes on from after ``lost`` (executor; ``fetch_pages`` and the bounded
     batch read, ``connector.range_read``), or ``lost`` raised. Passed over quietly when every
     lost record was committed before ``before_us`` (the read would have skipped them: what
     ``before_what`` names); raised when ``failOnDataLoss`` holds or the read already kept
-    records (a gap inside what it delivers); else passed over with a warning."""
+    records (a gap inside what it delivers); else passed over with a warning, and ``on_gap``
+    told (``onDataLoss=resnapshot``: ``connector.data_loss``)."""
     if not kept_any and lost_before(tunnel, tunnel_id, channel_id, lost, layout, before_us):
         log.info("%s; all of them were committed before %s", lost, before_what)
     elif fail_on_data_loss or kept_any:
         raise lost
     else:
         log.warning("%s; continuing after the gap because failOnDataLoss=false", lost)
+        if on_gap is not None:
+            on_gap(lost)
     return lost.resume_token
 
 
@@ -213,7 +218,7 @@ def fetch_pages(tunnel: ChannelReader, p: ChannelPartition, layout: PageLayout) 
                 tunnel, p.tunnel_id, p.channel_id, lost, layout,
                 before_us=p.skip_before_us if state.skipping else None,
                 before_what="startingTimestamp", kept_any=bool(pages),
-                fail_on_data_loss=p.fail_on_data_loss)
+                fail_on_data_loss=p.fail_on_data_loss, on_gap=resnapshot_on_gap(p))
             continue
         step = rule.decide(state, page, token)
         state = step.state

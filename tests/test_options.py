@@ -60,6 +60,9 @@ def test_defaults_and_case_insensitive_keys():
          ["'minOffsetsPerTrigger'", "above maxOffsetsPerTrigger"]),
         ({"maxBytesPerTrigger": "10 parsecs"}, ["'maxBytesPerTrigger'", "not a number of bytes"]),
         ({"maxBytesPerTrigger": "0"}, ["'maxBytesPerTrigger'", ">= 1"]),
+        ({"onDataLoss": "ignore"}, ["'onDataLoss'", "'ignore'", "fail or resnapshot"]),
+        ({"onDataLoss": "resnapshot", "failOnDataLoss": "true"},
+         ["'onDataLoss'", "conflicts with failOnDataLoss=true"]),
     ],
 )
 def test_bad_values_name_option_value_and_allowed(extra, fragments):
@@ -67,6 +70,16 @@ def test_bad_values_name_option_value_and_allowed(extra, fragments):
         SourceOptions.from_spark(lower({**BASE, **extra}))
     for fragment in fragments:
         assert fragment in str(info.value)
+
+
+def test_on_data_loss_resnapshot_goes_on_after_a_gap():
+    """``onDataLoss=resnapshot`` reads past trimmed records as ``failOnDataLoss=false`` does
+    (and records a signal, connector/data_loss.py); ``fail`` is today's default."""
+    assert SourceOptions.from_spark(BASE).on_data_loss.value == "fail"
+    assert SourceOptions.from_spark(BASE).fail_on_data_loss is True
+    opts = SourceOptions.from_spark(lower({**BASE, "onDataLoss": " Resnapshot "}))
+    assert opts.on_data_loss.value == "resnapshot" and opts.fail_on_data_loss is False
+    assert pickle.loads(pickle.dumps(opts)) == opts
 
 
 @pytest.mark.parametrize("missing", ["endpoint", "table.name", "tunnel.name"])

@@ -92,3 +92,53 @@ def test_a_resnapshot_during_a_write_load_repairs_six_differences(spark: Any, tm
         assert report.in_flight is None  # no difference: no in-flight read needed
     finally:
         pipeline.stop()
+
+
+@pytest.mark.parametrize("policy", ["resnapshot", "fail"])
+def test_a_stream_restarted_after_its_changes_were_trimmed(spark: Any, tmp_path: Path,
+                                                           policy: str) -> None:
+    """Stopped, its source changed and the change log trimmed, restarted: with
+    ``onDataLoss=resnapshot`` the source records a signal and goes on, the job repairs the
+    target, reconcile reports zero; with ``fail`` the query stops on the typed error."""
+    store_path = tmp_path / "store.db"
+    make_orders(store_path)
+    target = OrdersTarget.delta(tmp_path)
+    endpoint = f"local://{store_path}"
+    spec = SourceSpec(endpoint, DEMO_TABLE)
+    first = start_pipeline(spark, endpoint, DEMO_TABLE, "replicate", tmp_path / "out",
+                           ApplySettings(target.uri), trigger_ms=500)
+    try:
+        wait_until("the first rows applied", first.applied_batch,
+                   lambda batch: batch is not None, timeout=180, query=first.state_query)
+        first.drain()
+    finally:
+        first.stop()
+    with LocalTablestore(store_path) as store:  # while the stream is stopped
+        for key in (BASE + 1, BASE + 2, BASE + 3):
+            store.delete_row(DEMO_TABLE, {"order_id": key})
+        for key in (BASE + 5, BASE + 6):
+            store.update_row(DEMO_TABLE, {"order_id": key}, {"status": "changed"})
+        store.put_row(DEMO_TABLE, {"order_id": BASE + 99}, {"status": "added"})
+        assert store.trim_history(DEMO_TABLE, keep_last=0) > 0
+        store.put_row(DEMO_TABLE, {"order_id": BASE + 200}, {"status": "after the trim"})
+    pipeline = start_pipeline(spark, endpoint, DEMO_TABLE, "replicate", tmp_path / "out",
+                              ApplySettings(target.uri), options={"onDataLoss": policy},
+                              trigger_ms=500)
+    try:
+        if policy == "fail":
+            error = wait_until("the query to stop on the lost records",
+                               pipeline.changelog.exception, lambda e: e is not None,
+                               timeout=180)
+            assert "change(s) are lost" in str(error) and "TrimmedDataError" in str(error)
+            return
+        with open_board(spec) as board:
+            done = wait_until("the job ran the resnapshot the source recorded",
+                              board.signals, lambda s: bool(s) and s[0].finished,
+                              timeout=180, query=pipeline.state_query)[0]
+        assert done.state is SignalState.DONE and done.origin == "data-loss", done
+        assert "every difference repaired" in done.note, done
+        settle(pipeline, store_path)
+        report = reconcile_table(spec, target.uri)
+        assert report.comparison.differences == [], report.comparison.differences
+    finally:
+        pipeline.stop()
