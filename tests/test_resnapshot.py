@@ -1,0 +1,148 @@
+"""``tablestore-cdc resnapshot`` without Spark: the command's signals in a real SQLite meta
+table, its key range and its one-line errors; a repair run by the job's hook
+(``tablestore_cdc.resnapshot.hook``) into real Delta and Iceberg targets built by the real apply
+sink from the source's change stream (``testkit.reconcile.apply_stream``), then damaged behind
+the product's back. The running pipeline and a SIGKILL during a repair are
+tests/test_resnapshot_spark.py and tests/test_resnapshot_kill.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+pytest.importorskip("polars")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from connector.local import LocalTablestore  # noqa: E402
+from connector.tunnel import ColumnSpec, TableSchema  # noqa: E402
+from meta_store import open_meta_store  # noqa: E402
+from meta_store.signals import Signal, SignalState  # noqa: E402
+from tablestore_cdc.cli import app  # noqa: E402
+from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
+from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
+from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
+from tablestore_cdc.resnapshot.hook import ResnapshotHook  # noqa: E402
+from tablestore_cdc.resnapshot.keyrange import KeyRange, KeyRangeError  # noqa: E402
+from tablestore_cdc.resnapshot.repair import run_repair  # noqa: E402
+from testkit.reconcile import DeltaTarget, IcebergTarget, Target, apply_stream  # noqa: E402
+
+runner = CliRunner()
+JOB = "build-query"  # the app id apply_stream commits under: the job that owns the target
+
+
+def make_store(path: Path) -> LocalTablestore:
+    """Table ``t`` with 40 rows written, some changed and deleted, and its meta table."""
+    store = LocalTablestore(path)
+    store.create_table("t", primary_key=[("id", "INTEGER")],
+                       columns=[("name", "STRING"), ("qty", "INTEGER")], channels=2)
+    for i in range(40):
+        store.put_row("t", {"id": i}, {"name": f"n{i}", "qty": i})
+    for i in range(0, 40, 7):
+        store.update_row("t", {"id": i}, {"qty": 100 + i})
+    store.delete_row("t", {"id": 39})
+    open_meta_store(SourceSpec(f"local://{path}", "t").source_options().meta_store).close()
+    return store
+
+
+@pytest.fixture(params=[DeltaTarget, IcebergTarget], ids=["delta", "iceberg"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    result: Target = request.param(tmp_path)
+    return result
+
+
+def test_the_hook_repairs_six_differences_once(tmp_path: Path, target: Target) -> None:
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    sink = open_apply_sink(target.uri)
+    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    target.tamper([1, 2, 3], [5, 6], 99)
+    assert len(reconcile_table(spec, target.uri).comparison.differences) == 6
+    with open_board(spec) as board:
+        signal = board.add(Signal(table="t"))
+        hook = ResnapshotHook(sink, spec, target.uri)
+        assert hook.run_due(JOB) == 1
+        done = board.signals()[0]
+        assert done.state is SignalState.DONE, done
+        assert done.counts == {"upserts": 5, "deletes": 1, "in_flight": 0, "differences": 6}
+        # no stream batch in the target's meta table: every difference repaired, and said so
+        assert "every difference repaired" in done.note
+        assert reconcile_table(spec, target.uri).comparison.differences == []
+        assert hook.run_due(JOB) == 0  # nothing due any more
+        # run again (a job killed before marking it done): the commit is found, nothing written
+        again = run_repair(spec, target.uri, sink, JOB, signal, board)
+        assert again.already and again.counts()["upserts"] == 0
+
+
+def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    target = DeltaTarget(tmp_path)
+    sink = open_apply_sink(target.uri)
+    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    target.tamper([1, 2, 30], [5, 31], 99)
+    with open_board(spec) as board:
+        board.add(Signal(table="t", key_from=0, key_to=10))
+        ResnapshotHook(sink, spec, target.uri).run_due(JOB)
+        assert board.signals()[0].counts["upserts"] == 3  # 1, 2 and 5; not 30, 31 or 99
+    left = {d.key[0] for d in reconcile_table(spec, target.uri).comparison.differences}
+    assert left == {30, 31, 99}
+
+
+def test_a_repair_that_cannot_run_marks_the_signal_failed(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    uri = f"delta://{tmp_path}/never-written"
+    with open_board(spec) as board:
+        board.add(Signal(table="t"))
+        ResnapshotHook(open_apply_sink(uri), spec, uri).run_due(JOB)
+        failed = board.signals()[0]
+    assert failed.state is SignalState.FAILED
+    assert failed.note.startswith("TargetMissingError: target ") and "no table" in failed.note
+
+
+def test_the_command_adds_lists_and_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store.db")
+    base = ["resnapshot", "--store", str(store.path), "--table", "t"]
+    first = runner.invoke(app, [*base, "--from", "10", "--to", "20"])
+    assert first.exit_code == 0, first.output
+    signal_id = first.output.split()[1]
+    again = runner.invoke(app, [*base, "--from", "10", "--to", "20"])
+    assert again.output.split()[1] == signal_id  # asked twice while pending: one signal
+    listed = runner.invoke(app, [*base, "--list"])
+    assert listed.exit_code == 0 and f"{signal_id}  t [10, 20)  command  pending" in listed.output
+    waited = runner.invoke(app, [*base, "--wait", "--timeout", "0"])
+    assert waited.exit_code == 1 and "pending" in waited.output  # no job runs it
+    other = LocalTablestore(tmp_path / "other.db")
+    other.create_table("t", primary_key=[("id", "INTEGER")])
+    for args, message in [
+        ([*base, "--from", "ten"], "--from 'ten': expected an integer, the type of the first "
+         "key column 'id'"),
+        ([*base, "--from", "20", "--to", "10"], "--to '10': must be above --from '20'"),
+        ([*base, "--list", "--wait"], "--list takes no --from, --to or --wait"),
+        (["resnapshot", "--table", "t"], "give exactly one of --store or --endpoint"),
+        ([*base, "--option", "onDataLoss=maybe"], "'onDataLoss'"),
+        (["resnapshot", "--store", str(other.path), "--table", "t"], "meta"),
+    ]:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith("error: ") and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_key_ranges_by_key_type() -> None:
+    def schema(kind: str) -> TableSchema:
+        return TableSchema("t", (ColumnSpec("k", kind),))
+
+    span = KeyRange.parse(schema("INTEGER"), "10", None)
+    assert span.holds((10,)) and not span.holds((9,)) and span.holds((10 ** 9,))
+    text = KeyRange.parse(schema("STRING"), "b", "d")
+    assert text.holds(("c",)) and not text.holds(("d",)) and not text.holds(("a",))
+    assert KeyRange.parse(schema("STRING"), None, None) == KeyRange("k")
+    with pytest.raises(KeyRangeError, match="BINARY; a range is taken on INTEGER, DOUBLE"):
+        KeyRange.parse(schema("BINARY"), "x", None)
+    with pytest.raises(KeyRangeError, match="expected a number"):
+        KeyRange.parse(schema("DOUBLE"), None, "high")
