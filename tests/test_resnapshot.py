@@ -146,3 +146,35 @@ def test_key_ranges_by_key_type() -> None:
         KeyRange.parse(schema("BINARY"), "x", None)
     with pytest.raises(KeyRangeError, match="expected a number"):
         KeyRange.parse(schema("DOUBLE"), None, "high")
+
+
+def test_the_dashboard_snapshot_shows_the_resnapshots(tmp_path: Path) -> None:
+    """``/api/progress`` carries the open signals and the newest finished ones, in the shape
+    docs/progress-feed.schema.json publishes."""
+    import json
+
+    import jsonschema
+    from referencing import Registry, Resource
+
+    from tablestore_cdc.feed.snapshot import RECENT_RESNAPSHOTS, dashboard_snapshot
+
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    namespace = spec.source_options().source_identity
+    with open_board(spec) as board:
+        board.store.set_namespace_info(namespace, {"table": "t"})
+        finished = [board.add(Signal(table="t", key_from=i, key_to=i + 1)) for i in range(5)]
+        for s in finished:
+            board.set(s.id, state=SignalState.DONE, counts={"upserts": 1})
+        running = board.add(Signal(table="t"))
+        board.set(running.id, state=SignalState.RUNNING, percent=12.5)
+        shown = dashboard_snapshot(board.store, namespace, with_tunnel=False)["resnapshots"]
+        assert [s["id"] for s in shown] == [s.id for s in finished[-RECENT_RESNAPSHOTS:]] + [
+            running.id]
+        assert shown[-1]["state"] == "running" and shown[-1]["percent"] == 12.5
+        schema = json.loads((Path(__file__).parent.parent / "docs" /
+                             "progress-feed.schema.json").read_text())
+        registry = Registry().with_resource(schema["$id"], Resource.from_contents(schema))
+        jsonschema.Draft202012Validator({"$ref": schema["$id"] + "#/$defs/snapshot"},
+                                        registry=registry).validate(
+            dashboard_snapshot(board.store, namespace, with_tunnel=False))

@@ -114,6 +114,14 @@ function renderCards(snap) {
   $("spark-sub").textContent = q
     ? `batch ${q.batch_id} · ${fmtNum(q.input_rows_per_second, 1)} input/s · ${fmtNum(q.batch_duration_ms)} ms`
     : "no ProgressListener data";
+  // the newest resnapshot signal (docs/resnapshot.md): running n %, or how the last one ended
+  const r = (snap.resnapshots || []).slice(-1)[0];
+  $("resnapshot").textContent = r
+    ? `${r.state}${r.state === "running" && r.percent !== null ? ` ${fmtNum(r.percent, 0)} %` : ""}`
+    : "none";
+  $("resnapshot-sub").textContent = r
+    ? `${r.table} · ${r.origin}` + Object.entries(r.counts).map(([k, v]) => ` · ${k} ${v}`).join("")
+    : "";
 }
 
 function renderChart(snap) {

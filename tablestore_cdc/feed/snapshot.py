@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meta_store import EndCheckpoint, MetaStore
+from meta_store.errors import CorruptMetaRecordError
+from meta_store.signals import SignalBoard
 from tablestore_cdc.feed.polling import feed_records
 from tablestore_cdc.feed.reading import InspectedStore, resolve_namespace, user_namespaces
 from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION, channel_tree, consumed, query_entry
@@ -124,7 +126,7 @@ def dashboard_snapshot(
         "meta_uri": store.uri, "namespace": None, "namespace_info": None, "batch_count": 0,
         "state_counts": {}, "batches": [], "channels": [], "tree": [], "throughput":
         throughput([]), "query": None, "tunnel_error": None,
-        "activity": activity([], None, None, now),
+        "activity": activity([], None, None, now), "resnapshots": [],
     }
     if namespace is None and not user_namespaces(store):
         return base
@@ -153,7 +155,7 @@ def dashboard_snapshot(
         "batch_count": len(all_batches), "state_counts": counts, "batches": records,
         "channels": channels, "tree": channel_tree(channels),
         "throughput": throughput(records), "query": query_entry(last_query),
-        "tunnel_error": view.error,
+        "tunnel_error": view.error, "resnapshots": resnapshots(store, ns),
         # rows skipped because they do not decode (only when read through InspectedStore)
         "corrupt": store.corrupt_records() if isinstance(store, InspectedStore) else [],
     })
@@ -180,6 +182,21 @@ def sources_summary(store: MetaStore) -> dict[str, Any]:
         })
     return {"schema_version": FEED_SCHEMA_VERSION, "kind": "sources", "generated_at": now,
             "meta_uri": store.uri, "sources": sources}
+
+
+#: finished resnapshots the snapshot shows (every open one is shown)
+RECENT_RESNAPSHOTS = 3
+
+
+def resnapshots(store: MetaStore, namespace: str) -> list[dict[str, Any]]:
+    """The namespace's open resnapshot signals and the newest finished ones
+    (``meta_store.signals``), oldest first; none when the document does not decode."""
+    try:
+        signals = SignalBoard(store, namespace).signals()
+    except CorruptMetaRecordError:
+        return []
+    finished = [s.id for s in signals if s.finished][-RECENT_RESNAPSHOTS:]
+    return [s.model_dump(mode="json") for s in signals if not s.finished or s.id in finished]
 
 
 def _latest_positions(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
