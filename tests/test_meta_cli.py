@@ -335,6 +335,18 @@ def test_lag_from_the_latest_committed_batch(real_run: RealRun) -> None:
     rich = cli("meta", "lag", "--meta", real_run.meta)
     assert rich.exit_code == 0
     assert f"total records behind: {real_run.rows_after_stop}" in rich.stdout
+    # retention headroom: the embedded store keeps 7 days, like Tablestore
+    week = 7 * 24 * 3600.0
+    assert all(r["retention_s"] == week and not r["retention_warning"] for r in data["lag"])
+    assert all(r["headroom_s"] == pytest.approx(week - r["seconds_behind"]) for r in behind)
+    short = cli_json("meta", "lag", "--meta", real_run.meta, "--retention", "1ms")
+    assert all(r["retention_warning"] and r["headroom_s"] < 0 for r in short["lag"]
+               if r["records_behind"])
+    warned = cli("meta", "lag", "--meta", real_run.meta, "--retention", "1ms")
+    assert "warning: channel" in warned.stdout and "before the service's retention" in \
+        warned.stdout
+    bad = cli("meta", "lag", "--meta", real_run.meta, "--retention", "soon")
+    assert bad.exit_code == 2 and bad.output.startswith("error: --retention 'soon'")
 
 
 @pytest.mark.slow

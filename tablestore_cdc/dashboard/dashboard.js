@@ -22,6 +22,16 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// the smallest retention headroom of any channel (docs/resnapshot.md): hours before the
+// service trims an unread change, flagged once a change is past 80 % of the retention
+function retentionNote(lags) {
+  const known = lags.filter(l => l.headroom_s !== undefined && l.headroom_s !== null);
+  if (!known.length) return "";
+  const least = Math.min(...known.map(l => l.headroom_s));
+  const warn = known.some(l => l.retention_warning);
+  return ` · ${warn ? "WARNING: " : ""}retention headroom ${fmtNum(least / 3600, 1)} h`;
+}
+
 function fmtNum(v, digits) {
   if (v === null || v === undefined) return "–";
   return Number(v).toLocaleString(undefined, { maximumFractionDigits: digits ?? 0 });
@@ -108,7 +118,7 @@ function renderCards(snap) {
   $("lag-sub").textContent = (aged.length ? `oldest unread change ${fmtNum(oldest, 1)} s old`
     : (snap.tunnel_error ? "tunnel unavailable" : "unknown")) +
     (aged.length && !counted ? " · records not counted" : "") +
-    (aged.length && !reading ? " · nobody is reading" : "");
+    (aged.length && !reading ? " · nobody is reading" : "") + retentionNote(aged);
   const q = snap.query;
   $("spark-rate").textContent = q ? `${fmtNum(q.processed_rows_per_second, 1)} processed/s` : "–";
   $("spark-sub").textContent = q

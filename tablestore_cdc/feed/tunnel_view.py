@@ -15,6 +15,7 @@ from typing import Any
 from connector.errors import CdcError
 from meta_store import BatchRecord, MetaStore
 from tablestore_cdc.feed.reading import InspectedStore, InspectionError, corrupt_info_message
+from tablestore_cdc.feed.retention import default_retention_s, headroom
 from tablestore_cdc.feed.shapes import consumed, positions_after
 
 
@@ -101,7 +102,9 @@ def channel_view(store: MetaStore, namespace: str, endpoint: str | None = None) 
             })
     lag = None
     if lag_raw is not None:
-        lag = {ch: {"records_behind": v.records_behind, "seconds_behind": v.seconds_behind}
+        retention_s = default_retention_s(tunnel_endpoint(info, endpoint))
+        lag = {ch: {"records_behind": v.records_behind, "seconds_behind": v.seconds_behind,
+                    **headroom(v.seconds_behind, retention_s)}
                for ch, v in lag_raw.items()}
     for entry in channels:
         entry["lag"] = lag.get(entry["channel_id"]) if lag is not None else None

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.tree import Tree
 
-from tablestore_cdc.cli_errors import reported_errors
+from connector.option_values import parse_duration_ms
+from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.feed.reading import resolve_namespace
+from tablestore_cdc.feed.retention import default_retention_s, headroom
 from tablestore_cdc.feed.shapes import channel_tree
 from tablestore_cdc.feed.tunnel_view import channel_view, committed_positions, tunnel_endpoint
 from tablestore_cdc.meta_cli.common import (
@@ -74,13 +77,20 @@ def channels(
 def lag(
     meta: MetaOpt, namespace: NamespaceOpt = None, endpoint: EndpointOpt = None,
     as_json: JsonOpt = False,
+    retention: Annotated[str | None, typer.Option(
+        help="What the service keeps of a channel's history (15m, 24h, 7d; default: 7d, "
+        "DynamoDB Streams 24h): the headroom is it minus the oldest unread change's age.")]
+    = None,
 ) -> None:
-    """Per channel, records and seconds behind the head from the latest committed batch."""
+    """Per channel, records and seconds behind the head from the latest committed batch, and
+    the retention headroom (a warning once the oldest unread change passes 80 % of it)."""
     with inspected_store(meta) as store, reported_errors():
         from connector.tunnel import open_tunnel_service
 
         ns = resolve_namespace(store, namespace)
         info = store.get_namespace_info(ns) or {}
+        retention_s = (default_retention_s(tunnel_endpoint(info, endpoint))
+                       if retention is None else _duration_s(retention))
         batch, positions = committed_positions(store, ns)
         with open_tunnel_service(tunnel_endpoint(info, endpoint)) as tunnel:
             tunnel_id = info.get("tunnel_id") or tunnel.describe_tunnel(
@@ -90,7 +100,8 @@ def lag(
         if raw is not None:
             rows = [{"channel_id": ch, "records_behind": v.records_behind,
                      "seconds_behind": v.seconds_behind,
-                     "position": "batch" if ch in positions else "tunnel"}
+                     "position": "batch" if ch in positions else "tunnel",
+                     **headroom(v.seconds_behind, retention_s)}
                     for ch, v in sorted(raw.items())]
         result: dict[str, Any] = {
             "namespace": ns, "batch": batch.uuid if batch else None,
@@ -113,17 +124,23 @@ def lag(
             console.print(f"lag unknown: {result['reason']}")
             return
         table = compact_table(f"lag from batch {result['batch']}")
-        for col in ("channel", "records behind", "seconds behind", "position from"):
+        for col in ("channel", "records behind", "seconds behind", "headroom", "position from"):
             table.add_column(col, justify="right" if "behind" in col else "left")
         for r in rows:
             table.add_row(r["channel_id"], str(r["records_behind"]),
                           "-" if r["seconds_behind"] is None else f"{r['seconds_behind']:.1f}",
+                          _headroom(r),
                           "latest committed batch" if r["position"] == "batch"
                           else "tunnel checkpoint (not in the batch yet)")
         console.print(table)
         total = result["records_behind"]
         console.print(f"total records behind: {'unknown' if total is None else total}; oldest "
                       f"unread change: {_seconds(result['seconds_behind'])}")
+        for r in rows:
+            if r["retention_warning"]:
+                console.print(f"warning: channel {r['channel_id']}: its oldest unread change "
+                              f"is {r['seconds_behind']:.0f} s old, {r['headroom_s']:.0f} s "
+                              f"before the service's retention ({retention_s:.0f} s) trims it")
 
 
 def _total(counts: Iterable[int | None]) -> int | None:
@@ -136,6 +153,24 @@ def _oldest(ages: Iterable[float | None]) -> float | None:
     """The largest per-channel age, ``None`` when one of them is unknown (0 for none)."""
     values = list(ages)
     return None if None in values else max((v for v in values if v is not None), default=0.0)
+
+
+def _headroom(row: dict[str, Any]) -> str:
+    if row["headroom_s"] is None:
+        return "-"
+    text = f"{row['headroom_s'] / 3600:.1f} h"
+    return f"[red]{text}[/red]" if row["retention_warning"] else text
+
+
+def _duration_s(text: str) -> float:
+    """``--retention`` in seconds (a one-line error naming the flag otherwise)."""
+    try:
+        millis = parse_duration_ms(text)
+    except ValueError:
+        fail(f"--retention {text!r}: not a duration (15m, 24h, 7d)")
+    if millis <= 0:
+        fail(f"--retention {text!r}: must be above 0")
+    return millis / 1000
 
 
 def _seconds(age: float | None) -> str:
