@@ -163,6 +163,24 @@ def found(report: Any) -> dict[str, set[Any]]:
     return out
 
 
+def settle(pipeline: Any, store_path: Path) -> None:
+    """Every change of the demo's ``orders`` applied by ``pipeline`` and the target's applied
+    position past them: it trails the newest apply batch by up to one batch, so a write to a
+    new key, applied, twice, moves it past every earlier change."""
+    import time
+
+    from connector.local import LocalTablestore
+    from tablestore_cdc.demo.writer import DEMO_TABLE
+
+    pipeline.drain()
+    with LocalTablestore(store_path) as store:
+        for extra in (1, 2):
+            store.put_row(DEMO_TABLE, {"order_id": 10_000_000 + extra}, {"status": "x"})
+            pipeline.drain()
+            time.sleep(1.0)
+            pipeline.drain()
+
+
 class OrdersTarget:
     """The test targets of tests/test_reconcile.py on the demo's ``orders`` table."""
 

@@ -21,7 +21,7 @@ from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter  # noqa: E402
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
-from testkit.reconcile import OrdersTarget, found  # noqa: E402
+from testkit.reconcile import OrdersTarget, found, settle  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -39,18 +39,6 @@ def make_orders(store_path: Path, rows: int = 20) -> None:
         for i in range(rows):
             store.put_row(DEMO_TABLE, {"order_id": BASE + i},
                           {"customer": f"c{i}", "amount": float(i), "status": "new"})
-
-
-def settle(pipeline: Any, store_path: Path) -> None:
-    """Every change applied and the target's applied position past them (two more writes
-    applied, as tests/test_reconcile_spark.py explains)."""
-    pipeline.drain()
-    with LocalTablestore(store_path) as store:
-        for extra in (1, 2):
-            store.put_row(DEMO_TABLE, {"order_id": 10_000_000 + extra}, {"status": "x"})
-            pipeline.drain()
-            time.sleep(1.0)
-            pipeline.drain()
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
