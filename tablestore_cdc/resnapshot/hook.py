@@ -9,10 +9,11 @@ repair are applied after it.
 
 A signal is marked running before its repair and done (with its counts) only after the
 repair's commit: a job killed in between finds it running at its next start and runs it again,
-which the repair's own commit marker makes idempotent. A repair that fails with an error marks
-the signal failed with the error's first line and the stream goes on (the repair changed
-nothing: its one commit is all or nothing). A stream that runs no batch (nothing new) runs no
-repair until its next batch.
+which the repair's own commit marker makes idempotent (so does a meta table that cannot be
+reached while the signal is marked: the batch goes on, the signal is taken again). A repair
+that fails with an error marks the signal failed with the error's first line and the stream
+goes on (the repair changed nothing: its one commit is all or nothing). A stream that runs
+no batch (nothing new) runs no repair until its next batch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from typing import Any
 
 from connector.clients import Clients
+from connector.errors import CdcError
 from meta_store import MetaStore
 from meta_store.signals import SignalBoard, SignalState
 from tablestore_cdc.lakehouse.sink import query_id_of
@@ -55,7 +57,12 @@ class ResnapshotHook:
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + self.check_every_s
-            self.run_due(self.sink.app_id or query_id_of(df, batch_id))
+            job = self.sink.app_id or query_id_of(df, batch_id)
+            try:
+                self.run_due(job)
+            except CdcError as exc:  # the meta table unreachable: the batch goes on, a
+                # signal left running is taken again at the next look (idempotent)
+                log.warning("resnapshot: could not read or mark the signals: %s", exc)
         self.sink(df, batch_id)
 
     def board(self) -> SignalBoard:
