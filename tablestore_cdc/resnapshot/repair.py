@@ -3,12 +3,13 @@
 1. Reconcile the table against the target (``tablestore_cdc.reconcile.run.reconcile_table``:
    the target pinned, the source scanned, the differences labelled IN-FLIGHT when the change
    stream holds a change of their key after the position the target is known to hold).
-2. Keep the differences in the signal's key range that are **not** in flight. An in-flight key
-   is the stream's: its later changes are still to be applied (or were applied since the
-   position) and win, which keeps each key's changes in order -- the watermark of Debezium's
-   incremental snapshot, per key. When the position cannot be known (no apply batch yet, the
-   change log trimmed past it), every difference is repaired: the stream applies every later
-   change after the repair, so each key still converges; the signal's note says so.
+2. Keep every difference in the signal's key range, in flight or not. Reconcile's in-flight
+   position trails the target by up to one apply batch, so a key it labels in flight may have
+   had its last change applied already (and been damaged after): left to the stream, it would
+   stay wrong. Inside the job no such doubt exists: every change before this point is applied,
+   and every later one is applied after the repair, in order, so each key ends at the source's
+   value (a change older than the repair's read may show for one batch before the newer ones
+   follow). The in-flight count is kept for the signal's report.
 3. Read the source rows of those keys again (the same reader): a key the source holds is
    written as a PUT of its current row, a key it lacks as a DELETE -- the stream's own change
    images (``connector.tunnel.page.records_to_page``), so the sink applies them as it applies
@@ -111,16 +112,18 @@ def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: S
     span = KeyRange(report.key_columns[0] if report.key_columns else "", signal.key_from,
                     signal.key_to)
     wanted = [d for d in report.comparison.differences if span.holds(d.key)]
-    repaired = {d.key for d in wanted if not d.in_flight}
+    repaired = {d.key for d in wanted}
+    in_flight = sum(1 for d in wanted if d.in_flight)
     found = report.in_flight
     if found is None or found.determined:
-        note = f"{len(wanted) - len(repaired)} difference(s) in flight left to the stream"
+        note = (f"every difference repaired, {in_flight} of them in flight (the stream's "
+                "later changes are applied after the repair)")
     else:
         note = f"in-flight position unknown ({found.note}): every difference repaired"
         log.warning("resnapshot %s of %s: %s", signal.id, spec.table, note)
     batch = _change_batch(spec, repaired) if repaired else None
     if batch is None:
-        return RepairOutcome(differences=len(wanted), in_flight=len(wanted), note=note)
+        return RepairOutcome(note="no difference")
     writer = copy.copy(sink)
     writer.marker_job = job
     crash_point("resnapshot_before_commit")
@@ -128,7 +131,7 @@ def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: S
     crash_point("resnapshot_after_commit")
     deletes = sum(1 for op in batch.column("_op").to_pylist() if op == Op.DELETE.value)
     return RepairOutcome(upserts=batch.num_rows - deletes, deletes=deletes,
-                         in_flight=len(wanted) - len(repaired), differences=len(wanted),
+                         in_flight=in_flight, differences=len(wanted),
                          note=note)
 
 
