@@ -40,6 +40,13 @@ from pyspark.sql.types import StructType
 
 from cdc_common.first_contact import query_start
 from connector.clients import Clients
+from connector.errors import OptionError
+from connector.multiplex import (
+    MULTI_TABLE_SCHEMA,
+    MultiTableOptions,
+    MultiTableStreamReader,
+    is_multi_table,
+)
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import TriggerLimits, trigger_limits
@@ -54,6 +61,11 @@ class TablestoreDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
+        #: ``tables`` selects several tables into one query (``connector.multiplex``)
+        self.multi_table: Any = None
+        if is_multi_table(options):
+            self.multi_table = MultiTableOptions.from_spark(options)
+            return
         self.source_options = SourceOptions.from_spark(options)
 
     @classmethod
@@ -62,12 +74,17 @@ class TablestoreDataSource(DataSource):
 
     def schema(self) -> StructType:
         """Called on the driver when no ``.schema(...)`` was given: the query's first contact
-        with its tunnel service (an endpoint that does not answer fails at once)."""
+        with its tunnel service (an endpoint that does not answer fails at once). A multi-table
+        query's schema is the same for every table (``connector.multiplex``)."""
+        if self.multi_table is not None:
+            return MULTI_TABLE_SCHEMA
         with query_start(), Clients().tunnel(self.source_options.endpoint) as tunnel:
             table = tunnel.table_schema(self.source_options.table_name)
             return output_schema(self.source_options.declared_schema(table))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self.multi_table is not None:
+            return MultiTableStreamReader(self.multi_table)
         self.source_options.check_for_stream()
         return TablestoreStreamReader(self.source_options, schema)
 
@@ -76,6 +93,9 @@ class TablestoreDataSource(DataSource):
         ``[startingTimestamp, endingTimestamp)`` (``connector.range_read``)."""
         from connector.range_read import TablestoreRangeReader
 
+        if self.multi_table is not None:
+            raise OptionError(option="tables", value=None, problem="applies to a streaming "
+                              "query (readStream) only", allowed="table.name for spark.read")
         self.source_options.check_for_batch()
         return TablestoreRangeReader(self.source_options, schema)
 

@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Self
 
-from connector.errors import TunnelExistsError, UnknownTunnelError
+from connector.errors import OptionError, TunnelExistsError, UnknownTunnelError
 from connector.tunnel.endpoint import TunnelEndpoint
 from connector.tunnel.page import Page, PageLayout, records_to_page
 from connector.tunnel.types import (
@@ -157,6 +157,14 @@ class TunnelAdministration(TunnelClient):
     @abstractmethod
     def table_schema(self, table: str) -> TableSchema:
         """The table's declared schema, so the source can derive Spark types."""
+
+    def list_tables(self) -> list[str]:
+        """The names of the service's tables, sorted (driver: a multi-table query's selection,
+        ``connector.multiplex``). A backend that cannot list them raises ``OptionError`` naming
+        the ``tables`` option."""
+        raise OptionError(option="tables", value=None,
+                          problem=f"the {type(self).__name__} backend cannot list its tables",
+                          allowed="a local:// or http(s):// endpoint, or table.name")
 
 
 class ChannelPositions(TunnelClient):

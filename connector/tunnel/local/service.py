@@ -246,6 +246,9 @@ class LocalTunnelService(TunnelService):
     def table_schema(self, table: str) -> TableSchema:
         return self.store.table_schema(table)
 
+    def list_tables(self) -> list[str]:
+        return self.store.list_tables()
+
     # --- checkpoints (driver) -----------------------------------------------------------------
 
     def get_checkpoint(self, tunnel_id: str, channel_id: str) -> Checkpoint:

@@ -65,6 +65,13 @@ class TablestoreAdministration(TablestoreCalls, TunnelAdministration):
             return None
         return table in names.table_names
 
+    def list_tables(self) -> list[str]:
+        """ListTable's names, sorted (a multi-table query's selection)."""
+        from tablestore.protobuf import table_store_pb2 as pb
+
+        answer = self._call("/ListTable", pb.ListTableRequest(), pb.ListTableResponse)
+        return sorted(answer.table_names)
+
     def _tunnel_exists(self, table: str, tunnel_name: str) -> bool | None:
         """Does ListTunnel of ``table`` list ``tunnel_name``? ``None`` when it cannot be told."""
         try:

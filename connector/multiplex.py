@@ -1,0 +1,332 @@
+"""Several tables in one streaming query: ``format("tablestore").option("tables", "orders_*")``.
+
+Why one query for many tables (docs/multi-table.md): every streaming query of a Python data
+source costs a Python planning process on the driver and a planning loop; a hundred of them do
+not fit a small machine. Here one query reads every selected table, and each table keeps its own
+protocol exactly as a single-table query has it (``connector.protocol.StreamProtocol``: its own
+tunnel, meta namespace, UUID offsets and lease). The query's offset is a composite
+``{"tables": {table: that table's offset}}``; ``latestOffset``, ``partitions`` and ``commit``
+delegate to each table's protocol, and a Spark partition reads one channel of one table.
+
+Tables come and go: the selection is listed again at most every ``tables.refreshIntervalMs``.
+A new table joins a batch with its initial offset (nothing of it is read in that batch) and is
+read from the next one on, from its tunnel's start (its existing rows, then its changes). A
+table that is no longer listed, or whose protocol fails, is *stopped*: its offset is carried
+unchanged from batch to batch (frozen), it is not planned, and the others go on; a restart
+tries it again. ``table_states`` says what each table is doing (also in Spark's progress report,
+``reportLatestOffset``).
+
+Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is called;
+``MultiTableStreamReader`` in Spark's planning process (driver); its ``read`` on executors.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StringType, StructField, StructType
+
+from cdc_common.errors import CdcError
+from connector import spark_compat as compat
+from connector.clients import Clients
+from connector.errors import OptionError
+from connector.options import SourceOptions
+from connector.partition import ChannelPartition
+from connector.planning.read_limits import trigger_limits
+from connector.reader import claim_and_read
+from connector.schema import METADATA_FIELDS, RecordBatchBuilder, output_schema
+from connector.tunnel.base import ColumnSpec, TableSchema
+
+log = logging.getLogger("connector.multiplex")
+
+#: the options of a multi-table query, beside the single-table ones (docs/multi-table.md)
+TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
+MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH)
+DEFAULT_REFRESH_MS = 10_000
+
+#: the output of a multi-table query: the same for every table (docs/multi-table.md)
+MULTI_TABLE_SCHEMA = StructType([
+    StructField("_table", StringType(), False),
+    StructField("_key", StringType(), False),
+    StructField("_row", StringType(), True),
+    *METADATA_FIELDS,
+])
+
+
+def is_multi_table(options: Mapping[str, str]) -> bool:
+    """Does Spark's option map select tables with ``tables`` (any key case)?"""
+    return any(key.lower() == TABLES for key in options)
+
+
+@dataclass(frozen=True)
+class TableSelection:
+    """Which tables a query reads: names matching one of ``include``'s globs and none of
+    ``exclude``'s (``fnmatch`` globs, case-sensitive, on whole table names)."""
+
+    include: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, tables: str, exclude: str | None = None) -> TableSelection:
+        """From the comma-separated option values; ``OptionError`` on an empty pattern."""
+        return cls(_patterns(TABLES, tables), _patterns(EXCLUDE, exclude) if exclude else ())
+
+    def matches(self, name: str) -> bool:
+        return (any(fnmatchcase(name, p) for p in self.include)
+                and not any(fnmatchcase(name, p) for p in self.exclude))
+
+    def select(self, names: Sequence[str]) -> list[str]:
+        return sorted(n for n in names if self.matches(n))
+
+
+def _patterns(option: str, value: str) -> tuple[str, ...]:
+    patterns = tuple(p.strip() for p in value.split(","))
+    if not value.strip() or any(not p for p in patterns):
+        raise OptionError(option=option, value=value, problem="holds an empty pattern",
+                          allowed="comma-separated table names or globs, e.g. orders_*,users")
+    return patterns
+
+
+@dataclass(frozen=True)
+class MultiTableOptions:
+    """The validated options of a multi-table query (driver, at ``load()``): the selection, how
+    often tables are listed again, and every other option, which applies to each table alike
+    (``for_table`` builds one table's ``SourceOptions``)."""
+
+    selection: TableSelection
+    refresh_s: float
+    #: Spark's options without the multi-table ones: each table's query options but its name
+    shared: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def from_spark(cls, options: Mapping[str, str]) -> MultiTableOptions:
+        by_lower = {k.lower(): (k, v) for k, v in options.items()}
+        if "table.name" in by_lower:
+            raise OptionError(option="table.name", value=by_lower["table.name"][1],
+                              problem=f"cannot be given with '{TABLES}'",
+                              allowed="either table.name (one table) or tables (a selection)")
+        refresh = by_lower.get(REFRESH.lower(), (REFRESH, str(DEFAULT_REFRESH_MS)))[1]
+        if not refresh.strip().isdigit():
+            raise OptionError(option=REFRESH, value=refresh, problem="is not an integer",
+                              allowed="an integer >= 0 (milliseconds)")
+        excluded = by_lower.get(EXCLUDE, (EXCLUDE, None))[1]
+        built = cls(TableSelection.parse(by_lower[TABLES][1], excluded),
+                    int(refresh) / 1000.0,
+                    tuple(sorted((k, v) for k, v in options.items()
+                                 if k.lower() not in {o.lower() for o in MULTI_OPTIONS})))
+        built.for_table("placeholder")  # every other option is checked now, at load()
+        return built
+
+    def for_table(self, table: str) -> SourceOptions:
+        """One table's options (``OptionError`` as a single-table query would raise it)."""
+        return SourceOptions.from_spark({**dict(self.shared), "table.name": table})
+
+
+@dataclass(frozen=True)
+class TablePartition(InputPartition):
+    """One channel of one table in one batch (built on the driver, read on an executor):
+    the channel's partition and the table's declared columns, to write the generic rows."""
+
+    table: str
+    channel: ChannelPartition
+    key_columns: tuple[ColumnSpec, ...]
+    columns: tuple[ColumnSpec, ...]
+
+
+class MultiTableStreamReader(DataSourceStreamReader):
+    """Spark's handle on a multi-table query (module docstring). Needs PySpark 4.2+ (the
+    start and the read limit passed to ``latestOffset``)."""
+
+    def __init__(self, options: MultiTableOptions) -> None:
+        self.options = options
+        self._protocols: dict[str, Any] = {}
+        self._schemas: dict[str, TableSchema] = {}
+        self._admin: Any = None  # the tunnel client that lists tables (planning process)
+        self._listed: list[str] = []
+        self._listed_at = float("-inf")
+        #: table -> "streaming", "new", "dropped", "failed: <reason>" (planning process)
+        self.table_states: dict[str, str] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_protocols={}, _admin=None)  # live clients never travel to executors
+        return state
+
+    # --- tables (planning process) ----------------------------------------------------------
+
+    def listed_tables(self) -> list[str]:
+        """The selected tables, listed again once ``tables.refreshIntervalMs`` passed."""
+        now = time.monotonic()
+        if now - self._listed_at >= self.options.refresh_s:
+            if self._admin is None:
+                self._admin = Clients().tunnel(self.options.for_table("placeholder").endpoint)
+            self._listed = self.options.selection.select(self._admin.list_tables())
+            self._listed_at = now
+        return self._listed
+
+    def _protocol(self, table: str) -> Any:
+        """The table's protocol, opened on first use; None for a stopped table."""
+        if self.table_states.get(table, "").startswith(("dropped", "failed")):
+            return None
+        if table not in self._protocols:
+            from connector.protocol import StreamProtocol
+
+            try:
+                protocol = StreamProtocol(self.options.for_table(table))
+                declared = protocol.options.declared_schema(protocol.tunnel.table_schema(table))
+            except CdcError as exc:
+                self._stop(table, exc)
+                return None
+            self._protocols[table], self._schemas[table] = protocol, declared
+            self.table_states.setdefault(table, "streaming")
+        return self._protocols[table]
+
+    def _stop(self, table: str, reason: BaseException | str) -> None:
+        """Stop reading ``table``: its offset stays frozen, the other tables go on."""
+        from connector.errors import UnknownTableError
+
+        state = ("dropped" if isinstance(reason, UnknownTableError) or reason == "dropped"
+                 else f"failed: {reason}")
+        if self.table_states.get(table) != state:
+            log.warning("table %s stopped (%s); the other tables go on", table, state)
+        self.table_states[table] = state
+        protocol = self._protocols.pop(table, None)
+        if protocol is not None:
+            try:
+                protocol.close()
+            except CdcError as exc:
+                log.debug("closing table %s: %s", table, exc)
+
+    # --- driver (planning process) ----------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        offsets = {}
+        for table in self.listed_tables():
+            protocol = self._protocol(table)
+            if protocol is not None:
+                offsets[table] = protocol.initial_offset()
+        return {"tables": offsets}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        if start is None:
+            raise OptionError(option=TABLES, value=",".join(self.options.selection.include),
+                              problem=f"needs PySpark 4.2 or later (found {compat.FEATURES.version})",
+                              allowed="one query per table (table.name) on this PySpark")
+        passed = compat.passed_limit(limit)
+        limits = trigger_limits(self.options.for_table("placeholder"),
+                                all_available=passed.all_available, max_rows=passed.max_rows,
+                                max_bytes=passed.max_bytes, min_rows=passed.min_rows)
+        listed = set(self.listed_tables())
+        ends: dict[str, dict] = {}
+        for table, offset in _tables_of(start).items():
+            ends[table] = offset
+            if table not in listed:
+                self._stop(table, "dropped")
+                continue
+            protocol = self._protocol(table)
+            if protocol is None:
+                continue
+            try:
+                ends[table] = protocol.latest_offset(offset, limits)
+            except CdcError as exc:
+                self._stop(table, exc)
+        for table in sorted(listed - set(ends)):  # new: joins with its initial offset
+            protocol = self._protocol(table)
+            if protocol is not None:
+                ends[table] = protocol.initial_offset()
+                self.table_states[table] = "new"
+                log.info("table %s joins the query", table)
+        return {"tables": ends}
+
+    def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
+        """Each table's state, in ``lastProgress.sources[0].latestOffset``."""
+        return {"tables": dict(sorted(self.table_states.items()))}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        starts = _tables_of(start)
+        partitions: list[InputPartition] = []
+        for table, end_offset in sorted(_tables_of(end).items()):
+            start_offset = starts.get(table)
+            if start_offset is None or start_offset == end_offset:
+                continue  # joined with this batch, or stopped: nothing to read
+            protocol = self._protocol(table)
+            if protocol is None:
+                raise OptionError(option=TABLES, value=table, problem="a logged batch reads "
+                                  f"it but it is {self.table_states[table]}",
+                                  allowed="restore the table, or a new checkpoint directory")
+            schema = self._schemas[table]
+            partitions += [TablePartition(table, p, schema.primary_key, schema.columns)
+                           for p in protocol.plan(start_offset, end_offset)]
+            self.table_states[table] = "streaming"
+        return partitions
+
+    def commit(self, end: dict) -> None:
+        for table, offset in sorted(_tables_of(end).items()):
+            protocol = self._protocol(table)
+            if protocol is None:
+                continue
+            try:
+                protocol.commit(offset)
+            except CdcError as exc:
+                self._stop(table, exc)
+
+    def stop(self) -> None:
+        for table in list(self._protocols):
+            self._protocols.pop(table).close()
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+    # --- executors ------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TablePartition)
+        schema = output_schema(TableSchema(partition.table, partition.key_columns,
+                                           partition.columns))
+        builder = RecordBatchBuilder(schema)
+        channel = partition.channel
+        for page in claim_and_read(channel, builder.layout).batches():
+            yield generic_rows(builder.project(page, channel.channel_id), partition)
+
+
+def _tables_of(offset: dict) -> dict[str, dict]:
+    """The per-table offsets of a composite offset from Spark's log."""
+    tables = offset.get("tables") if isinstance(offset, dict) else None
+    if not isinstance(tables, dict):
+        raise OptionError(option=TABLES, value=str(offset)[:200],
+                          problem="the checkpoint's offset is not a multi-table offset",
+                          allowed="a checkpoint directory of a multi-table query")
+    return tables
+
+
+def generic_rows(typed: pa.RecordBatch, partition: TablePartition) -> pa.RecordBatch:
+    """One table's output rows in the multi-table schema (executor): the key and the row's
+    declared columns as JSON objects, binary values in base64 (``decode_values`` reverses it,
+    with the table's declared types)."""
+    keys = [c.name for c in partition.key_columns]
+    names = [c.name for c in partition.columns]
+    key_rows = typed.select(keys).to_pylist()
+    value_rows = typed.select(names).to_pylist() if names else [{}] * typed.num_rows
+    ops = typed.column("_op").to_pylist()
+    key_json = [_dumps(k) for k in key_rows]
+    row_json = [None if op == "DELETE" else _dumps(v) for op, v in zip(ops, value_rows,
+                                                                       strict=True)]
+    n = typed.num_rows
+    arrays = [pa.array([partition.table] * n, pa.string()), pa.array(key_json, pa.string()),
+              pa.array(row_json, pa.string())]
+    arrays += [typed.column(f.name) for f in METADATA_FIELDS]
+    return pa.RecordBatch.from_arrays(arrays, schema=compat.arrow_schema(MULTI_TABLE_SCHEMA))
+
+
+def _dumps(values: dict[str, Any]) -> str:
+    return json.dumps({k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
+                       for k, v in values.items()}, separators=(",", ":"))
