@@ -43,7 +43,12 @@ from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import trigger_limits
 from connector.reader import claim_and_read
-from connector.schema import METADATA_FIELDS, RecordBatchBuilder, output_schema
+from connector.schema import (
+    METADATA_FIELDS,
+    RecordBatchBuilder,
+    constant_strings,
+    output_schema,
+)
 from connector.tunnel.base import ColumnSpec, TableSchema
 
 log = logging.getLogger("connector.multiplex")
@@ -58,6 +63,7 @@ MULTI_TABLE_SCHEMA = StructType([
     StructField("_table", StringType(), False),
     StructField("_key", StringType(), False),
     StructField("_row", StringType(), True),
+    StructField("_schema", StringType(), False),
     *METADATA_FIELDS,
 ])
 
@@ -219,7 +225,8 @@ class MultiTableStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         if start is None:
             raise OptionError(option=TABLES, value=",".join(self.options.selection.include),
-                              problem=f"needs PySpark 4.2 or later (found {compat.FEATURES.version})",
+                              problem="needs PySpark 4.2 or later (found "
+                              f"{compat.FEATURES.version})",
                               allowed="one query per table (table.name) on this PySpark")
         passed = compat.passed_limit(limit)
         limits = trigger_limits(self.options.for_table("placeholder"),
@@ -310,8 +317,9 @@ def _tables_of(offset: dict) -> dict[str, dict]:
 
 def generic_rows(typed: pa.RecordBatch, partition: TablePartition) -> pa.RecordBatch:
     """One table's output rows in the multi-table schema (executor): the key and the row's
-    declared columns as JSON objects, binary values in base64 (``decode_values`` reverses it,
-    with the table's declared types)."""
+    declared columns as JSON objects, binary values in base64, and the table's declared
+    columns (``_schema``), with which the apply types them again
+    (``tablestore_cdc.pipeline.multi_table.typed_changes``) even after the table is dropped."""
     keys = [c.name for c in partition.key_columns]
     names = [c.name for c in partition.columns]
     key_rows = typed.select(keys).to_pylist()
@@ -321,8 +329,11 @@ def generic_rows(typed: pa.RecordBatch, partition: TablePartition) -> pa.RecordB
     row_json = [None if op == "DELETE" else _dumps(v) for op, v in zip(ops, value_rows,
                                                                        strict=True)]
     n = typed.num_rows
-    arrays = [pa.array([partition.table] * n, pa.string()), pa.array(key_json, pa.string()),
-              pa.array(row_json, pa.string())]
+    declared = json.dumps({"key": [[c.name, c.type] for c in partition.key_columns],
+                           "columns": [[c.name, c.type] for c in partition.columns]},
+                          separators=(",", ":"))
+    arrays = [constant_strings(partition.table, n), pa.array(key_json, pa.string()),
+              pa.array(row_json, pa.string()), constant_strings(declared, n)]
     arrays += [typed.column(f.name) for f in METADATA_FIELDS]
     return pa.RecordBatch.from_arrays(arrays, schema=compat.arrow_schema(MULTI_TABLE_SCHEMA))
 

@@ -49,9 +49,15 @@ def demo(
 
 
 def replicate(
-    table: Annotated[str, typer.Option(help="The table to replicate.")],
     output: Annotated[Path, typer.Option(help="Change log and checkpoints (and the default "
                                          "target).")],
+    table: Annotated[str | None, typer.Option(help="The table to replicate.")] = None,
+    tables: Annotated[str | None, typer.Option(
+        help="Several tables in one application: comma-separated names or globs "
+        "(orders_*,users); tables created later that match are picked up. The target is a "
+        "template with {table} (default delta://OUTPUT/{table}).")] = None,
+    exclude: Annotated[list[str] | None, typer.Option(
+        help="With --tables: leave out tables matching this glob (repeatable).")] = None,
     store: Annotated[Path | None, typer.Option(
         help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
     endpoint: Annotated[str | None, typer.Option(
@@ -106,6 +112,18 @@ def replicate(
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
     output = output.resolve()
+    if tables is not None:
+        if table is not None:
+            raise typer.BadParameter("give --table or --tables, not both", param_hint="--tables")
+        from tablestore_cdc.multi_table_cli import replicate_tables
+
+        apply = ApplySettings(target or f"delta://{output}/{{table}}", scd, schema_drift,
+                              soft_delete_column, adopt_target)
+        replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra, trigger_ms,
+                         master)
+        return
+    if table is None:
+        raise typer.BadParameter("is required (or --tables)", param_hint="--table")
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target)
     with reported_errors(), flags_named():

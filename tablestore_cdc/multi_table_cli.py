@@ -1,0 +1,57 @@
+"""``tablestore-cdc replicate --tables PATTERN[,PATTERN...]``: many tables in one application.
+
+Called by ``replicate`` (``tablestore_cdc/pipeline_cli.py``) when ``--tables`` is given; thin
+over ``tablestore_cdc.pipeline.multi_table``: one line per change of a table's state or
+figures, Ctrl-C (or SIGTERM) stops cleanly, errors end in one ``error: ...`` line (exit 2).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from cdc_common.uris import redact_uri
+from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.pipeline import ApplySettings
+from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline
+
+console = Console(stderr=True)
+
+
+def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
+                     apply: ApplySettings, tunnel: str, options: dict[str, str],
+                     trigger_ms: int, master: str) -> None:
+    """Run the multi-table pipeline until stopped (driver)."""
+    from connector.spark import local_session
+
+    excluded = ",".join(exclude) if exclude else None
+    with reported_errors():
+        spark = local_session("tablestore-cdc-replicate", master=master)
+        pipeline = start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
+                                              excluded, options, trigger_ms)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    console.print(f"replicating tables {tables}"
+                  f"{f' except {excluded}' if excluded else ''} from {redact_uri(endpoint)} "
+                  f"into {apply.target} — Ctrl-C to stop")
+    shown: dict[str, str] = {}
+    try:
+        while True:
+            pipeline.check()
+            for table, state in pipeline.table_states().items():
+                status = pipeline.apply.tables.get(table)
+                line = state if status is None else (
+                    f"{state}; {status.rows_applied} change(s) applied, target version "
+                    f"{'-' if status.version is None else status.version}")
+                if shown.get(table) != line:
+                    console.print(f"table {table}: {line}", soft_wrap=True)
+                    shown[table] = line
+            time.sleep(2)
+    except KeyboardInterrupt:
+        console.print("stopping…")
+    finally:
+        pipeline.stop()
+        spark.stop()
+    console.print("stopped cleanly; run the same command again to resume")

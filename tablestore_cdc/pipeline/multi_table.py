@@ -1,0 +1,272 @@
+"""Many tables in one application: one multi-table source query, one apply per table (driver).
+
+``start_multi_table_pipeline`` starts the same two queries as a single table's pipeline
+(``queries.py``), over a multi-table source (``connector.multiplex``): the change-log query
+writes every selected table's changes into one Parquet change log, and the apply query's
+``foreachBatch`` (``MultiTableApply``) splits each micro-batch by ``_table`` and applies each
+table's rows into its own target, named by a template (``delta:///lake/{table}``): one commit
+per table per batch, each carrying the apply query's (query id, batch id) pair, so a replayed
+batch changes nothing in any table.
+
+A table whose target refuses a batch (a schema-drift policy of ``fail`` hit, a target of
+another job) is *failed*: it is written to ``<out>/_tables/<table>.failed`` with the reason, and
+its rows of that batch and of every later one are held in ``<out>/_held/<table>/`` (one Parquet
+file per batch, written before the batch commits) while the other tables go on. A restart
+first applies a failed table's held batches in batch order under their own batch ids (``resume
+_held``), with the settings it is given now, then starts the queries: the table resumes exactly
+where it stopped. Docs: docs/multi-table.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cdc_common.errors import CdcError
+from cdc_common.uris import redact_uri
+from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id
+
+log = logging.getLogger("tablestore_cdc.pipeline")
+
+#: the Arrow type of each declared Tablestore type (as the single-table source outputs them)
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "INTEGER": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
+    "STRING": pa.string(), "BINARY": pa.binary(),
+}
+#: the change columns every table's rows carry beside its own (connector.schema)
+CHANGE_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
+
+
+def typed_changes(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
+    """One table's rows of a multi-table change log as that table's own change rows (its
+    declared columns typed, then the change columns), and its key columns. The declared
+    columns are those of the newest row (``_schema``; a table's declared columns do not
+    change while it exists)."""
+    declared = json.loads(rows.column("_schema")[rows.num_rows - 1].as_py())
+    keys = [json.loads(k) for k in rows.column("_key").to_pylist()]
+    images = [json.loads(r) if r is not None else {} for r in rows.column("_row").to_pylist()]
+    arrays: dict[str, pa.Array] = {}
+    for source, specs in ((keys, declared["key"]), (images, declared["columns"])):
+        for name, typ in specs:
+            values = [row.get(name) for row in source]
+            if typ == "BINARY":
+                values = [None if v is None else base64.b64decode(v) for v in values]
+            arrays[name] = pa.array(values, ARROW_TYPES[typ])
+    for name in CHANGE_COLUMNS:
+        arrays[name] = rows.column(name)
+    return pa.table(arrays), tuple(name for name, _ in declared["key"])
+
+
+@dataclass
+class TableStatus:
+    """What the apply knows of one table (driver): for the command's lines and the report."""
+
+    state: str = "streaming"  # streaming, failed
+    reason: str | None = None
+    rows_applied: int = 0
+    last_batch: int | None = None
+    version: int | None = None
+
+
+@dataclass
+class MultiTableApply:
+    """The ``foreachBatch`` of a multi-table pipeline (module docstring); runs on the driver.
+
+    ``settings.target`` is a template holding ``{table}``; ``source``: the endpoint as shown,
+    each table's target marker names ``<source>#<table>``; ``out``: where failed tables and
+    their held batches are kept."""
+
+    settings: ApplySettings
+    source: str
+    out: Path
+    #: builds a table's apply sink (a test may pass its own); default: open_apply_sink
+    open_sink: Callable[..., Any] | None = None
+    tables: dict[str, TableStatus] = field(default_factory=dict)
+    _sinks: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for failed in sorted(self._failed_dir.glob("*.failed")):
+            self.tables[failed.stem] = TableStatus("failed", failed.read_text())
+
+    @property
+    def _failed_dir(self) -> Path:
+        return self.out / "_tables"
+
+    def target_of(self, table: str) -> str:
+        return self.settings.target.replace("{table}", table)
+
+    def sink(self, table: str) -> Any:
+        if table not in self._sinks:
+            from tablestore_cdc.lakehouse import open_apply_sink
+
+            opener = self.open_sink or open_apply_sink
+            s = self.settings
+            self._sinks[table] = opener(self.target_of(table), scd=s.scd,
+                                        schema_drift=s.schema_drift,
+                                        soft_delete_column=s.soft_delete_column,
+                                        source=f"{self.source}#{table}",
+                                        adopt_target=s.adopt_target)
+        return self._sinks[table]
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from tablestore_cdc.lakehouse.sink import _query_id
+
+        self.apply_batch(df.toArrow(), _query_id(df, batch_id), batch_id)
+
+    def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
+        """Apply one batch of the multi-table change log, table by table, in name order."""
+        for table in sorted(set(batch.column("_table").to_pylist())):
+            rows = batch.filter(pc.equal(batch.column("_table"), table))
+            status = self.tables.setdefault(table, TableStatus())
+            if status.state == "failed":
+                self._hold(table, batch_id, rows)
+                continue
+            try:
+                self._apply(table, rows, app_id, batch_id)
+            except CdcError as exc:
+                self._fail(table, batch_id, exc)
+                self._hold(table, batch_id, rows)
+
+    def _apply(self, table: str, rows: pa.Table, app_id: str, batch_id: int) -> None:
+        changes, keys = typed_changes(rows)
+        result = self.sink(table).apply(changes, app_id, batch_id, keys)
+        status = self.tables.setdefault(table, TableStatus())
+        status.last_batch = batch_id
+        if result.committed:
+            status.rows_applied += result.changes
+            status.version = result.version
+
+    def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
+        reason = f"batch {batch_id}: {exc}"
+        log.error("table %s failed (%s); its rows are held, the other tables go on; fix its "
+                  "setting and restart to resume it", table, reason)
+        self._failed_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self._failed_dir / f"{table}.failed", reason.encode())
+        self.tables[table] = TableStatus("failed", reason)
+
+    def _hold(self, table: str, batch_id: int, rows: pa.Table) -> None:
+        """Keep a failed table's rows of ``batch_id`` (before the batch commits; a replay
+        writes the same file again)."""
+        held = self.out / "_held" / table
+        held.mkdir(parents=True, exist_ok=True)
+        target = held / f"{batch_id:012d}.parquet"
+        tmp = target.with_suffix(".tmp")
+        pq.write_table(rows, tmp)
+        os.replace(tmp, target)
+
+    def resume_held(self, app_id: str | None) -> None:
+        """Before the queries start (a restart): apply each failed table's held batches in
+        order, under their own batch ids (a batch its target already holds is skipped), with
+        the settings given now. A table whose batch is refused again stays failed."""
+        for table in [t for t, s in self.tables.items() if s.state == "failed"]:
+            held = sorted((self.out / "_held" / table).glob("*.parquet"))
+            if app_id is None:
+                continue
+            self.tables[table] = TableStatus()
+            (self._failed_dir / f"{table}.failed").unlink(missing_ok=True)
+            for path in held:
+                batch_id = int(path.stem)
+                try:
+                    self._apply(table, pq.read_table(path), app_id, batch_id)
+                except CdcError as exc:
+                    self._fail(table, batch_id, exc)
+                    break
+                path.unlink()
+            else:
+                log.info("table %s resumed: %d held batch(es) applied", table, len(held))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@dataclass
+class MultiTablePipeline:
+    """The two running queries of a multi-table pipeline (driver)."""
+
+    changelog: Any
+    state_query: Any
+    apply: MultiTableApply
+    listener: Any = None
+
+    def table_states(self) -> dict[str, str]:
+        """Each table's state: the source's (new, streaming, dropped, failed: ... from the
+        progress report), then the apply's failures over it."""
+        states: dict[str, str] = {}
+        progress = self.changelog.lastProgress
+        if progress and progress.get("sources"):
+            latest = progress["sources"][0].get("latestOffset")
+            if isinstance(latest, str):
+                latest = json.loads(latest)
+            if isinstance(latest, dict):
+                states.update(latest.get("tables", {}))
+        for table, status in self.apply.tables.items():
+            if status.state == "failed":
+                states[table] = f"failed: {status.reason}"
+            else:
+                states.setdefault(table, status.state)
+        return dict(sorted(states.items()))
+
+    def check(self) -> None:
+        for query in (self.changelog, self.state_query):
+            if query.exception() is not None:
+                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+
+    def drain(self) -> None:
+        self.check()
+        self.changelog.processAllAvailable()
+        self.state_query.processAllAvailable()
+
+    def stop(self) -> None:
+        for query in (self.changelog, self.state_query):
+            query.stop()
+        if self.listener is not None:
+            self.listener.wait_terminated(timeout=10)
+
+
+def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
+                               apply: ApplySettings, exclude: str | None = None,
+                               options: dict[str, str] | None = None,
+                               trigger_ms: int = 0) -> MultiTablePipeline:
+    """Start the multi-table change-log and apply queries (driver): every table of
+    ``endpoint`` matching ``tables`` (comma-separated globs) and none of ``exclude``, into
+    ``apply.target`` with ``{table}`` replaced by each table's name. A failed table's held
+    batches are applied first (``MultiTableApply.resume_held``)."""
+    from tablestore_cdc.lakehouse.errors import ApplyOptionError
+
+    if "{table}" not in apply.target:
+        raise ApplyOptionError(option="target", value=apply.target,
+                               problem="names no {table} for the tables it holds",
+                               allowed="a template such as delta:///lake/{table}")
+    reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
+              .option("tables", tables).option("tunnel.name", tunnel))
+    if exclude:
+        reader = reader.option("exclude", exclude)
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    changes = reader.load()
+    sink = MultiTableApply(apply, redact_uri(endpoint), out)
+    sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
+    changelog_dir = out / "changelog"
+    trigger = {"processingTime": f"{trigger_ms} milliseconds"}
+    changelog = (changes.writeStream.format("parquet").queryName("changelog")
+                 .option("path", str(changelog_dir))
+                 .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
+                 .trigger(**trigger).start())
+    state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
+                   .writeStream.queryName("apply").foreachBatch(sink)
+                   .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
+                   .trigger(**trigger).start())
+    return MultiTablePipeline(changelog, state_query, sink)
