@@ -16,7 +16,10 @@ from rich.console import Console
 from cdc_common.uris import redact_uri
 from tablestore_cdc.cli_errors import reported_errors
 from tablestore_cdc.pipeline import ApplySettings
-from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline
+from tablestore_cdc.pipeline.multi_table import (
+    check_target_template,
+    start_multi_table_pipeline,
+)
 
 console = Console(stderr=True)
 
@@ -29,6 +32,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
 
     excluded = ",".join(exclude) if exclude else None
     with reported_errors():
+        check_target_template(apply.target)  # before Spark starts
         spark = local_session("tablestore-cdc-replicate", master=master)
         pipeline = start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
                                               excluded, options, trigger_ms)

@@ -114,7 +114,7 @@ def replicate(
     output = output.resolve()
     if tables is not None:
         if table is not None:
-            raise typer.BadParameter("give --table or --tables, not both", param_hint="--tables")
+            fail("--table and --tables: give one of them")
         from tablestore_cdc.multi_table_cli import replicate_tables
 
         apply = ApplySettings(target or f"delta://{output}/{{table}}", scd, schema_drift,
@@ -123,7 +123,7 @@ def replicate(
                          master)
         return
     if table is None:
-        raise typer.BadParameter("is required (or --tables)", param_hint="--table")
+        fail("--table (one table) or --tables (a selection) is required")
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target)
     with reported_errors(), flags_named():

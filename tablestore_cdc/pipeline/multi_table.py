@@ -236,6 +236,16 @@ class MultiTablePipeline:
             self.listener.wait_terminated(timeout=10)
 
 
+def check_target_template(target: str) -> None:
+    """Refuse a multi-table target that does not name each table (``ApplyOptionError``)."""
+    from tablestore_cdc.lakehouse.errors import ApplyOptionError
+
+    if "{table}" not in target:
+        raise ApplyOptionError(option="target", value=target,
+                               problem="names no {table} for the tables it holds",
+                               allowed="a template such as delta:///lake/{table}")
+
+
 def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
                                apply: ApplySettings, exclude: str | None = None,
                                options: dict[str, str] | None = None,
@@ -244,12 +254,7 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     ``endpoint`` matching ``tables`` (comma-separated globs) and none of ``exclude``, into
     ``apply.target`` with ``{table}`` replaced by each table's name. A failed table's held
     batches are applied first (``MultiTableApply.resume_held``)."""
-    from tablestore_cdc.lakehouse.errors import ApplyOptionError
-
-    if "{table}" not in apply.target:
-        raise ApplyOptionError(option="target", value=apply.target,
-                               problem="names no {table} for the tables it holds",
-                               allowed="a template such as delta:///lake/{table}")
+    check_target_template(apply.target)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:

@@ -1,0 +1,110 @@
+"""A multi-table query without Spark (connector.multiplex, tablestore_cdc.pipeline.multi_table):
+the selection's globs, the options, the composite offset over a real store file (tables
+joining, a dropped one frozen), the generic rows typed back, the command's flags."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from connector.errors import OptionError
+from connector.local import LocalTablestore
+from connector.multiplex import MultiTableOptions, MultiTableStreamReader, TableSelection
+from tablestore_cdc.cli import app
+from tablestore_cdc.pipeline.multi_table import typed_changes
+
+
+def test_the_selection_keeps_names_matching_an_include_glob_and_no_exclude_glob() -> None:
+    selection = TableSelection.parse("orders_*, users", "orders_tmp*,orders_old")
+    names = ["orders_eu", "orders_old", "orders_tmp1", "users", "users2", "Orders_us"]
+    assert selection.select(names) == ["orders_eu", "users"]
+
+
+@pytest.mark.parametrize(("options", "option"), [
+    ({"tables": "a,,b"}, "tables"),
+    ({"tables": " "}, "tables"),
+    ({"tables": "a", "exclude": "x,"}, "exclude"),
+    ({"tables": "a", "table.name": "a"}, "table.name"),
+    ({"tables": "a", "tables.refreshIntervalMs": "soon"}, "tables.refreshIntervalMs"),
+    ({"tables": "a", "maxOffsetsPerChannel": "0"}, "maxOffsetsPerChannel"),
+])
+def test_a_bad_multi_table_option_is_refused_naming_it(tmp_path: Path, options: dict,
+                                                       option: str) -> None:
+    base = {"endpoint": f"local://{tmp_path}/s.db", "tunnel.name": "t"}
+    with pytest.raises(OptionError) as raised:
+        MultiTableOptions.from_spark({**base, **options})
+    assert raised.value.fields["option"] == option
+
+
+def _store(path: Path) -> LocalTablestore:
+    store = LocalTablestore(path)
+    store.create_table("a", [("id", "INTEGER")], [("v", "STRING"), ("b", "BINARY")], channels=2)
+    store.create_table("b", [("k", "STRING")], [("n", "DOUBLE")], channels=1)
+    store.create_table("c", [("k", "STRING")], [], channels=1)
+    return store
+
+
+def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
+        tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        store.put_row("a", {"id": 1}, {"v": "x", "b": b"\x00\xff"})
+        store.put_row("b", {"k": "q"}, {"n": 1.5})
+        reader = MultiTableStreamReader(MultiTableOptions.from_spark({
+            "endpoint": f"local://{tmp_path}/s.db", "tables": "a,b*", "tunnel.name": "t",
+            "tables.refreshIntervalMs": "0"}))
+        start = reader.initialOffset()
+        assert sorted(start["tables"]) == ["a", "b"]  # c is not selected
+        end = reader.latestOffset(start, None)
+        partitions = reader.partitions(start, end)
+        assert {p.table for p in partitions} == {"a", "b"}
+        executor = pickle.loads(pickle.dumps(reader))  # as Spark sends it
+        rows = [r for p in partitions for b in executor.read(pickle.loads(pickle.dumps(p)))
+                for r in b.to_pylist()]
+        reader.commit(end)
+        assert sorted((r["_table"], r["_key"]) for r in rows) == [("a", '{"id":1}'),
+                                                                 ("b", '{"k":"q"}')]
+        store.create_table("b2", [("k", "STRING")], [], channels=1)
+        store.put_row("b2", {"k": "z"}, {})
+        store.drop_table("b")
+        joined = reader.latestOffset(end, None)
+        assert joined["tables"]["b"] == end["tables"]["b"]  # frozen
+        assert reader.table_states == {"a": "streaming", "b": "dropped", "b2": "new"}
+        assert reader.partitions(end, joined) == []  # b2 joins: read from the next batch
+        reader.commit(joined)
+        after = reader.latestOffset(joined, None)
+        assert [p.table for p in reader.partitions(joined, after)] == ["b2"]
+        assert reader.reportLatestOffset()["tables"]["b"] == "dropped"
+        reader.stop()
+
+
+def test_generic_rows_are_typed_again_with_the_tables_declared_columns(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        store.put_row("a", {"id": 7}, {"v": "seven", "b": b"\x01\x02"})
+        store.delete_row("a", {"id": 7})
+        reader = MultiTableStreamReader(MultiTableOptions.from_spark({
+            "endpoint": f"local://{tmp_path}/s.db", "tables": "a", "tunnel.name": "t"}))
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        batches = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+        reader.stop()
+    changes, keys = typed_changes(pa.Table.from_batches(batches))
+    assert keys == ("id",)
+    assert changes.schema.field("id").type == pa.int64()
+    assert changes.select(["id", "v", "b", "_op"]).to_pylist() == [
+        {"id": 7, "v": "seven", "b": b"\x01\x02", "_op": "PUT"},
+        {"id": 7, "v": None, "b": None, "_op": "DELETE"}]
+
+
+def test_replicate_takes_table_or_tables_not_both_and_a_template_target(tmp_path: Path) -> None:
+    _store(tmp_path / "s.db").close()
+    runner = CliRunner()
+    for args, flag in ((["--table", "a", "--tables", "a*"], "--tables"), ([], "--table"),
+                       (["--tables", "a*", "--target", "delta:///lake/one"], "target")):
+        result = runner.invoke(app, ["replicate", "--output", str(tmp_path), "--store",
+                                     str(tmp_path / "s.db"), *args])
+        assert result.exit_code == 2
+        assert flag in result.stderr and len(result.stderr.splitlines()) == 1
