@@ -161,10 +161,14 @@ class MultiTableStreamReader(DataSourceStreamReader):
         self._listed_at = float("-inf")
         #: table -> "streaming", "new", "dropped", "failed: <reason>" (planning process)
         self.table_states: dict[str, str] = {}
+        #: table -> the start UUID of the batch latestOffset last saw, and its lag reporter
+        self._last_starts: dict[str, str] = {}
+        self._reporters: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_protocols={}, _admin=None)  # live clients never travel to executors
+        # live clients never travel to executors
+        state.update(_protocols={}, _admin=None, _reporters={})
         return state
 
     # --- tables (planning process) ----------------------------------------------------------
@@ -206,6 +210,7 @@ class MultiTableStreamReader(DataSourceStreamReader):
             log.warning("table %s stopped (%s); the other tables go on", table, state)
         self.table_states[table] = state
         protocol = self._protocols.pop(table, None)
+        self._reporters.pop(table, None)
         if protocol is not None:
             try:
                 protocol.close()
@@ -244,6 +249,7 @@ class MultiTableStreamReader(DataSourceStreamReader):
                 continue
             try:
                 ends[table] = protocol.latest_offset(offset, limits)
+                self._last_starts[table] = protocol.uuid_of(offset)
             except CdcError as exc:
                 self._stop(table, exc)
         for table in sorted(listed - set(ends)):  # new: joins with its initial offset
@@ -255,8 +261,20 @@ class MultiTableStreamReader(DataSourceStreamReader):
         return {"tables": ends}
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
-        """Each table's state, in ``lastProgress.sources[0].latestOffset``."""
-        return {"tables": dict(sorted(self.table_states.items()))}
+        """Each table's state and its lag (records and seconds behind the head, ``None`` where
+        the backend cannot tell), in ``lastProgress.sources[0].latestOffset``. Each table's
+        lag is measured as a single-table query's (``connector.latest_offset_report``: cached
+        for a while, never failing the query)."""
+        from connector.latest_offset_report import LatestOffsetReporter
+
+        lag: dict[str, dict[str, Any]] = {}
+        for table, protocol in sorted(self._protocols.items()):
+            if table not in self._reporters:
+                self._reporters[table] = LatestOffsetReporter(protocol)
+            report = self._reporters[table].report(self._last_starts.get(table)) or {}
+            lag[table] = {"recordsBehind": report.get("recordsBehindLatest"),
+                          "secondsBehind": report.get("secondsBehindLatest")}
+        return {"tables": dict(sorted(self.table_states.items())), "lag": lag}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         starts = _tables_of(start)

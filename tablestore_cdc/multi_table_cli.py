@@ -26,9 +26,13 @@ console = Console(stderr=True)
 
 def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
                      apply: ApplySettings, tunnel: str, options: dict[str, str],
-                     trigger_ms: int, master: str) -> None:
-    """Run the multi-table pipeline until stopped (driver)."""
+                     trigger_ms: int, master: str, metrics_port: int | None = None) -> None:
+    """Run the multi-table pipeline until stopped (driver); ``metrics_port``: serve the
+    per-table metrics for Prometheus on 127.0.0.1 (``tablestore_cdc.pipeline.metrics``)."""
     from connector.spark import local_session
+    from tablestore_cdc.pipeline.metrics import TableMetrics
+
+    metrics = TableMetrics()
 
     excluded = ",".join(exclude) if exclude else None
     with reported_errors():
@@ -36,6 +40,9 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
         spark = local_session("tablestore-cdc-replicate", master=master)
         pipeline = start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
                                               excluded, options, trigger_ms)
+        if metrics_port is not None:
+            port = metrics.serve(metrics_port)
+            console.print(f"metrics on http://127.0.0.1:{port}/metrics")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     console.print(f"replicating tables {tables}"
                   f"{f' except {excluded}' if excluded else ''} from {redact_uri(endpoint)} "
@@ -44,6 +51,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     try:
         while True:
             pipeline.check()
+            metrics.update(pipeline.table_figures())
             for table, state in pipeline.table_states().items():
                 status = pipeline.apply.tables.get(table)
                 line = state if status is None else (
@@ -58,4 +66,5 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     finally:
         pipeline.stop()
         spark.stop()
+        metrics.close()
     console.print("stopped cleanly; run the same command again to resume")

@@ -58,6 +58,9 @@ def replicate(
         "template with {table} (default delta://OUTPUT/{table}).")] = None,
     exclude: Annotated[list[str] | None, typer.Option(
         help="With --tables: leave out tables matching this glob (repeatable).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="With --tables: serve per-table metrics for Prometheus on "
+        "http://127.0.0.1:PORT/metrics.")] = None,
     store: Annotated[Path | None, typer.Option(
         help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
     endpoint: Annotated[str | None, typer.Option(
@@ -120,7 +123,7 @@ def replicate(
         apply = ApplySettings(target or f"delta://{output}/{{table}}", scd, schema_drift,
                               soft_delete_column, adopt_target)
         replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra, trigger_ms,
-                         master)
+                         master, metrics_port)
         return
     if table is None:
         fail("--table (one table) or --tables (a selection) is required")

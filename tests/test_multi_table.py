@@ -77,7 +77,12 @@ def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
         reader.commit(joined)
         after = reader.latestOffset(joined, None)
         assert [p.table for p in reader.partitions(joined, after)] == ["b2"]
-        assert reader.reportLatestOffset()["tables"]["b"] == "dropped"
+        report = reader.reportLatestOffset()
+        assert report["tables"]["b"] == "dropped" and "b" not in report["lag"]
+        store.put_row("a", {"id": 2}, {"v": "y"})  # one record behind the batch planned next
+        assert report["lag"]["a"]["recordsBehind"] == 0
+        reader._reporters.clear()  # a fresh measurement
+        assert reader.reportLatestOffset()["lag"]["a"]["recordsBehind"] == 1
         reader.stop()
 
 

@@ -5,12 +5,14 @@ setting (docs/multi-table.md)."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from connector.local import LocalTablestore
+from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.multi_table import (
     MultiTablePipeline,
@@ -51,6 +53,17 @@ def _applied(pipeline: MultiTablePipeline, table: str, store_path: Path, out: Pa
     with LocalTablestore(store_path) as store:
         expected = _source_rows(store, table, ("id",), ("v", "n"))
     return _target_rows(target, ("id",), ("v", "n")) == expected
+
+
+def _scrape(pipeline: MultiTablePipeline) -> str:
+    metrics = TableMetrics()
+    metrics.update(pipeline.table_figures())
+    port = metrics.serve(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            return answer.read().decode()
+    finally:
+        metrics.close()
 
 
 def _start(spark: Any, store_path: Path, out: Path, drift: str = "lenient"
@@ -135,6 +148,11 @@ def test_a_table_refused_by_its_target_fails_alone_and_resumes_after_a_fixed_res
         pipeline.drain()
         assert not _applied(pipeline, "t_drifts", store_path, out)
         assert "colour" in pipeline.table_states()["t_drifts"]
+        scraped = _scrape(pipeline)  # the operator's view: Prometheus over HTTP
+        assert 'tablestore_cdc_table_state{state="failed",table="t_drifts"} 1.0' in scraped
+        assert 'tablestore_cdc_table_state{state="streaming",table="t_good"} 1.0' in scraped
+        assert 'tablestore_cdc_table_rows_applied_total{table="t_good"}' in scraped
+        assert 'tablestore_cdc_table_lag_records{table="t_good"} 0.0' in scraped
     finally:
         pipeline.stop()
     pipeline = _start(spark, store_path, out, drift="lenient")  # the fixed setting

@@ -23,6 +23,7 @@ import base64
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,8 @@ class TableStatus:
     rows_applied: int = 0
     last_batch: int | None = None
     version: int | None = None
+    #: when the target last committed (seconds since the epoch)
+    last_commit: float | None = None
 
 
 @dataclass
@@ -145,6 +148,7 @@ class MultiTableApply:
         if result.committed:
             status.rows_applied += result.changes
             status.version = result.version
+            status.last_commit = time.time()
 
     def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
         reason = f"batch {batch_id}: {exc}"
@@ -201,23 +205,39 @@ class MultiTablePipeline:
     apply: MultiTableApply
     listener: Any = None
 
-    def table_states(self) -> dict[str, str]:
-        """Each table's state: the source's (new, streaming, dropped, failed: ... from the
-        progress report), then the apply's failures over it."""
-        states: dict[str, str] = {}
+    def _source_report(self) -> dict[str, Any]:
+        """The source's report in the change-log query's last progress (states and lag)."""
         progress = self.changelog.lastProgress
         if progress and progress.get("sources"):
             latest = progress["sources"][0].get("latestOffset")
             if isinstance(latest, str):
                 latest = json.loads(latest)
             if isinstance(latest, dict):
-                states.update(latest.get("tables", {}))
+                return latest
+        return {}
+
+    def table_states(self) -> dict[str, str]:
+        """Each table's state: the source's (new, streaming, dropped, failed: ... from the
+        progress report), then the apply's failures over it."""
+        states: dict[str, str] = dict(self._source_report().get("tables", {}))
         for table, status in self.apply.tables.items():
             if status.state == "failed":
                 states[table] = f"failed: {status.reason}"
             else:
                 states.setdefault(table, status.state)
         return dict(sorted(states.items()))
+
+    def table_figures(self) -> dict[str, dict[str, Any]]:
+        """Each table's state, lag, changes applied, last commit and target version (for
+        ``tablestore_cdc.pipeline.metrics``)."""
+        lag = self._source_report().get("lag", {})
+        figures = {}
+        for table, state in self.table_states().items():
+            status = self.apply.tables.get(table, TableStatus())
+            figures[table] = {"state": state, **lag.get(table, {}),
+                              "rowsApplied": status.rows_applied,
+                              "lastCommit": status.last_commit, "version": status.version}
+        return figures
 
     def check(self) -> None:
         for query in (self.changelog, self.state_query):

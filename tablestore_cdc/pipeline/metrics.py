@@ -1,0 +1,74 @@
+"""Per-table figures of a multi-table pipeline for Prometheus (``replicate --metrics-port``).
+
+``TableMetrics`` holds its own ``prometheus_client`` registry (never the process-wide one, so
+two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.1 by default;
+``update`` is called by the command's loop (driver) with what the pipeline knows
+(``MultiTablePipeline.table_figures``). Every metric carries a ``table`` label:
+
+- ``tablestore_cdc_table_state{table, state}``: 1 for the table's current state (``new``,
+  ``streaming``, ``dropped``, ``failed``), 0 for the others;
+- ``tablestore_cdc_table_lag_records`` / ``..._lag_seconds``: behind the tunnel's head, as the
+  source measured it for Spark's progress report (absent until measured);
+- ``tablestore_cdc_table_rows_applied_total``: changes applied into the target by this process;
+- ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+STATES = ("new", "streaming", "dropped", "failed")
+
+
+class TableMetrics:
+    """The per-table metrics of one pipeline (driver)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        label = ["table"]
+        r = self.registry
+        self.state = Gauge("tablestore_cdc_table_state", "1 for the table's current state",
+                           ["table", "state"], registry=r)
+        self.lag_records = Gauge("tablestore_cdc_table_lag_records",
+                                 "records behind the tunnel's head", label, registry=r)
+        self.lag_seconds = Gauge("tablestore_cdc_table_lag_seconds",
+                                 "seconds behind the tunnel's head", label, registry=r)
+        self.rows_applied = Counter("tablestore_cdc_table_rows_applied",
+                                    "changes applied into the table's target", label, registry=r)
+        self.last_commit = Gauge("tablestore_cdc_table_last_commit_timestamp_seconds",
+                                 "when the table's target last committed", label, registry=r)
+        self.version = Gauge("tablestore_cdc_table_target_version",
+                             "the target's version (Delta) or snapshot id (Iceberg)", label,
+                             registry=r)
+        self._applied: dict[str, int] = {}
+        self.server: Any = None
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on ``address:port`` (0: a free port); returns the port."""
+        self.server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        return int(self.server.server_port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def update(self, figures: dict[str, dict[str, Any]]) -> None:
+        """``figures``: table -> {"state", "recordsBehind", "secondsBehind", "rowsApplied",
+        "lastCommit", "version"} (``None`` where not known)."""
+        for table, f in figures.items():
+            current = str(f.get("state") or "").split(":")[0]
+            for state in STATES:
+                self.state.labels(table, state).set(1 if state == current else 0)
+            for gauge, key in ((self.lag_records, "recordsBehind"),
+                               (self.lag_seconds, "secondsBehind"),
+                               (self.last_commit, "lastCommit"), (self.version, "version")):
+                if f.get(key) is not None:
+                    gauge.labels(table).set(f[key])
+            applied = int(f.get("rowsApplied") or 0)
+            grown = applied - self._applied.get(table, 0)
+            self.rows_applied.labels(table).inc(max(grown, 0))
+            self._applied[table] = applied
