@@ -7,6 +7,7 @@ figures, Ctrl-C (or SIGTERM) stops cleanly, errors end in one ``error: ...`` lin
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from pathlib import Path
@@ -20,26 +21,35 @@ from tablestore_cdc.pipeline.multi_table import (
     check_target_template,
     start_multi_table_pipeline,
 )
+from tablestore_cdc.pipeline.table_config import load_table_config
 
 console = Console(stderr=True)
 
 
 def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
                      apply: ApplySettings, tunnel: str, options: dict[str, str],
-                     trigger_ms: int, master: str, metrics_port: int | None = None) -> None:
+                     trigger_ms: int, master: str, metrics_port: int | None = None,
+                     config: Path | None = None, given: frozenset[str] = frozenset()) -> None:
     """Run the multi-table pipeline until stopped (driver); ``metrics_port``: serve the
-    per-table metrics for Prometheus on 127.0.0.1 (``tablestore_cdc.pipeline.metrics``)."""
+    per-table metrics for Prometheus on 127.0.0.1 (``tablestore_cdc.pipeline.metrics``);
+    ``config``: per-table settings (``tablestore_cdc.pipeline.table_config``), under the
+    settings named in ``given`` (flags given on the command line)."""
     from connector.spark import local_session
     from tablestore_cdc.pipeline.metrics import TableMetrics
 
     metrics = TableMetrics()
 
     excluded = ",".join(exclude) if exclude else None
+    per_table = None
     with reported_errors():
-        check_target_template(apply.target)  # before Spark starts
+        if config is not None:
+            table_config = load_table_config(config)
+            per_table = functools.partial(table_config.for_table, base=apply, given=given)
+        else:
+            check_target_template(apply.target)  # before Spark starts
         spark = local_session("tablestore-cdc-replicate", master=master)
         pipeline = start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
-                                              excluded, options, trigger_ms)
+                                              excluded, options, trigger_ms, per_table)
         if metrics_port is not None:
             port = metrics.serve(metrics_port)
             console.print(f"metrics on http://127.0.0.1:{port}/metrics")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 
@@ -49,6 +50,7 @@ def demo(
 
 
 def replicate(
+    ctx: typer.Context,
     output: Annotated[Path, typer.Option(help="Change log and checkpoints (and the default "
                                          "target).")],
     table: Annotated[str | None, typer.Option(help="The table to replicate.")] = None,
@@ -58,6 +60,10 @@ def replicate(
         "template with {table} (default delta://OUTPUT/{table}).")] = None,
     exclude: Annotated[list[str] | None, typer.Option(
         help="With --tables: leave out tables matching this glob (repeatable).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="With --tables: per-table settings from a TOML file ([defaults], [tables.NAME]: "
+        "scd, schema_drift, soft_delete_column, target, keys); flags given here override it.")]
+    = None,
     metrics_port: Annotated[int | None, typer.Option(
         min=0, max=65535, help="With --tables: serve per-table metrics for Prometheus on "
         "http://127.0.0.1:PORT/metrics.")] = None,
@@ -122,8 +128,12 @@ def replicate(
 
         apply = ApplySettings(target or f"delta://{output}/{{table}}", scd, schema_drift,
                               soft_delete_column, adopt_target)
+        given = frozenset(name for name in ("target", "scd", "schema_drift",
+                                            "soft_delete_column", "adopt_target")
+                          if ctx.get_parameter_source(name)
+                          is click.core.ParameterSource.COMMANDLINE)
         replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra, trigger_ms,
-                         master, metrics_port)
+                         master, metrics_port, config, given)
         return
     if table is None:
         fail("--table (one table) or --tables (a selection) is required")

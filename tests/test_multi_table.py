@@ -5,6 +5,7 @@ joining, a dropped one frozen), the generic rows typed back, the command's flags
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,7 +16,9 @@ from connector.errors import OptionError
 from connector.local import LocalTablestore
 from connector.multiplex import MultiTableOptions, MultiTableStreamReader, TableSelection
 from tablestore_cdc.cli import app
+from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.multi_table import typed_changes
+from tablestore_cdc.pipeline.table_config import TableConfigError, load_table_config
 
 
 def test_the_selection_keeps_names_matching_an_include_glob_and_no_exclude_glob() -> None:
@@ -113,3 +116,34 @@ def test_replicate_takes_table_or_tables_not_both_and_a_template_target(tmp_path
                                      str(tmp_path / "s.db"), *args])
         assert result.exit_code == 2
         assert flag in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_per_table_settings_layer_over_the_defaults_and_under_given_flags(
+        tmp_path: Path) -> None:
+    path = tmp_path / "tables.toml"
+    path.write_text('[defaults]\nschema_drift = "exception"\n\n[tables.orders]\nscd = 2\n'
+                    'target = "iceberg:///wh?table=cdc.{table}"\nkeys = ["a", "b"]\n')
+    config = load_table_config(path)
+    base = ApplySettings("delta:///lake/{table}")
+    assert config.for_table("users", base) == (
+        ApplySettings("delta:///lake/{table}", schema_drift="exception"), None)
+    assert config.for_table("orders", base) == (
+        ApplySettings("iceberg:///wh?table=cdc.{table}", scd=2, schema_drift="exception"),
+        ("a", "b"))
+    given = ApplySettings("delta:///lake/{table}", schema_drift="lenient")
+    assert config.for_table("orders", given, frozenset({"schema_drift"}))[0].schema_drift \
+        == "lenient"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[tables.orders]\nscd = 3\n", "table 'orders': key 'scd'"),
+    ("[tables.orders]\ncolour = 1\n", "table 'orders': key 'colour'"),
+    ("[defaults]\nschema_drift = \"sometimes\"\n", "[defaults]: key 'schema_drift'"),
+    ("[tables\n", "is not TOML"),
+])
+def test_a_bad_settings_file_is_refused_naming_the_table_and_the_key(
+        tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "tables.toml"
+    path.write_text(text)
+    with pytest.raises(TableConfigError, match=re.escape(message)):
+        load_table_config(path)

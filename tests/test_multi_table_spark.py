@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from connector.local import LocalTablestore
-from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.pipeline import ApplySettings
+from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.pipeline.multi_table import (
     MultiTablePipeline,
     start_multi_table_pipeline,

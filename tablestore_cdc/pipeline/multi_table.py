@@ -94,6 +94,9 @@ class MultiTableApply:
     out: Path
     #: builds a table's apply sink (a test may pass its own); default: open_apply_sink
     open_sink: Callable[..., Any] | None = None
+    #: a table's own settings and key override (``table_config.TableConfig.for_table``);
+    #: None: ``settings`` for every table
+    per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]] | None = None
     tables: dict[str, TableStatus] = field(default_factory=dict)
     _sinks: dict[str, Any] = field(default_factory=dict)
 
@@ -105,16 +108,20 @@ class MultiTableApply:
     def _failed_dir(self) -> Path:
         return self.out / "_tables"
 
+    def settings_of(self, table: str) -> tuple[ApplySettings, tuple[str, ...] | None]:
+        """``table``'s apply settings and its target's key columns when overridden."""
+        return self.per_table(table) if self.per_table is not None else (self.settings, None)
+
     def target_of(self, table: str) -> str:
-        return self.settings.target.replace("{table}", table)
+        return self.settings_of(table)[0].target.replace("{table}", table)
 
     def sink(self, table: str) -> Any:
         if table not in self._sinks:
             from tablestore_cdc.lakehouse import open_apply_sink
 
             opener = self.open_sink or open_apply_sink
-            s = self.settings
-            self._sinks[table] = opener(self.target_of(table), scd=s.scd,
+            s, keys = self.settings_of(table)
+            self._sinks[table] = opener(self.target_of(table), key_columns=keys, scd=s.scd,
                                         schema_drift=s.schema_drift,
                                         soft_delete_column=s.soft_delete_column,
                                         source=f"{self.source}#{table}",
@@ -142,7 +149,8 @@ class MultiTableApply:
 
     def _apply(self, table: str, rows: pa.Table, app_id: str, batch_id: int) -> None:
         changes, keys = typed_changes(rows)
-        result = self.sink(table).apply(changes, app_id, batch_id, keys)
+        result = self.sink(table).apply(changes, app_id, batch_id,
+                                        self.settings_of(table)[1] or keys)
         status = self.tables.setdefault(table, TableStatus())
         status.last_batch = batch_id
         if result.committed:
@@ -269,7 +277,9 @@ def check_target_template(target: str) -> None:
 def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
                                apply: ApplySettings, exclude: str | None = None,
                                options: dict[str, str] | None = None,
-                               trigger_ms: int = 0) -> MultiTablePipeline:
+                               trigger_ms: int = 0, per_table: Callable[
+                                   [str], tuple[ApplySettings, tuple[str, ...] | None]]
+                               | None = None) -> MultiTablePipeline:
     """Start the multi-table change-log and apply queries (driver): every table of
     ``endpoint`` matching ``tables`` (comma-separated globs) and none of ``exclude``, into
     ``apply.target`` with ``{table}`` replaced by each table's name. A failed table's held
@@ -282,7 +292,7 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     changes = reader.load()
-    sink = MultiTableApply(apply, redact_uri(endpoint), out)
+    sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table)
     sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
     changelog_dir = out / "changelog"
     trigger = {"processingTime": f"{trigger_ms} milliseconds"}

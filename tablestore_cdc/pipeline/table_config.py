@@ -1,0 +1,99 @@
+"""Per-table settings of a multi-table pipeline from a TOML file (``replicate --config``).
+
+Read on the driver before Spark starts (``load_table_config``), validated with pydantic; an
+error names the file, the table and the key (``TableConfigError``). The file::
+
+    [defaults]                     # every table
+    schema_drift = "lenient"
+
+    [tables.orders]                # one table, over the defaults
+    scd = 2
+    target = "iceberg:///wh?table=cdc.orders"
+
+    [tables.events]
+    keys = ["device", "ts"]
+    schema_drift = "exception"
+    soft_delete_column = "deleted"
+
+Keys: ``scd`` (1 or 2), ``schema_drift``, ``soft_delete_column``, ``target`` (a URI; may hold
+``{table}``), ``keys`` (the target's key columns, when they differ from the source's primary
+key). Precedence, lowest first: the command's defaults, ``[defaults]``, ``[tables.NAME]``, and
+a flag given on the command line (``TableConfig.for_table``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cdc_common.errors import CdcError
+from tablestore_cdc.pipeline.queries import ApplySettings
+
+
+class TableConfigError(CdcError):
+    """The per-table settings file cannot be used."""
+
+    template = "config {path}: {where}{problem}"
+
+
+class TableSettings(BaseModel):
+    """The settings of one table (or ``[defaults]``); ``None``: not set here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scd: Literal[1, 2] | None = None
+    schema_drift: Literal["lenient", "try_evolve", "evolve", "exception", "ignore", "fail",
+                          "add", "keep"] | None = None
+    soft_delete_column: str | None = Field(default=None, min_length=1)
+    target: str | None = Field(default=None, min_length=1)
+    keys: tuple[str, ...] | None = Field(default=None, min_length=1)
+
+
+class TableConfig(BaseModel):
+    """The whole file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    defaults: TableSettings = TableSettings()
+    tables: dict[str, TableSettings] = {}
+
+    def for_table(self, table: str, base: ApplySettings, given: frozenset[str] = frozenset()
+                  ) -> tuple[ApplySettings, tuple[str, ...] | None]:
+        """``table``'s apply settings and key override: ``base`` (the command's), then
+        ``[defaults]``, then ``[tables.TABLE]``, then the fields of ``base`` named in
+        ``given`` (flags given on the command line) again."""
+        settings = base
+        keys = None
+        for layer in (self.defaults, self.tables.get(table, TableSettings())):
+            values = {k: v for k, v in layer.model_dump().items() if v is not None}
+            keys = values.pop("keys", keys)
+            settings = dataclasses.replace(settings, **{k: v for k, v in values.items()
+                                                        if k not in given})
+        return settings, keys
+
+
+def load_table_config(path: Path) -> TableConfig:
+    """Read and validate ``path`` (driver); ``TableConfigError`` naming the table and key."""
+    try:
+        raw: dict[str, Any] = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise TableConfigError(path=path, where="", problem=f"cannot be read ({exc.strerror})"
+                               ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TableConfigError(path=path, where="", problem=f"is not TOML ({exc})") from None
+    try:
+        return TableConfig.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(p) for p in error["loc"]]
+        if loc[:1] == ["tables"] and len(loc) >= 2:
+            where = f"table {loc[1]!r}: " + (f"key {loc[2]!r}: " if len(loc) > 2 else "")
+        elif loc[:1] == ["defaults"] and len(loc) >= 2:
+            where = f"[defaults]: key {loc[1]!r}: "
+        else:
+            where = f"key {'.'.join(loc)!r}: " if loc else ""
+        raise TableConfigError(path=path, where=where, problem=error["msg"]) from None
