@@ -27,11 +27,12 @@ from benchmarks.memory import MemoryConfig
 from benchmarks.protocol import ProtocolConfig
 from benchmarks.reconcile import ReconcileConfig
 from benchmarks.recovery import RecoveryConfig
+from benchmarks.replicate import ReplicateConfig
 from benchmarks.throughput import ThroughputConfig
 from benchmarks.wire import WireConfig
 
 BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
-              "wire", "lakehouse_apply", "reconcile")
+              "wire", "lakehouse_apply", "reconcile", "replicate")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Preset:
     wire: WireConfig = WireConfig()
     lakehouse_apply: LakehouseApplyConfig = LakehouseApplyConfig()
     reconcile: ReconcileConfig = ReconcileConfig()
+    replicate: ReplicateConfig = ReplicateConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -65,6 +67,7 @@ PRESETS: dict[str, Preset] = {
         LakehouseApplyConfig(sizes=(2_000, 4_000), load_batch=1_000, batches=2,
                              batch_size=500, hot_keys=1_000),
         reconcile=ReconcileConfig(rows=20_000),
+        replicate=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2, refresh_ms=1_000),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -74,6 +77,7 @@ PRESETS: dict[str, Preset] = {
         CommitIntervalConfig(batches=30, max_per_channel=50),
         FreshnessConfig(seconds=20.0, writes_per_second=10.0),
         RecoveryConfig(trials=1),
+        replicate=ReplicateConfig(tables=20, idle_s=15.0, freshness_writes=10),
     ),
     "full": Preset(
         "full",
@@ -110,6 +114,11 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "lakehouse_iceberg_over_delta": ("<=", 2.0, "x"),
     # issue 41: one million rows compared in at most 60 s
     "reconcile_rows_s": (">=", 1_000_000 / 60, ""),
+    # issue 40: many tables in one application (100 in the full preset)
+    "replicate_peak_rss_mb": ("<=", 6144.0, "MB"),
+    "replicate_idle_cpu_cores": ("<=", 0.5, ""),
+    "replicate_freshness_p50_ms": ("<=", 5000.0, "ms"),
+    "replicate_new_table_s": ("<=", 30.0, "s"),
 }
 
 
@@ -182,6 +191,12 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
             finally:
                 if spark is None:
                     session.stop()
+        if "replicate" in only:
+            log(f"replicate: {preset.replicate.tables} tables x {preset.replicate.channels} "
+                "channels in one application ...")
+            from benchmarks import replicate
+
+            results["replicate"] = replicate.run(preset.replicate, root / "replicate", log=log)
         if "recovery" in only:
             log("recovery: SIGKILL the driver tree, restart ...")
             results["recovery"] = recovery.run(preset.recovery, root / "recovery")
@@ -255,6 +270,8 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "lakehouse_apply" in results:
         out.update(lakehouse_summary(results["lakehouse_apply"]))
+    if "replicate" in results:
+        out.update({k: v for k, v in results["replicate"].items() if k.startswith("replicate_")})
     if "reconcile" in results:
         r = results["reconcile"]
         out["reconcile_rows_s"] = round(r["rows_s"])

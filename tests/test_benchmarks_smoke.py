@@ -44,6 +44,11 @@ POSITIVE_KEYS = (
     "lakehouse_iceberg_scd1_4000_first_load_rows_s",
     "reconcile_rows_s",
     "reconcile_seconds",
+    "replicate_start_s",
+    "replicate_rss_mb",
+    "replicate_peak_rss_mb",
+    "replicate_freshness_p50_ms",
+    "replicate_new_table_s",
 )
 
 
