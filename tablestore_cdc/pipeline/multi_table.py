@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
-from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id
+from tablestore_cdc.pipeline.queries import ApplySettings, TwoQueries, checkpoint_query_id
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
@@ -205,11 +205,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 @dataclass
-class MultiTablePipeline:
+class MultiTablePipeline(TwoQueries):
     """The two running queries of a multi-table pipeline (driver)."""
 
-    changelog: Any
-    state_query: Any
     apply: MultiTableApply
     listener: Any = None
 
@@ -247,21 +245,6 @@ class MultiTablePipeline:
                               "lastCommit": status.last_commit, "version": status.version}
         return figures
 
-    def check(self) -> None:
-        for query in (self.changelog, self.state_query):
-            if query.exception() is not None:
-                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
-
-    def drain(self) -> None:
-        self.check()
-        self.changelog.processAllAvailable()
-        self.state_query.processAllAvailable()
-
-    def stop(self) -> None:
-        for query in (self.changelog, self.state_query):
-            query.stop()
-        if self.listener is not None:
-            self.listener.wait_terminated(timeout=10)
 
 
 def check_target_template(target: str) -> None:

@@ -15,33 +15,12 @@ from cdc_common.uris import redact_uri
 
 
 @dataclass
-class Pipeline:
-    """The two running queries of the pipeline and where they write (driver)."""
+class TwoQueries:
+    """The change-log query and the apply query of a pipeline, watched and stopped together
+    (driver); the base of ``Pipeline`` and ``multi_table.MultiTablePipeline``."""
 
     changelog: Any
     state_query: Any
-    #: the apply sink of the second query (``tablestore_cdc.lakehouse.ApplySink``)
-    sink: Any
-    target: str
-    key_columns: tuple[str, ...]
-    changelog_dir: Path
-    delivered_by_batch: dict[int, int] = field(default_factory=dict)
-    listener: Any = None  # the ProgressListener attached by start_pipeline
-    spark: Any = None  # the session, to detach the listener at stop
-
-    @property
-    def queries(self) -> tuple[Any, Any]:
-        return (self.changelog, self.state_query)
-
-    def poll(self) -> tuple[int, int]:
-        """(changes delivered to the change log, batches) from the query's progress."""
-        for progress in self.changelog.recentProgress:
-            self.delivered_by_batch[progress["batchId"]] = progress["numInputRows"]
-        return sum(self.delivered_by_batch.values()), len(self.delivered_by_batch)
-
-    def applied_batch(self) -> int | None:
-        """The newest batch of the apply query recorded in the target table."""
-        return self.sink.committed_batch(str(self.state_query.id))
 
     def check(self) -> None:
         for query in (self.changelog, self.state_query):
@@ -53,14 +32,45 @@ class Pipeline:
         self.changelog.processAllAvailable()
         self.state_query.processAllAvailable()
 
+    @property
+    def queries(self) -> tuple[Any, Any]:
+        return (self.changelog, self.state_query)
+
     def stop(self) -> None:
         for query in (self.changelog, self.state_query):
             query.stop()
-        if self.listener is not None:  # the dashboard shows "stopped" only once it is recorded
-            self.listener.wait_terminated(timeout=10)
-            if self.spark is not None:  # a restarted pipeline attaches a listener of its own
-                self.spark.streams.removeListener(self.listener)
-                self.listener = None
+        listener = getattr(self, "listener", None)
+        if listener is not None:  # the dashboard shows "stopped" only once it is recorded
+            listener.wait_terminated(timeout=10)
+            spark = getattr(self, "spark", None)
+            if spark is not None:  # a restarted pipeline attaches a listener of its own
+                spark.streams.removeListener(listener)
+                self.listener = None  # type: ignore[attr-defined]
+
+
+@dataclass
+class Pipeline(TwoQueries):
+    """The two running queries of the pipeline and where they write (driver)."""
+
+    #: the apply sink of the second query (``tablestore_cdc.lakehouse.ApplySink``)
+    sink: Any
+    target: str
+    key_columns: tuple[str, ...]
+    changelog_dir: Path
+    delivered_by_batch: dict[int, int] = field(default_factory=dict)
+    listener: Any = None  # the ProgressListener attached by start_pipeline
+    spark: Any = None  # the session, to detach the listener at stop
+
+    def poll(self) -> tuple[int, int]:
+        """(changes delivered to the change log, batches) from the query's progress."""
+        for progress in self.changelog.recentProgress:
+            self.delivered_by_batch[progress["batchId"]] = progress["numInputRows"]
+        return sum(self.delivered_by_batch.values()), len(self.delivered_by_batch)
+
+    def applied_batch(self) -> int | None:
+        """The newest batch of the apply query recorded in the target table."""
+        return self.sink.committed_batch(str(self.state_query.id))
+
 
 
 @dataclass(frozen=True)
