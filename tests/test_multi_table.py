@@ -147,3 +147,33 @@ def test_a_bad_settings_file_is_refused_naming_the_table_and_the_key(
     path.write_text(text)
     with pytest.raises(TableConfigError, match=re.escape(message)):
         load_table_config(path)
+
+
+def test_the_tables_are_listed_and_read_over_the_tablestore_wire(tmp_path: Path) -> None:
+    """The same query against the emulator: ListTable picks the tables, each is read through
+    its own tunnel over HTTP."""
+    pytest.importorskip("tablestore")
+    from tablestore_emulator.server import EmulatorServer
+    from testkit.emulator import INSTANCE, KEY_ID, SECRET
+
+    with _store(tmp_path / "s.db") as store:
+        store.put_row("a", {"id": 1}, {"v": "x"})
+        store.put_row("b", {"k": "q"}, {"n": 2.5})
+        store.put_row("c", {"k": "skipped"}, {})
+    emulator = EmulatorServer(str(tmp_path / "s.db"), INSTANCE, KEY_ID, SECRET).start()
+    try:
+        reader = MultiTableStreamReader(MultiTableOptions.from_spark({
+            "endpoint": emulator.url, "instance.name": INSTANCE, "access.key.id": KEY_ID,
+            "access.key.secret": SECRET, "tables": "*", "exclude": "c", "tunnel.name": "q",
+            "meta.store": f"sqlite://{tmp_path}/meta.db"}))
+        start = reader.initialOffset()
+        assert sorted(start["tables"]) == ["a", "b"]
+        end = reader.latestOffset(start, None)
+        rows = [r for p in reader.partitions(start, end) for b in reader.read(p)
+                for r in b.to_pylist()]
+        reader.commit(end)
+        reader.stop()
+    finally:
+        emulator.stop()
+    assert sorted((r["_table"], r["_key"], r["_row"]) for r in rows) == [
+        ("a", '{"id":1}', '{"v":"x","b":null}'), ("b", '{"k":"q"}', '{"n":2.5}')]
