@@ -110,7 +110,8 @@ def replicate(
 ) -> None:
     """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C, SIGTERM), or
     with --once until caught up; a restart resumes exactly. Retryable failures restart the
-    pipeline with backoff. Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
+    pipeline with backoff. With --tables, many tables in one application
+    (docs/multi-table.md). Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
     configuration error, 3 gave up after --max-restarts, 4 already running."""
     from connector.spark import local_session
     from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
