@@ -57,7 +57,7 @@ def replicate(
     tables: Annotated[str | None, typer.Option(
         help="Several tables in one application: comma-separated names or globs "
         "(orders_*,users); tables created later that match are picked up. The target is a "
-        "template with {table} (default delta://OUTPUT/{table}).")] = None,
+        "template with {table} (default delta://OUTPUT/lake/{table}).")] = None,
     exclude: Annotated[list[str] | None, typer.Option(
         help="With --tables: leave out tables matching this glob (repeatable).")] = None,
     config: Annotated[Path | None, typer.Option(
@@ -127,7 +127,7 @@ def replicate(
             fail("--table and --tables: give one of them")
         from tablestore_cdc.multi_table_cli import replicate_tables
 
-        apply = ApplySettings(target or f"delta://{output}/{{table}}", scd, schema_drift,
+        apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
                               soft_delete_column, adopt_target)
         given = frozenset(name for name in ("target", "scd", "schema_drift",
                                             "soft_delete_column", "adopt_target")
