@@ -284,6 +284,11 @@ class MultiTableStreamReader(DataSourceStreamReader):
             if start_offset is None or start_offset == end_offset:
                 continue  # joined with this batch, or stopped: nothing to read
             protocol = self._protocol(table)
+            if protocol is None and self.table_states.get(table) == "dropped":
+                # dropped after Spark logged this batch: its rows went with it; its target
+                # keeps what was applied, and its offset stays frozen from here on
+                log.warning("table %s was dropped after batch planning began: not read", table)
+                continue
             if protocol is None:
                 raise OptionError(option=TABLES, value=table, problem="a logged batch reads "
                                   f"it but it is {self.table_states[table]}",

@@ -177,3 +177,22 @@ def test_the_tables_are_listed_and_read_over_the_tablestore_wire(tmp_path: Path)
         emulator.stop()
     assert sorted((r["_table"], r["_key"], r["_row"]) for r in rows) == [
         ("a", '{"id":1}', '{"v":"x","b":null}'), ("b", '{"k":"q"}', '{"n":2.5}')]
+
+
+def test_a_table_dropped_after_its_batch_was_logged_is_passed_over_on_restart(
+        tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        store.put_row("a", {"id": 1}, {"v": "x"})
+        store.put_row("b", {"k": "q"}, {"n": 1.0})
+        options = MultiTableOptions.from_spark({
+            "endpoint": f"local://{tmp_path}/s.db", "tables": "a,b", "tunnel.name": "t"})
+        reader = MultiTableStreamReader(options)
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)  # Spark logs it, then the process dies
+        reader.stop()
+        store.drop_table("b")
+        restarted = MultiTableStreamReader(options)
+        assert {p.table for p in restarted.partitions(start, end)} == {"a"}
+        assert restarted.table_states["b"] == "dropped"
+        restarted.commit(end)
+        restarted.stop()
