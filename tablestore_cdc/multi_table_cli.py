@@ -1,26 +1,32 @@
 """``tablestore-cdc replicate --tables PATTERN[,PATTERN...]``: many tables in one application.
 
 Called by ``replicate`` (``tablestore_cdc/pipeline_cli.py``) when ``--tables`` is given; thin
-over ``tablestore_cdc.pipeline.multi_table``: one line per change of a table's state or
-figures, Ctrl-C (or SIGTERM) stops cleanly, errors end in one ``error: ...`` line (exit 2).
+over ``tablestore_cdc.pipeline.multi_table``, run by the replication job
+(``tablestore_cdc.pipeline.job``: restarts with backoff, one job per output directory, Spark's
+log in a file): one line per change of a table's state or figures, Ctrl-C (or SIGTERM) stops
+cleanly, errors end in one ``error: ...`` line.
 """
 
 from __future__ import annotations
 
 import functools
 import signal
-import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
-from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.pipeline import ApplySettings
+from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
+from tablestore_cdc.pipeline.job_lock import JobAlreadyRunningError, JobLock
+from tablestore_cdc.pipeline.job_log import spark_log_to_file
 from tablestore_cdc.pipeline.multi_table import (
     check_target_template,
     start_multi_table_pipeline,
 )
+from tablestore_cdc.pipeline.restarts import RestartPolicy
 from tablestore_cdc.pipeline.table_config import load_table_config
 
 console = Console(stderr=True)
@@ -29,11 +35,14 @@ console = Console(stderr=True)
 def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
                      apply: ApplySettings, tunnel: str, options: dict[str, str],
                      trigger_ms: int, master: str, metrics_port: int | None = None,
-                     config: Path | None = None, given: frozenset[str] = frozenset()) -> None:
-    """Run the multi-table pipeline until stopped (driver); ``metrics_port``: serve the
-    per-table metrics for Prometheus on 127.0.0.1 (``tablestore_cdc.pipeline.metrics``);
-    ``config``: per-table settings (``tablestore_cdc.pipeline.table_config``), under the
-    settings named in ``given`` (flags given on the command line)."""
+                     config: Path | None = None, given: frozenset[str] = frozenset(),
+                     policy: RestartPolicy | None = None) -> JobExit:
+    """Run the multi-table pipeline until stopped (driver), under the replication job's
+    restart policy, output lock and log file (``tablestore_cdc.pipeline.job``, as one table's
+    ``replicate``); ``metrics_port``: serve the per-table metrics for Prometheus on 127.0.0.1
+    (``tablestore_cdc.pipeline.metrics``); ``config``: per-table settings
+    (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
+    given on the command line). Returns the job's exit code."""
     from connector.spark import local_session
     from tablestore_cdc.pipeline.metrics import TableMetrics
 
@@ -47,20 +56,26 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
             per_table = functools.partial(table_config.for_table, base=apply, given=given)
         else:
             check_target_template(apply.target)  # before Spark starts
-        spark = local_session("tablestore-cdc-replicate", master=master)
-        pipeline = start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
-                                              excluded, options, trigger_ms, per_table)
-        if metrics_port is not None:
-            port = metrics.serve(metrics_port)
-            console.print(f"metrics on http://127.0.0.1:{port}/metrics")
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    console.print(f"replicating tables {tables}"
-                  f"{f' except {excluded}' if excluded else ''} from {redact_uri(endpoint)} "
-                  f"into {apply.target} — Ctrl-C to stop")
-    shown: dict[str, str] = {}
     try:
-        while True:
-            pipeline.check()
+        lock = JobLock(output).acquire()  # a second start ends here, having written nothing
+    except JobAlreadyRunningError as exc:
+        fail(exc, int(JobExit.IN_USE))
+    try:
+        with reported_errors():
+            log, conf = spark_log_to_file(output)
+            console.print(f"Spark's log: {log}")
+            spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
+                                  log_level="WARN")
+            if metrics_port is not None:
+                port = metrics.serve(metrics_port)
+                console.print(f"metrics on http://127.0.0.1:{port}/metrics")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        console.print(f"replicating tables {tables}"
+                      f"{f' except {excluded}' if excluded else ''} from "
+                      f"{redact_uri(endpoint)} into {apply.target} — Ctrl-C to stop")
+        shown: dict[str, str] = {}
+
+        def show(pipeline: Any) -> None:
             metrics.update(pipeline.table_figures())
             for table, state in pipeline.table_states().items():
                 status = pipeline.apply.tables.get(table)
@@ -70,11 +85,17 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                 if shown.get(table) != line:
                     console.print(f"table {table}: {line}", soft_wrap=True)
                     shown[table] = line
-            time.sleep(2)
-    except KeyboardInterrupt:
-        console.print("stopping…")
-    finally:
-        pipeline.stop()
+
+        job = ReplicationJob(
+            lambda: start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
+                                               excluded, options, trigger_ms, per_table),
+            policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
+            on_progress=show)
+        code = job.run()
         spark.stop()
+    finally:
         metrics.close()
-    console.print("stopped cleanly; run the same command again to resume")
+        lock.release()
+    if code is JobExit.DONE:
+        console.print("stopped cleanly; run the same command again to resume")
+    return code

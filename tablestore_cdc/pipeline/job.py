@@ -22,15 +22,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 from connector.errors import CdcError
 from tablestore_cdc.pipeline.failures import FailureKind, QueryFailure, error_kind, query_failure
-from tablestore_cdc.pipeline.queries import Pipeline
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 
 #: how often the job looks at its queries (seconds)
 WATCH_EVERY_S = 2.0
+
+
+class RunningPipeline(Protocol):
+    """What the job watches: ``queries.Pipeline`` (one table) and
+    ``multi_table.MultiTablePipeline`` (many)."""
+
+    @property
+    def queries(self) -> tuple[Any, Any]: ...
+
+    def applied_batch(self) -> int | None: ...
+
+    def stop(self) -> None: ...
 
 
 class JobExit(IntEnum):
@@ -52,10 +63,10 @@ class ReplicationJob:
     pipeline (raising on a failure at start); ``record_status`` writes the job's state where
     the feed reads it (``query_record.record_query_status``); ``say`` prints one line."""
 
-    def __init__(self, start: Callable[[], Pipeline], policy: RestartPolicy, *,
+    def __init__(self, start: Callable[[], RunningPipeline], policy: RestartPolicy, *,
                  say: Callable[[str], None], once: bool = False,
                  record_status: Callable[[str, str | None], None] | None = None,
-                 on_progress: Callable[[Pipeline], None] | None = None) -> None:
+                 on_progress: Callable[[Any], None] | None = None) -> None:
         self._start = start
         self._policy = policy
         self._say = say
@@ -71,7 +82,7 @@ class ReplicationJob:
         """Run until stopped, done (``once``), or ended by a failure (module docstring). A
         KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops the pipeline
         and returns ``DONE``."""
-        pipeline: Pipeline | None = None
+        pipeline: RunningPipeline | None = None
         try:
             while not self.stopping.is_set():
                 failure, pipeline = self._run_once()
@@ -103,7 +114,7 @@ class ReplicationJob:
             if pipeline is not None:
                 pipeline.stop()
 
-    def _run_once(self) -> tuple[QueryFailure | None, Pipeline | None]:
+    def _run_once(self) -> tuple[QueryFailure | None, RunningPipeline | None]:
         """Start the pipeline and watch it until it fails, ends (``once``) or the job stops;
         the failure (None: ended or stopped) and the pipeline still to stop."""
         try:
@@ -139,7 +150,7 @@ def _failure_of(exc: CdcError, reached_before: bool) -> QueryFailure:
                         type(exc).__name__, first)
 
 
-def _failure_text(pipeline: Pipeline) -> str | None:
+def _failure_text(pipeline: RunningPipeline) -> str | None:
     """The text of the first failed query's exception, or None while none failed."""
     for query in pipeline.queries:
         error: Any = query.exception()

@@ -129,9 +129,9 @@ class MultiTableApply:
         return self._sinks[table]
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        from tablestore_cdc.lakehouse.sink import _query_id
+        from tablestore_cdc.lakehouse.sink import query_id_of
 
-        self.apply_batch(df.toArrow(), _query_id(df, batch_id), batch_id)
+        self.apply_batch(df.toArrow(), query_id_of(df, batch_id), batch_id)
 
     def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
         """Apply one batch of the multi-table change log, table by table, in name order."""
@@ -222,6 +222,12 @@ class MultiTablePipeline(TwoQueries):
                 return latest
         return {}
 
+    def applied_batch(self) -> int | None:
+        """The apply query's newest batch (the replication job resets its restart count when
+        it moves)."""
+        progress = self.state_query.lastProgress
+        return None if not progress else int(progress["batchId"])
+
     def table_states(self) -> dict[str, str]:
         """Each table's state: the source's (new, streaming, dropped, failed: ... from the
         progress report), then the apply's failures over it."""
@@ -244,7 +250,6 @@ class MultiTablePipeline(TwoQueries):
                               "rowsApplied": status.rows_applied,
                               "lastCommit": status.last_commit, "version": status.version}
         return figures
-
 
 
 def check_target_template(target: str) -> None:
