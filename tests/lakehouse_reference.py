@@ -16,16 +16,14 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from cdc_common.schema_change import EVOLVE, EXCEPTION, fits
 from connector.schema import to_json
 from tablestore_cdc.lakehouse.changes import from_json as _from_json
 from tablestore_cdc.lakehouse.drift import (
-    EVOLVE,
-    EXCEPTION,
     EXTRA_COLUMN,
     Promotions,
     TargetLayout,
     as_stored,
-    fits,
     no_promotions,
     plan_layout,
 )

@@ -23,14 +23,9 @@ pytest.importorskip("pyiceberg")
 
 from deltalake import DeltaTable  # noqa: E402
 
+from cdc_common.schema_change import fits, join, promotion, type_fits  # noqa: E402
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
-from tablestore_cdc.lakehouse.drift import (  # noqa: E402
-    fits,
-    iceberg_promotions,
-    join,
-    promotion,
-    type_fits,
-)
+from tablestore_cdc.lakehouse.drift import iceberg_promotions  # noqa: E402
 from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     ColumnTypeConflictError,
     SchemaDriftError,

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from tablestore_cdc.lakehouse.drift import natural_type
+from cdc_common.schema_change import natural_type
 
 #: the source's metadata columns (docs/schema.md); never target columns
 META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")

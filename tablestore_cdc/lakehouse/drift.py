@@ -1,5 +1,6 @@
-"""Schema drift on the target side: the policies, the type lattice, and which value goes where
-(driver, called by ``plan.plan_batch``).
+"""Schema drift on the target side: which value goes where (driver, called by
+``plan.plan_batch``), under the policies and the type lattice the source shares
+(``cdc_common.schema_change``: defined there once).
 
 Tablestore attributes have no declared type: the same attribute may hold an INTEGER in one row
 and a STRING in the next, and new attributes appear whenever an application writes one. The
@@ -16,21 +17,18 @@ sink decides per **value** where it is stored, under one policy named as Flink C
 - ``ignore`` (alias ``keep``): the target's columns never change; new attributes and values
   that do not fit are kept in ``_extra``.
 
-**The lattice** (lossless only): int8 ⊂ int16 ⊂ int32 ⊂ int64; float32 ⊂ float64; int8, int16
-and int32 ⊂ float64 (every value exact). int64 is *not* below float64 (a double holds integers
-exactly only up to 2^53): an integer **value** goes into a double column when its magnitude is
-at most 2^53 (2^24 for float32), and otherwise does not fit. A fraction never goes into an
-integer column. ``widen_to_string=True`` (off by default) lets any value into a string column
-as its text. Widening a column is a metadata change only where the format has it: Iceberg's type
-promotion (int -> long, float -> double); delta-rs (deltalake 1.6.6) has no type widening, so a
-Delta column keeps its type and a value that needs a wider one is handled as "does not fit".
+**The lattice** (``cdc_common.schema_change``): lossless widening only; an integer value
+goes into a double column up to 2^53, anything into a string column only with
+``widen_to_string=True``. Widening a column is a metadata change only where the format has
+it: Iceberg's type promotion (int -> long, float -> double); delta-rs (deltalake 1.6.6) has no
+type widening, so a Delta column keeps its type and a value that needs a wider one is handled
+as "does not fit".
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-import decimal
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,45 +36,37 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from cdc_common.schema_change import (
+    EXCEPTION,
+    POLICIES_ALLOWED,
+    adds_columns,
+    fits,
+    is_string,
+    join,
+    keeps_misfits,
+    natural_type,
+    policy_named,
+    promotion,
+    type_fits,
+    type_name,
+)
 from tablestore_cdc.lakehouse.errors import (
     ApplyOptionError,
     ColumnTypeConflictError,
     SchemaDriftError,
 )
 
-EXCEPTION, EVOLVE, TRY_EVOLVE, LENIENT, IGNORE = (
-    "exception", "evolve", "try_evolve", "lenient", "ignore")
-POLICIES = (EXCEPTION, EVOLVE, TRY_EVOLVE, LENIENT, IGNORE)
-#: the names of earlier versions, kept working
-ALIASES = {"fail": EXCEPTION, "add": EVOLVE, "keep": IGNORE}
-DEFAULT_POLICY = LENIENT
-
 #: a target format's metadata-only widenings: (column type, wider type) -> allowed
 Promotions = Callable[[pa.DataType, pa.DataType], bool]
-
-INTEGERS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
-#: the largest magnitude of an integer every float type holds exactly (its mantissa)
-EXACT_INTEGER = {pa.float32(): 2 ** 24, pa.float64(): 2 ** 53}
-TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 def canonical_policy(name: str) -> str:
     """The policy ``name`` stands for (an alias resolved); ``ApplyOptionError`` if unknown."""
-    policy = ALIASES.get(name, name)
-    if policy not in POLICIES:
+    policy = policy_named(name)
+    if policy is None:
         raise ApplyOptionError(option="schema_drift", value=name, problem="unknown policy",
-                               allowed=", ".join(POLICIES) + " (aliases: "
-                               + ", ".join(f"{a}={p}" for a, p in ALIASES.items()) + ")")
+                               allowed=POLICIES_ALLOWED)
     return policy
-
-
-def adds_columns(policy: str) -> bool:
-    return policy in (EVOLVE, TRY_EVOLVE, LENIENT)
-
-
-def keeps_misfits(policy: str) -> bool:
-    """Whether a value with no column it fits goes to ``_extra`` (else the batch fails)."""
-    return policy in (TRY_EVOLVE, LENIENT, IGNORE)
 
 
 def no_promotions(column: pa.DataType, wider: pa.DataType) -> bool:
@@ -91,119 +81,10 @@ def iceberg_promotions(column: pa.DataType, wider: pa.DataType) -> bool:
             or (column == pa.float32() and wider == pa.float64()))
 
 
-# --- values ----------------------------------------------------------------------------------
-
-
-def type_name(value: Any) -> str:
-    """A value's type as the lattice names it (Arrow's names: int64, double, string, ...)."""
-    return str(natural_type(value))
-
-
-def natural_type(value: Any) -> pa.DataType:
-    """The column type a value of a new attribute makes (Tablestore's INTEGER is int64)."""
-    if isinstance(value, bool):
-        return pa.bool_()
-    if isinstance(value, int):
-        return pa.int64()
-    if isinstance(value, float):
-        return pa.float64()
-    if isinstance(value, bytes):
-        return pa.binary()
-    if isinstance(value, dt.datetime):
-        return TIMESTAMP
-    if isinstance(value, dt.date):
-        return pa.date32()
-    if isinstance(value, decimal.Decimal):
-        return pa.decimal128(38, 18)
-    return pa.string()
-
-
-def fits(value: Any, typ: pa.DataType, widen_to_string: bool = False) -> bool:
-    """Whether ``value`` can be stored in a column of ``typ`` without losing anything."""
-    if widen_to_string and _is_string(typ):
-        return True
-    if isinstance(value, bool):
-        return pa.types.is_boolean(typ)
-    if isinstance(value, int):
-        if pa.types.is_integer(typ):
-            bits = typ.bit_width - (1 if pa.types.is_signed_integer(typ) else 0)
-            low = -(2 ** bits) if pa.types.is_signed_integer(typ) else 0
-            return low <= value < 2 ** bits
-        if pa.types.is_floating(typ):
-            return abs(value) <= EXACT_INTEGER.get(typ, 0)
-        if pa.types.is_decimal(typ):
-            return abs(value) < 10 ** (typ.precision - typ.scale)
-        return False
-    if isinstance(value, float):
-        if typ == pa.float64():
-            return True
-        if typ == pa.float32():
-            return pa.scalar(value, pa.float32()).as_py() == value or value != value
-        return False
-    if isinstance(value, str):
-        return _is_string(typ)
-    if isinstance(value, bytes):
-        return _is_binary(typ)
-    if isinstance(value, dt.datetime):
-        return pa.types.is_timestamp(typ)
-    if isinstance(value, dt.date):
-        return pa.types.is_date(typ)
-    return True  # other Arrow values (decimals, ...): Arrow's own conversion decides
-
-
-def type_fits(source: pa.DataType, target: pa.DataType, widen_to_string: bool = False) -> bool:
-    """Whether every value of a column of type ``source`` fits a column of type ``target``
-    (a declared column checked by its type, without looking at its values)."""
-    if source == target or (widen_to_string and _is_string(target)):
-        return True
-    if pa.types.is_integer(source) and pa.types.is_integer(target):
-        return (pa.types.is_signed_integer(source) == pa.types.is_signed_integer(target)
-                and source.bit_width <= target.bit_width)
-    if pa.types.is_integer(source) and pa.types.is_floating(target):
-        return 2 ** source.bit_width <= EXACT_INTEGER.get(target, 0) * 2
-    if pa.types.is_floating(source) and pa.types.is_floating(target):
-        return source.bit_width <= target.bit_width
-    if pa.types.is_timestamp(source) and pa.types.is_timestamp(target):
-        return True
-    return (_is_string(source) and _is_string(target)) or (
-        _is_binary(source) and _is_binary(target))
-
-
-def promotion(value: Any, column: pa.DataType) -> pa.DataType | None:
-    """The narrowest type of the lattice above ``column`` that ``value`` fits (None: none)."""
-    if isinstance(value, bool):
-        return None
-    if pa.types.is_integer(column) and pa.types.is_signed_integer(column):
-        if isinstance(value, int):
-            return next((t for t in INTEGERS if t.bit_width > column.bit_width
-                         and fits(value, t)), None)
-        if isinstance(value, float) and column.bit_width <= 32:
-            return pa.float64()  # int8/16/32 are exact in a double
-        return None
-    if column == pa.float32() and isinstance(value, int | float) and fits(value, pa.float64()):
-        return pa.float64()
-    return None
-
-
-def join(types: list[pa.DataType]) -> pa.DataType | None:
-    """The narrowest lattice type every one of ``types`` fits by type (None: none)."""
-    joined = types[0]
-    for typ in types[1:]:
-        if type_fits(typ, joined):
-            continue
-        if type_fits(joined, typ):
-            joined = typ
-        elif {joined, typ} == {pa.int64(), pa.float64()}:
-            joined = pa.float64()  # integers then fit value by value (up to 2^53)
-        else:
-            return None
-    return joined
-
-
 def as_stored(value: Any, typ: pa.DataType) -> Any:
     """``value`` as the column of ``typ`` stores it: its text in a string column (only reached
     with ``widen_to_string``), else unchanged."""
-    if not _is_string(typ) or value is None or isinstance(value, str):
+    if not is_string(typ) or value is None or isinstance(value, str):
         return value
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -212,14 +93,6 @@ def as_stored(value: Any, typ: pa.DataType) -> Any:
     if isinstance(value, dt.datetime | dt.date):
         return value.isoformat()
     return repr(value) if isinstance(value, float) else str(value)
-
-
-def _is_string(typ: pa.DataType) -> bool:
-    return pa.types.is_string(typ) or pa.types.is_large_string(typ)
-
-
-def _is_binary(typ: pa.DataType) -> bool:
-    return pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
 
 
 # --- the target's columns after a batch --------------------------------------------------------

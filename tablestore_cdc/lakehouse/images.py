@@ -21,14 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_common.schema_change import EXACT_INTEGER, type_fits
 from tablestore_cdc.lakehouse.changes import NO_TIME, Attribute
-from tablestore_cdc.lakehouse.drift import (
-    EXACT_INTEGER,
-    EXTRA_COLUMN,
-    TargetLayout,
-    as_stored,
-    type_fits,
-)
+from tablestore_cdc.lakehouse.drift import EXTRA_COLUMN, TargetLayout, as_stored
 
 
 def representative_images(rows: pa.Table, values: Mapping[str, Attribute],
@@ -168,7 +163,7 @@ def route(rows: pa.Table, values: Mapping[str, Attribute], layout: TargetLayout)
 
 
 def _fits(array: pa.Array, kind: pa.DataType, typ: pa.DataType, wide: bool) -> pa.Array:
-    """Per value: whether it fits a column of ``typ`` (``drift.fits``, vectorised)."""
+    """Per value: whether it fits a column of ``typ`` (``schema_change.fits``, vectorised)."""
     valid = pc.is_valid(array)
     if type_fits(kind, typ, wide):
         return valid

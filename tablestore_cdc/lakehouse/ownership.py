@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from tablestore_cdc.lakehouse.drift import type_fits
+from cdc_common.schema_change import type_fits
 from tablestore_cdc.lakehouse.errors import ForeignTargetError, TargetKeysError
 
 SOURCE_PROPERTY = "tablestore-cdc.source"

@@ -36,14 +36,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_common.schema_change import DEFAULT_POLICY, EVOLVE, EXCEPTION, IGNORE, TIMESTAMP
 from tablestore_cdc.lakehouse.changes import META_COLUMNS, attributes, key_boundaries, ordered
 from tablestore_cdc.lakehouse.drift import (
-    DEFAULT_POLICY,
-    EVOLVE,
-    EXCEPTION,
     EXTRA_COLUMN,
-    IGNORE,
-    TIMESTAMP,
     Promotions,
     TargetLayout,
     canonical_policy,
@@ -67,7 +63,8 @@ class ApplyOptions:
 
     ``key_columns``: the table's primary key (the source marks them non-nullable, see
     ``key_columns_of``). ``scd``: 1 (current state) or 2 (history). ``schema_drift``: one of
-    ``drift.POLICIES`` or an alias (stored as the policy it stands for). ``widen_to_string``:
+    ``POLICIES`` (``cdc_common.schema_change``) or an alias (stored as the policy it stands for).
+    ``widen_to_string``:
     any value fits a string column, as its text. ``soft_delete_column`` (SCD 1 only): a DELETE
     sets this boolean column to true and keeps the row instead of removing it."""
 

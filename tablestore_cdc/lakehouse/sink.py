@@ -23,8 +23,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_common.schema_change import DEFAULT_POLICY, IGNORE
 from connector.clients import crash_point
-from tablestore_cdc.lakehouse.drift import DEFAULT_POLICY, IGNORE
 from tablestore_cdc.lakehouse.errors import (
     ApplyOptionError,
     ChangeBatchError,
