@@ -213,6 +213,21 @@ class MalformedRecordError(TunnelError, ValueError):
     template = "channel {channel_id!r}: a record read from token {token!r} is malformed: {reason}"
 
 
+class SchemaChangeError(CdcError):
+    """A value read from the tunnel does not fit its output column, and the query's
+    ``schema.change.behavior`` neither keeps nor drops it (``exception``, ``evolve``), or keeps
+    it but the output has nowhere to (no ``_extra`` column, or a key column). Raised in the read
+    task after the batch's end is recorded: a restart, with another policy or schema, replays
+    exactly the same batch (docs/schema.md, "Values of another type")."""
+
+    template = (
+        "table {table!r}: column {column!r} is {column_type} but the change in channel "
+        "{channel_id!r} at {sequence} carries {value_type} {value!r}, which it cannot hold "
+        "losslessly (schema.change.behavior={policy}); {remedy}. The batch's end is recorded: "
+        "a restart replays exactly this batch"
+    )
+
+
 class EndpointTlsError(TunnelError):
     """An https endpoint's certificate, host name or TLS cannot be verified: a configuration
     error, reported at once (never retried). ``problem`` names the endpoint and what to fix."""

@@ -27,6 +27,7 @@ from cdc_common.credentials import (
     ALIBABA_ACCESS_KEY_SECRET,
     ALIBABA_SECURITY_TOKEN,
 )
+from cdc_common.schema_change import DEFAULT_POLICY, POLICIES_ALLOWED, policy_named
 from cdc_common.uris import TABLESTORE_INSTANCE, redact_uri, shown_value
 from connector.errors import OptionError
 from connector.identity import SourceIdentity, identity_of, legacy_namespace
@@ -174,6 +175,12 @@ OPTIONS: dict[str, OptionSpec] = {
         "milliseconds (with minOffsetsPerTrigger only)",
         "the longest a batch waits for minOffsetsPerTrigger records", type="duration",
         default="`15m`"),
+    # Flink CDC's name and values (docs/schema.md, "Values of another type")
+    "schema.change.behavior": OptionSpec(
+        "schema_change_behavior", POLICIES_ALLOWED,
+        "what a value of another type than its output column does: lenient keeps it in _extra "
+        "with its own type, ignore drops it, exception and evolve fail the read after the "
+        "batch's end is recorded"),
     "maxBytesPerTrigger": OptionSpec(
         "max_bytes_per_trigger", "a number of bytes: 1048576, or with a unit 512k, 64m, 1g (>= 1)",
         "bytes of records read per batch (the last record of a channel may cross it)",
@@ -236,6 +243,9 @@ class SourceOptions(BaseModel):
     #: executors' Tablestore clients send a channel's next ReadRecords request ahead; in the
     #: endpoint (connector/tunnel/tablestore/prefetch.py)
     read_prefetch: bool = True
+    #: ``schema.change.behavior``: the policy's canonical name (``cdc_common.schema_change``);
+    #: read on executors (``connector.misfits``)
+    schema_change_behavior: str = DEFAULT_POLICY
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -282,6 +292,16 @@ class SourceOptions(BaseModel):
         if not isinstance(value, str):
             return value
         return parse_catalog(value)
+
+    @field_validator("schema_change_behavior", mode="before")
+    @classmethod
+    def _policy(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            policy = policy_named(value)
+            if policy is None:
+                raise ValueError("unknown policy")
+            return policy
+        return value
 
     @field_validator("fail_on_data_loss", "skip_empty_batches", "read_prefetch", mode="before")
     @classmethod

@@ -186,7 +186,8 @@ class TablestoreRangeReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        builder = RecordBatchBuilder(self.schema)
+        builder = RecordBatchBuilder(self.schema, policy=self.options.schema_change_behavior,
+                                     table=self.options.table_name)
         tunnel = executor_clients().tunnel(partition.endpoint)
         for page in read_range(tunnel, partition, builder.layout):
             yield builder.project(page.batch, partition.channel_id)

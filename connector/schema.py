@@ -9,7 +9,8 @@ declared Tablestore types, followed by the metadata columns:
 ``_sequence``         string     the change's position; sortable within a channel
 ``_commit_ts``        timestamp  when the change was committed in the source
 ``_before``           string     JSON of the row's attribute columns before the change
-``_extra``            string     JSON of attribute values not declared in the schema (or null)
+``_extra``            string     JSON of attribute values not declared in the schema, and of
+                                 values of another type than their column (or null)
 ====================  =========  ==========================================================
 
 (``_channel_id``, ``_sequence``) is a stable idempotency key: a replayed batch yields the same
@@ -18,12 +19,15 @@ the key columns are set.
 
 ``output_schema`` runs on the driver (``DataSource.schema``); ``RecordBatchBuilder`` runs on
 executors inside ``read()``: it asks the tunnel for pages of the output's columns
-(``connector.tunnel.page``) and projects each page batch onto the output schema.
+(``connector.tunnel.page``) and projects each page batch onto the output schema, placing values
+of another type than their column by the query's ``schema.change.behavior``
+(``connector.misfits``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
@@ -41,12 +45,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_common.schema_change import DEFAULT_POLICY, IGNORE
 from connector.errors import OptionError
 from connector.gc_pause import gc_paused
+from connector.misfits import MisfitPolicy
 from connector.spark_compat import arrow_schema
 from connector.tunnel.base import Record, TableSchema
 from connector.tunnel.page import PageLayout, records_to_page
 from connector.tunnel.page import to_json as to_json  # re-exported: tablestore_cdc.lakehouse.plan
+
+log = logging.getLogger("connector.schema")
 
 TABLESTORE_TO_SPARK: dict[str, DataType] = {
     "INTEGER": LongType(),
@@ -115,10 +123,14 @@ class RecordBatchBuilder:
     ``to_arrow_schema`` (``spark_compat.arrow_schema``) because Spark checks yielded batches
     against it for equality. ``layout``
     is what to ask the tunnel for; ``project`` picks the output columns of a page batch by name
-    (no copy), adds ``_channel_id`` and refuses undeclared values the schema cannot keep.
+    (no copy), adds ``_channel_id``, places values of another type than their column by
+    ``policy`` (``schema.change.behavior``: ``connector.misfits``; ``table`` names the source
+    table in its errors) and refuses undeclared values the schema cannot keep (``ignore``: drops
+    them).
     """
 
-    def __init__(self, schema: StructType, batch_rows: int = 8192) -> None:
+    def __init__(self, schema: StructType, batch_rows: int = 8192, *,
+                 policy: str = DEFAULT_POLICY, table: str = "") -> None:
         self.schema = schema
         self.arrow_schema = arrow_schema(schema)
         self.names = schema.fieldNames()
@@ -126,13 +138,27 @@ class RecordBatchBuilder:
                                        if f.name not in METADATA_NAMES))
         self.keeps_extra = "_extra" in self.names
         self.batch_rows = batch_rows
+        self.policy = policy
+        self._dropped_undeclared = False
+        self.misfits = MisfitPolicy(
+            policy, table, {f.name: f.dataType.simpleString() for f in schema.fields
+                            if f.name not in METADATA_NAMES},
+            keys=(f.name for f in schema.fields if not f.nullable
+                  and f.name not in METADATA_NAMES), keeps_extra=self.keeps_extra)
 
     def project(self, page: pa.RecordBatch, channel_id: str | pa.Array) -> pa.RecordBatch:
-        """The output batch of one page batch (executor); ``channel_id``: the partition's
-        channel (or one per row)."""
+        """The output batch of one page batch (executor, after the batch's end is claimed);
+        ``channel_id``: the partition's channel (or one per row)."""
         n = page.num_rows
+        page = self.misfits.apply(page, channel_id)
         if not self.keeps_extra and page.column("_extra").null_count != n:
-            self._refuse_undeclared(page, channel_id)
+            if self.policy != IGNORE:
+                self._refuse_undeclared(page, channel_id)
+            elif not self._dropped_undeclared:
+                self._dropped_undeclared = True
+                log.warning("table %s: values of attributes the schema does not declare are "
+                            "dropped (no _extra column; schema.change.behavior=ignore)",
+                            self.misfits.table)
         arrays = []
         for field in self.arrow_schema:
             if field.name == "_channel_id":

@@ -198,7 +198,8 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ChannelPartition)
-        builder = RecordBatchBuilder(self.schema)
+        builder = RecordBatchBuilder(self.schema, policy=self.options.schema_change_behavior,
+                                     table=self.options.table_name)
         # the end is claimed inside claim_and_read, before any row is yielded; each page is
         # dropped once handed on, so memory shrinks as Spark consumes
         for batch in claim_and_read(partition, builder.layout).batches():

@@ -25,7 +25,7 @@ import pytest
 from connector.errors import MalformedRecordError
 from connector.tunnel.base import Op
 from connector.tunnel.dynamodb_streams import codec
-from connector.tunnel.page import PageLayout, records_to_page
+from connector.tunnel.page import PageLayout, json_value, records_to_page
 
 SHARD, TOKEN = "shardId-0001", "ddbs1:shardId-0001:A:100"
 WHEN = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -214,19 +214,21 @@ def test_the_failure_is_about_the_record_not_the_input_object() -> None:
     (pa.decimal128(5, 2), Decimal("123456.5"), False),
     (pa.int32(), 2**40, False),
 ], ids=lambda v: repr(v)[:16])
-def test_a_page_refuses_a_value_of_another_type_than_its_column(column: pa.DataType, value: Any,
-                                                                  fits: bool) -> None:
+def test_a_page_keeps_a_value_of_another_type_than_its_column(column: pa.DataType, value: Any,
+                                                                 fits: bool) -> None:
     """``records_to_page`` (DynamoDB's page path): a value that fits is written; any other is
-    a ``MalformedRecordError`` naming the shard, the token and the record, not pyarrow's."""
+    null in its column and kept in ``_extra`` as a JSON value of its own type (a Decimal as a
+    JSON number), never pyarrow's error: the reader's schema.change.behavior decides."""
     a = codec.decode_record(record(new={"v": {"NULL": True}}), SHARD, TOKEN)
     b = codec.decode_record(record(keys={"id": {"S": "b"}}, SequenceNumber="102"), SHARD, TOKEN)
     b = replace(b, columns={"v": value})
     layout = PageLayout((("id", pa.string()), ("v", column)))
+    page = records_to_page([a, b], layout, token=TOKEN)
+    extra = page.column("_extra").to_pylist()
     if fits:
-        assert records_to_page([a, b], layout, token=TOKEN).column("v").to_pylist() == [None,
-                                                                                         value]
+        assert page.column("v").to_pylist() == [None, value] and extra == [None, None]
         return
-    with pytest.raises(MalformedRecordError) as info:
-        records_to_page([a, b], layout, token=TOKEN)
-    assert info.value.fields["channel_id"] == SHARD and info.value.fields["token"] == TOKEN
-    assert info.value.fields["reason"].startswith("record #1: column 'v': ")
+    assert page.column("v").to_pylist() == [None, None] and extra[0] is None
+    kept = json_value(json.loads(extra[1])["v"])
+    expected = float(value) if isinstance(value, Decimal) else value
+    assert kept == expected and type(kept) is type(expected)

@@ -27,6 +27,7 @@ Runs on executors (and in the local store's writer, which seals segments).
 from __future__ import annotations
 
 import base64
+import decimal
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -205,6 +206,10 @@ class Page:
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return {"$binary": base64.b64encode(value).decode()}
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        # a DynamoDB number read as a Decimal (numbers=decimal) that no column took: a JSON
+        # number, an integer exactly (as the codec writes the numbers it sends to JSON)
+        return int(value) if value == value.to_integral_value() else float(value)
     raise TypeError(f"not JSON-serializable: {type(value).__name__}")
 
 
@@ -229,9 +234,8 @@ def records_to_page(records: Sequence[Record], layout: PageLayout, *,
     ``token``).
 
     Per record only the merged row (key + after image) is made; every column is then one list
-    comprehension and one array (``column_values.column_array``: a value of another type than
-    its column is a ``MalformedRecordError`` naming the record's channel, ``token`` and the
-    record); ``_commit_ts`` is cast from integer microseconds.
+    comprehension and one array (``layout_arrays``: a value of another type than its column is
+    kept in ``_extra``); ``_commit_ts`` is cast from integer microseconds.
     """
     names = layout.names()
     rows: list[Any] = []
@@ -255,13 +259,8 @@ def records_to_page(records: Sequence[Record], layout: PageLayout, *,
         else:
             extras.append(ENCODE_JSON({k: v for k, v in values.items() if k not in names}))
     schema = page_schema(layout)
-    try:
-        arrays: list[pa.Array] = [column_array([v.get(name) for v in rows], name, typ)
-                                  for name, typ in layout.columns]
-    except ColumnValueError as exc:
-        record = records[exc.row or 0]
-        raise MalformedRecordError(channel_id=record.channel_id, token=token,
-                                   reason=str(exc)) from None
+    channel_id = records[0].channel_id if records else ""
+    arrays = layout_arrays(rows, layout, extras, channel_id=channel_id, token=token)
     arrays.append(pa.array([r.op.value for r in records], type=pa.string()))
     arrays.append(pa.array([r.sequence for r in records], type=pa.string()))
     arrays.append(pa.array([r.commit_ts_us for r in records], type=pa.int64())
@@ -273,7 +272,40 @@ def records_to_page(records: Sequence[Record], layout: PageLayout, *,
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _from_json(value: Any) -> Any:
+def layout_arrays(rows: Sequence[dict[str, Any]], layout: PageLayout,
+                  extras: list[str | None], *, channel_id: str, token: str) -> list[pa.Array]:
+    """The layout's columns of a page, one array each, from the rows after each change
+    (executor; ``records_to_page`` and the PlainBuffer decoder's Python path).
+
+    A value that does not fit its column (``column_values``) is null there and kept in the row's
+    ``_extra`` with its own type, beside the undeclared values (``extras`` is rewritten for
+    those rows): the page never fails on a value, and the reader applies the query's
+    ``schema.change.behavior`` after the batch's end is claimed (``connector.schema``)."""
+    arrays: list[pa.Array] = []
+    misfits: dict[int, dict[str, Any]] = {}
+    try:
+        for name, typ in layout.columns:
+            array, refused = column_array([v.get(name) for v in rows], name, typ)
+            arrays.append(array)
+            for row, value in refused.items():
+                misfits.setdefault(row, {})[name] = value
+    except ColumnValueError as exc:
+        raise MalformedRecordError(channel_id=channel_id, token=token, reason=str(exc)) from None
+    if misfits:
+        names = layout.names()
+        for row, kept in misfits.items():
+            undeclared = {k: v for k, v in rows[row].items() if k not in names}
+            try:
+                extras[row] = ENCODE_JSON({**undeclared, **kept})
+            except (TypeError, ValueError) as exc:
+                raise MalformedRecordError(channel_id=channel_id, token=token,
+                                           reason=f"record #{row}: {exc}") from None
+    return arrays
+
+
+def json_value(value: Any) -> Any:
+    """One value of a ``_before`` / ``_extra`` JSON object as it was read (bytes for a
+    ``{"$binary": ...}`` object, else the JSON value)."""
     if isinstance(value, dict) and set(value) == {"$binary"}:
         return base64.b64decode(value["$binary"])
     return value
@@ -292,10 +324,10 @@ def page_to_records(batch: pa.RecordBatch, table: TableSchema, channel_id: str) 
         op = Op(row["_op"])
         extra = json.loads(row["_extra"]) if row["_extra"] is not None else {}
         after = {n: row[n] for n in names if n not in keys and row[n] is not None}
-        after.update({k: _from_json(v) for k, v in extra.items()})
+        after.update({k: json_value(v) for k, v in extra.items()})
         before = None
         if row["_before"] is not None:
-            before = {k: _from_json(v) for k, v in json.loads(row["_before"]).items()}
+            before = {k: json_value(v) for k, v in json.loads(row["_before"]).items()}
         ts = row["_commit_ts"]
         micros = (int(ts.timestamp()) * 1_000_000 + ts.microsecond) if ts is not None else 0
         out.append(Record(op, {k: row[k] for k in keys}, {} if op is Op.DELETE else after,
@@ -312,6 +344,8 @@ __all__ = [
     "Page",
     "PageLayout",
     "empty_page_batch",
+    "json_value",
+    "layout_arrays",
     "page_schema",
     "page_to_records",
     "records_to_page",

@@ -21,10 +21,11 @@ channel_id, token, base_offset)`` into ``connector.tunnel.base.Record`` objects 
 Anything that does not decode -- bad PlainBuffer (a cell timestamp after the year 9999
 included), a record without a key, a key holding a placeholder (INF_MIN, INF_MAX,
 AUTO_INCREMENT: a range read's bounds, no row's value), an unknown action, a stream record
-without sequence info next to ones with it, a value of another type than its declared column
-(``connector.tunnel.column_values``) -- raises ``MalformedRecordError`` naming the channel, the
-token the page was read from and the record's index in the page: never a wrong row, never
-pyarrow's or Python's own error.
+without sequence info next to ones with it -- raises ``MalformedRecordError`` naming the
+channel, the token the page was read from and the record's index in the page: never a wrong
+row, never pyarrow's or Python's own error. A value of another type than its declared column is
+not malformed (attributes are schemaless): it is kept in ``_extra`` with its own type
+(``connector.tunnel.page.layout_arrays``).
 
 ``decode_columns`` has two implementations giving the same batch and the same errors: the
 compiled decoder (``columnar``: C, PlainBuffer straight into Arrow buffers), used when it is
@@ -45,8 +46,7 @@ import pyarrow as pa
 
 from connector.errors import MalformedRecordError
 from connector.tunnel.base import Op, Record
-from connector.tunnel.column_values import ColumnValueError, column_array
-from connector.tunnel.page import ENCODE_JSON, PageLayout, page_schema
+from connector.tunnel.page import ENCODE_JSON, PageLayout, layout_arrays, page_schema
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import RawRecords, decode_compiled
 from connector.tunnel.tablestore.plainbuffer import CellOp, PlainBufferError, Special, decode_raw
@@ -231,11 +231,7 @@ def decode_columns_python(records: Sequence[Any], channel_id: str, token: str,
         else:
             append_extra(ENCODE_JSON({k: v for k, v in values.items() if k not in names}))
     schema = page_schema(layout)
-    try:
-        arrays: list[pa.Array] = [column_array([v.get(name) for v in rows], name, typ)
-                                  for name, typ in layout.columns]
-    except ColumnValueError as exc:
-        raise MalformedRecordError(channel_id=channel_id, token=token, reason=str(exc)) from None
+    arrays = layout_arrays(rows, layout, extras, channel_id=channel_id, token=token)
     arrays.append(pa.array(ops, type=pa.string()))
     arrays.append(pa.array([d[4] for d in decoded], type=pa.string()))
     arrays.append(pa.array([d[5] for d in decoded], type=pa.int64())
