@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from cdc_common.schema_change import EVOLVE, EXCEPTION, fits
 from connector.schema import to_json
+from tablestore_cdc.lakehouse.changes import declared_columns
 from tablestore_cdc.lakehouse.changes import from_json as _from_json
 from tablestore_cdc.lakehouse.drift import (
     EXTRA_COLUMN,
@@ -138,7 +139,9 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
         changes, key=lambda c: (_ts(c), c.channel_id, c.sequence)))
     # a new table is made with the first batch's attributes (under ignore: into _extra)
     creating = target is None and options.schema_drift == EXCEPTION
-    layout = plan_layout(schema, batch.schema, images, dataclasses.replace(
+    declared = declared_columns(batch.schema, batch.column("_extra")
+                                if "_extra" in batch.column_names else None)
+    layout = plan_layout(schema, declared, images, dataclasses.replace(
         options, schema_drift=EVOLVE) if creating else options, table, promotions)
     if target is None:  # a new table is created with its columns, not evolved into them
         layout = TargetLayout(layout.schema, [], {}, layout.widen_to_string, layout.checked)

@@ -102,6 +102,9 @@ class Attribute:
     kinds: dict[pa.DataType, pa.Array] = field(default_factory=dict)
     #: a declared column of the reader's schema (else from ``_extra``)
     declared: bool = False
+    #: of a declared column: the kinds its values of another type had in ``_extra`` (the
+    #: source keeps a value that does not fit its column there: docs/schema.md)
+    extra_kinds: frozenset[pa.DataType] = frozenset()
 
 
 def attributes(rows: pa.Table, key_columns: Sequence[str]) -> dict[str, Attribute]:
@@ -119,10 +122,29 @@ def attributes(rows: pa.Table, key_columns: Sequence[str]) -> dict[str, Attribut
     if "_extra" in rows.column_names:
         extra = _masked(rows.column("_extra").combine_chunks(), live)
         for name, attribute in sorted(extra_attributes(extra).items()):
-            if name in out:  # the source never sends a declared column in _extra
+            if name in out:  # values of another type than the declared column: one attribute
+                declared = out[name]
+                for kind, array in attribute.kinds.items():
+                    known = declared.kinds.get(kind)
+                    declared.kinds[kind] = array if known is None else pc.coalesce(known, array)
+                declared.extra_kinds = frozenset(attribute.kinds)
                 continue
             out[name] = attribute
     return out
+
+
+def declared_columns(batch: pa.Schema, extra: pa.Array | pa.ChunkedArray | None) -> pa.Schema:
+    """The batch's columns whose values are all in the column (``drift.plan_layout`` checks
+    them by their type alone): a column whose name is also a key of ``_extra`` (the source
+    keeps a value of another type there) is left out, and its values are checked one by one.
+    Found with one substring scan per column (a false hit only costs that check)."""
+    names = [f.name for f in batch if f.name not in META_COLUMNS]
+    if extra is None or not names or extra.null_count == len(extra):
+        return batch
+    texts = extra.combine_chunks() if isinstance(extra, pa.ChunkedArray) else extra
+    mixed = {name for name in names if pc.any(pc.match_substring(
+        texts, json.dumps(name) + ":")).as_py()}
+    return pa.schema([f for f in batch if f.name not in mixed]) if mixed else batch
 
 
 def _masked(values: pa.Array, live: pa.Array | None) -> pa.Array:

@@ -141,7 +141,7 @@ def route(rows: pa.Table, values: Mapping[str, Attribute], layout: TargetLayout)
             if typ is not None:
                 parts.setdefault(name, []).append(_as_column(
                     pc.if_else(fit, array, pa.nulls(n, kind)), kind, typ, wide))
-                if not attribute.declared:
+                if not attribute.declared or kind in attribute.extra_kinds:
                     extra_in_column = pc.or_(extra_in_column, fit)
             rest = pc.and_(valid, pc.invert(fit))
             if pc.any(rest).as_py():

@@ -37,7 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_common.schema_change import DEFAULT_POLICY, EVOLVE, EXCEPTION, IGNORE, TIMESTAMP
-from tablestore_cdc.lakehouse.changes import META_COLUMNS, attributes, key_boundaries, ordered
+from tablestore_cdc.lakehouse.changes import (
+    META_COLUMNS,
+    attributes,
+    declared_columns,
+    key_boundaries,
+    ordered,
+)
 from tablestore_cdc.lakehouse.drift import (
     EXTRA_COLUMN,
     Promotions,
@@ -193,7 +199,8 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
     schema = target if target is not None else initial_schema(batch.schema, options)
     # a new table is made with the first batch's attributes (under ignore: into _extra)
     creating = target is None and options.schema_drift == EXCEPTION
-    layout = plan_layout(schema, batch.schema, representative_images(
+    layout = plan_layout(schema, declared_columns(batch.schema, _extra_of(batch)),
+                         representative_images(
         rows, values, schema, options.widen_to_string), dataclasses
                          .replace(options, schema_drift=EVOLVE) if creating else options,
                          table, promotions)
@@ -204,6 +211,10 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
     deleted = pc.equal(rows.column("_op"), "DELETE").combine_chunks()
     reduce = reduce_scd2 if options.scd == 2 else reduce_scd1
     return reduce(rows, images, last, deleted, options, layout)
+
+
+def _extra_of(batch: pa.Table) -> pa.ChunkedArray | None:
+    return batch.column("_extra") if "_extra" in batch.column_names else None
 
 
 def reduce_scd1(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Array,
