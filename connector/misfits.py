@@ -6,8 +6,9 @@ Tablestore attributes (and DynamoDB's) have no declared type, while a query's ou
 its column (``connector.tunnel.column_values``) is null in the column and kept in the row's
 ``_extra`` JSON with its own type, beside the undeclared values. A key of ``_extra`` that is
 also an output column is therefore such a value, and ``MisfitPolicy.apply`` finds those keys
-per page batch -- one vectorised substring scan of ``_extra`` per output column, JSON parsed
-only for the rows that match -- and applies the policy (``cdc_common.schema_change``):
+per page batch -- one vectorised regular-expression scan of ``_extra`` for every output
+column's JSON key, JSON parsed only for the rows that match -- and applies the policy
+(``cdc_common.schema_change``):
 
 - ``lenient`` (default), ``try_evolve``: the value stays in ``_extra``; counted, and one warning
   per column per read task;
@@ -58,8 +59,8 @@ class MisfitPolicy:
         self.policy, self.table, self.columns = policy, table, columns
         self.keys = frozenset(keys)
         self.keeps_extra = keeps_extra
-        #: each column's key as ``_extra``'s canonical JSON writes it
-        self._patterns = [ENCODE_JSON(name) + ":" for name in columns]
+        #: any column's key as ``_extra``'s canonical JSON writes it (one scan for all)
+        self._pattern = "|".join(_literal(ENCODE_JSON(name) + ":") for name in columns)
         self.kept: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
 
@@ -67,7 +68,7 @@ class MisfitPolicy:
         """``page`` with its misfit values placed by the policy (rewritten only under
         ``ignore``); ``SchemaChangeError`` where the policy refuses one."""
         extra = page.column("_extra")
-        if extra.null_count == len(extra) or not self._patterns:
+        if extra.null_count == len(extra) or not self._pattern:
             return page
         found = self._find(extra)
         if not found:
@@ -92,11 +93,8 @@ class MisfitPolicy:
     def _find(self, extra: pa.Array) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
         """(row, its ``_extra`` values, those that have an output column) of every row whose
         ``_extra`` holds a value of an output column."""
-        mask = None
-        for pattern in self._patterns:
-            hit = pc.match_substring(extra, pattern)
-            mask = hit if mask is None else pc.or_kleene(mask, hit)
-        rows = pc.indices_nonzero(pc.fill_null(mask, False)).to_pylist()
+        hits = pc.match_substring_regex(extra, self._pattern)
+        rows = pc.indices_nonzero(pc.fill_null(hits, False)).to_pylist()
         found = []
         for row in rows:  # the JSON says whether a hit is a key (a string value cannot match)
             values = json.loads(extra[row].as_py())
@@ -131,6 +129,15 @@ class MisfitPolicy:
             texts[row] = ENCODE_JSON(rest) if rest else None
         index = page.schema.get_field_index("_extra")
         return page.set_column(index, page.schema.field(index), pa.array(texts, pa.string()))
+
+
+#: the characters RE2 (Arrow's regular expressions) reads as operators
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+def _literal(text: str) -> str:
+    """``text`` as an RE2 pattern matching it literally."""
+    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in text)
 
 
 def _shown(value: Any) -> Any:
