@@ -45,7 +45,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_common.schema_change import DEFAULT_POLICY, IGNORE
+from cdc_common.schema_change import DEFAULT_POLICY, IGNORE, POLICIES_ALLOWED, policy_named
 from connector.errors import OptionError
 from connector.gc_pause import gc_paused
 from connector.misfits import MisfitPolicy
@@ -138,7 +138,11 @@ class RecordBatchBuilder:
                                        if f.name not in METADATA_NAMES))
         self.keeps_extra = "_extra" in self.names
         self.batch_rows = batch_rows
-        self.policy = policy
+        canonical = policy_named(policy)
+        if canonical is None:
+            raise OptionError(option="schema.change.behavior", value=policy,
+                              problem="unknown policy", allowed=POLICIES_ALLOWED)
+        self.policy = policy = canonical
         self._dropped_undeclared = False
         self.misfits = MisfitPolicy(
             policy, table, {f.name: f.dataType.simpleString() for f in schema.fields

@@ -139,8 +139,11 @@ def route(rows: pa.Table, values: Mapping[str, Attribute], layout: TargetLayout)
                    else _fits(array, kind, typ, wide) if typ is not None
                    else pa.repeat(False, n))
             if typ is not None:
+                # a kind none of whose values fits adds only nulls (Arrow casts no bool to
+                # binary, even an all-null one)
                 parts.setdefault(name, []).append(_as_column(
-                    pc.if_else(fit, array, pa.nulls(n, kind)), kind, typ, wide))
+                    pc.if_else(fit, array, pa.nulls(n, kind)), kind, typ, wide)
+                    if pc.any(fit).as_py() else pa.nulls(n, typ))
                 if not attribute.declared or kind in attribute.extra_kinds:
                     extra_in_column = pc.or_(extra_in_column, fit)
             rest = pc.and_(valid, pc.invert(fit))
