@@ -17,7 +17,7 @@ import enum
 import hashlib
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -181,6 +181,11 @@ OPTIONS: dict[str, OptionSpec] = {
         "what a value of another type than its output column does: lenient keeps it in _extra "
         "with its own type, ignore drops it, exception and evolve fail the read after the "
         "batch's end is recorded"),
+    # a Debezium-like envelope, as an option (docs/schema.md, "The before-image as a struct")
+    "before.format": OptionSpec(
+        "before_format", "json or struct",
+        "_before as JSON text (json), or as a struct of the output's attribute columns with "
+        "their types (struct)", type="string"),
     "maxBytesPerTrigger": OptionSpec(
         "max_bytes_per_trigger", "a number of bytes: 1048576, or with a unit 512k, 64m, 1g (>= 1)",
         "bytes of records read per batch (the last record of a channel may cross it)",
@@ -246,6 +251,8 @@ class SourceOptions(BaseModel):
     #: ``schema.change.behavior``: the policy's canonical name (``cdc_common.schema_change``);
     #: read on executors (``connector.misfits``)
     schema_change_behavior: str = DEFAULT_POLICY
+    #: ``before.format``: ``_before`` as JSON text or a typed struct (``connector.schema``)
+    before_format: Literal["json", "struct"] = "json"
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -276,9 +283,9 @@ class SourceOptions(BaseModel):
                     return member
         return value
 
-    @field_validator("on_data_loss", mode="before")
+    @field_validator("on_data_loss", "before_format", mode="before")
     @classmethod
-    def _data_loss(cls, value: Any) -> Any:
+    def _lowercase_word(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("starting_position", mode="before")

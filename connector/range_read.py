@@ -153,8 +153,8 @@ class TablestoreRangeReader(DataSourceReader):
             o = o.resolved(tunnel)  # tunnel.id names the tunnel: its name is the prefix
             assert o.starting_timestamp is not None and o.ending_timestamp is not None
             table = tunnel.table_schema(o.table_name)
-            if self.schema != output_schema(table):
-                check_user_schema(self.schema, table)
+            if self.schema != output_schema(table, o.before_format):
+                check_user_schema(self.schema, table, o.before_format)
             _delete_stale_range_tunnels(tunnel, o.table_name, o.named_tunnel)
             name = range_tunnel_name(o.named_tunnel, time.time())
             # a service that rounds commit times down (DynamoDB Streams: to the second) gets

@@ -51,7 +51,8 @@ from connector.gc_pause import gc_paused
 from connector.misfits import MisfitPolicy
 from connector.spark_compat import arrow_schema
 from connector.tunnel.base import Record, TableSchema
-from connector.tunnel.page import PageLayout, records_to_page
+from connector.tunnel.column_values import ColumnValueError, column_array
+from connector.tunnel.page import PageLayout, json_value, records_to_page
 from connector.tunnel.page import to_json as to_json  # re-exported: tablestore_cdc.lakehouse.plan
 
 log = logging.getLogger("connector.schema")
@@ -75,17 +76,35 @@ METADATA_FIELDS: tuple[StructField, ...] = (
 METADATA_NAMES = frozenset(f.name for f in METADATA_FIELDS)
 
 
-def output_schema(table: TableSchema) -> StructType:
+#: ``before.format``: ``_before`` as JSON text (the default) or as a typed struct
+BEFORE_JSON, BEFORE_STRUCT = "json", "struct"
+
+
+def before_struct(fields: list[StructField], keys: set[str]) -> StructType:
+    """``_before`` under ``before.format=struct``: the output's attribute columns (every value
+    column but the key), nullable, with their types (Debezium's typed before-image)."""
+    return StructType([StructField(f.name, f.dataType, True) for f in fields
+                       if f.name not in keys and f.name not in METADATA_NAMES])
+
+
+def output_schema(table: TableSchema, before_format: str = BEFORE_JSON) -> StructType:
     """The default output schema for ``table`` (driver)."""
     fields = [StructField(c.name, TABLESTORE_TO_SPARK[c.type], False) for c in table.primary_key]
     fields += [StructField(c.name, TABLESTORE_TO_SPARK[c.type], True) for c in table.columns]
-    return StructType(fields + list(METADATA_FIELDS))
+    meta = list(METADATA_FIELDS)
+    if before_format == BEFORE_STRUCT:
+        before = before_struct(fields, {c.name for c in table.primary_key})
+        meta = [StructField("_before", before, True) if f.name == "_before" else f
+                for f in meta]
+    return StructType(fields + meta)
 
 
-def check_user_schema(user: StructType, table: TableSchema) -> StructType:
+def check_user_schema(user: StructType, table: TableSchema,
+                      before_format: str = BEFORE_JSON) -> StructType:
     """Validate a ``.schema(...)`` given by the user (driver): every key column must be present;
-    metadata columns must keep their types. Columns not declared in the table are allowed
-    (Tablestore attributes are schemaless)."""
+    metadata columns must keep their types (``_before``: string, or under
+    ``before.format=struct`` a struct of the schema's attribute columns with their types).
+    Columns not declared in the table are allowed (Tablestore attributes are schemaless)."""
     names = set(user.fieldNames())
     missing = [c.name for c in table.primary_key if c.name not in names]
     if missing:
@@ -95,6 +114,9 @@ def check_user_schema(user: StructType, table: TableSchema) -> StructType:
     expected = {f.name: f.dataType for f in METADATA_FIELDS}
     expected.update({c.name: TABLESTORE_TO_SPARK[c.type] for c in (*table.primary_key,
                                                                    *table.columns)})
+    if before_format == BEFORE_STRUCT:
+        expected["_before"] = before_struct(list(user.fields),
+                                            {c.name for c in table.primary_key})
     for f in user.fields:
         if f.name in expected and f.dataType != expected[f.name]:
             raise OptionError(option="schema", value=user.simpleString(),
@@ -170,6 +192,8 @@ class RecordBatchBuilder:
                           else channel_id)
             else:
                 column = page.column(field.name)
+            if field.name == "_before" and pa.types.is_struct(field.type):
+                column = typed_before(column, field.type)
             if column.type != field.type:
                 column = column.cast(field.type)
             arrays.append(column)
@@ -196,6 +220,28 @@ class RecordBatchBuilder:
                 page = records_to_page(chunk, self.layout)
             ids = pa.array([r.channel_id for r in chunk], type=pa.string())
             yield self.project(page, ids)
+
+
+def typed_before(texts: pa.Array, typ: pa.StructType) -> pa.StructArray:
+    """``_before`` under ``before.format=struct`` (executor): the page's JSON before-images as
+    a struct of the output's attribute columns. A value of another type than its column, or an
+    attribute the schema does not declare, is null here (the JSON form keeps it, and the change
+    that wrote it carried it in ``_extra``); a row without a before-image is a null struct."""
+    fields = [typ.field(i) for i in range(typ.num_fields)]
+    if texts.null_count == len(texts):
+        return pa.nulls(len(texts), typ)
+    images = [None if text is None else json.loads(text) for text in texts.to_pylist()]
+    children = []
+    for f in fields:
+        values = [None if image is None or image.get(f.name) is None
+                  else json_value(image[f.name]) for image in images]
+        try:
+            array, _ = column_array(values, f.name, f.type)
+        except ColumnValueError:  # pyarrow refused the column as a whole: no value is lost
+            array = pa.nulls(len(values), f.type)
+        children.append(array)
+    mask = pa.array([image is None for image in images], pa.bool_())
+    return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
 
 
 def constant_strings(value: str, n: int) -> pa.Array:

@@ -80,7 +80,8 @@ class TablestoreDataSource(DataSource):
             return MULTI_TABLE_SCHEMA
         with query_start(), Clients().tunnel(self.source_options.endpoint) as tunnel:
             table = tunnel.table_schema(self.source_options.table_name)
-            return output_schema(self.source_options.declared_schema(table))
+            return output_schema(self.source_options.declared_schema(table),
+                                 self.source_options.before_format)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self.multi_table is not None:
@@ -129,8 +130,9 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             protocol = StreamProtocol(self.options)  # binds at its first offset call
             with query_start():  # the planning process's first contact with the service
                 table = protocol.tunnel.table_schema(self.options.table_name)
-            if self.schema != output_schema(table):
-                check_user_schema(self.schema, table)
+            before = self.options.before_format
+            if self.schema != output_schema(table, before):
+                check_user_schema(self.schema, table, before)
             self._protocol = protocol
             compat.log_degradations_once(log)
         return self._protocol
