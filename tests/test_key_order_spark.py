@@ -3,15 +3,21 @@
 ``_sequence``. A child channel is read only in a batch after its parents were read to their end,
 and within one batch a key's changes come from one channel, so ``struct(batch, _sequence)`` is a
 strict order per key; ``max_by(struct(*), struct(batch, _sequence))`` per key is then the
-source's current row, which ``_sequence`` alone does not give after a split or merge."""
+source's current row, which ``_sequence`` alone does not give after a split or merge, and SCD 2
+intervals built in that order equal the apply sink's history of the same stream."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from connector.local import LocalTablestore
+from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
+from tablestore_cdc.verify import history_mismatches, key_of, read_delta, table_history
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.store_table(channels=2, columns=[("name", "STRING"), ("qty", "INTEGER")])]
@@ -36,10 +42,16 @@ def test_batch_then_sequence_orders_each_key_across_splits_and_merges(spark, sto
     store.merge_channels("t", a, b)
     write_changes(store, 300, start=600)
     sink = ExactlyOnceParquetSink(tmp_path / "log")
+    applied = DeltaApplySink(tmp_path / "history", scd=2)
+
+    def both(df: Any, batch_id: int) -> None:  # a batch read twice yields the same rows
+        sink(df, batch_id)
+        applied(df, batch_id)
+
     query = (spark.readStream.format("tablestore").option("endpoint", f"local://{store.path}")
              .option("table.name", "t").option("tunnel.name", "q")
              .option("maxOffsetsPerChannel", "100").load()
-             .writeStream.foreachBatch(sink)
+             .writeStream.foreachBatch(both)
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     try:
         query.processAllAvailable()
@@ -63,3 +75,31 @@ def test_batch_then_sequence_orders_each_key_across_splits_and_merges(spark, sto
     assert current(F.col("_sequence")) != source
     channels = store.list_channels("t")
     assert sum(c.closed for c in channels) == 3  # one split and one merge happened
+
+    # SCD 2 from the same order: each PUT/UPDATE opens a version, the key's next change ends it
+    delta = table_history(read_delta(str(tmp_path / "history")), ["id"])
+    history = scd2_history(log, "batch", "_sequence")
+    assert len(delta) == len(history) and not history_mismatches(history, delta)
+    assert history_mismatches(scd2_history(log, "_sequence"), delta)  # the channel's alone
+
+
+def scd2_history(log: Any, *order: str) -> dict[str, list]:
+    """key -> SCD 2 versions of the change log ``log`` in ``order`` (``verify``'s shape)."""
+    by_key = Window.partitionBy("id").orderBy(*order)
+    versions = (log.withColumn("end_at", F.lead("_commit_ts").over(by_key))
+                .where("_op != 'DELETE'").collect())
+    history: dict[str, list] = {}
+    for v in versions:
+        image = {k: v[k] for k in ("name", "qty") if v[k] is not None}
+        history.setdefault(key_of({"id": v["id"]}), []).append(
+            (_micros(v["_commit_ts"]), None if v["end_at"] is None else _micros(v["end_at"]),
+             image))
+    return history
+
+
+def _micros(value: Any) -> int:
+    import datetime as dt
+
+    if value.tzinfo is None:  # Spark hands local times: the session's time zone
+        value = value.astimezone()
+    return (value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
