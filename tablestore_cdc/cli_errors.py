@@ -46,11 +46,12 @@ def fail(message: object, code: int = 2) -> NoReturn:
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Turn the product's errors (and an unreadable file) into ``error: ...`` + exit code 2."""
+    """Turn the product's errors (and an unreadable file) into ``error: ...`` + exit code 2,
+    or the error's own ``exit_code`` when its class sets one."""
     try:
         yield
     except CdcError as exc:
-        fail(exc)
+        fail(exc, getattr(exc, "exit_code", 2))
     except OSError as exc:
         fail(f"{type(exc).__name__}: {exc}")
 

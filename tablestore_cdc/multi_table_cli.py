@@ -17,11 +17,9 @@ from typing import Any
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
-from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.cli_errors import reported_errors
 from tablestore_cdc.pipeline import ApplySettings
-from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
-from tablestore_cdc.pipeline.job_lock import JobAlreadyRunningError, JobLock
-from tablestore_cdc.pipeline.job_log import spark_log_to_file
+from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
 from tablestore_cdc.pipeline.multi_table import (
     check_target_template,
     start_multi_table_pipeline,
@@ -43,7 +41,6 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     (``tablestore_cdc.pipeline.metrics``); ``config``: per-table settings
     (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
     given on the command line). Returns the job's exit code."""
-    from connector.spark import local_session
     from tablestore_cdc.pipeline.metrics import TableMetrics
 
     metrics = TableMetrics()
@@ -56,16 +53,10 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
             per_table = functools.partial(table_config.for_table, base=apply, given=given)
         else:
             check_target_template(apply.target)  # before Spark starts
-    try:
-        lock = JobLock(output).acquire()  # a second start ends here, having written nothing
-    except JobAlreadyRunningError as exc:
-        fail(exc, int(JobExit.IN_USE))
+    with reported_errors():  # a second start ends here (exit 4), having written nothing
+        lock, spark = open_job(output, master, console.print)
     try:
         with reported_errors():
-            log, conf = spark_log_to_file(output)
-            console.print(f"Spark's log: {log}")
-            spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
-                                  log_level="WARN")
             if metrics_port is not None:
                 port = metrics.serve(metrics_port)
                 console.print(f"metrics on http://127.0.0.1:{port}/metrics")

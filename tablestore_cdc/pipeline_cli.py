@@ -113,10 +113,7 @@ def replicate(
     pipeline with backoff. With --tables, many tables in one application
     (docs/multi-table.md). Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
     configuration error, 3 gave up after --max-restarts, 4 already running."""
-    from connector.spark import local_session
-    from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
-    from tablestore_cdc.pipeline.job_lock import JobAlreadyRunningError, JobLock
-    from tablestore_cdc.pipeline.job_log import spark_log_to_file
+    from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
     from tablestore_cdc.pipeline.restarts import restart_policy
 
     endpoint = source_endpoint(store, endpoint)
@@ -154,16 +151,9 @@ def replicate(
                         soft_delete_column=soft_delete_column, adopt_target=adopt_target,
                         source=f"{redact_uri(endpoint)}#{table}").check_target(
             checkpoint_query_id(output / "_checkpoints" / "apply"))
+    with reported_errors():  # a second start ends here (exit 4), having written nothing
+        lock, spark = open_job(output, master, console.print)
     try:
-        lock = JobLock(output).acquire()  # a second start ends here, having written nothing
-    except JobAlreadyRunningError as exc:
-        fail(exc, int(JobExit.IN_USE))
-    try:
-        with reported_errors():
-            log, conf = spark_log_to_file(output)
-            console.print(f"Spark's log: {log}")
-            spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
-                                  log_level="WARN")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
                       f"(SCD {scd}, schema drift {schema_drift}"

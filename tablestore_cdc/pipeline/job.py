@@ -22,10 +22,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from enum import IntEnum
+from pathlib import Path
 from typing import Any, Protocol
 
 from connector.errors import CdcError
 from tablestore_cdc.pipeline.failures import FailureKind, QueryFailure, error_kind, query_failure
+from tablestore_cdc.pipeline.job_lock import JobLock
+from tablestore_cdc.pipeline.job_log import spark_log_to_file
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 
 #: how often the job looks at its queries (seconds)
@@ -56,6 +59,25 @@ class JobExit(IntEnum):
 
 _EXIT_OF = {FailureKind.IN_USE: JobExit.IN_USE, FailureKind.CONFIGURATION:
             JobExit.CONFIGURATION, FailureKind.FATAL: JobExit.FAILED}
+
+
+def open_job(output: Path, master: str, say: Callable[[str], None]) -> tuple[JobLock, Any]:
+    """What a replication command holds while it runs (driver): the output directory's lock
+    (``JobAlreadyRunningError`` for a second start, before anything is written), Spark's log
+    sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session. The caller
+    releases the lock; on a failure here it is released before the error goes up."""
+    from connector.spark import local_session
+
+    lock = JobLock(output).acquire()
+    try:
+        log, conf = spark_log_to_file(output)
+        say(f"Spark's log: {log}")
+        spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
+                              log_level="WARN")
+    except BaseException:
+        lock.release()
+        raise
+    return lock, spark
 
 
 class ReplicationJob:

@@ -24,6 +24,8 @@ LOCK_NAME = ".replicate.lock"
 
 
 class JobAlreadyRunningError(CdcError):
+    #: the CLI's exit code (``job.JobExit.IN_USE``)
+    exit_code = 4
     template = ("a replicate job is already running on {output} (host {host}, pid {pid}, since "
                 "{since}): it was left alone; stop it first to start this one")
 
