@@ -68,17 +68,40 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
 
     from connector.source import register
 
-    builder = (
-        SparkSession.builder.master(master).appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2}")
-    )
-    for key, value in (conf or {}).items():
+    settings = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.streaming.stopTimeout": "30s",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2}",
+        **(conf or {}),
+    }
+    _start_jvm_apart(settings)
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark
+
+
+def _start_jvm_apart(settings: dict[str, str]) -> None:
+    """Start the driver's JVM in a session of its own (driver, before ``getOrCreate``), so a
+    signal sent to the job's process group (``kill -TERM -PGID``, a terminal's Ctrl-C) reaches
+    the Python driver only. The driver then stops its queries itself (Spark ends each planning
+    process, which releases the query's lease) and stops Spark; a JVM that got SIGTERM too
+    would run its shutdown hooks under the driver's feet. PySpark already keeps Ctrl-C from
+    its JVM; the JVM still ends with the driver (it exits when its stdin, a pipe from the
+    driver, closes). Nothing to do when a JVM runs already (a second session) or on Windows."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or sys.platform == "win32":
+        return
+    conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))  # spark-submit's
+    SparkContext._ensure_initialized(
+        gateway=launch_gateway(conf, popen_kwargs={"start_new_session": True}))
+

@@ -12,12 +12,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
+from connector.options import SourceOptions
+from meta_store import open_meta_store
 from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import deliveries_from_rows
 from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state, verify
@@ -81,7 +84,10 @@ def write(store: LocalTablestore, start: int, n: int) -> None:
 
 
 @pytest.mark.slow
-def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
+def test_replicate_stops_on_ctrl_c_and_sigterm_and_resumes_exactly(tmp_path):
+    """Stopped with Ctrl-C, then with SIGTERM (each sent to the whole process group, as a
+    terminal and a service manager do): one clean line, no stack, the query's lease released
+    (not left to expire: the next start is not refused), and the copy exact across both."""
     store = LocalTablestore(tmp_path / "store.db")
     store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
                        channels=2)
@@ -89,8 +95,10 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
     command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
                "--output", str(out)]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    source = SourceOptions.from_spark({"endpoint": f"local://{store.path}", "table.name": "t",
+                                       "tunnel.name": "replicate"})
 
-    def run_until_caught_up() -> None:
+    def run_until_caught_up(stop_signal: signal.Signals) -> None:
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -99,26 +107,31 @@ def test_replicate_stops_on_ctrl_c_and_resumes_exactly(tmp_path):
                        and table_state(read_delta(str(out / "t")), ["id"])
                        == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()},
                        timeout=300, process=process)
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C
+            os.killpg(process.pid, stop_signal)
             output, _ = process.communicate(timeout=120)
             assert process.returncode == 0, output[-3000:]
             assert "stopped cleanly" in output
             assert "Traceback" not in output and "\tat org.apache" not in output  # no stack
+            assert "SourceInUseError" not in output  # the previous run's lease was released
             # its progress lines and the planning process's log lines each keep a line
             lines = output.splitlines()
             progress = [line for line in lines if "change(s) in" in line]
             assert progress and all(line.startswith("delivered ") and "\r" not in line
                                     and "connector." not in line for line in progress)
             assert any("connector.protocol" in line for line in lines)  # logs are there too
+            with open_meta_store(source.meta_store) as meta:  # released, or within 5 s
+                wait_until("the stopped job's lease to be released",
+                           lambda: meta.get_lease(source.source_identity),
+                           lambda lease: lease is None or not lease.live(time.time()), timeout=5)
         finally:
             kill_tree(process.pid)
 
     write(store, 0, 300)
-    run_until_caught_up()
+    run_until_caught_up(signal.SIGINT)  # Ctrl-C
     write(store, 300, 200)
     store.split_channel("t", store.list_channels("t")[0].channel_id)
     write(store, 500, 200)
-    run_until_caught_up()
+    run_until_caught_up(signal.SIGTERM)
 
     rows = pq.read_table(out / "changelog").to_pylist()
     result = verify(store.change_log("t"), deliveries_from_rows(rows, ["id"]), check_order=False)

@@ -14,11 +14,14 @@ naming ``tunnel.name`` and the one-query-many-sinks pattern.
   ``RENEW_EVERY_S`` by a small daemon thread, so a batch running for an hour keeps it, and
   carrying the newest batch the process planned or committed (``tip``).
 - **Released** at once when the query stops (``close``). Spark stops a query's planning
-  process with SIGTERM (``Process.destroy``) and the reader's ``stop()`` never runs then, so
-  the planning process releases its leases on SIGTERM itself (``release_on_sigterm``); it
-  releases them too when the JVM goes away (the runner's ``finally``). A query that dies
-  without either (SIGKILL of the whole tree, a lost host) lets it **expire** ``TTL_S`` after
-  its last renewal, or an operator breaks it (``tablestore-cdc meta break-lease``).
+  process with SIGTERM (``Process.destroy``), whose default action ends it before the reader's
+  ``stop()`` runs, so the planning process turns SIGTERM into an exception in its main thread
+  (``release_on_sigterm``): the call in progress unwinds (a meta-store transaction rolls back
+  and frees its lock), PySpark's runner calls ``stop()`` in its ``finally`` and the lease is
+  released there, as on Ctrl-C (SIGINT's ``KeyboardInterrupt`` takes the same path). A query
+  that dies without either (SIGKILL of the whole tree, a lost host) lets it **expire**
+  ``TTL_S`` after its last renewal, or an operator breaks it (``tablestore-cdc meta
+  break-lease``).
 - **Taken over at once by a restart of the same query**: a restarted query hands a batch from
   Spark's checkpoint, on the holder's line of batches (the lease's tip, an ancestor or a
   descendant of it), while a second query's offsets are on another line (another generation
@@ -63,15 +66,31 @@ TIP_EVERY_S = 5.0
 #: prev links walked from an offset to find the holder's tip on the same line
 _LINE_WALK = 10_000
 
-#: the longest the SIGTERM handler waits for the leases' release before the process ends
+#: the longest a planning process ending on SIGTERM takes to release its leases before it
+#: ends anyway (an outage of the meta store: the lease then expires)
 RELEASE_ON_SIGTERM_S = 10.0
 #: the module Spark runs a streaming query's planning process as (``python -m ...``)
 PLANNING_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+#: the exit status of a process ended by SIGTERM (what the default action reports)
+_SIGTERM_EXIT = 128 + signal.SIGTERM
 
 _owner: tuple[int, str] | None = None
 #: the leases this process holds now (taken, not yet released): what SIGTERM releases
 _held: set[QueryLease] = set()
 _sigterm_installed = False
+#: SIGTERM arrived: the process ends once its last lease is released
+_terminating = False
+#: a release is running in the main thread: SIGTERM must not interrupt it
+_releasing_in_main = False
+
+
+class PlanningProcessStopped(BaseException):
+    """Raised in the planning process's main thread by SIGTERM (Spark stopping the query).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: no ``except Exception`` of a retry loop
+    swallows it, and the call it interrupts unwinds (``with`` blocks close, a meta-store
+    transaction rolls back) up to PySpark's runner, whose ``finally`` calls the reader's
+    ``stop()``, which releases the query's lease."""
 
 
 def now() -> float:
@@ -99,36 +118,45 @@ def in_planning_process() -> bool:
 def release_on_sigterm() -> None:
     """In Spark's planning process, release this process's leases on SIGTERM, then end it.
 
-    Spark stops a query's planning process with ``Process.destroy`` (SIGTERM) and PySpark's
-    runner calls the reader's ``stop()`` only in a ``finally`` a signal never reaches, so
-    without this a stopped query's lease stays until it expires. The release runs in a thread
-    of its own, waited for at most ``RELEASE_ON_SIGTERM_S``: the main thread may have been
-    interrupted inside a meta-store call, and a release that cannot finish (an outage) must not
-    keep the process alive (the lease then expires). Installed once, from the main thread, by
-    the first ``QueryLease.take``; anywhere but the planning process it does nothing."""
+    Spark stops a query's planning process with ``Process.destroy`` (SIGTERM); the default
+    action would end it with the lease held until it expires. Releasing from the signal
+    handler itself, or from a thread it starts, deadlocks when the main thread was
+    interrupted inside a meta-store call (it holds the store's lock and its transaction), which
+    is where a planning process spends its time under load. So the handler raises
+    ``PlanningProcessStopped`` in the main thread instead: the call unwinds, the runner's
+    ``finally`` calls ``stop()``, the lease is released, and the process ends at once
+    (``QueryLease.release`` sees the last one go). A watchdog ends the process after
+    ``RELEASE_ON_SIGTERM_S`` whatever happens (a meta store that does not answer: the lease
+    then expires). Installed once, from the main thread, by the first ``QueryLease.take``;
+    anywhere but the planning process it does nothing."""
     global _sigterm_installed
     if (_sigterm_installed or not in_planning_process()
             or threading.current_thread() is not threading.main_thread()):
         return
-    signal.signal(signal.SIGTERM, _release_and_exit)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     _sigterm_installed = True
 
 
-def _release_and_exit(signum: int, frame: Any) -> None:
-    releaser = threading.Thread(target=_release_held, name="tablestore-cdc-lease-release",
-                                daemon=True)
-    releaser.start()
-    releaser.join(RELEASE_ON_SIGTERM_S)
-    os._exit(128 + signum)  # what SIGTERM's default action would have reported
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    """The SIGTERM handler (main thread of the planning process)."""
+    global _terminating
+    if not _held:
+        os._exit(_SIGTERM_EXIT)  # nothing to release: end as the default action would
+    if _terminating:
+        return  # a second SIGTERM: the first one's release is under way
+    _terminating = True
+    watchdog = threading.Timer(RELEASE_ON_SIGTERM_S, _give_up_release)
+    watchdog.daemon = True
+    watchdog.start()
+    if not _releasing_in_main:  # a release in progress goes on; it ends the process
+        raise PlanningProcessStopped(f"signal {signum}: the query is stopping")
 
 
-def _release_held() -> None:
+def _give_up_release() -> None:
     for lease in list(_held):
-        try:
-            lease.release()
-        except Exception as exc:  # noqa: BLE001 - the lease expires instead
-            log.warning("lease on %s not released at SIGTERM (it expires in at most %.0f "
-                        "s): %s", lease.key, TTL_S, exc)
+        log.warning("lease on %s not released within %.0f s of SIGTERM (it expires in at most "
+                    "%.0f s)", lease.key, RELEASE_ON_SIGTERM_S, TTL_S)
+    os._exit(_SIGTERM_EXIT)
 
 
 def continues_the_holders_line(meta: MetaStore, namespace: str, uuid: str, lease: Lease
@@ -260,13 +288,24 @@ class QueryLease:
 
     def release(self) -> None:
         """Stop renewing and end the lease at once (the query stopped, or the planning process
-        got SIGTERM). Safe to call twice."""
-        _held.discard(self)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._namespace and self._lost is None and not self.pending:
-            self._meta.release_lease(self.key, self._owner, now=self._clock())
+        got SIGTERM: then the process ends once its last lease is released). Safe to call
+        twice."""
+        global _releasing_in_main
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            _releasing_in_main = True
+        try:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            if self._namespace and self._lost is None and not self.pending:
+                self._meta.release_lease(self.key, self._owner, now=self._clock())
+        finally:
+            _held.discard(self)
+            if in_main:
+                _releasing_in_main = False
+            if _terminating and not _held:
+                os._exit(_SIGTERM_EXIT)  # the rest of the stop (closing clients) dies with it
 
     def _start_renewals(self) -> None:
         if self._thread is not None:
