@@ -148,7 +148,7 @@ class TablePartition(InputPartition):
     columns: tuple[ColumnSpec, ...]
 
 
-class MultiTableStreamReader(DataSourceStreamReader):
+class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
     """Spark's handle on a multi-table query (module docstring). Needs PySpark 4.2+ (the
     start and the read limit passed to ``latestOffset``)."""
 
@@ -164,6 +164,8 @@ class MultiTableStreamReader(DataSourceStreamReader):
         #: table -> the start UUID of the batch latestOffset last saw, and its lag reporter
         self._last_starts: dict[str, str] = {}
         self._reporters: dict[str, Any] = {}
+        #: Trigger.AvailableNow: the tables are listed once and each reads to its bound
+        self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -176,6 +178,8 @@ class MultiTableStreamReader(DataSourceStreamReader):
     def listed_tables(self) -> list[str]:
         """The selected tables, listed again once ``tables.refreshIntervalMs`` passed."""
         now = time.monotonic()
+        if self._available_now and self._listed_at > float("-inf"):
+            return self._listed  # a run that ends: no table joins once it has begun
         if now - self._listed_at >= self.options.refresh_s:
             if self._admin is None:
                 self._admin = Clients().tunnel(self.options.for_table("placeholder").endpoint)
@@ -198,6 +202,8 @@ class MultiTableStreamReader(DataSourceStreamReader):
                 return None
             self._protocols[table], self._schemas[table] = protocol, declared
             self.table_states.setdefault(table, "streaming")
+            if self._available_now:
+                protocol.prepare_available_now()
         return self._protocols[table]
 
     def _stop(self, table: str, reason: BaseException | str) -> None:
@@ -218,6 +224,14 @@ class MultiTableStreamReader(DataSourceStreamReader):
                 log.debug("closing table %s: %s", table, exc)
 
     # --- driver (planning process) ----------------------------------------------------------
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's API name
+        """Trigger.AvailableNow (``replicate --once``): every table listed at the run's first
+        call reads the changes committed by the time its protocol opens, then the run ends;
+        a table created meanwhile joins the next run."""
+        self._available_now = True
+        for protocol in self._protocols.values():
+            protocol.prepare_available_now()
 
     def initialOffset(self) -> dict:
         offsets = {}

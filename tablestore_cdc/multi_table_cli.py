@@ -34,13 +34,14 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                      apply: ApplySettings, tunnel: str, options: dict[str, str],
                      trigger_ms: int, master: str, metrics_port: int | None = None,
                      config: Path | None = None, given: frozenset[str] = frozenset(),
-                     policy: RestartPolicy | None = None) -> JobExit:
+                     policy: RestartPolicy | None = None, once: bool = False) -> JobExit:
     """Run the multi-table pipeline until stopped (driver), under the replication job's
     restart policy, output lock and log file (``tablestore_cdc.pipeline.job``, as one table's
     ``replicate``); ``metrics_port``: serve the per-table metrics for Prometheus on 127.0.0.1
     (``tablestore_cdc.pipeline.metrics``); ``config``: per-table settings
     (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
-    given on the command line). Returns the job's exit code."""
+    given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow).
+    Returns the job's exit code."""
     from tablestore_cdc.pipeline.metrics import TableMetrics
 
     metrics = TableMetrics()
@@ -63,7 +64,8 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         console.print(f"replicating tables {tables}"
                       f"{f' except {excluded}' if excluded else ''} from "
-                      f"{redact_uri(endpoint)} into {apply.target} — Ctrl-C to stop")
+                      f"{redact_uri(endpoint)} into {apply.target}"
+                      f"{' (once)' if once else ''} — Ctrl-C to stop")
         shown: dict[str, str] = {}
 
         def show(pipeline: Any) -> None:
@@ -79,14 +81,16 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
 
         job = ReplicationJob(
             lambda: start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
-                                               excluded, options, trigger_ms, per_table),
+                                               excluded, options, trigger_ms, per_table,
+                                               once=once),
             policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
-            on_progress=show)
+            on_progress=show, once=once)
         code = job.run()
         spark.stop()
     finally:
         metrics.close()
         lock.release()
     if code is JobExit.DONE:
-        console.print("stopped cleanly; run the same command again to resume")
+        console.print("caught up; run the same command again to go on" if once
+                      else "stopped cleanly; run the same command again to resume")
     return code

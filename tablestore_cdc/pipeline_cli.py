@@ -122,8 +122,6 @@ def replicate(
     if tables is not None:
         if table is not None:
             fail("--table and --tables: give one of them")
-        if once:
-            fail("--once with --tables: not supported yet; run without --once")
         from tablestore_cdc.multi_table_cli import replicate_tables
 
         apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
@@ -135,7 +133,7 @@ def replicate(
         with reported_errors():
             policy = restart_policy(restart_backoff, max_restarts)
         code = replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra,
-                                trigger_ms, master, metrics_port, config, given, policy)
+                                trigger_ms, master, metrics_port, config, given, policy, once)
         raise typer.Exit(int(code))
     if table is None:
         fail("--table (one table) or --tables (a selection) is required")

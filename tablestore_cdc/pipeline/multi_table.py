@@ -267,11 +267,13 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
                                options: dict[str, str] | None = None,
                                trigger_ms: int = 0, per_table: Callable[
                                    [str], tuple[ApplySettings, tuple[str, ...] | None]]
-                               | None = None) -> MultiTablePipeline:
+                               | None = None, *, once: bool = False) -> MultiTablePipeline:
     """Start the multi-table change-log and apply queries (driver): every table of
     ``endpoint`` matching ``tables`` (comma-separated globs) and none of ``exclude``, into
     ``apply.target`` with ``{table}`` replaced by each table's name. A failed table's held
-    batches are applied first (``MultiTableApply.resume_held``)."""
+    batches are applied first (``MultiTableApply.resume_held``). ``once``: Trigger.AvailableNow,
+    as ``start_pipeline`` (the change log of every table is read to its bound, then applied,
+    and both queries end)."""
     check_target_template(apply.target)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))
@@ -283,11 +285,14 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table)
     sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
     changelog_dir = out / "changelog"
-    trigger = {"processingTime": f"{trigger_ms} milliseconds"}
+    trigger: dict[str, Any] = ({"availableNow": True} if once
+                               else {"processingTime": f"{trigger_ms} milliseconds"})
     changelog = (changes.writeStream.format("parquet").queryName("changelog")
                  .option("path", str(changelog_dir))
                  .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
                  .trigger(**trigger).start())
+    if once:  # the apply query must see the whole change log of this run
+        changelog.awaitTermination()
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
                    .writeStream.queryName("apply").foreachBatch(sink)
                    .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
