@@ -52,6 +52,10 @@ POINTS = (
     "commit_start",
     # driver: some channels' checkpoints pushed, others not
     "mid_commit_push",
+    # driver (the apply sink): the batch's schema change is made -- Delta: committed on its
+    # own, the batch's data not yet; Iceberg: staged in the batch's one catalog commit, nothing
+    # committed -- reached only by a batch that changes the target's schema
+    "after_schema_change",
     # driver (the Delta/Iceberg apply sink, tablestore_cdc.lakehouse): the batch's commit is
     # prepared (Iceberg: its data files written) but not committed
     "before_target_commit",

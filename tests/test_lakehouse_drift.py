@@ -276,7 +276,7 @@ target.sink().apply(batch, "q", 1)
 
 def test_a_kill_between_the_schema_change_and_the_data_commit_replays_exactly(
         target, tmp_path) -> None:
-    """SIGKILL at the sink's ``before_target_commit`` crash point (Delta: after the schema
+    """SIGKILL at the sink's ``after_schema_change`` crash point (Delta: after the schema
     commit, before the data's; Iceberg: both are one catalog commit), then the batch again."""
     sink = target.sink()
     sink.apply(batch(*STREAM[0]), "q", 0)
@@ -286,13 +286,13 @@ def test_a_kill_between_the_schema_change_and_the_data_commit_replays_exactly(
         writer.write_table(second)
     faults = tmp_path / "faults"
     faults.mkdir()
-    (faults / "arm-before_target_commit").write_text("park")
+    (faults / "arm-after_schema_change").write_text("park")
     env = {**os.environ, FAULT_DIR_ENV: str(faults), "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-c", APPLY_SCRIPT, target.name,
                                 str(tmp_path), str(path)], cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 120
-        while not (faults / "hit-before_target_commit").exists():
+        while not (faults / "hit-after_schema_change").exists():
             assert process.poll() is None, "the apply ended before its crash point"
             assert time.monotonic() < deadline
             time.sleep(0.05)

@@ -171,6 +171,7 @@ class DeltaApplySink(ApplySink):
                 fields = deltalake.Schema.from_arrow(pa.schema(plan.layout.added)).fields
                 table.alter.add_columns(fields, commit_properties=CommitProperties(
                     custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
+                self._after_schema_change()  # the new columns are in, the data not yet
             appending = not _may_hold(table, plan, options.key_columns[0])
             if appending:  # every key is new to the table: no MERGE to make
                 writers = _append(table, plan, options, commit, self.storage_options,

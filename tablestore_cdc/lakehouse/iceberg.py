@@ -165,6 +165,7 @@ class IcebergApplySink(ApplySink):
             self._log_schema_changes(self.identifier, batch_id, plan)
             summary[SCHEMA_CHANGES_PROPERTY] = "; ".join(plan.layout.schema_changes())
             _change_schema(transaction, plan)
+            self._after_schema_change()  # staged: the table is unchanged until the commit
         schema = transaction.table_metadata.schema().as_arrow()
         appending = not _may_hold(table, plan, options.key_columns[0])
         if appending:  # every key is new to the table: append, nothing to delete or close

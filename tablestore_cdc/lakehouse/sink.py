@@ -209,6 +209,10 @@ class ApplySink(ABC):
               Marker(self.source, app_id or "(a new query)", ()), self.adopt_target, written)
 
     @staticmethod
+    def _after_schema_change() -> None:
+        crash_point("after_schema_change")
+
+    @staticmethod
     def _before_commit() -> None:
         crash_point("before_target_commit")
 
