@@ -186,6 +186,11 @@ OPTIONS: dict[str, OptionSpec] = {
         "before_format", "json or struct",
         "_before as JSON text (json), or as a struct of the output's attribute columns with "
         "their types (struct)", type="string"),
+    # Debezium marks snapshot reads (op = r); off by default (docs/schema.md, "Snapshot rows")
+    "snapshot.op": OptionSpec(
+        "snapshot_op", "PUT or READ",
+        "_op of a row read from a BaseAndStream tunnel's base data (the table's snapshot before "
+        "the stream): PUT, as a written row, or READ", type="string"),
     "maxBytesPerTrigger": OptionSpec(
         "max_bytes_per_trigger", "a number of bytes: 1048576, or with a unit 512k, 64m, 1g (>= 1)",
         "bytes of records read per batch (the last record of a channel may cross it)",
@@ -253,6 +258,8 @@ class SourceOptions(BaseModel):
     schema_change_behavior: str = DEFAULT_POLICY
     #: ``before.format``: ``_before`` as JSON text or a typed struct (``connector.schema``)
     before_format: Literal["json", "struct"] = "json"
+    #: ``snapshot.op``: the ``_op`` of base-data rows (``connector.schema.mark_snapshot_reads``)
+    snapshot_op: Literal["PUT", "READ"] = "PUT"
 
     @field_validator("table_name", "tunnel_name")
     @classmethod
@@ -288,9 +295,9 @@ class SourceOptions(BaseModel):
     def _lowercase_word(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("starting_position", mode="before")
+    @field_validator("starting_position", "snapshot_op", mode="before")
     @classmethod
-    def _starting_position(cls, value: Any) -> Any:
+    def _uppercase_word(cls, value: Any) -> Any:
         return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("catalog", mode="before")

@@ -4,7 +4,7 @@ Output row = the table's declared columns (key columns first) with Spark types d
 declared Tablestore types, followed by the metadata columns:
 
 ====================  =========  ==========================================================
-``_op``               string     PUT, UPDATE or DELETE
+``_op``               string     PUT, UPDATE or DELETE (READ: ``snapshot.op``)
 ``_channel_id``       string     the channel the change came from
 ``_sequence``         string     the change's position; sortable within a channel
 ``_commit_ts``        timestamp  when the change was committed in the source
@@ -33,6 +33,7 @@ from itertools import islice
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -249,3 +250,22 @@ def constant_strings(value: str, n: int) -> pa.Array:
     raw = value.encode("utf-8")
     offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
+
+
+#: ``_op`` of a row of base data under ``snapshot.op=READ`` (Debezium's snapshot read, op r)
+READ_OP = "READ"
+
+
+def mark_snapshot_reads(batch: pa.RecordBatch, snapshot: bool | pa.Array) -> pa.RecordBatch:
+    """``snapshot.op=READ`` (executor, ``connector.source.TablestoreStreamReader.read``): ``_op``
+    READ instead of PUT in the rows ``snapshot`` marks as base data (the channel reader's
+    ``snapshot_rows``: a bool for the whole page or a boolean array); unchanged when it marks
+    none or the output has no ``_op``."""
+    names = batch.schema.names
+    if snapshot is False or "_op" not in names or not batch.num_rows:
+        return batch
+    i = names.index("_op")
+    ops = batch.column(i)
+    marked = pc.equal(ops, "PUT") if snapshot is True else pc.and_(snapshot, pc.equal(ops, "PUT"))
+    return batch.set_column(i, batch.schema.field(i),
+                            pc.if_else(marked, READ_OP, ops).cast(ops.type))

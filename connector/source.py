@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from cdc_common.first_contact import query_start
-from connector.clients import Clients
+from connector.clients import Clients, executor_clients
 from connector.errors import OptionError
 from connector.multiplex import (
     MULTI_TABLE_SCHEMA,
@@ -51,7 +51,13 @@ from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import TriggerLimits, trigger_limits
 from connector.reader import claim_and_read
-from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
+from connector.schema import (
+    READ_OP,
+    RecordBatchBuilder,
+    check_user_schema,
+    mark_snapshot_reads,
+    output_schema,
+)
 
 log = logging.getLogger("connector.source")
 
@@ -202,10 +208,17 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         assert isinstance(partition, ChannelPartition)
         builder = RecordBatchBuilder(self.schema, policy=self.options.schema_change_behavior,
                                      table=self.options.table_name)
+        # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
+        snapshots = (executor_clients().reader(partition.endpoint)
+                     if self.options.snapshot_op == READ_OP else None)
         # the end is claimed inside claim_and_read, before any row is yielded; each page is
         # dropped once handed on, so memory shrinks as Spark consumes
         for batch in claim_and_read(partition, builder.layout).batches():
-            yield builder.project(batch, partition.channel_id)
+            rows = builder.project(batch, partition.channel_id)
+            if snapshots is not None:
+                rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
+                    partition.channel_id, batch.column("_sequence")))
+            yield rows
 
 
 def is_connect_session(spark: Any) -> bool:

@@ -16,6 +16,10 @@ by value *with its type*: an INTEGER 7 and a DOUBLE 7.0 are different values her
 - SIGKILL between a batch's schema change and its data commit (crash point
   ``after_schema_change``: Delta has committed the new columns on their own; Iceberg has staged
   them in the batch's one catalog commit), then a restart: exact.
+
+And the envelope's snapshot mark over the wire: with a BaseAndStream tunnel and
+``snapshot.op=READ`` the rows the table held when the tunnel was created reach the change log
+as READ, the later changes as PUT / UPDATE / DELETE, and the target equals the source.
 """
 
 from __future__ import annotations
@@ -324,3 +328,27 @@ def test_a_kill_at_an_iceberg_schema_change_is_exact(tmp_path: Path) -> None:
     """Iceberg's schema change is staged in the batch's one catalog commit: a kill there
     leaves the table as it was."""
     _kill_between_schema_change_and_data(tmp_path, "iceberg")
+
+
+def test_snapshot_rows_arrive_as_reads_then_the_stream(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    with wire_scenario(tmp_path) as (emulator, _store, client):
+        write_integers(client)  # before the tunnel: its base data
+        target = Target("delta", tmp_path)
+        job = Replicate(tmp_path, emulator.url, target, "--option", "tunnel.type=BaseAndStream",
+                        "--option", "snapshot.op=READ")
+        with running(job):
+            wait_equal(client, target, job, "the snapshot applied")
+            client.update_row("t", Row([("id", 1)], {"PUT": [("qty", 12)]}), IGNORE)
+            client.delete_row("t", Row([("id", 2)]), IGNORE)
+            client.put_row("t", Row([("id", 30)], [("qty", 30)]), IGNORE)
+            wait_equal(client, target, job, "the stream after the snapshot applied")
+            assert job.stop() == 0, job.tail()
+        log = pq.read_table(tmp_path / "out" / "changelog",
+                            columns=["id", "_op", "_sequence"]).to_pylist()
+        reads = sorted(r["id"] for r in log if r["_op"] == "READ")
+        assert reads == [k for k in range(KEYS) if k != KEYS - 1]  # the rows the table held
+        assert all(r["_sequence"].startswith("!") for r in log if r["_op"] == "READ")
+        assert sorted((r["id"], r["_op"]) for r in log if r["_op"] != "READ") == [
+            (1, "UPDATE"), (2, "DELETE"), (30, "PUT")]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Self
+from typing import Any, Self
 
 from connector.errors import OptionError, TunnelExistsError, UnknownTunnelError
 from connector.tunnel.endpoint import TunnelEndpoint
@@ -263,6 +263,15 @@ class ChannelReader(TunnelClient):
         result = self.read_records(tunnel_id, channel_id, token, limit)
         return Page(records_to_page(result.records, layout, token=token), result.next_token,
                     result.may_more)
+
+    def snapshot_rows(self, channel_id: str, sequences: Any) -> Any:
+        """Which rows of a page of ``channel_id`` are base data, the table's snapshot that a
+        BaseAndStream tunnel reads before its stream (executor, ``snapshot.op=READ``:
+        ``connector.schema.mark_snapshot_reads``): True or False for the whole page, or a
+        boolean Arrow array per row, from the page's ``_sequence`` Arrow array ``sequences``.
+        Decided from the channel and the rows alone, so a replayed read marks the same rows.
+        This default is for a backend without base data (DynamoDB Streams): none."""
+        return False
 
 
 class TunnelService(TunnelAdministration, ChannelPositions, ChannelReader):

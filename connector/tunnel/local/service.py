@@ -370,6 +370,10 @@ class LocalTunnelService(TunnelService):
         return Page(batch if batch is not None else empty_page_batch(layout), next_token,
                     may_more, tokens=tokens)
 
+    def snapshot_rows(self, channel_id: str, sequences: Any) -> Any:
+        """Every row of a base-data channel (``base-<stream channel>``), none of a stream's."""
+        return channel_id.startswith(tunnels.BASE_PREFIX)
+
     def _read(
         self,
         tunnel_id: str,

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
+
 from connector.errors import MalformedTokenError
 from connector.tunnel.base import FINISHED, ChannelReader, ReadResult
 from connector.tunnel.page import Page, PageLayout, empty_page_batch
@@ -29,7 +31,7 @@ from connector.tunnel.tablestore.admin import TablestoreAdministration
 from connector.tunnel.tablestore.calls import CLIENT_ID
 from connector.tunnel.tablestore.prefetch import PrefetchedReads
 from connector.tunnel.tablestore.read_answer import ReadAnswer, read_answer
-from connector.tunnel.tablestore.records import decode_columns, decode_page
+from connector.tunnel.tablestore.records import BASE_PREFIX, decode_columns, decode_page
 from connector.tunnel.tablestore.tokens import base_offset, check_token, inside_page
 
 _READ_PATH = "/tunnel/readrecords"
@@ -170,6 +172,11 @@ class TablestoreReading(TablestoreAdministration, ChannelReader):
         return Page(decode_columns(fetched.records, channel_id, token, fetched.first_offset,
                                    layout), fetched.next_token, fetched.may_more,
                     tokens=fetched.token_after)
+
+    def snapshot_rows(self, channel_id: str, sequences: Any) -> Any:
+        """Base data is the records without sequence info: their ``_sequence`` starts with
+        ``records.BASE_PREFIX`` (the service's own base channels and the emulator's alike)."""
+        return pc.starts_with(sequences, BASE_PREFIX)
 
 
 __all__ = ["TablestoreReading", "WireRecords"]
