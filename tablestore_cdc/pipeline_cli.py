@@ -118,6 +118,9 @@ def replicate(
 
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
+    # one policy for the source and the target (Flink CDC's schema.change.behavior), unless an
+    # --option names the reader's own
+    extra.setdefault("schema.change.behavior", schema_drift)
     output = output.resolve()
     if tables is not None:
         if table is not None:
