@@ -47,7 +47,7 @@ demo: $(STAMP) java-check
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
 ## then the oldest_spark tests on the oldest supported PySpark, then the user's install
 test: $(STAMP) java-check
-	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not user_install" -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not user_install" -n 2 --dist loadgroup --durations=30 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
 	$(MAKE) --no-print-directory test-install
 

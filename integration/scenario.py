@@ -37,7 +37,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from connector.faults import POINTS
 from connector.local import LocalTablestore
 from connector.tunnel.base import Record
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, create_table
@@ -123,19 +122,6 @@ class SinkWatcher:
             if not directory.exists() or self._identity(directory) != identity:
                 changed.append(name)
         return changed
-
-
-def arm_crash_point(faults: Path, point: str, mode: str = "park") -> None:
-    """Arm crash point ``point`` (``connector.faults``) in the processes whose fault directory
-    is ``faults``: ``park`` (wait there to be killed), ``raise`` (fail the task once) or ``hold``
-    (wait for ``release-<point>``). Stale files of an earlier arming are removed first."""
-    if point not in POINTS:
-        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
-    for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
-        (faults / stale).unlink(missing_ok=True)
-    tmp = faults / f".arm-{point}"
-    tmp.write_text(mode)
-    tmp.rename(faults / f"arm-{point}")
 
 
 class ScenarioRun:

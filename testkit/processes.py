@@ -4,7 +4,8 @@
 ``testkit/runner.py``); ``kill_tree`` SIGKILLs it with all its descendants. PySpark's daemon
 workers leave the driver's process group, so killing the group is not enough: ``kill_tree``
 collects the whole tree (psutil) first, then SIGKILLs all of it at once;
-``kill_at_crash_point`` does both around a crash point of ``connector/faults.py``. Used by the
+``arm_crash_point`` arms a crash point of ``connector/faults.py`` and ``kill_at_crash_point``
+kills a runner parked there. Used by the
 restart and fault tests (``integration/``), the job tests and the recovery benchmark.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from connector.faults import POINTS
 from testkit.waiting import wait_until
 
 #: the repository root: child processes run there, so they import the checkout
@@ -47,6 +49,19 @@ def kill_tree(pid: int) -> int:
             pass
     psutil.wait_procs(victims, timeout=10)
     return len(victims)
+
+
+def arm_crash_point(faults: Path, point: str, mode: str = "park") -> None:
+    """Arm crash point ``point`` (``connector.faults``) in the processes whose fault directory
+    is ``faults``: ``park`` (wait there to be killed), ``raise`` (fail the task once) or ``hold``
+    (wait for ``release-<point>``). Stale files of an earlier arming are removed first."""
+    if point not in POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
+    for stale in (f"fired-{point}", f"hit-{point}", f"hit-{point}.pkl", f"release-{point}"):
+        (faults / stale).unlink(missing_ok=True)
+    tmp = faults / f".arm-{point}"
+    tmp.write_text(mode)
+    tmp.rename(faults / f"arm-{point}")
 
 
 def kill_at_crash_point(args: list[str], log_path: Path, env: dict[str, str], fault_dir: Path,

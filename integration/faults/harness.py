@@ -50,7 +50,6 @@ from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, preload
 from integration.scenario import (
     ScenarioResult,
     ScenarioRun,
-    arm_crash_point,
     run_and_tidy,
 )
 from tablestore_cdc.verify import (
@@ -64,7 +63,7 @@ from tablestore_cdc.verify import (
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
 from testkit.flaky import FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
 from testkit.flaky import environment as flaky_environment
-from testkit.processes import REPO, start_runner
+from testkit.processes import REPO, arm_crash_point, start_runner
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.faults")

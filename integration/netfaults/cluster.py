@@ -60,11 +60,10 @@ from integration.netfaults.netns import Hosts
 from integration.scenario import (
     ScenarioResult,
     ScenarioRun,
-    arm_crash_point,
     run_and_tidy,
 )
 from testkit.emulator import CLI
-from testkit.processes import REPO, kill_tree
+from testkit.processes import REPO, arm_crash_point, kill_tree
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.netfaults.cluster")

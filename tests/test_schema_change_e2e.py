@@ -41,7 +41,6 @@ pytest.importorskip("pyiceberg")
 from tablestore import INF_MAX, INF_MIN, OTSClient, Row  # noqa: E402
 
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
-from integration.scenario import arm_crash_point  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.verify import (  # noqa: E402
     history_mismatches,
@@ -52,7 +51,7 @@ from tablestore_cdc.verify import (  # noqa: E402
     table_state,
 )
 from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
-from testkit.processes import REPO, kill_tree  # noqa: E402
+from testkit.processes import REPO, arm_crash_point, kill_tree  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 from testkit.wire_e2e import (  # noqa: E402
     IGNORE,
