@@ -114,8 +114,9 @@ OPTIONS: dict[str, OptionSpec] = {
         "fail when needed records were trimmed; false skips the gap with a warning"),
     "onDataLoss": OptionSpec(
         "on_data_loss", "fail or resnapshot",
-        "what trimmed records do: fail (as failOnDataLoss) or resnapshot: record a resnapshot "
-        "signal for the table, warn, go on after the gap (the replicate job repairs its "
+        "what trimmed records and an expired Tablestore tunnel do: fail (as failOnDataLoss; "
+        "TunnelExpiredError) or resnapshot: record a resnapshot signal for the table, warn, go "
+        "on after the gap or on the tunnel created again (the replicate job repairs its "
         "target; docs/resnapshot.md)"),
     "skipEmptyBatches": OptionSpec(
         "skip_empty_batches", "true or false",

@@ -331,6 +331,12 @@ class StreamProtocol:
         else:
             batch = self._start_batch(uuid)
             ends = self.meta.get_end_checkpoints(self.namespace, uuid)
+        expired = self.namespace_record.expired_tunnel
+        if expired is not None and expired.planned_on(uuid):
+            # the positions are those of a tunnel replaced after its expiry
+            # (connector.planning.expiry): go on from the new tunnel's channels
+            return batch, {s.channel_id: Position.at_start(s)
+                           for s in self.tracker.starts(exclude=set())}
         return batch, positions_after_batch(batch, ends)
 
     def plan(self, start: dict, end: dict) -> list[ChannelPartition]:
@@ -361,6 +367,12 @@ class StreamProtocol:
         shared = self._partition_fields(end_uuid, manifest.available_now_us)
         partitions = [self._partition(shared, c) for c in manifest.channels
                       if c.token != FINISHED and c.max_records > 0]
+        expired = self.namespace_record.expired_tunnel
+        if replay and expired is not None and expired.planned_on(end_uuid):
+            log.warning("batch %s was planned on tunnel %s, which expired: nothing of it can be "
+                        "read any more, it is replayed empty (the resnapshot recorded for the "
+                        "expiry repairs the target)", end_uuid, expired.tunnel_id)
+            partitions = []
         self.last_batch = BatchStats(end_uuid, len(partitions), manifest.children_added,
                                      replay, (time.perf_counter() - began) * 1000)
         log.debug("batch %s planned%s: %d channel(s) to read, children added %s, %.1f ms",

@@ -42,9 +42,10 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
     given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow).
     Returns the job's exit code."""
+    from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
 
-    metrics = TableMetrics()
+    metrics = TableMetrics(default_retention_s(endpoint))
 
     excluded = ",".join(exclude) if exclude else None
     per_table = None

@@ -292,6 +292,11 @@ class EmulatorServer:
         while self._thread.is_alive():
             self._thread.join(0.5)
 
+    def expire_tunnel(self, table: str, tunnel_name: str) -> str:
+        """Test hook: expire a tunnel as the service does once its change log passed the
+        stream's retention (``tunnel_api.expire_tunnel``); returns its id."""
+        return tunnel_api.expire_tunnel(self.context, table, tunnel_name)
+
     def stop(self) -> None:
         """Stop accepting, close the socket and the store. Safe to call twice."""
         httpd, self._httpd = self._httpd, None

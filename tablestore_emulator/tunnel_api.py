@@ -39,6 +39,12 @@ What the wire sees, and where it is the emulator's own choice (docs/tablestore.m
   before the channel's checkpoint), ``channel_rpo`` (commit time of the last record before it,
   nanoseconds; 0 for base-data channels and before the first record) and ``tunnel_rpo`` (the
   oldest ``channel_rpo`` of the stream channels still being read).
+- An expired tunnel (``expire_tunnel``, the emulator's test hook: the service expires a tunnel
+  whose change log passed the stream's retention) shows ``TunnelInfo.expired`` in
+  DescribeTunnel and ListTunnel, and every call on its id (Connect, Heartbeat, Shutdown,
+  GetCheckpoint, Checkpoint, ReadRecords, GetRpo) is 400 ``OTSTunnelExpired``, the code the
+  service's error reference gives; DeleteTunnel removes it. Which calls the service refuses
+  for an expired tunnel is the emulator's reading (the reference names the code only).
 - ``/tunnel/getrpo`` (the Go SDK's ``GetRpo``) answers two JSON documents keyed by tunnel id
   (see ``get_rpo``); their keys' meaning is the emulator's reading, unverified.
 - ``ChannelInfo.parent_ids`` (field 1000) carries the lineage; the service has no such field.
@@ -220,8 +226,38 @@ def tunnel_clients(ctx: EmulatorContext) -> TunnelClients:
         return clients  # type: ignore[no-any-return]
 
 
+def _expired(ctx: EmulatorContext) -> set[str]:
+    """Ids of the tunnels ``expire_tunnel`` expired (until deleted)."""
+    with ctx.lock:
+        return ctx.state.setdefault("expired_tunnels", set())  # type: ignore[no-any-return]
+
+
+def expire_tunnel(ctx: EmulatorContext, table: str, tunnel_name: str) -> str:
+    """The test hook ``EmulatorServer.expire_tunnel``: expire the named tunnel as the service
+    does once its change log passed the stream's retention; returns its id."""
+    tunnel_id = _service(ctx).describe_tunnel(table, tunnel_name).tunnel.tunnel_id
+    with ctx.lock:
+        _expired(ctx).add(tunnel_id)
+    return tunnel_id
+
+
+def _refuse_expired(ctx: EmulatorContext, tunnel_id: str) -> None:
+    with ctx.lock:
+        expired = tunnel_id in _expired(ctx)
+    if expired:
+        raise OtsError(400, "OTSTunnelExpired",
+                       f"The tunnel has expired: {tunnel_id}. Its log data passed the stream's "
+                       "retention.")
+
+
+#: calls an expired tunnel still answers (by table and tunnel name): the others name its id
+_ANSWERED_WHEN_EXPIRED = (m.CreateTunnelRequest, m.ListTunnelRequest, m.DescribeTunnelRequest,
+                          m.DeleteTunnelRequest)
+
+
 def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., bytes]]:
-    """Parse the request (400 on a malformed one), run the handler, map the store's errors."""
+    """Parse the request (400 on a malformed one), refuse a call on an expired tunnel's id,
+    run the handler, map the store's errors."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., bytes]:
         def handler(ctx: EmulatorContext, body: bytes) -> bytes:
@@ -229,6 +265,8 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
                 request = m.parse(request_type, body)
             except m.MessageError as exc:
                 raise parameter_invalid(str(exc)) from None
+            if request_type not in _ANSWERED_WHEN_EXPIRED and request.tunnel_id:
+                _refuse_expired(ctx, request.tunnel_id)
             try:
                 response = fn(ctx, _service(ctx), request)
             except _STORE_ERRORS as exc:
@@ -260,7 +298,7 @@ def _tunnel_info(ctx: EmulatorContext, service: LocalTunnelService, table: str,
         instance_name=ctx.instance,
         stream_id=f"{t.table_name}_stream",
         stage="ProcessBaseData" if base_open else "ProcessStream",
-        expired=False,
+        expired=t.tunnel_id in _expired(ctx),
         tunnel_name=t.tunnel_name,
         public=False,
         create_time=int(t.created_at * 1e9),
@@ -356,6 +394,8 @@ def delete_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -
     tunnel_id = service.describe_tunnel(req.table_name, req.tunnel_name).tunnel.tunnel_id
     service.delete_tunnel(req.table_name, req.tunnel_name)
     tunnel_clients(ctx).forget(tunnel_id)
+    with ctx.lock:
+        _expired(ctx).discard(tunnel_id)
     return m.DeleteTunnelResponse()
 
 

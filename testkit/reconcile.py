@@ -181,6 +181,24 @@ def settle(pipeline: Any, store_path: Path) -> None:
             pipeline.drain()
 
 
+#: keys the demo writer never touches (it counts up from 1): the tampered rows
+BASE = 5_000_000
+
+
+def make_orders(store_path: Path, rows: int = 20) -> None:
+    """The demo's ``orders`` table (4 channels) with ``rows`` rows outside the writer's keys."""
+    from connector.local import LocalTablestore
+    from tablestore_cdc.demo.writer import DEMO_TABLE
+
+    with LocalTablestore(store_path) as store:
+        store.create_table(DEMO_TABLE, primary_key=[("order_id", "INTEGER")],
+                           columns=[("customer", "STRING"), ("amount", "DOUBLE"),
+                                    ("status", "STRING")], channels=4)
+        for i in range(rows):
+            store.put_row(DEMO_TABLE, {"order_id": BASE + i},
+                          {"customer": f"c{i}", "amount": float(i), "status": "new"})
+
+
 class OrdersTarget:
     """The test targets of tests/test_reconcile.py on the demo's ``orders`` table."""
 

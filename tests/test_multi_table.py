@@ -196,3 +196,37 @@ def test_a_table_dropped_after_its_batch_was_logged_is_passed_over_on_restart(
         assert restarted.table_states["b"] == "dropped"
         restarted.commit(end)
         restarted.stop()
+
+
+def test_the_retention_headroom_is_a_gauge_per_table_and_warns_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Scraped over HTTP from ``replicate --metrics-port``'s registry: the headroom is the
+    retention minus the lag; past 80 % of it one warning line, again only after a recovery."""
+    import logging
+    import urllib.request
+
+    from tablestore_cdc.pipeline.metrics import TableMetrics
+
+    metrics = TableMetrics(retention_s=1000.0)
+    port = metrics.serve(0)
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            lines = answer.read().decode().splitlines()
+        prefix = "tablestore_cdc_table_retention_headroom_seconds{table="
+        return {line[len(prefix) + 1:].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in lines if line.startswith(prefix)}
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="tablestore_cdc.pipeline"):
+            metrics.update({"a": {"secondsBehind": 100}, "b": {"secondsBehind": None}})
+            assert scrape() == {"a": 900.0}  # b's lag is not measured yet
+            for behind in (850, 900, 100, 990):
+                metrics.update({"a": {"secondsBehind": behind}})
+            assert scrape() == {"a": 10.0}
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 2, warnings  # at 850, and at 990 after the recovery at 100
+        assert warnings[0] == ("table a is 850 s behind, past 80 % of the retention (1000 s): "
+                               "150 s left before unread changes are trimmed")
+    finally:
+        metrics.close()

@@ -21,25 +21,10 @@ from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter  # noqa: E402
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
-from testkit.reconcile import OrdersTarget, found, settle  # noqa: E402
+from testkit.reconcile import BASE, OrdersTarget, found, make_orders, settle  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-#: keys the demo writer never touches (it counts up from 1): the tampered rows
-BASE = 5_000_000
-
-
-def make_orders(store_path: Path, rows: int = 20) -> None:
-    """The demo's table with ``rows`` rows outside the writer's keys."""
-    with LocalTablestore(store_path) as store:
-        store.create_table(DEMO_TABLE, primary_key=[("order_id", "INTEGER")],
-                           columns=[("customer", "STRING"), ("amount", "DOUBLE"),
-                                    ("status", "STRING")], channels=4)
-        for i in range(rows):
-            store.put_row(DEMO_TABLE, {"order_id": BASE + i},
-                          {"customer": f"c{i}", "amount": float(i), "status": "new"})
-
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_a_resnapshot_during_a_write_load_repairs_six_differences(spark: Any, tmp_path: Path,

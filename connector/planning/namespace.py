@@ -6,7 +6,8 @@ a query binds (``connector.planning.binding``) in Spark's planning process on th
 
 - binds the namespace to its tunnel: a namespace with committed batches is bound to the tunnel
   id it recorded, so a tunnel deleted (and perhaps created again under the same name) is refused
-  instead of read from positions that mean nothing to it;
+  instead of read from positions that mean nothing to it; an expired tunnel under
+  ``onDataLoss=resnapshot`` is replaced instead (``connector.planning.expiry``);
 - keeps the generations of initial offsets: ``initialOffset`` must return the same UUID every
   time until batch 0 of a query commits (Spark calls it again after every restart until then),
   and a later query (a new checkpoint directory) must start a new generation from the tunnel's
@@ -17,6 +18,12 @@ from __future__ import annotations
 
 from connector.errors import OptionError, TunnelGoneError, TunnelReplacedError, UnknownTunnelError
 from connector.options import SourceOptions
+from connector.planning.expiry import (
+    EXPIRED_TUNNEL_ID,
+    ExpiredTunnel,
+    replace_expired_tunnel,
+    replaces_expired,
+)
 from connector.planning.offsets import initial_uuid
 from connector.tunnel import TunnelInfo, TunnelService
 from meta_store import BatchRecord, BatchState, MetaStore
@@ -53,7 +60,8 @@ class NamespaceRecord:
             self._current = None
         recorded_id = self._recorded.get("tunnel_id")
         current = self._current
-        if recorded_id and (current is None or current.tunnel_id != recorded_id):
+        if recorded_id and (current is None or current.tunnel_id != recorded_id) \
+                and not self._replacing_expired:
             if self._has_committed():
                 fields = {"table": o.table_name, "tunnel": o.named_tunnel,
                           "namespace": self.namespace, "recorded_id": recorded_id}
@@ -70,6 +78,9 @@ class NamespaceRecord:
         o = self._options
         self._meta = meta
         info = self._current
+        if replaces_expired(o, info) or (info is None and self._replacing_expired):
+            info = replace_expired_tunnel(o, self.namespace, self._tunnel, meta, info, self._info)
+            self.created_tunnel = True
         if info is None:
             self.created_tunnel = True
             start_at_us = (o.starting_timestamp * 1000 if o.starting_timestamp is not None
@@ -79,7 +90,7 @@ class NamespaceRecord:
         self._check_type(info)
         self.tunnel_id = info.tunnel_id
         self._info = {
-            **self._recorded,
+            **self._info,
             "endpoint": o.safe_endpoint, "table": o.table_name,
             "tunnel": o.named_tunnel, "tunnel_id": self.tunnel_id,
         }
@@ -87,6 +98,18 @@ class NamespaceRecord:
             self._info.pop("committed_generation", None)  # generations of another tunnel
         if self._info != self._recorded:
             meta.set_namespace_info(self.namespace, self._info)
+
+    @property
+    def _replacing_expired(self) -> bool:
+        """Was the replacement of the recorded tunnel after its expiry begun (and perhaps
+        interrupted after its deletion)? ``bind`` then finishes it."""
+        recorded_id = self._recorded.get("tunnel_id")
+        return bool(recorded_id) and recorded_id == self._recorded.get(EXPIRED_TUNNEL_ID)
+
+    @property
+    def expired_tunnel(self) -> ExpiredTunnel | None:
+        """The expired tunnel this namespace's tunnel replaced, if any."""
+        return ExpiredTunnel.of(self._info)
 
     def _check_type(self, info: TunnelInfo) -> None:
         o = self._options

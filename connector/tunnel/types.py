@@ -59,6 +59,9 @@ class TunnelInfo:
     tunnel_type: TunnelType
     start_position: StartPosition
     created_at: float  # seconds since the epoch
+    #: the service expired the tunnel (Tablestore's ``TunnelInfo.expired``: its change log
+    #: passed the stream's retention); its data calls answer ``TunnelExpiredError``
+    expired: bool = False
 
 
 @dataclass(frozen=True)

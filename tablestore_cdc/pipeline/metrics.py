@@ -9,23 +9,34 @@ two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.
   ``streaming``, ``dropped``, ``failed``), 0 for the others;
 - ``tablestore_cdc_table_lag_records`` / ``..._lag_seconds``: behind the tunnel's head, as the
   source measured it for Spark's progress report (absent until measured);
+- ``tablestore_cdc_table_retention_headroom_seconds``: the service's retention minus the lag in
+  seconds (``tablestore_cdc.feed.retention``, as ``meta lag`` shows it per channel); once the lag
+  passes ``WARN_AT`` of the retention, one warning line is logged (``tablestore_cdc.pipeline``),
+  again only after the table came back under it;
 - ``tablestore_cdc_table_rows_applied_total``: changes applied into the target by this process;
 - ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from tablestore_cdc.feed.retention import DEFAULT_S, WARN_AT, headroom
+
+log = logging.getLogger("tablestore_cdc.pipeline")
 
 STATES = ("new", "streaming", "dropped", "failed")
 
 
 class TableMetrics:
-    """The per-table metrics of one pipeline (driver)."""
+    """The per-table metrics of one pipeline (driver); ``retention_s``: what the source's
+    service keeps of a channel's history (``feed.retention.default_retention_s``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, retention_s: float = DEFAULT_S) -> None:
+        self.retention_s = retention_s
         self.registry = CollectorRegistry()
         label = ["table"]
         r = self.registry
@@ -35,6 +46,10 @@ class TableMetrics:
                                  "records behind the tunnel's head", label, registry=r)
         self.lag_seconds = Gauge("tablestore_cdc_table_lag_seconds",
                                  "seconds behind the tunnel's head", label, registry=r)
+        self.headroom = Gauge("tablestore_cdc_table_retention_headroom_seconds",
+                              "the service's retention minus the seconds behind its head",
+                              label, registry=r)
+        self._warned: set[str] = set()
         self.rows_applied = Counter("tablestore_cdc_table_rows_applied",
                                     "changes applied into the table's target", label, registry=r)
         self.last_commit = Gauge("tablestore_cdc_table_last_commit_timestamp_seconds",
@@ -68,7 +83,21 @@ class TableMetrics:
                                (self.last_commit, "lastCommit"), (self.version, "version")):
                 if f.get(key) is not None:
                     gauge.labels(table).set(f[key])
+            if f.get("secondsBehind") is not None:
+                self._headroom(table, float(f["secondsBehind"]))
             applied = int(f.get("rowsApplied") or 0)
             grown = applied - self._applied.get(table, 0)
             self.rows_applied.labels(table).inc(max(grown, 0))
             self._applied[table] = applied
+
+    def _headroom(self, table: str, seconds_behind: float) -> None:
+        """Set ``table``'s headroom gauge; log one warning line when it crosses the threshold."""
+        figures = headroom(seconds_behind, self.retention_s)
+        self.headroom.labels(table).set(figures["headroom_s"])
+        if not figures["retention_warning"]:
+            self._warned.discard(table)
+        elif table not in self._warned:
+            self._warned.add(table)
+            log.warning("table %s is %.0f s behind, past %d %% of the retention (%.0f s): %.0f s "
+                        "left before unread changes are trimmed", table, seconds_behind,
+                        WARN_AT * 100, self.retention_s, figures["headroom_s"])

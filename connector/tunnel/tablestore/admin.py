@@ -139,7 +139,8 @@ class TablestoreAdministration(TablestoreCalls, TunnelAdministration):
                 start = StartPosition.LATEST
         self._tunnels[t.tunnel_id] = (t.table_name, t.tunnel_name)
         return TunnelInfo(t.tunnel_id, t.tunnel_name, t.table_name, tunnel_type, start,
-                          t.create_time / 1e9 if t.HasField("create_time") else 0.0)
+                          t.create_time / 1e9 if t.HasField("create_time") else 0.0,
+                          expired=t.HasField("expired") and t.expired)
 
     def create_tunnel(
         self,
