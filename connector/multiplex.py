@@ -38,7 +38,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from cdc_common.errors import CdcError
 from connector import spark_compat as compat
 from connector.clients import Clients
-from connector.errors import OptionError
+from connector.errors import OptionError, SourceInUseError
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import trigger_limits
@@ -57,6 +57,8 @@ log = logging.getLogger("connector.multiplex")
 TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
 MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH)
 DEFAULT_REFRESH_MS = 10_000
+#: a table whose lease another process holds is tried again after this long (seconds)
+LEASE_RETRY_S = 10.0
 
 #: the output of a multi-table query: the same for every table (docs/multi-table.md)
 MULTI_TABLE_SCHEMA = StructType([
@@ -159,8 +161,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self._admin: Any = None  # the tunnel client that lists tables (planning process)
         self._listed: list[str] = []
         self._listed_at = float("-inf")
-        #: table -> "streaming", "new", "dropped", "failed: <reason>" (planning process)
+        #: table -> "streaming", "new", "dropped", "failed: <reason>", "waiting: <reason>"
+        #: (its lease held by another process: tried again, ``LEASE_RETRY_S``) (planning
+        #: process)
         self.table_states: dict[str, str] = {}
+        self._lease_retry_at: dict[str, float] = {}
         #: table -> the start UUID of the batch latestOffset last saw, and its lag reporter
         self._last_starts: dict[str, str] = {}
         self._reporters: dict[str, Any] = {}
@@ -170,7 +175,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # live clients never travel to executors
-        state.update(_protocols={}, _admin=None, _reporters={})
+        state.update(_protocols={}, _admin=None, _reporters={}, _lease_retry_at={})
         return state
 
     # --- tables (planning process) ----------------------------------------------------------
@@ -188,8 +193,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         return self._listed
 
     def _protocol(self, table: str) -> Any:
-        """The table's protocol, opened on first use; None for a stopped table."""
+        """The table's protocol, opened on first use; None for a stopped table, and for one
+        waiting for its lease until its next try."""
         if self.table_states.get(table, "").startswith(("dropped", "failed")):
+            return None
+        if time.monotonic() < self._lease_retry_at.get(table, float("-inf")):
             return None
         if table not in self._protocols:
             from connector.protocol import StreamProtocol
@@ -207,11 +215,18 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         return self._protocols[table]
 
     def _stop(self, table: str, reason: BaseException | str) -> None:
-        """Stop reading ``table``: its offset stays frozen, the other tables go on."""
+        """Stop reading ``table``: its offset stays frozen, the other tables go on. A lease
+        held by another process (``SourceInUseError``) only pauses it: it is tried again
+        after ``LEASE_RETRY_S`` (the holder may be this query's own killed process, taken
+        over once another table proves it, or a lease about to expire)."""
         from connector.errors import UnknownTableError
 
-        state = ("dropped" if isinstance(reason, UnknownTableError) or reason == "dropped"
-                 else f"failed: {reason}")
+        if isinstance(reason, SourceInUseError):
+            state = f"waiting: {reason}"
+            self._lease_retry_at[table] = time.monotonic() + LEASE_RETRY_S
+        else:
+            state = ("dropped" if isinstance(reason, UnknownTableError) or reason == "dropped"
+                     else f"failed: {reason}")
         if self.table_states.get(table) != state:
             log.warning("table %s stopped (%s); the other tables go on", table, state)
         self.table_states[table] = state
@@ -253,7 +268,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                                 max_bytes=passed.max_bytes, min_rows=passed.min_rows)
         listed = set(self.listed_tables())
         ends: dict[str, dict] = {}
-        for table, offset in _tables_of(start).items():
+        for table, offset in sorted(_tables_of(start).items()):
             ends[table] = offset
             if table not in listed:
                 self._stop(table, "dropped")
@@ -264,6 +279,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             try:
                 ends[table] = protocol.latest_offset(offset, limits)
                 self._last_starts[table] = protocol.uuid_of(offset)
+                if self.table_states.get(table, "").startswith("waiting"):
+                    self.table_states[table] = "streaming"  # its lease is this query's now
+                    self._lease_retry_at.pop(table, None)
             except CdcError as exc:
                 self._stop(table, exc)
         for table in sorted(listed - set(ends)):  # new: joins with its initial offset
@@ -298,6 +316,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             if start_offset is None or start_offset == end_offset:
                 continue  # joined with this batch, or stopped: nothing to read
             protocol = self._protocol(table)
+            if protocol is None and self.table_states.get(table, "").startswith("waiting"):
+                # a logged batch reads it: try its lease now (refused: the query fails on
+                # SourceInUseError, and a restart tries again)
+                self._lease_retry_at.pop(table, None)
+                protocol = self._protocol(table)
             if protocol is None and self.table_states.get(table) == "dropped":
                 # dropped after Spark logged this batch: its rows went with it; its target
                 # keeps what was applied, and its offset stays frozen from here on

@@ -30,7 +30,9 @@ naming ``tunnel.name`` and the one-query-many-sinks pattern.
   generation (a crash during batch 0, or a second query started during the first one's batch
   0) decides at the next call: Spark replaying a batch of the holder's line is the same query;
   a ``latestOffset`` from the initial offset is refused while the lease is live (a query
-  killed before it logged its batch 0 waits for the expiry).
+  killed before it logged its batch 0 waits for the expiry). A holder this process took
+  another lease over from is its earlier process too (``_predecessors``): a multi-table query
+  has a lease per table, and a table that joined just before a kill has no batch to prove it.
 
 Two queries with different meta stores do not see each other's lease: the meta store is where
 the lease lives.
@@ -82,6 +84,11 @@ _sigterm_installed = False
 _terminating = False
 #: a release is running in the main thread: SIGTERM must not interrupt it
 _releasing_in_main = False
+#: lease owners this process proved to be its own earlier process (it took one of their
+#: leases over on a batch of their line): their other leases are this query's too. A
+#: multi-table query holds one lease per table, and a table that joined just before a crash
+#: has no batch of its own to prove the restart by (``QueryLease.take``)
+_predecessors: set[str] = set()
 
 
 class PlanningProcessStopped(BaseException):
@@ -224,15 +231,21 @@ class QueryLease:
     def take(self, namespace: str, evidence: str | None) -> None:
         """Take the lease for this query reading ``namespace``. ``evidence``: a batch from
         Spark's checkpoint (a restart); a live holder whose line it continues is this query's
-        earlier process and is taken over (``continues_the_holders_line``). Any other live
+        earlier process and is taken over (``continues_the_holders_line``), and so is a holder
+        this process already took another lease over from (``_predecessors``). Any other live
         holder refuses it (``SourceInUseError``)."""
         self._namespace, self.pending = namespace, False
         if evidence is not None:
             self.tip = evidence
 
         def same_query(lease: Lease) -> bool:
-            return evidence is not None and continues_the_holders_line(
-                self._meta, namespace, evidence, lease)
+            if lease.owner in _predecessors:
+                return True
+            if evidence is not None and continues_the_holders_line(
+                    self._meta, namespace, evidence, lease):
+                _predecessors.add(lease.owner)
+                return True
+            return False
 
         holder = self._meta.take_lease(self.key, self._owner, self._ttl_s, namespace=namespace,
                                        tip=self.tip, now=self._clock(), may_take_over=same_query)

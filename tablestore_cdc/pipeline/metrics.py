@@ -28,7 +28,7 @@ from tablestore_cdc.feed.retention import DEFAULT_S, WARN_AT, headroom
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
-STATES = ("new", "streaming", "dropped", "failed")
+STATES = ("new", "streaming", "waiting", "dropped", "failed")
 
 
 class TableMetrics:
