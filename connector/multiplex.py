@@ -171,6 +171,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self._reporters: dict[str, Any] = {}
         #: Trigger.AvailableNow: the tables are listed once and each reads to its bound
         self._available_now = False
+        #: table -> the share of its base data read, while it snapshots (planning process)
+        self._snapshot_percent: dict[str, float] = {}
+        self._snapshot_done: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -294,19 +297,48 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
         """Each table's state and its lag (records and seconds behind the head, ``None`` where
-        the backend cannot tell), in ``lastProgress.sources[0].latestOffset``. Each table's
+        the backend cannot tell), and the share of its base data read while it snapshots
+        (``snapshot``), in ``lastProgress.sources[0].latestOffset``. Each table's
         lag is measured as a single-table query's (``connector.latest_offset_report``: cached
         for a while, never failing the query)."""
         from connector.latest_offset_report import LatestOffsetReporter
 
         lag: dict[str, dict[str, Any]] = {}
+        snapshots: dict[str, float] = {}
         for table, protocol in sorted(self._protocols.items()):
             if table not in self._reporters:
                 self._reporters[table] = LatestOffsetReporter(protocol)
-            report = self._reporters[table].report(self._last_starts.get(table)) or {}
+            reporter = self._reporters[table]
+            measured = reporter.measurements
+            report = reporter.report(self._last_starts.get(table)) or {}
             lag[table] = {"recordsBehind": report.get("recordsBehindLatest"),
                           "secondsBehind": report.get("secondsBehindLatest")}
-        return {"tables": dict(sorted(self.table_states.items())), "lag": lag}
+            if reporter.measurements != measured and table not in self._snapshot_done:
+                self._measure_snapshot(table, protocol)  # as often as the lag
+            if table in self._snapshot_percent:
+                snapshots[table] = self._snapshot_percent[table]
+        return {"tables": dict(sorted(self.table_states.items())), "lag": lag,
+                "snapshot": snapshots}
+
+    def _measure_snapshot(self, table: str, protocol: Any) -> None:
+        """How much of ``table``'s base data is read (a BaseAndStream tunnel): the share of
+        its base-data channels that are done (TERMINATED for this tunnel). A table whose
+        tunnel has none, or has read them all, is not asked again. Never fails the query."""
+        from connector.tunnel.types import ChannelStatus, ChannelType
+
+        try:
+            channels = protocol.tunnel.describe_tunnel(
+                table, protocol.options.named_tunnel).channels
+        except Exception as exc:  # noqa: BLE001 - monitoring never fails the query
+            log.debug("cannot describe table %s's tunnel: %s", table, exc)
+            return
+        base = [c for c in channels if c.channel_type is ChannelType.BASE_DATA]
+        done = sum(1 for c in base if c.status is ChannelStatus.TERMINATED)
+        if not base or done == len(base):
+            self._snapshot_done.add(table)
+            self._snapshot_percent.pop(table, None)
+        else:
+            self._snapshot_percent[table] = round(100.0 * done / len(base), 1)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         starts = _tables_of(start)

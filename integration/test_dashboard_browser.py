@@ -291,3 +291,75 @@ def test_dashboard_with_two_sources_lists_them_then_shows_one(browser: Any, spar
         server.shutdown()
         server.server_close()
         app.close()
+
+
+def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spark: Any,
+                                                              tmp_path: Path) -> None:
+    """A multi-table pipeline (real Spark) over three tables, one of whose targets refuses a
+    batch: each table's status, as the pipeline's driver writes it (``TableStatusWriter``,
+    what ``replicate --tables`` runs), is a row of the page's table list with its state (the
+    refused one failed, with the reason), lag, rows/s, last commit and target version; a row
+    opens that table's page."""
+    from tablestore_cdc.pipeline import ApplySettings
+    from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
+    from tablestore_cdc.table_status import TableStatusWriter
+
+    store_path, out = tmp_path / "store.db", tmp_path / "out"
+    meta_uri = f"sqlite://{tmp_path / 'store.meta.db'}"  # the local endpoint's default
+    store = LocalTablestore(store_path)
+    for table in ("t_a", "t_b", "t_drifts"):
+        store.create_table(table, [("id", "INTEGER")], [("v", "STRING")], channels=2)
+        store.batch_write(table, [("put", {"id": i}, {"v": f"{table}{i}"}) for i in range(20)])
+    target = f"delta://{out}/lake/{{table}}"
+
+    def settings(table: str) -> tuple[ApplySettings, None]:
+        return ApplySettings(target, schema_drift="exception" if table == "t_drifts"
+                             else "lenient"), None
+
+    pipeline = start_multi_table_pipeline(
+        spark, f"local://{store_path}", "t_*", "tables", out, ApplySettings(target),
+        options={"tables.refreshIntervalMs": "500"}, trigger_ms=300, per_table=settings)
+    writer = TableStatusWriter(lambda table: status_location(
+        f"local://{store_path}", "t_*", "tables", None, table))
+    try:
+        wait_until("every table applied", lambda: pipeline.table_statuses(str(out), "t_*"),
+                   lambda s: len(s) == 3 and all(t.target_version is not None
+                                                 for t in s.values()),
+                   timeout=120, query=pipeline.state_query)
+        store.put_row("t_drifts", {"id": 99}, {"v": "x", "colour": "red"})
+        statuses = wait_until("t_drifts failed", lambda: pipeline.table_statuses(str(out), "t_*"),
+                              lambda s: s["t_drifts"].state == "failed", timeout=60,
+                              query=pipeline.state_query)
+        writer.publish(statuses)
+    finally:
+        pipeline.stop()
+        writer.close()
+        store.close()
+
+    app = DashboardApp.open(meta_uri, cache_s=0.2)
+    server = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.wait_for_function("document.body.dataset.view === 'sources'", timeout=15_000)
+        rows = page.locator("#tables tbody tr[data-table]")
+        assert rows.evaluate_all("rs => rs.map(r => [r.dataset.table, r.dataset.state])") == [
+            ["t_a", "streaming"], ["t_b", "streaming"], ["t_drifts", "failed"]]
+        failed = page.locator('#tables tr[data-table="t_drifts"]').inner_text()
+        assert "failed: batch" in failed and "colour" in failed
+        cells = page.locator('#tables tr[data-table="t_a"] td').all_inner_texts()
+        assert cells[2] == "0"  # records behind: a number, caught up
+        assert cells[5].endswith("ago") and cells[6] != "–"  # last commit, target version
+        assert "t_* →" in cells[7]
+        page.locator("#tables a", has_text="t_b").click()
+        page.wait_for_function("document.body.dataset.view === 'detail' "
+                               "&& Number(document.body.dataset.polls) >= 1", timeout=15_000)
+        assert "t_b" in page.locator("#source").inner_text()
+        assert page_errors == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        app.close()

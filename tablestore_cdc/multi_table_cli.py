@@ -3,7 +3,9 @@
 Called by ``replicate`` (``tablestore_cdc/pipeline_cli.py``) when ``--tables`` is given; thin
 over ``tablestore_cdc.pipeline.multi_table``, run by the replication job
 (``tablestore_cdc.pipeline.job``: restarts with backoff, one job per output directory, Spark's
-log in a file): one line per change of a table's state or figures, Ctrl-C (or SIGTERM) stops
+log in a file): one line per change of a table's state or figures (each table's
+``TableStatus``, also written to the meta store for the dashboard and ``meta tables`` and set
+in the Prometheus metrics), Ctrl-C (or SIGTERM) stops
 cleanly, errors end in one ``error: ...`` line.
 """
 
@@ -23,9 +25,11 @@ from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
 from tablestore_cdc.pipeline.multi_table import (
     check_target_template,
     start_multi_table_pipeline,
+    status_location,
 )
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 from tablestore_cdc.pipeline.table_config import load_table_config
+from tablestore_cdc.table_status import TableStatusWriter
 
 console = Console(stderr=True)
 
@@ -68,14 +72,17 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                       f"{redact_uri(endpoint)} into {apply.target}"
                       f"{' (once)' if once else ''} — Ctrl-C to stop")
         shown: dict[str, str] = {}
+        writer = TableStatusWriter(functools.partial(status_location, endpoint, tables,
+                                                     tunnel, options))
 
         def show(pipeline: Any) -> None:
-            metrics.update(pipeline.table_figures())
-            for table, state in pipeline.table_states().items():
-                status = pipeline.apply.tables.get(table)
-                line = state if status is None else (
-                    f"{state}; {status.rows_applied} change(s) applied, target version "
-                    f"{'-' if status.version is None else status.version}")
+            statuses = pipeline.table_statuses(str(output), tables)
+            metrics.update(statuses)
+            writer.publish(statuses)
+            for table, status in statuses.items():
+                version = "-" if status.target_version is None else status.target_version
+                line = (f"{status.label()}; {status.rows_applied} change(s) applied, target "
+                        f"version {version}")
                 if shown.get(table) != line:
                     console.print(f"table {table}: {line}", soft_wrap=True)
                     shown[table] = line
@@ -85,9 +92,12 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                                                excluded, options, trigger_ms, per_table,
                                                once=once),
             policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
-            on_progress=show, once=once)
+            record_status=writer.mark_all, on_progress=show, once=once)
         code = job.run()
         spark.stop()
+        if code is JobExit.DONE:
+            writer.mark_all("stopped", None)
+        writer.close()
     finally:
         metrics.close()
         lock.release()

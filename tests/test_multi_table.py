@@ -206,6 +206,11 @@ def test_the_retention_headroom_is_a_gauge_per_table_and_warns_once(
     import urllib.request
 
     from tablestore_cdc.pipeline.metrics import TableMetrics
+    from tablestore_cdc.table_status import TableStatus
+
+    def status(table: str, seconds_behind: float | None) -> TableStatus:
+        return TableStatus(table=table, job="out", selection="*", state="streaming",
+                           seconds_behind=seconds_behind)
 
     metrics = TableMetrics(retention_s=1000.0)
     port = metrics.serve(0)
@@ -219,10 +224,10 @@ def test_the_retention_headroom_is_a_gauge_per_table_and_warns_once(
 
     try:
         with caplog.at_level(logging.WARNING, logger="tablestore_cdc.pipeline"):
-            metrics.update({"a": {"secondsBehind": 100}, "b": {"secondsBehind": None}})
+            metrics.update({"a": status("a", 100), "b": status("b", None)})
             assert scrape() == {"a": 900.0}  # b's lag is not measured yet
             for behind in (850, 900, 100, 990):
-                metrics.update({"a": {"secondsBehind": behind}})
+                metrics.update({"a": status("a", behind)})
             assert scrape() == {"a": 10.0}
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 2, warnings  # at 850, and at 990 after the recovery at 100

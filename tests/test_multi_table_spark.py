@@ -58,7 +58,7 @@ def _applied(pipeline: MultiTablePipeline, table: str, store_path: Path, out: Pa
 
 def _scrape(pipeline: MultiTablePipeline) -> str:
     metrics = TableMetrics()
-    metrics.update(pipeline.table_figures())
+    metrics.update(pipeline.table_statuses("out", "t*,other"))
     port = metrics.serve(0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:

@@ -266,6 +266,29 @@ function renderSources(doc) {
   }));
 }
 
+// Each table of a multi-table pipeline as its driver recorded it (table_status of
+// /api/sources: the record `tablestore-cdc meta tables` and the Prometheus metrics show too).
+function renderTables(doc) {
+  const rows = doc.sources.filter(src => src.table_status)
+    .sort((a, b) => (a.table_status.job + "\0" + a.table_status.table)
+      .localeCompare(b.table_status.job + "\0" + b.table_status.table));
+  $("tables-panel").hidden = rows.length === 0;
+  $("tables").querySelector("tbody").replaceChildren(...rows.map(src => {
+    const t = src.table_status;
+    const state = t.stale ? `${t.label} (not updated for ${fmtAge(t.age_s)})` : t.label;
+    return el("tr", { "data-table": t.table, "data-state": t.state },
+      el("td", {}, el("a", { href: sourceLink(src.namespace) }, t.table)),
+      el("td", {}, badge(t.state), " ", el("span", { class: "muted" }, state === t.state ? "" : state)),
+      el("td", { class: "num" }, fmtNum(t.records_behind)),
+      el("td", { class: "num" }, t.seconds_behind === null ? "–" : t.seconds_behind.toFixed(1)),
+      el("td", { class: "num" }, t.rows_per_second === null ? "–" : t.rows_per_second.toFixed(1)),
+      el("td", {}, t.last_commit === null ? "no commit yet"
+        : `${fmtAge(doc.generated_at - t.last_commit)} ago`),
+      el("td", { class: "num" }, fmtNum(t.target_version)),
+      el("td", { class: "mono" }, `${t.selection} → ${t.job}`));
+  }));
+}
+
 function showView(view) {
   for (const node of document.querySelectorAll("[data-view]")) {
     node.hidden = node.dataset.view !== view;
@@ -286,10 +309,11 @@ async function poll() {
       if (doc.sources.length > 1) {
         showView("sources");
         renderSources(doc);
+        renderTables(doc);
         polls += 1;
         document.body.dataset.polls = String(polls);
         const failing = doc.sources.filter(src => ["stale", "stopped", "restarting", "failed"]
-          .includes((src.activity || {}).state)).length;
+          .includes((src.table_status || src.activity || {}).state)).length;
         setStatus(failing ? "stale" : "live", `${doc.sources.length} sources` +
           (failing ? ` · ${failing} not running` : "") + " · page updated " + fmtTime(doc.generated_at));
         showError("");

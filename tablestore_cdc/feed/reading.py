@@ -23,6 +23,7 @@ from meta_store import BatchRecord, BatchState, EndCheckpoint, MetaStore, open_m
 from meta_store.base import chain_order
 from meta_store.errors import MetaStoreAbsentError
 from tablestore_cdc.query_record import QUERY_RECORD_PREFIX
+from tablestore_cdc.table_status import TABLE_STATUS_PREFIX
 
 #: the shortest UUID prefix ``find_batch`` accepts
 MIN_PREFIX = 4
@@ -154,12 +155,13 @@ def corrupt_info_message(namespace: str) -> str:
 
 
 def user_namespaces(store: MetaStore) -> list[str]:
-    """The store's source namespaces (the companion namespaces of query records hidden), sorted."""
+    """The store's source namespaces (the companion namespaces of query records and table
+    statuses hidden), sorted."""
     try:
         names = store.list_namespaces()  # the first read of every inspection command
     except MetaTableMissingError as exc:
         raise missing_table(exc) from None
-    return [ns for ns in names if not ns.startswith(QUERY_RECORD_PREFIX)]
+    return [ns for ns in names if not ns.startswith((QUERY_RECORD_PREFIX, TABLE_STATUS_PREFIX))]
 
 
 def resolve_namespace(store: MetaStore, namespace: str | None) -> str:

@@ -16,6 +16,8 @@ from tablestore_cdc.feed.reading import InspectedStore, resolve_namespace, user_
 from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION, channel_tree, consumed, query_entry
 from tablestore_cdc.feed.tunnel_view import TunnelView, committed_positions, safe_channel_view
 from tablestore_cdc.query_record import load_query_status, load_spark_metrics
+from tablestore_cdc.table_status import STALE_AFTER_S as TABLE_STALE_AFTER_S
+from tablestore_cdc.table_status import load_table_status
 
 
 def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[str, Any]:
@@ -164,8 +166,10 @@ def dashboard_snapshot(
 
 def sources_summary(store: MetaStore) -> dict[str, Any]:
     """The ``/api/sources`` document: every source (namespace) of the store with its table,
-    tunnel, batch count, newest batch, and the query's activity (as in ``dashboard_snapshot``,
-    without reading the tunnel: one meta-store pass per source)."""
+    tunnel, batch count, newest batch, the query's activity (as in ``dashboard_snapshot``,
+    without reading the tunnel: one meta-store pass per source), and for a table of a
+    multi-table pipeline its ``table_status`` (``table_status_entry``). ``meta tables``
+    prints the same document."""
     now = time.time()
     sources = []
     for ns in user_namespaces(store):
@@ -179,9 +183,23 @@ def sources_summary(store: MetaStore) -> dict[str, Any]:
             "activity": activity(records, status, None, now),
             "status": status["status"] if status else None,
             "status_reason": status["reason"] if status else None,
+            "table_status": table_status_entry(store, ns, now),
         })
     return {"schema_version": FEED_SCHEMA_VERSION, "kind": "sources", "generated_at": now,
             "meta_uri": store.uri, "sources": sources}
+
+
+def table_status_entry(store: MetaStore, namespace: str, now: float) -> dict[str, Any] | None:
+    """The table's status as its multi-table pipeline recorded it (``tablestore_cdc
+    .table_status``), with ``label`` (the state as shown), ``age_s`` (since it was written)
+    and ``stale`` (older than ``STALE_AFTER_S``: the pipeline is probably gone); ``None`` for
+    a single-table query's namespace."""
+    status = load_table_status(store, namespace)
+    if status is None:
+        return None
+    age = max(0.0, now - status.at)
+    return {**status.model_dump(mode="json"), "label": status.label(), "age_s": age,
+            "stale": age > TABLE_STALE_AFTER_S}
 
 
 #: finished resnapshots the snapshot shows (every open one is shown)

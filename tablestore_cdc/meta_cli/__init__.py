@@ -5,7 +5,8 @@ Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease
 prints rich tables for people, or JSON for scripts with ``--json``. The commands, by what they
 are about: ``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py``
 (``batches``, ``show``, ``diff``, ``gc``), ``channels.py`` (``channels``, ``lag``),
-``leases.py`` (``break-lease``); ``common.py`` holds the flags, the store opened for
+``leases.py`` (``break-lease``), ``tables.py`` (``tables``: every table of the
+multi-table pipelines); ``common.py`` holds the flags, the store opened for
 inspection and the printing they share.
 
 - ``--meta URI`` (or ``$TABLESTORE_CDC_META``) picks the store: ``sqlite:///abs/meta.db`` or
@@ -32,6 +33,7 @@ from tablestore_cdc.meta_cli.batches import batches, diff, gc, show
 from tablestore_cdc.meta_cli.channels import channels, lag
 from tablestore_cdc.meta_cli.leases import break_lease
 from tablestore_cdc.meta_cli.namespaces import export, meta_uri, namespaces, reset
+from tablestore_cdc.meta_cli.tables import tables
 
 app = typer.Typer(
     help="Inspect the meta table: batches, checkpoints, channels, lag, retention, export.",
@@ -50,3 +52,4 @@ app.command()(gc)
 app.command()(reset)
 app.command()(export)
 app.command("break-lease")(break_lease)
+app.command()(tables)

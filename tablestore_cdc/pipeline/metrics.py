@@ -2,11 +2,13 @@
 
 ``TableMetrics`` holds its own ``prometheus_client`` registry (never the process-wide one, so
 two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.1 by default;
-``update`` is called by the command's loop (driver) with what the pipeline knows
-(``MultiTablePipeline.table_figures``). Every metric carries a ``table`` label:
+``update`` is called by the command's loop (driver) with each table's ``TableStatus``
+(``MultiTablePipeline.table_statuses``: the same records the feed and ``meta tables`` read
+from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``table`` label:
 
 - ``tablestore_cdc_table_state{table, state}``: 1 for the table's current state (``new``,
-  ``streaming``, ``dropped``, ``failed``), 0 for the others;
+  ``snapshotting``, ``streaming``, ``waiting``, ``dropped``, ``failed``, ``restarting``,
+  ``stopped``), 0 for the others; ``tablestore_cdc_table_snapshot_percent`` while it snapshots;
 - ``tablestore_cdc_table_lag_records`` / ``..._lag_seconds``: behind the tunnel's head, as the
   source measured it for Spark's progress report (absent until measured);
 - ``tablestore_cdc_table_retention_headroom_seconds``: the service's retention minus the lag in
@@ -14,6 +16,7 @@ two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.
   passes ``WARN_AT`` of the retention, one warning line is logged (``tablestore_cdc.pipeline``),
   again only after the table came back under it;
 - ``tablestore_cdc_table_rows_applied_total``: changes applied into the target by this process;
+  ``tablestore_cdc_table_rows_per_second``: over the last 30 s;
 - ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``.
 """
 
@@ -25,10 +28,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from tablestore_cdc.feed.retention import DEFAULT_S, WARN_AT, headroom
+from tablestore_cdc.table_status import STATES, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
-
-STATES = ("new", "streaming", "waiting", "dropped", "failed")
 
 
 class TableMetrics:
@@ -54,6 +56,10 @@ class TableMetrics:
                                     "changes applied into the table's target", label, registry=r)
         self.last_commit = Gauge("tablestore_cdc_table_last_commit_timestamp_seconds",
                                  "when the table's target last committed", label, registry=r)
+        self.rate = Gauge("tablestore_cdc_table_rows_per_second",
+                          "changes applied per second over the last 30 s", label, registry=r)
+        self.snapshot = Gauge("tablestore_cdc_table_snapshot_percent",
+                              "how much of the table's base data is read", label, registry=r)
         self.version = Gauge("tablestore_cdc_table_target_version",
                              "the target's version (Delta) or snapshot id (Iceberg)", label,
                              registry=r)
@@ -71,24 +77,24 @@ class TableMetrics:
             self.server.server_close()
             self.server = None
 
-    def update(self, figures: dict[str, dict[str, Any]]) -> None:
-        """``figures``: table -> {"state", "recordsBehind", "secondsBehind", "rowsApplied",
-        "lastCommit", "version"} (``None`` where not known)."""
-        for table, f in figures.items():
-            current = str(f.get("state") or "").split(":")[0]
+    def update(self, statuses: dict[str, TableStatus]) -> None:
+        """Set every table's series from its status (a figure not known is left unset)."""
+        for table, status in statuses.items():
             for state in STATES:
-                self.state.labels(table, state).set(1 if state == current else 0)
-            for gauge, key in ((self.lag_records, "recordsBehind"),
-                               (self.lag_seconds, "secondsBehind"),
-                               (self.last_commit, "lastCommit"), (self.version, "version")):
-                if f.get(key) is not None:
-                    gauge.labels(table).set(f[key])
-            if f.get("secondsBehind") is not None:
-                self._headroom(table, float(f["secondsBehind"]))
-            applied = int(f.get("rowsApplied") or 0)
-            grown = applied - self._applied.get(table, 0)
+                self.state.labels(table, state).set(1 if state == status.state else 0)
+            for gauge, value in ((self.lag_records, status.records_behind),
+                                 (self.lag_seconds, status.seconds_behind),
+                                 (self.rate, status.rows_per_second),
+                                 (self.snapshot, status.snapshot_percent),
+                                 (self.last_commit, status.last_commit),
+                                 (self.version, status.target_version)):
+                if value is not None:
+                    gauge.labels(table).set(value)
+            if status.seconds_behind is not None:
+                self._headroom(table, float(status.seconds_behind))
+            grown = status.rows_applied - self._applied.get(table, 0)
             self.rows_applied.labels(table).inc(max(grown, 0))
-            self._applied[table] = applied
+            self._applied[table] = status.rows_applied
 
     def _headroom(self, table: str, seconds_behind: float) -> None:
         """Set ``table``'s headroom gauge; log one warning line when it crosses the threshold."""

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
 from tablestore_cdc.pipeline.queries import ApplySettings, TwoQueries, checkpoint_query_id
+from tablestore_cdc.table_status import TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
@@ -68,9 +70,14 @@ def typed_changes(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
     return pa.table(arrays), tuple(name for name, _ in declared["key"])
 
 
+#: the apply's rows/s of a table is measured over this many seconds
+RATE_WINDOW_S = 30.0
+
+
 @dataclass
-class TableStatus:
-    """What the apply knows of one table (driver): for the command's lines and the report."""
+class AppliedTable:
+    """What the apply knows of one table (driver), joined with the source's report into the
+    table's ``TableStatus`` (``MultiTablePipeline.table_statuses``)."""
 
     state: str = "streaming"  # streaming, failed
     reason: str | None = None
@@ -79,6 +86,19 @@ class TableStatus:
     version: int | None = None
     #: when the target last committed (seconds since the epoch)
     last_commit: float | None = None
+    #: (when, changes) of its recent commits, for the rate
+    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=1000))
+
+    def committed(self, changes: int, version: int | None) -> None:
+        now = time.time()
+        self.rows_applied += changes
+        self.version = version
+        self.last_commit = now
+        self.recent.append((now, changes))
+
+    def rows_per_second(self, now: float) -> float:
+        """Changes applied per second over the last ``RATE_WINDOW_S`` (0 when idle)."""
+        return sum(n for at, n in self.recent if now - at <= RATE_WINDOW_S) / RATE_WINDOW_S
 
 
 @dataclass
@@ -97,12 +117,12 @@ class MultiTableApply:
     #: a table's own settings and key override (``table_config.TableConfig.for_table``);
     #: None: ``settings`` for every table
     per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]] | None = None
-    tables: dict[str, TableStatus] = field(default_factory=dict)
+    tables: dict[str, AppliedTable] = field(default_factory=dict)
     _sinks: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for failed in sorted(self._failed_dir.glob("*.failed")):
-            self.tables[failed.stem] = TableStatus("failed", failed.read_text())
+            self.tables[failed.stem] = AppliedTable("failed", failed.read_text())
 
     @property
     def _failed_dir(self) -> Path:
@@ -137,7 +157,7 @@ class MultiTableApply:
         """Apply one batch of the multi-table change log, table by table, in name order."""
         for table in sorted(set(batch.column("_table").to_pylist())):
             rows = batch.filter(pc.equal(batch.column("_table"), table))
-            status = self.tables.setdefault(table, TableStatus())
+            status = self.tables.setdefault(table, AppliedTable())
             if status.state == "failed":
                 self._hold(table, batch_id, rows)
                 continue
@@ -151,12 +171,10 @@ class MultiTableApply:
         changes, keys = typed_changes(rows)
         result = self.sink(table).apply(changes, app_id, batch_id,
                                         self.settings_of(table)[1] or keys)
-        status = self.tables.setdefault(table, TableStatus())
+        status = self.tables.setdefault(table, AppliedTable())
         status.last_batch = batch_id
         if result.committed:
-            status.rows_applied += result.changes
-            status.version = result.version
-            status.last_commit = time.time()
+            status.committed(result.changes, result.version)
 
     def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
         reason = f"batch {batch_id}: {exc}"
@@ -164,7 +182,7 @@ class MultiTableApply:
                   "setting and restart to resume it", table, reason)
         self._failed_dir.mkdir(parents=True, exist_ok=True)
         _write_atomically(self._failed_dir / f"{table}.failed", reason.encode())
-        self.tables[table] = TableStatus("failed", reason)
+        self.tables[table] = AppliedTable("failed", reason)
 
     def _hold(self, table: str, batch_id: int, rows: pa.Table) -> None:
         """Keep a failed table's rows of ``batch_id`` (before the batch commits; a replay
@@ -184,7 +202,7 @@ class MultiTableApply:
             held = sorted((self.out / "_held" / table).glob("*.parquet"))
             if app_id is None:
                 continue
-            self.tables[table] = TableStatus()
+            self.tables[table] = AppliedTable()
             (self._failed_dir / f"{table}.failed").unlink(missing_ok=True)
             for path in held:
                 batch_id = int(path.stem)
@@ -239,17 +257,43 @@ class MultiTablePipeline(TwoQueries):
                 states.setdefault(table, status.state)
         return dict(sorted(states.items()))
 
-    def table_figures(self) -> dict[str, dict[str, Any]]:
-        """Each table's state, lag, changes applied, last commit and target version (for
-        ``tablestore_cdc.pipeline.metrics``)."""
-        lag = self._source_report().get("lag", {})
-        figures = {}
+    def table_statuses(self, job: str, selection: str) -> dict[str, TableStatus]:
+        """Each table's ``TableStatus`` (``tablestore_cdc.table_status``): the one place the
+        source's report (state, lag, snapshot progress) and the apply's figures (a refused
+        batch, changes applied, rows/s, last commit, target version) are joined. The command
+        writes them to the meta store for the feed and ``meta tables`` and sets the metrics
+        from them. ``job``: the output directory; ``selection``: the ``--tables`` patterns."""
+        report = self._source_report()
+        lag, snapshot = report.get("lag", {}), report.get("snapshot", {})
+        now = time.time()
+        statuses = {}
         for table, state in self.table_states().items():
-            status = self.apply.tables.get(table, TableStatus())
-            figures[table] = {"state": state, **lag.get(table, {}),
-                              "rowsApplied": status.rows_applied,
-                              "lastCommit": status.last_commit, "version": status.version}
-        return figures
+            applied = self.apply.tables.get(table, AppliedTable())
+            name, _, reason = state.partition(": ")
+            if name == "streaming" and table in snapshot:
+                name = "snapshotting"
+            figures = lag.get(table, {})
+            statuses[table] = TableStatus(
+                table=table, job=job, selection=selection, state=name, reason=reason or None,
+                snapshot_percent=snapshot.get(table), records_behind=figures.get("recordsBehind"),
+                seconds_behind=figures.get("secondsBehind"), rows_applied=applied.rows_applied,
+                rows_per_second=round(applied.rows_per_second(now), 3),
+                last_commit=applied.last_commit, target=redact_uri(self.apply.target_of(table)),
+                target_version=applied.version)
+        return statuses
+
+
+def status_location(endpoint: str, tables: str, tunnel: str, options: dict[str, str] | None,
+                    table: str) -> tuple[str, Any, str]:
+    """Where ``table``'s ``TableStatus`` is kept (``TableStatusWriter``'s ``namespace_of``):
+    its meta store (URI, credentials) and namespace, from that table's options as the
+    multi-table source builds them."""
+    from connector.multiplex import MultiTableOptions
+
+    source = MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
+                                           "tunnel.name": tunnel, **(options or {})}
+                                          ).for_table(table)
+    return source.meta_store, source.meta_store_credentials, source.source_identity
 
 
 def check_target_template(target: str) -> None:

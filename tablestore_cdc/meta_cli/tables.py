@@ -1,0 +1,70 @@
+"""``tablestore-cdc meta tables``: every table of the multi-table pipelines a meta store holds,
+with its state, lag, rows/s, last commit and target version.
+
+Prints the ``table_status`` of the feed's ``/api/sources`` document
+(``tablestore_cdc.feed.snapshot.sources_summary``), which each pipeline's driver writes
+(``tablestore_cdc.table_status``): the dashboard, this command and the Prometheus metrics
+show the same record. ``meta show --namespace NS`` and the dashboard's ``?namespace=`` page
+drill into one table.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tablestore_cdc.feed.snapshot import sources_summary
+from tablestore_cdc.meta_cli.common import (
+    JsonOpt,
+    MetaOpt,
+    compact_table,
+    inspected_store,
+    print_json,
+    stdout_console,
+)
+
+
+def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
+    """List every table of the multi-table pipelines (replicate --tables) in the meta store:
+    state (snapshotting n %, streaming, stopped, failed with the reason, restarting, ...),
+    lag in records and seconds, rows/s, last commit, target version."""
+    with inspected_store(meta) as store:
+        rows = [{**s["table_status"], "namespace": s["namespace"]}
+                for s in sources_summary(store)["sources"] if s["table_status"]]
+        rows.sort(key=lambda r: (r["job"], r["table"]))
+        if as_json:
+            print_json({"meta_uri": store.uri, "tables": rows})
+            return
+        console = stdout_console()
+        if not rows:
+            console.print("no multi-table pipeline has recorded its tables in this store "
+                          "(replicate --tables writes them)")
+            return
+        now = time.time()
+        for job in sorted({r["job"] for r in rows}):
+            mine = [r for r in rows if r["job"] == job]
+            table = compact_table(f"tables {mine[0]['selection']} -> {job}",
+                                  "drill into one: meta show --namespace NAMESPACE")
+            for col in ("table", "state", "lag records", "lag s", "rows/s", "last commit",
+                        "target version", "namespace"):
+                table.add_column(col, overflow="fold", no_wrap=col == "namespace",
+                                 justify="left" if col in ("table", "state", "namespace")
+                                 else "right")
+            for r in mine:
+                state = r["label"] + (f" (not updated for {r['age_s']:.0f} s)"
+                                      if r["stale"] else "")
+                table.add_row(r["table"], state, _shown(r["records_behind"]),
+                              _shown(r["seconds_behind"]), _shown(r["rows_per_second"]),
+                              _age(r["last_commit"], now), _shown(r["target_version"]),
+                              r["namespace"])
+            console.print(table)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _age(at: float | None, now: float) -> str:
+    return "-" if at is None else f"{max(0.0, now - at):.0f} s ago"

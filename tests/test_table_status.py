@@ -1,0 +1,110 @@
+"""Each table's status of a multi-table pipeline (tablestore_cdc.table_status) through a real
+SQLite meta store: written by TableStatusWriter, read back by the feed's /api/sources document
+and `meta tables`, the job's states over it, a damaged record, and the metrics set from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from meta_store import open_meta_store
+from tablestore_cdc.cli import app as cli_app
+from tablestore_cdc.feed.reading import user_namespaces
+from tablestore_cdc.feed.snapshot import sources_summary
+from tablestore_cdc.pipeline.metrics import TableMetrics
+from tablestore_cdc.table_status import (
+    TABLE_STATUS_PREFIX,
+    TableStatus,
+    TableStatusWriter,
+    load_table_status,
+)
+
+
+def _status(table: str, **fields: object) -> TableStatus:
+    return TableStatus(table=table, job="/data/out", selection="t_*", **fields)
+
+
+def _writer(uri: str) -> TableStatusWriter:
+    return TableStatusWriter(lambda table: (uri, None, f"local:/s.db#{table}#t"))
+
+
+def _sources(uri: str) -> dict[str, dict]:
+    with open_meta_store(uri) as meta:
+        return {s["namespace"]: s for s in sources_summary(meta)["sources"]}
+
+
+def test_written_statuses_are_what_the_feed_and_the_cli_show(tmp_path: Path) -> None:
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    writer = _writer(uri)
+    writer.publish({
+        "t_a": _status("t_a", state="snapshotting", snapshot_percent=40.0, records_behind=12,
+                       seconds_behind=0.5, rows_applied=7, rows_per_second=1.5,
+                       last_commit=1.0, target_version=3),
+        "t_b": _status("t_b", state="failed", reason="batch 4: new column(s) ['colour']"),
+    })
+    with open_meta_store(uri) as meta:  # t_c: a single-table query's
+        for table in ("t_a", "t_b", "t_c"):
+            meta.set_namespace_info(f"local:/s.db#{table}#t", {"table": table})
+        assert len(user_namespaces(meta)) == 3  # the status records are hidden
+    sources = _sources(uri)
+    a, b = (sources[f"local:/s.db#{t}#t"]["table_status"] for t in ("t_a", "t_b"))
+    assert a["label"] == "snapshotting 40 %" and a["records_behind"] == 12 and not a["stale"]
+    assert b["label"] == "failed: batch 4: new column(s) ['colour']"
+    assert sources["local:/s.db#t_c#t"]["table_status"] is None
+
+    shown = CliRunner().invoke(cli_app, ["meta", "tables", "--meta", uri, "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = json.loads(shown.output)["tables"]
+    assert [(r["table"], r["state"], r["target_version"]) for r in rows] == [
+        ("t_a", "snapshotting", 3), ("t_b", "failed", None)]
+    text = CliRunner(env={"COLUMNS": "250"}).invoke(cli_app, ["meta", "tables", "--meta", uri])
+    assert text.exit_code == 0 and "snapshotting 40 %" in text.output
+    assert "failed: batch 4" in text.output and "t_*" in text.output
+
+    # the job restarts: every table but a failed one reads restarting, with the job's reason
+    writer.mark_all("restarting", "attempt 1, next in 1.0 s: TransientTunnelError")
+    sources = _sources(uri)
+    assert sources["local:/s.db#t_a#t"]["table_status"]["label"].startswith(
+        "restarting: attempt 1")
+    assert sources["local:/s.db#t_b#t"]["table_status"]["state"] == "failed"
+    writer.close()
+
+
+def test_an_unchanged_status_is_not_written_again_until_its_heartbeat(tmp_path: Path) -> None:
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    writer = _writer(uri)
+    writer.publish({"t_a": _status("t_a", state="streaming")})
+    with open_meta_store(uri) as meta:
+        first = load_table_status(meta, "local:/s.db#t_a#t")
+    writer.publish({"t_a": _status("t_a", state="streaming")})
+    with open_meta_store(uri) as meta:
+        assert load_table_status(meta, "local:/s.db#t_a#t") == first
+    writer.publish({"t_a": _status("t_a", state="streaming", rows_applied=1)})
+    with open_meta_store(uri) as meta:
+        assert load_table_status(meta, "local:/s.db#t_a#t").rows_applied == 1
+    writer.close()
+
+
+def test_a_damaged_record_reads_as_none_and_an_unreachable_store_is_skipped(
+        tmp_path: Path) -> None:
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    with open_meta_store(uri) as meta:
+        meta.set_namespace_info(TABLE_STATUS_PREFIX + "ns", {"status": "{not json"})
+        assert load_table_status(meta, "ns") is None
+    broken = TableStatusWriter(lambda table: ("nosuch://x", None, "ns"))
+    broken.publish({"t": _status("t", state="streaming")})  # logged, never raised
+
+
+def test_the_metrics_are_set_from_the_same_statuses() -> None:
+    metrics = TableMetrics()
+    metrics.update({"t_b": _status("t_b", state="failed", reason="r", rows_applied=5,
+                                   records_behind=0, seconds_behind=0.0)})
+    r = metrics.registry
+    assert r.get_sample_value("tablestore_cdc_table_state",
+                              {"table": "t_b", "state": "failed"}) == 1.0
+    assert r.get_sample_value("tablestore_cdc_table_state",
+                              {"table": "t_b", "state": "streaming"}) == 0.0
+    assert r.get_sample_value("tablestore_cdc_table_rows_applied_total", {"table": "t_b"}) == 5
+    assert r.get_sample_value("tablestore_cdc_table_lag_records", {"table": "t_b"}) == 0
