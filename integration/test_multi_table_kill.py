@@ -3,9 +3,12 @@ table (a split and a merge in one), a table is created and one dropped: after th
 every target equals its source table row by row (read back with ``deltalake``), and the dropped
 table's target holds what it had at the drop (docs/multi-table.md).
 
-Not in the default suite (marker ``faults_full``): under a loaded machine it has timed out
-waiting for every table's first apply after a kill (2 runs of 7), a cause not yet found; run it
-with ``python -m pytest -m faults_full integration/test_multi_table_kill.py``."""
+Not in the default suite (marker ``faults_full``, about a minute): run it with ``python -m
+pytest -m faults_full integration/test_multi_table_kill.py``. It once timed out waiting for
+every table's first apply after a kill (2 runs of 7): the table created just before the kill
+had no batch of its own to prove the restart by, so its lease refused the restarted process
+and the table stayed failed; a restart now takes such a lease over with the others
+(``connector.planning.lease._predecessors``), and a table refused a lease waits instead."""
 
 from __future__ import annotations
 
