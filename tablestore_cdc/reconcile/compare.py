@@ -15,6 +15,9 @@ hashes differ is DIFFERENT, and a key the target holds more than once is EXTRA t
 bounded by ``ROUND_ROWS``: when the unequal buckets hold more rows (a target far from its
 source), pass 2 takes them in rounds, each reading both sides again.
 
+Given a key range (``span``), both sides read only that range (the readers push it into their
+reads: ``source``, ``target``), and the comparison is of the range's rows.
+
 A row hash collision would hide a difference with a probability of about 2**-64 per row pair.
 Called in the CLI's process by ``tablestore_cdc.reconcile.run``.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +35,9 @@ import pyarrow as pa
 from tablestore_cdc.reconcile.layout import CompareLayout, Key, row_attributes
 from tablestore_cdc.reconcile.source import SourceTable
 from tablestore_cdc.reconcile.target import TargetTable
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 #: buckets of pass 1 (a power of two: the bucket is the key hash's low bits)
 BUCKETS = 1 << 16
@@ -116,15 +122,18 @@ def hashes(batch: pa.RecordBatch, layout: CompareLayout) -> tuple[np.ndarray, np
 
 
 def compare(source: SourceTable, target: TargetTable, layout: CompareLayout,
-            progress: Progress | None = None, page_rows: int = PAGE_ROWS) -> Comparison:
-    """Pass 1, then pass 2 where buckets differ (module docstring)."""
+            progress: Progress | None = None, page_rows: int = PAGE_ROWS,
+            span: KeyRange | None = None) -> Comparison:
+    """Pass 1, then pass 2 where buckets differ (module docstring); only ``span``'s rows when
+    given (the tables' row counts are then no progress total)."""
     progress = progress or NoProgress()
+    whole = span is None
     sides: list[tuple[str, Callable[[], Iterator[pa.RecordBatch]], int | None]] = [
-        ("source", lambda: (layout.from_source(p) for p in source.pages(page_rows)),
-         source.estimated_rows()),
+        ("source", lambda: (layout.from_source(p) for p in source.pages(page_rows, span)),
+         source.estimated_rows() if whole else None),
         ("target", lambda: (layout.from_target(b)
-                            for b in target.batches(layout.target_columns, page_rows)),
-         target.estimated_rows()),
+                            for b in target.batches(layout.target_columns, page_rows, span)),
+         target.estimated_rows() if whole else None),
     ]
     result = Comparison()
     buckets = []

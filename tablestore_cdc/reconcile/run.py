@@ -4,7 +4,8 @@
 the source with it (``compare``), and, when they differ, reads the change stream after the
 applied position (``inflight``) to label the differences still in flight. The order matters:
 the target is pinned before the source is scanned, and the change stream read after, so a row
-the scan saw change is always among the changes read.
+the scan saw change is always among the changes read. ``key_from`` / ``key_to`` (a
+re-snapshot's range on the first key column) limit both reads to that range.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tablestore_cdc.reconcile.inflight import InFlight, in_flight_keys
 from tablestore_cdc.reconcile.layout import CompareLayout
 from tablestore_cdc.reconcile.source import SourceSpec, open_source_table
 from tablestore_cdc.reconcile.target import open_target_table
+from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 KINDS = ("MISSING", "EXTRA", "DIFFERENT")
 
@@ -38,6 +40,8 @@ class TableReport:
     key_columns: tuple[str, ...] = ()
     #: the compared attribute columns
     columns: list[str] = field(default_factory=list)
+    #: the key range compared (None: the whole table)
+    span: KeyRange | None = None
 
     def counts(self) -> dict[str, int]:
         """Differences by kind (not in flight), and ``IN-FLIGHT``."""
@@ -54,8 +58,10 @@ class TableReport:
 
 def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: str | None = None,
                     ignore: Iterable[str] = (), in_flight: bool = True,
-                    progress: Progress | None = None) -> TableReport:
-    """Compare ``spec``'s table with the table at ``target_uri`` (module docstring). Raises the
+                    progress: Progress | None = None, key_from: Any = None,
+                    key_to: Any = None) -> TableReport:
+    """Compare ``spec``'s table with the table at ``target_uri`` (module docstring), only the
+    keys whose first column is in ``[key_from, key_to)`` when either is given. Raises the
     product's errors for a bad source, target or option."""
     started = time.monotonic()
     options = spec.source_options()
@@ -65,7 +71,9 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
         layout = CompareLayout.build(source.schema, target.schema,
                                      soft_delete_column=soft_delete_column, ignore=ignore,
                                      target_name=target_uri)
-        comparison = compare(source, target, layout, progress)
+        span = (None if key_from is None and key_to is None
+                else KeyRange(layout.key_columns[0], key_from, key_to))
+        comparison = compare(source, target, layout, progress, span=span)
         shown = source.shown
     found: InFlight | None = None
     if in_flight and comparison.differences:
@@ -76,7 +84,8 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
     return TableReport(table=spec.table, source=shown, target=target_uri,
                        target_version=target.version, scd=target.scd, comparison=comparison,
                        in_flight=found, seconds=time.monotonic() - started,
-                       key_columns=layout.key_columns, columns=[n for n, _ in layout.value_columns])
+                       key_columns=layout.key_columns, columns=[n for n, _ in layout.value_columns],
+                       span=span)
 
 
 def as_json(report: TableReport, limit: int) -> dict[str, Any]:

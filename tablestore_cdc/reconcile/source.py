@@ -12,6 +12,11 @@ backend, imported lazily (an SDK a backend needs is only required when that sche
 - ``http://``, ``https://``  ``source_tablestore``: the table API's GetRange pages (official SDK)
 - ``dynamodb-streams://``   ``source_dynamodb``: DynamoDB Scan pages (boto3)
 
+A key range (``tablestore_cdc.resnapshot.keyrange.KeyRange``, a re-snapshot's ``--from`` /
+``--to`` on the first key column) is read as a range where the backend can: GetRange between
+its bounds, the embedded store's scan bounded in its query; a DynamoDB Scan has no key order,
+so it reads the whole table and keeps the range's rows.
+
 A reader yields pages of ``(primary key, attribute columns)`` as plain Python values (int,
 float, bool, str, bytes), the values the change stream carries for the same row; its
 ``schema`` is the table's declared schema as the source query declares it (the service's, plus
@@ -25,11 +30,14 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.clients import Clients
 from connector.options import SourceOptions
 from connector.tunnel import TableSchema, TunnelAdministration
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 #: a page of source rows: (primary key, attribute columns)
 Row = tuple[dict[str, Any], dict[str, Any]]
@@ -70,9 +78,10 @@ class SourceTable(ABC):
     shown: str
 
     @abstractmethod
-    def pages(self, page_rows: int) -> Iterator[list[Row]]:
-        """Every row of the table, ``page_rows`` (about) at a time, in the backend's order.
-        A row changed while the scan runs may appear as it was before or after the change."""
+    def pages(self, page_rows: int, span: KeyRange | None = None) -> Iterator[list[Row]]:
+        """Every row of the table (or of ``span``, its first key column's range), ``page_rows``
+        (about) at a time, in the backend's order. A row changed while the scan runs may
+        appear as it was before or after the change."""
 
     def estimated_rows(self) -> int | None:
         """About how many rows the table holds (for a progress bar), None when unknown."""

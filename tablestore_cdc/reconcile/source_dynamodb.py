@@ -2,12 +2,15 @@
 ``[dynamodb]`` extra), through the same clients and value decoding as the stream's records
 (``connector.tunnel.dynamodb_streams``): S -> str, N -> float (Decimal with ``numbers=decimal``),
 B -> bytes, BOOL -> bool, maps, lists and sets -> compact JSON text.
+
+A Scan has no key order (items come in hash order), so a key range cannot bound it: the whole
+table is scanned and only the range's rows are kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.options import SourceOptions
 from connector.tunnel import TableSchema
@@ -15,6 +18,9 @@ from connector.tunnel.dynamodb_streams.aws import clients, parse_uri
 from connector.tunnel.dynamodb_streams.codec import decode_item
 from tablestore_cdc.reconcile.errors import SourceReadError
 from tablestore_cdc.reconcile.source import Row, SourceTable
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 
 class DynamoDbSourceTable(SourceTable):
@@ -26,7 +32,7 @@ class DynamoDbSourceTable(SourceTable):
         self._numbers: Any = "decimal" if self.config.numbers == "decimal" else "double"
         self._ddb, _ = clients(self.config)
 
-    def pages(self, page_rows: int) -> Iterator[list[Row]]:
+    def pages(self, page_rows: int, span: KeyRange | None = None) -> Iterator[list[Row]]:
         import botocore.exceptions
 
         keys = [c.name for c in self.schema.primary_key]
@@ -38,7 +44,9 @@ class DynamoDbSourceTable(SourceTable):
                 rows = []
                 for item in page.get("Items", []):
                     values = decode_item(item, self._numbers) or {}
-                    rows.append(({k: values.pop(k) for k in keys}, values))
+                    key = {k: values.pop(k) for k in keys}
+                    if span is None or span.holds(tuple(key.values())):
+                        rows.append((key, values))
                 if rows:
                     yield rows
         except botocore.exceptions.ClientError as exc:

@@ -1,6 +1,7 @@
 """A Tablestore table over the wire (``http://``, ``https://``) for reconcile: the table API's
 GetRange, page after page in primary-key order, through the official ``tablestore`` SDK (the
-``[tablestore]`` extra).
+``[tablestore]`` extra). A key range on the first key column is GetRange's own bounds: from
+``(from, INF_MIN, ...)`` inclusive to ``(to, INF_MIN, ...)`` exclusive.
 
 The endpoint, instance and credentials are the ones the source query uses (the options fold
 them into a typed endpoint, ``connector.tunnel.tablestore.endpoint.TablestoreEndpoint``). Values
@@ -12,13 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.options import SourceOptions
 from connector.tunnel import TableSchema
 from connector.tunnel.tablestore.endpoint import TablestoreEndpoint
 from tablestore_cdc.reconcile.errors import SourceReadError
 from tablestore_cdc.reconcile.source import Row, SourceTable
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 #: the SDK's logger: its own lines are kept quiet (our errors say what went wrong)
 SDK_LOGGER = "tablestore-cdc-reconcile"
@@ -43,12 +47,15 @@ class TablestoreSourceTable(SourceTable):
                                  creds["access_key_secret"], endpoint.instance,
                                  sts_token=creds.get("security_token"), logger_name=SDK_LOGGER)
 
-    def pages(self, page_rows: int) -> Iterator[list[Row]]:
+    def pages(self, page_rows: int, span: KeyRange | None = None) -> Iterator[list[Row]]:
         from tablestore import INF_MAX, INF_MIN, Direction, OTSClientError, OTSServiceError
 
-        keys = [c.name for c in self.schema.primary_key]
-        start: Any = [(k, INF_MIN) for k in keys]
-        end = [(k, INF_MAX) for k in keys]
+        first, *rest = [c.name for c in self.schema.primary_key]
+        low = None if span is None else span.key_from
+        high = None if span is None else span.key_to
+        start: Any = [(first, INF_MIN if low is None else low), *((k, INF_MIN) for k in rest)]
+        end = ([(k, INF_MAX) for k in (first, *rest)] if high is None
+               else [(first, high), *((k, INF_MIN) for k in rest)])
         while start:
             try:
                 _, start, rows, _ = self._client.get_range(

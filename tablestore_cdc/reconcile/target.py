@@ -8,7 +8,9 @@ reader of its format, one module per format: ``target_delta`` (``deltalake``) an
 
 The current rows: every row of an SCD type 1 table, except rows whose soft-delete column is
 true (they count as deleted); of an SCD type 2 table (it has ``__START_AT`` and ``__END_AT``),
-the open versions (``__END_AT IS NULL``).
+the open versions (``__END_AT IS NULL``). A key range (a re-snapshot's ``--from`` / ``--to``,
+``tablestore_cdc.resnapshot.keyrange.KeyRange``) is one more predicate pushed into the read:
+files (Delta) and data files (Iceberg) whose column statistics lie outside it are not opened.
 
 How far the stream has applied the table (``AppliedBatch``): the apply sink makes one commit
 per streaming batch and names the batch in it (Delta: the ``txn`` action and the commit info;
@@ -23,12 +25,16 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 
 from tablestore_cdc.lakehouse import END_AT, START_AT, open_apply_sink
 from tablestore_cdc.reconcile.errors import TargetMissingError
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 #: target URI scheme -> "module:class" of its reader (this package)
 _READERS = {"delta": "tablestore_cdc.reconcile.target_delta:DeltaTargetTable",
@@ -81,9 +87,10 @@ class TargetTable(ABC):
         return 2 if {START_AT, END_AT} <= names else 1
 
     @abstractmethod
-    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
-        """The current rows (module docstring), only ``columns``, about ``batch_rows`` a
-        batch."""
+    def batches(self, columns: Sequence[str], batch_rows: int,
+                span: KeyRange | None = None) -> Iterator[pa.RecordBatch]:
+        """The current rows (module docstring; only ``span``'s when given), only ``columns``,
+        about ``batch_rows`` a batch."""
 
     @abstractmethod
     def applied(self) -> AppliedBatch | None:

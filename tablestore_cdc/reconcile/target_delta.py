@@ -1,10 +1,15 @@
 """A Delta Lake target for reconcile (``deltalake``): the pinned version's files as a pyarrow
-dataset, filtered to the current rows; the apply batches from the commit history."""
+dataset, filtered to the current rows; the apply batches from the commit history.
+
+``to_pyarrow_dataset`` gives each file's fragment its min/max statistics as an expression, so a
+key range in the dataset's filter skips the files outside it without opening them."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,6 +17,9 @@ import pyarrow.compute as pc
 from tablestore_cdc.lakehouse import END_AT
 from tablestore_cdc.lakehouse.delta import BATCH_ID_KEY, QUERY_ID_KEY
 from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 #: commits of the history read at a time while looking for the apply's two newest batches
 HISTORY_PAGE = 200
@@ -28,19 +36,27 @@ class DeltaTargetTable(TargetTable):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def _filter(self) -> Any:
-        keep = None
+    def _filter(self, span: KeyRange | None) -> Any:
+        """The dataset filter: the range's bounds (typed as the column is), the open SCD 2
+        versions, rows not soft-deleted; None: every row."""
+        keep: list[Any] = []
+        if span is not None:
+            key, kind = pc.field(span.column), self.schema.field(span.column).type
+            if span.key_from is not None:
+                keep.append(key >= pa.scalar(span.key_from).cast(kind))
+            if span.key_to is not None:
+                keep.append(key < pa.scalar(span.key_to).cast(kind))
         if self.scd == 2:
-            keep = pc.field(END_AT).is_null()
+            keep.append(pc.field(END_AT).is_null())
         flag = self.soft_delete_column
         if flag is not None and flag in self.schema.names:
-            live = pc.field(flag).is_null() | ~pc.field(flag)
-            keep = live if keep is None else keep & live
-        return keep
+            keep.append(pc.field(flag).is_null() | ~pc.field(flag))
+        return functools.reduce(operator.and_, keep) if keep else None
 
-    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    def batches(self, columns: Sequence[str], batch_rows: int,
+                span: KeyRange | None = None) -> Iterator[pa.RecordBatch]:
         dataset = self._table.to_pyarrow_dataset()
-        yield from dataset.to_batches(columns=list(columns), filter=self._filter(),
+        yield from dataset.to_batches(columns=list(columns), filter=self._filter(span),
                                       batch_size=batch_rows)
 
     def estimated_rows(self) -> int | None:

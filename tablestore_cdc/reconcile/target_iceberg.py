@@ -1,16 +1,22 @@
 """An Apache Iceberg target for reconcile (``pyiceberg``): a scan of the pinned snapshot filtered
-to the current rows; the apply batches from the snapshot summaries of its ancestors."""
+to the current rows; the apply batches from the snapshot summaries of its ancestors.
+
+The scan's ``row_filter`` carries a key range too: pyiceberg plans only the data files whose
+column bounds (in the manifests) overlap it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from tablestore_cdc.lakehouse import END_AT
 from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
 from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
+
+if TYPE_CHECKING:
+    from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 
 class IcebergTargetTable(TargetTable):
@@ -25,24 +31,29 @@ class IcebergTargetTable(TargetTable):
     def schema(self) -> pa.Schema:
         return self._schema
 
-    def _filter(self) -> Any:
+    def _filter(self, span: KeyRange | None) -> Any:
         import pyiceberg.expressions
 
         # typed as Any: the classes take positional terms at run time, not as their
         # pydantic signatures say
         e: Any = pyiceberg.expressions
         keep: Any = e.AlwaysTrue()
+        if span is not None and span.key_from is not None:
+            keep = e.And(keep, e.GreaterThanOrEqual(span.column, span.key_from))
+        if span is not None and span.key_to is not None:
+            keep = e.And(keep, e.LessThan(span.column, span.key_to))
         if self.scd == 2:
-            keep = e.IsNull(END_AT)
+            keep = e.And(keep, e.IsNull(END_AT))
         flag = self.soft_delete_column
         if flag is not None and flag in self.schema.names:
             keep = e.And(keep, e.Or(e.IsNull(flag), e.EqualTo(flag, False)))
         return keep
 
-    def batches(self, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    def batches(self, columns: Sequence[str], batch_rows: int,
+                span: KeyRange | None = None) -> Iterator[pa.RecordBatch]:
         if self._snapshot is None:
             return
-        scan = self._table.scan(row_filter=self._filter(), selected_fields=tuple(columns),
+        scan = self._table.scan(row_filter=self._filter(span), selected_fields=tuple(columns),
                                 snapshot_id=self._snapshot.snapshot_id)
         for batch in scan.to_arrow_batch_reader():
             for offset in range(0, batch.num_rows, batch_rows):

@@ -65,9 +65,10 @@ def resnapshot(
         help="Reader option KEY=VALUE as given to replicate (repeatable; meta.store, "
         "credentials).")] = None,
     key_from: Annotated[str | None, typer.Option(
-        "--from", help="Repair only keys whose first key column is >= this value.")] = None,
+        "--from", help="Read and repair only keys whose first key column is >= this "
+        "value.")] = None,
     key_to: Annotated[str | None, typer.Option(
-        "--to", help="Repair only keys whose first key column is < this value.")] = None,
+        "--to", help="Read and repair only keys whose first key column is < this value.")] = None,
     wait: Annotated[bool, typer.Option(
         help="Follow the signal until the job marks it done (exit 0) or failed (exit 1).")]
     = False,

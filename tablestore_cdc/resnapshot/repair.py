@@ -2,18 +2,21 @@
 
 1. Reconcile the table against the target (``tablestore_cdc.reconcile.run.reconcile_table``:
    the target pinned, the source scanned, the differences labelled IN-FLIGHT when the change
-   stream holds a change of their key after the position the target is known to hold).
-2. Keep every difference in the signal's key range, in flight or not. Reconcile's in-flight
+   stream holds a change of their key after the position the target is known to hold). A
+   signal with a key range reads only that range on both sides (GetRange's bounds, the
+   embedded store's bounded scan, a predicate pushed into the Delta / Iceberg read; a DynamoDB
+   Scan reads the whole table and keeps the range).
+2. Keep every difference (all in the signal's range), in flight or not. Reconcile's in-flight
    position trails the target by up to one apply batch, so a key it labels in flight may have
    had its last change applied already (and been damaged after): left to the stream, it would
    stay wrong. Inside the job no such doubt exists: every change before this point is applied,
    and every later one is applied after the repair, in order, so each key ends at the source's
    value (a change older than the repair's read may show for one batch before the newer ones
    follow). The in-flight count is kept for the signal's report.
-3. Read the source rows of those keys again (the same reader): a key the source holds is
-   written as a PUT of its current row, a key it lacks as a DELETE -- the stream's own change
-   images (``connector.tunnel.page.records_to_page``), so the sink applies them as it applies
-   the stream (upsert; delete, soft delete or SCD 2 close).
+3. Read the source rows of those keys again (the same reader and range): a key the source
+   holds is written as a PUT of its current row, a key it lacks as a DELETE -- the stream's
+   own change images (``connector.tunnel.page.records_to_page``), so the sink applies them as
+   it applies the stream (upsert; delete, soft delete or SCD 2 close).
 4. Commit them through the job's own apply sink in **one** commit under the app id
    ``resnapshot-<signal id>`` and batch 0 (``REPAIR_APP_PREFIX``): the sink skips a batch its
    app id already recorded, so a repair run again after a crash between its commit and the
@@ -108,10 +111,9 @@ def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: S
     if sink.committed_batch(app_id) is not None:
         return RepairOutcome(already=True, note="the repair was committed before a restart")
     report = reconcile_table(spec, target_uri, soft_delete_column=soft_delete_column,
-                             progress=SignalProgress(board, signal))
-    span = KeyRange(report.key_columns[0] if report.key_columns else "", signal.key_from,
-                    signal.key_to)
-    wanted = [d for d in report.comparison.differences if span.holds(d.key)]
+                             progress=SignalProgress(board, signal), key_from=signal.key_from,
+                             key_to=signal.key_to)
+    wanted = report.comparison.differences
     repaired = {d.key for d in wanted}
     in_flight = sum(1 for d in wanted if d.in_flight)
     found = report.in_flight
@@ -121,7 +123,7 @@ def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: S
     else:
         note = f"in-flight position unknown ({found.note}): every difference repaired"
         log.warning("resnapshot %s of %s: %s", signal.id, spec.table, note)
-    batch = _change_batch(spec, repaired) if repaired else None
+    batch = _change_batch(spec, repaired, report.span) if repaired else None
     if batch is None:
         return RepairOutcome(note="no difference")
     writer = copy.copy(sink)
@@ -135,16 +137,16 @@ def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: S
                          note=note)
 
 
-def _change_batch(spec: SourceSpec, keys: set[Key]) -> pa.Table:
-    """The source's current rows of ``keys`` as PUTs, the keys it no longer holds as DELETEs,
-    in the source's output layout (module docstring, step 3)."""
+def _change_batch(spec: SourceSpec, keys: set[Key], span: KeyRange | None) -> pa.Table:
+    """The source's current rows of ``keys`` (all in ``span``) as PUTs, the keys it no longer
+    holds as DELETEs, in the source's output layout (module docstring, step 3)."""
     now_us = int(time.time() * 1_000_000)
     records: list[Record] = []
     with open_source_table(spec) as source:
         names = tuple(c.name for c in source.schema.primary_key)
         layout = PageLayout.of_table(source.schema)
         left = set(keys)
-        for page in source.pages(PAGE_ROWS):
+        for page in source.pages(PAGE_ROWS, span):
             for pk, attrs in page:
                 key = tuple(pk.get(n) for n in names)
                 if key in left:

@@ -21,6 +21,7 @@ Write semantics worth knowing:
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -181,18 +182,26 @@ def scan(conn: sqlite3.Connection, table: str) -> list[tuple[dict[str, Any], dic
     return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
 
 
-def scan_page(conn: sqlite3.Connection, table: str, after_pk: str | None, limit: int
+def scan_page(conn: sqlite3.Connection, table: str, after_pk: str | None, limit: int,
+              column: str | None = None, low: Any = None, high: Any = None
               ) -> list[tuple[str, str]]:
     """Up to ``limit`` rows as ``(pk_json, attrs_json)`` in key-JSON order, after the row whose
     key JSON is ``after_pk`` (None: from the first): one page of a scan that holds no read
-    transaction between pages (``LocalTablestore.scan_pages``)."""
-    if after_pk is None:
-        return conn.execute(
-            "SELECT pk, attrs FROM cdc_rows WHERE table_name = ? ORDER BY pk LIMIT ?",
-            (table, limit)).fetchall()
+    transaction between pages (``LocalTablestore.scan_pages``). With ``column``, only the rows
+    whose key column ``column`` is in ``[low, high)`` (None: unbounded on that side), chosen in
+    SQL from the key's JSON."""
+    where, params = ["table_name = ?"], [table]
+    if after_pk is not None:
+        where.append("pk > ?")
+        params.append(after_pk)
+    path = f"$.{json.dumps(column)}"  # a JSON path naming the key column, quoted
+    for value, test in ((low, ">="), (high, "<")):
+        if column is not None and value is not None:
+            where.append(f"json_extract(pk, ?) {test} ?")
+            params += [path, value]
     return conn.execute(
-        "SELECT pk, attrs FROM cdc_rows WHERE table_name = ? AND pk > ? ORDER BY pk LIMIT ?",
-        (table, after_pk, limit)).fetchall()
+        f"SELECT pk, attrs FROM cdc_rows WHERE {' AND '.join(where)} ORDER BY pk LIMIT ?",
+        (*params, limit)).fetchall()
 
 
 def count_rows(conn: sqlite3.Connection, table: str) -> int:

@@ -289,17 +289,20 @@ class LocalTablestore:
             self.require_table(conn, table)
             return rows.scan(conn, table)
 
-    def scan_pages(self, table: str, page_rows: int = 5000
+    def scan_pages(self, table: str, page_rows: int = 5000, *, column: str | None = None,
+                   low: Any = None, high: Any = None
                    ) -> Iterator[list[tuple[dict[str, Any], dict[str, Any]]]]:
         """Every live row as (primary key, attribute columns), ``page_rows`` at a time in key
         order, each page its own short read transaction (a long scan never holds one open
-        while writers go on: a row written during the scan may or may not be in it). For
-        ``tablestore-cdc reconcile``, which reads the table while the stream runs."""
+        while writers go on: a row written during the scan may or may not be in it). With
+        ``column`` (a key column), only the rows whose value of it is in ``[low, high)`` (None:
+        unbounded on that side), chosen by the query. For ``tablestore-cdc reconcile`` and
+        ``resnapshot``, which read the table while the stream runs."""
         after: str | None = None
         while True:
             with self.transaction() as conn:
                 self.require_table(conn, table)
-                page = rows.scan_page(conn, table, after, page_rows)
+                page = rows.scan_page(conn, table, after, page_rows, column, low, high)
             if not page:
                 return
             yield [(loads_values(pk), loads_values(attrs)) for pk, attrs in page]
