@@ -33,6 +33,7 @@ def test_a_table_that_joined_just_before_a_kill_is_taken_over_with_the_others(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     owner = ["process-1"]
     monkeypatch.setattr(lease_module, "owner_id", lambda: owner[0])
+    monkeypatch.setattr(lease_module, "_predecessors", set())  # owner names repeat per test
     path = tmp_path / "s.db"
     with LocalTablestore(path) as store:
         store.create_table("t1", [("id", "INTEGER")], [("v", "STRING")], channels=1)
@@ -65,6 +66,7 @@ def test_a_table_held_by_another_query_waits_rather_than_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     owner = ["other-query"]
     monkeypatch.setattr(lease_module, "owner_id", lambda: owner[0])
+    monkeypatch.setattr(lease_module, "_predecessors", set())  # owner names repeat per test
     monkeypatch.setattr(multiplex, "LEASE_RETRY_S", 0.0)
     path = tmp_path / "s.db"
     with LocalTablestore(path) as store:

@@ -24,9 +24,9 @@ from meta_store.signals import Signal, SignalState  # noqa: E402
 from tablestore_cdc.cli import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
+from tablestore_cdc.reconcile.keyrange import KeyRange, KeyRangeError  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
 from tablestore_cdc.resnapshot.hook import ResnapshotHook  # noqa: E402
-from tablestore_cdc.resnapshot.keyrange import KeyRange, KeyRangeError  # noqa: E402
 from tablestore_cdc.resnapshot.repair import run_repair  # noqa: E402
 from testkit.reconcile import DeltaTarget, IcebergTarget, Target, apply_stream  # noqa: E402
 

@@ -25,11 +25,11 @@ from meta_store import open_meta_store  # noqa: E402
 from meta_store.signals import Signal  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
+from tablestore_cdc.reconcile.keyrange import KeyRange  # noqa: E402
 from tablestore_cdc.reconcile.source import open_source_table  # noqa: E402
 from tablestore_cdc.reconcile.target import open_target_table  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
 from tablestore_cdc.resnapshot.hook import ResnapshotHook  # noqa: E402
-from tablestore_cdc.resnapshot.keyrange import KeyRange  # noqa: E402
 from testkit.reconcile import DeltaTarget, apply_stream  # noqa: E402
 
 ROWS = 2000

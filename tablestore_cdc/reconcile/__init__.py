@@ -11,6 +11,8 @@ The parts, each its own module:
   DIFFERENT;
 - ``inflight``: the position of the change stream the target holds (the meta table's end
   checkpoints and commit times), and which differing keys changed after it (IN-FLIGHT);
+- ``keyrange``: a range of the first key column (a re-snapshot's ``--from`` / ``--to``), which
+  both sides' readers read only;
 - ``run``: one table start to end (``reconcile_table``), ``command``: the CLI command.
 
 The source and target readers are the pieces a re-snapshot reuses.

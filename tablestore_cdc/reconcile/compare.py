@@ -37,7 +37,7 @@ from tablestore_cdc.reconcile.source import SourceTable
 from tablestore_cdc.reconcile.target import TargetTable
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 #: buckets of pass 1 (a power of two: the bucket is the key hash's low bits)
 BUCKETS = 1 << 16

@@ -17,10 +17,10 @@ from typing import Any
 
 from tablestore_cdc.reconcile.compare import Comparison, Progress, compare
 from tablestore_cdc.reconcile.inflight import InFlight, in_flight_keys
+from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.layout import CompareLayout
 from tablestore_cdc.reconcile.source import SourceSpec, open_source_table
 from tablestore_cdc.reconcile.target import open_target_table
-from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 KINDS = ("MISSING", "EXTRA", "DIFFERENT")
 

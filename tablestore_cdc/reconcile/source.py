@@ -12,7 +12,7 @@ backend, imported lazily (an SDK a backend needs is only required when that sche
 - ``http://``, ``https://``  ``source_tablestore``: the table API's GetRange pages (official SDK)
 - ``dynamodb-streams://``   ``source_dynamodb``: DynamoDB Scan pages (boto3)
 
-A key range (``tablestore_cdc.resnapshot.keyrange.KeyRange``, a re-snapshot's ``--from`` /
+A key range (``tablestore_cdc.reconcile.keyrange.KeyRange``, a re-snapshot's ``--from`` /
 ``--to`` on the first key column) is read as a range where the backend can: GetRange between
 its bounds, the embedded store's scan bounded in its query; a DynamoDB Scan has no key order,
 so it reads the whole table and keeps the range's rows.
@@ -37,7 +37,7 @@ from connector.options import SourceOptions
 from connector.tunnel import TableSchema, TunnelAdministration
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 #: a page of source rows: (primary key, attribute columns)
 Row = tuple[dict[str, Any], dict[str, Any]]

@@ -20,7 +20,7 @@ from tablestore_cdc.reconcile.errors import SourceReadError
 from tablestore_cdc.reconcile.source import Row, SourceTable
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 
 class DynamoDbSourceTable(SourceTable):

@@ -17,7 +17,7 @@ from connector.tunnel.local import LocalTablestore
 from tablestore_cdc.reconcile.source import Row, SourceTable
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 
 class LocalSourceTable(SourceTable):

@@ -22,7 +22,7 @@ from tablestore_cdc.reconcile.errors import SourceReadError
 from tablestore_cdc.reconcile.source import Row, SourceTable
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 #: the SDK's logger: its own lines are kept quiet (our errors say what went wrong)
 SDK_LOGGER = "tablestore-cdc-reconcile"

@@ -9,7 +9,7 @@ reader of its format, one module per format: ``target_delta`` (``deltalake``) an
 The current rows: every row of an SCD type 1 table, except rows whose soft-delete column is
 true (they count as deleted); of an SCD type 2 table (it has ``__START_AT`` and ``__END_AT``),
 the open versions (``__END_AT IS NULL``). A key range (a re-snapshot's ``--from`` / ``--to``,
-``tablestore_cdc.resnapshot.keyrange.KeyRange``) is one more predicate pushed into the read:
+``tablestore_cdc.reconcile.keyrange.KeyRange``) is one more predicate pushed into the read:
 files (Delta) and data files (Iceberg) whose column statistics lie outside it are not opened.
 
 How far the stream has applied the table (``AppliedBatch``): the apply sink makes one commit
@@ -34,7 +34,7 @@ from tablestore_cdc.lakehouse import END_AT, START_AT, open_apply_sink
 from tablestore_cdc.reconcile.errors import TargetMissingError
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 #: target URI scheme -> "module:class" of its reader (this package)
 _READERS = {"delta": "tablestore_cdc.reconcile.target_delta:DeltaTargetTable",

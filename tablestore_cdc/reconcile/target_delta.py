@@ -19,7 +19,7 @@ from tablestore_cdc.lakehouse.delta import BATCH_ID_KEY, QUERY_ID_KEY
 from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 #: commits of the history read at a time while looking for the apply's two newest batches
 HISTORY_PAGE = 200

@@ -16,7 +16,7 @@ from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERT
 from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
 
 if TYPE_CHECKING:
-    from tablestore_cdc.resnapshot.keyrange import KeyRange
+    from tablestore_cdc.reconcile.keyrange import KeyRange
 
 
 class IcebergTargetTable(TargetTable):

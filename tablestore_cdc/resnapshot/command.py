@@ -24,8 +24,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from connector.clients import Clients
 from meta_store.signals import Signal, SignalBoard, SignalState
 from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.source import SourceSpec, declared_schema
-from tablestore_cdc.resnapshot.keyrange import KeyRange
 from tablestore_cdc.source_flags import reader_options, source_endpoint
 
 #: seconds between two reads of the signal while ``--wait`` follows it

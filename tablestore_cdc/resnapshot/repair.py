@@ -40,11 +40,11 @@ from connector.tunnel import Op, Record
 from connector.tunnel.page import PageLayout, records_to_page
 from meta_store.signals import Signal, SignalBoard
 from tablestore_cdc.reconcile.compare import PAGE_ROWS
+from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.layout import Key
 from tablestore_cdc.reconcile.run import reconcile_table
 from tablestore_cdc.reconcile.source import SourceSpec, open_source_table
 from tablestore_cdc.reconcile.target import REPAIR_APP_PREFIX
-from tablestore_cdc.resnapshot.keyrange import KeyRange
 
 log = logging.getLogger("tablestore_cdc.resnapshot")
 
