@@ -8,20 +8,33 @@ here, which returns::
 
     {"source": "<namespace>", "measuredAt": "2026-01-01T00:00:00.000Z",
      "channels": {"ch-0001": {"head": "00000000000000000412", "recordsBehind": 12,
-                              "secondsBehind": 0.8}, ...},
-     "channelCount": 3, "recordsBehindLatest": 37, "secondsBehindLatest": 1.4}
+                              "secondsBehind": 0.8, "exact": true}, ...},
+     "channelCount": 3, "recordsBehindLatest": 37, "secondsBehindLatest": 1.4,
+     "lagExact": true}
 
 Lag is measured from where the batch being planned *starts* (the positions after the previous
 batch): ``recordsBehindLatest`` counts what this batch and later ones still have to read. It
 plays the part of the Kafka source's ``*OffsetsBehindLatest`` metrics (docs/inspection.md).
-``recordsBehind``/``secondsBehind`` are ``null`` where the backend cannot tell; the whole
-report is ``None`` (Spark shows ``latestOffset: null``) when it can tell neither heads nor lag.
+The lag figures are always numbers: where a backend can only count part of a channel (more
+than one read ahead of the position, a Tablestore child waiting for its parents, a trimmed
+position) its figures are lower bounds, said by ``"exact": false`` and ``"lagExact": false``
+(``connector.tunnel.types.ChannelLag``). ``head`` is ``null`` where the backend reports no
+heads (Tablestore); the whole report is ``None`` (Spark shows ``latestOffset: null``) when the
+backend can tell neither heads nor lag.
 
-Cost: one ``head_sequences`` and one ``lag`` call for the whole tunnel (never a call per channel
-from here), and not on every trigger: a measurement is reused until ``REFRESH_FACTOR`` times its
-own duration has passed (at least ``MIN_REFRESH_S``, at most ``MAX_REFRESH_S``), so a tunnel whose
-lag takes 2 s to measure is asked at most every 40 s while a local one is asked every second.
-A failure to measure never fails the query: it is logged once and the last report is kept.
+Cost and freshness. The lag is measured again whenever the batch start moved: one ``lag`` call
+for the whole tunnel per batch (the embedded store: one SQLite transaction; Tablestore: one
+DescribeTunnel and one ReadRecords per readable channel; DynamoDB Streams: one
+GetShardIterator and GetRecords per shard). Back-to-back batches (Trigger.AvailableNow, a busy
+query) thus each get the figure of their own start -- reusing a figure measured at an earlier
+start reported records already read. (Subtracting what the batches in between read instead
+would save that call but needs their end checkpoints from the meta table, and would miss the
+records written meanwhile.) While the start stays (an idle query's triggers), and for the heads
+(``head_sequences``, which reads every shard to its tip on DynamoDB Streams), a measurement is
+reused until ``REFRESH_FACTOR`` times its own duration has passed (at least ``MIN_REFRESH_S``,
+at most ``MAX_REFRESH_S``): a tunnel whose lag takes 2 s to measure is asked at most every
+40 s while a local one is asked every second. A failure to measure never fails the query: it is
+logged once and the last report is kept.
 """
 
 from __future__ import annotations
@@ -57,18 +70,24 @@ class LatestOffsetReporter:
         self.protocol = protocol
         self.clock = clock
         self._report: dict[str, Any] | None = None
+        #: the batch start ``_report`` was measured from
+        self._start: str | None = None
+        #: the heads of the last full measurement, reused when only the start moved
+        self._heads: dict[str, str] | None = None
         self._next_refresh = 0.0
         self._failed = False
         self.measurements = 0
 
     def report(self, start_uuid: str | None) -> dict[str, Any] | None:
         """The report for a batch starting at ``start_uuid`` (``None``: before any batch; lag is
-        then measured from the tunnel's pushed checkpoints)."""
+        then measured from the tunnel's pushed checkpoints). Measured again when the start
+        moved (the lag only) or the last measurement is due (module docstring)."""
         now = self.clock()
-        if self._report is not None and now < self._next_refresh:
+        due = now >= self._next_refresh
+        if self._report is not None and not due and start_uuid == self._start:
             return self._report
         try:
-            report = self._measure(start_uuid)
+            report = self._measure(start_uuid, heads_too=due or self._report is None)
         except Exception as exc:  # monitoring must never fail the query
             if not self._failed:
                 log.warning("cannot measure the tunnel's head for Spark's progress: %s", exc)
@@ -76,18 +95,22 @@ class LatestOffsetReporter:
             self._next_refresh = now + MAX_REFRESH_S
             return self._report
         self._failed = False
-        took = self.clock() - now
-        self._next_refresh = now + min(MAX_REFRESH_S, max(MIN_REFRESH_S, REFRESH_FACTOR * took))
-        self._report = report
+        if due:
+            took = self.clock() - now
+            self._next_refresh = now + min(MAX_REFRESH_S, max(MIN_REFRESH_S,
+                                                              REFRESH_FACTOR * took))
+        self._report, self._start = report, start_uuid
         self.measurements += 1
         return report
 
-    def _measure(self, start_uuid: str | None) -> dict[str, Any] | None:
+    def _measure(self, start_uuid: str | None, heads_too: bool) -> dict[str, Any] | None:
         protocol = self.protocol
         tokens: dict[str, str] = {}
         if start_uuid is not None:
             tokens = {ch: p.token for ch, p in protocol.positions_after(start_uuid).items()}
-        heads = protocol.tunnel.head_sequences(protocol.tunnel_id)
+        if heads_too:
+            self._heads = protocol.tunnel.head_sequences(protocol.tunnel_id)
+        heads = self._heads
         lag = protocol.tunnel.lag(protocol.tunnel_id, tokens)
         if heads is None and lag is None:
             return None
@@ -99,21 +122,22 @@ class LatestOffsetReporter:
             channels[ch] = {
                 "head": (heads or {}).get(ch),
                 "recordsBehind": entry.records_behind if entry is not None else None,
-                "secondsBehind": round(entry.seconds_behind, 3)
-                if entry is not None and entry.seconds_behind is not None else None,
+                "secondsBehind": round(entry.seconds_behind, 3) if entry is not None else None,
+                "exact": entry.exact if entry is not None else False,
             }
-        records = [c["recordsBehind"] for c in channels.values()]
-        seconds = [c["secondsBehind"] for c in channels.values()]
-        return {
+        report: dict[str, Any] = {
             "source": protocol.namespace,
             "measuredAt": _iso(time.time()),
             "channels": channels,
             "channelCount": len(channels),
-            "recordsBehindLatest": sum(records) if lag is not None and None not in records
-            else None,
-            "secondsBehindLatest": max(seconds, default=0.0)
-            if lag is not None and None not in seconds else None,
+            "recordsBehindLatest": None, "secondsBehindLatest": None, "lagExact": False,
         }
+        if lag is not None:
+            report["recordsBehindLatest"] = sum(e.records_behind for e in lag.values())
+            report["secondsBehindLatest"] = round(
+                max((e.seconds_behind for e in lag.values()), default=0.0), 3)
+            report["lagExact"] = all(e.exact for e in lag.values())
+        return report
 
 
 __all__ = ["LatestOffsetReporter"]

@@ -296,11 +296,12 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         return {"tables": ends}
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
-        """Each table's state and its lag (records and seconds behind the head, ``None`` where
-        the backend cannot tell), and the share of its base data read while it snapshots
-        (``snapshot``), in ``lastProgress.sources[0].latestOffset``. Each table's
-        lag is measured as a single-table query's (``connector.latest_offset_report``: cached
-        for a while, never failing the query)."""
+        """Each table's state and its lag (records and seconds behind the head; ``exact``
+        false when they are lower bounds, ``None`` before a measurement), and the share of its
+        base data read while it snapshots (``snapshot``), in
+        ``lastProgress.sources[0].latestOffset``. Each table's lag is measured as a
+        single-table query's (``connector.latest_offset_report``: again when its batch start
+        moved, else cached for a while; never failing the query)."""
         from connector.latest_offset_report import LatestOffsetReporter
 
         lag: dict[str, dict[str, Any]] = {}
@@ -312,7 +313,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             measured = reporter.measurements
             report = reporter.report(self._last_starts.get(table)) or {}
             lag[table] = {"recordsBehind": report.get("recordsBehindLatest"),
-                          "secondsBehind": report.get("secondsBehindLatest")}
+                          "secondsBehind": report.get("secondsBehindLatest"),
+                          "exact": report.get("lagExact", False)}
             if reporter.measurements != measured and table not in self._snapshot_done:
                 self._measure_snapshot(table, protocol)  # as often as the lag
             if table in self._snapshot_percent:

@@ -424,7 +424,7 @@ class StreamProtocol:
 
     def _backlog(self, tokens: dict[str, str]) -> dict[str, int | None] | None:
         """Records behind per channel at ``tokens`` (the tunnel's ``lag``); ``None`` when the
-        backend cannot tell."""
+        backend cannot tell, per channel where only a lower bound is known."""
         try:
             lags = self.tunnel.lag(self.tunnel_id, tokens)
         except TunnelError as exc:  # the backlog only shapes the split: never fail a batch on it
@@ -432,7 +432,7 @@ class StreamProtocol:
             return None
         if lags is None:
             return None
-        return {ch: lag.records_behind for ch, lag in lags.items()}
+        return {ch: lag.records_behind if lag.exact else None for ch, lag in lags.items()}
 
     def _partition_fields(self, end_uuid: str, available_now_us: int | None) -> dict[str, Any]:
         """What every partition of batch ``end_uuid`` carries alike (made once per batch: a

@@ -108,7 +108,8 @@ def test_min_offsets_count_by_reading_ahead_where_the_service_cannot_count(tmp_p
         start = proto.initial_offset()
         writer.batch_write("t", [("put", {"id": i}, {"v": i}) for i in range(650)])
         lag = proto.tunnel.lag(proto.tunnel_id, {})
-        assert [v.records_behind for v in lag.values()] == [None]  # more than a page
+        # more than a page: the page counted, a lower bound
+        assert [(v.records_behind < 650, v.exact) for v in lag.values()] == [(True, False)]
         assert proto.latest_offset(start, limited(proto)) == start  # 650 < 700
         writer.batch_write("t", [("put", {"id": i}, {"v": i}) for i in range(650, 720)])
         assert proto.latest_offset(start, limited(proto)) != start

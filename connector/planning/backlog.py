@@ -1,10 +1,11 @@
 """How many records wait beyond a batch's positions, counted up to what a decision needs.
 
 ``StreamProtocol`` calls ``records_available`` on the driver for ``minOffsetsPerTrigger``: the
-tunnel's ``lag`` counts where the backend can (the embedded store always; Tablestore for a
-channel within one service page of its head), and the channels it cannot count are read ahead
--- never further than the minimum still missing, so an idle query reads at most
-``minOffsetsPerTrigger`` records per trigger while it waits (and only until ``maxTriggerDelay``).
+tunnel's ``lag`` counts where the backend can (the embedded store always; Tablestore and
+DynamoDB Streams for a channel within one read of its head), and the channels it counts only
+a lower bound of are read ahead -- never further than the minimum still missing, so an idle
+query reads at most ``minOffsetsPerTrigger`` records per trigger while it waits (and only
+until ``maxTriggerDelay``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ def records_available(tunnel: TunnelService, tunnel_id: str, positions: Mapping[
     known = 0
     uncounted = [ch for ch, token in sorted(positions.items()) if token != FINISHED]
     if lags is not None:
-        uncounted = [ch for ch in uncounted if lags.get(ch) is None
-                     or lags[ch].records_behind is None]
-        known = sum(lag.records_behind or 0 for lag in lags.values())
+        uncounted = [ch for ch in uncounted if lags.get(ch) is None or not lags[ch].exact]
+        known = sum(lag.records_behind for lag in lags.values() if lag.exact)
     for channel_id in uncounted:
         if known >= at_least:
             break

@@ -157,11 +157,22 @@ class ReadResult:
 
 @dataclass(frozen=True)
 class ChannelLag:
-    """How far a position is behind a channel's head, where the backend can tell."""
+    """How far a position is behind a channel's head: always numbers, exact where the backend
+    can count and otherwise lower bounds (``exact`` false) -- what one bounded read showed of
+    a channel with more beyond it, or nothing (0) of a channel the service will not serve yet
+    (a Tablestore child waiting for its parents) or whose records at the position were trimmed.
+    """
 
     channel_id: str
-    records_behind: int | None
-    seconds_behind: float | None  # age of the oldest unread change; 0.0 when caught up
+    records_behind: int
+    seconds_behind: float  # age of the oldest unread change; 0.0 when caught up
+    #: False: both figures are lower bounds (the channel holds at least this much)
+    exact: bool = True
+
+    @classmethod
+    def nothing_readable(cls, channel_id: str) -> ChannelLag:
+        """A channel nothing can be read of now (waiting, trimmed): 0 and 0 s, lower bounds."""
+        return cls(channel_id, 0, 0.0, exact=False)
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,11 @@ def dashboard_snapshot(
     metrics = load_spark_metrics(store, ns)
     last_query = max(metrics.values(), key=lambda e: (e.get("batch_id") or -1),
                      default=None)
-    behind = [c["lag"]["records_behind"] for c in channels if c.get("lag")]
-    records_behind = sum(behind) if behind and None not in behind else None
+    lags = [c["lag"] for c in channels if c.get("lag")]
+    # a count that is only a lower bound (a child waiting for its parents) does not prove
+    # the query caught up
+    records_behind = (sum(lag["records_behind"] for lag in lags)
+                      if lags and all(lag.get("exact", True) for lag in lags) else None)
     base.update({
         "activity": activity(records, load_query_status(store, ns), records_behind, now),
         "namespace": ns, "namespace_info": store.get_namespace_info(ns),

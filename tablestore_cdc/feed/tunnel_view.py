@@ -104,6 +104,7 @@ def channel_view(store: MetaStore, namespace: str, endpoint: str | None = None) 
     if lag_raw is not None:
         retention_s = default_retention_s(tunnel_endpoint(info, endpoint))
         lag = {ch: {"records_behind": v.records_behind, "seconds_behind": v.seconds_behind,
+                    "exact": v.exact,
                     **headroom(v.seconds_behind, retention_s)}
                for ch, v in lag_raw.items()}
     for entry in channels:

@@ -99,7 +99,7 @@ def lag(
         rows: list[dict[str, Any]] | None = None
         if raw is not None:
             rows = [{"channel_id": ch, "records_behind": v.records_behind,
-                     "seconds_behind": v.seconds_behind,
+                     "seconds_behind": v.seconds_behind, "exact": v.exact,
                      "position": "batch" if ch in positions else "tunnel",
                      **headroom(v.seconds_behind, retention_s)}
                     for ch, v in sorted(raw.items())]
@@ -109,11 +109,12 @@ def lag(
             if batch.spark_batch_id is not None
             else load_spark_metrics(store, ns).get(batch.uuid, {}).get("batch_id"),
             "lag": rows,
-            # the figures of Spark's progress report (connector.latest_offset_report): a
-            # total only when every channel's count is known; the oldest unread change of
-            # any channel
+            # the figures of Spark's progress report (connector.latest_offset_report): the
+            # total over the channels; the oldest unread change of any channel; lower bounds
+            # when one channel's are
             "records_behind": _total(r["records_behind"] for r in rows or ()),
             "seconds_behind": _oldest(r["seconds_behind"] for r in rows or ()),
+            "exact": rows is not None and all(r["exact"] for r in rows),
             "reason": None if raw is not None else "the tunnel backend cannot report lag",
         }
         if as_json:
@@ -127,20 +128,25 @@ def lag(
         for col in ("channel", "records behind", "seconds behind", "headroom", "position from"):
             table.add_column(col, justify="right" if "behind" in col else "left")
         for r in rows:
-            table.add_row(r["channel_id"], str(r["records_behind"]),
+            table.add_row(r["channel_id"], _at_least(r["records_behind"], r["exact"]),
                           "-" if r["seconds_behind"] is None else f"{r['seconds_behind']:.1f}",
                           _headroom(r),
                           "latest committed batch" if r["position"] == "batch"
                           else "tunnel checkpoint (not in the batch yet)")
         console.print(table)
         total = result["records_behind"]
-        console.print(f"total records behind: {'unknown' if total is None else total}; oldest "
+        console.print(f"total records behind: {_at_least(total, result['exact'])}; oldest "
                       f"unread change: {_seconds(result['seconds_behind'])}")
         for r in rows:
             if r["retention_warning"]:
                 console.print(f"warning: channel {r['channel_id']}: its oldest unread change "
                               f"is {r['seconds_behind']:.0f} s old, {r['headroom_s']:.0f} s "
                               f"before the service's retention ({retention_s:.0f} s) trims it")
+
+
+def _at_least(count: int | None, exact: bool) -> str:
+    """A count as shown: ``>= n`` when it is a lower bound."""
+    return "unknown" if count is None else str(count) if exact else f">= {count}"
 
 
 def _total(counts: Iterable[int | None]) -> int | None:

@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 
 #: GetRecords' own cap on records per call
 MAX_PAGE = 1000
+#: records ``lag`` reads ahead per shard to count them (beyond: a lower bound)
+LAG_COUNT_RECORDS = MAX_PAGE
 #: DescribeStream's cap on shards per page
 DESCRIBE_PAGE = 100
 #: times an expired iterator is fetched again within one read
@@ -550,10 +552,14 @@ class DynamoDbStreamsTunnelService(TunnelService):
         return out
 
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
-        """Per shard not TERMINATED: the age of its oldest unread record (0.0 when caught up);
-        ``records_behind`` is unknown (None): Streams cannot count without reading. Position =
-        ``positions`` or the stored checkpoint. One ``GetRecords(Limit=1)`` per shard (CLI,
-        dashboard, and the planner when a per-trigger row limit is set)."""
+        """Per shard not TERMINATED (a child waiting for its parent included: Streams serves
+        it): records behind and the age of the oldest unread one (0.0 when caught up).
+        Position = ``positions`` or the stored checkpoint. Streams cannot count without
+        reading, so each shard is read from its position up to ``LAG_COUNT_RECORDS`` records
+        (one ``GetShardIterator`` and, unless pages are cut at 1 MB, one ``GetRecords`` per
+        shard): the count is exact when the tip comes first, else a lower bound (``exact``
+        false); a trimmed position counts 0, a lower bound. Driver: CLI, dashboard, Spark's
+        progress report, and the planner when a per-trigger row limit is set."""
         tunnel = self._tunnel(tunnel_id)
         shards = self._refresh_shards(tunnel.table_name)
         stored, _ = self.checkpoints.checkpoints(tunnel_id)
@@ -565,15 +571,17 @@ class DynamoDbStreamsTunnelService(TunnelService):
             sid = shard.shard_id
             token = positions.get(sid) or (stored[sid].token if sid in stored else
                                            self._start(shard))
-            age: float | None = 0.0
-            if token != FINISHED:
-                try:
-                    probe = self._read(tunnel.table_name, sid, tunnel_id, token, 1)
-                    if probe.records:
-                        age = max(0.0, (now_us - probe.records[0].commit_ts_us) / 1e6)
-                except TrimmedDataError:
-                    age = None
-            out[sid] = ChannelLag(sid, None, age)
+            if token == FINISHED:
+                out[sid] = ChannelLag(sid, 0, 0.0)
+                continue
+            try:
+                ahead = self._read(tunnel.table_name, sid, tunnel_id, token, LAG_COUNT_RECORDS)
+            except TrimmedDataError:
+                out[sid] = ChannelLag.nothing_readable(sid)
+                continue
+            age = (max(0.0, (now_us - ahead.records[0].commit_ts_us) / 1e6) if ahead.records
+                   else 0.0)
+            out[sid] = ChannelLag(sid, len(ahead.records), age, exact=not ahead.may_more)
         return out
 
     def close(self) -> None:

@@ -150,10 +150,13 @@ class ChannelProbes:
           position by up to ``commitInterval`` batches and grows while a channel is idle, so
           it is not used for this figure.)
         - ``records_behind``: exact when that page holds everything readable now
-          (``may_more`` false), else ``None``: the service does not count what is ahead.
-        - A WAIT channel cannot be read until its parents end: both figures ``None``; so is a
-          position whose records were trimmed, or an empty page that still says more may
-          follow."""
+          (``may_more`` false); else the page's records, a lower bound (``exact`` false): the
+          service does not count what is ahead, and reading further would cost a read per
+          page of backlog on every measurement.
+        - A WAIT channel cannot be read until its parents end (the service refuses the read,
+          and the real service does not even name its parents): counted as what can be known,
+          0 records and 0 s, a lower bound; so is a position whose records were trimmed, or an
+          empty page that still says more may follow."""
         client = self._client
         now_us = time.time_ns() // 1000
         out: dict[str, ChannelLag] = {}
@@ -162,7 +165,7 @@ class ChannelProbes:
             if channel.status is ChannelStatus.TERMINATED:
                 continue
             if channel.status is ChannelStatus.WAIT:
-                out[ch] = ChannelLag(ch, None, None)
+                out[ch] = ChannelLag.nothing_readable(ch)
                 continue
             token = positions.get(ch) or client.get_checkpoint(tunnel_id, ch).token
             if token == FINISHED:
@@ -171,17 +174,17 @@ class ChannelProbes:
             try:
                 fetched = client.fetch(tunnel_id, ch, token, LAG_PEEK_RECORDS)
             except TrimmedDataError:
-                out[ch] = ChannelLag(ch, None, None)
+                out[ch] = ChannelLag.nothing_readable(ch)
                 continue
             assert fetched is not None
             if not fetched.records:
                 caught_up = fetched.next_token == token or not fetched.may_more
-                out[ch] = ChannelLag(ch, 0, 0.0) if caught_up else ChannelLag(ch, None, None)
+                out[ch] = ChannelLag(ch, 0, 0.0) if caught_up else ChannelLag.nothing_readable(ch)
                 continue
             oldest = decode_page(fetched.records[:1], ch, token,
                                  fetched.first_offset)[0].commit_ts_us
-            out[ch] = ChannelLag(ch, None if fetched.may_more else len(fetched.records),
-                                 max(0.0, (now_us - oldest) / 1e6))
+            out[ch] = ChannelLag(ch, len(fetched.records), max(0.0, (now_us - oldest) / 1e6),
+                                 exact=not fetched.may_more)
         return out
 
 
