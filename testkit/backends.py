@@ -115,3 +115,18 @@ def instant_between(backend: Backend, before: range, after: range) -> int:
     time.sleep(backend.settle_s)
     backend.write(after)
     return instant
+
+
+#: the ``backend`` fixture's parameters (``open_backend``)
+BACKEND_KINDS = ["local", "wire", "dynamodb"]
+
+
+def open_backend(kind: str, tmp_path: Path, request: Any) -> Backend:
+    """The backend of a test's ``backend`` fixture parametrized over ``BACKEND_KINDS``: the
+    DynamoDB one takes the ``moto_url`` and ``streams_fake`` fixtures from ``request``."""
+    if kind == "local":
+        return LocalBackend(tmp_path)
+    if kind == "wire":
+        return WireBackend(tmp_path)
+    return DynamoBackend(tmp_path, request.getfixturevalue("moto_url"),
+                         request.getfixturevalue("streams_fake"))

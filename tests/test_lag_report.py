@@ -13,20 +13,14 @@ import pytest
 from connector.latest_offset_report import LatestOffsetReporter
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
-from testkit.backends import Backend, DynamoBackend, LocalBackend, WireBackend
+from testkit.backends import BACKEND_KINDS, Backend, WireBackend, open_backend
 
 pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them
 
 
-@pytest.fixture(params=["local", "wire", "dynamodb"])
+@pytest.fixture(params=BACKEND_KINDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "local":
-        b: Backend = LocalBackend(tmp_path)
-    elif request.param == "wire":
-        b = WireBackend(tmp_path)
-    else:
-        b = DynamoBackend(tmp_path, request.getfixturevalue("moto_url"),
-                          request.getfixturevalue("streams_fake"))
+    b = open_backend(request.param, tmp_path, request)
     yield b
     b.close()
 

@@ -22,21 +22,21 @@ from connector.errors import OptionError, StartBeforeTunnelError, TrimmedDataErr
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
 from connector.tunnel import Checkpoint, Record, StartPosition, open_tunnel_service
-from testkit.backends import Backend, DynamoBackend, LocalBackend, WireBackend, instant_between
+from testkit.backends import (
+    BACKEND_KINDS,
+    Backend,
+    LocalBackend,
+    instant_between,
+    open_backend,
+)
 from testkit.protocol_runs import run_until_caught_up as drain
 
 pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them
 
 
-@pytest.fixture(params=["local", "wire", "dynamodb"])
+@pytest.fixture(params=BACKEND_KINDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "local":
-        b: Backend = LocalBackend(tmp_path)
-    elif request.param == "wire":
-        b = WireBackend(tmp_path)
-    else:
-        b = DynamoBackend(tmp_path, request.getfixturevalue("moto_url"),
-                          request.getfixturevalue("streams_fake"))
+    b = open_backend(request.param, tmp_path, request)
     yield b
     b.close()
 
