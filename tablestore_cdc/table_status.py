@@ -66,6 +66,9 @@ class TableStatus(BaseModel):
     last_commit: float | None = None
     target: str | None = None
     target_version: int | None = None
+    #: the newest schema change this process made to the target (``batch N: add column x``;
+    #: the target's history has every one)
+    last_schema_change: str | None = None
     #: when this record was written (seconds since the epoch)
     at: float = 0.0
 

@@ -155,6 +155,10 @@ def test_a_refused_table_is_reported_failed_everywhere_and_resumes_after_the_fix
                    timeout=180, process=app)
         assert _target(lake, "t_drifts", ("colour",))[500] == ("red",)
         assert _equal(store_path, lake, "t_good")
+        # the schema change the resumed batch made is in the operator's view
+        wait_until("t_drifts' schema change in the feed",
+                   lambda: _table_status(meta_uri)["t_drifts"].get("last_schema_change") or "",
+                   lambda change: "colour" in change, timeout=60, process=app)
         wait_until("t_drifts streaming in the feed",
                    lambda: _table_status(meta_uri)["t_drifts"]["state"], lambda s: s ==
                    "streaming", timeout=60, process=app)

@@ -284,7 +284,9 @@ function renderTables(doc) {
       el("td", { class: "num" }, t.rows_per_second === null ? "–" : t.rows_per_second.toFixed(1)),
       el("td", {}, t.last_commit === null ? "no commit yet"
         : `${fmtAge(doc.generated_at - t.last_commit)} ago`),
-      el("td", { class: "num" }, fmtNum(t.target_version)),
+      el("td", { class: "num", title: t.last_schema_change ? `last schema change: ${t.last_schema_change}` : null },
+        fmtNum(t.target_version),
+        t.last_schema_change ? el("span", { class: "muted" }, " (schema changed)") : null),
       el("td", { class: "mono" }, `${t.selection} → ${t.job}`));
   }));
 }

@@ -27,7 +27,7 @@ from tablestore_cdc.meta_cli.common import (
 def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
     """List every table of the multi-table pipelines (replicate --tables) in the meta store:
     state (snapshotting n %, streaming, stopped, failed with the reason, restarting, ...),
-    lag in records and seconds, rows/s, last commit, target version."""
+    lag in records and seconds, rows/s, last commit, target version, last schema change."""
     with inspected_store(meta) as store:
         rows = [{**s["table_status"], "namespace": s["namespace"]}
                 for s in sources_summary(store)["sources"] if s["table_status"]]
@@ -46,7 +46,7 @@ def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
             table = compact_table(f"tables {mine[0]['selection']} -> {job}",
                                   "drill into one: meta show --namespace NAMESPACE")
             for col in ("table", "state", "lag records", "lag s", "rows/s", "last commit",
-                        "target version", "namespace"):
+                        "target version", "last schema change", "namespace"):
                 table.add_column(col, overflow="fold", no_wrap=col == "namespace",
                                  justify="left" if col in ("table", "state", "namespace")
                                  else "right")
@@ -56,7 +56,7 @@ def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
                 table.add_row(r["table"], state, _shown(r["records_behind"]),
                               _shown(r["seconds_behind"]), _shown(r["rows_per_second"]),
                               _age(r["last_commit"], now), _shown(r["target_version"]),
-                              r["namespace"])
+                              _shown(r.get("last_schema_change")), r["namespace"])
             console.print(table)
 
 

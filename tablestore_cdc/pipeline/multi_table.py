@@ -86,6 +86,8 @@ class AppliedTable:
     version: int | None = None
     #: when the target last committed (seconds since the epoch)
     last_commit: float | None = None
+    #: the newest batch that changed the target's schema, and the changes it made
+    last_schema_change: str | None = None
     #: (when, changes) of its recent commits, for the rate
     recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=1000))
 
@@ -175,6 +177,8 @@ class MultiTableApply:
         status.last_batch = batch_id
         if result.committed:
             status.committed(result.changes, result.version)
+        if result.committed and result.schema_changes:
+            status.last_schema_change = f"batch {batch_id}: {'; '.join(result.schema_changes)}"
 
     def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
         reason = f"batch {batch_id}: {exc}"
@@ -279,7 +283,7 @@ class MultiTablePipeline(TwoQueries):
                 seconds_behind=figures.get("secondsBehind"), rows_applied=applied.rows_applied,
                 rows_per_second=round(applied.rows_per_second(now), 3),
                 last_commit=applied.last_commit, target=redact_uri(self.apply.target_of(table)),
-                target_version=applied.version)
+                target_version=applied.version, last_schema_change=applied.last_schema_change)
         return statuses
 
 
