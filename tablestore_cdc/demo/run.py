@@ -183,7 +183,7 @@ def _print_where(table_path: str) -> None:
         '.group_by("status").aggregate([("order_id", "count"), ("amount", "sum")]))',
         f'import polars as pl; print(pl.read_delta({path}).group_by("status")'
         '.agg(pl.len(), pl.col("amount").sum().round(2)))',
-        f'import duckdb, deltalake; orders = deltalake.DeltaTable({path}).to_pyarrow_dataset(); '
+        f'import duckdb, deltalake; orders = deltalake.DeltaTable({path}).to_pyarrow_table(); '
         'duckdb.sql("SELECT status, count(*), round(sum(amount), 2) FROM orders '
         'GROUP BY status").show()',
     ]
