@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast test-spark-oldest test-install fuzz faults-full netfaults-full cluster-long \
+.PHONY: demo test test-fast test-spark-oldest test-install test-extended fuzz faults-full netfaults-full cluster-long \
 	soak benchmarks lint java-check clean
 
 # The oldest PySpark the package supports (the floor of pyproject's range), in its own venv
@@ -47,7 +47,7 @@ demo: $(STAMP) java-check
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
 ## then the oldest_spark tests on the oldest supported PySpark, then the user's install
 test: $(STAMP) java-check
-	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not user_install" -n 2 --dist loadgroup --durations=30 $(PYTEST_ARGS)
+	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not extended and not user_install" -n 2 --dist loadgroup --durations=30 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
 	$(MAKE) --no-print-directory test-install
 
@@ -62,6 +62,12 @@ test-spark-oldest: $(OLDEST)/.installed-stamp java-check
 ## its verification line; then one extra in each venv ([lakehouse], [dynamodb], [tablestore])
 test-install: $(STAMP) java-check
 	$(BIN)/python -m pytest -m user_install integration/test_user_install.py $(PYTEST_ARGS)
+
+## make test-extended: what the default suite leaves out for its time: the other format's,
+## backend's or crash point's run of a test it runs once, and the benchmarks' smoke run
+## (about 10 minutes)
+test-extended: $(STAMP) java-check
+	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
 test-fast: $(STAMP)

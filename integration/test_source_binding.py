@@ -47,7 +47,9 @@ from testkit.wire_e2e import (  # noqa: E402
     write_changes,
 )
 
-pytestmark = pytest.mark.slow
+#: the same checks run in the default suite in one process (tests/test_protocol_binding.py,
+#: tests/test_source_lease_spark.py); these runs, each query its own application, are extended
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def test_a_restart_through_another_spelling_of_the_endpoint_resumes_exactly(

@@ -57,6 +57,7 @@ def _positive(value: object) -> bool:
             and math.isfinite(value) and value > 0)
 
 
+@pytest.mark.extended  # 3 to 4 minutes: make test-extended, or before a benchmark run
 def test_every_benchmark_reports_its_keys(spark, tmp_path):
     results = summary(run_suite(PRESETS["smoke"], spark=spark, workdir=tmp_path / "work",
                                 log=lambda message: None))

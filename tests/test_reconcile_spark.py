@@ -38,7 +38,7 @@ def _tamper_orders(target: Target, keys: list[int]) -> tuple[list[int], list[int
     return deleted, changed, added
 
 
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+@pytest.mark.parametrize("kind", ["delta", pytest.param("iceberg", marks=pytest.mark.extended)])
 def test_reconcile_during_a_write_load_then_after_tampering(spark: Any, tmp_path: Path,
                                                             kind: str) -> None:
     store_path = tmp_path / "store.db"

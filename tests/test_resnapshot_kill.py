@@ -63,7 +63,9 @@ def cli(*args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("point", ["resnapshot_before_commit", "resnapshot_after_commit"])
+@pytest.mark.parametrize("point", [
+    pytest.param("resnapshot_before_commit", marks=pytest.mark.extended),
+    "resnapshot_after_commit"])
 def test_a_resnapshot_killed_during_its_repair_ends_equal(tmp_path: Path, point: str) -> None:
     store_path, out, faults = tmp_path / "store.db", tmp_path / "out", tmp_path / "faults"
     faults.mkdir()

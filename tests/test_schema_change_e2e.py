@@ -245,7 +245,7 @@ def assert_history_is_the_change_log(store: Any, target: Target) -> None:
 # --- the tests -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+@pytest.mark.parametrize("kind", ["delta", pytest.param("iceberg", marks=pytest.mark.extended)])
 def test_the_default_policy_delivers_every_value_of_a_drifting_table(
         tmp_path: Path, kind: str) -> None:
     with wire_scenario(tmp_path) as (emulator, _store, client):
@@ -329,6 +329,7 @@ def test_a_kill_at_an_iceberg_schema_change_is_exact(tmp_path: Path) -> None:
     _kill_between_schema_change_and_data(tmp_path, "iceberg")
 
 
+@pytest.mark.extended  # the embedded store's run is in the default suite (test_snapshot_op_spark)
 def test_snapshot_rows_arrive_as_reads_then_the_stream(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
