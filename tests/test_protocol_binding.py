@@ -30,6 +30,8 @@ from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from meta_store import open_meta_store
+from testkit.fixtures import put_rows
+from testkit.protocol_runs import run_batch
 
 
 def options(endpoint: str, **extra: str) -> SourceOptions:
@@ -39,20 +41,6 @@ def options(endpoint: str, **extra: str) -> SourceOptions:
 
 def local(store: LocalTablestore, **extra: str) -> SourceOptions:
     return options(f"local://{store.path}", **extra)
-
-
-def write(store: LocalTablestore, ids: range) -> None:
-    for i in ids:
-        store.put_row("t", {"id": i}, {"v": i})
-
-
-def run_batch(proto: StreamProtocol, start: dict) -> tuple[dict, list[Record]]:
-    """One micro-batch in Spark's order: latestOffset -> partitions -> read -> commit."""
-    end = proto.latest_offset(start, None)
-    records = [r for p in proto.plan(start, end) for r in read_partition(p)]
-    if end != start:
-        proto.commit(end)
-    return end, records
 
 
 def keys(records: list[Record]) -> list[tuple[str, str]]:
@@ -96,11 +84,11 @@ def owners(monkeypatch: pytest.MonkeyPatch) -> Owners:
 
 def test_another_spelling_of_the_store_path_resumes_the_checkpoint(store: LocalTablestore
                                                                    ) -> None:
-    write(store, range(20))
+    put_rows(store, range(20))
     first = StreamProtocol(local(store))
     end, seen = run_batch(first, first.initial_offset())
     first.close()
-    write(store, range(20, 30))
+    put_rows(store, range(20, 30))
     path = Path(store.path)
     (path.parent / "x").mkdir()
     spelled = options(f"local://{path.parent}/./x/../{path.name}")
@@ -118,11 +106,11 @@ def test_the_emulator_through_localhost_resumes_a_checkpoint_of_127_0_0_1(
     creds = {"instance.name": "inst", "access.key.id": "ak", "access.key.secret": "sk-1"}
     with EmulatorServer(str(store.path), "inst", "ak", "sk-1") as emulator:
         port = emulator.url.rsplit(":", 1)[1]
-        write(store, range(15))
+        put_rows(store, range(15))
         first = StreamProtocol(options(f"http://127.0.0.1:{port}", **creds))
         end, seen = run_batch(first, first.initial_offset())
         first.close()
-        write(store, range(15, 40))
+        put_rows(store, range(15, 40))
         again = StreamProtocol(options(f"http://localhost:{port}", **creds))
         end2, more = run_batch(again, end)
         assert end2["source"] == end["source"] == "tablestore:inst#t#q"
@@ -154,7 +142,7 @@ def old_version_state(store: LocalTablestore) -> tuple[str, list[dict]]:
     # the earlier version's initial offset of generation 0: the same UUID
     assert initial["uuid"] == initial_uuid(legacy, tunnel_id, 0)
     offsets = [initial]
-    write(store, range(10))
+    put_rows(store, range(10))
     for _ in range(2):
         end, _ = run_batch(proto, offsets[-1])
         offsets.append(end)
@@ -167,7 +155,7 @@ def test_an_earlier_versions_checkpoint_and_namespace_keep_working(store: LocalT
                                                                    spelling: str) -> None:
     legacy, offsets = old_version_state(store)
     assert all(o["source"] == legacy for o in offsets)
-    write(store, range(10, 25))
+    put_rows(store, range(10, 25))
     path = Path(store.path)
     endpoint = (f"local://{path}" if spelling == "same" else f"local://{path.parent}/./{path.name}")
     restarted = StreamProtocol(options(endpoint))
@@ -192,7 +180,7 @@ def test_a_new_query_of_an_earlier_versions_namespace_continues_its_generations(
 
 def test_a_changed_tunnel_name_is_refused_before_anything_is_created(store: LocalTablestore
                                                                      ) -> None:
-    write(store, range(10))
+    put_rows(store, range(10))
     first = StreamProtocol(local(store))
     end, _ = run_batch(first, first.initial_offset())
     first.close()
@@ -215,7 +203,7 @@ def test_a_restart_on_another_source_says_what_changed(tmp_path: Path, store: Lo
     with LocalTablestore(tmp_path / "elsewhere.db") as elsewhere:
         elsewhere.create_table("t", primary_key=[("id", "INTEGER")], channels=1)
     change = {k: v.format(tmp=tmp_path) for k, v in change.items()}
-    write(store, range(5))
+    put_rows(store, range(5))
     first = StreamProtocol(local(store))
     end, _ = run_batch(first, first.initial_offset())
     first.close()
@@ -229,7 +217,7 @@ def test_a_restart_on_another_source_says_what_changed(tmp_path: Path, store: Lo
 
 def test_a_changed_meta_store_is_named_and_no_file_is_created(tmp_path: Path,
                                                               store: LocalTablestore) -> None:
-    write(store, range(5))
+    put_rows(store, range(5))
     first = StreamProtocol(local(store))
     end, _ = run_batch(first, first.initial_offset())
     first.close()
@@ -255,7 +243,7 @@ def test_the_default_meta_table_of_a_tablestore_endpoint_is_not_created_by_a_ref
 
     creds = {"instance.name": "inst", "access.key.id": "ak", "access.key.secret": "sk-2"}
     with EmulatorServer(str(store.path), "inst", "ak", "sk-2") as emulator:
-        write(store, range(5))
+        put_rows(store, range(5))
         first = StreamProtocol(options(emulator.url, **creds))
         end, _ = run_batch(first, first.initial_offset())
         first.close()
@@ -273,7 +261,7 @@ def test_the_default_meta_table_of_a_tablestore_endpoint_is_not_created_by_a_ref
 
 def test_a_second_query_on_a_live_tunnel_is_refused(store: LocalTablestore,
                                                     owners: Owners) -> None:
-    write(store, range(20))
+    put_rows(store, range(20))
     first = owners.protocol("process-1", local(store, maxOffsetsPerChannel="4"))
     start = first.initial_offset()
     end, seen = run_batch(first, start)
@@ -298,7 +286,7 @@ def test_a_second_query_on_a_live_tunnel_is_refused(store: LocalTablestore,
 
 def test_a_second_query_started_during_batch_0_is_refused_at_its_first_batch(
         store: LocalTablestore, owners: Owners) -> None:
-    write(store, range(10))
+    put_rows(store, range(10))
     first = owners.protocol("process-1", local(store))
     initial = first.initial_offset()
     first.plan(initial, first.latest_offset(initial, None))  # batch 0 runs
@@ -310,7 +298,7 @@ def test_a_second_query_started_during_batch_0_is_refused_at_its_first_batch(
 
 def test_a_restart_of_the_same_query_takes_the_lease_over_at_once(store: LocalTablestore,
                                                                   owners: Owners) -> None:
-    write(store, range(30))
+    put_rows(store, range(30))
     first = owners.protocol("process-1", local(store, maxOffsetsPerChannel="5"))
     end, seen = run_batch(first, first.initial_offset())
     end, more = run_batch(first, end)
@@ -325,7 +313,7 @@ def test_a_restart_of_the_same_query_takes_the_lease_over_at_once(store: LocalTa
         end = nxt
     assert keys(seen) == keys(store.change_log("t"))
     owners.owner, owners.clock = "process-1", owners.clock + lease_module.TIP_EVERY_S
-    write(store, range(30, 31))
+    put_rows(store, range(30, 31))
     with pytest.raises(SourceInUseError, match="planning process process-2"):
         # a leftover of the killed process is refused before it plans a batch
         first.plan(end, first.latest_offset(end, None))
@@ -333,7 +321,7 @@ def test_a_restart_of_the_same_query_takes_the_lease_over_at_once(store: LocalTa
 
 def test_a_restart_during_batch_0_replays_it_and_takes_the_lease_over(
         store: LocalTablestore, owners: Owners) -> None:
-    write(store, range(10))
+    put_rows(store, range(10))
     first = owners.protocol("process-1", local(store))
     initial = first.initial_offset()
     end0 = first.latest_offset(initial, None)
@@ -346,7 +334,7 @@ def test_a_restart_during_batch_0_replays_it_and_takes_the_lease_over(
 
 
 def test_a_killed_querys_lease_expires(store: LocalTablestore, owners: Owners) -> None:
-    write(store, range(10))
+    put_rows(store, range(10))
     first = owners.protocol("process-1", local(store))
     run_batch(first, first.initial_offset())  # then SIGKILLed: no release
     second = owners.protocol("process-2", local(store))  # a new checkpoint directory
@@ -365,11 +353,11 @@ def test_the_lease_is_renewed_while_a_long_batch_runs(store: LocalTablestore,
     monkeypatch.setattr(lease_module, "TTL_S", 0.4)
     owner = ["process-1"]
     monkeypatch.setattr(lease_module, "owner_id", lambda: owner[0])
-    write(store, range(5))
+    put_rows(store, range(5))
     first = StreamProtocol(local(store))
     initial = first.initial_offset()
     end, _ = run_batch(first, initial)
-    write(store, range(5, 9))
+    put_rows(store, range(5, 9))
     first.plan(end, first.latest_offset(end, None))
     time.sleep(1.5)  # the batch runs for more than three TTLs
     owner[0] = "process-2"

@@ -23,13 +23,14 @@ from connector.errors import TunnelExpiredError
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel import Checkpoint, Record, TunnelService
 from meta_store.signals import SignalBoard
 
 pytest.importorskip("tablestore")
 
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.fixtures import put_rows
+from testkit.protocol_runs import run_batch
 
 CREDS = {"instance.name": "inst", "access.key.id": "ak", "access.key.secret": "sk-exp"}
 
@@ -44,20 +45,6 @@ def options(emulator: EmulatorServer, store: LocalTablestore, **extra: str) -> S
     return SourceOptions.from_spark({"endpoint": emulator.url, "table.name": "t",
                                      "tunnel.name": "q", **CREDS,
                                      "meta.store": f"sqlite://{store.path}.meta", **extra})
-
-
-def write(store: LocalTablestore, ids: range) -> None:
-    for i in ids:
-        store.put_row("t", {"id": i}, {"v": i})
-
-
-def run_batch(proto: StreamProtocol, start: dict) -> tuple[dict, list[Record]]:
-    """One micro-batch in Spark's order: latestOffset -> partitions -> read -> commit."""
-    end = proto.latest_offset(start, None)
-    records = [r for p in proto.plan(start, end) for r in read_partition(p)]
-    if end != start:
-        proto.commit(end)
-    return end, records
 
 
 def ids(records: list[Record]) -> list[int]:
@@ -93,7 +80,7 @@ def test_the_emulator_expires_a_tunnel_as_the_service_reports_it(
 
 def test_under_fail_a_restart_on_an_expired_tunnel_stops_on_the_typed_error(
         emulator: EmulatorServer, store: LocalTablestore) -> None:
-    write(store, range(10))
+    put_rows(store, range(10))
     first = StreamProtocol(options(emulator, store))
     end, _ = run_batch(first, first.initial_offset())
     first.close()
@@ -107,17 +94,17 @@ def test_under_fail_a_restart_on_an_expired_tunnel_stops_on_the_typed_error(
 def test_under_resnapshot_an_expired_tunnel_is_replaced_and_the_stream_goes_on(
         emulator: EmulatorServer, store: LocalTablestore,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    write(store, range(10))
+    put_rows(store, range(10))
     opts = options(emulator, store, onDataLoss="resnapshot")
     first = StreamProtocol(opts)
     end, seen = run_batch(first, first.initial_offset())
     assert ids(seen) == list(range(10))
-    write(store, range(10, 15))
+    put_rows(store, range(10, 15))
     planned = first.latest_offset(end, None)  # in Spark's offset log, never committed
     assert first.plan(end, planned)  # (planned, never read)
     first.close()
     expired_id = emulator.expire_tunnel("t", "q")
-    write(store, range(15, 20))  # lost with the tunnel: the resnapshot repairs them
+    put_rows(store, range(15, 20))  # lost with the tunnel: the resnapshot repairs them
 
     interrupted = StreamProtocol(opts)  # dies after deleting the expired tunnel
     monkeypatch.setattr(TunnelService, "ensure_tunnel",
@@ -131,7 +118,7 @@ def test_under_resnapshot_an_expired_tunnel_is_replaced_and_the_stream_goes_on(
     assert again.plan(end, planned) == []  # planned on the expired tunnel: replayed empty
     again.commit(planned)
     assert again.tunnel_id != expired_id
-    write(store, range(20, 25))  # on the new tunnel
+    put_rows(store, range(20, 25))  # on the new tunnel
     _, more = run_batch(again, planned)
     assert ids(more) == list(range(20, 25))
     signals = SignalBoard(again.meta, again.namespace).signals()
