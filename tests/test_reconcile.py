@@ -30,6 +30,7 @@ from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile import compare as compare_module  # noqa: E402
 from tablestore_cdc.reconcile.layout import CompareLayout  # noqa: E402
+from tablestore_cdc.reconcile.target import open_target_table  # noqa: E402
 from testkit.reconcile import (  # noqa: E402
     DeltaTarget,
     IcebergTarget,
@@ -123,6 +124,29 @@ def test_three_deleted_two_changed_one_added_are_exactly_the_differences(
     # the stream never ran here: no meta table, so nothing can be in flight, and it says so
     assert report.in_flight is not None and not report.in_flight.determined
     assert "has not run" in report.in_flight.note
+
+
+def test_the_rows_read_hold_the_newest_batch_named_even_one_committed_after_the_open(
+        tmp_path: Path, target: Target) -> None:
+    """The target is opened, then the apply query commits another batch, then reconcile asks
+    how far the stream applied it: the rows it reads next must hold the batch it was told of.
+    (``DeltaTable.history`` reads past the version the object holds; a pinned read that
+    lacked the newest batch made differences the stream had applied look not in flight.)"""
+    store = make_store(tmp_path / "store.db", split=False)
+    uri = f"local://{store.path}"
+    apply_stream(uri, "t", open_apply_sink(target.uri), app_id="first-query")
+    opened = open_target_table(target.uri)
+    key = target.live_keys()[0]
+    store.update_row("t", {"id": key}, {"qty": -777})
+    apply_stream(uri, "t", open_apply_sink(target.uri, adopt_target=True), app_id="second-query")
+
+    applied = opened.applied()
+    assert applied is not None
+    rows = pa.Table.from_batches(list(opened.batches(["id", "qty"], 1000)))
+    qty = {r["id"]: r["qty"] for r in rows.to_pylist()}[key]
+    # whichever batch it names (Delta: the newest; Iceberg: the opened snapshot's), the rows
+    # read agree with it
+    assert (applied.app_id == "second-query") == (qty == -777), (applied, qty)
 
 
 def test_the_command_prints_the_differences_and_exits_1(tmp_path: Path) -> None:

@@ -94,7 +94,8 @@ class TargetTable(ABC):
 
     @abstractmethod
     def applied(self) -> AppliedBatch | None:
-        """The newest batch of an apply query in the table (None: none recorded)."""
+        """The newest batch of an apply query in the table (None: none recorded). The rows
+        ``batches`` reads afterwards hold that batch (the pinned version may move forward)."""
 
     def estimated_rows(self) -> int | None:
         return None

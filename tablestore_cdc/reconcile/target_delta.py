@@ -67,14 +67,27 @@ class DeltaTargetTable(TargetTable):
             return None
 
     def applied(self) -> AppliedBatch | None:
+        """The newest apply batch in the history, the pinned version moved to hold it.
+
+        ``DeltaTable.history`` reads the log from its newest commit, not from the version the
+        object holds (deltalake 1.6): a batch committed since the table was opened is named
+        while the pinned files lack it. The version is therefore moved to the newest commit
+        once the history is read, so the rows compared hold every batch the history named (a
+        newer target only labels more differences in flight, never fewer:
+        ``tablestore_cdc.reconcile.inflight``). ``reconcile_table`` calls this before it reads
+        the rows."""
         limit = HISTORY_PAGE
         while True:
             history = self._table.history(limit=limit)
             whole = len(history) < limit
             found = newest_two(history, whole)
             if found is not None or whole:
-                return found
+                break
             limit *= 4
+        self._table.update_incremental()
+        self.version = str(self._table.version())
+        self._schema = pa.schema(self._table.schema().to_arrow())
+        return found
 
 
 def newest_two(history: list[dict[str, Any]], whole: bool) -> AppliedBatch | None:
