@@ -14,6 +14,7 @@ the emulator over HTTP on 127.0.0.1.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ from connector.reader import claim_and_read
 from connector.tunnel.page import PageLayout
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import TablestoreTunnelService
+from connector.tunnel.tablestore.tokens import inside_page
 from tablestore_emulator.errors import OtsError
 from tablestore_emulator.server import EmulatorServer
 from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
@@ -96,6 +98,41 @@ def test_prefetched_reads_equal_plain_reads_and_reuse_connections(harness: Emula
     finally:
         plain.close()
         ahead.close()
+
+
+def _reachable_bytes(root: object, depth: int = 6) -> list[int]:
+    """Sizes of the ``bytes`` objects reachable from ``root`` through Python references."""
+    seen: set[int] = set()
+    frontier, sizes = [root], []
+    for _ in range(depth):
+        following = []
+        for obj in frontier:
+            for ref in gc.get_referents(obj):
+                if id(ref) in seen or isinstance(ref, type):
+                    continue
+                seen.add(id(ref))
+                if isinstance(ref, bytes | bytearray | memoryview):
+                    sizes.append(len(ref))
+                following.append(ref)
+        frontier = following
+    return sizes
+
+
+@pytest.mark.parametrize("limit", [300, 1000], ids=["inside-a-page", "whole-pages"])
+def test_a_page_does_not_keep_the_services_answer_alive(harness: EmulatorHarness,
+                                                         limit: int) -> None:
+    """The reader holds a batch's pages until the batch's end is claimed: a page keeps its
+    columns and what tells its tokens, not the service's answer as well (which doubled the
+    memory of a large partition read over the wire)."""
+    h = harness
+    tid = h.service.create_tunnel("t", "tun").tunnel_id
+    (cid,) = [c.channel_id for c in h.service.describe_tunnel("t", "tun").channels]
+    layout = PageLayout.of_table(h.service.table_schema("t"))
+    start = h.service.get_checkpoint(tid, cid).token
+    page = h.service.read_page(tid, cid, start, limit, layout)
+    assert page.count == min(limit, 500)
+    assert max(_reachable_bytes(page), default=0) < 1_000  # the answer was over 10 KB
+    assert page.token_after(100) == inside_page(start, 100)  # still told without the answer
 
 
 def test_a_failed_prefetch_is_not_raised_the_own_request_answers(

@@ -32,7 +32,12 @@ from connector.tunnel.tablestore.calls import CLIENT_ID
 from connector.tunnel.tablestore.prefetch import PrefetchedReads
 from connector.tunnel.tablestore.read_answer import ReadAnswer, read_answer
 from connector.tunnel.tablestore.records import BASE_PREFIX, decode_columns, decode_page
-from connector.tunnel.tablestore.tokens import base_offset, check_token, inside_page
+from connector.tunnel.tablestore.tokens import (
+    TokensInPage,
+    base_offset,
+    check_token,
+    inside_page,
+)
 
 _READ_PATH = "/tunnel/readrecords"
 
@@ -54,7 +59,11 @@ class WireRecords:
 
     def token_after(self, n: int) -> str:
         """The token after the first ``n`` records (``0 < n < len(records)``)."""
-        return inside_page(self.page_token, self.skip + n)
+        return self.tokens()(n)
+
+    def tokens(self) -> TokensInPage:
+        """``token_after`` without the records (what a ``Page`` keeps)."""
+        return TokensInPage(self.page_token, self.skip)
 
 
 class TablestoreReading(TablestoreAdministration, ChannelReader):
@@ -171,7 +180,7 @@ class TablestoreReading(TablestoreAdministration, ChannelReader):
             return Page(empty_page_batch(layout), token, True)
         return Page(decode_columns(fetched.records, channel_id, token, fetched.first_offset,
                                    layout), fetched.next_token, fetched.may_more,
-                    tokens=fetched.token_after)
+                    tokens=fetched.tokens())
 
     def snapshot_rows(self, channel_id: str, sequences: Any) -> Any:
         """Base data is the records without sequence info: their ``_sequence`` starts with

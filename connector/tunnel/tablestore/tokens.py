@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from dataclasses import dataclass
 from typing import Any
 
 from connector.errors import MalformedTokenError
@@ -28,6 +29,20 @@ SKIP_MARK = "~"
 def inside_page(page_token: str, skip: int) -> str:
     """The client token "``skip`` records after ``page_token``" (``skip`` > 0)."""
     return f"{page_token}{SKIP_MARK}{skip}"
+
+
+@dataclass(frozen=True)
+class TokensInPage:
+    """``Page.tokens`` of records read from one service page (``reading.read_page``): the
+    token after the first ``n`` of them. It holds the page token and the skip alone: a page
+    the reader keeps until its read's end is claimed must not keep the service's answer (its
+    bytes, as large as the page's columns) alive through it."""
+
+    page_token: str
+    skip: int
+
+    def __call__(self, n: int) -> str:
+        return inside_page(self.page_token, self.skip + n)
 
 
 def check_token(channel_id: str, token: Any) -> tuple[str, int]:
@@ -80,5 +95,5 @@ def base_offset(page_token: str) -> int | None:
     return int(content.total_count) if content.HasField("total_count") else None
 
 
-__all__ = ["SKIP_MARK", "base_offset", "check_token", "inside_page", "split_token",
+__all__ = ["SKIP_MARK", "TokensInPage", "base_offset", "check_token", "inside_page", "split_token",
            "token_content"]
