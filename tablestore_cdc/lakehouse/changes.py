@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -56,7 +57,7 @@ def ordered(batch: pa.Table, key_columns: Sequence[str]) -> pa.Table:
         *[(k, "ascending") for k in key_columns], ("__ts_first", "ascending"),
         ("__ts_last", "ascending"), ("_channel_id", "ascending")]))
     ranked = ranked.select(keys).append_column(
-        "__rank", pa.array(range(ranked.num_rows), pa.int64()))
+        "__rank", pa.array(np.arange(ranked.num_rows, dtype=np.int64)))
     joined = rows.join(ranked, keys=keys, join_type="inner")
     joined = joined.take(pc.sort_indices(joined, sort_keys=[("__rank", "ascending"),
                                                             ("_sequence", "ascending")]))

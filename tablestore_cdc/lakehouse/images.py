@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -94,7 +95,7 @@ class Images:
         """Target rows (``layout.schema``) of the ordered rows at ``at``, with ``system``'s
         columns (SCD 2 validity, soft-delete flag) given per selected row."""
         every = len(at) == rows.num_rows and (not len(at) or pc.all(pc.equal(
-            at, pa.array(range(len(at)), pa.int64()))).as_py())  # every row: no copy
+            at, pa.array(np.arange(len(at), dtype=np.int64)))).as_py())  # every row: no copy
         arrays = []
         for f in layout.schema:
             if every and f.name not in system:

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -266,7 +267,7 @@ def _last_image(rows: pa.Table, last: pa.Array, deleted: pa.Array) -> pa.Array:
     """Per row: the index of its key's latest change so far that is not a DELETE (null when
     the key has none up to there)."""
     n = rows.num_rows
-    index = pa.array(range(n), pa.int64())
+    index = pa.array(np.arange(n, dtype=np.int64))
     images = pc.fill_null_forward(pc.if_else(deleted, pa.nulls(n, pa.int64()), index))
     starts = pa.concat_arrays([pa.array([True]), last.slice(0, n - 1)]) if n else last
     group = pc.cumulative_sum(starts.cast(pa.int64()))
