@@ -259,10 +259,11 @@ def _append_files(transaction: Any, groups: list[pa.Table], schema: pa.Schema, i
     Iceberg's field ids and bounds."""
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
+    # read once: each read of ``Transaction.table_metadata`` deep-copies the whole metadata
+    metadata = transaction.table_metadata
     with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
         for group in groups:
-            for data_file in _dataframe_to_data_files(transaction.table_metadata,
-                                                      _conformed(group, schema), io):
+            for data_file in _dataframe_to_data_files(metadata, _conformed(group, schema), io):
                 append.append_data_file(data_file)
 
 
