@@ -4,14 +4,15 @@ Exactly once through the **snapshot summary** and the catalog's optimistic concu
 snapshot a batch makes carries ``tablestore-cdc.query-id`` and ``tablestore-cdc.batch-id``.
 Before committing, the sink walks the table's snapshots from the current one back to the
 newest of its query and skips a batch at or below the batch id recorded there. The batch's
-snapshots (a delete and an append, and a schema change if columns are added) are one catalog
+snapshot (an overwrite or an append, and a schema change if columns are added) is one catalog
 commit that requires the table's current snapshot to be the one the sink read
 (``AssertRefSnapshotId``); if another writer committed meanwhile the catalog refuses
 (``CommitFailedException``), and the sink reloads, checks the summary again and re-plans.
 
-Row-level changes are copy-on-write over the batch's key span (``_rewritten``; ``pyiceberg``
-writes no delete files): the rows whose first key column lies between the batch's lowest and
-highest key are deleted and written again without the touched keys' rows, with
+Row-level changes are copy-on-write of the data files over the batch's key span (``_rewritten``;
+``pyiceberg`` writes no delete files): the files whose bounds of the first key column meet the
+span between the batch's lowest and highest key are replaced, in one overwrite snapshot, by
+files of their rows without the touched keys' rows, with
 
 - SCD 1: the final images (with a soft-delete column, keys deleted here without an image in
   the batch keep their current row, flagged);
@@ -28,7 +29,6 @@ accepts can be passed as properties.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -168,21 +168,18 @@ class IcebergApplySink(ApplySink):
             self._after_schema_change()  # staged: the table is unchanged until the commit
         schema = transaction.table_metadata.schema().as_arrow()
         appending = not _may_hold(table, plan, options.key_columns[0])
+        replaced: list[Any] = []
         if appending:  # every key is new to the table: append, nothing to delete or close
-            span, groups = None, file_groups(plan.upsert_table, plan.upsert_channels,
-                                             options.key_columns[0])
+            groups = file_groups(plan.upsert_table, plan.upsert_channels,
+                                 options.key_columns[0])
         else:
-            span, rows = _rewritten(table, plan, options)
+            replaced, rows = _rewritten(table, plan, options)
             groups = file_groups(rows, None, options.key_columns[0])
-        if (span is None and not groups and not summary.get(SCHEMA_CHANGES_PROPERTY)
+        if (not replaced and not groups and not summary.get(SCHEMA_CHANGES_PROPERTY)
                 and not marking):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
-        if span is not None and table.current_snapshot() is not None:
-            with warnings.catch_warnings():  # "did not match any records": new keys only
-                warnings.filterwarnings("ignore", "Delete operation did not match")
-                transaction.delete(span, snapshot_properties=summary)
-        if groups:
-            _append_files(transaction, groups, schema, table.io, summary)
+        if replaced or groups:
+            _write_files(transaction, replaced, groups, schema, table.io, summary)
         self._before_commit()  # data files written, the catalog not yet pointed at them
         table = transaction.commit_transaction()
         self._after_commit()
@@ -216,19 +213,24 @@ def committed_batch(table: Any, app_id: str) -> int | None:
 
 
 def _rewritten(table: Any, plan: ApplyPlan, options: ApplyOptions
-               ) -> tuple[Any, pa.Table]:
-    """Copy-on-write of the batch's key span (pyiceberg writes no delete files): the filter
-    selecting every row whose first key column lies between the batch's lowest and highest
-    key (read through the files' bounds, a range binds at once where thousands of keys would
-    not), and the rows that replace them: the span's untouched rows, the batch's images
-    (SCD 1; soft-deleted keys' rows flagged) or versions (SCD 2; open versions of touched keys
-    closed)."""
+               ) -> tuple[list[Any], pa.Table]:
+    """Copy-on-write of the data files that may hold the batch's keys (pyiceberg writes no
+    delete files): the files whose bounds of the first key column meet the span between the
+    batch's lowest and highest key (a range binds at once where thousands of keys would not),
+    and the rows that replace them: their untouched rows, the batch's images (SCD 1;
+    soft-deleted keys' rows flagged) or versions (SCD 2; open versions of touched keys
+    closed). The files are read whole with pyiceberg's reader (field ids, schema evolution,
+    position deletes), once."""
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan
+
     e = _expressions()
     keys = list(options.key_columns)
     bounds = pc.min_max(plan.touched_keys(keys[0]))
     span = e.And(e.GreaterThanOrEqual(keys[0], bounds["min"].as_py()),
                  e.LessThanOrEqual(keys[0], bounds["max"].as_py()))
-    current = table.scan(row_filter=span).to_arrow()
+    tasks = list(table.scan(row_filter=span).plan_files())
+    current = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
     touched = pa.concat_tables([t.select(keys).cast(current.select(keys).schema) for t in (
         plan.upsert_table, plan.delete_keys, plan.close_table)]).group_by(keys).aggregate([])
     schema = plan.upsert_table.schema
@@ -249,22 +251,26 @@ def _rewritten(table: Any, plan: ApplyPlan, options: ApplyOptions
         gone = gone.set_column(gone.schema.get_field_index(flag), flag,
                                pa.repeat(True, gone.num_rows))
         parts.append(_conformed(gone, schema))
-    return span, pa.concat_tables(parts)
+    return tasks, pa.concat_tables(parts)
 
 
-def _append_files(transaction: Any, groups: list[pa.Table], schema: pa.Schema, io: Any,
-                  summary: dict[str, str]) -> None:
-    """One snapshot adding a data file per group (each sorted by key, layout.py), written
-    by pyiceberg's own writer (the one ``Transaction.append`` uses) so that the files carry
+def _write_files(transaction: Any, replaced: list[Any], groups: list[pa.Table],
+                 schema: pa.Schema, io: Any, summary: dict[str, str]) -> None:
+    """One snapshot: the ``replaced`` files' scan tasks removed (an overwrite; none: a fast
+    append) and a data file per group added (each sorted by key, layout.py), written by
+    pyiceberg's own writer (the one ``Transaction.append`` uses) so that the files carry
     Iceberg's field ids and bounds."""
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
     # read once: each read of ``Transaction.table_metadata`` deep-copies the whole metadata
     metadata = transaction.table_metadata
-    with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+    update = transaction.update_snapshot(snapshot_properties=summary)
+    with (update.overwrite() if replaced else update.fast_append()) as snapshot:
+        for task in replaced:
+            snapshot.delete_data_file(task.file)
         for group in groups:
             for data_file in _dataframe_to_data_files(metadata, _conformed(group, schema), io):
-                append.append_data_file(data_file)
+                snapshot.append_data_file(data_file)
 
 
 def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
