@@ -25,7 +25,7 @@ from deltalake import DeltaTable  # noqa: E402
 
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.lakehouse.pruning import candidates, may_hold  # noqa: E402
-from tablestore_cdc.verify import table_state  # noqa: E402
+from tablestore_cdc.verify import read_delta, table_state  # noqa: E402
 from testkit.lakehouse import Delta, Iceberg, batch, change  # noqa: E402
 from testkit.processes import REPO  # noqa: E402
 
@@ -116,6 +116,32 @@ def test_a_first_load_appends_and_the_stream_after_it_merges(target, scd) -> Non
         versions = [r for r in target.rows() if r["id"] == 7]
         assert sorted((r["name"], r["__END_AT"] is None) for r in versions) == [
             ("n7", False), ("seven", True)]
+
+
+def test_a_string_key_in_a_file_delta_rs_rewrote_is_found_and_merged(tmp_path: Path) -> None:
+    """A merge's rewrite makes delta-rs store a string key as ``string_view`` in that file,
+    beside files that store it as ``string``: the probe of the next batches found no kernel
+    for the mixed types (ArrowNotImplementedError, the job failed). A key held in the
+    rewritten file must be merged, a new key in its range appended (deltalake 1.6 stores
+    the rewritten file's key as a view)."""
+    from tablestore_cdc.lakehouse import DeltaApplySink
+
+    schema = pa.schema([pa.field("k", pa.string(), False), *list(batch().schema)[1:]])
+    path = str(tmp_path / "orders")
+    sink = DeltaApplySink(path, key_columns=["k"])
+
+    def apply(batch_id: int, *rows: tuple[str, str, str]) -> Any:
+        changes = [{**change(op, "c", batch_id * 10 + i, batch_id, 0, name), "k": k}
+                   for i, (op, k, name) in enumerate(rows)]
+        return sink.apply(pa.Table.from_pylist(changes, schema=schema), "q", batch_id)
+
+    assert apply(0, ("PUT", "a", "a0"), ("PUT", "m", "m0")).appended
+    assert not apply(1, ("UPDATE", "a", "a1")).appended  # merged: the file is rewritten
+    assert not apply(2, ("UPDATE", "a", "a2"), ("PUT", "c", "c2")).appended
+    assert apply(3, ("PUT", "b", "b3")).appended  # in the files' range, held by none
+    assert table_state(read_delta(path), ["k"]) == {
+        json.dumps({"k": k}): {"name": name}
+        for k, name in (("a", "a2"), ("b", "b3"), ("c", "c2"), ("m", "m0"))}
 
 
 KILL_SCRIPT = """

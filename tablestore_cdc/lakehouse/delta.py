@@ -197,8 +197,6 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     """Whether the table may hold a key the batch touches (pruning.py): the ``add`` actions'
     statistics of the first key column, then the column itself in the files they cannot
     rule out."""
-    import pyarrow.dataset as ds
-
     files = pa.table(table.get_add_actions(flatten=True))
     if not files.num_rows:
         return False
@@ -212,18 +210,42 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
         return False
     if not comparable(keys.type):
         return True
-    probe = ds.field(key).isin(pc.unique(keys))
     local = _local_path(table.table_uri)
     if local is None:
         column = table.to_pyarrow_dataset().to_table(columns=[key]).column(key)
         return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
     paths = [os.path.join(local, p) for p, h in zip(files.column("path").to_pylist(), held,
                                                      strict=True) if h]
-    # the key column read as the batch's type (delta-rs may store strings as views, which
-    # ``isin`` does not take); the filter prunes row groups by their statistics
+    return _files_hold(paths, key, keys)
+
+
+def _files_hold(paths: list[str], key: str, keys: pa.Array) -> bool:
+    """Whether the local Parquet files at ``paths`` hold one of ``keys`` in column ``key``.
+
+    delta-rs writes a string column as ``string`` in some commits and as ``string_view`` in
+    others (the rewrite of a merge), and pyarrow neither filters a view column (``is_in`` has
+    no kernel for it) nor compares a file's view statistics with a ``string`` filter. So the
+    files that store the key plainly are scanned with a filter (as the batch's type), which
+    prunes row groups by their statistics; those that store it as a view are read whole
+    (their key column only, as the batch's type) and probed."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    views = {p for p in paths if _is_view(pq.read_schema(p).field(key).type)}
     only_key = pa.schema([pa.field(key, keys.type)])
-    return ds.dataset(paths, schema=only_key, format="parquet").to_table(
-        columns=[key], filter=probe).num_rows > 0
+    plain = [p for p in paths if p not in views]
+    if plain and ds.dataset(plain, schema=only_key, format="parquet").to_table(
+            columns=[key], filter=ds.field(key).isin(pc.unique(keys))).num_rows:
+        return True
+    if not views:
+        return False
+    column = ds.dataset(sorted(views), schema=only_key, format="parquet").to_table(
+        columns=[key]).column(key)
+    return bool(pc.any(pc.is_in(column, value_set=keys)).as_py())
+
+
+def _is_view(typ: pa.DataType) -> bool:
+    return pa.types.is_string_view(typ) or pa.types.is_binary_view(typ)
 
 
 def _local_path(table_uri: str) -> str | None:
