@@ -23,6 +23,7 @@ Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is ca
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -30,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -114,6 +116,9 @@ class MultiTableOptions:
     refresh_s: float
     #: Spark's options without the multi-table ones: each table's query options but its name
     shared: tuple[tuple[str, str], ...]
+    #: the query's own meta table when it is in the instance the tables are listed from
+    #: (``own_meta_table``): never selected
+    meta_table: str | None = None
 
     @classmethod
     def from_spark(cls, options: Mapping[str, str]) -> MultiTableOptions:
@@ -131,12 +136,26 @@ class MultiTableOptions:
                     int(refresh) / 1000.0,
                     tuple(sorted((k, v) for k, v in options.items()
                                  if k.lower() not in {o.lower() for o in MULTI_OPTIONS})))
-        built.for_table("placeholder")  # every other option is checked now, at load()
-        return built
+        # every other option is checked now, at load()
+        meta_table = own_meta_table(built.for_table("placeholder"))
+        return dataclasses.replace(built, meta_table=meta_table)
 
     def for_table(self, table: str) -> SourceOptions:
         """One table's options (``OptionError`` as a single-table query would raise it)."""
         return SourceOptions.from_spark({**dict(self.shared), "table.name": table})
+
+
+def own_meta_table(options: SourceOptions) -> str | None:
+    """The table of the query's meta store when it lives in the instance whose tables the
+    query lists (a Tablestore endpoint's default, ``checkpoint.table``, or a ``tablestore://``
+    ``meta.store`` naming that instance), else None. A pattern may match it
+    (``tables=t*`` and ``tablestore_cdc_meta``), but it is never read: its changes are the
+    query's own checkpoints, so each batch would make the next one."""
+    meta = urlsplit(options.meta_store)
+    instance = getattr(options.endpoint, "instance", None)
+    if meta.scheme != "tablestore" or instance is None or meta.netloc != instance:
+        return None
+    return meta.path.strip("/") or None
 
 
 @dataclass(frozen=True)
@@ -191,7 +210,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         if now - self._listed_at >= self.options.refresh_s:
             if self._admin is None:
                 self._admin = Clients().tunnel(self.options.for_table("placeholder").endpoint)
-            self._listed = self.options.selection.select(self._admin.list_tables())
+            self._listed = self.options.selection.select(
+                [n for n in self._admin.list_tables() if n != self.options.meta_table])
             self._listed_at = now
         return self._listed
 

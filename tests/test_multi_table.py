@@ -179,6 +179,42 @@ def test_the_tables_are_listed_and_read_over_the_tablestore_wire(tmp_path: Path)
         ("a", '{"id":1}', '{"v":"x","b":null}'), ("b", '{"k":"q"}', '{"n":2.5}')]
 
 
+def test_the_query_s_own_meta_table_is_never_selected(tmp_path: Path) -> None:
+    """Over the wire the meta table is, by default, a table of the instance the tables are
+    listed from: a pattern matching it (``*``) must leave it out, else every batch's
+    checkpoints would be changes to read in the next (found by the benchmark over the
+    emulator: ``t*`` and ``tablestore_cdc_meta``)."""
+    pytest.importorskip("tablestore")
+    from connector.multiplex import own_meta_table
+    from tablestore_emulator.server import EmulatorServer
+    from testkit.emulator import INSTANCE, KEY_ID, SECRET
+
+    with _store(tmp_path / "s.db") as store:
+        store.put_row("a", {"id": 1}, {"v": "x"})
+    emulator = EmulatorServer(str(tmp_path / "s.db"), INSTANCE, KEY_ID, SECRET).start()
+    try:
+        wire = {"endpoint": emulator.url, "instance.name": INSTANCE, "access.key.id": KEY_ID,
+                "access.key.secret": SECRET, "tables": "*", "tunnel.name": "q",
+                "tables.refreshIntervalMs": "0"}
+        options = MultiTableOptions.from_spark(wire)
+        assert options.meta_table == "tablestore_cdc_meta"
+        reader = MultiTableStreamReader(options)
+        start = reader.initialOffset()
+        reader.commit(reader.latestOffset(start, None))
+        with LocalTablestore(tmp_path / "s.db") as store:
+            assert "tablestore_cdc_meta" in store.list_tables()  # written by the query
+        assert reader.listed_tables() == ["a", "b", "c"]
+        reader.stop()
+        # a meta.store elsewhere leaves every table of the instance selectable
+        assert MultiTableOptions.from_spark(
+            {**wire, "meta.store": f"sqlite://{tmp_path}/meta.db"}).meta_table is None
+        named = {**wire, "meta.store": f"tablestore://{INSTANCE}/cdc_meta?endpoint="
+                 f"{emulator.url}"}
+        assert own_meta_table(MultiTableOptions.from_spark(named).for_table("a")) == "cdc_meta"
+    finally:
+        emulator.stop()
+
+
 def test_a_table_dropped_after_its_batch_was_logged_is_passed_over_on_restart(
         tmp_path: Path) -> None:
     with _store(tmp_path / "s.db") as store:
