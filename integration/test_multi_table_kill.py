@@ -1,134 +1,297 @@
-"""``tablestore-cdc replicate --tables`` SIGKILLed mid-run, twice, while writers change every
-table (a split and a merge in one), a table is created and one dropped: after the last restart
-every target equals its source table row by row (read back with ``deltalake``), and the dropped
-table's target holds what it had at the drop (docs/multi-table.md).
+"""``tablestore-cdc replicate --tables`` SIGKILLed three times mid-run while a writer changes
+each table: 6 tables (4 at the start, 2 created while it runs, 1 dropped), two splits and a
+merge in each of two tables, Delta and Iceberg targets, SCD 1 and SCD 2 (per-table settings
+from ``--config``). After the last restart (docs/multi-table.md):
 
-Not in the default suite (marker ``faults_full``, about a minute): run it with ``python -m
-pytest -m faults_full integration/test_multi_table_kill.py``. It once timed out waiting for
-every table's first apply after a kill (2 runs of 7): the table created just before the kill
-had no batch of its own to prove the restart by, so its lease refused the restarted process
-and the table stayed failed; a restart now takes such a lease over with the others
-(``connector.planning.lease._predecessors``), and a table refused a lease waits instead."""
+- every target equals its source table row by row, read back with ``deltalake`` /
+  ``pyiceberg`` (never through the apply's code), and an SCD 2 target's versions equal the
+  ones the source's change log implies (each change applied once, in order);
+- the change log the application committed (the Parquet files its ``_spark_metadata`` log
+  lists) holds every change of every table's change log exactly once, in order per key;
+- the dropped table's target and change log hold what its source held at the drop.
+
+Not in the default suite (marker ``faults_full``, 2 to 3 minutes on 2 cores): run it with
+``python -m pytest -m faults_full integration/test_multi_table_kill.py``. It once timed out
+waiting for every table's first apply after a kill (2 runs of 7): the table created just
+before the kill had no batch of its own to prove the restart by, so its lease refused the
+restarted process and the table stayed failed; a restart now takes such a lease over with the
+others (``connector.planning.lease._predecessors``), and a table refused a lease waits
+instead."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
+import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
+from connector.tunnel.base import Record
+from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+from tablestore_cdc.verify import (
+    Delivered,
+    history_mismatches,
+    key_of,
+    read_delta,
+    read_iceberg,
+    rows_by_key,
+    source_history,
+    table_history,
+    table_state,
+    verify,
+)
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults_full]
-deltalake = pytest.importorskip("deltalake")
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
 
+KEY = [("id", "INTEGER")]
 COLUMNS = [("v", "STRING"), ("n", "DOUBLE")]
+AT_START = ("t1", "t2", "t3", "t4")
+CREATED = ("t5", "t6")  # t5 before the first kill, t6 between the second and the third
+DROPPED = "t3"
+#: two splits and a merge in each (one of them a table created while the application runs)
+RESHAPED = ("t1", "t5")
+#: the writer's rounds at which a reshaped table's channels split, split again, and merge
+RESHAPE_ROUNDS = (2, 4, 6)
+ICEBERG = ("t2", "t6")
+SCD2 = ("t4", "t6")
+KILLS = 3
 
 
-def _rows(store: LocalTablestore, table: str) -> dict:
-    return {pk["id"]: (attrs.get("v"), attrs.get("n")) for pk, attrs in store.scan(table)}
+class TableWriter(threading.Thread):
+    """Changes to one table, a round a second, until stopped (harness process, its own store
+    connection): five puts and a delete over 60 keys; a reshaped table's first channel splits,
+    one of its children splits again, and those two grandchildren merge."""
 
-
-def _target(lake: Path, table: str) -> dict | None:
-    if not (lake / table / "_delta_log").exists():
-        return None
-    rows = deltalake.DeltaTable(str(lake / table)).to_pyarrow_table().to_pylist()
-    return {r["id"]: (r["v"], r["n"]) for r in rows}
-
-
-def _replicate(store_path: Path, out: Path, log: Path) -> subprocess.Popen:
-    args = ["replicate", "--store", str(store_path), "--tables", "t*", "--output", str(out),
-            "--target", f"delta://{out}/lake/{{table}}", "--trigger-ms", "300",
-            "--option", "tables.refreshIntervalMs=1000"]
-    code = "from tablestore_cdc.cli import app; app()"
-    with open(log, "ab") as sink:
-        return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYSPARK_PYTHON": sys.executable})
-
-
-class Writers(threading.Thread):
-    """Changes to every live table until stopped, in rounds; a split then a merge of t1."""
-
-    def __init__(self, store_path: Path) -> None:
-        super().__init__(daemon=True)
-        self.store_path, self.tables = store_path, ["t1", "t2", "t3", "t4"]
+    def __init__(self, store_path: Path, table: str) -> None:
+        super().__init__(daemon=True, name=f"writer-{table}")
+        self.store_path, self.table = store_path, table
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.rounds = 0
+        self.splits = self.merges = 0
+        self.halves: tuple[str, str] = ("", "")
+        self.quarters: tuple[str, str] = ("", "")
 
     def run(self) -> None:
         try:
             with LocalTablestore(self.store_path) as store:
                 while not self.stopping.is_set():
-                    for table in list(self.tables):
-                        base = self.rounds * 5
-                        for i in range(base, base + 5):
-                            store.put_row(table, {"id": i % 60}, {"v": f"{table}-{i}",
-                                                                  "n": i * 0.5})
-                        store.delete_row(table, {"id": (base + 3) % 60})
-                    if self.rounds == 3:
-                        children = store.split_channel(
-                            "t1", store.list_channels("t1")[0].channel_id)
-                    if self.rounds == 8:
-                        store.merge_channels("t1", *children)
+                    base = self.rounds * 5
+                    for i in range(base, base + 5):
+                        store.put_row(self.table, {"id": i % 60},
+                                      {"v": f"{self.table}-{i}", "n": i * 0.5})
+                    store.delete_row(self.table, {"id": (base + 3) % 60})
+                    if self.table in RESHAPED:
+                        self._reshape(store)
                     self.rounds += 1
-                    time.sleep(1.0)
+                    self.stopping.wait(1.0)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
+    def _reshape(self, store: LocalTablestore) -> None:
+        if self.rounds == RESHAPE_ROUNDS[0]:
+            self.halves = store.split_channel(self.table,
+                                              store.list_channels(self.table)[0].channel_id)
+            self.splits += 1
+        elif self.rounds == RESHAPE_ROUNDS[1]:
+            self.quarters = store.split_channel(self.table, self.halves[0])
+            self.splits += 1
+        elif self.rounds == RESHAPE_ROUNDS[2]:
+            store.merge_channels(self.table, *self.quarters)
+            self.merges += 1
 
-def test_replicate_tables_killed_twice_every_target_equals_its_source(tmp_path: Path) -> None:
-    store_path, out, log = tmp_path / "store.db", tmp_path / "out", tmp_path / "replicate.log"
-    lake = out / "lake"
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+        assert not self.is_alive(), f"the writer of {self.table} did not stop"
+        assert self.error is None, f"the writer of {self.table} failed: {self.error!r}"
+
+
+class Replication:
+    """The application under test (``tablestore-cdc replicate --tables 't*'`` in its own
+    process group) and what it writes: ``out/changelog`` and the targets."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.store_path, self.out = tmp / "store.db", tmp / "out"
+        self.lake, self.warehouse = self.out / "lake", tmp / "warehouse"
+        self.log = tmp / "replicate.log"
+        self.config = tmp / "tables.toml"
+        iceberg = f"iceberg://{self.warehouse}?table=cdc.{{table}}"
+        self.config.write_text("".join(
+            f"[tables.{t}]\n"
+            + (f'target = "{iceberg}"\n' if t in ICEBERG else "")
+            + ("scd = 2\n" if t in SCD2 else "")
+            for t in sorted(set(ICEBERG) | set(SCD2))))
+        # the committed change log is read back by batch: keep Spark from compacting its log
+        # of committed files (which would merge the batches' entries into one)
+        self.spark_conf = tmp / "spark-conf"
+        self.spark_conf.mkdir()
+        (self.spark_conf / "spark-defaults.conf").write_text(
+            "spark.sql.streaming.fileSink.log.compactInterval 1000000\n")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["replicate", "--store", str(self.store_path), "--tables", "t*",
+                "--output", str(self.out), "--target", f"delta://{self.lake}/{{table}}",
+                "--config", str(self.config), "--trigger-ms", "300",
+                "--option", "tables.refreshIntervalMs=1000"]
+        code = "from tablestore_cdc.cli import app; app()"
+        with open(self.log, "ab") as sink:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", code, *args], cwd=REPO, stdout=sink,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                     "SPARK_CONF_DIR": str(self.spark_conf)})
+
+    def kill(self) -> None:
+        if self.process is not None:
+            kill_tree(self.process.pid)
+            self.process = None
+
+    def wait(self, what: str, probe: Any, until: Any = bool, timeout: float = 300) -> Any:
+        return wait_until(what, probe, until, timeout=timeout, interval=0.5,
+                          process=self.process)
+
+    # --- reading back what it wrote, without its code ----------------------------------------
+
+    def target_state(self, table: str) -> dict[str, dict[str, Any]] | None:
+        """key -> attributes of the target's live rows; None before its first commit."""
+        rows = self.target_rows(table)
+        return None if rows is None else table_state(rows, ["id"])
+
+    def target_rows(self, table: str) -> list[dict[str, Any]] | None:
+        if table in ICEBERG:
+            if not (self.warehouse / "catalog.db").exists():
+                return None
+            try:
+                return read_iceberg(sqlite_catalog_properties(str(self.warehouse)),
+                                    f"cdc.{table}")
+            except Exception as exc:  # not created yet (pyiceberg's NoSuch* errors)
+                if type(exc).__name__.startswith("NoSuch"):
+                    return None
+                raise
+        if not (self.lake / table / "_delta_log").exists():
+            return None
+        return read_delta(str(self.lake / table))
+
+    def change_log(self) -> dict[str, list[Delivered]]:
+        """table -> the changes of the committed change log, in batch order: the files each
+        ``_spark_metadata/<batch>`` entry lists (other files are leftovers of killed
+        attempts)."""
+        log_dir = self.out / "changelog" / "_spark_metadata"
+        assert not list(log_dir.glob("*.compact")), "the file sink's log was compacted"
+        by_table: dict[str, list[Delivered]] = defaultdict(list)
+        for entry in sorted((p for p in log_dir.iterdir() if p.name.isdigit()),
+                            key=lambda p: int(p.name)):
+            lines = entry.read_text().splitlines()
+            assert lines[0] == "v1"
+            for line in lines[1:]:
+                record = json.loads(line)
+                assert record["action"] == "add"
+                for row in pq.read_table(unquote(urlsplit(record["path"]).path)).to_pylist():
+                    after = None if row["_row"] is None else {
+                        k: v for k, v in json.loads(row["_row"]).items() if v is not None}
+                    by_table[row["_table"]].append(Delivered(
+                        row["_channel_id"], row["_sequence"], key_of(json.loads(row["_key"])),
+                        row["_op"], (int(entry.name), row["_channel_id"], row["_sequence"]),
+                        after))
+        return by_table
+
+
+def _source(store_path: Path, table: str) -> tuple[dict[str, Any], list[Record]]:
+    """A table's rows (``verify``'s form) and its change log, read together."""
     with LocalTablestore(store_path) as store:
-        for name in ("t1", "t2", "t3", "t4"):
-            store.create_table(name, [("id", "INTEGER")], COLUMNS, channels=2)
-    writers = Writers(store_path)
-    writers.start()
-    app = _replicate(store_path, out, log)
-    t3_at_drop: dict = {}
+        return rows_by_key(store.scan(table)), store.change_log(table)
+
+
+def _create(store_path: Path, table: str) -> None:
+    """A table created while the application runs, with rows before it is seen."""
+    with LocalTablestore(store_path) as store:
+        store.create_table(table, KEY, COLUMNS, channels=2)
+        for i in range(25):
+            store.put_row(table, {"id": i}, {"v": f"{table}-pre-{i}", "n": 1.0})
+
+
+def test_replicate_tables_killed_three_times_every_target_equals_its_source(
+        tmp_path: Path) -> None:
+    app = Replication(tmp_path)
+    with LocalTablestore(app.store_path) as store:
+        for name in AT_START:
+            store.create_table(name, KEY, COLUMNS, channels=2)
+    writers = {t: TableWriter(app.store_path, t) for t in AT_START}
+    for writer in writers.values():
+        writer.start()
+    live = list(AT_START)
+    dropped_rows: dict[str, Any] = {}
+    dropped_log: list[Record] = []
+    app.start()
     try:
-        for kill in range(2):
-            wait_until("every table applied once", lambda: all(
-                _target(lake, t) for t in writers.tables), timeout=240,
-                process=app)
-            if kill == 0:  # a table created while it runs, with rows before it is seen
-                with LocalTablestore(store_path) as store:
-                    store.create_table("t5", [("id", "INTEGER")], COLUMNS, channels=2)
-                    for i in range(25):
-                        store.put_row("t5", {"id": i}, {"v": f"t5-{i}", "n": 1.0})
-                writers.tables.append("t5")
+        for kill in range(KILLS):
+            app.wait(f"every table applied once before kill {kill + 1}",
+                     lambda: [t for t in live if app.target_state(t) is None], lambda m: not m)
+            if kill == 0:  # created just before a kill: it may not even be listed yet
+                _create(app.store_path, "t5")
+                writers["t5"] = TableWriter(app.store_path, "t5")
+                writers["t5"].start()
+                live.append("t5")
             time.sleep(2)  # mid-run: writers busy, batches in flight
-            kill_tree(app.pid)
-            if kill == 0:
-                writers.tables.remove("t3")
-                time.sleep(0.5)  # the writers' current round may still touch it
-                with LocalTablestore(store_path) as store:
-                    t3_at_drop = _rows(store, "t3")
-            app = _replicate(store_path, out, log)
-            if kill == 0:
-                # the drop while the application runs: its target keeps what it had
-                wait_until("t3 caught up", lambda seen=t3_at_drop: _target(lake, "t3") == seen,
-                           timeout=240, process=app)
-                with LocalTablestore(store_path) as store:
-                    store.drop_table("t3")
-        writers.stopping.set()
-        writers.join(timeout=30)
-        assert writers.error is None, writers.error
-        assert writers.rounds > 8  # the split and the merge happened
-        with LocalTablestore(store_path) as store:
-            expected = {t: _rows(store, t) for t in ("t1", "t2", "t4", "t5")}
-        for table, rows in expected.items():
-            wait_until(f"{table} equals its source", lambda t=table: _target(lake, t),
-                       lambda target, rows=rows: target == rows, timeout=240, process=app)
-        assert _target(lake, "t3") == t3_at_drop
+            app.kill()
+            if kill == 0:  # the dropped table's last change, then what its source holds
+                writers[DROPPED].stop()
+                dropped_rows, dropped_log = _source(app.store_path, DROPPED)
+            app.start()
+            if kill == 0:  # dropped while the application runs, once its target caught up
+                app.wait(f"{DROPPED} caught up", lambda: app.target_state(DROPPED),
+                         lambda state, rows=dropped_rows: state == rows)
+                with LocalTablestore(app.store_path) as store:
+                    store.drop_table(DROPPED)
+                live.remove(DROPPED)
+            if kill == 1:  # created while it runs, read from the restart on
+                _create(app.store_path, "t6")
+                writers["t6"] = TableWriter(app.store_path, "t6")
+                writers["t6"].start()
+                live.append("t6")
+        for table in RESHAPED:  # every reshape happened before the writers stop
+            app.wait(f"{table}'s writer past its merge", lambda t=table: writers[t].merges)
+        for table in live:
+            writers[table].stop()
+        assert {t: (writers[t].splits, writers[t].merges) for t in RESHAPED} == {
+            t: (2, 1) for t in RESHAPED}
+        sources = {t: _source(app.store_path, t) for t in live}
+        for table in live:
+            app.wait(f"{table} equals its source", lambda t=table: app.target_state(t),
+                     lambda state, t=table: state == sources[t][0])
     finally:
-        writers.stopping.set()
-        kill_tree(app.pid)
+        for writer in writers.values():
+            writer.stopping.set()
+        app.kill()
+
+    sources[DROPPED] = (dropped_rows, dropped_log)
+    assert app.target_state(DROPPED) == dropped_rows  # its target kept what it had
+    committed = app.change_log()
+    assert set(committed) == {*AT_START, *CREATED}
+    for table, (rows, log) in sorted(sources.items()):
+        result = verify(log, committed[table], rows)
+        assert result.ok, f"{table}: {result.summary()} {result.examples}"
+        assert result.delivered == result.expected > 0
+        print(f"{table}: {result.summary()}; {len(rows)} rows in its target")
+    for table in SCD2:
+        target = app.target_rows(table)
+        assert target is not None
+        mismatches = history_mismatches(source_history(sources[table][1]),
+                                        table_history(target, ["id"]))
+        assert not mismatches, f"{table}: versions differ from the change log's in {mismatches}"
