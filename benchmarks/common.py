@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from connector.local import LocalTablestore
@@ -26,6 +28,9 @@ COLUMNS = [("name", "STRING"), ("qty", "INTEGER")]
 
 #: rows per ``batch_write`` call when pre-filling a store
 FILL_CHUNK = 2000
+
+#: the emulated instance of the benchmarks over the wire, and its throwaway key pair
+INSTANCE, KEY_ID, SECRET = "bench", "bench-key", "bench-secret"
 
 
 def machine_facts() -> dict[str, Any]:
@@ -119,3 +124,28 @@ def progress_breakdown(progress: Sequence[Any]) -> dict[str, float]:
     walCommit, addBatch, commitOffsets, triggerExecution, ...) over the given progress reports."""
     keys = sorted({k for p in progress for k in p["durationMs"]})
     return {k: median([p["durationMs"].get(k, 0) for p in progress]) for k in keys}
+
+
+class EmulatorProcess:
+    """``tablestore-cdc emulator`` over ``store`` in its own process on 127.0.0.1 (a free port),
+    as a user starts it; ``url`` once it listens, ``pid`` for its CPU, ``stop()`` ends it."""
+
+    def __init__(self, store: Path, log: Path, channels: int = 4) -> None:
+        cli = str(Path(sys.executable).with_name("tablestore-cdc"))
+        with open(log, "ab") as errors:
+            self.proc = subprocess.Popen(
+                [cli, "emulator", "--store", str(store), "--instance", INSTANCE,
+                 "--access-key-id", KEY_ID, "--access-key-secret", SECRET,
+                 "--host", "127.0.0.1", "--port", "0", "--channels", str(channels)],
+                stdout=subprocess.PIPE, stderr=errors, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"emulator did not start: {line!r} (see {log})")
+        self.url = line.removeprefix("listening on ")
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)

@@ -82,7 +82,7 @@ def run(config: MemoryConfig, workdir: Path) -> dict[str, Any]:
                       workdir / "local")
     result.update(records=config.records, fill_writes_s=round(fill_rate))
     if config.wire:
-        from benchmarks.wire import INSTANCE, KEY_ID, SECRET
+        from benchmarks.common import INSTANCE, KEY_ID, SECRET
         from benchmarks.wire_server import WireServerProcess
 
         with WireServerProcess(workdir / "memory.db", workdir / "server.log", INSTANCE, KEY_ID,

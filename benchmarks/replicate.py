@@ -1,22 +1,30 @@
 """Many tables in one application: ``tablestore-cdc replicate --tables`` over N tables x 4 channels.
 
-What is measured (docs/performance.md, "Many tables"): an embedded store with ``tables`` tables
-of ``channels`` channels each, one row each; the command started as its own process (as a user
-starts it), into Delta targets from a template. Then:
+What is measured (docs/performance.md, "Many tables"): a store with ``tables`` tables of
+``channels`` channels each, one row each, read either from the embedded store file
+(``--store``, keys ``replicate_*``) or over the Tablestore wire from the emulator
+(``tablestore-cdc emulator`` in its own process on 127.0.0.1, serving the same kind of store
+file; the meta table in the emulated instance; keys ``replicate_emulator_*``); the command
+started as its own process (as a user starts it), into Delta targets from a template. Then:
 
-- ``replicate_start_s``: from the start until every table's target exists (Spark's start, the
+- ``..._start_s``: from the start until every table's target exists (Spark's start, the
   first listing, every table's join batch and first batch, every first target commit);
-- ``replicate_rss_mb``: the resident memory of the whole application summed over its process
+- ``..._rss_mb``: the resident memory of the whole application summed over its process
   tree (the driver JVM, the command's Python, Spark's planning process and Python workers;
-  psutil), once every table has been applied, and its peak over the run;
-- ``replicate_idle_cpu_cores``: CPU seconds of the whole tree per wall second over
-  ``idle_s`` with no writes (the planning loop polling every table);
-- ``replicate_freshness_p50_ms`` / ``_p99_ms``: from a write to one table (a row changed, the
+  psutil), once every table has been applied, and its peak over the run (the emulator, the
+  service's stand-in, is not the application's and is not counted);
+- ``..._idle_cpu_cores``: CPU seconds of the whole tree per wall second over ``idle_s`` with
+  no writes (the planning loop polling every table); over the emulator also
+  ``replicate_emulator_service_idle_cpu_cores``, the emulator's CPU answering those polls;
+- ``..._freshness_p50_ms`` / ``_p99_ms``: from a write to one table (a row changed, the
   tables taken in turn) until its target shows it, one write at a time;
-- ``replicate_new_table_s``: from creating a table (with one row) until its target holds it
+- ``..._new_table_s``: from creating a table (with one row) until its target holds it
   (bounded by ``tables.refreshIntervalMs`` plus a batch).
 
-``python -m benchmarks.replicate [--tables N]`` runs it alone and prints the figures.
+Writes go into the store file directly in both variants (the emulator serves that file).
+
+``python -m benchmarks.replicate [--tables N] [--emulator]`` runs one variant alone and prints
+its figures.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import median
+from benchmarks.common import INSTANCE, KEY_ID, SECRET, EmulatorProcess, median
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +54,13 @@ class ReplicateConfig:
     freshness_writes: int = 20
     refresh_ms: int = 5_000
     trigger_ms: int = 500
+    #: "local": the embedded store file; "emulator": the Tablestore wire, from the emulator
+    backend: str = "local"
+
+    @property
+    def prefix(self) -> str:
+        """The figures' key prefix: ``replicate_`` or ``replicate_emulator_``."""
+        return "replicate_" if self.backend == "local" else f"replicate_{self.backend}_"
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -94,6 +109,23 @@ def _wait(what: str, probe: Any, timeout: float, app: subprocess.Popen) -> float
     return time.monotonic() - began
 
 
+def _source(config: ReplicateConfig, root: Path, store_path: Path
+            ) -> tuple[list[str], dict[str, str], EmulatorProcess | None]:
+    """The command's source arguments, the environment they need, and the emulator serving
+    the store (None for the embedded store)."""
+    if config.backend == "local":
+        return ["--store", str(store_path)], {}, None
+    if config.backend != "emulator":
+        raise ValueError(f"unknown backend {config.backend!r}: local or emulator")
+    from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SECRET
+
+    emulator = EmulatorProcess(store_path, root / "emulator.log", channels=config.channels)
+    # the key pair from the environment, as a user's job takes it: the tunnels and the meta
+    # table (tablestore_cdc_meta in the same instance, the default) both read it there
+    return (["--endpoint", emulator.url, "--option", f"instance.name={INSTANCE}"],
+            {ALIBABA_ACCESS_KEY_ID: KEY_ID, ALIBABA_ACCESS_KEY_SECRET: SECRET}, emulator)
+
+
 def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]:
     from connector.local import LocalTablestore
 
@@ -106,63 +138,76 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             store.create_table(name, [("id", "INTEGER")], [("v", "STRING")],
                                channels=config.channels)
             store.put_row(name, {"id": 0}, {"v": "first"})
-    args = ["replicate", "--store", str(store_path), "--tables", "t*", "--output", str(out),
+    source, source_env, emulator = _source(config, root, store_path)
+    args = ["replicate", *source, "--tables", "t*", "--output", str(out),
             "--target", f"delta://{lake}/{{table}}", "--trigger-ms", str(config.trigger_ms),
             "--option", f"tables.refreshIntervalMs={config.refresh_ms}"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+    env = {**os.environ, **source_env, "PYSPARK_PYTHON": sys.executable,
            "TABLESTORE_CDC_LOG_LEVEL": "WARNING"}
-    with open(root / "replicate.log", "ab") as sink:
-        app = subprocess.Popen([sys.executable, "-c", "from tablestore_cdc.cli import app; app()",
-                                *args], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                               env=env, start_new_session=True)
+    name = f"replicate ({config.backend})"
     try:
-        peak = 0.0
-        began = time.monotonic()
+        with open(root / "replicate.log", "ab") as sink:
+            app = subprocess.Popen(
+                [sys.executable, "-c", "from tablestore_cdc.cli import app; app()", *args],
+                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True)
+        try:
+            peak = 0.0
+            began = time.monotonic()
 
-        def all_applied() -> bool:
-            nonlocal peak
-            peak = max(peak, _rss_mb(app.pid))
-            return all((lake / n / "_delta_log").exists() for n in names)
-
-        start_s = _wait("every table applied", all_applied, 1800, app)
-        log(f"replicate: {config.tables} tables applied after {start_s:.1f} s")
-        rss = _rss_mb(app.pid)
-        time.sleep(config.idle_s / 4)  # the last batches settle
-        cpu0, t0 = _cpu_s(app.pid), time.monotonic()
-        time.sleep(config.idle_s)
-        idle = (_cpu_s(app.pid) - cpu0) / (time.monotonic() - t0)
-        log(f"replicate: idle {idle:.2f} core(s), {rss:.0f} MB")
-        latencies = []
-        with LocalTablestore(store_path) as store:
-            for i in range(config.freshness_writes):
-                table = names[(i * 7) % len(names)]
-                store.put_row(table, {"id": 0}, {"v": f"w{i}"})
-                latencies.append(_wait(f"write {i}", lambda t=table, v=f"w{i}":
-                                       _target_value(lake, t, 0) == v, 300, app))
+            def all_applied() -> bool:
+                nonlocal peak
                 peak = max(peak, _rss_mb(app.pid))
-            store.create_table("t_new", [("id", "INTEGER")], [("v", "STRING")],
-                               channels=config.channels)
-            store.put_row("t_new", {"id": 0}, {"v": "new"})
-        new_s = _wait("the new table", lambda: _target_value(lake, "t_new", 0) == "new", 300,
-                      app)
-        latencies.sort()
-        return {
-            "tables": config.tables, "channels": config.channels,
-            "replicate_start_s": round(start_s, 1),
-            "replicate_rss_mb": round(rss), "replicate_peak_rss_mb": round(max(peak, rss)),
-            "replicate_processes": len(_tree(app.pid)),
-            "replicate_idle_cpu_cores": round(idle, 3),
-            "replicate_freshness_p50_ms": round(median(latencies) * 1000),
-            "replicate_freshness_p99_ms": round(latencies[min(len(latencies) - 1,
-                                                              int(len(latencies) * 0.99))]
-                                                * 1000),
-            "replicate_new_table_s": round(new_s, 1),
-            "wall_s": round(time.monotonic() - began, 1),
-        }
-    finally:
-        from testkit.processes import kill_tree
+                return all((lake / n / "_delta_log").exists() for n in names)
 
-        kill_tree(app.pid)
+            start_s = _wait("every table applied", all_applied, 1800, app)
+            log(f"{name}: {config.tables} tables applied after {start_s:.1f} s")
+            rss = _rss_mb(app.pid)
+            time.sleep(config.idle_s / 4)  # the last batches settle
+            cpu0, t0 = _cpu_s(app.pid), time.monotonic()
+            service0 = _cpu_s(emulator.pid) if emulator else 0.0
+            time.sleep(config.idle_s)
+            idle_wall = time.monotonic() - t0
+            idle = (_cpu_s(app.pid) - cpu0) / idle_wall
+            service_idle = (_cpu_s(emulator.pid) - service0) / idle_wall if emulator else 0.0
+            log(f"{name}: idle {idle:.2f} core(s), {rss:.0f} MB")
+            latencies = []
+            with LocalTablestore(store_path) as store:
+                for i in range(config.freshness_writes):
+                    table = names[(i * 7) % len(names)]
+                    store.put_row(table, {"id": 0}, {"v": f"w{i}"})
+                    latencies.append(_wait(f"write {i}", lambda t=table, v=f"w{i}":
+                                           _target_value(lake, t, 0) == v, 300, app))
+                    peak = max(peak, _rss_mb(app.pid))
+                store.create_table("t_new", [("id", "INTEGER")], [("v", "STRING")],
+                                   channels=config.channels)
+                store.put_row("t_new", {"id": 0}, {"v": "new"})
+            new_s = _wait("the new table", lambda: _target_value(lake, "t_new", 0) == "new",
+                          300, app)
+            processes = len(_tree(app.pid))
+        finally:
+            from testkit.processes import kill_tree
+
+            kill_tree(app.pid)
+    finally:
+        if emulator is not None:
+            emulator.stop()
+    latencies.sort()
+    p = config.prefix
+    figures = {
+        f"{p}start_s": round(start_s, 1),
+        f"{p}rss_mb": round(rss), f"{p}peak_rss_mb": round(max(peak, rss)),
+        f"{p}processes": processes,
+        f"{p}idle_cpu_cores": round(idle, 3),
+        f"{p}freshness_p50_ms": round(median(latencies) * 1000),
+        f"{p}freshness_p99_ms": round(
+            latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000),
+        f"{p}new_table_s": round(new_s, 1),
+    }
+    if emulator is not None:
+        figures[f"{p}service_idle_cpu_cores"] = round(service_idle, 3)
+    return {"tables": config.tables, "channels": config.channels, "backend": config.backend,
+            **figures, "wall_s": round(time.monotonic() - began, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,9 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", type=int, default=ReplicateConfig.tables)
     parser.add_argument("--idle-s", type=float, default=ReplicateConfig.idle_s)
     parser.add_argument("--writes", type=int, default=ReplicateConfig.freshness_writes)
+    parser.add_argument("--emulator", action="store_true",
+                        help="read over the Tablestore wire from the emulator (127.0.0.1)")
     args = parser.parse_args(argv)
     config = ReplicateConfig(tables=args.tables, idle_s=args.idle_s,
-                             freshness_writes=args.writes)
+                             freshness_writes=args.writes,
+                             backend="emulator" if args.emulator else "local")
     with tempfile.TemporaryDirectory(prefix="tablestore-bench-replicate-") as root:
         results = run(config, Path(root), log=lambda m: print(m, file=sys.stderr, flush=True))
     for key, value in results.items():

@@ -32,7 +32,7 @@ from benchmarks.throughput import ThroughputConfig
 from benchmarks.wire import WireConfig
 
 BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
-              "wire", "lakehouse_apply", "reconcile", "replicate")
+              "wire", "lakehouse_apply", "reconcile", "replicate", "replicate_emulator")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class Preset:
     lakehouse_apply: LakehouseApplyConfig = LakehouseApplyConfig()
     reconcile: ReconcileConfig = ReconcileConfig()
     replicate: ReplicateConfig = ReplicateConfig()
+    #: the same over the Tablestore wire, from the emulator
+    replicate_emulator: ReplicateConfig = ReplicateConfig(backend="emulator")
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,6 +70,8 @@ PRESETS: dict[str, Preset] = {
                              batch_size=500, hot_keys=1_000),
         reconcile=ReconcileConfig(rows=20_000),
         replicate=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2, refresh_ms=1_000),
+        replicate_emulator=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2,
+                                           refresh_ms=1_000, backend="emulator"),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -78,6 +82,8 @@ PRESETS: dict[str, Preset] = {
         FreshnessConfig(seconds=20.0, writes_per_second=10.0),
         RecoveryConfig(trials=1),
         replicate=ReplicateConfig(tables=20, idle_s=15.0, freshness_writes=10),
+        replicate_emulator=ReplicateConfig(tables=10, idle_s=15.0, freshness_writes=10,
+                                           backend="emulator"),
     ),
     "full": Preset(
         "full",
@@ -119,6 +125,10 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "replicate_idle_cpu_cores": ("<=", 0.5, ""),
     "replicate_freshness_p50_ms": ("<=", 5000.0, "ms"),
     "replicate_new_table_s": ("<=", 30.0, "s"),
+    "replicate_emulator_peak_rss_mb": ("<=", 6144.0, "MB"),
+    "replicate_emulator_idle_cpu_cores": ("<=", 0.5, ""),
+    "replicate_emulator_freshness_p50_ms": ("<=", 5000.0, "ms"),
+    "replicate_emulator_new_table_s": ("<=", 30.0, "s"),
 }
 
 
@@ -191,12 +201,14 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
             finally:
                 if spark is None:
                     session.stop()
-        if "replicate" in only:
-            log(f"replicate: {preset.replicate.tables} tables x {preset.replicate.channels} "
-                "channels in one application ...")
-            from benchmarks import replicate
+        for name in ("replicate", "replicate_emulator"):
+            if name in only:
+                config: ReplicateConfig = getattr(preset, name)
+                log(f"{name}: {config.tables} tables x {config.channels} channels in one "
+                    f"application ({config.backend}) ...")
+                from benchmarks import replicate
 
-            results["replicate"] = replicate.run(preset.replicate, root / "replicate", log=log)
+                results[name] = replicate.run(config, root / name, log=log)
         if "recovery" in only:
             log("recovery: SIGKILL the driver tree, restart ...")
             results["recovery"] = recovery.run(preset.recovery, root / "recovery")
@@ -270,8 +282,9 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "lakehouse_apply" in results:
         out.update(lakehouse_summary(results["lakehouse_apply"]))
-    if "replicate" in results:
-        out.update({k: v for k, v in results["replicate"].items() if k.startswith("replicate_")})
+    for name in ("replicate", "replicate_emulator"):
+        if name in results:
+            out.update({k: v for k, v in results[name].items() if k.startswith("replicate_")})
     if "reconcile" in results:
         r = results["reconcile"]
         out["reconcile_rows_s"] = round(r["rows_s"])
@@ -418,6 +431,8 @@ def format_table(s: dict[str, Any]) -> str:
     for key in ("wire_client_us_per_record", "wire_client_us_per_record_prefetch_off"):
         if key in s:
             add(key, s[key], "{:.2f}")
+    for key in (k for k in s if k.startswith("replicate_")):  # in the order measured
+        add(key, s[key], "{:.3f}" if key.endswith("_cores") else "{:,.1f}")
     width = max(len(r[0]) for r in rows)
     span = max([len(r[2]) for r in rows] + [len("min .. max")]) if spread else 0
     value_head = "median" if spread else "value"

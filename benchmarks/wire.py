@@ -39,20 +39,25 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import TABLE, create_bench_table, fill, median
+from benchmarks.common import (
+    INSTANCE,
+    KEY_ID,
+    SECRET,
+    TABLE,
+    EmulatorProcess,
+    create_bench_table,
+    fill,
+    median,
+)
 from benchmarks.throughput import _trivial, before_share, register_trivial, run_noop
 from benchmarks.wire_server import WireServerProcess
 from connector.local import LocalTablestore
-
-INSTANCE, KEY_ID, SECRET = "bench", "bench-key", "bench-secret"
 
 
 @dataclass(frozen=True)
@@ -160,25 +165,6 @@ def decode_rate(records: int, workdir: Path) -> dict[str, Any]:
             "bytes_per_record": payload / len(wire), "cpu_s": columns}
 
 
-class _Emulator:
-    def __init__(self, store: Path, log: Path) -> None:
-        cli = str(Path(sys.executable).with_name("tablestore-cdc"))
-        self.proc = subprocess.Popen(
-            [cli, "emulator", "--store", str(store), "--instance", INSTANCE,
-             "--access-key-id", KEY_ID, "--access-key-secret", SECRET, "--port", "0"],
-            stdout=subprocess.PIPE, stderr=open(log, "ab"), text=True)  # noqa: SIM115
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("listening on "):
-            self.stop()
-            raise RuntimeError(f"emulator did not start: {line!r} (see {log})")
-        self.url = line.removeprefix("listening on ")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-
-
 def client_cpu(url: str, cap: int, prefetch: bool = True, passes: int = 3) -> dict[str, Any]:
     """Read every channel of a fresh tunnel from its start up to ``cap`` records with
     ``read_page`` (no Spark, no meta store): CPU of this process per record, best of
@@ -241,7 +227,7 @@ def run(spark: Any, config: WireConfig, workdir: Path) -> dict[str, Any]:
     store.close()
     expected, cap = sum(channel_rows), max(channel_rows)
     shutil.copy(store_path, workdir / "replay.db")  # the replay server's own copy
-    emulator = _Emulator(store_path, workdir / "emulator.log")
+    emulator = EmulatorProcess(store_path, workdir / "emulator.log")
     replay = WireServerProcess(workdir / "replay.db", workdir / "replay.log", INSTANCE, KEY_ID,
                                SECRET, replay=True)
     try:

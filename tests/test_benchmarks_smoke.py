@@ -49,6 +49,11 @@ POSITIVE_KEYS = (
     "replicate_peak_rss_mb",
     "replicate_freshness_p50_ms",
     "replicate_new_table_s",
+    "replicate_emulator_start_s",
+    "replicate_emulator_rss_mb",
+    "replicate_emulator_peak_rss_mb",
+    "replicate_emulator_freshness_p50_ms",
+    "replicate_emulator_new_table_s",
 )
 
 
