@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tablestore-bench-replicate-") as root:
         results = run(config, Path(root), log=lambda m: print(m, file=sys.stderr, flush=True))
     for key, value in results.items():
-        print(f"{key:32} {value}")
+        print(f"{key:42} {value}")
     return 0
 
 
