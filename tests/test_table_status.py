@@ -23,7 +23,7 @@ from tablestore_cdc.table_status import (
     TableStatusWriter,
     load_table_status,
 )
-from tests.test_meta_cli import SCHEMA_PATH, validator
+from testkit.feed_schema import feed_validator, load_feed_schema
 
 
 def _status(table: str, **fields: object) -> TableStatus:
@@ -101,7 +101,7 @@ def test_the_last_schema_change_is_shown_and_kept_across_a_restart_of_the_same_t
         meta.set_namespace_info(namespace, {"table": "t_a"})
         shown = dashboard_snapshot(meta, namespace, with_tunnel=False)["table_status"]
     # the feed's published schema (strict: every field documented)
-    validator(json.loads(SCHEMA_PATH.read_text()), "tableStatus").validate(shown)
+    feed_validator(load_feed_schema(), "tableStatus").validate(shown)
     assert shown["state"] == "stopped" and shown["last_schema_change_version"] == 4
     assert shown["last_schema_change"].startswith("batch 3: add column colour string")
     text = CliRunner(env={"COLUMNS": "300"}).invoke(cli_app, ["meta", "tables", "--meta", uri])
