@@ -8,6 +8,14 @@ tunnel, meta namespace, UUID offsets and lease). The query's offset is a composi
 ``{"tables": {table: that table's offset}}``; ``latestOffset``, ``partitions`` and ``commit``
 delegate to each table's protocol, and a Spark partition reads one channel of one table.
 
+Each table reads with the query's options; ``tables.options`` sets, for the tables it names,
+their own ``schema.change.behavior`` and ``snapshot.op`` (a JSON object ``{table: {option:
+value}}``; a JSON value, since Spark lower-cases option keys and table names are
+case-sensitive). A table's read places a value of another type than its column by its
+``schema.change.behavior`` and marks its base-data rows by its ``snapshot.op``, as a
+single-table query (``connector.source``); a refusal (``SchemaChangeError``) fails the query,
+after the batch's end is claimed, so a restart with another policy replays the batch exactly.
+
 Tables come and go: the selection is listed again at most every ``tables.refreshIntervalMs``.
 A new table joins a batch with its initial offset (nothing of it is read in that batch) and is
 read from the next one on, from its tunnel's start (its existing rows, then its changes). A
@@ -38,8 +46,9 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_common.errors import CdcError
+from cdc_common.schema_change import DEFAULT_POLICY
 from connector import spark_compat as compat
-from connector.clients import Clients
+from connector.clients import Clients, executor_clients
 from connector.errors import OptionError, SourceInUseError
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
@@ -47,8 +56,10 @@ from connector.planning.read_limits import trigger_limits
 from connector.reader import claim_and_read
 from connector.schema import (
     METADATA_FIELDS,
+    READ_OP,
     RecordBatchBuilder,
     constant_strings,
+    mark_snapshot_reads,
     output_schema,
 )
 from connector.tunnel.base import ColumnSpec, TableSchema
@@ -57,7 +68,13 @@ log = logging.getLogger("connector.multiplex")
 
 #: the options of a multi-table query, beside the single-table ones (docs/multi-table.md)
 TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
-MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH)
+TABLE_OPTIONS = "tables.options"
+MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS)
+#: the options ``tables.options`` may set for one table (how its rows are read)
+PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op")
+_PER_TABLE_ALLOWED = ("a JSON object {table: {option: value}} of the options "
+                      + " and ".join(PER_TABLE_OPTIONS)
+                      + ', e.g. {"orders": {"schema.change.behavior": "exception"}}')
 DEFAULT_REFRESH_MS = 10_000
 #: a table whose lease another process holds is tried again after this long (seconds)
 LEASE_RETRY_S = 10.0
@@ -109,13 +126,16 @@ def _patterns(option: str, value: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class MultiTableOptions:
     """The validated options of a multi-table query (driver, at ``load()``): the selection, how
-    often tables are listed again, and every other option, which applies to each table alike
-    (``for_table`` builds one table's ``SourceOptions``)."""
+    often tables are listed again, every other option, which applies to each table alike, and
+    the options of ``tables.options`` for the tables it names (``for_table`` builds one
+    table's ``SourceOptions``)."""
 
     selection: TableSelection
     refresh_s: float
     #: Spark's options without the multi-table ones: each table's query options but its name
     shared: tuple[tuple[str, str], ...]
+    #: table -> its own options (``tables.options``), over ``shared``
+    per_table: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     #: the query's own meta table when it is in the instance the tables are listed from
     #: (``own_meta_table``): never selected
     meta_table: str | None = None
@@ -132,17 +152,50 @@ class MultiTableOptions:
             raise OptionError(option=REFRESH, value=refresh, problem="is not an integer",
                               allowed="an integer >= 0 (milliseconds)")
         excluded = by_lower.get(EXCLUDE, (EXCLUDE, None))[1]
+        per_table = by_lower.get(TABLE_OPTIONS.lower())
         built = cls(TableSelection.parse(by_lower[TABLES][1], excluded),
                     int(refresh) / 1000.0,
                     tuple(sorted((k, v) for k, v in options.items()
-                                 if k.lower() not in {o.lower() for o in MULTI_OPTIONS})))
+                                 if k.lower() not in {o.lower() for o in MULTI_OPTIONS})),
+                    _per_table_options(per_table[1]) if per_table else ())
         # every other option is checked now, at load()
         meta_table = own_meta_table(built.for_table("placeholder"))
+        for table, _ in built.per_table:
+            built.for_table(table)  # and each table's own
         return dataclasses.replace(built, meta_table=meta_table)
 
     def for_table(self, table: str) -> SourceOptions:
         """One table's options (``OptionError`` as a single-table query would raise it)."""
-        return SourceOptions.from_spark({**dict(self.shared), "table.name": table})
+        own = dict(dict(self.per_table).get(table, ()))
+        shared = {k: v for k, v in self.shared if k.lower() not in own}
+        return SourceOptions.from_spark({**shared, **own, "table.name": table})
+
+
+def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """``tables.options`` parsed: table -> its options (names lower-cased), sorted;
+    ``OptionError`` naming ``tables.options`` for anything but an object of objects of
+    strings of ``PER_TABLE_OPTIONS``."""
+    def refuse(problem: str) -> OptionError:
+        return OptionError(option=TABLE_OPTIONS, value=value, problem=problem,
+                           allowed=_PER_TABLE_ALLOWED)
+
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise refuse("is not JSON") from None
+    if not isinstance(parsed, dict):
+        raise refuse("is not a JSON object")
+    tables = []
+    for table, options in sorted(parsed.items()):
+        if not isinstance(options, dict) or not all(isinstance(v, str)
+                                                    for v in options.values()):
+            raise refuse(f"gives table {table!r} no object of strings")
+        unknown = sorted(k for k in options if k.lower() not in PER_TABLE_OPTIONS)
+        if unknown:
+            raise refuse(f"sets {unknown[0]!r} for table {table!r}, which is set for every "
+                         "table alike")
+        tables.append((table, tuple(sorted((k.lower(), v) for k, v in options.items()))))
+    return tuple(tables)
 
 
 def own_meta_table(options: SourceOptions) -> str | None:
@@ -161,12 +214,15 @@ def own_meta_table(options: SourceOptions) -> str | None:
 @dataclass(frozen=True)
 class TablePartition(InputPartition):
     """One channel of one table in one batch (built on the driver, read on an executor):
-    the channel's partition and the table's declared columns, to write the generic rows."""
+    the channel's partition, the table's declared columns, to write the generic rows, and how
+    its rows are read (the table's ``schema.change.behavior`` and ``snapshot.op``)."""
 
     table: str
     channel: ChannelPartition
     key_columns: tuple[ColumnSpec, ...]
     columns: tuple[ColumnSpec, ...]
+    policy: str = DEFAULT_POLICY
+    snapshot_op: str = "PUT"
 
 
 class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
@@ -384,8 +440,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 raise OptionError(option=TABLES, value=table, problem="a logged batch reads "
                                   f"it but it is {self.table_states[table]}",
                                   allowed="restore the table, or a new checkpoint directory")
-            schema = self._schemas[table]
-            partitions += [TablePartition(table, p, schema.primary_key, schema.columns)
+            schema, options = self._schemas[table], protocol.options
+            partitions += [TablePartition(table, p, schema.primary_key, schema.columns,
+                                          options.schema_change_behavior, options.snapshot_op)
                            for p in protocol.plan(start_offset, end_offset)]
             self.table_states[table] = "streaming"
         return partitions
@@ -413,10 +470,18 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         assert isinstance(partition, TablePartition)
         schema = output_schema(TableSchema(partition.table, partition.key_columns,
                                            partition.columns))
-        builder = RecordBatchBuilder(schema)
+        builder = RecordBatchBuilder(schema, policy=partition.policy, table=partition.table)
         channel = partition.channel
+        # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
+        snapshots = (executor_clients().reader(channel.endpoint)
+                     if partition.snapshot_op == READ_OP else None)
+        # the end is claimed before any row is yielded: a refusal replays this batch exactly
         for page in claim_and_read(channel, builder.layout).batches():
-            yield generic_rows(builder.project(page, channel.channel_id), partition)
+            rows = builder.project(page, channel.channel_id)
+            if snapshots is not None:
+                rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
+                    channel.channel_id, page.column("_sequence")))
+            yield generic_rows(rows, partition)
 
 
 def _tables_of(offset: dict) -> dict[str, dict]:

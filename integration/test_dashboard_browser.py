@@ -298,8 +298,9 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
     """A multi-table pipeline (real Spark) over three tables, one of whose targets refuses a
     batch: each table's status, as the pipeline's driver writes it (``TableStatusWriter``,
     what ``replicate --tables`` runs), is a row of the page's table list with its state (the
-    refused one failed, with the reason), lag, rows/s, last commit and target version; a row
-    opens that table's page."""
+    refused one failed, with the reason), lag, rows/s, last commit and target version (marked
+    when its schema changed); a row opens that table's page, whose target card shows the
+    target's version and its last schema change."""
     from tablestore_cdc.pipeline import ApplySettings
     from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
     from tablestore_cdc.table_status import TableStatusWriter
@@ -327,8 +328,11 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
                                                  for t in s.values()),
                    timeout=120, query=pipeline.state_query)
         store.put_row("t_drifts", {"id": 99}, {"v": "x", "colour": "red"})
-        statuses = wait_until("t_drifts failed", lambda: pipeline.table_statuses(str(out), "t_*"),
-                              lambda s: s["t_drifts"].state == "failed", timeout=60,
+        store.put_row("t_b", {"id": 99}, {"v": "x", "size": 3})  # t_b's target adds a column
+        statuses = wait_until("t_drifts failed, t_b's column added",
+                              lambda: pipeline.table_statuses(str(out), "t_*"),
+                              lambda s: s["t_drifts"].state == "failed"
+                              and s["t_b"].last_schema_change is not None, timeout=60,
                               query=pipeline.state_query)
         writer.publish(statuses)
     finally:
@@ -354,10 +358,20 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
         assert cells[2] == "0"  # records behind: a number, caught up
         assert cells[5].endswith("ago") and cells[6] != "–"  # last commit, target version
         assert "t_* →" in cells[7]
+        changed = page.locator('#tables tr[data-table="t_b"] td').nth(6)
+        assert "(schema changed)" in changed.inner_text()
+        assert "last schema change: batch " in (changed.get_attribute("title") or "")
         page.locator("#tables a", has_text="t_b").click()
         page.wait_for_function("document.body.dataset.view === 'detail' "
                                "&& Number(document.body.dataset.polls) >= 1", timeout=15_000)
         assert "t_b" in page.locator("#source").inner_text()
+        # the table's page: its target's version and last schema change (what, when, version)
+        change = statuses["t_b"]
+        assert page.locator("#target-version").inner_text() == f"version {change.target_version}"
+        card = page.locator("#schema-change").inner_text()
+        assert card.startswith(f"last schema change: {change.last_schema_change} · ")
+        assert "add column size" in card and card.endswith(
+            f" ago · version {change.last_schema_change_version}")
         assert page_errors == []
     finally:
         server.shutdown()

@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
+from connector.multiplex import MultiTableOptions
 from tablestore_cdc.cli_errors import reported_errors
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
@@ -28,7 +29,7 @@ from tablestore_cdc.pipeline.multi_table import (
     status_location,
 )
 from tablestore_cdc.pipeline.restarts import RestartPolicy
-from tablestore_cdc.pipeline.table_config import load_table_config
+from tablestore_cdc.pipeline.table_config import TableConfig, load_table_config
 from tablestore_cdc.table_status import TableStatusWriter
 
 console = Console(stderr=True)
@@ -58,7 +59,13 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
             table_config = load_table_config(config)
             per_table = functools.partial(table_config.for_table, base=apply, given=given)
         else:
+            table_config = TableConfig()
             check_target_template(apply.target)  # before Spark starts
+        # each table's schema_drift is its source's policy too, and snapshot_op its
+        # snapshot.op, unless --option names them
+        options = table_config.source_options(options, apply, given)
+        MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
+                                      "tunnel.name": tunnel, **options})  # refused here
     with reported_errors():  # a second start ends here (exit 4), having written nothing
         lock, spark = open_job(output, master, console.print)
     try:

@@ -62,7 +62,8 @@ def replicate(
         help="With --tables: leave out tables matching this glob (repeatable).")] = None,
     config: Annotated[Path | None, typer.Option(
         help="With --tables: per-table settings from a TOML file ([defaults], [tables.NAME]: "
-        "scd, schema_drift, soft_delete_column, target, keys); flags given here override it.")]
+        "scd, schema_drift, soft_delete_column, target, keys, snapshot_op); flags given here "
+        "override it.")]
     = None,
     metrics_port: Annotated[int | None, typer.Option(
         min=0, max=65535, help="With --tables: serve per-table metrics for Prometheus on "
@@ -118,9 +119,6 @@ def replicate(
 
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
-    # one policy for the source and the target (Flink CDC's schema.change.behavior), unless an
-    # --option names the reader's own
-    extra.setdefault("schema.change.behavior", schema_drift)
     output = output.resolve()
     if tables is not None:
         if table is not None:
@@ -140,6 +138,10 @@ def replicate(
         raise typer.Exit(int(code))
     if table is None:
         fail("--table (one table) or --tables (a selection) is required")
+    # one policy for the source and the target (Flink CDC's schema.change.behavior), unless an
+    # --option names the reader's own (--tables: per table, TableConfig.source_options)
+    if "schema.change.behavior" not in {key.lower() for key in extra}:
+        extra["schema.change.behavior"] = schema_drift
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target)
     with reported_errors(), flags_named():
@@ -159,14 +161,18 @@ def replicate(
         console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
                       f"(SCD {scd}, schema drift {schema_drift}"
                       f"{', once' if once else ''}) — Ctrl-C to stop")
+        writer = _status_writer(endpoint, table, tunnel, extra)
         job = ReplicationJob(
             lambda: start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
                                    trigger_ms, once=once),
             policy, say=lambda line: console.print(line, soft_wrap=True), once=once,
-            record_status=_status_recorder(endpoint, table, tunnel, extra),
-            on_progress=_progress_printer())
+            record_status=_status_recorder(endpoint, table, tunnel, extra, writer),
+            on_progress=_progress_printer(writer, table, str(output)))
         code = job.run()
         spark.stop()
+        if code is JobExit.DONE:
+            writer.mark_all("stopped", None)
+        writer.close()
     finally:
         lock.release()
     if code is JobExit.DONE:
@@ -195,10 +201,13 @@ def flags_named() -> Iterator[None]:
         raise type(exc)(**{**exc.fields, "option": _FLAGS[option]}) from exc
 
 
-def _progress_printer() -> Callable[[Any], None]:
+def _progress_printer(writer: Any, table: str, job: str) -> Callable[[Any], None]:
     """One line each time the figures change, never a line rewritten in place: the planning
-    process logs to the same terminal, and a line it writes must not land in ours."""
+    process logs to the same terminal, and a line it writes must not land in ours. Each look
+    also publishes the table's ``TableStatus`` (``writer``: the feed, the dashboard and ``meta
+    tables`` read it) and says a new schema change of the target in a line of its own."""
     shown: list[tuple[int, int, int | None]] = []
+    schema_change: list[str | None] = [None]
 
     def show(pipeline: Any) -> None:
         delivered, batches = pipeline.poll()
@@ -208,23 +217,46 @@ def _progress_printer() -> Callable[[Any], None]:
                           f"at apply batch {'-' if applied is None else applied}",
                           soft_wrap=True)
             shown[:] = [(delivered, batches, applied)]
+        status = pipeline.table_status(table, job)
+        writer.publish({table: status})
+        change = pipeline.applied.last_schema_change
+        if change is not None and change != schema_change[0]:
+            console.print(f"schema change of the target: {change} (target version "
+                          f"{status.last_schema_change_version})", soft_wrap=True)
+            schema_change[0] = change
 
     return show
 
 
-def _status_recorder(endpoint: str, table: str, tunnel: str,
-                     extra: dict[str, str]) -> Callable[[str, str | None], None]:
-    """Record the job's state (restarting, failed, running) where the feed reads a query's
-    status (``query_record``); a meta store that does not answer (the outage itself) is
-    skipped: the job's log line says it all the same."""
+def _source_options(endpoint: str, table: str, tunnel: str, extra: dict[str, str]) -> Any:
     from connector.options import SourceOptions
+
+    return SourceOptions.from_spark({"endpoint": endpoint, "table.name": table,
+                                     "tunnel.name": tunnel, **extra})
+
+
+def _status_writer(endpoint: str, table: str, tunnel: str, extra: dict[str, str]) -> Any:
+    """The ``TableStatusWriter`` of the table's status, in its own namespace's companion
+    (``tablestore_cdc.table_status``), as a multi-table pipeline writes each table's."""
+    from tablestore_cdc.table_status import TableStatusWriter
+
+    options = _source_options(endpoint, table, tunnel, extra)
+    return TableStatusWriter(lambda _table: (options.meta_store, options.meta_store_credentials,
+                                             options.source_identity))
+
+
+def _status_recorder(endpoint: str, table: str, tunnel: str, extra: dict[str, str],
+                     writer: Any) -> Callable[[str, str | None], None]:
+    """Record the job's state (restarting, failed, running) where the feed reads a query's
+    status (``query_record``) and over the table's status (``writer``); a meta store that does
+    not answer (the outage itself) is skipped: the job's log line says it all the same."""
     from meta_store import open_meta_store
     from tablestore_cdc.query_record import record_query_status
 
-    options = SourceOptions.from_spark({"endpoint": endpoint, "table.name": table,
-                                        "tunnel.name": tunnel, **extra})
+    options = _source_options(endpoint, table, tunnel, extra)
 
     def record(status: str, reason: str | None) -> None:
+        writer.mark_all(status, reason)
         try:
             with open_meta_store(options.meta_store, options.meta_store_credentials) as meta:
                 record_query_status(meta, options.source_identity, status, reason=reason)

@@ -1,11 +1,12 @@
-"""Each table's status in a multi-table pipeline: the one record the feed, the CLI and the
-metrics all read.
+"""Each replicated table's status: the one record the feed, the CLI and the metrics all read.
 
-A multi-table pipeline (``tablestore_cdc.pipeline.multi_table``) knows each table's state from
-two places: the source's report in Spark's progress (new, snapshotting, streaming, dropped,
-failed on the source side, and its lag) and the apply (a target that refused a batch, changes
-applied, the target's version). ``MultiTablePipeline.table_statuses`` joins them into one
-``TableStatus`` per table, in the driver, every couple of seconds; from there:
+A replication job knows each table's state from two places: the source's report in Spark's
+progress (new, snapshotting, streaming, dropped, failed on the source side, and its lag) and
+the apply (``AppliedTable``: a target that refused a batch, changes applied, the target's
+version, its last schema change). ``MultiTablePipeline.table_statuses`` (``replicate
+--tables``) joins them into one ``TableStatus`` per table, and ``Pipeline.table_status``
+(``replicate --table``) into the one of its table, in the driver, every couple of seconds;
+from there:
 
 - ``TableStatusWriter`` stores each table's record in the meta store, beside the table's own
   namespace (the companion namespace ``"table-status#" + namespace``, as ``query_record`` keeps
@@ -13,6 +14,9 @@ applied, the target's version). ``MultiTablePipeline.table_statuses`` joins them
 - the feed (``tablestore_cdc.feed.snapshot.sources_summary``: the dashboard's ``/api/sources``)
   and ``tablestore-cdc meta tables`` read it back with ``load_table_status``;
 - the Prometheus endpoint (``tablestore_cdc.pipeline.metrics``) is set from the same records.
+
+A record without a schema change of this process keeps the one the previous record of the same
+target showed (``TableStatusWriter``): a restart does not hide the last schema change.
 
 The replication job's own states (``restarting`` after a retryable failure, ``failed`` when it
 gave up, ``stopped`` after a clean stop) are written over every table's record by
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -44,11 +50,12 @@ STATES = ("new", "snapshotting", "streaming", "waiting", "dropped", "failed", "r
 
 
 class TableStatus(BaseModel):
-    """One table of a multi-table pipeline, as its driver last saw it (JSON in the meta store;
-    the feed's ``table_status``, docs/progress-feed.md)."""
+    """One replicated table, as its job's driver last saw it (JSON in the meta store; the
+    feed's ``table_status``, docs/progress-feed.md)."""
 
     table: str
-    #: the pipeline: its output directory, and the tables it selects (``--tables``)
+    #: the job: its output directory, and the tables it selects (``--tables``; a single
+    #: table's job: its ``--table``)
     job: str
     selection: str
     state: str
@@ -66,9 +73,12 @@ class TableStatus(BaseModel):
     last_commit: float | None = None
     target: str | None = None
     target_version: int | None = None
-    #: the newest schema change this process made to the target (``batch N: add column x``;
-    #: the target's history has every one)
+    #: the newest schema change made to the target (``batch N: add column x``; the target's
+    #: history has every one), when it was committed (seconds since the epoch) and the target
+    #: version that commit made
     last_schema_change: str | None = None
+    last_schema_change_at: float | None = None
+    last_schema_change_version: int | None = None
     #: when this record was written (seconds since the epoch)
     at: float = 0.0
 
@@ -83,9 +93,64 @@ class TableStatus(BaseModel):
         return tuple(v for k, v in self.model_dump().items() if k != "at")
 
 
+#: the fields of a table's last schema change (carried over by ``TableStatusWriter``)
+SCHEMA_CHANGE_FIELDS = ("last_schema_change", "last_schema_change_at",
+                        "last_schema_change_version")
+#: the apply's rows/s of a table is measured over this many seconds
+RATE_WINDOW_S = 30.0
+
+
+@dataclass
+class AppliedTable:
+    """What the apply knows of one table (driver): ``MultiTableApply`` keeps one per table,
+    a single table's ``Pipeline`` one; joined with the source's report into the table's
+    ``TableStatus``."""
+
+    state: str = "streaming"  # streaming, failed
+    reason: str | None = None
+    rows_applied: int = 0
+    last_batch: int | None = None
+    version: int | None = None
+    #: when the target last committed (seconds since the epoch)
+    last_commit: float | None = None
+    #: the newest batch that changed the target's schema and the changes it made, when, and
+    #: the target version of that commit
+    last_schema_change: str | None = None
+    last_schema_change_at: float | None = None
+    last_schema_change_version: int | None = None
+    #: (when, changes) of its recent commits, for the rate
+    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=1000))
+
+    def record(self, result: Any) -> None:
+        """What the apply sink did with one batch (``lakehouse.sink.ApplyResult``)."""
+        self.last_batch = result.batch_id
+        if not result.committed:
+            return
+        now = time.time()
+        self.rows_applied += result.changes
+        self.version = result.version
+        self.last_commit = now
+        self.recent.append((now, result.changes))
+        if result.schema_changes:
+            self.last_schema_change = (f"batch {result.batch_id}: "
+                                       f"{'; '.join(result.schema_changes)}")
+            self.last_schema_change_at, self.last_schema_change_version = now, result.version
+
+    def rows_per_second(self, now: float) -> float:
+        """Changes applied per second over the last ``RATE_WINDOW_S`` (0 when idle)."""
+        return sum(n for at, n in self.recent if now - at <= RATE_WINDOW_S) / RATE_WINDOW_S
+
+    def status_fields(self, now: float) -> dict[str, Any]:
+        """The apply's fields of the table's ``TableStatus``."""
+        return {"rows_applied": self.rows_applied,
+                "rows_per_second": round(self.rows_per_second(now), 3),
+                "last_commit": self.last_commit, "target_version": self.version,
+                **{name: getattr(self, name) for name in SCHEMA_CHANGE_FIELDS}}
+
+
 def load_table_status(store: MetaStore, namespace: str) -> TableStatus | None:
-    """The status a multi-table pipeline last recorded for the table of ``namespace``, or
-    ``None`` (a single-table query, or a damaged record). Feed and CLI, read-only."""
+    """The status a replication job last recorded for the table of ``namespace``, or ``None``
+    (a query not run by ``replicate``, or a damaged record). Feed and CLI, read-only."""
     try:
         info = store.get_namespace_info(TABLE_STATUS_PREFIX + namespace) or {}
     except CorruptMetaRecordError:
@@ -100,19 +165,25 @@ class TableStatusWriter:
     """Writes each table's ``TableStatus`` into the meta store of its namespace (driver, the
     replicate command's loop). ``namespace_of(table)`` gives the table's meta store URI, its
     credentials and its namespace (``SourceOptions`` of that table). A meta store that does
-    not answer is logged once and skipped: monitoring never stops the pipeline."""
+    not answer is logged once and skipped: monitoring never stops the pipeline.
+
+    A status without a schema change (a pipeline restarted, by the job or by hand) keeps the
+    last one the table's previous record showed for the same target (read once per table)."""
 
     def __init__(self, namespace_of: Any) -> None:
         self._namespace_of = namespace_of
         self._stores: dict[str, MetaStore] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._last: dict[str, TableStatus] = {}
+        #: tables whose previous record was read (``_with_last_schema_change``)
+        self._read: set[str] = set()
         self._warned = False
 
     def publish(self, statuses: dict[str, TableStatus], force: bool = False) -> None:
         """Write the records that changed (or are due for a heartbeat)."""
         now = time.time()
         for table, status in statuses.items():
+            status = self._with_last_schema_change(table, status)
             self._last[table] = status
             figures = status.figures()
             written = self._written.get(table)
@@ -132,14 +203,33 @@ class TableStatusWriter:
                   for table, s in self._last.items() if s.state not in ("dropped", "failed")}
         self.publish(marked, force=True)
 
+    def _with_last_schema_change(self, table: str, status: TableStatus) -> TableStatus:
+        if status.last_schema_change is not None:
+            return status
+        previous = self._last.get(table)
+        if previous is None and table not in self._read:
+            self._read.add(table)
+            try:
+                uri, credentials, namespace = self._namespace_of(table)
+                previous = load_table_status(self._store(uri, credentials), namespace)
+            except Exception as exc:  # noqa: BLE001 - monitoring must never stop the pipeline
+                log.debug("cannot read table %s's previous status: %s", table, exc)
+        if previous is None or previous.target != status.target:
+            return status
+        return status.model_copy(update={name: getattr(previous, name)
+                                         for name in SCHEMA_CHANGE_FIELDS})
+
+    def _store(self, uri: str, credentials: Any) -> MetaStore:
+        if uri not in self._stores:
+            from meta_store import open_meta_store
+
+            self._stores[uri] = open_meta_store(uri, credentials)
+        return self._stores[uri]
+
     def _write(self, table: str, status: TableStatus) -> bool:
         try:
             uri, credentials, namespace = self._namespace_of(table)
-            if uri not in self._stores:
-                from meta_store import open_meta_store
-
-                self._stores[uri] = open_meta_store(uri, credentials)
-            self._stores[uri].set_namespace_info(TABLE_STATUS_PREFIX + namespace,
+            self._store(uri, credentials).set_namespace_info(TABLE_STATUS_PREFIX + namespace,
                                                  {"kind": "table-status",
                                                   "status": status.model_dump_json()})
             return True

@@ -30,7 +30,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from referencing import Registry, Resource
 from typer.testing import CliRunner
 
 from connector.local import LocalTablestore
@@ -41,10 +40,11 @@ from tablestore_cdc.feed.polling import follow_feed
 from tablestore_cdc.feed.reading import user_namespaces
 from tablestore_cdc.listener import ProgressListener, spark_metrics
 from tablestore_cdc.query_record import load_spark_metrics, record_spark_metrics
+from testkit.feed_schema import feed_validator as validator
+from testkit.feed_schema import load_feed_schema
 from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA_PATH = REPO / "docs" / "progress-feed.schema.json"
 TABLE, TUNNEL = "orders", "cli-tunnel"
 
 
@@ -62,32 +62,9 @@ def cli_json(*args: Any) -> Any:
     return json.loads(result.stdout)
 
 
-def _strict(schema: Any) -> Any:
-    """The schema with ``additionalProperties: false`` on every object that lists properties:
-    the feed may only carry documented fields (the published schema stays open for consumers)."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
-
-
 @pytest.fixture(scope="module")
 def schema() -> dict[str, Any]:
-    loaded = json.loads(SCHEMA_PATH.read_text())
-    jsonschema.Draft202012Validator.check_schema(loaded)
-    return loaded
-
-
-def validator(schema: dict[str, Any], definition: str | None = None
-              ) -> jsonschema.Draft202012Validator:
-    strict = _strict(schema)
-    registry = Registry().with_resource(strict["$id"], Resource.from_contents(strict))
-    ref = strict["$id"] + (f"#/$defs/{definition}" if definition else "")
-    return jsonschema.Draft202012Validator({"$ref": ref}, registry=registry)
+    return load_feed_schema()
 
 
 def copy_sqlite(src: Path, dst: Path) -> Path:

@@ -5,6 +5,7 @@ setting (docs/multi-table.md)."""
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from pathlib import Path
@@ -67,12 +68,26 @@ def _scrape(pipeline: MultiTablePipeline) -> str:
         metrics.close()
 
 
-def _start(spark: Any, store_path: Path, out: Path, drift: str = "lenient"
-           ) -> MultiTablePipeline:
+def _start(spark: Any, store_path: Path, out: Path, drift: str = "lenient",
+           options: dict[str, str] | None = None) -> MultiTablePipeline:
     return start_multi_table_pipeline(
         spark, f"local://{store_path}", "t*,other", "replicate", out,
         ApplySettings(f"delta://{out}/lake/{{table}}", schema_drift=drift), exclude="tx*",
-        options={"tables.refreshIntervalMs": "1000"}, trigger_ms=300)
+        options={"tables.refreshIntervalMs": "1000", **(options or {})}, trigger_ms=300)
+
+
+#: the restart reads ``qty`` as an INTEGER column (the vendor's catalog), ``other`` dropping
+#: the values of another type (its own ``schema.change.behavior``), the others keeping them
+#: in ``_extra`` (the default, lenient)
+RESTART_OPTIONS = {"catalog": '{"columns": {"id": {"type": "long"}, "qty": {"type": "long"}}}',
+                   "tables.options": json.dumps({"other": {"schema.change.behavior": "ignore"}})}
+
+
+def _misfit_row(out: Path, table: str) -> dict | None:
+    """The target's row 999, whose ``qty`` is a STRING in the source (None: not applied)."""
+    target = out / "lake" / table
+    table_rows = deltalake.DeltaTable(str(target)).to_pyarrow_table().to_pylist()
+    return next((r for r in table_rows if r["id"] == 999), None)
 
 
 def test_tables_come_and_go_in_one_query_and_a_restart_resumes_them(spark: Any,
@@ -110,7 +125,9 @@ def test_tables_come_and_go_in_one_query_and_a_restart_resumes_them(spark: Any,
     with LocalTablestore(store_path) as store:
         _write(store, "t2", 100, 20)
         _write(store, "t4", 100, 20)
-    pipeline = _start(spark, store_path, out)
+        for table in ("t2", "other"):  # a value of another type than its (catalog) column
+            store.put_row(table, {"id": 999}, {"v": "misfit", "n": 9.5, "qty": "many"})
+    pipeline = _start(spark, store_path, out, options=RESTART_OPTIONS)
     try:
         for table in ("t1", "t2", "t4", "other"):
             wait_until(f"{table} applied", lambda t=table: _applied(pipeline, t, store_path, out),
@@ -118,6 +135,12 @@ def test_tables_come_and_go_in_one_query_and_a_restart_resumes_them(spark: Any,
         pipeline.drain()
         assert _target_rows(out / "lake" / "t3", ("id",), ("v", "n")) == t3_before_drop
         assert pipeline.table_states().get("t3") == "dropped"
+        kept, dropped = _misfit_row(out, "t2"), _misfit_row(out, "other")
+        assert kept is not None and dropped is not None
+        # lenient: the STRING reaches the target (the table had no qty column: a new string
+        # column holds it); ignore, other's own policy: the value is gone
+        assert kept["qty"] == "many" and kept["v"] == "misfit"
+        assert dropped["v"] == "misfit" and "many" not in str(dropped)
     finally:
         pipeline.stop()
 

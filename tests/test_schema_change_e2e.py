@@ -24,7 +24,9 @@ as READ, the later changes as PUT / UPDATE / DELETE, and the target equals the s
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 pytest.importorskip("tablestore")
 pytest.importorskip("pyiceberg")
@@ -41,6 +44,7 @@ pytest.importorskip("pyiceberg")
 from tablestore import INF_MAX, INF_MIN, OTSClient, Row  # noqa: E402
 
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
+from tablestore_cdc.cli import app as cli_app  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.verify import (  # noqa: E402
     history_mismatches,
@@ -59,6 +63,7 @@ from testkit.wire_e2e import (  # noqa: E402
     KEY_ID,
     META_ENV,
     SECRET,
+    meta_uri,
     wire_scenario,
 )
 
@@ -245,12 +250,22 @@ def assert_history_is_the_change_log(store: Any, target: Target) -> None:
 # --- the tests -------------------------------------------------------------------------------
 
 
+def shown_status(emulator: Any) -> dict[str, Any]:
+    """Table t's record in the operator's view: ``tablestore-cdc meta tables --json`` over the
+    job's meta table (the feed's ``table_status``)."""
+    result = CliRunner(env=META_ENV).invoke(cli_app, ["meta", "tables", "--meta",
+                                                      meta_uri(emulator), "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["tables"]
+    return dict(row)
+
+
 @pytest.mark.parametrize("kind", ["delta", pytest.param("iceberg", marks=pytest.mark.extended)])
 def test_the_default_policy_delivers_every_value_of_a_drifting_table(
         tmp_path: Path, kind: str) -> None:
     with wire_scenario(tmp_path) as (emulator, _store, client):
         target = Target(kind, tmp_path)
-        job = Replicate(tmp_path, emulator.url, target)
+        job = Replicate(tmp_path, emulator.url, target, "--option", "checkpoint.table=cdc_meta")
         with running(job):
             write_integers(client)
             wait_equal(client, target, job, "the integers applied")
@@ -258,8 +273,25 @@ def test_the_default_policy_delivers_every_value_of_a_drifting_table(
             write_drift(client)
             wait_equal(client, target, job, "every drifted value applied")
             assert_every_value_kept(target)
+            # each schema change is in the operator's view: what, when, the target version
+            status = wait_until("the schema change in the feed", lambda: shown_status(emulator),
+                                lambda s: "add column" in (s["last_schema_change"] or ""),
+                                timeout=60, process=job.process)
+            assert status["table"] == "t" and status["state"] == "streaming"
+            assert re.fullmatch(r"batch \d+: add column \w+ \w+(; .+)?",
+                                status["last_schema_change"]), status
+            assert 0 < status["last_schema_change_at"] <= status["at"]
+            assert status["last_schema_change_version"] is not None
+            if kind == "delta":  # Iceberg's versions are snapshot ids, not ordered
+                assert status["last_schema_change_version"] <= status["target_version"]
+            assert status["target"] == target.uri and status["rows_applied"] > 0
             assert job.stop() == 0, job.tail()
-        assert "Traceback" not in job.log.read_text()
+        log = job.log.read_text()
+        assert "Traceback" not in log
+        assert "schema change of the target: batch " in log  # the job's own line
+        stopped = shown_status(emulator)  # a clean stop keeps the last schema change
+        assert stopped["state"] == "stopped"
+        assert stopped["last_schema_change"] == status["last_schema_change"]
 
 
 def test_exception_fails_in_one_line_then_lenient_delivers_the_batch_exactly_once(

@@ -1,6 +1,7 @@
-"""Each table's status of a multi-table pipeline (tablestore_cdc.table_status) through a real
-SQLite meta store: written by TableStatusWriter, read back by the feed's /api/sources document
-and `meta tables`, the job's states over it, a damaged record, and the metrics set from it."""
+"""Each replicated table's status (tablestore_cdc.table_status) through a real SQLite meta store:
+written by TableStatusWriter, read back by the feed's /api/sources and /api/progress documents
+and `meta tables`, the job's states over it, the last schema change kept across a restart, a
+damaged record, and the metrics set from it."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from typer.testing import CliRunner
 from meta_store import open_meta_store
 from tablestore_cdc.cli import app as cli_app
 from tablestore_cdc.feed.reading import user_namespaces
-from tablestore_cdc.feed.snapshot import sources_summary
+from tablestore_cdc.feed.snapshot import dashboard_snapshot, sources_summary
+from tablestore_cdc.lakehouse.sink import ApplyResult
 from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.table_status import (
     TABLE_STATUS_PREFIX,
+    AppliedTable,
     TableStatus,
     TableStatusWriter,
     load_table_status,
 )
+from testkit.feed_schema import feed_validator, load_feed_schema
 
 
 def _status(table: str, **fields: object) -> TableStatus:
@@ -70,6 +74,60 @@ def test_written_statuses_are_what_the_feed_and_the_cli_show(tmp_path: Path) -> 
         "restarting: attempt 1")
     assert sources["local:/s.db#t_b#t"]["table_status"]["state"] == "failed"
     writer.close()
+
+
+def test_the_last_schema_change_is_shown_and_kept_across_a_restart_of_the_same_target(
+        tmp_path: Path) -> None:
+    uri, namespace = f"sqlite://{tmp_path / 'meta.db'}", "local:/s.db#t_a#t"
+    applied = AppliedTable()
+    applied.record(ApplyResult(batch_id=0, committed=True, changes=5, version=1))
+    applied.record(ApplyResult(batch_id=3, committed=True, changes=2, version=4,
+                               schema_changes=("add column colour string",
+                                               "widen column qty int -> long")))
+    applied.record(ApplyResult(batch_id=4, committed=True, changes=1, version=5))
+    applied.record(ApplyResult(batch_id=4, committed=False, changes=1))  # a replay: no effect
+    assert (applied.rows_applied, applied.version, applied.last_batch) == (8, 5, 4)
+    figures = applied.status_fields(applied.last_commit or 0.0)
+    assert figures["last_schema_change"] == ("batch 3: add column colour string; widen column "
+                                             "qty int -> long")
+    assert figures["last_schema_change_version"] == 4
+    assert figures["last_schema_change_at"] <= figures["last_commit"]
+    writer = _writer(uri)
+    writer.publish({"t_a": _status("t_a", state="streaming", target="delta:///lake/t_a",
+                                   **figures)})
+    writer.mark_all("stopped", None)
+    writer.close()
+    with open_meta_store(uri) as meta:
+        meta.set_namespace_info(namespace, {"table": "t_a"})
+        shown = dashboard_snapshot(meta, namespace, with_tunnel=False)["table_status"]
+    # the feed's published schema (strict: every field documented)
+    feed_validator(load_feed_schema(), "tableStatus").validate(shown)
+    assert shown["state"] == "stopped" and shown["last_schema_change_version"] == 4
+    assert shown["last_schema_change"].startswith("batch 3: add column colour string")
+    text = CliRunner(env={"COLUMNS": "300"}).invoke(cli_app, ["meta", "tables", "--meta", uri])
+    assert text.exit_code == 0, text.output
+    assert "batch 3: add column colour string" in text.output and "version 4)" in text.output
+
+    # a restart: the new process has made no schema change; the record keeps the last one
+    # while the target is the same, and drops it for another target
+    restarted = _writer(uri)
+    restarted.publish({"t_a": _status("t_a", state="streaming", target="delta:///lake/t_a",
+                                      target_version=5)})
+    with open_meta_store(uri) as meta:
+        kept = load_table_status(meta, namespace)
+    assert kept is not None and kept.state == "streaming"
+    assert (kept.last_schema_change, kept.last_schema_change_version) == (
+        shown["last_schema_change"], 4)
+    restarted.publish({"t_a": _status("t_a", state="streaming", target="delta:///lake/t_a",
+                                      target_version=6)})  # and on every later write
+    with open_meta_store(uri) as meta:
+        assert load_table_status(meta, namespace).last_schema_change_version == 4
+    restarted.close()
+    moved = _writer(uri)
+    moved.publish({"t_a": _status("t_a", state="streaming", target="delta:///other/t_a")})
+    with open_meta_store(uri) as meta:
+        assert load_table_status(meta, namespace).last_schema_change is None
+    moved.close()
 
 
 def test_an_unchanged_status_is_not_written_again_until_its_heartbeat(tmp_path: Path) -> None:

@@ -132,6 +132,16 @@ function renderCards(snap) {
   $("resnapshot-sub").textContent = r
     ? `${r.table} · ${r.origin}` + Object.entries(r.counts).map(([k, v]) => ` · ${k} ${v}`).join("")
     : "";
+  // the table's status as `replicate` recorded it (table_status): target version and the
+  // newest schema change it made (what, when, the version of that commit)
+  const t = snap.table_status;
+  $("target-version").textContent = t
+    ? (t.target_version === null ? "no commit yet" : `version ${t.target_version}`)
+    : "–";
+  $("schema-change").textContent = !t ? "no replicate job recorded"
+    : t.last_schema_change === null ? "no schema change yet"
+      : `last schema change: ${t.last_schema_change} · ${fmtAge(snap.generated_at - t.last_schema_change_at)} ago` +
+        ` · version ${t.last_schema_change_version}`;
 }
 
 function renderChart(snap) {
@@ -284,7 +294,8 @@ function renderTables(doc) {
       el("td", { class: "num" }, t.rows_per_second === null ? "–" : t.rows_per_second.toFixed(1)),
       el("td", {}, t.last_commit === null ? "no commit yet"
         : `${fmtAge(doc.generated_at - t.last_commit)} ago`),
-      el("td", { class: "num", title: t.last_schema_change ? `last schema change: ${t.last_schema_change}` : null },
+      el("td", { class: "num", title: t.last_schema_change ? `last schema change: ${t.last_schema_change}` +
+          ` (${fmtAge(doc.generated_at - t.last_schema_change_at)} ago, version ${t.last_schema_change_version})` : null },
         fmtNum(t.target_version),
         t.last_schema_change ? el("span", { class: "muted" }, " (schema changed)") : null),
       el("td", { class: "mono" }, `${t.selection} → ${t.job}`));

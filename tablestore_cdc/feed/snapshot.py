@@ -119,8 +119,9 @@ def dashboard_snapshot(
     ends_cache: dict[str, dict[str, EndCheckpoint]] | None = None,
 ) -> dict[str, Any]:
     """The ``/api/progress`` document: recent batch records, every channel's latest position,
-    pushed checkpoint, lag and lineage, the channel tree, throughput and the last Spark
-    progress. ``namespace=None`` with an empty store gives ``namespace: null`` (the dashboard
+    pushed checkpoint, lag and lineage, the channel tree, throughput, the last Spark progress
+    and the table's ``table_status`` (``replicate``'s record: target version, last schema
+    change). ``namespace=None`` with an empty store gives ``namespace: null`` (the dashboard
     waits for the query to start). ``ends_cache``: see ``feed_records``."""
     now = time.time()
     base: dict[str, Any] = {
@@ -128,7 +129,7 @@ def dashboard_snapshot(
         "meta_uri": store.uri, "namespace": None, "namespace_info": None, "batch_count": 0,
         "state_counts": {}, "batches": [], "channels": [], "tree": [], "throughput":
         throughput([]), "query": None, "tunnel_error": None,
-        "activity": activity([], None, None, now), "resnapshots": [],
+        "activity": activity([], None, None, now), "resnapshots": [], "table_status": None,
     }
     if namespace is None and not user_namespaces(store):
         return base
@@ -161,6 +162,8 @@ def dashboard_snapshot(
         "channels": channels, "tree": channel_tree(channels),
         "throughput": throughput(records), "query": query_entry(last_query),
         "tunnel_error": view.error, "resnapshots": resnapshots(store, ns),
+        # the table's status as ``replicate`` recorded it (its last schema change, ...)
+        "table_status": table_status_entry(store, ns, now),
         # rows skipped because they do not decode (only when read through InspectedStore)
         "corrupt": store.corrupt_records() if isinstance(store, InspectedStore) else [],
     })
@@ -170,9 +173,9 @@ def dashboard_snapshot(
 def sources_summary(store: MetaStore) -> dict[str, Any]:
     """The ``/api/sources`` document: every source (namespace) of the store with its table,
     tunnel, batch count, newest batch, the query's activity (as in ``dashboard_snapshot``,
-    without reading the tunnel: one meta-store pass per source), and for a table of a
-    multi-table pipeline its ``table_status`` (``table_status_entry``). ``meta tables``
-    prints the same document."""
+    without reading the tunnel: one meta-store pass per source), and for a table replicated by
+    ``replicate`` (one table or many) its ``table_status`` (``table_status_entry``). ``meta
+    tables`` prints the same document."""
     now = time.time()
     sources = []
     for ns in user_namespaces(store):
@@ -193,10 +196,10 @@ def sources_summary(store: MetaStore) -> dict[str, Any]:
 
 
 def table_status_entry(store: MetaStore, namespace: str, now: float) -> dict[str, Any] | None:
-    """The table's status as its multi-table pipeline recorded it (``tablestore_cdc
-    .table_status``), with ``label`` (the state as shown), ``age_s`` (since it was written)
-    and ``stale`` (older than ``STALE_AFTER_S``: the pipeline is probably gone); ``None`` for
-    a single-table query's namespace."""
+    """The table's status as its replication job recorded it (``tablestore_cdc.table_status``),
+    with ``label`` (the state as shown), ``age_s`` (since it was written) and ``stale`` (older
+    than ``STALE_AFTER_S``: the job is probably gone); ``None`` for a namespace no
+    ``replicate`` job reads (a query of your own)."""
     status = load_table_status(store, namespace)
     if status is None:
         return None

@@ -5,8 +5,8 @@ Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease
 prints rich tables for people, or JSON for scripts with ``--json``. The commands, by what they
 are about: ``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py``
 (``batches``, ``show``, ``diff``, ``gc``), ``channels.py`` (``channels``, ``lag``),
-``leases.py`` (``break-lease``), ``tables.py`` (``tables``: every table of the
-multi-table pipelines); ``common.py`` holds the flags, the store opened for
+``leases.py`` (``break-lease``), ``tables.py`` (``tables``: every table the
+replication jobs recorded); ``common.py`` holds the flags, the store opened for
 inspection and the printing they share.
 
 - ``--meta URI`` (or ``$TABLESTORE_CDC_META``) picks the store: ``sqlite:///abs/meta.db`` or

@@ -1,8 +1,9 @@
-"""``tablestore-cdc meta tables``: every table of the multi-table pipelines a meta store holds,
-with its state, lag, rows/s, last commit and target version.
+"""``tablestore-cdc meta tables``: every table the replication jobs (``replicate --tables`` and
+``replicate --table``) of a meta store have recorded, with its state, lag, rows/s, last commit,
+target version and last schema change.
 
 Prints the ``table_status`` of the feed's ``/api/sources`` document
-(``tablestore_cdc.feed.snapshot.sources_summary``), which each pipeline's driver writes
+(``tablestore_cdc.feed.snapshot.sources_summary``), which each job's driver writes
 (``tablestore_cdc.table_status``): the dashboard, this command and the Prometheus metrics
 show the same record. ``meta show --namespace NS`` and the dashboard's ``?namespace=`` page
 drill into one table.
@@ -25,9 +26,10 @@ from tablestore_cdc.meta_cli.common import (
 
 
 def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
-    """List every table of the multi-table pipelines (replicate --tables) in the meta store:
-    state (snapshotting n %, streaming, stopped, failed with the reason, restarting, ...),
-    lag in records and seconds, rows/s, last commit, target version, last schema change."""
+    """List every table replicated by the jobs of the meta store (replicate --tables and
+    --table): state (snapshotting n %, streaming, stopped, failed with the reason, restarting,
+    ...), lag in records and seconds, rows/s, last commit, target version, last schema change
+    (what, when, and the target version of its commit)."""
     with inspected_store(meta) as store:
         rows = [{**s["table_status"], "namespace": s["namespace"]}
                 for s in sources_summary(store)["sources"] if s["table_status"]]
@@ -37,8 +39,8 @@ def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
             return
         console = stdout_console()
         if not rows:
-            console.print("no multi-table pipeline has recorded its tables in this store "
-                          "(replicate --tables writes them)")
+            console.print("no replication job has recorded its tables in this store "
+                          "(replicate --table and --tables write them)")
             return
         now = time.time()
         for job in sorted({r["job"] for r in rows}):
@@ -56,7 +58,7 @@ def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
                 table.add_row(r["table"], state, _shown(r["records_behind"]),
                               _shown(r["seconds_behind"]), _shown(r["rows_per_second"]),
                               _age(r["last_commit"], now), _shown(r["target_version"]),
-                              _shown(r.get("last_schema_change")), r["namespace"])
+                              _schema_change(r, now), r["namespace"])
             console.print(table)
 
 
@@ -64,6 +66,15 @@ def _shown(value: Any) -> str:
     if value is None:
         return "-"
     return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _schema_change(row: dict[str, Any], now: float) -> str:
+    """``batch 3: add column colour string (12 s ago, version 5)``, or ``-``."""
+    change = row.get("last_schema_change")
+    if change is None:
+        return "-"
+    return (f"{change} ({_age(row.get('last_schema_change_at'), now)}, version "
+            f"{_shown(row.get('last_schema_change_version'))})")
 
 
 def _age(at: float | None, now: float) -> str:

@@ -154,6 +154,7 @@ class ReplicationJob:
                     pipeline.stop()
                     return query_failure(text, reached_before=True), None
                 if self._once and not any(q.isActive for q in pipeline.queries):
+                    self._on_progress(pipeline)  # the figures of the run's last batches
                     return None, pipeline
                 if self.restarts and pipeline.applied_batch() != started_at:
                     self.restarts = 0  # a batch was applied: the next outage starts afresh

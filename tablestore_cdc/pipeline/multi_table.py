@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ import pyarrow.parquet as pq
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
 from tablestore_cdc.pipeline.queries import ApplySettings, TwoQueries, checkpoint_query_id
-from tablestore_cdc.table_status import TableStatus
+from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
@@ -68,39 +67,6 @@ def typed_changes(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
     for name in CHANGE_COLUMNS:
         arrays[name] = rows.column(name)
     return pa.table(arrays), tuple(name for name, _ in declared["key"])
-
-
-#: the apply's rows/s of a table is measured over this many seconds
-RATE_WINDOW_S = 30.0
-
-
-@dataclass
-class AppliedTable:
-    """What the apply knows of one table (driver), joined with the source's report into the
-    table's ``TableStatus`` (``MultiTablePipeline.table_statuses``)."""
-
-    state: str = "streaming"  # streaming, failed
-    reason: str | None = None
-    rows_applied: int = 0
-    last_batch: int | None = None
-    version: int | None = None
-    #: when the target last committed (seconds since the epoch)
-    last_commit: float | None = None
-    #: the newest batch that changed the target's schema, and the changes it made
-    last_schema_change: str | None = None
-    #: (when, changes) of its recent commits, for the rate
-    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=1000))
-
-    def committed(self, changes: int, version: int | None) -> None:
-        now = time.time()
-        self.rows_applied += changes
-        self.version = version
-        self.last_commit = now
-        self.recent.append((now, changes))
-
-    def rows_per_second(self, now: float) -> float:
-        """Changes applied per second over the last ``RATE_WINDOW_S`` (0 when idle)."""
-        return sum(n for at, n in self.recent if now - at <= RATE_WINDOW_S) / RATE_WINDOW_S
 
 
 @dataclass
@@ -173,12 +139,7 @@ class MultiTableApply:
         changes, keys = typed_changes(rows)
         result = self.sink(table).apply(changes, app_id, batch_id,
                                         self.settings_of(table)[1] or keys)
-        status = self.tables.setdefault(table, AppliedTable())
-        status.last_batch = batch_id
-        if result.committed:
-            status.committed(result.changes, result.version)
-        if result.committed and result.schema_changes:
-            status.last_schema_change = f"batch {batch_id}: {'; '.join(result.schema_changes)}"
+        self.tables.setdefault(table, AppliedTable()).record(result)
 
     def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
         reason = f"batch {batch_id}: {exc}"
@@ -235,14 +196,7 @@ class MultiTablePipeline(TwoQueries):
 
     def _source_report(self) -> dict[str, Any]:
         """The source's report in the change-log query's last progress (states and lag)."""
-        progress = self.changelog.lastProgress
-        if progress and progress.get("sources"):
-            latest = progress["sources"][0].get("latestOffset")
-            if isinstance(latest, str):
-                latest = json.loads(latest)
-            if isinstance(latest, dict):
-                return latest
-        return {}
+        return self.source_report()
 
     def applied_batch(self) -> int | None:
         """The apply query's newest batch (the replication job resets its restart count when
@@ -280,10 +234,8 @@ class MultiTablePipeline(TwoQueries):
             statuses[table] = TableStatus(
                 table=table, job=job, selection=selection, state=name, reason=reason or None,
                 snapshot_percent=snapshot.get(table), records_behind=figures.get("recordsBehind"),
-                seconds_behind=figures.get("secondsBehind"), rows_applied=applied.rows_applied,
-                rows_per_second=round(applied.rows_per_second(now), 3),
-                last_commit=applied.last_commit, target=redact_uri(self.apply.target_of(table)),
-                target_version=applied.version, last_schema_change=applied.last_schema_change)
+                seconds_behind=figures.get("secondsBehind"),
+                target=redact_uri(self.apply.target_of(table)), **applied.status_fields(now))
         return statuses
 
 

@@ -2,16 +2,22 @@
 
 ``start_pipeline`` starts the change-log query and the apply query on any endpoint the source
 reads and attaches a ``ProgressListener`` so the dashboard and ``tablestore-cdc meta`` know
-Spark's batch ids and see the queries stop; ``Pipeline`` is what it returns.
+Spark's batch ids and see the queries stop; ``Pipeline`` is what it returns. The apply query
+records what each batch did to the target (``RecordedApply``) for the table's ``TableStatus``
+(``Pipeline.table_status``), which ``replicate`` writes where the feed, the dashboard and
+``meta tables`` read it, as a multi-table pipeline does for each of its tables.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cdc_common.uris import redact_uri
+from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 
 @dataclass
@@ -35,6 +41,18 @@ class TwoQueries:
     @property
     def queries(self) -> tuple[Any, Any]:
         return (self.changelog, self.state_query)
+
+    def source_report(self) -> dict[str, Any]:
+        """The source's report in the change-log query's last progress (its
+        ``reportLatestOffset``: lag, and a multi-table source's table states), or {}."""
+        progress = self.changelog.lastProgress
+        if progress and progress.get("sources"):
+            latest = progress["sources"][0].get("latestOffset")
+            if isinstance(latest, str):
+                latest = json.loads(latest)
+            if isinstance(latest, dict):
+                return latest
+        return {}
 
     def stop(self) -> None:
         for query in (self.changelog, self.state_query):
@@ -60,6 +78,8 @@ class Pipeline(TwoQueries):
     delivered_by_batch: dict[int, int] = field(default_factory=dict)
     listener: Any = None  # the ProgressListener attached by start_pipeline
     spark: Any = None  # the session, to detach the listener at stop
+    #: what the apply query did to the target (``RecordedApply`` fills it)
+    applied: AppliedTable = field(default_factory=AppliedTable)
 
     def poll(self) -> tuple[int, int]:
         """(changes delivered to the change log, batches) from the query's progress."""
@@ -70,6 +90,35 @@ class Pipeline(TwoQueries):
     def applied_batch(self) -> int | None:
         """The newest batch of the apply query recorded in the target table."""
         return self.sink.committed_batch(str(self.state_query.id))
+
+    def table_status(self, table: str, job: str) -> TableStatus:
+        """The table's ``TableStatus`` (``tablestore_cdc.table_status``): the source's lag
+        from Spark's progress and the apply's figures (changes applied, rows/s, last commit,
+        target version, last schema change). ``replicate --table`` writes it to the meta
+        store for the feed and ``meta tables``; ``job``: the output directory."""
+        report = self.source_report()
+        return TableStatus(table=table, job=job, selection=table, state="streaming",
+                           records_behind=report.get("recordsBehindLatest"),
+                           seconds_behind=report.get("secondsBehindLatest"),
+                           target=redact_uri(self.target),
+                           **self.applied.status_fields(time.time()))
+
+
+@dataclass
+class RecordedApply:
+    """The apply query's ``foreachBatch`` of one table (driver): ``apply`` (the sink behind
+    its re-snapshot hook) runs the batch, then what the sink did with it is recorded in
+    ``applied`` (``Pipeline.table_status``)."""
+
+    apply: Any
+    sink: Any
+    applied: AppliedTable
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.apply(df, batch_id)
+        result = self.sink.last_result
+        if result is not None and result.batch_id == batch_id:
+            self.applied.record(result)
 
 
 
@@ -125,13 +174,15 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
         except BaseException:
             spark.streams.removeListener(listener)
             raise
+    applied = AppliedTable()
+    recorded = RecordedApply(_with_resnapshots(sink, endpoint, table, tunnel, options, apply),
+                             sink, applied)
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
-                   .writeStream.queryName("apply")
-                   .foreachBatch(_with_resnapshots(sink, endpoint, table, tunnel, options, apply))
+                   .writeStream.queryName("apply").foreachBatch(recorded)
                    .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
                    .trigger(**trigger).start())
     return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
-                    listener=listener, spark=spark)
+                    listener=listener, spark=spark, applied=applied)
 
 
 def _with_resnapshots(sink: Any, endpoint: str, table: str, tunnel: str,
@@ -147,8 +198,6 @@ def _with_resnapshots(sink: Any, endpoint: str, table: str, tunnel: str,
 
 def checkpoint_query_id(checkpoint: Path) -> str | None:
     """The streaming query id Spark keeps in a checkpoint (its ``metadata`` file), or None."""
-    import json
-
     try:
         return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
     except (OSError, ValueError, KeyError, IndexError):

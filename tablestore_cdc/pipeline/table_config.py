@@ -14,16 +14,25 @@ error names the file, the table and the key (``TableConfigError``). The file::
     keys = ["device", "ts"]
     schema_drift = "exception"
     soft_delete_column = "deleted"
+    snapshot_op = "READ"
 
 Keys: ``scd`` (1 or 2), ``schema_drift``, ``soft_delete_column``, ``target`` (a URI; may hold
 ``{table}``), ``keys`` (the target's key columns, when they differ from the source's primary
-key). Precedence, lowest first: the command's defaults, ``[defaults]``, ``[tables.NAME]``, and
-a flag given on the command line (``TableConfig.for_table``).
+key), ``snapshot_op`` (the source's ``snapshot.op`` for the table). Precedence, lowest first:
+the command's defaults, ``[defaults]``, ``[tables.NAME]``, and a flag given on the command
+line (``TableConfig.for_table``).
+
+``schema_drift`` is the policy of the source and of the target alike, as ``replicate --table``
+has it (Flink CDC's ``schema.change.behavior``): ``TableConfig.source_options`` turns each
+table's ``schema_drift`` and ``snapshot_op`` into the multi-table source's options
+(``schema.change.behavior`` and ``snapshot.op`` for every table, ``tables.options`` for the
+tables whose own differ), unless ``--option`` names the source option itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +60,11 @@ class TableSettings(BaseModel):
     soft_delete_column: str | None = Field(default=None, min_length=1)
     target: str | None = Field(default=None, min_length=1)
     keys: tuple[str, ...] | None = Field(default=None, min_length=1)
+    snapshot_op: Literal["PUT", "READ"] | None = None
+
+
+#: the multi-table source's option each setting of the source side sets
+SOURCE_OPTION_OF = {"schema_drift": "schema.change.behavior", "snapshot_op": "snapshot.op"}
 
 
 class TableConfig(BaseModel):
@@ -71,9 +85,37 @@ class TableConfig(BaseModel):
         for layer in (self.defaults, self.tables.get(table, TableSettings())):
             values = {k: v for k, v in layer.model_dump().items() if v is not None}
             keys = values.pop("keys", keys)
+            values.pop("snapshot_op", None)  # the source's (``source_options``)
             settings = dataclasses.replace(settings, **{k: v for k, v in values.items()
                                                         if k not in given})
         return settings, keys
+
+    def source_options(self, options: dict[str, str], base: ApplySettings,
+                       given: frozenset[str] = frozenset()) -> dict[str, str]:
+        """The multi-table source's options (driver, before Spark starts): ``options`` (the
+        ``--option`` values, which win), with ``schema.change.behavior`` and ``snapshot.op``
+        from ``[defaults]`` (over ``base``, under the flags named in ``given``) and, in
+        ``tables.options``, each ``[tables.NAME]``'s own where it differs."""
+        named = {k.lower() for k in options}
+        out = dict(options)
+
+        def source_values(table: str | None) -> dict[str, str]:
+            layers = [self.defaults] + ([self.tables[table]] if table is not None else [])
+            values = {"schema_drift": base.schema_drift}
+            for layer in layers:
+                values.update({k: v for k, v in layer.model_dump(include=set(SOURCE_OPTION_OF))
+                               .items() if v is not None and k not in given})
+            return {SOURCE_OPTION_OF[k]: v for k, v in values.items()
+                    if SOURCE_OPTION_OF[k] not in named}
+
+        shared = source_values(None)
+        out.update(shared)
+        own = {table: {k: v for k, v in source_values(table).items() if shared.get(k) != v}
+               for table in sorted(self.tables)}
+        if any(own.values()) and "tables.options" not in named:
+            out["tables.options"] = json.dumps({t: o for t, o in own.items() if o},
+                                               separators=(",", ":"))
+        return out
 
 
 def load_table_config(path: Path) -> TableConfig:
