@@ -27,11 +27,17 @@ from connector.tunnel.tablestore.records import decode_columns, decode_columns_p
 
 
 def canonical(batch: pa.RecordBatch) -> tuple[Any, ...]:
-    """Everything a page batch says, floats by their bits (NaN != NaN in ``equals``)."""
+    """Everything a page batch says, floats by their bits (NaN != NaN in ``equals``), dates
+    and times by their integers (a date32 of any int32 is valid Arrow, but Python's ``date``
+    ends in the year 9999)."""
     batch.validate(full=True)
     columns = []
     for field, column in zip(batch.schema, batch.columns, strict=True):
-        values = column.to_pylist()
+        if pa.types.is_temporal(field.type):
+            values = column.view(pa.int64() if field.type.bit_width == 64
+                                 else pa.int32()).to_pylist()
+        else:
+            values = column.to_pylist()
         if pa.types.is_floating(field.type):
             values = [None if v is None else struct.pack("<d", v).hex() for v in values]
         columns.append((field.name, column.null_count, values))
