@@ -9,12 +9,15 @@ tunnel, meta namespace, UUID offsets and lease). The query's offset is a composi
 delegate to each table's protocol, and a Spark partition reads one channel of one table.
 
 Each table reads with the query's options; ``tables.options`` sets, for the tables it names,
-their own ``schema.change.behavior`` and ``snapshot.op`` (a JSON object ``{table: {option:
-value}}``; a JSON value, since Spark lower-cases option keys and table names are
-case-sensitive). A table's read places a value of another type than its column by its
-``schema.change.behavior`` and marks its base-data rows by its ``snapshot.op``, as a
-single-table query (``connector.source``); a refusal (``SchemaChangeError``) fails the query,
-after the batch's end is claimed, so a restart with another policy replays the batch exactly.
+their own ``schema.change.behavior``, ``snapshot.op`` and read limits (a JSON object ``{table:
+{option: value}}``; a JSON value, since Spark lower-cases option keys and table names are
+case-sensitive). Each table's protocol applies its own limits (``trigger_limits``); the first
+limit set anywhere is Spark's default read limit, so that Spark never passes
+``ReadAllAvailable`` where a table has a limit. A table's read places a value of another type
+than its column by its ``schema.change.behavior`` and marks its base-data rows by its
+``snapshot.op``, as a single-table query (``connector.source``); a refusal
+(``SchemaChangeError``) fails the query, after the batch's end is claimed, so a restart with
+another policy replays the batch exactly.
 
 Tables come and go: the selection is listed again at most every ``tables.refreshIntervalMs``.
 A new table joins a batch with its initial offset (nothing of it is read in that batch) and is
@@ -52,7 +55,7 @@ from connector.clients import Clients, executor_clients
 from connector.errors import OptionError, SourceInUseError
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
-from connector.planning.read_limits import trigger_limits
+from connector.planning.read_limits import TriggerLimits, trigger_limits
 from connector.reader import claim_and_read
 from connector.schema import (
     METADATA_FIELDS,
@@ -70,10 +73,13 @@ log = logging.getLogger("connector.multiplex")
 TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
 TABLE_OPTIONS = "tables.options"
 MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS)
-#: the options ``tables.options`` may set for one table (how its rows are read)
-PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op")
+#: the options ``tables.options`` may set for one table: how its rows are read, and its read
+#: limits (a trigger's and a channel's)
+PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op", "maxOffsetsPerTrigger",
+                     "maxBytesPerTrigger", "maxOffsetsPerChannel")
+_PER_TABLE_NAMES = frozenset(o.lower() for o in PER_TABLE_OPTIONS)
 _PER_TABLE_ALLOWED = ("a JSON object {table: {option: value}} of the options "
-                      + " and ".join(PER_TABLE_OPTIONS)
+                      + ", ".join(PER_TABLE_OPTIONS)
                       + ', e.g. {"orders": {"schema.change.behavior": "exception"}}')
 DEFAULT_REFRESH_MS = 10_000
 #: a table whose lease another process holds is tried again after this long (seconds)
@@ -164,9 +170,30 @@ class MultiTableOptions:
             built.for_table(table)  # and each table's own
         return dataclasses.replace(built, meta_table=meta_table)
 
+    def own_options(self, table: str) -> dict[str, str]:
+        """The options ``tables.options`` sets for ``table`` (names lower-cased)."""
+        return dict(dict(self.per_table).get(table, ()))
+
+    def trigger_limits(self, table: str, passed: compat.PassedLimit) -> TriggerLimits:
+        """``table``'s limits of this trigger: every limit its options configure (the shared
+        ones, its own over them), or none when Spark passed ``ReadAllAvailable`` (Trigger.Once).
+        The values Spark passes are ``default_read_limit``'s, made from these same options."""
+        return trigger_limits(self.for_table(table), all_available=passed.all_available)
+
+    def default_read_limit(self) -> Any:
+        """``getDefaultReadLimit``'s answer: the first limit configured, the shared options'
+        first, then each table's own, so that Spark passes ``ReadAllAvailable`` only when no
+        table has a limit (or for Trigger.Once)."""
+        first = compat.default_read_limit(self.for_table("placeholder"))
+        for table, _ in self.per_table:
+            if not compat.passed_limit(first).all_available:
+                break
+            first = compat.default_read_limit(self.for_table(table))
+        return first
+
     def for_table(self, table: str) -> SourceOptions:
         """One table's options (``OptionError`` as a single-table query would raise it)."""
-        own = dict(dict(self.per_table).get(table, ()))
+        own = self.own_options(table)
         shared = {k: v for k, v in self.shared if k.lower() not in own}
         return SourceOptions.from_spark({**shared, **own, "table.name": table})
 
@@ -190,7 +217,7 @@ def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ..
         if not isinstance(options, dict) or not all(isinstance(v, str)
                                                     for v in options.values()):
             raise refuse(f"gives table {table!r} no object of strings")
-        unknown = sorted(k for k in options if k.lower() not in PER_TABLE_OPTIONS)
+        unknown = sorted(k for k in options if k.lower() not in _PER_TABLE_NAMES)
         if unknown:
             raise refuse(f"sets {unknown[0]!r} for table {table!r}, which is set for every "
                          "table alike")
@@ -335,6 +362,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 offsets[table] = protocol.initial_offset()
         return {"tables": offsets}
 
+    def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's API name (PySpark 4.2+)
+        return self.options.default_read_limit()
+
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         if start is None:
             raise OptionError(option=TABLES, value=",".join(self.options.selection.include),
@@ -342,9 +372,6 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                               f"{compat.FEATURES.version})",
                               allowed="one query per table (table.name) on this PySpark")
         passed = compat.passed_limit(limit)
-        limits = trigger_limits(self.options.for_table("placeholder"),
-                                all_available=passed.all_available, max_rows=passed.max_rows,
-                                max_bytes=passed.max_bytes, min_rows=passed.min_rows)
         listed = set(self.listed_tables())
         ends: dict[str, dict] = {}
         for table, offset in sorted(_tables_of(start).items()):
@@ -356,7 +383,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             if protocol is None:
                 continue
             try:
-                ends[table] = protocol.latest_offset(offset, limits)
+                ends[table] = protocol.latest_offset(
+                    offset, self.options.trigger_limits(table, passed))
                 self._last_starts[table] = protocol.uuid_of(offset)
                 if self.table_states.get(table, "").startswith("waiting"):
                     self.table_states[table] = "streaming"  # its lease is this query's now

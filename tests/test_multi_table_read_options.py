@@ -18,7 +18,7 @@ from connector.local import LocalTablestore
 from connector.multiplex import MultiTableOptions, MultiTableStreamReader
 from tablestore_cdc.cli import app
 from tablestore_cdc.pipeline import ApplySettings
-from tablestore_cdc.pipeline.table_config import load_table_config
+from tablestore_cdc.pipeline.table_config import TableConfigError, load_table_config
 
 #: the vendor's catalog types ``qty`` for every table (the tables declare only their key:
 #: attributes are schemaless, as in Tablestore)
@@ -116,11 +116,49 @@ def test_each_table_marks_its_snapshot_rows_by_its_own_snapshot_op(tmp_path: Pat
     assert ops == {"marked": [(1, "READ"), (2, "PUT")], "plain": [(1, "PUT"), (2, "PUT")]}
 
 
+def test_each_table_reads_up_to_its_own_limit_and_spark_is_told_one(tmp_path: Path) -> None:
+    """``maxOffsetsPerTrigger`` shared by every table and one table's own under it; Spark is
+    given a limit (not ``ReadAllAvailable``, which would lift them all) whenever any table
+    has one, and Trigger.Once's ``ReadAllAvailable`` still lifts them."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    path = tmp_path / "s.db"
+    with LocalTablestore(path) as store:
+        for table in ("capped", "shared", "free"):
+            store.create_table(table, [("id", "INTEGER")], [], channels=1)
+            for i in range(50):
+                store.put_row(table, {"id": i}, {"qty": i})
+
+    def rows_read(reader: MultiTableStreamReader, limit: Any) -> dict[str, int]:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, limit)
+        counts = {t: len(r) for t, r in _read(reader, start, end).items()}
+        reader.stop()
+        return counts
+
+    own = json.dumps({"capped": {"maxOffsetsPerTrigger": "10"}})
+    reader = _reader(path, **{"tables.options": own, "tunnel.name": "one"})
+    limit = reader.getDefaultReadLimit()
+    assert isinstance(limit, ReadMaxRows)  # only a table has a limit: Spark must pass one
+    assert rows_read(reader, limit) == {"capped": 10, "shared": 50, "free": 50}
+
+    reader = _reader(path, **{"tables.options": own, "tunnel.name": "two",
+                              "maxOffsetsPerTrigger": "20"})
+    limit = reader.getDefaultReadLimit()
+    assert isinstance(limit, ReadMaxRows) and limit.max_rows == 20
+    assert rows_read(reader, limit) == {"capped": 10, "shared": 20, "free": 20}
+
+    reader = _reader(path, **{"tables.options": own, "tunnel.name": "three"})
+    assert rows_read(reader, ReadAllAvailable()) == {"capped": 50, "shared": 50, "free": 50}
+    assert isinstance(_reader(path).getDefaultReadLimit(), ReadAllAvailable)  # no limit set
+
+
 @pytest.mark.parametrize(("value", "option", "problem"), [
     ("{not json", "tables.options", "is not JSON"),
     ('["a"]', "tables.options", "is not a JSON object"),
     ('{"a": "exception"}', "tables.options", "gives table 'a' no object of strings"),
-    ('{"a": {"maxOffsetsPerChannel": "5"}}', "tables.options", "set for every table alike"),
+    ('{"a": {"tunnel.type": "Stream"}}', "tables.options", "set for every table alike"),
+    ('{"a": {"maxOffsetsPerTrigger": "none"}}', "maxOffsetsPerTrigger", ""),
     ('{"a": {"schema.change.behavior": "sometimes"}}', "schema.change.behavior",
      "unknown policy"),
     ('{"a": {"snapshot.op": "r"}}', "snapshot.op", ""),
@@ -156,6 +194,23 @@ def test_the_settings_file_sets_each_tables_source_policy_and_snapshot_op(
     given = ApplySettings("delta:///lake/{table}", schema_drift="ignore")
     assert config.source_options({}, given, frozenset({"schema_drift"})) == {
         "schema.change.behavior": "ignore", "tables.options": '{"orders":{"snapshot.op":"READ"}}'}
+    # read limits: the defaults' for every table, a table's own in tables.options
+    path.write_text('[defaults]\nmax_offsets_per_trigger = 1000\n\n'
+                    '[tables.orders]\nmax_offsets_per_trigger = 50\nmax_offsets_per_channel = 5\n')
+    limited = load_table_config(path).source_options({}, base)
+    assert limited["maxOffsetsPerTrigger"] == "1000"
+    assert json.loads(limited["tables.options"]) == {
+        "orders": {"maxOffsetsPerTrigger": "50", "maxOffsetsPerChannel": "5"}}
+    built = MultiTableOptions.from_spark({"endpoint": f"local://{tmp_path}/s.db",
+                                          "tables": "*", "tunnel.name": "t", **limited})
+    assert built.for_table("orders").max_offsets_per_trigger == 50
+    assert built.for_table("orders").max_offsets_per_channel == 5
+    assert built.for_table("users").max_offsets_per_trigger == 1000
+    assert load_table_config(path).for_table("orders", base)[0] == base  # not the target's
+    path.write_text('[tables.orders]\nmax_offsets_per_trigger = 0\n')
+    with pytest.raises(TableConfigError) as refused:
+        load_table_config(path)
+    assert "orders" in str(refused.value) and "max_offsets_per_trigger" in str(refused.value)
     # --option schema.change.behavior names the source's own: the file does not change it
     assert config.source_options({"schema.change.behavior": "lenient"}, base) == {
         "schema.change.behavior": "lenient", "tables.options": '{"orders":{"snapshot.op":"READ"}}'}

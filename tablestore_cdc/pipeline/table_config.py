@@ -15,18 +15,22 @@ error names the file, the table and the key (``TableConfigError``). The file::
     schema_drift = "exception"
     soft_delete_column = "deleted"
     snapshot_op = "READ"
+    max_offsets_per_trigger = 50000
 
 Keys: ``scd`` (1 or 2), ``schema_drift``, ``soft_delete_column``, ``target`` (a URI; may hold
 ``{table}``), ``keys`` (the target's key columns, when they differ from the source's primary
-key), ``snapshot_op`` (the source's ``snapshot.op`` for the table). Precedence, lowest first:
+key), ``snapshot_op`` (the source's ``snapshot.op`` for the table), and the table's read
+limits ``max_offsets_per_trigger``, ``max_bytes_per_trigger``, ``max_offsets_per_channel`` (the
+source's ``maxOffsetsPerTrigger``, ``maxBytesPerTrigger``, ``maxOffsetsPerChannel``, for that
+table alone in a multi-table query). Precedence, lowest first:
 the command's defaults, ``[defaults]``, ``[tables.NAME]``, and a flag given on the command
 line (``TableConfig.for_table``).
 
 ``schema_drift`` is the policy of the source and of the target alike, as ``replicate --table``
 has it (Flink CDC's ``schema.change.behavior``): ``TableConfig.source_options`` turns each
-table's ``schema_drift`` and ``snapshot_op`` into the multi-table source's options
-(``schema.change.behavior`` and ``snapshot.op`` for every table, ``tables.options`` for the
-tables whose own differ), unless ``--option`` names the source option itself.
+table's ``schema_drift``, ``snapshot_op`` and read limits into the multi-table source's options
+(for every table from ``[defaults]``, ``tables.options`` for the tables whose own differ),
+unless ``--option`` names the source option itself.
 """
 
 from __future__ import annotations
@@ -61,10 +65,18 @@ class TableSettings(BaseModel):
     target: str | None = Field(default=None, min_length=1)
     keys: tuple[str, ...] | None = Field(default=None, min_length=1)
     snapshot_op: Literal["PUT", "READ"] | None = None
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+    max_bytes_per_trigger: int | None = Field(default=None, ge=1)
+    max_offsets_per_channel: int | None = Field(default=None, ge=1)
 
 
 #: the multi-table source's option each setting of the source side sets
-SOURCE_OPTION_OF = {"schema_drift": "schema.change.behavior", "snapshot_op": "snapshot.op"}
+SOURCE_OPTION_OF = {"schema_drift": "schema.change.behavior", "snapshot_op": "snapshot.op",
+                    "max_offsets_per_trigger": "maxOffsetsPerTrigger",
+                    "max_bytes_per_trigger": "maxBytesPerTrigger",
+                    "max_offsets_per_channel": "maxOffsetsPerChannel"}
+#: the settings only the source reads (``schema_drift`` is the target's policy too)
+SOURCE_ONLY = frozenset(SOURCE_OPTION_OF) - {"schema_drift"}
 
 
 class TableConfig(BaseModel):
@@ -85,7 +97,8 @@ class TableConfig(BaseModel):
         for layer in (self.defaults, self.tables.get(table, TableSettings())):
             values = {k: v for k, v in layer.model_dump().items() if v is not None}
             keys = values.pop("keys", keys)
-            values.pop("snapshot_op", None)  # the source's (``source_options``)
+            for name in SOURCE_ONLY:  # the source's (``source_options``)
+                values.pop(name, None)
             settings = dataclasses.replace(settings, **{k: v for k, v in values.items()
                                                         if k not in given})
         return settings, keys
@@ -105,8 +118,8 @@ class TableConfig(BaseModel):
             for layer in layers:
                 values.update({k: v for k, v in layer.model_dump(include=set(SOURCE_OPTION_OF))
                                .items() if v is not None and k not in given})
-            return {SOURCE_OPTION_OF[k]: v for k, v in values.items()
-                    if SOURCE_OPTION_OF[k] not in named}
+            return {SOURCE_OPTION_OF[k]: str(v) for k, v in values.items()
+                    if SOURCE_OPTION_OF[k].lower() not in named}
 
         shared = source_values(None)
         out.update(shared)
