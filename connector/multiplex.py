@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -228,10 +228,18 @@ def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ..
 def own_meta_table(options: SourceOptions) -> str | None:
     """The table of the query's meta store when it lives in the instance whose tables the
     query lists (a Tablestore endpoint's default, ``checkpoint.table``, or a ``tablestore://``
-    ``meta.store`` naming that instance), else None. A pattern may match it
+    ``meta.store`` naming that instance; a ``dynamodb://`` one in a DynamoDB Streams
+    endpoint's region), else None. A pattern may match it
     (``tables=t*`` and ``tablestore_cdc_meta``), but it is never read: its changes are the
     query's own checkpoints, so each batch would make the next one."""
     meta = urlsplit(options.meta_store)
+    if meta.scheme == "dynamodb" and options.endpoint.scheme == "dynamodb-streams":
+        # a dynamodb://TABLE meta store in the streams' region
+        from connector.tunnel.dynamodb_streams.aws import parse_uri
+
+        region = parse_qs(meta.query).get("region", [None])[0]
+        same = region is None or region == parse_uri(options.endpoint.uri).region
+        return meta.netloc or None if same else None
     instance = getattr(options.endpoint, "instance", None)
     if meta.scheme != "tablestore" or instance is None or meta.netloc != instance:
         return None
@@ -357,10 +365,26 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     def initialOffset(self) -> dict:
         offsets = {}
         for table in self.listed_tables():
-            protocol = self._protocol(table)
-            if protocol is not None:
-                offsets[table] = protocol.initial_offset()
+            initial = self._initial_offset(table)
+            if initial is not None:
+                offsets[table] = initial
         return {"tables": offsets}
+
+    def _initial_offset(self, table: str) -> dict | None:
+        """``table``'s initial offset; None when it cannot be read (stopped and reported, as
+        a table without a stream or a permission: the other tables go on). A retryable error
+        (an outage) is raised: the query's restart tries every table again."""
+        protocol = self._protocol(table)
+        if protocol is None:
+            return None
+        try:
+            offset: dict = protocol.initial_offset()
+        except CdcError as exc:
+            if exc.retryable:
+                raise
+            self._stop(table, exc)
+            return None
+        return offset
 
     def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's API name (PySpark 4.2+)
         return self.options.default_read_limit()
@@ -392,9 +416,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             except CdcError as exc:
                 self._stop(table, exc)
         for table in sorted(listed - set(ends)):  # new: joins with its initial offset
-            protocol = self._protocol(table)
-            if protocol is not None:
-                ends[table] = protocol.initial_offset()
+            initial = self._initial_offset(table)
+            if initial is not None:
+                ends[table] = initial
                 self.table_states[table] = "new"
                 log.info("table %s joins the query", table)
         return {"tables": ends}

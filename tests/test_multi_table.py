@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -213,6 +214,48 @@ def test_the_query_s_own_meta_table_is_never_selected(tmp_path: Path) -> None:
         assert own_meta_table(MultiTableOptions.from_spark(named).for_table("a")) == "cdc_meta"
     finally:
         emulator.stop()
+
+
+@pytest.mark.usefixtures("aws_test_credentials")
+def test_the_tables_are_listed_and_read_over_dynamodb_streams(
+        tmp_path: Path, moto_url: str, streams_fake: Any) -> None:
+    """The same query on a DynamoDB Streams endpoint (a moto server on 127.0.0.1): ListTables
+    picks the region's tables but the checkpoint and meta tables, each table is read through
+    its own stream, and a table without a stream is reported failed while the others go on."""
+    from testkit.tunnel_harnesses import StreamsHarness
+
+    h = StreamsHarness(moto_url, streams_fake)
+    for name in ("orders", "users"):
+        h.create_table(name, 2)
+    h.ddb.create_table(TableName="plain", BillingMode="PAY_PER_REQUEST",
+                       KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+                       AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}])
+    h.put("orders", "o1", 1)
+    h.put("users", "u1", 2)
+    h.update("orders", "o1", 3)
+    meta = f"dynamodb://cdc-meta?region=us-east-1&endpoint_url={moto_url}&create_table=true"
+    options = MultiTableOptions.from_spark({
+        "endpoint": h.uri, "tables": "*", "tunnel.name": "q", "tables.refreshIntervalMs": "0",
+        "meta.store": meta})
+    assert options.meta_table == "cdc-meta"
+    reader = MultiTableStreamReader(options)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    executor = pickle.loads(pickle.dumps(reader))
+    rows = [r for p in reader.partitions(start, end)
+            for b in executor.read(pickle.loads(pickle.dumps(p))) for r in b.to_pylist()]
+    reader.commit(end)
+    listed = reader.listed_tables()
+    states = dict(reader.table_states)
+    reader.stop()
+    checkpoint_table = re.search(r"checkpoint_table=([^&]+)", h.uri).group(1)  # type: ignore
+    assert checkpoint_table in h.ddb.list_tables()["TableNames"]  # there, and left out
+    assert listed == ["orders", "plain", "users"]
+    assert sorted(start["tables"]) == ["orders", "users"]
+    assert states["plain"].startswith("failed") and "stream" in states["plain"].lower()
+    assert sorted((r["_table"], r["_key"], r["_op"]) for r in rows) == [
+        ("orders", '{"id":"o1"}', "PUT"), ("orders", '{"id":"o1"}', "UPDATE"),
+        ("users", '{"id":"u1"}', "PUT")]
 
 
 def test_a_table_dropped_after_its_batch_was_logged_is_passed_over_on_restart(

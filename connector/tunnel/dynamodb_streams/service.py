@@ -139,6 +139,24 @@ class DynamoDbStreamsTunnelService(TunnelService):
                               problem="the endpoint URI names another table",
                               allowed=self.config.table)
 
+    def list_tables(self) -> list[str]:
+        """The region's tables (``ListTables``, every page), sorted, without this endpoint's
+        checkpoint table; only the table the URI names, when it names one (driver: a
+        multi-table query's selection). A table without a stream is listed too: the query
+        reports it failed with ``StreamNotEnabledError``, which says how to enable one."""
+        if self.config.table is not None:
+            return [self.config.table]
+        names: list[str] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            page = call(self.uri, "ListTables", self._ddb.list_tables, **kwargs)
+            names.extend(page.get("TableNames") or [])
+            last = page.get("LastEvaluatedTableName")
+            if not last:
+                break
+            kwargs = {"ExclusiveStartTableName": last}
+        return sorted(n for n in set(names) if n != self.config.checkpoint_table)
+
     def _describe_table(self, table: str) -> dict[str, Any]:
         self._check_table(table)
         try:
