@@ -17,7 +17,9 @@ started as its own process (as a user starts it), into Delta targets from a temp
   no writes (the planning loop polling every table); over the emulator also
   ``replicate_emulator_service_idle_cpu_cores``, the emulator's CPU answering those polls;
 - ``..._freshness_p50_ms`` / ``_p99_ms``: from a write to one table (a row changed, the
-  tables taken in turn) until its target shows it, one write at a time;
+  tables taken in turn) until its target shows it, one probe at a time, while a light write
+  load is spread over every table (``load_writes_s`` rows a second, each into a random table;
+  ``..._load_writes_s`` is the rate reached);
 - ``..._new_table_s``: from creating a table (with one row) until its target holds it
   (bounded by ``tables.refreshIntervalMs`` plus a batch).
 
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +56,8 @@ class ReplicateConfig:
     channels: int = 4
     idle_s: float = 20.0
     freshness_writes: int = 20
+    #: the background write load during the freshness probes, rows a second over all tables
+    load_writes_s: float = 20.0
     refresh_ms: int = 5_000
     trigger_ms: int = 500
     #: "local": the embedded store file; "emulator": the Tablestore wire, from the emulator
@@ -126,6 +132,40 @@ def _source(config: ReplicateConfig, root: Path, store_path: Path
             {ALIBABA_ACCESS_KEY_ID: KEY_ID, ALIBABA_ACCESS_KEY_SECRET: SECRET}, emulator)
 
 
+class _WriteLoad:
+    """A thread writing ``rate`` rows a second, each into a random table of ``names`` (keys
+    from 1: the probes write key 0), from its ``with`` block's start to its end."""
+
+    def __init__(self, store_path: Path, names: list[str], rate: float) -> None:
+        self.store_path, self.names, self.interval = store_path, names, 1.0 / max(rate, 0.1)
+        self.written, self.rate = 0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="write-load", daemon=True)
+
+    def _run(self) -> None:
+        from connector.local import LocalTablestore
+
+        rng = random.Random(7)
+        began = time.monotonic()
+        with LocalTablestore(self.store_path) as store:
+            while not self._stop.is_set():
+                store.put_row(rng.choice(self.names), {"id": rng.randrange(1, 1000)},
+                              {"v": f"load{self.written}"})
+                self.written += 1
+                lead = began + self.written * self.interval - time.monotonic()
+                if lead > 0:
+                    self._stop.wait(lead)
+        self.rate = self.written / max(time.monotonic() - began, 1e-9)
+
+    def __enter__(self) -> _WriteLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
 def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]:
     from connector.local import LocalTablestore
 
@@ -172,7 +212,8 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             service_idle = (_cpu_s(emulator.pid) - service0) / idle_wall if emulator else 0.0
             log(f"{name}: idle {idle:.2f} core(s), {rss:.0f} MB")
             latencies = []
-            with LocalTablestore(store_path) as store:
+            load = _WriteLoad(store_path, names, config.load_writes_s)
+            with load, LocalTablestore(store_path) as store:
                 for i in range(config.freshness_writes):
                     table = names[(i * 7) % len(names)]
                     store.put_row(table, {"id": 0}, {"v": f"w{i}"})
@@ -203,6 +244,7 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
         f"{p}freshness_p99_ms": round(
             latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000),
         f"{p}new_table_s": round(new_s, 1),
+        f"{p}load_writes_s": round(load.rate, 1),
     }
     if emulator is not None:
         figures[f"{p}service_idle_cpu_cores"] = round(service_idle, 3)

@@ -6,10 +6,12 @@ in tests/test_job.py and integration/test_replicate_outage.py."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -123,6 +125,65 @@ def test_the_job_gives_up_after_max_restarts_and_in_use_is_its_own_exit() -> Non
         raise SourceInUseError.__new__(SourceInUseError)
 
     assert ReplicationJob(in_use, RestartPolicy(), say=lines.append).run() is JobExit.IN_USE  # type: ignore[arg-type]
+
+
+class _SlowQuery:
+    """A query whose every call takes a while, as a Py4J call into the JVM does; it records a
+    call a signal broke into."""
+
+    def __init__(self, broken: list[str]) -> None:
+        self.broken = broken
+
+    def _call(self, name: str) -> None:
+        try:
+            time.sleep(0.2)
+        except KeyboardInterrupt:
+            self.broken.append(name)
+            raise
+
+    def exception(self) -> None:
+        self._call("exception")
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 - PySpark's name
+        self._call("isActive")
+        return True
+
+
+class _SlowPipeline:
+    def __init__(self) -> None:
+        self.broken: list[str] = []
+        self.queries = (_SlowQuery(self.broken), _SlowQuery(self.broken))
+        self.stops = 0
+
+    def applied_batch(self) -> int:
+        self.queries[0]._call("applied_batch")
+        return 0
+
+    def stop(self) -> None:
+        self.stops += 1
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "term"])
+def test_a_stop_signal_ends_the_job_at_its_next_look_not_inside_a_call(
+        stop_signal: signal.Signals) -> None:
+    """Ctrl-C and SIGTERM set the job's stop flag: no call into the queries is broken half-way
+    (a KeyboardInterrupt inside a Py4J call broke its connection and printed Py4J's traceback
+    and the JVM's stack), the pipeline is stopped once, the job ends with DONE, and the
+    handlers in place before come back."""
+    pipeline = _SlowPipeline()
+    lines: list[str] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), stop_signal))
+    timer.start()
+    try:
+        code = ReplicationJob(lambda: pipeline, RestartPolicy(), say=lines.append).run()
+    finally:
+        timer.cancel()
+    assert code is JobExit.DONE
+    assert lines == ["stopping…"]
+    assert pipeline.broken == [] and pipeline.stops == 1
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 # --- one job per output directory ---------------------------------------------------------------

@@ -19,8 +19,10 @@ pipeline catches up (Trigger.AvailableNow) and the job ends with ``DONE``.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,42 +101,50 @@ class ReplicationJob:
         self.stopping = threading.Event()
         self.restarts = 0  # in a row
         self._reached = False  # a pipeline has started before: an unreachable store is an outage
+        #: the pipeline ``run`` stops when it ends
+        self._pipeline: RunningPipeline | None = None
 
     def run(self) -> JobExit:
-        """Run until stopped, done (``once``), or ended by a failure (module docstring). A
-        KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops the pipeline
-        and returns ``DONE``."""
-        pipeline: RunningPipeline | None = None
+        """Run until stopped, done (``once``), or ended by a failure (module docstring).
+        Ctrl-C and SIGTERM stop the pipeline at the job's next look (``_stop_on_signals``)
+        and return ``DONE``; so does a KeyboardInterrupt raised in the job's thread."""
+        self._pipeline = None
         try:
-            while not self.stopping.is_set():
-                failure, pipeline = self._run_once()
-                if failure is None:
-                    return JobExit.DONE
-                if not failure.retryable:
-                    self._say(f"failed: {failure.line()}")
-                    self._record_status("failed", failure.line())
-                    return _EXIT_OF[failure.kind]
-                self.restarts += 1
-                if self._policy.gives_up(self.restarts):
-                    self._say(f"gave up after {self.restarts - 1} restart(s) in a row: "
-                              f"{failure.line()}")
-                    self._record_status("failed", f"gave up: {failure.line()}")
-                    return JobExit.GAVE_UP
-                delay = self._policy.delay(self.restarts)
-                self._say(f"restarting (attempt {self.restarts}, next in {delay:.1f} s): "
-                          f"{failure.line()}")
-                self._record_status("restarting", f"attempt {self.restarts}, next in "
-                                    f"{delay:.1f} s: {failure.line()}")
-                pipeline = None
-                if self.stopping.wait(delay):
-                    break
-            return JobExit.DONE
+            with _stop_on_signals(self.stopping):
+                return self._run()
         except KeyboardInterrupt:
             self._say("stopping…")
             return JobExit.DONE
         finally:
-            if pipeline is not None:
-                pipeline.stop()
+            if self._pipeline is not None:
+                self._pipeline.stop()
+
+    def _run(self) -> JobExit:
+        """``run``'s loop; ``self._pipeline``: the pipeline still to stop."""
+        while not self.stopping.is_set():
+            failure, self._pipeline = self._run_once()
+            if failure is None:
+                break
+            if not failure.retryable:
+                self._say(f"failed: {failure.line()}")
+                self._record_status("failed", failure.line())
+                return _EXIT_OF[failure.kind]
+            self.restarts += 1
+            if self._policy.gives_up(self.restarts):
+                self._say(f"gave up after {self.restarts - 1} restart(s) in a row: "
+                          f"{failure.line()}")
+                self._record_status("failed", f"gave up: {failure.line()}")
+                return JobExit.GAVE_UP
+            delay = self._policy.delay(self.restarts)
+            self._say(f"restarting (attempt {self.restarts}, next in {delay:.1f} s): "
+                      f"{failure.line()}")
+            self._record_status("restarting", f"attempt {self.restarts}, next in "
+                                f"{delay:.1f} s: {failure.line()}")
+            self._pipeline = None
+            self.stopping.wait(delay)
+        if self.stopping.is_set():
+            self._say("stopping…")
+        return JobExit.DONE
 
     def _run_once(self) -> tuple[QueryFailure | None, RunningPipeline | None]:
         """Start the pipeline and watch it until it fails, ends (``once``) or the job stops;
@@ -165,6 +175,26 @@ class ReplicationJob:
             pipeline.stop()
             return query_failure(str(exc), reached_before=True), None
         return None, pipeline
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
+    """While the job runs in the main thread: Ctrl-C and SIGTERM set ``stopping`` instead of
+    raising wherever the main thread is. A KeyboardInterrupt raised inside a Py4J call broke
+    the call's connection half-way (PySpark's own Ctrl-C handler even calls into the JVM from
+    the signal handler), and Py4J printed its traceback and the JVM's stack on the console; the
+    job instead stops the pipeline at its next look (``WATCH_EVERY_S``). The handlers in place
+    before (PySpark's, the default) come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in handled}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _failure_of(exc: CdcError, reached_before: bool) -> QueryFailure:
