@@ -186,6 +186,27 @@ def test_a_stop_signal_ends_the_job_at_its_next_look_not_inside_a_call(
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_second_stop_signal_interrupts_a_start_that_does_not_return() -> None:
+    """A start that hangs (``--once`` catches up inside its start): the first Ctrl-C only asks
+    the job to stop, a second one interrupts it, and the job still ends with DONE."""
+    lines: list[str] = []
+
+    def hanging_start() -> None:
+        time.sleep(30)
+
+    timers = [threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)) for delay in (0.3, 0.8)]
+    for timer in timers:
+        timer.start()
+    began = time.monotonic()
+    try:
+        code = ReplicationJob(hanging_start, RestartPolicy(), say=lines.append).run()  # type: ignore[arg-type]
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert code is JobExit.DONE and lines == ["stopping…"]
+    assert time.monotonic() - began < 10
+
+
 # --- one job per output directory ---------------------------------------------------------------
 
 

@@ -183,13 +183,19 @@ def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
     raising wherever the main thread is. A KeyboardInterrupt raised inside a Py4J call broke
     the call's connection half-way (PySpark's own Ctrl-C handler even calls into the JVM from
     the signal handler), and Py4J printed its traceback and the JVM's stack on the console; the
-    job instead stops the pipeline at its next look (``WATCH_EVERY_S``). The handlers in place
-    before (PySpark's, the default) come back afterwards."""
+    job instead stops the pipeline at its next look (``WATCH_EVERY_S``). A second signal raises
+    KeyboardInterrupt as before, for a start that does not return (``--once`` catches up inside
+    its start). The handlers in place before (PySpark's, the default) come back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    def stop(*_: object) -> None:
+        if stopping.is_set():  # a second signal: the operator insists (a start that hangs)
+            raise KeyboardInterrupt
+        stopping.set()
+
     handled = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in handled}
+    previous = {s: signal.signal(s, stop) for s in handled}
     try:
         yield
     finally:
