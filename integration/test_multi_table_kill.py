@@ -29,9 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
@@ -49,6 +47,7 @@ from tablestore_cdc.verify import (
     table_state,
     verify,
 )
+from testkit.file_sink_log import committed_rows
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
 
@@ -192,23 +191,14 @@ class Replication:
         """table -> the changes of the committed change log, in batch order: the files each
         ``_spark_metadata/<batch>`` entry lists (other files are leftovers of killed
         attempts)."""
-        log_dir = self.out / "changelog" / "_spark_metadata"
-        assert not list(log_dir.glob("*.compact")), "the file sink's log was compacted"
         by_table: dict[str, list[Delivered]] = defaultdict(list)
-        for entry in sorted((p for p in log_dir.iterdir() if p.name.isdigit()),
-                            key=lambda p: int(p.name)):
-            lines = entry.read_text().splitlines()
-            assert lines[0] == "v1"
-            for line in lines[1:]:
-                record = json.loads(line)
-                assert record["action"] == "add"
-                for row in pq.read_table(unquote(urlsplit(record["path"]).path)).to_pylist():
-                    after = None if row["_row"] is None else {
-                        k: v for k, v in json.loads(row["_row"]).items() if v is not None}
-                    by_table[row["_table"]].append(Delivered(
-                        row["_channel_id"], row["_sequence"], key_of(json.loads(row["_key"])),
-                        row["_op"], (int(entry.name), row["_channel_id"], row["_sequence"]),
-                        after))
+        for batch, rows in committed_rows(self.out / "changelog" / "_spark_metadata"):
+            for row in rows:
+                after = None if row["_row"] is None else {
+                    k: v for k, v in json.loads(row["_row"]).items() if v is not None}
+                by_table[row["_table"]].append(Delivered(
+                    row["_channel_id"], row["_sequence"], key_of(json.loads(row["_key"])),
+                    row["_op"], (batch, row["_channel_id"], row["_sequence"]), after))
         return by_table
 
 

@@ -20,9 +20,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
-import pyarrow.parquet as pq
 import pytest
 
 from connector.local import LocalTablestore
@@ -32,6 +30,7 @@ from tablestore_cdc.feed.reading import user_namespaces
 from tablestore_cdc.query_record import load_spark_metrics
 from tablestore_cdc.sinks import deliveries_from_rows
 from tablestore_cdc.verify import Delivered, rows_by_key, verify
+from testkit.file_sink_log import committed_rows
 
 pytestmark = pytest.mark.slow
 
@@ -98,19 +97,10 @@ def meta_path(store: LocalTablestore) -> Path:
 def sink_deliveries(out: Path) -> list[Delivered]:
     """What the file sink committed, in batch order: the files each ``_spark_metadata/<batch>``
     entry lists (files not listed there are leftovers of uncommitted attempts)."""
-    log_dir = out / "_spark_metadata"
-    assert not list(log_dir.glob("*.compact"))  # compaction is off (see the remote fixture)
     deliveries: list[Delivered] = []
-    for entry in sorted((p for p in log_dir.iterdir() if p.name.isdigit()),
-                        key=lambda p: int(p.name)):
-        lines = entry.read_text().splitlines()
-        assert lines[0] == "v1"
-        for line in lines[1:]:
-            record = json.loads(line)
-            assert record["action"] == "add"
-            path = unquote(urlsplit(record["path"]).path)
-            rows = pq.read_table(path).to_pylist()
-            deliveries.extend(deliveries_from_rows(rows, ["id"], (int(entry.name),)))
+    # compaction is off (see the remote fixture)
+    for batch, rows in committed_rows(out / "_spark_metadata"):
+        deliveries.extend(deliveries_from_rows(rows, ["id"], (batch,)))
     return deliveries
 
 
