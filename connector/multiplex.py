@@ -11,7 +11,7 @@ delegate to each table's protocol, and a Spark partition reads one channel of on
 Each table reads with the query's options; ``tables.options`` sets, for the tables it names,
 their own ``schema.change.behavior``, ``snapshot.op`` and read limits (a JSON object ``{table:
 {option: value}}``; a JSON value, since Spark lower-cases option keys and table names are
-case-sensitive). Each table's protocol applies its own limits (``trigger_limits``); the first
+case-sensitive). Each table's protocol applies its own limits (its options'); the first
 limit set anywhere is Spark's default read limit, so that Spark never passes
 ``ReadAllAvailable`` where a table has a limit. A table's read places a value of another type
 than its column by its ``schema.change.behavior`` and marks its base-data rows by its
@@ -55,7 +55,7 @@ from connector.clients import Clients, executor_clients
 from connector.errors import OptionError, SourceInUseError
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
-from connector.planning.read_limits import TriggerLimits, trigger_limits
+from connector.planning.read_limits import trigger_limits
 from connector.reader import claim_and_read
 from connector.schema import (
     METADATA_FIELDS,
@@ -173,12 +173,6 @@ class MultiTableOptions:
     def own_options(self, table: str) -> dict[str, str]:
         """The options ``tables.options`` sets for ``table`` (names lower-cased)."""
         return dict(dict(self.per_table).get(table, ()))
-
-    def trigger_limits(self, table: str, passed: compat.PassedLimit) -> TriggerLimits:
-        """``table``'s limits of this trigger: every limit its options configure (the shared
-        ones, its own over them), or none when Spark passed ``ReadAllAvailable`` (Trigger.Once).
-        The values Spark passes are ``default_read_limit``'s, made from these same options."""
-        return trigger_limits(self.for_table(table), all_available=passed.all_available)
 
     def default_read_limit(self) -> Any:
         """``getDefaultReadLimit``'s answer: the first limit configured, the shared options'
@@ -407,8 +401,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             if protocol is None:
                 continue
             try:
-                ends[table] = protocol.latest_offset(
-                    offset, self.options.trigger_limits(table, passed))
+                # every limit the table's options configure (the shared ones, its own over
+                # them), none for ReadAllAvailable (Trigger.Once); what Spark passes otherwise
+                # is default_read_limit's, made from these same options
+                ends[table] = protocol.latest_offset(offset, trigger_limits(
+                    protocol.options, all_available=passed.all_available))
                 self._last_starts[table] = protocol.uuid_of(offset)
                 if self.table_states.get(table, "").startswith("waiting"):
                     self.table_states[table] = "streaming"  # its lease is this query's now
