@@ -61,6 +61,22 @@ POINTS = (
     "before_target_commit",
     # driver (the apply sink): the batch committed into the table; Spark's commit log not written
     "after_target_commit",
+    # driver (a multi-table query's latestOffset, connector.multiplex): one table's end
+    # minted (its previous batch's commit caught up), the next table's not; Spark's offset log
+    # not written
+    "between_table_offsets",
+    # driver (the multi-table partitions): one table's batch planned (its manifest written),
+    # the next table's not
+    "between_table_plans",
+    # driver (the multi-table commit): Spark's commit log holds the batch; one table's commit
+    # made (its checkpoints pushed when due), the next table's not
+    "between_table_commits",
+    # driver (the multi-table apply, tablestore_cdc.pipeline.multi_table): one table's target
+    # commit of the batch made, the next table's not; the apply query's commit log not written
+    "between_table_applies",
+    # driver (the multi-table apply): every table of the batch committed into its target; the
+    # apply query's commit log not written
+    "after_table_applies",
     # driver (a re-snapshot's repair, tablestore_cdc.resnapshot): the repair's change batch is
     # built from the source, not committed; the signal is marked running
     "resnapshot_before_commit",

@@ -51,7 +51,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from cdc_common.errors import CdcError
 from cdc_common.schema_change import DEFAULT_POLICY
 from connector import spark_compat as compat
-from connector.clients import Clients, executor_clients
+from connector.clients import Clients, crash_point, executor_clients
 from connector.errors import OptionError, SourceInUseError
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
@@ -392,6 +392,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         passed = compat.passed_limit(limit)
         listed = set(self.listed_tables())
         ends: dict[str, dict] = {}
+        asked = 0  # tables whose latest_offset ran (a crash point between two of them)
         for table, offset in sorted(_tables_of(start).items()):
             ends[table] = offset
             if table not in listed:
@@ -400,6 +401,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             protocol = self._protocol(table)
             if protocol is None:
                 continue
+            if asked:
+                crash_point("between_table_offsets")
+            asked += 1
             try:
                 # every limit the table's options configure (the shared ones, its own over
                 # them), none for ReadAllAvailable (Trigger.Once); what Spark passes otherwise
@@ -489,6 +493,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 raise OptionError(option=TABLES, value=table, problem="a logged batch reads "
                                   f"it but it is {self.table_states[table]}",
                                   allowed="restore the table, or a new checkpoint directory")
+            if partitions:
+                crash_point("between_table_plans")  # an earlier table's batch is planned
             schema, options = self._schemas[table], protocol.options
             partitions += [TablePartition(table, p, schema.primary_key, schema.columns,
                                           options.schema_change_behavior, options.snapshot_op)
@@ -497,10 +503,14 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         return partitions
 
     def commit(self, end: dict) -> None:
+        committed = 0  # tables whose commit ran (a crash point between two of them)
         for table, offset in sorted(_tables_of(end).items()):
             protocol = self._protocol(table)
             if protocol is None:
                 continue
+            if committed:
+                crash_point("between_table_commits")
+            committed += 1
             try:
                 protocol.commit(offset)
             except CdcError as exc:

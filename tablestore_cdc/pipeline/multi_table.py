@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
+from connector.clients import crash_point
 from tablestore_cdc.pipeline.queries import ApplySettings, TwoQueries, checkpoint_query_id
 from tablestore_cdc.table_status import AppliedTable, TableStatus
 
@@ -123,7 +124,10 @@ class MultiTableApply:
 
     def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
         """Apply one batch of the multi-table change log, table by table, in name order."""
-        for table in sorted(set(batch.column("_table").to_pylist())):
+        tables = sorted(set(batch.column("_table").to_pylist()))
+        for n, table in enumerate(tables):
+            if n:
+                crash_point("between_table_applies")  # the tables before are committed
             rows = batch.filter(pc.equal(batch.column("_table"), table))
             status = self.tables.setdefault(table, AppliedTable())
             if status.state == "failed":
@@ -134,6 +138,8 @@ class MultiTableApply:
             except CdcError as exc:
                 self._fail(table, batch_id, exc)
                 self._hold(table, batch_id, rows)
+        if tables:
+            crash_point("after_table_applies")  # the apply query's commit log not written
 
     def _apply(self, table: str, rows: pa.Table, app_id: str, batch_id: int) -> None:
         changes, keys = typed_changes(rows)
