@@ -1,7 +1,8 @@
 """Process-tree tools for the kill tests: start a Spark driver, SIGKILL it with every child.
 
 ``start_runner`` starts ``python -m testkit.runner`` (one streaming query in its own process,
-``testkit/runner.py``); ``kill_tree`` SIGKILLs it with all its descendants. PySpark's daemon
+``testkit/runner.py``); ``kill_tree`` SIGKILLs it with all its descendants, and
+``kill_marked`` any straggler left, found by a marker in its environment. PySpark's daemon
 workers leave the driver's process group, so killing the group is not enough: ``kill_tree``
 collects the whole tree (psutil) first, then SIGKILLs all of it at once;
 ``arm_crash_point`` arms a crash point of ``connector/faults.py`` and ``kill_at_crash_point``
@@ -47,6 +48,24 @@ def kill_tree(pid: int) -> int:
             process.kill()
         except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs(victims, timeout=10)
+    return len(victims)
+
+
+def kill_marked(variable: str, value: str) -> int:
+    """SIGKILL every process (by pid) whose environment has ``variable`` = ``value``: the
+    stragglers of a killed tree (a worker forked while ``kill_tree`` collected it). Only the
+    processes a harness started with that unique value have it. Returns how many were killed."""
+    victims = []
+    for process in psutil.process_iter(["pid"]):
+        if process.pid == os.getpid():
+            continue
+        try:
+            if process.environ().get(variable) == value:
+                process.kill()
+                victims.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
     psutil.wait_procs(victims, timeout=10)
     return len(victims)
 

@@ -63,7 +63,7 @@ from tablestore_cdc.verify import (
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
 from testkit.flaky import FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
 from testkit.flaky import environment as flaky_environment
-from testkit.processes import REPO, arm_crash_point, start_runner
+from testkit.processes import REPO, arm_crash_point, kill_marked, start_runner
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.faults")
@@ -336,19 +336,7 @@ class FaultScenarioRun(ScenarioRun):
     def sweep(self) -> int:
         """SIGKILL every process (by pid) whose environment carries this scenario's fault
         directory: stragglers of a killed tree. Only processes this harness started have it."""
-        marker = str(self.faults)
-        victims = []
-        for process in psutil.process_iter(["pid"]):
-            if process.pid == os.getpid():
-                continue
-            try:
-                if process.environ().get(FAULT_DIR_ENV) == marker:
-                    process.kill()
-                    victims.append(process)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        psutil.wait_procs(victims, timeout=10)
-        return len(victims)
+        return kill_marked(FAULT_DIR_ENV, str(self.faults))
 
     def wait_query_started(self) -> None:
         assert self.runner is not None
