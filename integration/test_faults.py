@@ -246,6 +246,11 @@ def test_the_full_matrix_covers_every_point_both_intervals_and_50_random_kills()
     assert len(names) == len(set(names))
 
 
+def test_every_crash_point_is_in_the_reliability_docs_table() -> None:
+    table = (Path(__file__).resolve().parent.parent / "docs" / "reliability.md").read_text()
+    assert [p for p in POINTS if f"| `{p}` |" not in table] == []
+
+
 # --- real processes ---------------------------------------------------------------------------
 
 

@@ -156,6 +156,31 @@ def read_iceberg(catalog_properties: Mapping[str, str], identifier: str,
     return catalog.load_table(identifier).scan().to_arrow().to_pylist()
 
 
+def delta_batches(path: str) -> list[tuple[str, int]]:
+    """(query id, batch id) of every batch's data commit of the Delta table at ``path``,
+    oldest first, from its commit infos (``deltalake``): a batch applied twice shows twice."""
+    from deltalake import DeltaTable
+
+    from tablestore_cdc.lakehouse.delta import BATCH_ID_KEY, QUERY_ID_KEY
+
+    return [(str(c[QUERY_ID_KEY]), int(c[BATCH_ID_KEY])) for c in reversed(
+        DeltaTable(path).history()) if QUERY_ID_KEY in c and BATCH_ID_KEY in c]
+
+
+def iceberg_batches(catalog_properties: Mapping[str, str], identifier: str,
+                    catalog_name: str = "tablestore_cdc") -> list[tuple[str, int]]:
+    """(query id, batch id) of every batch's snapshot of an Iceberg table, oldest first, from
+    the snapshot summaries (``pyiceberg``)."""
+    from pyiceberg.catalog import load_catalog
+
+    from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
+
+    table = load_catalog(catalog_name, **catalog_properties).load_table(identifier)
+    summaries = [s.summary for s in table.metadata.snapshots]  # in commit order
+    return [(str(s.get(QUERY_ID_PROPERTY)), int(str(s.get(BATCH_ID_PROPERTY))))
+            for s in summaries if s is not None and s.get(QUERY_ID_PROPERTY) is not None]
+
+
 def _attributes(row: Mapping[str, Any], key_columns: Sequence[str],
                 skip: Sequence[str] = ()) -> dict[str, Any]:
     attrs = {k: v for k, v in row.items() if k not in key_columns and k not in skip
