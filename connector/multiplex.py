@@ -37,6 +37,7 @@ import base64
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,7 +73,8 @@ log = logging.getLogger("connector.multiplex")
 #: the options of a multi-table query, beside the single-table ones (docs/multi-table.md)
 TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
 TABLE_OPTIONS = "tables.options"
-MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS)
+MAX_PARTITIONS = "tables.maxPartitions"
+MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS, MAX_PARTITIONS)
 #: the options ``tables.options`` may set for one table: how its rows are read, and its read
 #: limits (a trigger's and a channel's)
 PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op", "maxOffsetsPerTrigger",
@@ -145,6 +147,8 @@ class MultiTableOptions:
     #: the query's own meta table when it is in the instance the tables are listed from
     #: (``own_meta_table``): never selected
     meta_table: str | None = None
+    #: the most Spark partitions a batch is read in (``tables.maxPartitions``; ``deal``)
+    max_partitions: int = 1
 
     @classmethod
     def from_spark(cls, options: Mapping[str, str]) -> MultiTableOptions:
@@ -159,11 +163,14 @@ class MultiTableOptions:
                               allowed="an integer >= 0 (milliseconds)")
         excluded = by_lower.get(EXCLUDE, (EXCLUDE, None))[1]
         per_table = by_lower.get(TABLE_OPTIONS.lower())
+        max_partitions = by_lower.get(MAX_PARTITIONS.lower())
         built = cls(TableSelection.parse(by_lower[TABLES][1], excluded),
                     int(refresh) / 1000.0,
                     tuple(sorted((k, v) for k, v in options.items()
                                  if k.lower() not in {o.lower() for o in MULTI_OPTIONS})),
-                    _per_table_options(per_table[1]) if per_table else ())
+                    _per_table_options(per_table[1]) if per_table else (),
+                    max_partitions=(_positive(MAX_PARTITIONS, max_partitions[1])
+                                    if max_partitions else default_max_partitions()))
         # every other option is checked now, at load()
         meta_table = own_meta_table(built.for_table("placeholder"))
         for table, _ in built.per_table:
@@ -190,6 +197,15 @@ class MultiTableOptions:
         own = self.own_options(table)
         shared = {k: v for k, v in self.shared if k.lower() not in own}
         return SourceOptions.from_spark({**shared, **own, "table.name": table})
+
+
+def _positive(option: str, value: str) -> int:
+    """An integer >= 1 (``OptionError`` naming ``option`` otherwise)."""
+    text = value.strip().replace("_", "")
+    if not text.isdigit() or int(text) < 1:
+        raise OptionError(option=option, value=value, problem="is not an integer >= 1",
+                          allowed="an integer >= 1, e.g. 8")
+    return int(text)
 
 
 def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
@@ -241,7 +257,7 @@ def own_meta_table(options: SourceOptions) -> str | None:
 
 
 @dataclass(frozen=True)
-class TablePartition(InputPartition):
+class TableChannel:
     """One channel of one table in one batch (built on the driver, read on an executor):
     the channel's partition, the table's declared columns, to write the generic rows, and how
     its rows are read (the table's ``schema.change.behavior`` and ``snapshot.op``)."""
@@ -252,6 +268,34 @@ class TablePartition(InputPartition):
     columns: tuple[ColumnSpec, ...]
     policy: str = DEFAULT_POLICY
     snapshot_op: str = "PUT"
+
+
+@dataclass(frozen=True)
+class MultiTablePartition(InputPartition):
+    """One Spark partition of a multi-table batch (built on the driver by ``partitions``, read
+    on an executor by ``read``): the (table, channel) reads dealt to it, read one after
+    another. Each keeps its own claim, so grouping changes nothing of what is read."""
+
+    reads: tuple[TableChannel, ...]
+
+    @property
+    def tables(self) -> set[str]:
+        return {r.table for r in self.reads}
+
+
+def deal(reads: Sequence[TableChannel], max_partitions: int) -> list[MultiTablePartition]:
+    """``reads`` dealt round-robin into at most ``max_partitions`` partitions (driver), in
+    (table, channel) order: a table's channels land in different partitions, so a busy table
+    is still read in parallel, while a hundred quiet tables cost a handful of tasks instead
+    of one each (a task's start costs more than reading a few records)."""
+    count = min(len(reads), max_partitions)
+    return [MultiTablePartition(tuple(reads[i::count])) for i in range(count)]
+
+
+def default_max_partitions() -> int:
+    """``tables.maxPartitions``' default: two per core of the machine that plans (the
+    driver's; in local mode the executors' too)."""
+    return 2 * (os.cpu_count() or 1)
 
 
 class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
@@ -473,7 +517,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         starts = _tables_of(start)
-        partitions: list[InputPartition] = []
+        reads: list[TableChannel] = []
         for table, end_offset in sorted(_tables_of(end).items()):
             start_offset = starts.get(table)
             if start_offset is None or start_offset == end_offset:
@@ -496,11 +540,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             if partitions:
                 crash_point("between_table_plans")  # an earlier table's batch is planned
             schema, options = self._schemas[table], protocol.options
-            partitions += [TablePartition(table, p, schema.primary_key, schema.columns,
-                                          options.schema_change_behavior, options.snapshot_op)
-                           for p in protocol.plan(start_offset, end_offset)]
+            reads += [TableChannel(table, p, schema.primary_key, schema.columns,
+                                   options.schema_change_behavior, options.snapshot_op)
+                      for p in protocol.plan(start_offset, end_offset)]
             self.table_states[table] = "streaming"
-        return partitions
+        return deal(reads, self.options.max_partitions)
 
     def commit(self, end: dict) -> None:
         committed = 0  # tables whose commit ran (a crash point between two of them)
@@ -526,21 +570,28 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     # --- executors ------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, TablePartition)
-        schema = output_schema(TableSchema(partition.table, partition.key_columns,
-                                           partition.columns))
-        builder = RecordBatchBuilder(schema, policy=partition.policy, table=partition.table)
-        channel = partition.channel
-        # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
-        snapshots = (executor_clients().reader(channel.endpoint)
-                     if partition.snapshot_op == READ_OP else None)
-        # the end is claimed before any row is yielded: a refusal replays this batch exactly
-        for page in claim_and_read(channel, builder.layout).batches():
-            rows = builder.project(page, channel.channel_id)
-            if snapshots is not None:
-                rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
-                    channel.channel_id, page.column("_sequence")))
-            yield generic_rows(rows, partition)
+        """The rows of each (table, channel) dealt to ``partition``, one read after another."""
+        assert isinstance(partition, MultiTablePartition)
+        for table_channel in partition.reads:
+            yield from _read_channel(table_channel)
+
+
+def _read_channel(read: TableChannel) -> Iterator[pa.RecordBatch]:
+    """One table's channel of a batch as generic rows (executor)."""
+    schema = output_schema(TableSchema(read.table, read.key_columns, read.columns))
+    builder = RecordBatchBuilder(schema, policy=read.policy, table=read.table)
+    channel = read.channel
+    # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
+    snapshots = (executor_clients().reader(channel.endpoint)
+                 if read.snapshot_op == READ_OP else None)
+    # the channel's end is claimed before any of its rows is yielded: a refusal replays this
+    # batch exactly
+    for page in claim_and_read(channel, builder.layout).batches():
+        rows = builder.project(page, channel.channel_id)
+        if snapshots is not None:
+            rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
+                channel.channel_id, page.column("_sequence")))
+        yield generic_rows(rows, read)
 
 
 def _tables_of(offset: dict) -> dict[str, dict]:
@@ -553,13 +604,13 @@ def _tables_of(offset: dict) -> dict[str, dict]:
     return tables
 
 
-def generic_rows(typed: pa.RecordBatch, partition: TablePartition) -> pa.RecordBatch:
+def generic_rows(typed: pa.RecordBatch, read: TableChannel) -> pa.RecordBatch:
     """One table's output rows in the multi-table schema (executor): the key and the row's
     declared columns as JSON objects, binary values in base64, and the table's declared
     columns (``_schema``), with which the apply types them again
     (``tablestore_cdc.pipeline.multi_table.typed_changes``) even after the table is dropped."""
-    keys = [c.name for c in partition.key_columns]
-    names = [c.name for c in partition.columns]
+    keys = [c.name for c in read.key_columns]
+    names = [c.name for c in read.columns]
     key_rows = typed.select(keys).to_pylist()
     value_rows = typed.select(names).to_pylist() if names else [{}] * typed.num_rows
     ops = typed.column("_op").to_pylist()
@@ -567,10 +618,10 @@ def generic_rows(typed: pa.RecordBatch, partition: TablePartition) -> pa.RecordB
     row_json = [None if op == "DELETE" else _dumps(v) for op, v in zip(ops, value_rows,
                                                                        strict=True)]
     n = typed.num_rows
-    declared = json.dumps({"key": [[c.name, c.type] for c in partition.key_columns],
-                           "columns": [[c.name, c.type] for c in partition.columns]},
+    declared = json.dumps({"key": [[c.name, c.type] for c in read.key_columns],
+                           "columns": [[c.name, c.type] for c in read.columns]},
                           separators=(",", ":"))
-    arrays = [constant_strings(partition.table, n), pa.array(key_json, pa.string()),
+    arrays = [constant_strings(read.table, n), pa.array(key_json, pa.string()),
               pa.array(row_json, pa.string()), constant_strings(declared, n)]
     arrays += [typed.column(f.name) for f in METADATA_FIELDS]
     return pa.RecordBatch.from_arrays(arrays, schema=compat.arrow_schema(MULTI_TABLE_SCHEMA))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ def test_the_selection_keeps_names_matching_an_include_glob_and_no_exclude_glob(
     ({"tables": "a", "table.name": "a"}, "table.name"),
     ({"tables": "a", "tables.refreshIntervalMs": "soon"}, "tables.refreshIntervalMs"),
     ({"tables": "a", "maxOffsetsPerChannel": "0"}, "maxOffsetsPerChannel"),
+    ({"tables": "a", "tables.maxPartitions": "0"}, "tables.maxPartitions"),
+    ({"tables": "a", "tables.maxPartitions": "many"}, "tables.maxPartitions"),
 ])
 def test_a_bad_multi_table_option_is_refused_naming_it(tmp_path: Path, options: dict,
                                                        option: str) -> None:
@@ -52,6 +55,10 @@ def _store(path: Path) -> LocalTablestore:
     return store
 
 
+def _tables_read(partitions: Sequence[Any]) -> set[str]:
+    return {read.table for partition in partitions for read in partition.reads}
+
+
 def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
         tmp_path: Path) -> None:
     with _store(tmp_path / "s.db") as store:
@@ -64,7 +71,7 @@ def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
         assert sorted(start["tables"]) == ["a", "b"]  # c is not selected
         end = reader.latestOffset(start, None)
         partitions = reader.partitions(start, end)
-        assert {p.table for p in partitions} == {"a", "b"}
+        assert _tables_read(partitions) == {"a", "b"}
         executor = pickle.loads(pickle.dumps(reader))  # as Spark sends it
         rows = [r for p in partitions for b in executor.read(pickle.loads(pickle.dumps(p)))
                 for r in b.to_pylist()]
@@ -80,7 +87,7 @@ def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
         assert reader.partitions(end, joined) == []  # b2 joins: read from the next batch
         reader.commit(joined)
         after = reader.latestOffset(joined, None)
-        assert [p.table for p in reader.partitions(joined, after)] == ["b2"]
+        assert _tables_read(reader.partitions(joined, after)) == {"b2"}
         report = reader.reportLatestOffset()
         assert report["tables"]["b"] == "dropped" and "b" not in report["lag"]
         store.put_row("a", {"id": 2}, {"v": "y"})  # one record behind the batch planned next
@@ -88,6 +95,44 @@ def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
         reader._reporters.clear()  # a fresh measurement
         assert reader.reportLatestOffset()["lag"]["a"]["recordsBehind"] == 1
         reader.stop()
+
+
+def test_a_batch_of_many_channels_is_dealt_into_at_most_max_partitions(tmp_path: Path) -> None:
+    """Five tables of two channels, ``tables.maxPartitions=3``: ten channel reads in three
+    Spark partitions, a table's two channels in different ones; every row is read once, and
+    the batch read again (a retried task, a replay) gives the same rows."""
+    with LocalTablestore(tmp_path / "s.db") as store:
+        for t in range(5):
+            store.create_table(f"t{t}", [("id", "INTEGER")], [("v", "STRING")], channels=2)
+            for i in range(6):
+                store.put_row(f"t{t}", {"id": i}, {"v": f"{t}.{i}"})
+        options = MultiTableOptions.from_spark({
+            "endpoint": f"local://{tmp_path}/s.db", "tables": "t*", "tunnel.name": "t",
+            "tables.maxPartitions": "3"})
+        reader = MultiTableStreamReader(options)
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        partitions = reader.partitions(start, end)
+        assert len(partitions) == 3
+        assert sum(len(p.reads) for p in partitions) == 10
+        for t in range(5):  # a busy table is still read in parallel
+            holding = [i for i, p in enumerate(partitions) if f"t{t}" in p.tables]
+            assert len(holding) == 2
+
+        def read_all(parts: Sequence[Any]) -> list[tuple[str, str]]:
+            executor = pickle.loads(pickle.dumps(reader))  # as Spark sends it
+            return sorted((r["_table"], r["_row"]) for p in parts
+                          for b in executor.read(pickle.loads(pickle.dumps(p)))
+                          for r in b.to_pylist())
+
+        rows = read_all(partitions)
+        assert rows == sorted((f"t{t}", f'{{"v":"{t}.{i}"}}') for t in range(5)
+                              for i in range(6))
+        assert read_all(partitions) == rows
+        reader.stop()
+        replay = MultiTableStreamReader(options)  # a restart plans the logged batch again
+        assert read_all(replay.partitions(start, end)) == rows
+        replay.stop()
 
 
 def test_generic_rows_are_typed_again_with_the_tables_declared_columns(tmp_path: Path) -> None:
@@ -271,7 +316,7 @@ def test_a_table_dropped_after_its_batch_was_logged_is_passed_over_on_restart(
         reader.stop()
         store.drop_table("b")
         restarted = MultiTableStreamReader(options)
-        assert {p.table for p in restarted.partitions(start, end)} == {"a"}
+        assert _tables_read(restarted.partitions(start, end)) == {"a"}
         assert restarted.table_states["b"] == "dropped"
         restarted.commit(end)
         restarted.stop()

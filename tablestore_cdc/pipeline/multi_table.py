@@ -268,6 +268,18 @@ def check_target_template(target: str) -> None:
                                allowed="a template such as delta:///lake/{table}")
 
 
+def _max_partitions(spark: Any) -> dict[str, str]:
+    """``tables.maxPartitions`` for the cluster the session runs on: two per core Spark
+    schedules tasks on (its default parallelism: every executor's cores); nothing when the
+    session cannot tell (Spark Connect), and the source's default (two per driver core)
+    holds."""
+    try:
+        cores = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext to ask
+        return {}
+    return {"tables.maxPartitions": str(2 * max(1, cores))}
+
+
 def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
                                apply: ApplySettings, exclude: str | None = None,
                                options: dict[str, str] | None = None,
@@ -285,7 +297,10 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
         reader = reader.option("exclude", exclude)
-    for key, value in (options or {}).items():
+    options = dict(options or {})
+    if not any(key.lower() == "tables.maxpartitions" for key in options):
+        options.update(_max_partitions(spark))
+    for key, value in options.items():
         reader = reader.option(key, value)
     changes = reader.load()
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table)
