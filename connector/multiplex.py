@@ -537,7 +537,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 raise OptionError(option=TABLES, value=table, problem="a logged batch reads "
                                   f"it but it is {self.table_states[table]}",
                                   allowed="restore the table, or a new checkpoint directory")
-            if partitions:
+            if reads:
                 crash_point("between_table_plans")  # an earlier table's batch is planned
             schema, options = self._schemas[table], protocol.options
             reads += [TableChannel(table, p, schema.primary_key, schema.columns,
