@@ -19,7 +19,10 @@ started as its own process (as a user starts it), into Delta targets from a temp
 - ``..._freshness_p50_ms`` / ``_p99_ms``: from a write to one table (a row changed, the
   tables taken in turn) until its target shows it, one probe at a time, while a light write
   load is spread over every table (``load_writes_s`` rows a second, each into a random table;
-  ``..._load_writes_s`` is the rate reached);
+  ``..._load_writes_s`` is the rate reached; ``..._load_cpu_cores`` the application's CPU
+  per wall second over the probes, and over the emulator
+  ``replicate_emulator_service_load_cpu_cores`` the emulator's, the service's stand-in,
+  which shares the machine's two cores with the application);
 - ``..._new_table_s``: from creating a table (with one row) until its target holds it
   (bounded by ``tables.refreshIntervalMs`` plus a batch).
 
@@ -213,6 +216,8 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             log(f"{name}: idle {idle:.2f} core(s), {rss:.0f} MB")
             latencies = []
             load = _WriteLoad(store_path, names, config.load_writes_s)
+            cpu0, t0 = _cpu_s(app.pid), time.monotonic()
+            service0 = _cpu_s(emulator.pid) if emulator else 0.0
             with load, LocalTablestore(store_path) as store:
                 for i in range(config.freshness_writes):
                     table = names[(i * 7) % len(names)]
@@ -220,6 +225,10 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
                     latencies.append(_wait(f"write {i}", lambda t=table, v=f"w{i}":
                                            _target_value(lake, t, 0) == v, 300, app))
                     peak = max(peak, _rss_mb(app.pid))
+                load_wall = time.monotonic() - t0
+                load_cpu = (_cpu_s(app.pid) - cpu0) / load_wall
+                service_load = ((_cpu_s(emulator.pid) - service0) / load_wall if emulator
+                                else 0.0)
                 store.create_table("t_new", [("id", "INTEGER")], [("v", "STRING")],
                                    channels=config.channels)
                 store.put_row("t_new", {"id": 0}, {"v": "new"})
@@ -245,9 +254,11 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000),
         f"{p}new_table_s": round(new_s, 1),
         f"{p}load_writes_s": round(load.rate, 1),
+        f"{p}load_cpu_cores": round(load_cpu, 3),
     }
     if emulator is not None:
         figures[f"{p}service_idle_cpu_cores"] = round(service_idle, 3)
+        figures[f"{p}service_load_cpu_cores"] = round(service_load, 3)
     return {"tables": config.tables, "channels": config.channels, "backend": config.backend,
             **figures, "wall_s": round(time.monotonic() - began, 1)}
 
