@@ -282,6 +282,39 @@ def test_get_range_over_several_pages(client: OTSClient, emulator: EmulatorServe
     assert err.get_error_code() == "OTSParameterInvalid"
 
 
+def test_get_range_picks_rows_by_the_first_key_columns_span_in_the_services_order(
+        client: OTSClient) -> None:
+    """The store chooses the rows by the first key column's span before the exact range is
+    kept: integers by number (2 < 10 < 2**40, negatives first), strings by UTF-8 bytes
+    ("z" < "é"), binaries by bytes (chosen in full, then filtered)."""
+    def keys(table: str, direction: str, start: list, end: list) -> list[tuple]:
+        _, _, page, _ = client.get_range(table, direction, start, end, max_version=1)
+        return [tuple(v for _, v in r.primary_key) for r in page]
+
+    create(client, "ints", [("n", "INTEGER"), ("s", "STRING")])
+    create(client, "texts", [("s", "STRING"), ("n", "INTEGER")])
+    create(client, "bins", [("b", "BINARY"), ("n", "INTEGER")])
+    for n in (-5, 2, 10, 2**40):
+        client.put_row("ints", Row([("n", n), ("s", "x")], [("v", 1)]))
+    for s in ("y", "z", "é", "zz"):
+        client.put_row("texts", Row([("s", s), ("n", 1)], [("v", 1)]))
+    for b in (b"\x00", b"\x7f", b"\xff"):
+        client.put_row("bins", Row([("b", bytearray(b)), ("n", 1)], [("v", 1)]))
+    assert keys("ints", "FORWARD", [("n", 2), ("s", INF_MIN)], [("n", 10), ("s", INF_MAX)]) \
+        == [(2, "x"), (10, "x")]
+    assert keys("ints", "BACKWARD", [("n", 2**40), ("s", INF_MIN)], [("n", -5), ("s", "x")]) \
+        == [(10, "x"), (2, "x")]
+    assert keys("ints", "FORWARD", [("n", INF_MIN), ("s", INF_MIN)], [("n", 3), ("s", INF_MIN)]) \
+        == [(-5, "x"), (2, "x")]
+    assert keys("texts", "FORWARD", [("s", "z"), ("n", INF_MIN)], [("s", "é"), ("n", INF_MAX)]) \
+        == [("z", 1), ("zz", 1), ("é", 1)]
+    assert keys("texts", "FORWARD", [("s", "y"), ("n", 2)], [("s", "zz"), ("n", INF_MIN)]) \
+        == [("z", 1)]
+    assert keys("bins", "FORWARD", [("b", bytearray(b"\x01")), ("n", INF_MIN)],
+                [("b", INF_MAX), ("n", INF_MAX)]) == [(bytearray(b"\x7f"), 1),
+                                                      (bytearray(b"\xff"), 1)]
+
+
 def test_batch_write_row_and_batch_get_row(client: OTSClient) -> None:
     create(client)
     client.put_row("orders", Row([("id", "old"), ("n", 0)], [("v", 0)]))

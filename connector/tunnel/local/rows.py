@@ -182,6 +182,22 @@ def scan(conn: sqlite3.Connection, table: str) -> list[tuple[dict[str, Any], dic
     return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
 
 
+def scan_span(conn: sqlite3.Connection, table: str, column: str, low: Any, high: Any
+              ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every live row whose key column ``column`` (INTEGER or STRING) is in ``[low, high]``
+    (None: unbounded on that side), chosen in SQL from the key's JSON (SQLite compares
+    integers as numbers and text by its UTF-8 bytes, as Tablestore orders keys)."""
+    where, params = ["table_name = ?"], [table]
+    path = f"$.{json.dumps(column)}"  # a JSON path naming the key column, quoted
+    for value, test in ((low, ">="), (high, "<=")):
+        if value is not None:
+            where.append(f"json_extract(pk, ?) {test} ?")
+            params += [path, value]
+    rows = conn.execute(f"SELECT pk, attrs FROM cdc_rows WHERE {' AND '.join(where)}",
+                        params).fetchall()
+    return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
+
+
 def scan_page(conn: sqlite3.Connection, table: str, after_pk: str | None, limit: int,
               column: str | None = None, low: Any = None, high: Any = None
               ) -> list[tuple[str, str]]:
@@ -230,6 +246,7 @@ __all__ = [
     "rows_in_hash_range",
     "scan",
     "scan_page",
+    "scan_span",
     "validate_operation",
     "write_batch",
 ]

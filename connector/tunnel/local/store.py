@@ -289,6 +289,15 @@ class LocalTablestore:
             self.require_table(conn, table)
             return rows.scan(conn, table)
 
+    def scan_span(self, table: str, column: str, low: Any, high: Any
+                  ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The live rows whose key column ``column`` (INTEGER or STRING) lies in ``[low,
+        high]`` (None: unbounded), as (primary key, attribute columns), in no order; for the
+        emulator's GetRange, which would otherwise decode every row of the table."""
+        with self.transaction() as conn:
+            self.require_table(conn, table)
+            return rows.scan_span(conn, table, column, low, high)
+
     def scan_pages(self, table: str, page_rows: int = 5000, *, column: str | None = None,
                    low: Any = None, high: Any = None
                    ) -> Iterator[list[tuple[dict[str, Any], dict[str, Any]]]]:
