@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
@@ -200,12 +200,15 @@ class MultiTableOptions:
 
 
 def _positive(option: str, value: str) -> int:
-    """An integer >= 1 (``OptionError`` naming ``option`` otherwise)."""
-    text = value.strip().replace("_", "")
-    if not text.isdigit() or int(text) < 1:
+    """An integer >= 1, parsed as leniently as every other integer option (docs/options.md:
+    ``" 7 "``, ``"1_000"``, ``"5.0"``); ``OptionError`` naming ``option`` otherwise."""
+    from pydantic import Field, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(Annotated[int, Field(ge=1)]).validate_python(value))
+    except ValidationError:
         raise OptionError(option=option, value=value, problem="is not an integer >= 1",
-                          allowed="an integer >= 1, e.g. 8")
-    return int(text)
+                          allowed="an integer >= 1, e.g. 8") from None
 
 
 def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:

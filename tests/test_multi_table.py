@@ -108,7 +108,7 @@ def test_a_batch_of_many_channels_is_dealt_into_at_most_max_partitions(tmp_path:
                 store.put_row(f"t{t}", {"id": i}, {"v": f"{t}.{i}"})
         options = MultiTableOptions.from_spark({
             "endpoint": f"local://{tmp_path}/s.db", "tables": "t*", "tunnel.name": "t",
-            "tables.maxPartitions": "3"})
+            "tables.maxPartitions": " 3.0 "})  # as leniently as any integer option
         reader = MultiTableStreamReader(options)
         start = reader.initialOffset()
         end = reader.latestOffset(start, None)
