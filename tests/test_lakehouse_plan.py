@@ -54,7 +54,8 @@ START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 @st.composite
 def change_batches(draw: Any) -> pa.Table:
     """Changes in time order over a channel that splits in two, then merges: parent ``p``,
-    children ``c0``/``c1`` (by key), then ``m``; sequences per channel; ties in commit time."""
+    children ``c0``/``c1`` (by key), then ``m``; sequences per channel; ties in commit time;
+    shuffled, or in key order (distinct keys in order take ``changes.ordered``'s short cut)."""
     n = draw(st.integers(1, 40))
     split_at, merge_at = sorted(draw(st.lists(st.integers(0, n), min_size=2, max_size=2)))
     sequences: dict[str, int] = {}
@@ -81,6 +82,8 @@ def change_batches(draw: Any) -> pa.Table:
             "qty": qty,
             "_extra": to_json(extra) if extra else None})
     random.Random(draw(st.integers(0, 1000))).shuffle(rows)
+    if draw(st.booleans()):  # in key order, as a first load read by key ranges comes
+        rows.sort(key=lambda row: row["id"])
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
