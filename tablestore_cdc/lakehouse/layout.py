@@ -16,7 +16,6 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -61,10 +60,10 @@ def write_delta_files(table_uri: str, groups: Sequence[pa.Table], schema: pa.Sch
     """Write ``groups`` as Parquet files into a local Delta table's directory and return their
     ``AddAction``s (statistics: the row count and the key columns' bounds and null counts),
     for one ``create_write_transaction`` commit. Files of a commit that never happens are not
-    referenced by the table (``vacuum`` removes them)."""
-    with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1) or 1) as pool:
-        return list(pool.map(lambda group: _write_delta_file(table_uri, group, schema,
-                                                             key_columns), groups))
+    referenced by the table (``vacuum`` removes them). One file after the other: the driver's
+    cores are Spark's too, and threads cost more than they gained on a busy 2-core driver (a
+    batch big enough to gain from parallel writes is written by the executors)."""
+    return [_write_delta_file(table_uri, group, schema, key_columns) for group in groups]
 
 
 def write_delta_files_on_executors(spark_context: Any, table_uri: str,
@@ -116,7 +115,10 @@ def _write_delta_file(table_uri: str, group: pa.Table, schema: pa.Schema,
     path = os.path.join(table_uri, name)
     data = pa.Table.from_arrays([group.column(f.name).cast(f.type) for f in schema],
                                 schema=schema)
-    pq.write_table(data, path, compression="snappy")
+    # the key columns plainly encoded: their values are (nearly) distinct, so a dictionary
+    # only costs time and bytes
+    pq.write_table(data, path, compression="snappy", use_dictionary=[
+        f.name for f in schema if f.name not in key_columns])
     stats: dict[str, Any] = {"numRecords": data.num_rows, "minValues": {},
                              "maxValues": {}, "nullCount": {}}
     for name_ in key_columns:
