@@ -204,8 +204,7 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     if f"min.{key}" not in files.column_names:
         held = np.ones(files.num_rows, bool)
     else:
-        held = candidates(keys, files.column(f"min.{key}").to_pylist(),
-                          files.column(f"max.{key}").to_pylist())
+        held = candidates(keys, files.column(f"min.{key}"), files.column(f"max.{key}"))
     if not held.any():
         return False
     if not comparable(keys.type):

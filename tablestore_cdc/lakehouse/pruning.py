@@ -38,28 +38,43 @@ def comparable(typ: pa.DataType) -> bool:
             or pa.types.is_binary(typ))
 
 
-def may_hold(keys: pa.Array, lows: Sequence[Any], highs: Sequence[Any]) -> bool:
+def may_hold(keys: pa.Array, lows: Sequence[Any] | pa.Array,
+             highs: Sequence[Any] | pa.Array) -> bool:
     """Whether any of ``keys`` may lie in a file whose first key column spans [low, high]
     (a None bound: the file's statistics are unknown, it may hold any key)."""
     return bool(np.any(candidates(keys, lows, highs)))
 
 
-def candidates(keys: pa.Array, lows: Sequence[Any], highs: Sequence[Any]) -> np.ndarray:
-    """Per file: whether its [low, high] range may hold one of ``keys``."""
+def candidates(keys: pa.Array, lows: Sequence[Any] | pa.Array,
+               highs: Sequence[Any] | pa.Array) -> np.ndarray:
+    """Per file: whether its [low, high] range may hold one of ``keys`` (the bounds as Python
+    values or as Arrow arrays, such as Delta's ``add`` statistics, compared without a Python
+    object per file for numeric keys)."""
     files = len(lows)
     if not len(keys) or not files:
         return np.zeros(files, bool)
-    unknown = np.array([low is None or high is None for low, high in zip(lows, highs,
-                                                                           strict=True)])
+    low_array, high_array = _bounds(lows), _bounds(highs)
+    unknown = pc.or_(pc.is_null(low_array), pc.is_null(high_array)).to_numpy(
+        zero_copy_only=False)
     if not comparable(keys.type) or unknown.all():
         return np.ones(files, bool)
-    values = pc.unique(keys).sort().to_numpy(zero_copy_only=False)
+    values = keys.to_numpy(zero_copy_only=False)
+    # sorted, duplicates and all (searchsorted needs no distinct values); numpy sorts numbers
+    # fastest, Arrow strings (numpy would compare Python objects)
+    values = np.sort(values) if values.dtype != object else pc.unique(keys).sort().to_numpy(
+        zero_copy_only=False)
     dtype = values.dtype if values.dtype != object else object
     known = ~unknown
-    first = np.searchsorted(values, np.asarray([v for v, k in zip(lows, known, strict=True)
-                                                if k], dtype=dtype), side="left")
-    after = np.searchsorted(values, np.asarray([v for v, k in zip(highs, known, strict=True)
-                                                if k], dtype=dtype), side="right")
+    first = np.searchsorted(values, np.asarray(low_array.filter(pa.array(known)).to_numpy(
+        zero_copy_only=False), dtype=dtype), side="left")
+    after = np.searchsorted(values, np.asarray(high_array.filter(pa.array(known)).to_numpy(
+        zero_copy_only=False), dtype=dtype), side="right")
     held = unknown.copy()
     held[known] = after > first
     return held
+
+
+def _bounds(values: Sequence[Any] | pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    return values if isinstance(values, pa.Array) else pa.array(values)
