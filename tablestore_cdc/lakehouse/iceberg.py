@@ -61,6 +61,15 @@ BATCH_ID_PROPERTY = "tablestore-cdc.batch-id"
 NO_LIBRARY_RETRY = "commit.retry.num-retries"
 
 
+#: the table properties a new table gets so that its commits keep its manifests few: Iceberg's
+#: own merge settings (pyiceberg leaves merging off by default, Java merges at 100 manifests).
+#: Every manifest is read about three times a batch (the batch's scan plan, the overwrite's
+#: search for the files it replaces, twice), so their number bounds a batch's cost
+#: (``_keep_manifests_few``); a merge rewrites at most this many small manifests as one
+MANIFEST_MERGING = {"commit.manifest-merge.enabled": "true",
+                    "commit.manifest.min-count-to-merge": "8"}
+
+
 def _pyiceberg() -> Any:
     """``pyiceberg``, which the ``lakehouse`` extra brings (the base install does not)."""
     try:
@@ -157,6 +166,7 @@ class IcebergApplySink(ApplySink):
             catalog.create_namespace_if_not_exists(self.identifier.rpartition(".")[0])
             table = catalog.create_table(self.identifier, schema=plan.layout.schema,
                                          properties={NO_LIBRARY_RETRY: "0",
+                                                     **MANIFEST_MERGING,
                                                      **marker.properties()})
         summary = {QUERY_ID_PROPERTY: app_id, BATCH_ID_PROPERTY: str(batch_id)}
         transaction = _transaction(table)
@@ -259,9 +269,14 @@ def _rewritten(current: pa.Table, plan: ApplyPlan, options: ApplyOptions) -> pa.
     touched = pa.concat_tables([t.select(keys).cast(current.select(keys).schema) for t in (
         plan.upsert_table, plan.delete_keys, plan.close_table)]).group_by(keys).aggregate([])
     schema = plan.upsert_table.schema
-    parts = [_conformed(current.join(touched, keys=keys, join_type="left anti"), schema),
-             plan.upsert_table]
-    hit = current.join(touched, keys=keys, join_type="left semi")
+    if len(keys) == 1:  # one key column: a membership mask, cheaper than two hash joins
+        held = pc.is_in(current.column(keys[0]),
+                        value_set=touched.column(keys[0]).combine_chunks())
+        untouched, hit = current.filter(pc.invert(held)), current.filter(held)
+    else:
+        untouched = current.join(touched, keys=keys, join_type="left anti")
+        hit = current.join(touched, keys=keys, join_type="left semi")
+    parts = [_conformed(untouched, schema), plan.upsert_table]
     flag = options.soft_delete_column
     if options.scd == 2:
         ended = pc.is_valid(hit.column(END_AT))
@@ -287,15 +302,58 @@ def _write_files(transaction: Any, replaced: list[Any], groups: list[pa.Table],
     Iceberg's field ids and bounds."""
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-    # read once: each read of ``Transaction.table_metadata`` deep-copies the whole metadata
     metadata = transaction.table_metadata
     update = transaction.update_snapshot(snapshot_properties=summary)
-    with (update.overwrite() if replaced else update.fast_append()) as snapshot:
+    with (update.overwrite() if replaced else update.merge_append()) as snapshot:
+        if replaced:
+            _keep_manifests_few(snapshot, metadata.properties)
         for task in replaced:
             snapshot.delete_data_file(task.file)
         for group in groups:
             for data_file in _dataframe_to_data_files(metadata, _conformed(group, schema), io):
                 snapshot.append_data_file(data_file)
+
+
+def _keep_manifests_few(overwrite: Any, properties: dict[str, str]) -> None:
+    """Make pyiceberg's overwrite ``overwrite`` (a snapshot producer) drop the manifests that
+    hold no live file and merge the others as its appends do (``merge_append``).
+
+    pyiceberg's overwrite carries every manifest of the parent snapshot over, the ones that
+    only record files deleted by an earlier snapshot included (its appends drop those), and
+    never merges: each overwrite adds two manifests for good, and every later batch reads them
+    all, a cost that grew with every batch of a stream. Dropped and merged as Iceberg's Java
+    writer does (``MergingSnapshotProducer``), with pyiceberg's own merge (the table's
+    ``commit.manifest-merge.enabled``, ``commit.manifest.min-count-to-merge`` and
+    ``commit.manifest.target-size-bytes``), which keeps the files this snapshot deletes. The
+    producer's ``_process_manifests`` is the step pyiceberg provides for this (its merging
+    append overrides it); with another pyiceberg that lacks it, the overwrite is left as is."""
+    try:
+        from pyiceberg.manifest import ManifestContent
+        from pyiceberg.table import TableProperties
+        from pyiceberg.table.update.snapshot import _ManifestMergeManager
+        from pyiceberg.utils.properties import property_as_bool, property_as_int
+    except ImportError:
+        return
+    if not hasattr(overwrite, "_process_manifests"):
+        return
+    target_size = property_as_int(properties, TableProperties.MANIFEST_TARGET_SIZE_BYTES,
+                                  TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT)
+    min_count = property_as_int(properties, TableProperties.MANIFEST_MIN_MERGE_COUNT,
+                                TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT)
+    merge = _ManifestMergeManager(
+        target_size_bytes=target_size or TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT,
+        min_count_to_merge=min_count or TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT,
+        merge_enabled=property_as_bool(properties, TableProperties.MANIFEST_MERGE_ENABLED,
+                                       TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT),
+        snapshot_producer=overwrite)
+
+    def process(manifests: list[Any]) -> list[Any]:
+        live = [m for m in manifests if m.has_added_files() or m.has_existing_files()
+                or m.added_snapshot_id == overwrite.snapshot_id]
+        return (merge.merge_manifests([m for m in live if m.content == ManifestContent.DATA])
+                + [m for m in live if m.content != ManifestContent.DATA])
+
+    overwrite._process_manifests = process
 
 
 def _held_files(table: Any, plan: ApplyPlan, key: str) -> tuple[list[Any], pa.Table | None]:
