@@ -301,11 +301,13 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 def lakehouse_summary(details: dict[str, Any]) -> dict[str, Any]:
     """``lakehouse_<format>_scd<n>_<size>_<figure>`` for every run, and the headline figures
     the targets read: Delta SCD 1 at the largest size up to 1M rows (apply and first-load
-    ratios), its per-batch growth, and Iceberg's per-batch time over Delta's there."""
+    ratios, and the first load over an append of the rows it writes), its per-batch growth, and
+    Iceberg's per-batch time (and CPU time) over Delta's there."""
     out: dict[str, Any] = {}
     for name, figures in details.items():
         if isinstance(figures, dict):
-            for key in ("apply_ratio", "first_load_ratio", "per_batch_s", "apply_changes_s",
+            for key in ("apply_ratio", "first_load_ratio", "first_load_ratio_written",
+                        "per_batch_s", "per_batch_cpu_s", "apply_changes_s",
                         "first_load_rows_s"):
                 value = figures[key]
                 out[f"lakehouse_{name}_{key}"] = round(value) if key.endswith("rows_s") or (
@@ -318,11 +320,14 @@ def lakehouse_summary(details: dict[str, Any]) -> dict[str, Any]:
     if delta is not None:
         out["lakehouse_apply_ratio"] = round(delta["apply_ratio"], 4)
         out["lakehouse_first_load_ratio"] = round(delta["first_load_ratio"], 4)
+        out["lakehouse_first_load_ratio_written"] = round(delta["first_load_ratio_written"], 4)
         out["lakehouse_growth"] = round(details["delta_scd1_growth"], 3)
         iceberg = details.get(f"iceberg_scd1_{headline}")
         if iceberg is not None:
             out["lakehouse_iceberg_over_delta"] = round(
                 iceberg["per_batch_s"] / delta["per_batch_s"], 3)
+            out["lakehouse_iceberg_over_delta_cpu"] = round(
+                iceberg["per_batch_cpu_s"] / delta["per_batch_cpu_s"], 3)
     return out
 
 
@@ -422,8 +427,8 @@ def format_table(s: dict[str, Any]) -> str:
         if key in s:
             add(key, s[key], "{:,.0f}")
     for key in sorted(k for k in s if k.startswith("lakehouse_")):
-        add(key, s[key], "{:,.0f}" if key.endswith("_s") and not key.endswith("per_batch_s")
-            else "{:.3f}")
+        add(key, s[key], "{:,.0f}" if key.endswith("_s") and not key.endswith(
+            ("per_batch_s", "per_batch_cpu_s")) else "{:.3f}")
     if "reconcile_rows_s" in s:
         add("reconcile_rows_s", s["reconcile_rows_s"], "{:,.0f}")
     if "reconcile_seconds" in s:
