@@ -49,11 +49,12 @@ def test_statistics_tell_a_key_is_absent_only_when_no_range_holds_it() -> None:
 @settings(max_examples=300, deadline=None)
 @given(keys=st.lists(st.integers(-50, 50), max_size=30),
        files=st.lists(st.tuples(st.integers(-60, 60), st.integers(0, 20)), max_size=12),
-       strings=st.booleans())
+       strings=st.booleans(), arrays=st.booleans())
 def test_the_files_a_key_may_be_in_are_exactly_those_whose_range_holds_it(
-        keys: list[int], files: list[tuple[int, int]], strings: bool) -> None:
+        keys: list[int], files: list[tuple[int, int]], strings: bool, arrays: bool) -> None:
     """``pruning.candidates`` against the plain rule: a file may hold a key when
-    low <= key <= high (string keys compared as the formats order them: by bytes)."""
+    low <= key <= high (string keys compared as the formats order them: by bytes); the
+    bounds as Python values (Iceberg's) or as Arrow arrays (Delta's statistics)."""
     def value(v: int) -> Any:
         return f"k{v + 100:03d}" if strings else v
 
@@ -62,8 +63,9 @@ def test_the_files_a_key_may_be_in_are_exactly_those_whose_range_holds_it(
     array = pa.array([value(k) for k in keys], pa.string() if strings else pa.int64())
     expected = [any(lo <= value(k) <= hi for k in keys) for lo, hi in zip(lows, highs,
                                                                           strict=True)]
-    assert list(candidates(array, lows, highs)) == expected
-    assert may_hold(array, lows, highs) == any(expected)
+    bounds = (pa.array(lows), pa.array(highs)) if arrays and files else (lows, highs)
+    assert list(candidates(array, *bounds)) == expected
+    assert may_hold(array, *bounds) == any(expected)
 
 
 def snapshot_batches(rows_per_channel: int = 40, per_batch: int = 10) -> list[pa.Table]:

@@ -60,9 +60,12 @@ def candidates(keys: pa.Array, lows: Sequence[Any] | pa.Array,
         return np.ones(files, bool)
     values = keys.to_numpy(zero_copy_only=False)
     # sorted, duplicates and all (searchsorted needs no distinct values); numpy sorts numbers
-    # fastest, Arrow strings (numpy would compare Python objects)
-    values = np.sort(values) if values.dtype != object else pc.unique(keys).sort().to_numpy(
-        zero_copy_only=False)
+    # fastest (a batch's keys often come sorted: checked first), Arrow strings (numpy would
+    # compare Python objects)
+    if values.dtype == object:
+        values = pc.unique(keys).sort().to_numpy(zero_copy_only=False)
+    elif len(values) > 1 and not (values[:-1] <= values[1:]).all():
+        values = np.sort(values)
     dtype = values.dtype if values.dtype != object else object
     known = ~unknown
     first = np.searchsorted(values, np.asarray(low_array.filter(pa.array(known)).to_numpy(
