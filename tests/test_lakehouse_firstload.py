@@ -247,3 +247,38 @@ def test_lake_optimize_command_reports_in_one_line(tmp_path) -> None:
                                        f"delta://{tmp_path}/none"])
     assert missing.exit_code == 2 and missing.output.count("\n") == 1
     assert "error: target" in missing.output and "no table there yet" in missing.output
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 30), st.integers(1, 6)),
+                     min_size=1, max_size=40),
+       shuffle=st.randoms(use_true_random=False))
+def test_appended_rows_are_cut_into_whole_channels_when_their_key_ranges_are_disjoint(
+        runs: list[tuple[int, int, int]], shuffle: Any) -> None:
+    """``layout.file_groups`` against the plain rule: the groups are the rows in key order;
+    when no two channels' key ranges meet, each group holds whole channels (at most
+    ``MAX_FILES`` groups, channels split as evenly as the cut allows), else there is one
+    group. Runs: (channel, first key, keys)."""
+    from tablestore_cdc.lakehouse.layout import MAX_FILES, file_groups
+
+    rows = [(key, f"ch{channel}") for channel, low, count in runs
+            for key in range(low, low + count)]
+    shuffle.shuffle(rows)
+    table = pa.table({"id": pa.array([k for k, _ in rows], pa.int64())})
+    channels = pa.array([c for _, c in rows])
+    groups = file_groups(table, channels, "id")
+    keys = [k for g in groups for k in g.column("id").to_pylist()]
+    assert keys == sorted(k for k, _ in rows) and all(g.num_rows for g in groups)
+    ranges: dict[str, list[int]] = {}
+    for key, channel in rows:
+        low_high = ranges.setdefault(channel, [key, key])
+        low_high[0], low_high[1] = min(low_high[0], key), max(low_high[1], key)
+    spans = sorted(ranges.values())
+    disjoint = all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+    if not disjoint or len(spans) == 1:
+        assert len(groups) == 1
+        return
+    per_file = -(-len(spans) // MAX_FILES)
+    expected = [spans[i:i + per_file] for i in range(0, len(spans), per_file)]
+    assert [(g.column("id")[0].as_py(), g.column("id")[-1].as_py()) for g in groups] == [
+        (part[0][0], part[-1][1]) for part in expected]

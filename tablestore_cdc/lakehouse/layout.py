@@ -37,22 +37,26 @@ def file_groups(rows: pa.Table, channels: pa.Array | None, key: str) -> list[pa.
                                                   column.slice(1))).as_py():
         ordered = rows  # the plan's rows come in key order
     else:
-        ordered = rows.take(pc.sort_indices(rows, sort_keys=[(key, "ascending")]))
+        order = pc.sort_indices(rows, sort_keys=[(key, "ascending")])
+        ordered = rows.take(order)
+        channels = None if channels is None else channels.take(order)
     if channels is None or not comparable(rows.schema.field(key).type):
         return [ordered]
-    ranges = (pa.table({"ch": channels, "k": rows.column(key)})
-              .group_by("ch", use_threads=False).aggregate([("k", "min"), ("k", "max")])
-              .sort_by([("k_min", "ascending")]))
-    if ranges.num_rows < 2:
-        return [ordered]
-    lows, highs = ranges.column("k_min").to_pylist(), ranges.column("k_max").to_pylist()
-    if any(low <= high for low, high in zip(lows[1:], highs, strict=False)):
-        return [ordered]  # the channels' ranges overlap: one file
-    per_file = -(-len(lows) // MAX_FILES)
-    cuts = lows[per_file::per_file]  # each group starts at a channel's lowest key
-    keys = ordered.column(key)
-    bounds = [0, *[pc.sum(pc.less(keys, cut)).as_py() for cut in cuts], ordered.num_rows]
-    return [ordered.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    # in key order, the channels' ranges are disjoint when each channel is one run of rows
+    # and each run's first key is above the key before it
+    n = ordered.num_rows
+    starts = [0, *(pc.add(pc.indices_nonzero(pc.not_equal(channels.slice(0, n - 1),
+                                                          channels.slice(1))), 1).to_pylist())]
+    if len(starts) < 2 or len(starts) != pc.count_distinct(channels).as_py():
+        return [ordered]  # one channel, or channels whose ranges interleave: one file
+    keys = ordered.column(key).combine_chunks()
+    following = pa.array(starts[1:], pa.int64())
+    if not pc.all(pc.greater(keys.take(following),
+                             keys.take(pc.subtract(following, 1)))).as_py():
+        return [ordered]  # two channels share a key: one file
+    per_file = -(-len(starts) // MAX_FILES)
+    bounds = [*starts[::per_file], n]  # each group starts at a channel's lowest key
+    return [ordered.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def write_delta_files(table_uri: str, groups: Sequence[pa.Table], schema: pa.Schema,
