@@ -42,6 +42,7 @@ POSITIVE_KEYS = (
     "lakehouse_iceberg_over_delta",
     "lakehouse_iceberg_over_delta_cpu",
     "lakehouse_first_load_ratio_written",
+    "lakehouse_first_load_ratio_cpu",
     "lakehouse_delta_scd2_4000_per_batch_s",
     "lakehouse_iceberg_scd1_4000_first_load_rows_s",
     "reconcile_rows_s",
