@@ -6,7 +6,9 @@ not fit a small machine. Here one query reads every selected table, and each tab
 protocol exactly as a single-table query has it (``connector.protocol.StreamProtocol``: its own
 tunnel, meta namespace, UUID offsets and lease). The query's offset is a composite
 ``{"tables": {table: that table's offset}}``; ``latestOffset``, ``partitions`` and ``commit``
-delegate to each table's protocol, and a Spark partition reads one channel of one table.
+delegate to each table's protocol, and a Spark partition reads several (table, channel)
+pairs one after another: a batch's channel reads are dealt into at most
+``tables.maxPartitions`` partitions (``deal``), each read keeping its own claim.
 
 Each table reads with the query's options; ``tables.options`` sets, for the tables it names,
 their own ``schema.change.behavior``, ``snapshot.op`` and read limits (a JSON object ``{table:
@@ -148,7 +150,7 @@ class MultiTableOptions:
     #: (``own_meta_table``): never selected
     meta_table: str | None = None
     #: the most Spark partitions a batch is read in (``tables.maxPartitions``; ``deal``)
-    max_partitions: int = 1
+    max_partitions: int = dataclasses.field(default_factory=lambda: default_max_partitions())
 
     @classmethod
     def from_spark(cls, options: Mapping[str, str]) -> MultiTableOptions:
