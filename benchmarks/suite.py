@@ -28,11 +28,13 @@ from benchmarks.protocol import ProtocolConfig
 from benchmarks.reconcile import ReconcileConfig
 from benchmarks.recovery import RecoveryConfig
 from benchmarks.replicate import ReplicateConfig
+from benchmarks.replicate_e2e import ReplicateE2EConfig
 from benchmarks.throughput import ThroughputConfig
 from benchmarks.wire import WireConfig
 
 BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
-              "wire", "lakehouse_apply", "reconcile", "replicate", "replicate_emulator")
+              "wire", "lakehouse_apply", "reconcile", "replicate", "replicate_emulator",
+              "replicate_e2e")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Preset:
     replicate: ReplicateConfig = ReplicateConfig()
     #: the same over the Tablestore wire, from the emulator
     replicate_emulator: ReplicateConfig = ReplicateConfig(backend="emulator")
+    replicate_e2e: ReplicateE2EConfig = ReplicateE2EConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -72,6 +75,7 @@ PRESETS: dict[str, Preset] = {
         replicate=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2, refresh_ms=1_000),
         replicate_emulator=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2,
                                            refresh_ms=1_000, backend="emulator"),
+        replicate_e2e=ReplicateE2EConfig(records=4_000, keys=2_000),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -129,6 +133,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "replicate_emulator_idle_cpu_cores": ("<=", 0.5, ""),
     "replicate_emulator_freshness_p50_ms": ("<=", 5000.0, "ms"),
     "replicate_emulator_new_table_s": ("<=", 30.0, "s"),
+    # issue 39: the whole command into Delta against the source's own rate, one run
+    "replicate_e2e_ratio": (">=", 0.3, ""),
 }
 
 
@@ -172,8 +178,8 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
             log(f"memory: one Python process reads a {preset.memory.records:,}-record "
                 "partition ...")
             results["memory"] = memory.run(preset.memory, root / "memory")
-        spark_needed = [b for b in ("throughput", "commit_interval", "freshness", "wire")
-                        if b in only]
+        spark_needed = [b for b in ("throughput", "commit_interval", "freshness", "wire",
+                                    "replicate_e2e") if b in only]
         if spark_needed:
             session = spark
             if session is None:
@@ -198,6 +204,13 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
                     log("wire: PlainBuffer decode rate; tablestore over the emulator vs "
                         "trivial source ...")
                     results["wire"] = wire.run(session, preset.wire, root / "wire")
+                if "replicate_e2e" in only:
+                    from benchmarks import replicate_e2e
+
+                    log(f"replicate_e2e: {preset.replicate_e2e.records:,} changes, the source "
+                        "into noop, then replicate --once into Delta ...")
+                    results["replicate_e2e"] = replicate_e2e.run(
+                        session, preset.replicate_e2e, root / "replicate_e2e", log=log)
             finally:
                 if spark is None:
                     session.stop()
@@ -282,7 +295,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "lakehouse_apply" in results:
         out.update(lakehouse_summary(results["lakehouse_apply"]))
-    for name in ("replicate", "replicate_emulator"):
+    for name in ("replicate", "replicate_emulator", "replicate_e2e"):
         if name in results:
             out.update({k: v for k, v in results[name].items() if k.startswith("replicate_")})
     if "reconcile" in results:
@@ -439,7 +452,7 @@ def format_table(s: dict[str, Any]) -> str:
         if key in s:
             add(key, s[key], "{:.2f}")
     for key in (k for k in s if k.startswith("replicate_")):  # in the order measured
-        add(key, s[key], "{:.3f}" if key.endswith("_cores") else "{:,.1f}")
+        add(key, s[key], "{:.3f}" if key.endswith(("_cores", "_ratio")) else "{:,.1f}")
     width = max(len(r[0]) for r in rows)
     span = max([len(r[2]) for r in rows] + [len("min .. max")]) if spread else 0
     value_head = "median" if spread else "value"

@@ -57,6 +57,10 @@ POSITIVE_KEYS = (
     "replicate_emulator_peak_rss_mb",
     "replicate_emulator_freshness_p50_ms",
     "replicate_emulator_new_table_s",
+    "replicate_e2e_changes_s",
+    "replicate_e2e_source_changes_s",
+    "replicate_e2e_ratio",
+    "replicate_e2e_changes_s_wall",
 )
 
 
