@@ -14,10 +14,10 @@ UPDATE, 10 % DELETE over ``keys`` keys, so the first PUTs are of new keys), then
   from the **first batch to the last commit**: from the moment Spark writes the first batch's
   offsets (the mtime of ``OUTPUT/_checkpoints/changelog/offsets/0``: the command's first
   query, source -> change log; its second, change log -> target, runs beside it) to the mtime
-  of the target's last Delta log entry. This is the same span the source's figure covers (its batches, not the query's
-  start), so the ratio compares like with like; the costs left out are reported beside it,
-  not hidden: ``replicate_e2e_wall_s`` (process start to exit: interpreter, JVM and
-  SparkSession start, the pipeline's set-up, the batches, the shutdown) and
+  of the target's last Delta log entry. This is the span the source's figure covers (its
+  batches, not the query's start), so the ratio compares like with like; the costs left out
+  are reported beside it, not hidden: ``replicate_e2e_wall_s`` (process start to exit:
+  interpreter, JVM and SparkSession start, the pipeline's set-up, the batches, the shutdown) and
   ``replicate_e2e_changes_s_wall`` = changes / that wall time;
 - ``replicate_e2e_ratio`` = ``replicate_e2e_changes_s`` / ``replicate_e2e_source_changes_s``
   (target >= 0.3).
