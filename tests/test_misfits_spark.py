@@ -6,6 +6,7 @@ type (docs/schema.md, "Values of another type")."""
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -49,8 +50,10 @@ def test_exception_fails_typed_then_lenient_delivers_the_batch_once(spark, store
     with pytest.raises(StreamingQueryException) as info:
         failing.processAllAvailable()
     message = str(info.value)
-    assert "SchemaChangeError" in message
-    assert "schema.change.behavior=exception" in message and "column 'qty' is bigint" in message
+    assert "SchemaChangeError" in message and "schema.change.behavior=exception" in message
+    # both channels hold a misfit, and their two tasks race: Spark reports the first to fail,
+    # qty's STRING or DOUBLE in one channel or ok's STRING in the other
+    assert re.search(r"column '(qty' is bigint|ok' is boolean)", message), message[:2000]
     assert sink.committed_batches() == []  # nothing of the refused batch was written
 
     query = (stream(spark, store, "lenient").writeStream.foreachBatch(sink)
