@@ -182,17 +182,24 @@ def scan(conn: sqlite3.Connection, table: str) -> list[tuple[dict[str, Any], dic
     return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
 
 
+def _key_column_bounds(where: list[str], params: list[Any], column: str,
+                       *bounds: tuple[Any, str]) -> None:
+    """Add to a query's ``where`` and ``params`` a test of key column ``column``'s value (read
+    from the key's JSON) for each (value, comparison) bound whose value is not None."""
+    path = f"$.{json.dumps(column)}"  # a JSON path naming the key column, quoted
+    for value, test in bounds:
+        if value is not None:
+            where.append(f"json_extract(pk, ?) {test} ?")
+            params += [path, value]
+
+
 def scan_span(conn: sqlite3.Connection, table: str, column: str, low: Any, high: Any
               ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Every live row whose key column ``column`` (INTEGER or STRING) is in ``[low, high]``
     (None: unbounded on that side), chosen in SQL from the key's JSON (SQLite compares
     integers as numbers and text by its UTF-8 bytes, as Tablestore orders keys)."""
     where, params = ["table_name = ?"], [table]
-    path = f"$.{json.dumps(column)}"  # a JSON path naming the key column, quoted
-    for value, test in ((low, ">="), (high, "<=")):
-        if value is not None:
-            where.append(f"json_extract(pk, ?) {test} ?")
-            params += [path, value]
+    _key_column_bounds(where, params, column, (low, ">="), (high, "<="))
     rows = conn.execute(f"SELECT pk, attrs FROM cdc_rows WHERE {' AND '.join(where)}",
                         params).fetchall()
     return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
@@ -210,11 +217,8 @@ def scan_page(conn: sqlite3.Connection, table: str, after_pk: str | None, limit:
     if after_pk is not None:
         where.append("pk > ?")
         params.append(after_pk)
-    path = f"$.{json.dumps(column)}"  # a JSON path naming the key column, quoted
-    for value, test in ((low, ">="), (high, "<")):
-        if column is not None and value is not None:
-            where.append(f"json_extract(pk, ?) {test} ?")
-            params += [path, value]
+    if column is not None:
+        _key_column_bounds(where, params, column, (low, ">="), (high, "<"))
     return conn.execute(
         f"SELECT pk, attrs FROM cdc_rows WHERE {' AND '.join(where)} ORDER BY pk LIMIT ?",
         (*params, limit)).fetchall()
