@@ -268,16 +268,17 @@ def check_target_template(target: str) -> None:
                                allowed="a template such as delta:///lake/{table}")
 
 
-def _max_partitions(spark: Any) -> dict[str, str]:
+def _max_partitions(spark: Any) -> str:
     """``tables.maxPartitions`` for the cluster the session runs on: two per core Spark
-    schedules tasks on (its default parallelism: every executor's cores); nothing when the
-    session cannot tell (Spark Connect), and the source's default (two per driver core)
-    holds."""
+    schedules tasks on (its default parallelism: every executor's cores); when the session
+    cannot tell (Spark Connect), the source's own default (two per driver core)."""
+    from connector.multiplex import default_max_partitions
+
     try:
         cores = int(spark.sparkContext.defaultParallelism)
     except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext to ask
-        return {}
-    return {"tables.maxPartitions": str(2 * max(1, cores))}
+        return str(default_max_partitions())
+    return str(2 * max(1, cores))
 
 
 def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
@@ -297,9 +298,11 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
         reader = reader.option("exclude", exclude)
+    from connector.multiplex import MAX_PARTITIONS
+
     options = dict(options or {})
-    if not any(key.lower() == "tables.maxpartitions" for key in options):
-        options.update(_max_partitions(spark))
+    if not any(key.lower() == MAX_PARTITIONS.lower() for key in options):
+        options[MAX_PARTITIONS] = _max_partitions(spark)
     for key, value in options.items():
         reader = reader.option(key, value)
     changes = reader.load()
