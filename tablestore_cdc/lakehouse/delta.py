@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +50,7 @@ from tablestore_cdc.lakehouse.layout import (
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
+from tablestore_cdc.lakehouse.rewrite import rewrite_groups, rewritten
 from tablestore_cdc.lakehouse.sink import (
     SCHEMA_CHANGES_PROPERTY,
     ApplyResult,
@@ -133,7 +136,6 @@ class DeltaApplySink(ApplySink):
         table = self.table()
         marker = self._marker(app_id, options)
         recorded = None
-        writers: set[int] = set()
         if table is not None:
             recorded = table.transaction_version(app_id)
             schema = pa.schema(table.schema().to_arrow())
@@ -151,9 +153,13 @@ class DeltaApplySink(ApplySink):
         plan = plan_batch(batch, target, options, self.table_uri)
         # the commit's info names the batch too (``DeltaTable.history``): how a reader that
         # does not know the query id finds how far the table is applied (``reconcile``)
+        # no retry inside delta-rs: it would rebase the commit onto one made since the sink
+        # read the table without checking that the files the commit removes are still there
+        # (a compaction's, ``lake optimize``); refused instead, the sink re-plans the batch
         commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
                                   custom_metadata={QUERY_ID_KEY: app_id,
-                                                   BATCH_ID_KEY: str(batch_id)})
+                                                   BATCH_ID_KEY: str(batch_id)},
+                                  max_commit_retries=0)
         if table is None:  # created with the marker; the batch follows in its own commit
             try:
                 deltalake.DeltaTable.create(
@@ -163,8 +169,10 @@ class DeltaApplySink(ApplySink):
                 if self.table() is None:
                     raise
                 raise TableCreatedMeanwhile(str(exc)) from exc
-            writers = _append(self.table(), plan, options, commit, self.storage_options,
-                              self._executors_for(plan), self._before_commit)
+            appending = True
+            version, writers = _append(self.table(), plan, options, commit,
+                                       self.storage_options, self._executors_for(plan),
+                                       self._before_commit)
         else:
             if plan.layout.added:  # its own commit, before the data's: a replay finds it done
                 self._log_schema_changes(self.table_uri, batch_id, plan)
@@ -172,18 +180,30 @@ class DeltaApplySink(ApplySink):
                 table.alter.add_columns(fields, commit_properties=CommitProperties(
                     custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
                 self._after_schema_change()  # the new columns are in, the data not yet
-            appending = not _may_hold(table, plan, options.key_columns[0])
-            if appending:  # every key is new to the table: no MERGE to make
-                writers = _append(table, plan, options, commit, self.storage_options,
-                                  self._executors_for(plan), self._before_commit)
+            key = options.key_columns[0]
+            local = _rewritable(table, self.storage_options)
+            if local is not None:  # copy-on-write of the files that hold the batch's keys
+                removed, current = _held_files(table, local, plan, key)
+                appending = current is None
+                groups = (file_groups(plan.upsert_table, plan.upsert_channels, key)
+                          if current is None
+                          else rewrite_groups(rewritten(current, plan, options), key))
+                version, writers = _commit_files(table, local, groups, removed, options,
+                                                 commit, self._executors_for(plan),
+                                                 self._before_commit)
+            elif not _may_hold(table, plan, key):  # every key is new to the table
+                appending = True
+                version, writers = _append(table, plan, options, commit,
+                                           self.storage_options, self._executors_for(plan),
+                                           self._before_commit)
             else:  # schema changed (if at all), the batch's data not committed
+                appending = False
                 self._before_commit()
                 merge = _scd2_merge if options.scd == 2 else _scd1_merge
                 merge(table, plan, options, commit)
+                version, writers = table.version(), set()  # MERGE brings the table up to date
         self._after_commit()
-        committed = self.table()
-        result = self._result(batch_id, plan, None if committed is None else committed.version(),
-                              appended=table is None or appending)
+        result = self._result(batch_id, plan, version, appended=appending)
         return dataclasses.replace(result, written_by=tuple(sorted(writers)))
 
 
@@ -256,11 +276,10 @@ def _local_path(table_uri: str) -> str | None:
 
 def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
             storage_options: dict[str, str] | None, spark_context: Any,
-            before_commit: Callable[[], None]) -> set[int]:
-    """Append the batch's rows in one commit, as key-clustered files (layout.py) when the
-    table is local — written by Spark's executors when ``spark_context`` is given — else with
-    ``write_deltalake``. ``before_commit`` runs once the files are written. Returns the ids of
-    the executor processes that wrote files."""
+            before_commit: Callable[[], None]) -> tuple[int, set[int]]:
+    """Append the batch's rows in one commit: as key-clustered files (layout.py) when the
+    table is local (``_commit_files``), else with ``write_deltalake``. Returns the table's
+    version the commit made and the ids of the executor processes that wrote files."""
     import deltalake
 
     local = _local_path(table.table_uri)
@@ -268,19 +287,93 @@ def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
         before_commit()
         deltalake.write_deltalake(table, plan.upsert_table, mode="append",
                                   commit_properties=commit)
-        return set()
-    schema = pa.schema(table.schema().to_arrow())
+        return table.version(), set()
     groups = file_groups(plan.upsert_table, plan.upsert_channels, options.key_columns[0])
+    return _commit_files(table, local, groups, [], options, commit, spark_context,
+                         before_commit)
+
+
+def _commit_files(table: Any, local: str, groups: list[pa.Table], removed: list[Any],
+                  options: ApplyOptions, commit: Any, spark_context: Any,
+                  before_commit: Callable[[], None]) -> tuple[int, set[int]]:
+    """One commit on the version ``table`` holds: a file per group added (written by Spark's
+    executors when ``spark_context`` is given), the ``removed`` files (``RemoveAction``s)
+    removed. ``before_commit`` runs once the files are written. Returns the version the
+    commit made (the next one: ``commit`` allows delta-rs no retry onto a later version)
+    and the ids of the executor processes that wrote files."""
+    schema = pa.schema(table.schema().to_arrow())
     writers: set[int] = set()
-    if spark_context is not None:
+    if spark_context is not None and groups:
         pieces = split(groups, spark_context.defaultParallelism)
         actions, writers = write_delta_files_on_executors(spark_context, local, pieces, schema,
                                                           options.key_columns)
     else:
         actions = write_delta_files(local, groups, schema, options.key_columns)
     before_commit()  # the files are written (unreferenced until the commit)
-    table.create_write_transaction(actions, "append", schema, commit_properties=commit)
-    return writers
+    table.create_write_transaction([*removed, *actions], "append", schema,
+                                   commit_properties=commit)
+    return table.version() + 1, writers
+
+
+#: writer features whose rules (constraints, generated values) only a writer that enforces
+#: them may write files under: such a table is changed by delta-rs' MERGE
+_ENFORCED_WRITER_FEATURES = {"invariants", "checkConstraints", "generatedColumns",
+                             "identityColumns"}
+
+
+def _rewritable(table: Any, storage_options: dict[str, str] | None) -> str | None:
+    """The local directory of a table whose files the sink may read and rewrite itself (None:
+    the batch goes through delta-rs' MERGE). Its files must hold its rows plainly: no
+    deletion vectors or column mapping (reader version 1), no partition columns, no rules a
+    writer must enforce; tables the sink creates are such tables."""
+    local = _local_path(table.table_uri)
+    if local is None or storage_options:
+        return None
+    protocol = table.protocol()
+    metadata = table.metadata()
+    if (protocol.min_reader_version > 1 or metadata.partition_columns
+            or set(protocol.writer_features or ()) & _ENFORCED_WRITER_FEATURES
+            or any(k.startswith("delta.constraints.") for k in metadata.configuration)):
+        return None
+    return local
+
+
+def _held_files(table: Any, local: str, plan: ApplyPlan, key: str
+                ) -> tuple[list[Any], pa.Table | None]:
+    """The ``RemoveAction``s of the files that hold a key the batch touches, and those files'
+    rows (the table's columns; a column added after a file was written is null in its rows);
+    ``([], None)`` when no file holds one: the batch is appended.
+
+    The ``add`` actions' statistics of the first key column rule files out (pruning.py); each
+    remaining file is read and kept when its first key column holds one of the keys (a key
+    type without an order shared with the statistics is taken as held)."""
+    import pyarrow.dataset as ds
+    from deltalake.transaction import RemoveAction
+
+    files = pa.table(table.get_add_actions(flatten=True))
+    keys = plan.touched_keys(key)
+    if not files.num_rows or not len(keys):
+        return [], None
+    if f"min.{key}" in files.column_names:
+        held = candidates(keys, files.column(f"min.{key}"), files.column(f"max.{key}"))
+    else:
+        held = np.ones(files.num_rows, bool)
+    schema = pa.schema(table.schema().to_arrow())
+    removed, parts = [], []
+    now = int(time.time() * 1000)
+    for path, size in zip(files.column("path").filter(pa.array(held)).to_pylist(),
+                          files.column("size_bytes").filter(pa.array(held)).to_pylist(),
+                          strict=True):
+        rows = ds.dataset(os.path.join(local, unquote(path)), schema=schema,
+                          format="parquet").to_table()
+        if comparable(keys.type) and not pc.any(pc.is_in(
+                rows.column(key), value_set=keys.cast(schema.field(key).type))).as_py():
+            continue
+        removed.append(RemoveAction(path, True, now, size))
+        parts.append(rows)
+    if not parts:
+        return [], None
+    return removed, pa.concat_tables(parts)
 
 
 def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:

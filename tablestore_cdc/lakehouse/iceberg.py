@@ -10,7 +10,7 @@ commit that requires the table's current snapshot to be the one the sink read
 (``CommitFailedException``), and the sink reloads, checks the summary again and re-plans.
 
 Row-level changes are copy-on-write of the data files that may hold the batch's keys
-(``_held_files``, ``_rewritten``; ``pyiceberg`` writes no delete files): the files whose bounds
+(``_held_files``, rewrite.py; ``pyiceberg`` writes no delete files): the files whose bounds
 of the first key column hold one of the batch's keys are read once and replaced, in one
 overwrite snapshot, by files of their rows without the touched keys' rows, with
 
@@ -42,14 +42,9 @@ from tablestore_cdc.lakehouse.drift import iceberg_promotions
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.layout import file_groups
 from tablestore_cdc.lakehouse.ownership import claim
-from tablestore_cdc.lakehouse.plan import (
-    CLOSE_AT,
-    END_AT,
-    ApplyOptions,
-    ApplyPlan,
-    plan_batch,
-)
+from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
+from tablestore_cdc.lakehouse.rewrite import conformed, rewrite_groups, rewritten
 from tablestore_cdc.lakehouse.sink import SCHEMA_CHANGES_PROPERTY, ApplyResult, ApplySink, log
 
 QUERY_ID_PROPERTY = "tablestore-cdc.query-id"
@@ -185,8 +180,8 @@ class IcebergApplySink(ApplySink):
             groups = file_groups(plan.upsert_table, plan.upsert_channels,
                                  options.key_columns[0])
         else:
-            groups = file_groups(_rewritten(current, plan, options), None,
-                                 options.key_columns[0])
+            groups = rewrite_groups(rewritten(current, plan, options),
+                                    options.key_columns[0])
         if (not replaced and not groups and not summary.get(SCHEMA_CHANGES_PROPERTY)
                 and not marking):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
@@ -263,40 +258,6 @@ def committed_batch(table: Any, app_id: str) -> int | None:
     return None
 
 
-def _rewritten(current: pa.Table, plan: ApplyPlan, options: ApplyOptions) -> pa.Table:
-    """Copy-on-write (pyiceberg writes no delete files): the rows that replace the files
-    ``_held_files`` read (``current``): their untouched rows, the batch's images (SCD 1;
-    soft-deleted keys' rows flagged) or versions (SCD 2; open versions of touched keys
-    closed)."""
-    keys = list(options.key_columns)
-    touched = pa.concat_tables([t.select(keys).cast(current.select(keys).schema) for t in (
-        plan.upsert_table, plan.delete_keys, plan.close_table)]).group_by(keys).aggregate([])
-    schema = plan.upsert_table.schema
-    if len(keys) == 1:  # one key column: a membership mask, cheaper than two hash joins
-        held = pc.is_in(current.column(keys[0]),
-                        value_set=touched.column(keys[0]).combine_chunks())
-        untouched, hit = current.filter(pc.invert(held)), current.filter(held)
-    else:
-        untouched = current.join(touched, keys=keys, join_type="left anti")
-        hit = current.join(touched, keys=keys, join_type="left semi")
-    parts = [_conformed(untouched, schema), plan.upsert_table]
-    flag = options.soft_delete_column
-    if options.scd == 2:
-        ended = pc.is_valid(hit.column(END_AT))
-        parts.append(_conformed(hit.filter(ended), schema))  # history of touched keys
-        closing = hit.filter(pc.invert(ended)).drop_columns([END_AT]).join(
-            plan.close_table, keys=keys)
-        parts.append(_conformed(closing.rename_columns(
-            [END_AT if n == CLOSE_AT else n for n in closing.column_names]), schema))
-    elif flag and plan.delete_keys.num_rows:  # deleted here, last image in the table: flagged
-        gone = hit.join(plan.delete_keys.cast(hit.select(keys).schema), keys=keys,
-                        join_type="left semi")
-        gone = gone.set_column(gone.schema.get_field_index(flag), flag,
-                               pa.repeat(True, gone.num_rows))
-        parts.append(_conformed(gone, schema))
-    return pa.concat_tables(parts)
-
-
 def _write_files(transaction: Any, replaced: list[Any], groups: list[pa.Table],
                  schema: pa.Schema, io: Any, summary: dict[str, str]) -> None:
     """One snapshot: the ``replaced`` files' scan tasks removed (an overwrite; none: a fast
@@ -313,7 +274,7 @@ def _write_files(transaction: Any, replaced: list[Any], groups: list[pa.Table],
         for task in replaced:
             snapshot.delete_data_file(task.file)
         for group in groups:
-            for data_file in _dataframe_to_data_files(metadata, _conformed(group, schema), io):
+            for data_file in _dataframe_to_data_files(metadata, conformed(group, schema), io):
                 snapshot.append_data_file(data_file)
 
 
@@ -399,13 +360,6 @@ def _held_files(table: Any, plan: ApplyPlan, key: str) -> tuple[list[Any], pa.Ta
             current.column(key), value_set=keys.cast(current.schema.field(key).type))).as_py():
         return [], None
     return held, current
-
-
-def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``rows`` with ``schema``'s columns in its order and types (missing ones null)."""
-    return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names
-                                 else pa.nulls(rows.num_rows, f.type) for f in schema],
-                                schema=schema)
 
 
 def _expressions() -> Any:

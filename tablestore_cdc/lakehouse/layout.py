@@ -119,15 +119,21 @@ def _write_delta_file(table_uri: str, group: pa.Table, schema: pa.Schema,
     path = os.path.join(table_uri, name)
     data = pa.Table.from_arrays([group.column(f.name).cast(f.type) for f in schema],
                                 schema=schema)
-    # the key columns plainly encoded: their values are (nearly) distinct, so a dictionary
-    # only costs time and bytes
+    # dictionaries for the strings and binaries that are not keys (repeated names, states);
+    # keys are (nearly) distinct and numbers rarely repeat enough to repay one
     pq.write_table(data, path, compression="snappy", use_dictionary=[
-        f.name for f in schema if f.name not in key_columns])
+        f.name for f in schema if f.name not in key_columns and (
+            pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))])
+    # a null count for every column: delta-rs' readers take a column missing from the counts
+    # of a file that has some as holding no null (an ``IS NULL`` filter skips the file); bounds
+    # for the key columns only (they prune later batches, pruning.py)
     stats: dict[str, Any] = {"numRecords": data.num_rows, "minValues": {},
-                             "maxValues": {}, "nullCount": {}}
+                             "maxValues": {}, "nullCount": {
+                                 f.name: data.column(f.name).null_count for f in schema
+                                 if not pa.types.is_nested(f.type)}}
     for name_ in key_columns:
         column = data.column(name_)
-        stats["nullCount"][name_] = column.null_count
         if comparable(column.type) and not pa.types.is_binary(column.type):
             bounds = pc.min_max(column)
             stats["minValues"][name_] = bounds["min"].as_py()
