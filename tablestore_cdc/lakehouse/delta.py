@@ -8,9 +8,19 @@ or below it; the data and the ``txn`` action are one commit, so "applied" and "r
 come apart. Two writers racing with the same batch: delta-rs' conflict check fails the later
 commit (``CommitFailedError``), the sink reloads and finds the batch recorded.
 
-One commit per batch, one MERGE (``streamed_exec=False``: the batch is small and in memory, and
-only then does delta-rs derive a pruning predicate from its key range, so that the MERGE reads
-only the files whose key statistics overlap the batch's keys, layout.py):
+One commit per batch, made on the table's version the sink read: delta-rs may not retry it
+onto a later version (``max_commit_retries=0``), because its conflict check lets a commit that
+removes files through when another commit removed them meanwhile (``lake optimize``'s
+compaction), which would leave their rows twice; refused, the batch is re-planned.
+
+Row changes are **copy-on-write** (``_held_files``, rewrite.py) on a table the sink may write
+files of itself (``_rewritable``: local, no deletion vectors, column mapping, partitions or
+enforced rules; the tables it creates): the files whose key statistics and first key column
+hold one of the batch's keys are read, and one commit removes them and adds files of their
+untouched rows and the batch's (SCD 1: final images, soft-deleted rows flagged; SCD 2: open
+versions closed, new versions), cut into files of bounded size. Any other table goes through
+delta-rs' **MERGE** (``streamed_exec=False``: the batch is small and in memory, and only then
+does delta-rs derive a pruning predicate from its key range, layout.py):
 
 - SCD 1: the source holds each touched key once, ``__apply`` = ``upsert`` (its final image)
   or ``delete``; matched deletes are removed (or, with a soft-delete column, flagged), matched
@@ -20,8 +30,8 @@ only the files whose key statistics overlap the batch's keys, layout.py):
   (``__END_AT IS NULL``), which gets ``__END_AT`` = the key's first change time here.
 
 The first batch creates the table with the job's marker (ownership.py) in one commit, then
-appends its rows in the next (``write_deltalake``, with the ``txn``). New
-columns (schema drift, ``drift.py``) are added by a schema-only commit just before the MERGE
+appends its rows in the next (``_append``, with the ``txn``). New
+columns (schema drift, ``drift.py``) are added by a schema-only commit just before the data's
 (delta-rs' ``merge_schema`` mixes up rows when some source columns are excluded); its commit info
 records the change (``tablestore-cdc.schema-changes``) and the batch; a replay after a crash
 between the two finds the columns there and commits the data. delta-rs has no type widening:
@@ -153,9 +163,7 @@ class DeltaApplySink(ApplySink):
         plan = plan_batch(batch, target, options, self.table_uri)
         # the commit's info names the batch too (``DeltaTable.history``): how a reader that
         # does not know the query id finds how far the table is applied (``reconcile``)
-        # no retry inside delta-rs: it would rebase the commit onto one made since the sink
-        # read the table without checking that the files the commit removes are still there
-        # (a compaction's, ``lake optimize``); refused instead, the sink re-plans the batch
+        # made on the version read, or refused (module doc: no retry inside delta-rs)
         commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
                                   custom_metadata={QUERY_ID_KEY: app_id,
                                                    BATCH_ID_KEY: str(batch_id)},
@@ -277,13 +285,14 @@ def _local_path(table_uri: str) -> str | None:
 def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
             storage_options: dict[str, str] | None, spark_context: Any,
             before_commit: Callable[[], None]) -> tuple[int, set[int]]:
-    """Append the batch's rows in one commit: as key-clustered files (layout.py) when the
-    table is local (``_commit_files``), else with ``write_deltalake``. Returns the table's
-    version the commit made and the ids of the executor processes that wrote files."""
+    """Append the batch's rows in one commit: as key-clustered files (layout.py,
+    ``_commit_files``) when the sink may write the table's files itself (``_rewritable``),
+    else with ``write_deltalake``. Returns the table's version the commit made and the ids of
+    the executor processes that wrote files."""
     import deltalake
 
-    local = _local_path(table.table_uri)
-    if local is None or storage_options:
+    local = _rewritable(table, storage_options)
+    if local is None:
         before_commit()
         deltalake.write_deltalake(table, plan.upsert_table, mode="append",
                                   commit_properties=commit)
@@ -322,10 +331,11 @@ _ENFORCED_WRITER_FEATURES = {"invariants", "checkConstraints", "generatedColumns
 
 
 def _rewritable(table: Any, storage_options: dict[str, str] | None) -> str | None:
-    """The local directory of a table whose files the sink may read and rewrite itself (None:
-    the batch goes through delta-rs' MERGE). Its files must hold its rows plainly: no
-    deletion vectors or column mapping (reader version 1), no partition columns, no rules a
-    writer must enforce; tables the sink creates are such tables."""
+    """The local directory of a table whose files the sink may write, read and rewrite itself
+    (None: the batch goes through delta-rs' writers, ``write_deltalake`` or MERGE). Its files
+    must hold its rows plainly: no deletion vectors or column mapping (reader version 1), no
+    partition columns, no rules a writer must enforce; tables the sink creates are such
+    tables."""
     local = _local_path(table.table_uri)
     if local is None or storage_options:
         return None
