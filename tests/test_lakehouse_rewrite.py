@@ -177,3 +177,27 @@ def test_copy_on_write_leaves_the_rows_delta_rs_merge_leaves(
                              for p in paths)
         assert rewritten == merged
     assert "MERGE" not in operations(paths[0])
+
+
+def test_files_delta_rs_merged_before_are_read_and_rewritten(tmp_path: Path) -> None:
+    """A table whose files delta-rs' MERGE wrote (as a table with a CHECK constraint, or one
+    from before the sink rewrote files itself; delta-rs stores a rewritten string key as
+    ``string_view``) is rewritten by the sink once the constraint is gone."""
+    schema = pa.schema([pa.field("k", pa.string(), False), *list(batch().schema)[1:]])
+    path = str(tmp_path / "orders")
+    sink = DeltaApplySink(path, key_columns=["k"])
+
+    def apply(batch_id: int, *rows: tuple[str, str, str]) -> Any:
+        changes = [{**change(op, "c", batch_id * 10 + i, batch_id, 0, name), "k": k}
+                   for i, (op, k, name) in enumerate(rows)]
+        return sink.apply(pa.Table.from_pylist(changes, schema=schema), "q", batch_id)
+
+    apply(0, ("PUT", "a", "a0"), ("PUT", "m", "m0"), ("PUT", "z", "z0"))
+    DeltaTable(path).alter.add_constraint({"k_set": "k IS NOT NULL"})
+    apply(1, ("UPDATE", "a", "a1"), ("PUT", "c", "c1"))
+    DeltaTable(path).alter.drop_constraint("k_set")
+    apply(2, ("UPDATE", "c", "c2"), ("DELETE", "m", "-"), ("PUT", "b", "b2"))
+    assert operations(path)[-4:] == ["ADD CONSTRAINT", "MERGE", "DROP CONSTRAINT", "WRITE"]
+    assert table_state(read_delta(path), ["k"]) == {
+        json.dumps({"k": k}): {"name": name}
+        for k, name in (("a", "a1"), ("b", "b2"), ("c", "c2"), ("z", "z0"))}
