@@ -201,3 +201,28 @@ def test_files_delta_rs_merged_before_are_read_and_rewritten(tmp_path: Path) -> 
     assert table_state(read_delta(path), ["k"]) == {
         json.dumps({"k": k}): {"name": name}
         for k, name in (("a", "a1"), ("b", "b2"), ("c", "c2"), ("z", "z0"))}
+
+
+def test_a_batch_whose_files_hold_too_many_rows_to_rewrite_here_is_merged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy-on-write holds the files it rewrites in the driver's memory: past
+    ``REWRITE_MAX_ROWS`` rows the batch goes through delta-rs' MERGE; below, and for keys
+    no file holds, the sink writes the files itself."""
+    from tablestore_cdc.lakehouse import rewrite
+
+    target = Delta(tmp_path)
+    sink = target.sink()
+    expected = load(sink)  # four files of 25 rows
+    monkeypatch.setattr(rewrite, "REWRITE_MAX_ROWS", 40)
+    sink.apply(batch(change("UPDATE", "ch0", 50, 2, 3, "three", 3)), "q", 1)  # one file: 25
+    assert operations(target.path)[-1] == "WRITE"
+    sink.apply(batch(change("UPDATE", "ch1", 50, 3, 101, "one", 1),
+                     change("DELETE", "ch2", 50, 3, 202)), "q", 2)  # two files: 50
+    assert operations(target.path)[-1] == "MERGE"
+    assert sink.apply(batch(change("PUT", "ch3", 50, 4, 999, "new", 9)), "q", 3).appended
+    assert operations(target.path)[-1] == "WRITE"
+    expected[json.dumps({"id": 3})] = {"name": "three", "qty": 3}
+    expected[json.dumps({"id": 101})] = {"name": "one", "qty": 1}
+    del expected[json.dumps({"id": 202})]
+    expected[json.dumps({"id": 999})] = {"name": "new", "qty": 9}
+    assert table_state(target.rows(), ["id"]) == expected

@@ -18,9 +18,11 @@ files of itself (``_rewritable``: local, no deletion vectors, column mapping, pa
 enforced rules; the tables it creates): the files whose key statistics and first key column
 hold one of the batch's keys are read, and one commit removes them and adds files of their
 untouched rows and the batch's (SCD 1: final images, soft-deleted rows flagged; SCD 2: open
-versions closed, new versions), cut into files of bounded size. Any other table goes through
-delta-rs' **MERGE** (``streamed_exec=False``: the batch is small and in memory, and only then
-does delta-rs derive a pruning predicate from its key range, layout.py):
+versions closed, new versions), cut into files of bounded size. Any other table, and a batch
+whose files to rewrite hold more than ``rewrite.REWRITE_MAX_ROWS`` rows (copy-on-write holds
+them in the driver's memory), goes through delta-rs' **MERGE** (``streamed_exec=False``: the
+batch is small and in memory, and only then does delta-rs derive a pruning predicate from its
+key range, layout.py):
 
 - SCD 1: the source holds each touched key once, ``__apply`` = ``upsert`` (its final image)
   or ``delete``; matched deletes are removed (or, with a soft-delete column, flagged), matched
@@ -51,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tablestore_cdc.lakehouse import rewrite
 from tablestore_cdc.lakehouse.layout import (
     file_groups,
     split,
@@ -190,21 +193,23 @@ class DeltaApplySink(ApplySink):
                 self._after_schema_change()  # the new columns are in, the data not yet
             key = options.key_columns[0]
             local = _rewritable(table, self.storage_options)
-            if local is not None:  # copy-on-write of the files that hold the batch's keys
-                removed, current = _held_files(table, local, plan, key)
-                appending = current is None
-                groups = (file_groups(plan.upsert_table, plan.upsert_channels, key)
-                          if current is None
-                          else rewrite_groups(rewritten(current, plan, options), key))
-                version, writers = _commit_files(table, local, groups, removed, options,
-                                                 commit, self._executors_for(plan),
+            held = None if local is None else _held_files(table, local, plan, key)
+            if local is not None and held is not None and _rewrite_fits(held):
+                appending = not held.num_rows  # else copy-on-write of the files held
+                if appending:
+                    groups = file_groups(plan.upsert_table, plan.upsert_channels, key)
+                else:
+                    current = _read_files(local, held, pa.schema(table.schema().to_arrow()))
+                    groups = rewrite_groups(rewritten(current, plan, options), key)
+                version, writers = _commit_files(table, local, groups, _removes(held),
+                                                 options, commit, self._executors_for(plan),
                                                  self._before_commit)
-            elif not _may_hold(table, plan, key):  # every key is new to the table
+            elif held is None and not _may_hold(table, plan, key):  # every key is new
                 appending = True
                 version, writers = _append(table, plan, options, commit,
                                            self.storage_options, self._executors_for(plan),
                                            self._before_commit)
-            else:  # schema changed (if at all), the batch's data not committed
+            else:  # (held: too many rows to rewrite here) schema changed, data not yet
                 appending = False
                 self._before_commit()
                 merge = _scd2_merge if options.scd == 2 else _scd1_merge
@@ -348,42 +353,67 @@ def _rewritable(table: Any, storage_options: dict[str, str] | None) -> str | Non
     return local
 
 
-def _held_files(table: Any, local: str, plan: ApplyPlan, key: str
-                ) -> tuple[list[Any], pa.Table | None]:
-    """The ``RemoveAction``s of the files that hold a key the batch touches, and those files'
-    rows (the table's columns; a column added after a file was written is null in its rows);
-    ``([], None)`` when no file holds one: the batch is appended.
+def _held_files(table: Any, local: str, plan: ApplyPlan, key: str) -> pa.Table:
+    """The ``add`` actions (``get_add_actions`` rows: path, size, row count, statistics) of the
+    files that hold a key the batch touches; none: the batch's keys are all new (appended).
 
-    The ``add`` actions' statistics of the first key column rule files out (pruning.py); each
-    remaining file is read and kept when its first key column holds one of the keys (a key
-    type without an order shared with the statistics is taken as held)."""
+    The actions' statistics of the first key column rule files out (pruning.py); of the
+    others, only the key column is read (a first load from hash-partitioned channels has every
+    file's range span the keys, and reads no more than that) and a file is kept when it holds
+    one of the keys (a key type without an order shared with the statistics: kept)."""
     import pyarrow.dataset as ds
-    from deltalake.transaction import RemoveAction
 
     files = pa.table(table.get_add_actions(flatten=True))
     keys = plan.touched_keys(key)
     if not files.num_rows or not len(keys):
-        return [], None
+        return files.slice(0, 0)
     if f"min.{key}" in files.column_names:
-        held = candidates(keys, files.column(f"min.{key}"), files.column(f"max.{key}"))
-    else:
-        held = np.ones(files.num_rows, bool)
-    schema = pa.schema(table.schema().to_arrow())
-    removed, parts = [], []
+        files = files.filter(pa.array(candidates(keys, files.column(f"min.{key}"),
+                                                 files.column(f"max.{key}"))))
+    if not comparable(keys.type):
+        return files
+    only_key = pa.schema([pa.field(key, keys.type)])  # a view-typed key read as the batch's
+    value_set = pc.unique(keys)
+    holds = [bool(pc.any(pc.is_in(
+        ds.dataset(_file_path(local, path), schema=only_key, format="parquet")
+        .to_table(columns=[key]).column(key), value_set=value_set)).as_py())
+        for path in files.column("path").to_pylist()]
+    return files.filter(pa.array(holds, pa.bool_()))
+
+
+def _rewrite_fits(files: pa.Table) -> bool:
+    """Whether the rows of ``files`` (``add`` actions, by their statistics) are few enough to
+    rewrite in the driver's memory (``rewrite.REWRITE_MAX_ROWS``; a file without a row count
+    may be any size)."""
+    if not files.num_rows:
+        return True
+    if "num_records" not in files.column_names or files.column("num_records").null_count:
+        return False
+    return int(pc.sum(files.column("num_records")).as_py()) <= rewrite.REWRITE_MAX_ROWS
+
+
+def _read_files(local: str, files: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Every row of ``files`` with the table's columns (a column added after a file was
+    written is null in its rows)."""
+    import pyarrow.dataset as ds
+
+    return ds.dataset([_file_path(local, p) for p in files.column("path").to_pylist()],
+                      schema=schema, format="parquet").to_table()
+
+
+def _removes(files: pa.Table) -> list[Any]:
+    """The ``RemoveAction``s of ``files`` (``add`` actions), for the commit that replaces
+    them."""
+    from deltalake.transaction import RemoveAction
+
     now = int(time.time() * 1000)
-    for path, size in zip(files.column("path").filter(pa.array(held)).to_pylist(),
-                          files.column("size_bytes").filter(pa.array(held)).to_pylist(),
-                          strict=True):
-        rows = ds.dataset(os.path.join(local, unquote(path)), schema=schema,
-                          format="parquet").to_table()
-        if comparable(keys.type) and not pc.any(pc.is_in(
-                rows.column(key), value_set=keys.cast(schema.field(key).type))).as_py():
-            continue
-        removed.append(RemoveAction(path, True, now, size))
-        parts.append(rows)
-    if not parts:
-        return [], None
-    return removed, pa.concat_tables(parts)
+    return [RemoveAction(path, True, now, size) for path, size in zip(
+        files.column("path").to_pylist(), files.column("size_bytes").to_pylist(), strict=True)]
+
+
+def _file_path(local: str, path: str) -> str:
+    """A file's path on disk from its ``add`` action's (relative, URL-encoded) path."""
+    return os.path.join(local, unquote(path))
 
 
 def _predicate(key_columns: tuple[str, ...], source: str = "s.`{}`") -> str:

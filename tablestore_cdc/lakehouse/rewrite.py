@@ -26,6 +26,10 @@ from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyP
 #: the most rows (and bytes, as Arrow holds them) of one file a rewrite writes
 REWRITE_FILE_ROWS = 65_536
 REWRITE_FILE_BYTES = 64 << 20
+#: the most rows of the files one batch rewrites here (they are all in the driver's memory
+#: at once); a Delta batch that would rewrite more goes through delta-rs' MERGE, which
+#: streams them (updates spread over a large table: every file holds one of the keys)
+REWRITE_MAX_ROWS = 2_000_000
 
 
 def rewritten(current: pa.Table, plan: ApplyPlan, options: ApplyOptions) -> pa.Table:
