@@ -36,6 +36,15 @@ def batch(*rows: dict[str, Any]) -> pa.Table:
     return pa.Table.from_pylist(list(rows), schema=SCHEMA)
 
 
+def string_keyed(batch_id: int, *rows: tuple[str, str, str]) -> pa.Table:
+    """A batch of table ``orders`` keyed by a string column ``k`` instead of ``id``: one change
+    per (op, key, name), in channel ``c``, sequenced by the batch id."""
+    schema = pa.schema([pa.field("k", pa.string(), False), *list(SCHEMA)[1:]])
+    changes = [{**change(op, "c", batch_id * 10 + i, batch_id, 0, name), "k": k}
+               for i, (op, k, name) in enumerate(rows)]
+    return pa.Table.from_pylist(changes, schema=schema)
+
+
 FIRST = batch(change("PUT", "c", 1, 1, 1, "a", 1))
 WITH_COLOUR = batch(change("PUT", "c", 2, 2, 2, "b", 2, colour="red", size=7),
                     change("UPDATE", "c", 3, 3, 1, "a", 5, colour="blue"))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tablestore_cdc.lakehouse import END_AT, DeltaApplySink
 from tablestore_cdc.lakehouse.rewrite import rewrite_groups
 from tablestore_cdc.verify import read_delta, table_state
-from testkit.lakehouse import Delta, batch, change
+from testkit.lakehouse import Delta, batch, change, string_keyed
 
 
 def file_paths(path: str) -> set[str]:
@@ -183,14 +183,11 @@ def test_files_delta_rs_merged_before_are_read_and_rewritten(tmp_path: Path) -> 
     """A table whose files delta-rs' MERGE wrote (as a table with a CHECK constraint, or one
     from before the sink rewrote files itself; delta-rs stores a rewritten string key as
     ``string_view``) is rewritten by the sink once the constraint is gone."""
-    schema = pa.schema([pa.field("k", pa.string(), False), *list(batch().schema)[1:]])
     path = str(tmp_path / "orders")
     sink = DeltaApplySink(path, key_columns=["k"])
 
     def apply(batch_id: int, *rows: tuple[str, str, str]) -> Any:
-        changes = [{**change(op, "c", batch_id * 10 + i, batch_id, 0, name), "k": k}
-                   for i, (op, k, name) in enumerate(rows)]
-        return sink.apply(pa.Table.from_pylist(changes, schema=schema), "q", batch_id)
+        return sink.apply(string_keyed(batch_id, *rows), "q", batch_id)
 
     apply(0, ("PUT", "a", "a0"), ("PUT", "m", "m0"), ("PUT", "z", "z0"))
     DeltaTable(path).alter.add_constraint({"k_set": "k IS NOT NULL"})
