@@ -209,7 +209,7 @@ class DeltaApplySink(ApplySink):
                 version, writers = _append(table, plan, options, commit,
                                            self.storage_options, self._executors_for(plan),
                                            self._before_commit)
-            else:  # (held: too many rows to rewrite here) schema changed, data not yet
+            else:  # delta-rs' MERGE: not the sink's to rewrite, or too many rows for it
                 appending = False
                 self._before_commit()
                 merge = _scd2_merge if options.scd == 2 else _scd1_merge
