@@ -91,10 +91,11 @@ def test_a_stream_with_splits_a_merge_and_a_new_column_applies_exactly(spark, tm
     assert any(c.parent_ids for c in store.list_channels("t") if len(c.parent_ids) == 2)
 
 
-def test_a_first_load_has_its_files_written_by_the_executors(spark, tmp_path: Path) -> None:
-    """``executor_write_rows=1``: every appended batch's files are written by Spark's Python
-    workers (processes other than this driver), and the driver makes the one commit; the
-    table equals the source, and a batch that merges is applied on the driver."""
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_batchs_files_are_written_by_the_executors(spark, tmp_path: Path, kind: str) -> None:
+    """``executor_write_rows=1``: every batch's data files — the first load's appends and
+    the stream's rewrites — are written by Spark's Python workers (processes other than this
+    driver), and the driver makes the one commit; the table equals the source."""
     import os
 
     store = LocalTablestore(tmp_path / "store.db")
@@ -102,7 +103,11 @@ def test_a_first_load_has_its_files_written_by_the_executors(spark, tmp_path: Pa
                        columns=[("name", "STRING"), ("qty", "INTEGER")], channels=2)
     for i in range(300):
         store.put_row("t", {"id": i}, {"name": f"n{i}", "qty": i})
-    sink = DeltaApplySink(tmp_path / "orders", executor_write_rows=1)
+    if kind == "delta":
+        sink = DeltaApplySink(tmp_path / "orders", executor_write_rows=1)
+    else:
+        sink = IcebergApplySink(sqlite_catalog_properties(str(tmp_path / "warehouse")),
+                                "cdc.orders", executor_write_rows=1)
     results = []
     query = (spark.readStream.format("tablestore")
              .option("endpoint", f"local://{store.path}").option("table.name", "t")
@@ -112,13 +117,15 @@ def test_a_first_load_has_its_files_written_by_the_executors(spark, tmp_path: Pa
              .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
     try:
         query.processAllAvailable()
-        write(store, 0, 60)  # updates and deletes of loaded keys: merged
+        write(store, 0, 60)  # updates and deletes of loaded keys: files rewritten
         query.processAllAvailable()
     finally:
         query.stop()
     assert query.exception() is None
-    appended = [r for r in results if r is not None and r.appended and r.committed]
-    assert appended and all(r.written_by and os.getpid() not in r.written_by for r in appended)
-    assert any(r is not None and not r.appended and r.committed for r in results)
+    committed = [r for r in results if r is not None and r.committed and r.upserts]
+    assert any(r.appended for r in committed) and any(not r.appended for r in committed)
+    assert all(r.written_by and os.getpid() not in r.written_by for r in committed)
     source = {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()}
-    assert table_state(read_delta(str(tmp_path / "orders")), ["id"]) == source
+    rows = (read_delta(str(tmp_path / "orders")) if kind == "delta" else
+            read_iceberg(sqlite_catalog_properties(str(tmp_path / "warehouse")), "cdc.orders"))
+    assert table_state(rows, ["id"]) == source

@@ -139,19 +139,18 @@ def lakehouse_scenarios(seed: int, wire: bool) -> list[Scenario]:
 
 def first_load_scenarios() -> list[Scenario]:
     """A table of 3,000 rows loaded by the query's first batches (every key new: appended, not
-    merged), killed before an appended batch's commit, then the stream (merges). Delta's
-    appended files are written by Spark's executors (the kill falls between their writes and
-    the driver's commit)."""
+    merged), killed before an appended batch's commit, then the stream (merges). The data
+    files are written by Spark's executors (the kill falls between their writes and the
+    driver's commit)."""
     return [
         Scenario(name=f"lakehouse/first-load-{kind}",
                  why=f"a kill before the commit of an appended first-load batch into {kind}"
-                 + (" (files written by the executors)" if kind == "delta" else "")
-                 + "; then merges; the table equals the source",
+                 " (files written by the executors); then merges; the table equals the source",
                  steps=(CrashAt("before_target_commit", early=True),
                         CrashAt("after_target_commit")),
                  commit_interval=2, target=kind, scd=1, preload=3000, rate=12.0,
                  options=(("maxOffsetsPerChannel", "200"),),
-                 executor_write_rows=1 if kind == "delta" else None)
+                 executor_write_rows=1)
         for kind in ("delta", "iceberg")
     ]
 

@@ -30,6 +30,7 @@ accepts can be passed as properties.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +41,7 @@ import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
-from tablestore_cdc.lakehouse.layout import file_groups
+from tablestore_cdc.lakehouse.layout import file_groups, from_ipc, split, to_ipc
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
@@ -185,14 +186,18 @@ class IcebergApplySink(ApplySink):
         if (not replaced and not groups and not summary.get(SCHEMA_CHANGES_PROPERTY)
                 and not marking):
             return ApplyResult(batch_id=batch_id, committed=False, changes=plan.changes)
+        writers: set[int] = set()
         if replaced or groups:
-            _write_files(transaction, replaced, groups, schema, table.io, summary)
+            writers = _write_files(transaction, replaced, groups, schema, table.io, summary,
+                                   self._executors_for(plan))
         self._before_commit()  # data files written, the catalog not yet pointed at them
         table = transaction.commit_transaction()
         self._after_commit()
         snapshot = table.current_snapshot()
-        return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id,
-                            appended=appending)
+        result = self._result(batch_id, plan,
+                              None if snapshot is None else snapshot.snapshot_id,
+                              appended=appending)
+        return dataclasses.replace(result, written_by=tuple(sorted(writers)))
 
 
 def _transaction(table: Any) -> Any:
@@ -259,23 +264,66 @@ def committed_batch(table: Any, app_id: str) -> int | None:
 
 
 def _write_files(transaction: Any, replaced: list[Any], groups: list[pa.Table],
-                 schema: pa.Schema, io: Any, summary: dict[str, str]) -> None:
+                 schema: pa.Schema, io: Any, summary: dict[str, str],
+                 spark_context: Any = None) -> set[int]:
     """One snapshot: the ``replaced`` files' scan tasks removed (an overwrite; none: a fast
     append) and a data file per group added (each sorted by key, layout.py), written by
     pyiceberg's own writer (the one ``Transaction.append`` uses) so that the files carry
-    Iceberg's field ids and bounds."""
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
-
+    Iceberg's field ids and bounds — by Spark's executors when ``spark_context`` is given
+    (``_write_on_executors``). Returns the ids of the executor processes that wrote files."""
     metadata = transaction.table_metadata
+    groups = [conformed(group, schema) for group in groups]
+    writers: set[int] = set()
+    if spark_context is not None and groups:
+        data_files, writers = _write_on_executors(spark_context, metadata, io, groups)
+    else:
+        data_files = [data_file for group in groups
+                      for data_file in _data_files(metadata, group, io)]
     update = transaction.update_snapshot(snapshot_properties=summary)
     with (update.overwrite() if replaced else update.merge_append()) as snapshot:
         if replaced:
             _keep_manifests_few(snapshot, metadata.properties)
         for task in replaced:
             snapshot.delete_data_file(task.file)
-        for group in groups:
-            for data_file in _dataframe_to_data_files(metadata, conformed(group, schema), io):
-                snapshot.append_data_file(data_file)
+        for data_file in data_files:
+            snapshot.append_data_file(data_file)
+    return writers
+
+
+def _data_files(metadata: Any, rows: pa.Table, io: Any) -> list[Any]:
+    """``rows`` written as data files of the table ``metadata`` describes (pyiceberg's writer,
+    files of the table's target size) and their ``DataFile`` entries."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    return list(_dataframe_to_data_files(metadata, rows, io))
+
+
+def _write_on_executors(spark_context: Any, metadata: Any, io: Any, groups: list[pa.Table]
+                        ) -> tuple[list[Any], set[int]]:
+    """``_data_files`` of each of ``groups`` (cut into at least ``defaultParallelism`` pieces)
+    in a Spark task of its own (the rows shipped as Arrow IPC, the table's metadata as its
+    JSON, the file IO as its properties); the ``DataFile`` entries come back to the driver,
+    which makes the one snapshot. A batch killed before its commit leaves only files no
+    snapshot references."""
+    pieces = split(groups, spark_context.defaultParallelism)
+    tasks = [(metadata.model_dump_json(), dict(io.properties), to_ipc(piece))
+             for piece in pieces]
+    written = spark_context.parallelize(tasks, len(tasks)).map(_executor_write).collect()
+    return [f for files, _ in written for f in files], {pid for _, pid in written}
+
+
+def _executor_write(task: tuple[str, dict[str, str], bytes]) -> tuple[list[Any], int]:
+    """One Spark task (executor): a piece's data files; returns their entries and this
+    process's id."""
+    import os
+
+    from pyiceberg.io import load_file_io
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    metadata_json, io_properties, rows = task
+    metadata = TableMetadataUtil.parse_raw(metadata_json)
+    io = load_file_io(properties=io_properties, location=metadata.location)
+    return _data_files(metadata, from_ipc(rows), io), os.getpid()
 
 
 def _keep_manifests_few(overwrite: Any, properties: dict[str, str]) -> None:

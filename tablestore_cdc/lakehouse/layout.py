@@ -79,25 +79,30 @@ def write_delta_files_on_executors(spark_context: Any, table_uri: str,
     processes that wrote the files."""
     from deltalake.transaction import AddAction
 
-    tasks = [(table_uri, _ipc(group), _ipc(schema.empty_table()), tuple(key_columns))
+    tasks = [(table_uri, to_ipc(group), to_ipc(schema.empty_table()), tuple(key_columns))
              for group in groups]
     written = spark_context.parallelize(tasks, len(tasks)).map(_executor_write).collect()
     return ([AddAction(w["path"], w["size"], {}, w["modification_time"], True, w["stats"])
              for w in written], {w["pid"] for w in written})
 
 
-def _ipc(table: pa.Table) -> bytes:
+def to_ipc(table: pa.Table) -> bytes:
+    """``table`` as Arrow IPC stream bytes (what a Spark task is sent; ``from_ipc``)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
+def from_ipc(data: bytes) -> pa.Table:
+    """The table ``to_ipc`` made (in the Spark task that receives it)."""
+    return pa.ipc.open_stream(data).read_all()
+
+
 def _executor_write(task: tuple[str, bytes, bytes, tuple[str, ...]]) -> dict[str, Any]:
     """One Spark task (executor): write a group's file, return its ``AddAction`` fields."""
     table_uri, rows, schema, key_columns = task
-    group = pa.ipc.open_stream(rows).read_all()
-    action = _write_delta_file(table_uri, group, pa.ipc.open_stream(schema).schema,
+    action = _write_delta_file(table_uri, from_ipc(rows), from_ipc(schema).schema,
                                key_columns)
     return {"path": action.path, "size": action.size, "stats": action.stats,
             "modification_time": action.modification_time, "pid": os.getpid()}

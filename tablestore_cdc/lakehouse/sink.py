@@ -39,7 +39,7 @@ log = logging.getLogger("tablestore_cdc.lakehouse")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: commits tried per batch when other writers keep winning the race
 COMMIT_ATTEMPTS = 5
-#: from this many appended rows a batch's files are written by Spark's executors (Delta)
+#: from this many upserts a batch's data files are written by Spark's executors
 EXECUTOR_WRITE_ROWS = 200_000
 #: the key in a commit's metadata (Delta commit info, Iceberg snapshot summary) that records
 #: the schema changes the commit made, "; "-separated
@@ -77,8 +77,8 @@ class ApplySink(ABC):
 
     Options (docs/lakehouse.md, "Options"): ``key_columns``, ``scd``, ``schema_drift``
     (drift.py), ``soft_delete_column``, ``app_id``, ``widen_to_string``, ``source`` and
-    ``adopt_target`` (ownership.py), ``executor_write_rows`` (Delta appends written by the
-    executors)."""
+    ``adopt_target`` (ownership.py), ``executor_write_rows`` (the files of a batch of that
+    many upserts written by the executors)."""
 
     def __init__(self, *, key_columns: tuple[str, ...] | list[str] | None = None,
                  scd: int = 1, schema_drift: str = DEFAULT_POLICY,
@@ -133,7 +133,7 @@ class ApplySink(ABC):
             self._spark_context = None
 
     def _executors_for(self, plan: ApplyPlan) -> Any:
-        """The SparkContext whose executors write this batch's appended files, or None."""
+        """The SparkContext whose executors write this batch's data files, or None."""
         if (self._spark_context is None or self.executor_write_rows is None
                 or plan.upsert_table.num_rows < self.executor_write_rows):
             return None
