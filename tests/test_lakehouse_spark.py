@@ -92,7 +92,8 @@ def test_a_stream_with_splits_a_merge_and_a_new_column_applies_exactly(spark, tm
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_a_batchs_files_are_written_by_the_executors(spark, tmp_path: Path, kind: str) -> None:
+def test_batches_have_their_data_files_written_by_the_executors(spark, tmp_path: Path,
+                                                                kind: str) -> None:
     """``executor_write_rows=1``: every batch's data files — the first load's appends and
     the stream's rewrites — are written by Spark's Python workers (processes other than this
     driver), and the driver makes the one commit; the table equals the source."""

@@ -5,8 +5,8 @@ A sink reads the files whose rows hold one of the batch's keys (the format decid
 ``delta._held_files``, ``iceberg._held_files``), ``rewritten`` turns those rows and the batch's
 plan into the rows that replace them, and ``rewrite_groups`` cuts these into files; the sink
 then commits, in one commit of its format, the old files removed and the new ones added. Files
-that hold none of the batch's keys are neither read nor written, so a batch costs what the
-files it touches hold, not what the table holds.
+that hold none of the batch's keys are not rewritten (at most their key column is read), so a
+batch costs what the files it touches hold, not what the table holds.
 
 The cut keeps that true over a long stream: a stream's new keys land beside the rows of the
 file that held the table's highest keys, and written back as one file it would grow by every
