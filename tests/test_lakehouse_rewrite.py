@@ -192,12 +192,15 @@ def test_files_delta_rs_merged_before_are_read_and_rewritten(tmp_path: Path) -> 
     apply(0, ("PUT", "a", "a0"), ("PUT", "m", "m0"), ("PUT", "z", "z0"))
     DeltaTable(path).alter.add_constraint({"k_set": "k IS NOT NULL"})
     apply(1, ("UPDATE", "a", "a1"), ("PUT", "c", "c1"))
+    # a key in the MERGE-written file's range, held by no file: probed, then appended
+    assert apply(2, ("PUT", "d", "d2")).appended
     DeltaTable(path).alter.drop_constraint("k_set")
-    apply(2, ("UPDATE", "c", "c2"), ("DELETE", "m", "-"), ("PUT", "b", "b2"))
-    assert operations(path)[-4:] == ["ADD CONSTRAINT", "MERGE", "DROP CONSTRAINT", "WRITE"]
+    apply(3, ("UPDATE", "c", "c3"), ("DELETE", "m", "-"), ("PUT", "b", "b3"))
+    assert operations(path)[-5:] == ["ADD CONSTRAINT", "MERGE", "WRITE", "DROP CONSTRAINT",
+                                     "WRITE"]
     assert table_state(read_delta(path), ["k"]) == {
         json.dumps({"k": k}): {"name": name}
-        for k, name in (("a", "a1"), ("b", "b2"), ("c", "c2"), ("z", "z0"))}
+        for k, name in (("a", "a1"), ("b", "b3"), ("c", "c3"), ("d", "d2"), ("z", "z0"))}
 
 
 def test_a_batch_whose_files_hold_too_many_rows_to_rewrite_here_is_merged(

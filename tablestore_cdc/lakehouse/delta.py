@@ -49,7 +49,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -227,57 +226,20 @@ def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict
 
 
 def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
-    """Whether the table may hold a key the batch touches (pruning.py): the ``add`` actions'
-    statistics of the first key column, then the column itself in the files they cannot
-    rule out."""
-    files = pa.table(table.get_add_actions(flatten=True))
-    if not files.num_rows:
-        return False
+    """Whether the table may hold a key the batch touches (pruning.py), for a table the sink
+    does not rewrite itself: on the local file system, whether ``_held_files`` finds a file
+    holding one; on an object store, the first key column read through delta-rs' dataset when
+    the files' statistics cannot rule the keys out."""
+    local = _local_path(table.table_uri)
+    if local is not None:
+        return bool(_held_files(table, local, plan, key).num_rows)
     keys = plan.touched_keys(key)
-    if f"min.{key}" not in files.column_names:
-        held = np.ones(files.num_rows, bool)
-    else:
-        held = candidates(keys, files.column(f"min.{key}"), files.column(f"max.{key}"))
-    if not held.any():
+    if not _candidate_files(table, keys, key).num_rows:
         return False
     if not comparable(keys.type):
         return True
-    local = _local_path(table.table_uri)
-    if local is None:
-        column = table.to_pyarrow_dataset().to_table(columns=[key]).column(key)
-        return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
-    paths = [os.path.join(local, p) for p, h in zip(files.column("path").to_pylist(), held,
-                                                     strict=True) if h]
-    return _files_hold(paths, key, keys)
-
-
-def _files_hold(paths: list[str], key: str, keys: pa.Array) -> bool:
-    """Whether the local Parquet files at ``paths`` hold one of ``keys`` in column ``key``.
-
-    delta-rs writes a string column as ``string`` in some commits and as ``string_view`` in
-    others (the rewrite of a merge), and pyarrow neither filters a view column (``is_in`` has
-    no kernel for it) nor compares a file's view statistics with a ``string`` filter. So the
-    files that store the key plainly are scanned with a filter (as the batch's type), which
-    prunes row groups by their statistics; those that store it as a view are read whole
-    (their key column only, as the batch's type) and probed."""
-    import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
-
-    views = {p for p in paths if _is_view(pq.read_schema(p).field(key).type)}
-    only_key = pa.schema([pa.field(key, keys.type)])
-    plain = [p for p in paths if p not in views]
-    if plain and ds.dataset(plain, schema=only_key, format="parquet").to_table(
-            columns=[key], filter=ds.field(key).isin(pc.unique(keys))).num_rows:
-        return True
-    if not views:
-        return False
-    column = ds.dataset(sorted(views), schema=only_key, format="parquet").to_table(
-        columns=[key]).column(key)
-    return bool(pc.any(pc.is_in(column, value_set=keys)).as_py())
-
-
-def _is_view(typ: pa.DataType) -> bool:
-    return pa.types.is_string_view(typ) or pa.types.is_binary_view(typ)
+    column = table.to_pyarrow_dataset().to_table(columns=[key]).column(key)
+    return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
 
 
 def _local_path(table_uri: str) -> str | None:
@@ -363,22 +325,31 @@ def _held_files(table: Any, local: str, plan: ApplyPlan, key: str) -> pa.Table:
     one of the keys (a key type without an order shared with the statistics: kept)."""
     import pyarrow.dataset as ds
 
-    files = pa.table(table.get_add_actions(flatten=True))
     keys = plan.touched_keys(key)
-    if not files.num_rows or not len(keys):
-        return files.slice(0, 0)
-    if f"min.{key}" in files.column_names:
-        files = files.filter(pa.array(candidates(keys, files.column(f"min.{key}"),
-                                                 files.column(f"max.{key}"))))
-    if not comparable(keys.type):
+    files = _candidate_files(table, keys, key)
+    if not files.num_rows or not comparable(keys.type):
         return files
-    only_key = pa.schema([pa.field(key, keys.type)])  # a view-typed key read as the batch's
+    # read as the batch's type: delta-rs' MERGE stores a string key as ``string_view`` in
+    # the files it rewrote, and ``is_in`` has no kernel for a view
+    only_key = pa.schema([pa.field(key, keys.type)])
     value_set = pc.unique(keys)
     holds = [bool(pc.any(pc.is_in(
         ds.dataset(_file_path(local, path), schema=only_key, format="parquet")
         .to_table(columns=[key]).column(key), value_set=value_set)).as_py())
         for path in files.column("path").to_pylist()]
     return files.filter(pa.array(holds, pa.bool_()))
+
+
+def _candidate_files(table: Any, keys: pa.Array, key: str) -> pa.Table:
+    """The ``add`` actions of the files whose statistics of column ``key`` may hold one of
+    ``keys`` (all of them where a file has none; none when there are no keys)."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    if not files.num_rows or not len(keys):
+        return files.slice(0, 0)
+    if f"min.{key}" not in files.column_names:
+        return files
+    return files.filter(pa.array(candidates(keys, files.column(f"min.{key}"),
+                                            files.column(f"max.{key}"))))
 
 
 def _rewrite_fits(files: pa.Table) -> bool:
