@@ -226,3 +226,17 @@ def test_a_batch_whose_files_hold_too_many_rows_to_rewrite_here_is_merged(
     del expected[json.dumps({"id": 202})]
     expected[json.dumps({"id": 999})] = {"name": "new", "qty": 9}
     assert table_state(target.rows(), ["id"]) == expected
+
+
+def test_a_table_in_a_directory_whose_name_needs_escaping(tmp_path: Path) -> None:
+    """delta-rs gives the table's location percent-encoded (``my%20lake``): the sink writes
+    and rewrites its files in the directory itself (it once wrote into ``my%20lake``, which
+    does not exist, and every batch failed)."""
+    target = Delta(tmp_path / "my lake")
+    sink = target.sink()
+    expected = load(sink)
+    sink.apply(batch(change("UPDATE", "ch0", 50, 2, 3, "three", 3)), "q", 1)
+    assert operations(target.path)[-1] == "WRITE"
+    expected[json.dumps({"id": 3})] = {"name": "three", "qty": 3}
+    assert table_state(target.rows(), ["id"]) == expected
+    assert not (tmp_path / "my%20lake").exists()

@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from tablestore_cdc.lakehouse import rewrite
 from tablestore_cdc.lakehouse.layout import (
     file_groups,
+    local_path,
     split,
     write_delta_files,
     write_delta_files_on_executors,
@@ -230,7 +231,7 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     does not rewrite itself: on the local file system, whether ``_held_files`` finds a file
     holding one; on an object store, the first key column read through delta-rs' dataset when
     the files' statistics cannot rule the keys out."""
-    local = _local_path(table.table_uri)
+    local = local_path(table.table_uri)
     if local is not None:
         return bool(_held_files(table, local, plan, key).num_rows)
     keys = plan.touched_keys(key)
@@ -240,13 +241,6 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
         return True
     column = table.to_pyarrow_dataset().to_table(columns=[key]).column(key)
     return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
-
-
-def _local_path(table_uri: str) -> str | None:
-    """The directory of a table on the local file system (None: an object store)."""
-    if table_uri.startswith("file://"):
-        return table_uri.removeprefix("file://")
-    return None if "://" in table_uri else table_uri
 
 
 def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
@@ -303,7 +297,7 @@ def _rewritable(table: Any, storage_options: dict[str, str] | None) -> str | Non
     must hold its rows plainly: no deletion vectors or column mapping (reader version 1), no
     partition columns, no rules a writer must enforce; tables the sink creates are such
     tables."""
-    local = _local_path(table.table_uri)
+    local = local_path(table.table_uri)
     if local is None or storage_options:
         return None
     protocol = table.protocol()

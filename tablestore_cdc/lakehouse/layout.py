@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,6 +27,16 @@ from tablestore_cdc.lakehouse.pruning import comparable
 
 #: the most files one appended batch is written as
 MAX_FILES = 16
+
+
+def local_path(location: str) -> str | None:
+    """A table's or a file's location (a ``file:`` URI, percent-encoded as delta-rs and
+    pyiceberg give them, or a plain path) as a path on the local file system; None for an
+    object store."""
+    parts = urlsplit(location)
+    if parts.scheme in ("", "file"):
+        return unquote(parts.path)
+    return None
 
 
 def file_groups(rows: pa.Table, channels: pa.Array | None, key: str) -> list[pa.Table]:

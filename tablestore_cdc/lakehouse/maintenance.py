@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from tablestore_cdc.lakehouse.errors import TargetUriError
+from tablestore_cdc.lakehouse.layout import local_path
 from tablestore_cdc.lakehouse.ownership import KEYS_PROPERTY
 from tablestore_cdc.lakehouse.target import FORMS, open_apply_sink
 
@@ -97,7 +97,7 @@ def _vacuum_iceberg(uri: str, sink: Any, vacuum_hours: int | None) -> Optimized:
     if not table.properties.get(KEYS_PROPERTY):
         raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc",
                              allowed=FORMS)
-    data = _local(table.location().rstrip("/") + "/data")
+    data = local_path(table.location().rstrip("/") + "/data")
     if data is None:
         raise TargetUriError(uri=uri, problem="unreferenced files are removed from tables on "
                              "the local file system only", allowed=FORMS)
@@ -124,16 +124,9 @@ def _referenced_files(table: Any) -> set[str]:
                 continue
             manifests.add(manifest.manifest_path)
             for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
-                files.add(_local(entry.data_file.file_path) or entry.data_file.file_path)
+                files.add(str(Path(local_path(entry.data_file.file_path)
+                                   or entry.data_file.file_path)))
     return files
-
-
-def _local(location: str) -> str | None:
-    """A ``file:`` location (or a plain path) as a local path; None for an object store."""
-    parts = urlsplit(location)
-    if parts.scheme in ("", "file"):
-        return str(Path(unquote(parts.path)))
-    return None
 
 
 def describe(result: Optimized) -> str:
