@@ -23,7 +23,8 @@ A batch whose keys are all new to the table is only appended (pruning.py), as ke
 files (layout.py). A batch of ``executor_write_rows`` upserts has its data files written by
 Spark's executors, the driver adding them to the one snapshot (``_write_on_executors``). The
 transaction computes its staged metadata once per staged change (``_transaction``), where
-pyiceberg deep-copies it at every read.
+pyiceberg deep-copies it at every read, and each manifest's entries are read once per process
+(manifests.py), where pyiceberg reads them three times a batch.
 
 The default catalog is pyiceberg's SQL catalog on a SQLite file (``open_apply_sink``:
 ``iceberg:///abs/warehouse?table=ns.name``); any catalog ``pyiceberg.catalog.load_catalog``
@@ -44,6 +45,7 @@ import pyarrow.compute as pc
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
 from tablestore_cdc.lakehouse.errors import TargetDependencyError
 from tablestore_cdc.lakehouse.layout import file_groups, from_ipc, split, to_ipc
+from tablestore_cdc.lakehouse.manifests import reuse_entries
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
@@ -177,6 +179,7 @@ class IcebergApplySink(ApplySink):
             _change_schema(transaction, plan)
             self._after_schema_change()  # staged: the table is unchanged until the commit
         schema = transaction.table_metadata.schema().as_arrow()
+        reuse_entries(table)  # manifests read once, not by the scan plan and again to commit
         replaced, current = _held_files(table, plan, options.key_columns[0])
         appending = current is None
         if appending:  # every key is new to the table: append, nothing to delete or close

@@ -1,0 +1,143 @@
+"""The Iceberg sink reads each manifest's entries once per process (manifests.py), where
+pyiceberg reads every manifest of the table three times a batch; the entries it reuses are the
+ones a fresh read gives, a manifest another writer commits is read, and the cache keeps to its
+bound."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyiceberg")
+
+from pyiceberg.catalog import load_catalog  # noqa: E402
+from pyiceberg.manifest import ManifestFile  # noqa: E402
+
+from tablestore_cdc.lakehouse import iceberg, manifests  # noqa: E402
+from tablestore_cdc.verify import table_state  # noqa: E402
+from testkit.lakehouse import Iceberg, batch, change  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def empty_cache() -> Iterator[None]:
+    manifests._cache.cache_clear()
+    yield
+    manifests._cache.cache_clear()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every read of a manifest file's entries, by the manifest's path."""
+    counts: Counter[str] = Counter()
+    original = ManifestFile.fetch_manifest_entry
+
+    def counting(self: ManifestFile, io: Any, discard_deleted: bool = True) -> Any:
+        counts[self.manifest_path] += 1
+        return original(self, io, discard_deleted)
+
+    monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", counting)
+    return counts
+
+
+def key(id_: int) -> str:
+    return json.dumps({"id": id_})
+
+
+def run(target: Iceberg, batches: int = 8, between: Any = None) -> dict[str, Any]:
+    """A first load (keys 100c + i of channel c, a file per channel), then ``batches`` batches
+    each updating a key in one channel's file, deleting one in another and adding one, with
+    ``between(batch_number)`` called before each. Returns the state the batches leave."""
+    sink = target.sink()
+    rows = [change("PUT", f"ch{c}", i + 1, 1, 100 * c + i, f"n{100 * c + i}", i)
+            for c in range(4) for i in range(25)]
+    assert sink.apply(batch(*rows), "q", 0).appended
+    expected = {key(r["id"]): {"name": r["name"], "qty": r["qty"]} for r in rows}
+    for b in range(1, batches + 1):
+        if between is not None:
+            between(b, expected)
+        updated, deleted, added = 100 * (b % 4) + b, 100 * ((b + 1) % 4) + b, 500 + b
+        result = sink.apply(batch(change("UPDATE", "x", 100 + 3 * b, 2 + b, updated, "u", b),
+                                  change("DELETE", "x", 101 + 3 * b, 2 + b, deleted),
+                                  change("PUT", "x", 102 + 3 * b, 2 + b, added, "a", b)),
+                            "q", b)
+        assert result.committed and not result.appended
+        expected[key(updated)] = {"name": "u", "qty": b}
+        expected.pop(key(deleted))
+        expected[key(added)] = {"name": "a", "qty": b}
+    return expected
+
+
+def current_manifests(target: Iceberg) -> tuple[Any, list[Any]]:
+    table = load_catalog("tablestore_cdc", **target.properties).load_table("cdc.orders")
+    return table, [m for s in table.metadata.snapshots for m in s.manifests(table.io)]
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["reused", "pyiceberg-alone"])
+def test_a_manifest_is_read_once_per_process(tmp_path: Path, reads: Counter[str],
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             reuse: bool) -> None:
+    """With the reuse, the manifests a batch plans from and commits against are read once in
+    all (a manifest one commit writes and merges away is read by that commit, which holds it
+    unnumbered); pyiceberg alone reads each of them again in every batch. The rows agree."""
+    if not reuse:
+        monkeypatch.setattr(iceberg, "reuse_entries", lambda table: None)
+    target = Iceberg(tmp_path)
+    expected = run(target)
+    assert table_state(target.rows(), ["id"]) == expected
+    if reuse:
+        assert reads and max(reads.values()) == 1, reads
+    else:
+        assert max(reads.values()) >= 3, reads
+
+
+def test_reused_entries_are_the_ones_a_fresh_read_gives(tmp_path: Path) -> None:
+    """Every manifest of every snapshot: the entries the cache hands out (live ones, and all
+    with the deleted) equal pyiceberg's own read of the file, sequence numbers included."""
+    target = Iceberg(tmp_path)
+    run(target)
+    table, every = current_manifests(target)
+    compared = 0
+    for manifest in every:
+        for discard_deleted in (True, False):
+            fresh = ManifestFile.fetch_manifest_entry(manifest, table.io, discard_deleted)
+            assert manifests._fetch(manifest, table.io, discard_deleted) == fresh
+            compared += len(fresh)
+    assert compared > 0
+    reused = [m for m in every if "fetch_manifest_entry" in vars(m)]
+    assert reused, "no manifest of the table was given the cached reader"
+
+
+def test_a_manifest_another_writer_commits_is_read(tmp_path: Path) -> None:
+    """Another writer appends between batches: the sink's next batch plans from the new
+    snapshot's manifests, so an update of a key in the other writer's file replaces that row
+    (not a second row beside it)."""
+    target = Iceberg(tmp_path)
+
+    def other_writer(b: int, expected: dict[str, Any]) -> None:
+        if b == 4:
+            target.other_writer(batch(change("PUT", "o", 1, 1, 4, "other", 40)), scd=1)
+            expected[key(4)] = {"name": "other", "qty": 40}
+
+    expected = run(target, between=other_writer)  # batch 4 updates key 100 * 0 + 4 = 4
+    assert expected[key(4)] == {"name": "u", "qty": 4}
+    state = table_state(target.rows(), ["id"])
+    assert state == expected
+    assert [r["id"] for r in target.rows()].count(4) == 1
+
+
+def test_the_cache_keeps_to_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      reads: Counter[str]) -> None:
+    """Bounded below what the table's manifests hold, the cache keeps at most its bound, the
+    manifests it cannot keep are read again (pyiceberg's own reads), and the rows are right."""
+    monkeypatch.setattr(manifests, "MAX_CACHED_ENTRIES", 3)
+    manifests._cache.cache_clear()
+    target = Iceberg(tmp_path)
+    expected = run(target)
+    assert table_state(target.rows(), ["id"]) == expected
+    assert 0 < manifests._cache().currsize <= 3
+    assert max(reads.values()) >= 3, reads
