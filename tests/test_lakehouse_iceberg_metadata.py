@@ -1,7 +1,8 @@
-"""The Iceberg sink reads each manifest's entries once per process (manifests.py), where
-pyiceberg reads every manifest of the table three times a batch; the entries it reuses are the
-ones a fresh read gives, a manifest another writer commits is read, and the cache keeps to its
-bound."""
+"""What an Iceberg stream costs in metadata. The sink reads each manifest's entries once per
+process (manifests.py), where pyiceberg reads every manifest of the table three times a batch;
+the entries it reuses are the ones a fresh read gives, a manifest another writer commits is
+read, and the cache keeps to its bound. And the tables it writes keep their newest metadata
+files only (``iceberg.METADATA_CLEANUP``), where Iceberg kept one file per commit for good."""
 
 from __future__ import annotations
 
@@ -141,3 +142,50 @@ def test_the_cache_keeps_to_its_bound(tmp_path: Path, monkeypatch: pytest.Monkey
     assert table_state(target.rows(), ["id"]) == expected
     assert 0 < manifests._cache().currsize <= 3
     assert max(reads.values()) >= 3, reads
+
+
+def metadata_files(tmp: Path) -> list[Path]:
+    return sorted((tmp / "warehouse").rglob("*.metadata.json"))
+
+
+def test_a_stream_keeps_its_newest_metadata_files_only(tmp_path: Path) -> None:
+    """A table the sink creates carries Iceberg's cleanup settings, and after more commits than
+    it keeps, only the newest files are left; the table reads right."""
+    target = Iceberg(tmp_path)
+    expected = run(target, batches=14)
+    table, _ = current_manifests(target)
+    assert {k: table.properties.get(k) for k in iceberg.METADATA_CLEANUP} == \
+        iceberg.METADATA_CLEANUP
+    kept = int(iceberg.METADATA_CLEANUP["write.metadata.previous-versions-max"])
+    assert len(table.metadata.snapshots) == 15  # the load and 14 batches: more than kept
+    assert len(metadata_files(tmp_path)) == kept + 1  # the kept ones and the current one
+    assert table_state(target.rows(), ["id"]) == expected
+
+
+def test_a_table_without_the_settings_gets_them_and_one_with_its_own_keeps_it(
+        tmp_path: Path) -> None:
+    """A table from before the setting (its properties removed here) gets both in the next
+    batch's commit, and its old metadata files go from then on; a table whose owner set
+    ``delete-after-commit`` to false keeps that and every file."""
+    cleanup = "write.metadata.delete-after-commit.enabled"
+    older, owned = Iceberg(tmp_path / "older"), Iceberg(tmp_path / "owned")
+    for target, left in ((older, {}), (owned, {cleanup: "false"})):
+        sink = target.sink()
+        assert sink.apply(batch(change("PUT", "c", 1, 1, 1, "a", 1)), "q", 0).committed
+        table, _ = current_manifests(target)
+        with table.transaction() as transaction:
+            transaction.remove_properties(*iceberg.METADATA_CLEANUP)
+            if left:
+                transaction.set_properties(left)
+        for b in range(1, 16):
+            assert sink.apply(batch(change("UPDATE", "c", 1 + b, 1 + b, 1, "a", b)), "q",
+                              b).committed
+        assert table_state(target.rows(), ["id"]) == {key(1): {"name": "a", "qty": 15}}
+    table, _ = current_manifests(older)
+    assert {k: table.properties.get(k) for k in iceberg.METADATA_CLEANUP} == \
+        iceberg.METADATA_CLEANUP
+    kept = int(iceberg.METADATA_CLEANUP["write.metadata.previous-versions-max"])
+    assert len(metadata_files(tmp_path / "older")) == kept + 1
+    table, _ = current_manifests(owned)
+    assert table.properties.get(cleanup) == "false"
+    assert len(metadata_files(tmp_path / "owned")) == 18  # create, load, its change, 15 batches
