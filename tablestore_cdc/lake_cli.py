@@ -21,12 +21,17 @@ def optimize_command(
     vacuum_hours: Annotated[int | None, typer.Option(
         min=0, help="Also remove files no version of the last N hours references (the files "
         "of batches killed before their commit among them); 0 only with the stream stopped. "
-        "Iceberg: required (pyiceberg has no compaction, this is all it does).")] = None,
+        "Iceberg: its data, manifest and metadata files no snapshot refers to.")] = None,
+    expire_hours: Annotated[float | None, typer.Option(
+        min=0, help="Iceberg: first expire the snapshots older than N hours (never the current "
+        "one, nor those back to the newest batch of the table's job: its restart looks for "
+        "it). Each kept snapshot slows every commit; keep hours at one batch every few "
+        "seconds.")] = None,
 ) -> None:
     """Compact a Delta target's small files, sorted by its key, beside the running stream
-    (a batch committing meanwhile wins; run it again); remove unreferenced files of a Delta or
-    an Iceberg target."""
+    (a batch committing meanwhile wins; run it again); expire an Iceberg target's old
+    snapshots; remove unreferenced files of a Delta or an Iceberg target."""
     from tablestore_cdc.lakehouse.maintenance import describe, optimize
 
     with reported_errors():
-        typer.echo(describe(optimize(target, vacuum_hours)))
+        typer.echo(describe(optimize(target, vacuum_hours, expire_hours)))

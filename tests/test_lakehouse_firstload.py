@@ -308,5 +308,5 @@ def test_lake_optimize_vacuums_the_unreferenced_files_of_an_iceberg_table(tmp_pa
     assert all(p.exists() for p in referenced)  # the replaced files: an old snapshot's
     assert table_state(target.rows(), ["id"]) == rows
     assert describe(result).endswith("1 unreferenced file(s) removed")
-    with pytest.raises(TargetUriError, match="give --vacuum-hours"):
+    with pytest.raises(TargetUriError, match="give --expire-hours N"):
         optimize(uri)

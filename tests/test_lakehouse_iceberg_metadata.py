@@ -189,3 +189,158 @@ def test_a_table_without_the_settings_gets_them_and_one_with_its_own_keeps_it(
     table, _ = current_manifests(owned)
     assert table.properties.get(cleanup) == "false"
     assert len(metadata_files(tmp_path / "owned")) == 18  # create, load, its change, 15 batches
+
+
+def uri_of(tmp: Path) -> str:
+    return f"iceberg://{tmp}/warehouse?table=cdc.orders"
+
+
+def replay(target: Iceberg, batch_id: int) -> bool:
+    """Apply the batch ``run`` makes as ``batch_id`` (again, or the next one); True if it
+    committed."""
+    b = batch_id
+    updated, deleted, added = 100 * (b % 4) + b, 100 * ((b + 1) % 4) + b, 500 + b
+    return target.sink().apply(batch(change("UPDATE", "x", 100 + 3 * b, 2 + b, updated, "u", b),
+                                     change("DELETE", "x", 101 + 3 * b, 2 + b, deleted),
+                                     change("PUT", "x", 102 + 3 * b, 2 + b, added, "a", b)),
+                               "q", b).committed
+
+
+def test_expiry_keeps_the_snapshots_the_batch_marker_needs(tmp_path: Path) -> None:
+    """``lake optimize --expire-hours 0``: every snapshot but the current one goes when it is
+    the owner's; after another writer's commit, the owner's newest stays too, so a replay of
+    the owner's last batch is still skipped and the next batch applies once."""
+    from tablestore_cdc.lakehouse.maintenance import describe, optimize
+
+    target = Iceberg(tmp_path)
+    expected = run(target, batches=6)
+    result = optimize(uri_of(tmp_path), expire_hours=0)
+    assert (result.expired, result.snapshots_left) == (6, 1)
+    assert describe(result).startswith("Iceberg (no compaction in pyiceberg 0.12): 6 "
+                                       "snapshot(s) expired, 1 kept; 0 unreferenced")
+    assert not replay(target, 6) and target.commits() == 1
+    target.other_writer(batch(change("PUT", "o", 1, 1, 900, "other", 9)), scd=1)
+    expected[key(900)] = {"name": "other", "qty": 9}
+    target.sink().apply(batch(change("PUT", "x", 500, 50, 901, "n", 1)), "q", 7)
+    expected[key(901)] = {"name": "n", "qty": 1}
+    target.other_writer(batch(change("PUT", "o", 2, 2, 902, "other", 9)), scd=1)
+    expected[key(902)] = {"name": "other", "qty": 9}
+    result = optimize(uri_of(tmp_path), expire_hours=0)
+    assert (result.expired, result.snapshots_left) == (2, 2)  # the owner's newest, current
+    assert not target.sink().apply(batch(change("PUT", "x", 500, 50, 901, "n", 1)), "q",
+                                   7).committed
+    assert table_state(target.rows(), ["id"]) == expected
+    assert optimize(uri_of(tmp_path), expire_hours=1).expired == 0  # none is an hour old
+
+
+def test_a_batch_committing_across_an_expiry_commits_once(tmp_path: Path) -> None:
+    """The expiry commits between a batch's read of the table and its commit: the batch's
+    parent (the current snapshot) is kept, so the batch commits on top, once."""
+    from tablestore_cdc.lakehouse.maintenance import optimize
+
+    target = Iceberg(tmp_path)
+    expected = run(target, batches=3)
+    sink = target.sink()
+    expiries: list[int | None] = []
+
+    def expire_first() -> None:
+        if not expiries:
+            expiries.append(optimize(uri_of(tmp_path), expire_hours=0).expired)
+
+    sink._before_commit = expire_first  # type: ignore[method-assign]
+    assert sink.apply(batch(change("UPDATE", "x", 900, 90, 1, "one", 1)), "q", 4).committed
+    assert expiries == [3]
+    expected[key(1)] = {"name": "one", "qty": 1}
+    assert table_state(target.rows(), ["id"]) == expected
+    assert target.commits() == 2 and sink.committed_batch("q") == 4
+
+
+def test_a_stream_beside_expiries_in_a_loop_applies_every_batch_once(tmp_path: Path) -> None:
+    """Expiries back to back in another thread while 24 batches apply: whichever commits
+    first, the table ends equal to the changes, every batch recorded once."""
+    import threading
+
+    from tablestore_cdc.lakehouse.maintenance import optimize
+
+    target = Iceberg(tmp_path)
+    stop = threading.Event()
+    outcomes: list[Any] = []
+
+    def expire_in_a_loop() -> None:
+        while not stop.is_set():
+            outcomes.append(optimize(uri_of(tmp_path), expire_hours=0))
+
+    expirer = threading.Thread(target=expire_in_a_loop)
+
+    def start_expiring(b: int, expected: dict[str, Any]) -> None:
+        if b == 1:
+            expirer.start()
+
+    try:
+        expected = run(target, batches=24, between=start_expiring)
+    finally:
+        stop.set()
+        expirer.join()
+    assert table_state(target.rows(), ["id"]) == expected
+    assert target.sink().committed_batch("q") == 24
+    assert sum(o.expired for o in outcomes) > 0
+
+
+def test_vacuum_after_expiry_removes_the_files_only_expired_snapshots_referred_to(
+        tmp_path: Path) -> None:
+    """Expired, then vacuumed with the stream stopped: the data files, manifests and manifest
+    lists only the expired snapshots referred to are gone, every file left is one the table
+    refers to, and the table reads right and takes the next batch."""
+    from tablestore_cdc.lakehouse.maintenance import _referenced_files, optimize
+
+    target = Iceberg(tmp_path)
+    expected = run(target, batches=6)
+    root = next((tmp_path / "warehouse").rglob("orders"))
+
+    def files() -> set[str]:
+        return {str(p) for pattern in ("data/**/*.parquet", "metadata/*.avro",
+                                       "metadata/*.metadata.json") for p in root.glob(pattern)}
+
+    before = files()
+    result = optimize(uri_of(tmp_path), expire_hours=0, vacuum_hours=0)
+    assert result.expired == 6 and result.vacuumed > 0
+    after = files()
+    assert len(before) + 1 - len(after) == result.vacuumed  # + the expiry's metadata file
+    table, _ = current_manifests(target)
+    assert after == _referenced_files(table)
+    assert any(p.endswith(".parquet") for p in before - after)  # replaced data files
+    assert any(Path(p).name.startswith("snap-") for p in before - after)  # manifest lists
+    assert table_state(target.rows(), ["id"]) == expected
+    assert replay(target, 7)  # the next batch of run's pattern
+    expected[key(307)] = {"name": "u", "qty": 7}
+    expected.pop(key(7))
+    expected[key(507)] = {"name": "a", "qty": 7}
+    assert table_state(target.rows(), ["id"]) == expected
+
+
+def test_expiry_of_a_delta_target_is_refused_in_words(tmp_path: Path) -> None:
+    from tablestore_cdc.lakehouse.errors import TargetUriError
+    from tablestore_cdc.lakehouse.maintenance import optimize
+    from testkit.lakehouse import Delta
+
+    target = Delta(tmp_path)
+    target.sink().apply(batch(change("PUT", "c", 1, 1, 1, "a", 1)), "q", 0)
+    with pytest.raises(TargetUriError, match="--expire-hours expires Iceberg snapshots"):
+        optimize(f"delta://{target.path}", expire_hours=1)
+
+
+def test_lake_optimize_command_expires_and_says_what_it_kept(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tablestore_cdc.cli import app
+
+    target = Iceberg(tmp_path)
+    run(target, batches=2)
+    done = CliRunner().invoke(app, ["lake", "optimize", "--target", uri_of(tmp_path),
+                                    "--expire-hours", "0"])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == ("Iceberg (no compaction in pyiceberg 0.12): 2 snapshot(s) "
+                                   "expired, 1 kept; 0 unreferenced file(s) removed")
+    bad = CliRunner().invoke(app, ["lake", "optimize", "--target", uri_of(tmp_path),
+                                   "--expire-hours", "-1"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output

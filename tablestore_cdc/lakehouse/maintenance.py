@@ -1,5 +1,6 @@
 """Maintenance of a target table beside the running stream (``tablestore-cdc lake optimize``;
-driver or a separate process): small files compacted, unreferenced files removed.
+driver or a separate process): small files compacted, old Iceberg snapshots expired,
+unreferenced files removed.
 
 Delta: ``optimize.z_order`` on the first key column (a sort of the table's rows by key, in files
 of delta-rs's target size: the key clustering that keeps batches cheap, docs/lakehouse.md
@@ -13,11 +14,18 @@ while the compaction runs, the compaction's commit is refused (the files it rewr
 and nothing of it is kept; if the compaction commits first, the batch's commit is refused and
 the sink re-plans and retries it (``sink.COMMIT_ATTEMPTS``), exactly once as for any lost race.
 
-Iceberg: pyiceberg 0.12 has no compaction, and no removal of orphan files; with
-``--vacuum-hours`` the data files under the table's ``data/`` directory (a local table) that
-no snapshot in its metadata references and that are older than the retention are removed
-(``_vacuum_iceberg``: as Iceberg's ``DeleteOrphanFiles`` does): the files of batches killed
-before their commit, their executors' among them. It writes nothing to the table.
+Iceberg: pyiceberg 0.12 has no compaction, and no removal of orphan files. With
+``--expire-hours`` the snapshots older than that are expired (``_expire_iceberg``, pyiceberg's
+``expire_snapshots``: a commit of the table's metadata alone) except those the sink's exactly
+once needs: the current one and every snapshot between it and the newest of the job the table's
+marker names (the batch marker its restart looks for, walking back from the current snapshot;
+iceberg.committed_batch). Every Iceberg commit rewrites the whole metadata, so a stream's
+batches slow down with the snapshots kept (docs/lakehouse.md, "Limits"). With
+``--vacuum-hours`` the files under the table's directory (a local table) that no snapshot in
+its metadata references and that are older than the retention are removed (``_vacuum_iceberg``:
+as Iceberg's ``DeleteOrphanFiles`` does): data files (those of batches killed before their
+commit, their executors' among them, and those only expired snapshots referenced), and in
+``metadata/`` the manifests, manifest lists and metadata files nothing refers to any more.
 
 A retention shorter than a batch (``--vacuum-hours 0``) may remove the files of a batch in
 flight, which then commits files that are gone: use it only with the stream stopped.
@@ -32,7 +40,7 @@ from typing import Any
 
 from tablestore_cdc.lakehouse.errors import TargetUriError
 from tablestore_cdc.lakehouse.layout import local_path
-from tablestore_cdc.lakehouse.ownership import KEYS_PROPERTY
+from tablestore_cdc.lakehouse.ownership import KEYS_PROPERTY, Marker
 from tablestore_cdc.lakehouse.target import FORMS, open_apply_sink
 
 
@@ -48,18 +56,30 @@ class Optimized:
     vacuumed: int = 0
     #: "delta" or "iceberg"
     table_format: str = "delta"
+    #: Iceberg: the snapshots expired (None: not asked), and those left
+    expired: int | None = None
+    snapshots_left: int = 0
+    #: Iceberg: False when the expiry was refused because another commit changed the
+    #: snapshots meanwhile (run it again)
+    expiry_done: bool = True
 
 
-def optimize(uri: str, vacuum_hours: int | None = None) -> Optimized:
-    """Compact the Delta table at ``uri`` (a ``--target`` URI) and vacuum it if asked; vacuum
-    an Iceberg table (module doc)."""
+def optimize(uri: str, vacuum_hours: int | None = None,
+             expire_hours: float | None = None) -> Optimized:
+    """Compact the Delta table at ``uri`` (a ``--target`` URI) and vacuum it if asked; expire
+    an Iceberg table's old snapshots and vacuum it, as asked (module doc)."""
     from tablestore_cdc.lakehouse.delta import DeltaApplySink
     from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
 
     sink = open_apply_sink(uri)
     if isinstance(sink, IcebergApplySink):
-        return _vacuum_iceberg(uri, sink, vacuum_hours)
+        return _optimize_iceberg(uri, sink, vacuum_hours, expire_hours)
     assert isinstance(sink, DeltaApplySink)
+    if expire_hours is not None:
+        raise TargetUriError(uri=uri, problem="--expire-hours expires Iceberg snapshots; a "
+                             "Delta table's log is checkpointed (its batches do not slow down "
+                             "with its versions), and --vacuum-hours removes its old files",
+                             allowed=FORMS)
     from deltalake.exceptions import CommitFailedError
 
     table = sink.table()
@@ -84,55 +104,111 @@ def optimize(uri: str, vacuum_hours: int | None = None) -> Optimized:
     return Optimized(before, len(table.file_uris()), compacted, vacuumed)
 
 
-def _vacuum_iceberg(uri: str, sink: Any, vacuum_hours: int | None) -> Optimized:
-    """Remove the data files of a local Iceberg table that no snapshot references and that
-    are older than ``vacuum_hours`` (module doc)."""
-    if vacuum_hours is None:
+def _optimize_iceberg(uri: str, sink: Any, vacuum_hours: int | None,
+                      expire_hours: float | None) -> Optimized:
+    """Expire the old snapshots of an Iceberg table of the sink, then vacuum it, as asked
+    (module doc)."""
+    if vacuum_hours is None and expire_hours is None:
         raise TargetUriError(uri=uri, problem="an Iceberg table is not compacted (pyiceberg "
-                             "0.12 has no compaction): give --vacuum-hours N to remove its "
-                             "unreferenced files", allowed=FORMS)
+                             "0.12 has no compaction): give --expire-hours N to expire its old "
+                             "snapshots, --vacuum-hours N to remove its unreferenced files",
+                             allowed=FORMS)
     table = sink.table()
     if table is None:
         raise TargetUriError(uri=uri, problem="there is no table there yet", allowed=FORMS)
-    if not table.properties.get(KEYS_PROPERTY):
+    marker = Marker.of(table.properties)
+    if marker is None or not table.properties.get(KEYS_PROPERTY):
         raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc",
                              allowed=FORMS)
-    data = local_path(table.location().rstrip("/") + "/data")
-    if data is None:
+    expired: int | None = None
+    done = True
+    if expire_hours is not None:
+        expired, done = _expire_iceberg(table, marker.job, expire_hours)
+        table = sink.table()
+    vacuumed = 0
+    if vacuum_hours is not None:
+        vacuumed = _vacuum_iceberg(uri, table, vacuum_hours)
+    live = len(list(table.scan().plan_files()))  # the current snapshot's data files
+    return Optimized(live, live, compacted=False, vacuumed=vacuumed, table_format="iceberg",
+                     expired=expired, snapshots_left=len(table.metadata.snapshots),
+                     expiry_done=done)
+
+
+def _expire_iceberg(table: Any, job: str, expire_hours: float) -> tuple[int, bool]:
+    """Expire the snapshots of ``table`` older than ``expire_hours`` but those the batch marker
+    of ``job`` (the table's owner) needs: the current snapshot's ancestors down to the newest
+    snapshot of ``job`` (all of them if it has none there: nothing the walk could reach is cut
+    off from it). Branch and tag heads are never expired (pyiceberg). Returns how many were
+    expired, and False when a commit that changed the snapshots meanwhile refused it."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table.snapshots import ancestors_of
+
+    from tablestore_cdc.lakehouse.iceberg import QUERY_ID_PROPERTY
+
+    needed: set[int] = set()
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        needed.add(snapshot.snapshot_id)
+        if snapshot.summary is not None and snapshot.summary.get(QUERY_ID_PROPERTY) == job:
+            break
+    cutoff_ms = (time.time() - expire_hours * 3600) * 1000
+    old = [s.snapshot_id for s in table.metadata.snapshots
+           if s.timestamp_ms < cutoff_ms and s.snapshot_id not in needed]
+    if not old:
+        return 0, True
+    try:
+        table.maintenance.expire_snapshots().by_ids(old).commit()
+    except (CommitFailedException, ValueError):  # another commit changed the snapshots first
+        return 0, False
+    return len(old), True
+
+
+def _vacuum_iceberg(uri: str, table: Any, vacuum_hours: int) -> int:
+    """Remove the files of a local Iceberg table that no snapshot references and that are
+    older than ``vacuum_hours`` (module doc); returns how many."""
+    root = local_path(table.location().rstrip("/"))
+    if root is None:
         raise TargetUriError(uri=uri, problem="unreferenced files are removed from tables on "
                              "the local file system only", allowed=FORMS)
     referenced = _referenced_files(table)
-    live = len(list(table.scan().plan_files()))  # the current snapshot's data files
     cutoff = time.time() - vacuum_hours * 3600
+    unreferenced = [path for pattern in ("data/**/*.parquet", "metadata/*.avro",
+                                         "metadata/*.metadata.json")
+                    for path in sorted(Path(root).glob(pattern))
+                    if str(path) not in referenced]
     removed = 0
-    for path in sorted(Path(data).rglob("*.parquet")):
-        if str(path) not in referenced and path.stat().st_mtime < cutoff:
+    for path in unreferenced:
+        if path.stat().st_mtime < cutoff:
             path.unlink()
             removed += 1
-    return Optimized(live, live, compacted=False, vacuumed=removed, table_format="iceberg")
+    return removed
 
 
 def _referenced_files(table: Any) -> set[str]:
-    """The local paths of every data and delete file any snapshot of ``table`` references
-    (time travel reads the old ones)."""
+    """The local paths of every file the table's metadata refers to: the current metadata
+    file and those of its log, every snapshot's manifest list, manifests, and data and delete
+    files (time travel reads the old ones)."""
     io = table.io
+    files = {table.metadata_location, *(log.metadata_file for log in table.metadata.metadata_log)}
     manifests: set[str] = set()
-    files: set[str] = set()
     for snapshot in table.metadata.snapshots:
+        files.add(snapshot.manifest_list)
         for manifest in snapshot.manifests(io):
             if manifest.manifest_path in manifests:
                 continue
             manifests.add(manifest.manifest_path)
             for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
-                files.add(str(Path(local_path(entry.data_file.file_path)
-                                   or entry.data_file.file_path)))
-    return files
+                files.add(entry.data_file.file_path)
+    return {str(Path(local_path(f) or f)) for f in files | manifests}
 
 
 def describe(result: Optimized) -> str:
     if result.table_format == "iceberg":
-        return (f"Iceberg (no compaction in pyiceberg 0.12): {result.vacuumed} unreferenced "
-                "file(s) removed")
+        expiry = ("" if result.expired is None
+                  else f"{result.expired} snapshot(s) expired, {result.snapshots_left} kept; "
+                  if result.expiry_done else "a commit changed the snapshots meanwhile: none "
+                  "expired, run it again; ")
+        return (f"Iceberg (no compaction in pyiceberg 0.12): {expiry}"
+                f"{result.vacuumed} unreferenced file(s) removed")
     outcome: Any = (f"{result.files_before} file(s) compacted into {result.files_after}"
                     if result.compacted else "a batch committed meanwhile: nothing compacted, "
                     "run it again")
