@@ -233,6 +233,22 @@ def test_expiry_keeps_the_snapshots_the_batch_marker_needs(tmp_path: Path) -> No
     assert optimize(uri_of(tmp_path), expire_hours=1).expired == 0  # none is an hour old
 
 
+def test_expiry_keeps_a_tagged_snapshot(tmp_path: Path) -> None:
+    """A snapshot someone tagged is not expired (Iceberg keeps ref heads), and the others
+    are."""
+    from tablestore_cdc.lakehouse.maintenance import optimize
+
+    target = Iceberg(tmp_path)
+    run(target, batches=3)
+    table, _ = current_manifests(target)
+    first = table.metadata.snapshots[0].snapshot_id
+    table.manage_snapshots().create_tag(first, "loaded").commit()
+    result = optimize(uri_of(tmp_path), expire_hours=0)
+    assert (result.expired, result.snapshots_left) == (2, 2)
+    table, _ = current_manifests(target)
+    assert first in {s.snapshot_id for s in table.metadata.snapshots}
+
+
 def test_a_batch_committing_across_an_expiry_commits_once(tmp_path: Path) -> None:
     """The expiry commits between a batch's read of the table and its commit: the batch's
     parent (the current snapshot) is kept, so the batch commits on top, once."""

@@ -138,14 +138,14 @@ def _expire_iceberg(table: Any, job: str, expire_hours: float) -> tuple[int, boo
     """Expire the snapshots of ``table`` older than ``expire_hours`` but those the batch marker
     of ``job`` (the table's owner) needs: the current snapshot's ancestors down to the newest
     snapshot of ``job`` (all of them if it has none there: nothing the walk could reach is cut
-    off from it). Branch and tag heads are never expired (pyiceberg). Returns how many were
+    off from it), nor branch and tag heads (pyiceberg refuses those). Returns how many were
     expired, and False when a commit that changed the snapshots meanwhile refused it."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.snapshots import ancestors_of
 
     from tablestore_cdc.lakehouse.iceberg import QUERY_ID_PROPERTY
 
-    needed: set[int] = set()
+    needed = {ref.snapshot_id for ref in table.metadata.refs.values()}  # pyiceberg refuses them
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
         needed.add(snapshot.snapshot_id)
         if snapshot.summary is not None and snapshot.summary.get(QUERY_ID_PROPERTY) == job:
