@@ -1,8 +1,10 @@
 """What an Iceberg stream costs in metadata. The sink reads each manifest's entries once per
 process (manifests.py), where pyiceberg reads every manifest of the table three times a batch;
 the entries it reuses are the ones a fresh read gives, a manifest another writer commits is
-read, and the cache keeps to its bound. And the tables it writes keep their newest metadata
-files only (``iceberg.METADATA_CLEANUP``), where Iceberg kept one file per commit for good."""
+read, and the cache keeps to its bound. The tables it writes keep their newest metadata
+files only (``iceberg.METADATA_CLEANUP``), where Iceberg kept one file per commit for good.
+And ``lake optimize --expire-hours`` expires old snapshots but those the batch marker needs,
+beside a running stream, and ``--vacuum-hours`` then removes what only they referred to."""
 
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def key(id_: int) -> str:
 
 def run(target: Iceberg, batches: int = 8, between: Any = None) -> dict[str, Any]:
     """A first load (keys 100c + i of channel c, a file per channel), then ``batches`` batches
-    each updating a key in one channel's file, deleting one in another and adding one, with
-    ``between(batch_number)`` called before each. Returns the state the batches leave."""
+    each updating a key in one channel's file, deleting one in another and adding one (keys
+    that exist up to batch 24), with ``between(batch_number, expected)`` called before each.
+    Returns the state the batches leave."""
     sink = target.sink()
     rows = [change("PUT", f"ch{c}", i + 1, 1, 100 * c + i, f"n{100 * c + i}", i)
             for c in range(4) for i in range(25)]
