@@ -34,13 +34,14 @@ flight, which then commits files that are gone: use it only with the stream stop
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tablestore_cdc.lakehouse.errors import TargetUriError
 from tablestore_cdc.lakehouse.layout import local_path
-from tablestore_cdc.lakehouse.ownership import KEYS_PROPERTY, Marker
+from tablestore_cdc.lakehouse.ownership import Marker
 from tablestore_cdc.lakehouse.target import FORMS, open_apply_sink
 
 
@@ -83,16 +84,12 @@ def optimize(uri: str, vacuum_hours: int | None = None,
     from deltalake.exceptions import CommitFailedError
 
     table = sink.table()
-    if table is None:
-        raise TargetUriError(uri=uri, problem="there is no table there yet", allowed=FORMS)
-    keys = dict(table.metadata().configuration).get(KEYS_PROPERTY, "")
-    if not keys:
-        raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc "
-                             "(its key columns are unknown)", allowed=FORMS)
+    marker = _owner(uri, None if table is None else dict(table.metadata().configuration))
+    assert table is not None  # _owner refused a missing table
     before = len(table.file_uris())
     compacted = True
     try:
-        table.optimize.z_order([keys.split(",")[0]])
+        table.optimize.z_order([marker.key_columns[0]])
     except CommitFailedError:
         compacted = False  # a batch committed meanwhile: the stream wins
     table = sink.table()
@@ -102,6 +99,18 @@ def optimize(uri: str, vacuum_hours: int | None = None,
         vacuumed = len(table.vacuum(retention_hours=vacuum_hours, dry_run=False,
                                     enforce_retention_duration=False))
     return Optimized(before, len(table.file_uris()), compacted, vacuumed)
+
+
+def _owner(uri: str, properties: Mapping[str, str] | None) -> Marker:
+    """The marker of the table at ``uri`` (its properties; None: no table yet), which names
+    its job and key columns: a table the sink did not create is left alone."""
+    if properties is None:
+        raise TargetUriError(uri=uri, problem="there is no table there yet", allowed=FORMS)
+    marker = Marker.of(properties)
+    if marker is None or not marker.key_columns:
+        raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc "
+                             "(its key columns are unknown)", allowed=FORMS)
+    return marker
 
 
 def _optimize_iceberg(uri: str, sink: Any, vacuum_hours: int | None,
@@ -114,12 +123,8 @@ def _optimize_iceberg(uri: str, sink: Any, vacuum_hours: int | None,
                              "snapshots, --vacuum-hours N to remove its unreferenced files",
                              allowed=FORMS)
     table = sink.table()
-    if table is None:
-        raise TargetUriError(uri=uri, problem="there is no table there yet", allowed=FORMS)
-    marker = Marker.of(table.properties)
-    if marker is None or not table.properties.get(KEYS_PROPERTY):
-        raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc",
-                             allowed=FORMS)
+    marker = _owner(uri, None if table is None else table.properties)
+    assert table is not None  # _owner refused a missing table
     expired: int | None = None
     done = True
     if expire_hours is not None:
