@@ -10,7 +10,12 @@ typo, the wrong port or scheme), and retrying it for seconds only hides that. Th
   of the stream reader to its tunnel and meta store), a client that has **had no answer yet**
   reports such an error at once, in one line naming the endpoint and what to fix
   (``unreachable_problem``). Nothing was created yet; once the endpoint is right, or the
-  service is up, the query is started again.
+  service is up, the query is started again. A connection closed without an HTTP answer is
+  one sample of a wrong scheme or port, but also what a load balancer or a restarting peer
+  does once: it counts only after ``DROPS`` such attempts in a row (the helper pauses
+  ``DROP_PAUSE_S`` between them, so they span about a second), and the line gives that
+  evidence ("3 attempts over 1.1 s, each closed without an answer"). A refused connection and
+  a name that does not resolve stay immediate.
 - **Afterwards**, and always on executors (their clients are new in every worker process, but
   serve a query that has started), the same errors are an outage: retried with backoff
   (``connector.retry``), and a query that outlives the retries fails saying it can be
@@ -27,18 +32,34 @@ from __future__ import annotations
 import contextvars
 import http.client
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-_AT_QUERY_START: contextvars.ContextVar[bool] = contextvars.ContextVar("at_query_start",
-                                                                      default=False)
+#: connections closed without an answer, in a row, before that is a configuration error
+DROPS = 3
+#: the pause after each dropped attempt but the last, before the caller's next attempt (s)
+DROP_PAUSE_S = 0.5
+
+
+@dataclass
+class _Start:
+    """One ``query_start()``: per (option, endpoint), the times of the attempts closed without
+    an answer so far."""
+
+    drops: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+
+_AT_QUERY_START: contextvars.ContextVar[_Start | None] = contextvars.ContextVar(
+    "at_query_start", default=None)
 
 
 @contextmanager
 def query_start() -> Iterator[None]:
     """The calls inside are a query's first contact with its services (driver only)."""
-    token = _AT_QUERY_START.set(True)
+    token = _AT_QUERY_START.set(_Start())
     try:
         yield
     finally:
@@ -47,7 +68,7 @@ def query_start() -> Iterator[None]:
 
 def at_query_start() -> bool:
     """Is the calling thread inside ``query_start()``?"""
-    return _AT_QUERY_START.get()
+    return _AT_QUERY_START.get() is not None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -66,10 +87,30 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         pending += [w for w in wrapped if isinstance(w, BaseException)]
 
 
+def _dropped_enough(endpoint: str, option: str) -> str | None:
+    """Count one attempt closed without an answer (the calling client's retry loop, driver,
+    inside ``query_start()``): the evidence ("3 attempts over 1.1 s, ...") once ``DROPS`` of
+    them came in a row; before that ``None``, after a pause of ``DROP_PAUSE_S`` (the caller
+    then retries as after an outage)."""
+    start = _AT_QUERY_START.get()
+    if start is None:
+        return None
+    now = time.monotonic()
+    drops = start.drops.setdefault((option, endpoint), [])
+    drops.append(now)
+    if len(drops) >= DROPS:
+        return (f"{len(drops)} attempts over {now - drops[0]:.1f} s, each closed without an "
+                "answer")
+    time.sleep(DROP_PAUSE_S)
+    return None
+
+
 def unreachable_problem(exc: BaseException, endpoint: str, option: str) -> str | None:
     """One line saying why ``endpoint`` (the value of ``option``, secrets removed) gave no
     answer at all and what to fix, when ``exc`` is such a network error; ``None`` for any other
-    error (it keeps its usual handling)."""
+    error (it keeps its usual handling), and for a connection closed without an answer until
+    ``DROPS`` attempts in a row were (module docstring; called by the Tunnel transport and the
+    Tablestore meta store on the driver, inside ``query_start()``)."""
     parts = urlsplit(endpoint)
     where = parts.netloc.rpartition("@")[2] or endpoint
     host = parts.hostname or where
@@ -84,7 +125,10 @@ def unreachable_problem(exc: BaseException, endpoint: str, option: str) -> str |
             what = f"no connection to {where} within the connect timeout"
             fix = "check its host and port, and the network path (firewall, VPC endpoint)"
         elif isinstance(cause, ConnectionResetError | http.client.BadStatusLine):
-            what = f"{where} closed the connection without an HTTP answer"
+            evidence = _dropped_enough(endpoint, option)
+            if evidence is None:
+                return None  # retried: one drop is no evidence yet
+            what = f"{where} closed the connection without an HTTP answer ({evidence})"
             fix = ("if that port serves https, use https://" if parts.scheme == "http"
                    else "check that the endpoint is the service's address")
         else:

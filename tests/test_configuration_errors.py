@@ -3,9 +3,11 @@
 The first-contact rule (``cdc_common.first_contact``), on both Tablestore clients against real
 sockets on 127.0.0.1 and the project's emulator:
 
-- at a query's start, a client with no answer yet reports a port nothing listens on, a host
-  name that does not resolve and ``http://`` sent to an https port at once, in one line naming
-  the option and the endpoint -- never retried;
+- at a query's start, a client with no answer yet reports a port nothing listens on and a host
+  name that does not resolve at once, in one line naming the option and the endpoint -- never
+  retried; ``http://`` sent to an https port (the connection closed without an answer) after
+  three such attempts in about a second, with that evidence; one dropped connection is retried
+  and the start goes on;
 - outside the start (executors, a running query) the same refusal is an outage: retried, and
   within the start a client that has had an answer retries too;
 - refused credentials name ``access.key.id`` / ``access.key.secret`` (Tunnel client and meta
@@ -42,9 +44,11 @@ from connector.tunnel import open_tunnel_service  # noqa: E402
 from meta_store import open_meta_store  # noqa: E402
 from meta_store.errors import (  # noqa: E402
     MetaStoreRequestError,
+    MetaTableMissingError,
     TransientMetaStoreError,
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.fault_proxy import FaultProxy, Kind, Rule  # noqa: E402
 
 INSTANCE, KEY_ID, SECRET = "inst", "cfg-key-id", "cfg-secret-71c3"
 
@@ -113,6 +117,36 @@ def test_a_tunnel_endpoint_that_gives_no_answer_at_the_start_fails_at_once(
         assert message.startswith(f"endpoint {endpoint}: ") and says in message
         assert "start the query again" in message and SECRET not in message
         assert "\n" not in message
+
+
+def test_an_https_port_is_named_after_three_attempts_each_closed_without_an_answer(
+        emulators: tuple[str, str]) -> None:
+    https_port = emulators[1].rsplit(":", 1)[1]
+    endpoint = f"http://127.0.0.1:{https_port}"
+    began = time.monotonic()
+    with query_start(), pytest.raises(EndpointUnreachableError) as info:
+        tunnel(endpoint, deadline="10").list_tunnels("t")
+    took = time.monotonic() - began
+    message = str(info.value)
+    assert "(3 attempts over " in message and "each closed without an answer)" in message
+    assert 0.9 < took < 5, message  # retried over about a second, not the 10 s deadline
+    with query_start(), pytest.raises(MetaStoreRequestError) as meta_info:
+        meta(endpoint, attempts=8).get_namespace_info("ns")
+    assert "(3 attempts over " in str(meta_info.value)
+
+
+def test_one_connection_dropped_at_the_start_is_retried_and_the_start_goes_on(
+        emulators: tuple[str, str]) -> None:
+    plain, _ = emulators
+    with FaultProxy(int(plain.rsplit(":", 1)[1])) as proxy:
+        proxy.add(Rule(Kind.RESET_BEFORE, ordinals=frozenset({1})))
+        with query_start():
+            assert tunnel(proxy.url, deadline="10").list_tunnels("t") == []
+        assert [i.kind for i in proxy.injected] == [Kind.RESET_BEFORE]
+        proxy.add(Rule(Kind.RESET_BEFORE, ordinals=frozenset({1})))
+        with query_start(), pytest.raises(MetaTableMissingError):  # an answer: it got through
+            meta(proxy.url).get_namespace_info("ns")
+        assert [i.kind for i in proxy.injected] == [Kind.RESET_BEFORE] * 2
 
 
 def test_the_meta_store_endpoint_that_gives_no_answer_at_the_start_fails_at_once(
