@@ -113,3 +113,77 @@ def _rows_of(changes: pa.Table, schema: Any, scd: int) -> pa.Table:
         if scd == 2:
             row["__START_AT"] = source["_commit_ts"]
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+class S3Delta:
+    """A Delta target in a bucket of a moto S3 server (``delta+s3://``, through
+    ``open_apply_sink``), read back with deltalake. The environment must hold the server's
+    ``AWS_ENDPOINT_URL`` and the fake credentials (``testkit.aws.AWS_TEST_ENV``)."""
+
+    name = "delta+s3"
+
+    def __init__(self, bucket: str, prefix: str = "lake/orders") -> None:
+        self.uri = f"delta+s3://{bucket}/{prefix}"
+        self.table_uri = f"s3://{bucket}/{prefix}"
+        self.storage_options = {"AWS_ALLOW_HTTP": "true"}
+
+    def sink(self, **options: Any) -> Any:
+        from tablestore_cdc.lakehouse import open_apply_sink
+
+        return open_apply_sink(self.uri, key_columns=["id"], **options)
+
+    def table(self) -> DeltaTable:
+        return DeltaTable(self.table_uri, storage_options=self.storage_options)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.table().to_pyarrow_table().to_pylist()
+
+    def commits(self) -> int:
+        return self.table().version() + 1
+
+    def other_writer(self, changes: pa.Table, scd: int) -> None:
+        """Another writer's commit of ``changes``' rows, straight into the table (deltalake)."""
+        from deltalake import write_deltalake
+
+        table = self.table()
+        write_deltalake(table, _rows_of(changes, table.schema().to_arrow(), scd), mode="append")
+
+
+class CatalogIceberg:
+    """An Iceberg target in the catalog pyiceberg's environment configuration names
+    (``iceberg://CATALOG/cdc.orders``), read back with pyiceberg. ``catalog_env``: the
+    ``PYICEBERG_CATALOG__<NAME>__*`` variables a test sets (a SQL catalog on SQLite whose
+    warehouse is ``s3://`` on a moto server)."""
+
+    name = "iceberg-catalog"
+
+    def __init__(self, catalog: str, catalog_db: Path, warehouse: str, endpoint: str) -> None:
+        self.catalog = catalog
+        self.uri = f"iceberg://{catalog}/cdc.orders"
+        prefix = f"PYICEBERG_CATALOG__{catalog.upper()}__"
+        self.catalog_env = {f"{prefix}TYPE": "sql", f"{prefix}URI": f"sqlite:///{catalog_db}",
+                            f"{prefix}WAREHOUSE": warehouse, f"{prefix}S3__ENDPOINT": endpoint,
+                            f"{prefix}S3__REGION": "us-east-1"}
+        self.properties = {"type": "sql", "uri": f"sqlite:///{catalog_db}",
+                           "warehouse": warehouse, "s3.endpoint": endpoint,
+                           "s3.region": "us-east-1"}
+
+    def sink(self, **options: Any) -> Any:
+        from tablestore_cdc.lakehouse import open_apply_sink
+
+        return open_apply_sink(self.uri, key_columns=["id"], **options)
+
+    def table(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        return load_catalog(self.catalog, **self.properties).load_table("cdc.orders")
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_iceberg(self.properties, "cdc.orders", self.catalog)
+
+    def commits(self) -> int:
+        return len(self.table().metadata.snapshots)
+
+    def other_writer(self, changes: pa.Table, scd: int) -> None:
+        table = self.table()
+        table.append(_rows_of(changes, table.schema().as_arrow(), scd))

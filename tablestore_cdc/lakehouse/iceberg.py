@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
-from tablestore_cdc.lakehouse.errors import TargetDependencyError
+from tablestore_cdc.lakehouse.errors import TargetDependencyError, TargetUriError
 from tablestore_cdc.lakehouse.layout import file_groups, from_ipc, split, to_ipc
 from tablestore_cdc.lakehouse.manifests import reuse_entries
 from tablestore_cdc.lakehouse.ownership import claim
@@ -129,8 +129,17 @@ class IcebergApplySink(ApplySink):
             uri = self.catalog_properties.get("uri", "")
             if uri.startswith("sqlite:///"):  # a new SQLite catalog: its directory must exist
                 Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            self._catalog = _pyiceberg().catalog.load_catalog(self.catalog_name,
-                                                              **self.catalog_properties)
+            try:
+                self._catalog = _pyiceberg().catalog.load_catalog(self.catalog_name,
+                                                                  **self.catalog_properties)
+            except ValueError:  # pyiceberg's word for a catalog it cannot make
+                raise TargetUriError(uri=f"iceberg://{self.catalog_name}/{self.identifier}",
+                                     problem="pyiceberg could not open the catalog: its "
+                                     "type or a required property is missing (pyiceberg's "
+                                     "message is not shown: it lists the properties, "
+                                     "secrets included)",
+                                     allowed="a catalog pyiceberg's configuration names") \
+                    from None
         return self._catalog
 
     def __getstate__(self) -> dict[str, Any]:

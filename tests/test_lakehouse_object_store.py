@@ -1,0 +1,190 @@
+"""Targets in object storage: the apply sink into ``delta+s3://`` and into an Iceberg table of a
+catalog pyiceberg's environment configuration names (``iceberg://CATALOG/ns.table``, a SQL
+catalog on SQLite whose warehouse is ``s3://``), both on a moto S3 server on 127.0.0.1
+(``moto_endpoint``). No Spark: batches are Arrow change batches (testkit.lakehouse) and a real
+embedded store's change log. Tables are read back with deltalake / pyiceberg directly."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyiceberg")
+
+from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
+from tablestore_cdc.lakehouse.errors import TargetUriError  # noqa: E402
+from tablestore_cdc.lakehouse.target import (  # noqa: E402
+    parse_target_options,
+    shown_options,
+    storage_options,
+)
+from tablestore_cdc.verify import (  # noqa: E402
+    history_mismatches,
+    rows_by_key,
+    source_history,
+    table_history,
+    table_state,
+)
+from testkit.lakehouse import (  # noqa: E402
+    FIRST,
+    WITH_COLOUR,
+    CatalogIceberg,
+    S3Delta,
+    batch,
+    change,
+)
+from tests.test_lakehouse import source_batches, store_with_history  # noqa: E402
+
+
+@pytest.fixture
+def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the moto server, whose endpoint the environment names (as a user's
+    ``AWS_ENDPOINT_URL`` would); the fake credentials come from ``aws_env``."""
+    import boto3
+
+    name = f"lake-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
+        Bucket=name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    return name
+
+
+@pytest.fixture(params=["delta+s3", "iceberg-catalog"])
+def target(request: pytest.FixtureRequest, bucket: str, moto_endpoint: str, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    if request.param == "delta+s3":
+        yield S3Delta(bucket)
+        return
+    target = CatalogIceberg("lake", tmp_path / "catalog.db", f"s3://{bucket}/warehouse",
+                            moto_endpoint)
+    for key, value in target.catalog_env.items():
+        monkeypatch.setenv(key, value)
+    yield target
+
+
+@pytest.mark.parametrize("scd", [1, 2])
+def test_a_change_log_applies_exactly_into_object_storage(target, tmp_path, scd) -> None:
+    """Puts, updates and deletes over 40 keys, cut into batches: the table read back from
+    S3 equals the source (SCD 2: one version per change)."""
+    store = store_with_history(tmp_path / "store.db", changes=240)
+    sink = target.sink(scd=scd)
+    for batch_id, page in enumerate(source_batches(store, 60)):
+        assert sink.apply(page, "query-1", batch_id).committed
+    rows = target.rows()
+    assert table_state(rows, ["id"]) == {k: dict(v) for k, v in
+                                         rows_by_key(store.scan("t")).items()}
+    if scd == 2:
+        assert not history_mismatches(source_history(store.change_log("t")),
+                                      table_history(rows, ["id"]))
+
+
+def test_a_replayed_batch_changes_nothing_in_object_storage(target) -> None:
+    sink = target.sink()
+    sink.apply(FIRST, "q", 0)
+    sink.apply(WITH_COLOUR, "q", 1)
+    before, rows = target.commits(), target.rows()
+    assert not sink.apply(WITH_COLOUR, "q", 1).committed
+    assert (target.commits(), target.rows()) == (before, rows)
+    # a new process finds the batch recorded in the table's own commits
+    assert not target.sink().apply(WITH_COLOUR, "q", 1).committed
+    assert target.sink().committed_batch("q") == 1
+
+
+def test_a_second_writers_commit_is_not_lost(target) -> None:
+    """Another writer commits between the sink's read and its commit: the store refuses the
+    sink's commit (S3's conditional put for Delta, the catalog's check for Iceberg), the sink
+    re-plans, and both writers' rows are in the table."""
+    sink = target.sink(scd=2)
+    sink.apply(FIRST, "q", 0)
+    raced: list[str] = []
+
+    def race_once() -> None:
+        if not raced:
+            raced.append("x")
+            target.other_writer(batch(change("PUT", "c", 2, 2, 9, "other", 9)), 2)
+
+    sink._before_commit = race_once  # type: ignore[method-assign]
+    result = sink.apply(batch(change("PUT", "c", 5, 5, 1, "a2", 2),
+                              change("PUT", "c", 6, 6, 3, "c", 3)), "q", 1)
+    assert result.committed and raced
+    current = {r["id"]: r["name"] for r in target.rows() if r["__END_AT"] is None}
+    assert current == {1: "a2", 3: "c", 9: "other"}
+    assert len([r for r in target.rows() if r["id"] == 1]) == 2  # a1 closed, a2 open
+
+
+def test_a_delta_commit_on_s3_is_conditional(bucket) -> None:
+    """Two writers that read the same version: the second commit of that version is refused
+    by S3 (If-None-Match), never written over the first."""
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import CommitProperties
+
+    target = S3Delta(bucket)
+    target.sink().apply(FIRST, "q", 0)
+    first, second = target.table(), target.table()
+    once = CommitProperties(max_commit_retries=0)
+    write_deltalake(first, pa.table({"id": [7], "name": ["x"], "qty": [1]}), mode="append",
+                    commit_properties=once, schema_mode="merge")
+    with pytest.raises(CommitFailedError):
+        write_deltalake(second, pa.table({"id": [8], "name": ["y"], "qty": [1]}),
+                        mode="append", commit_properties=once, schema_mode="merge")
+    assert sorted(r["id"] for r in DeltaTable(target.table_uri, storage_options={
+        "AWS_ALLOW_HTTP": "true"}).to_pyarrow_table().to_pylist()) == [1, 7]
+
+
+def test_delta_storage_options_come_from_the_user_and_an_http_endpoint() -> None:
+    assert storage_options("t", "s3", {}, {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}) == {
+        "AWS_ALLOW_HTTP": "true"}
+    assert storage_options("t", "s3", {}, {"AWS_ENDPOINT_URL": "https://oss.example"}) is None
+    assert storage_options("t", "s3", {"aws_endpoint_url": "http://minio:9000"}, {}) == {
+        "aws_endpoint_url": "http://minio:9000", "AWS_ALLOW_HTTP": "true"}
+    assert storage_options("t", "gs", {"google_service_account": "/k.json"}, {}) == {
+        "google_service_account": "/k.json"}
+    with pytest.raises(TargetUriError, match="unsafe rename"):
+        storage_options("t", "s3", {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}, {})
+
+
+def test_target_uris_and_options_are_checked_and_secrets_never_shown(tmp_path) -> None:
+    with pytest.raises(TargetUriError, match="no bucket"):
+        open_apply_sink("delta+s3:///prefix")
+    with pytest.raises(TargetUriError, match="unknown object store 'ftp'"):
+        open_apply_sink("delta+ftp://b/p")
+    with pytest.raises(TargetUriError, match="--target-option") as raised:
+        open_apply_sink("delta+s3://b/p?aws_secret_access_key=hunter2")
+    assert "hunter2" not in str(raised.value)
+    with pytest.raises(TargetUriError, match="credentials do not go in the URI") as raised:
+        open_apply_sink("delta+s3://AKIA:hunter2@b/p")
+    assert "hunter2" not in str(raised.value)
+    with pytest.raises(TargetUriError, match="no catalog 'nowhere'"):
+        open_apply_sink("iceberg://nowhere/ns.t")
+    with pytest.raises(TargetUriError, match="NAMESPACE.TABLE"):
+        open_apply_sink("iceberg://lake/t")
+    with pytest.raises(TargetUriError, match="takes no target options") as raised:
+        open_apply_sink(f"delta://{tmp_path}/t", target_options={
+            "aws_secret_access_key": "hunter2"})
+    assert "hunter2" not in str(raised.value)
+    with pytest.raises(TargetUriError, match="not KEY=VALUE") as raised:
+        parse_target_options(["aws_secret_access_key:hunter2"])
+    assert "hunter2" not in str(raised.value)
+    assert parse_target_options(["a=b=c", "region=x"]) == {"a": "b=c", "region": "x"}
+    shown = shown_options({"aws_region": "eu-central-1", "aws_secret_access_key": "s",
+                           "aws_session_token": "t", "catalog_password": "p"})
+    assert shown == ("aws_region=eu-central-1, aws_secret_access_key=***, "
+                     "aws_session_token=***, catalog_password=***")
+
+
+def test_an_iceberg_catalog_option_overrides_its_configuration(bucket, moto_endpoint,
+                                                               tmp_path) -> None:
+    """A catalog given only by ``--target-option``s (no configuration) works as well."""
+    db = tmp_path / "other.db"
+    sink = open_apply_sink("iceberg://adhoc/cdc.orders", key_columns=["id"], target_options={
+        "type": "sql", "uri": f"sqlite:///{db}", "warehouse": f"s3://{bucket}/wh",
+        "s3.endpoint": moto_endpoint, "s3.region": "us-east-1"})
+    assert sink.apply(FIRST, "q", 0).committed
+    assert [r["id"] for r in sink.table().scan().to_arrow().to_pylist()] == [1]
