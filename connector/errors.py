@@ -228,6 +228,19 @@ class SchemaChangeError(CdcError):
     )
 
 
+class TunnelAnswerTooLargeError(TunnelError):
+    """An answer from the tunnel endpoint past the client's limits
+    (``connector.tunnel.tablestore.http``: ``MAX_ANSWER_BYTES``, ``MAX_HEADER_COUNT``,
+    ``MAX_HEADER_BYTES``): not one the service sends, whose largest answer (a ReadRecords page)
+    is about 1 MB. Refused without reading the rest, never retried (driver or executor)."""
+
+    template = (
+        "{endpoint} {operation}: answer refused: its {what} exceeds the client's limit of "
+        "{limit}; the Tablestore Tunnel service sends nothing that large: check that the "
+        "endpoint is the service's address, and any proxy in between"
+    )
+
+
 class EndpointTlsError(TunnelError):
     """An https endpoint's certificate, host name or TLS cannot be verified: a configuration
     error, reported at once (never retried). ``problem`` names the endpoint and what to fix."""

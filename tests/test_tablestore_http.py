@@ -9,6 +9,7 @@ import http.client
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -95,9 +96,10 @@ def serve() -> Iterator[Callable[[Script], ScriptedServer]]:
         server.close()
 
 
-def _pool(url: str, read_timeout: float = 5.0) -> ConnectionPool:
+def _pool(url: str, read_timeout: float = 5.0, **limits: Any) -> ConnectionPool:
+    limits.setdefault("answer_deadline_s", 10.0)
     return ConnectionPool(url, ca_bundle=None, connect_timeout=2.0, read_timeout=read_timeout,
-                          max_idle=4)
+                          max_idle=4, **limits)
 
 
 def test_kept_alive_connection_serves_every_request(serve: Callable[[Script], ScriptedServer]

@@ -3,7 +3,9 @@
 ``TablestoreCalls._call`` sends a protobuf request over the signed transport (``transport``) and
 parses the answer; the transport's failures and the service's refusals become the product's
 errors here (``refusals`` for the wording): an unavailable service a ``TransientTunnelError``
-(the seam's retries take it), a refused signature ``TunnelAuthError``, and so on. A role's
+(the seam's retries take it; an answer that did not come whole within the answer deadline is
+one), a refused signature ``TunnelAuthError``, an answer past the wire's size limits
+``TunnelAnswerTooLargeError`` (never retried), and so on. A role's
 ``on_error`` sees a ``ServiceError`` first and may map it to something more precise (a tunnel
 that exists, a channel that was trimmed). Driver and executors.
 """
@@ -17,12 +19,14 @@ from connector.errors import (
     EndpointTlsError,
     EndpointUnreachableError,
     TransientTunnelError,
+    TunnelAnswerTooLargeError,
     TunnelAuthError,
     TunnelExpiredError,
     TunnelParameterError,
     TunnelServiceError,
 )
 from connector.tunnel.tablestore import messages as m
+from connector.tunnel.tablestore.http import AnswerTooLarge
 from connector.tunnel.tablestore.refusals import auth_hint
 from connector.tunnel.tablestore.transport import (
     PendingCall,
@@ -69,6 +73,9 @@ class TablestoreCalls:
             raise EndpointTlsError(problem=str(exc)) from None
         except Unreachable as exc:
             raise EndpointUnreachableError(problem=str(exc)) from None
+        except AnswerTooLarge as exc:
+            raise TunnelAnswerTooLargeError(endpoint=self.uri, operation=path, what=exc.what,
+                                            limit=exc.limit) from None
         except ServiceError as exc:
             mapped = on_error(exc) if on_error is not None else None
             raise (mapped or self._generic(path, exc)) from None

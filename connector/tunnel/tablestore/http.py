@@ -16,10 +16,21 @@ body, one endpoint, no redirects, no proxies, no cookies.
 
 Errors are the standard library's, as ``cdc_common.tls`` and ``cdc_common.first_contact``
 read them: ``OSError`` (refused, reset, unreachable, ``ssl.SSLError``), ``TimeoutError`` for a
-read timeout and ``ConnectTimeoutError`` for a connect timeout, ``http.client.
+read timeout, ``AnswerDeadlineError`` for an answer not whole within the answer deadline and
+``ConnectTimeoutError`` for a connect timeout (all three ``TimeoutError``), ``http.client.
 RemoteDisconnected`` for a connection closed before any answer, ``IncompleteAnswer`` for one
 closed mid-answer and ``MalformedAnswer`` for bytes that are not HTTP (both
-``http.client.HTTPException``). ``Transport`` retries them all.
+``http.client.HTTPException``). ``Transport`` retries them all. ``AnswerTooLarge`` (a
+``MalformedAnswer``) is an answer past the limits below: ``Transport`` does not retry it.
+
+Limits: the server (or whatever sits between) is not trusted with this process's memory or
+time. An answer is refused once its header section holds more than ``MAX_HEADER_COUNT``
+headers or ``MAX_HEADER_BYTES`` bytes, or its body is longer than ``MAX_ANSWER_BYTES``: a
+``Content-Length`` past it before any byte of the body is read, a chunked or close-delimited
+body as soon as it grows past it (at most one ``RECV_BYTES`` read beyond). A whole answer,
+across all its reads, must arrive within the pool's ``answer_deadline_s`` (the transport's
+``RETRY_DEADLINE_S``), and each read within ``read_timeout``: a server dripping a byte at a
+time cannot hold a call longer.
 
 A kept-alive connection the server closed while it was idle is noticed before it is reused
 (readable while idle: its end of file is waiting) and opened anew; a request that meets such a
@@ -38,6 +49,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -45,6 +57,14 @@ import httptools
 
 #: bytes asked of the socket per read (a 500-record page is ~65 KB)
 RECV_BYTES = 256 * 1024
+#: the longest answer body taken: the largest legitimate one is a ReadRecords page, which the
+#: service ends at 500 records or about 900 KB (docs/tablestore.md), and a record holds at most
+#: a row (2 MB a cell); 64 MiB leaves ample room
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: the most headers an answer may carry (the service sends about ten)
+MAX_HEADER_COUNT = 128
+#: the longest header section (status line and headers) an answer may have
+MAX_HEADER_BYTES = 64 * 1024
 
 
 class ConnectTimeoutError(TimeoutError):
@@ -59,6 +79,24 @@ class MalformedAnswer(http.client.HTTPException):
     """What came back is not an HTTP/1.1 answer."""
 
 
+class AnswerTooLarge(MalformedAnswer):
+    """An answer past one of the module's limits: ``what`` exceeded (the body, the headers'
+    count or size) and ``limit``, the constant's value. Its bytes are not read further."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"the answer's {what} exceeds {limit}")
+        self.what = what
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[type[AnswerTooLarge], tuple[str, int]]:
+        return (type(self), (self.what, self.limit))
+
+
+class AnswerDeadlineError(TimeoutError):
+    """An answer not whole within the pool's ``answer_deadline_s`` (its reads each arrived in
+    time, but too slowly together)."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """One HTTP answer: ``headers`` by lower-cased name (repeated ones joined by ", ")."""
@@ -69,42 +107,84 @@ class Answer:
 
 
 class _Collector:
-    """httptools' callbacks for one answer."""
+    """httptools' callbacks for one answer, within the limits it is given (module docstring):
+    past one, ``refused`` says which and nothing more is kept; ``Connection.read`` raises."""
 
     __slots__ = ("headers", "chunks", "complete", "headers_complete", "keep_alive", "parser",
-                 "unasked")
+                 "unasked", "refused", "body_bytes", "header_count", "header_bytes",
+                 "max_body", "max_header_count", "max_header_bytes")
 
-    def __init__(self) -> None:
-        self.headers: dict[str, str] = {}
+    def __init__(self, max_body: int, max_header_count: int, max_header_bytes: int) -> None:
+        #: values by lower-cased name, in order (joined once, at the end: a list, as repeated
+        #: names would make joining as they come quadratic)
+        self.headers: dict[str, list[str]] = {}
         self.chunks: list[bytes] = []
         self.complete = False
         self.headers_complete = False
         self.keep_alive = False
         #: bytes of another answer came after this one (nothing was asked for them)
         self.unasked = False
+        #: the limit the answer went past, as ``AnswerTooLarge``
+        self.refused: AnswerTooLarge | None = None
+        self.body_bytes = self.header_count = self.header_bytes = 0
+        self.max_body = max_body
+        self.max_header_count = max_header_count
+        self.max_header_bytes = max_header_bytes
         self.parser = httptools.HttpResponseParser(self)
+
+    def joined_headers(self) -> dict[str, str]:
+        return {key: values[0] if len(values) == 1 else ", ".join(values)
+                for key, values in self.headers.items()}
+
+    def has_header(self, key: str, part: str = "") -> bool:
+        return any(part in value for value in self.headers.get(key, ()))
 
     def on_message_begin(self) -> None:
         if self.complete:
             self.unasked = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.unasked:
+        if self.unasked or self.refused is not None:
+            return
+        self.header_count += 1
+        self.header_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self.header_count > self.max_header_count:
+            self.refused = AnswerTooLarge("header count", self.max_header_count)
+            return
+        if self.header_bytes > self.max_header_bytes:
+            self.refused = AnswerTooLarge("header bytes", self.max_header_bytes)
             return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
-        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+        values = self.headers.get(key)
+        if values is None:
+            self.headers[key] = [text]
+        else:
+            values.append(text)
 
     def on_headers_complete(self) -> None:
-        if self.unasked:
+        if self.unasked or self.refused is not None:
             return
         self.headers_complete = True
         # asked now: llhttp answers from the message being parsed, not after it
         self.keep_alive = self.parser.should_keep_alive()
+        length = self.headers.get("content-length")
+        try:  # llhttp has checked it is digits; refused here before any of the body is read
+            too_long = length is not None and int(length[0]) > self.max_body
+        except ValueError:
+            too_long = False
+        if too_long:
+            self.refused = AnswerTooLarge("body bytes (Content-Length)", self.max_body)
 
     def on_body(self, data: bytes) -> None:
-        if not self.unasked:
-            self.chunks.append(data)
+        if self.unasked or self.refused is not None:
+            return
+        self.body_bytes += len(data)
+        if self.body_bytes > self.max_body:
+            self.refused = AnswerTooLarge("body bytes", self.max_body)
+            self.chunks = []
+            return
+        self.chunks.append(data)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -178,18 +258,31 @@ class Connection:
             raise
 
     def read(self) -> Answer:
-        """Read the answer to the request sent; raises as the module docstring says (and closes
-        the socket: a connection that failed is never reused)."""
+        """Read the answer to the request sent, within the pool's limits and answer deadline
+        (module docstring); raises as the module docstring says (and closes the socket: a
+        connection that failed is never reused)."""
         sock = self._sock
         if sock is None:
             raise http.client.RemoteDisconnected("the connection is not open")
-        collector = _Collector()
+        pool = self._pool
+        collector = _Collector(pool.max_answer_bytes, pool.max_header_count,
+                               pool.max_header_bytes)
         parser = collector.parser
         received = 0
+        deadline = time.monotonic() + pool.answer_deadline_s
         try:
             while not collector.complete:
+                left = deadline - time.monotonic()
+                cut = left < pool.read_timeout  # this read's timeout is the deadline's rest
+                if left <= 0:
+                    raise AnswerDeadlineError(self._late(received))
+                sock.settimeout(left if cut else pool.read_timeout)
                 try:
                     data = sock.recv(RECV_BYTES)
+                except TimeoutError as exc:
+                    if cut:
+                        raise AnswerDeadlineError(self._late(received)) from exc
+                    raise
                 except ConnectionResetError as exc:
                     if received == 0:
                         raise  # before any answer: ``exchange`` may send the request again
@@ -210,6 +303,10 @@ class Connection:
                     raise MalformedAnswer("the server asked to switch protocols") from exc
                 except httptools.HttpParserError as exc:
                     raise MalformedAnswer(f"not an HTTP answer: {exc}") from exc
+                if collector.refused is not None:
+                    raise collector.refused
+                if not collector.headers_complete and received > pool.max_header_bytes:
+                    raise AnswerTooLarge("header bytes", pool.max_header_bytes)
             status = parser.get_status_code()
             # a connection that carried bytes nobody asked for is not trusted with another call
             keep = collector.complete and collector.keep_alive and not collector.unasked
@@ -221,12 +318,17 @@ class Connection:
             self.close()
         else:
             self.reused = True
-        return Answer(status, collector.headers, b"".join(collector.chunks))
+            sock.settimeout(pool.read_timeout)  # not the deadline's rest: for the next send
+        return Answer(status, collector.joined_headers(), b"".join(collector.chunks))
+
+    def _late(self, received: int) -> str:
+        return (f"the answer timed out: not whole within {self._pool.answer_deadline_s:g} s "
+                f"({received} bytes came)")
 
     @staticmethod
     def _ends_at_close(collector: _Collector) -> bool:
-        h = collector.headers
-        return "content-length" not in h and "chunked" not in h.get("transfer-encoding", "")
+        return (not collector.has_header("content-length")
+                and not collector.has_header("transfer-encoding", "chunked"))
 
     def idle_closed(self) -> bool:
         """Has the server closed this idle connection (or sent something unasked)?"""
@@ -253,10 +355,19 @@ class ConnectionPool:
     """Connections to one endpoint, at most ``max_idle`` kept open between requests."""
 
     def __init__(self, url: str, *, ca_bundle: str | None, connect_timeout: float,
-                 read_timeout: float, max_idle: int) -> None:
+                 read_timeout: float, max_idle: int, answer_deadline_s: float,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES,
+                 max_header_count: int = MAX_HEADER_COUNT,
+                 max_header_bytes: int = MAX_HEADER_BYTES) -> None:
+        """``read_timeout`` bounds each read of an answer, ``answer_deadline_s`` all of them
+        together; the ``max_*`` limits are the module's constants (tests pass smaller ones)."""
         self.endpoint = Endpoint.parse(url)
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.answer_deadline_s = answer_deadline_s
+        self.max_answer_bytes = max_answer_bytes
+        self.max_header_count = max_header_count
+        self.max_header_bytes = max_header_bytes
         self.max_idle = max_idle
         self.tls: ssl.SSLContext | None = None
         if self.endpoint.scheme == "https":

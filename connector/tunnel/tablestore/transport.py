@@ -38,6 +38,15 @@ try the whole call again:
   ``OTSTimeout``, ``OTSInternalServerError``, ``OTSServerUnavailable`` and any 5xx status (the
   Java SDK's ``DefaultRetryStrategy``).
 
+How long a call can take: each attempt connects within ``CONNECT_TIMEOUT_S`` and gets its
+whole answer within ``RETRY_DEADLINE_S`` (``http``'s answer deadline, whatever the transport's
+own ``retry_deadline_s``; each read within ``READ_TIMEOUT_S``), and no attempt begins after the
+retry deadline: a server that drips its answer, or sends nothing, fails the call after 15 s; at
+worst (an attempt begun just before the retry deadline) a call ends within 15 + 5 + 15 s. An
+answer past the wire's size limits (``http``: ``MAX_ANSWER_BYTES``, ``MAX_HEADER_COUNT``,
+``MAX_HEADER_BYTES``) raises ``http.AnswerTooLarge`` at once, never retried: it is not the
+service's, and asking again would read as much again.
+
 An answer that fails validation (a 2xx as above; an error answer whose ``x-ots-contentmd5``
 does not match its body, as the SDKs check too) is asked again, at most
 ``VALIDATION_ATTEMPTS`` times within the same deadline.
@@ -69,7 +78,7 @@ from typing import Any
 from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.tls import tls_problem
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.http import Answer, Connection, ConnectionPool
+from connector.tunnel.tablestore.http import Answer, AnswerTooLarge, Connection, ConnectionPool
 from connector.tunnel.tablestore.signing import (
     SigningKey,
     content_md5,
@@ -85,7 +94,10 @@ log = logging.getLogger("connector.tunnel.tablestore")
 
 API_VERSION = "2015-12-31"
 USER_AGENT = "tablestore-cdc"
-#: a network error or a retryable service error is retried for at most this long per call (s)
+#: the documented 15 s (docs/operations.md, "Errors"): a network error or a retryable service
+#: error is retried until this long after a call began (then ``Unavailable``), and one answer,
+#: across all its reads, must come whole within as long (``http``'s answer deadline: else a
+#: timeout, retried as any network error while the call's retries last)
 RETRY_DEADLINE_S = 15.0
 #: calls that read only, so any server-side failure may be retried (the Java SDK's
 #: ``OperationNames.IdempotentActionTool``; GetRpo reads too)
@@ -104,6 +116,7 @@ MAX_CLOCK_SKEW_S = 15 * 60
 #: answers failing validation (MD5, signature, date) tolerated per call before giving up
 VALIDATION_ATTEMPTS = 3
 CONNECT_TIMEOUT_S = 5.0
+#: each read of an answer (the whole answer is bounded by ``RETRY_DEADLINE_S``, the tighter)
 READ_TIMEOUT_S = 30.0
 
 
@@ -180,7 +193,7 @@ class Transport:
             # kept-alive connections: one per caller at once (the driver's concurrent calls,
             # an executor's read and its prefetch), so none is opened anew per request
             self.endpoint, ca_bundle=ca_bundle, connect_timeout=CONNECT_TIMEOUT_S,
-            read_timeout=READ_TIMEOUT_S, max_idle=pool_size)
+            read_timeout=READ_TIMEOUT_S, max_idle=pool_size, answer_deadline_s=RETRY_DEADLINE_S)
         #: has the endpoint answered a request of this transport (any HTTP status)?
         self.answered = False
         self._key = SigningKey(credentials.access_key_secret)
@@ -256,6 +269,9 @@ class Transport:
     def _once(self, path: str, body: bytes) -> bytes:
         try:
             answer = self._pool.exchange(self._request(path, body))
+        except AnswerTooLarge:
+            self.answered = True  # an answer, though not one the service sends: not retried
+            raise
         except _NETWORK_ERRORS as exc:
             raise self._network_error(exc) from None
         return self._answer(path, answer)
@@ -299,8 +315,9 @@ class Transport:
 
     def call(self, path: str, body: bytes) -> bytes:
         """POST ``body`` to ``path``; the validated response body. Raises ``ServiceError``,
-        ``Unavailable`` (after bounded retries), ``ResponseValidationError``, ``TlsError`` or
-        ``Unreachable``."""
+        ``Unavailable`` (after bounded retries), ``ResponseValidationError``, ``TlsError``,
+        ``Unreachable`` or ``http.AnswerTooLarge`` (an answer past the wire's limits, at once:
+        asking again would read as much again)."""
         idempotent = path in IDEMPOTENT_PATHS
         began = self._clock()
         deadline = began + self.retry_deadline_s
@@ -354,6 +371,10 @@ class PendingCall:
             return self._transport.call(self.path, self.body)
         try:
             resp = conn.read()  # the whole body is read here
+        except AnswerTooLarge:
+            self._pool.give_back(conn)
+            self._transport.answered = True
+            raise  # as ``call`` raises it: asking again would read as much again
         except Exception as exc:  # noqa: BLE001 - any failure: the call is done again
             self._pool.give_back(conn)  # closed by the failure: not kept
             if not again:
