@@ -41,6 +41,7 @@ from connector.errors import (
 )
 from connector.tunnel.base import TableSchema
 from connector.tunnel.tablestore.proto_text import invalid_string_field
+from tablestore_emulator import column_filter
 from tablestore_emulator import plainbuffer as plb
 from tablestore_emulator.context import EmulatorContext, Handler
 from tablestore_emulator.errors import (
@@ -56,7 +57,8 @@ from tablestore_emulator.errors import (
 # --- the service's limits that the emulator enforces ------------------------------------------
 
 #: Table and column names: a letter or underscore, then letters, digits, underscores.
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+#: Matched whole (``fullmatch``): a trailing newline is not part of a name.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 MAX_PK_COLUMNS = 4
 MAX_PK_STRING_BYTES = 1024
 MAX_COLUMN_VALUE_BYTES = 2 * 1024 * 1024
@@ -112,7 +114,7 @@ def _schema(ctx: EmulatorContext, table: str) -> TableSchema:
 
 
 def _check_name(kind: str, name: str) -> None:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise parameter_invalid(f"Invalid {kind} name: '{name}'.")
 
 
@@ -196,25 +198,23 @@ def _check_condition(condition: Any, current: Mapping[str, Any] | None) -> None:
 
 
 def _filter_passes(raw: bytes, row: Mapping[str, Any]) -> bool:
-    """A column condition (``table_store_filter.Filter``) evaluated on the current row."""
-    f = _parse(fpb.Filter(), raw)
-    if f.type == fpb.FT_SINGLE_COLUMN_VALUE:
-        single = _parse(fpb.SingleColumnValueFilter(), f.filter)
-        if single.column_name not in row:
-            return not single.filter_if_missing
-        return _compare(single.comparator, row[single.column_name],
-                        plb.read_value(single.column_value))
-    if f.type == fpb.FT_COMPOSITE_COLUMN_VALUE:
-        comp = _parse(fpb.CompositeColumnValueFilter(), f.filter)
-        results = [_filter_passes(sub.SerializeToString(), row) for sub in comp.sub_filters]
-        if comp.combinator == fpb.LO_NOT:
-            if len(results) != 1:
-                raise parameter_invalid("A NOT condition takes exactly one sub-condition.")
-            return not results[0]
-        if not results:
-            raise parameter_invalid("A composite condition needs sub-conditions.")
-        return all(results) if comp.combinator == fpb.LO_AND else any(results)
-    raise unsupported_operation("Only column value conditions are supported.")
+    """A column condition (``table_store_filter.Filter``) evaluated on the current row: decoded
+    in one bounded pass (``column_filter``), then evaluated on the tree (at most
+    ``MAX_FILTER_DEPTH`` deep)."""
+    return _node_passes(column_filter.decode_filter(raw), row)
+
+
+def _node_passes(node: column_filter.Single | column_filter.Composite,
+                 row: Mapping[str, Any]) -> bool:
+    if isinstance(node, column_filter.Single):
+        if node.column_name not in row:
+            return not node.filter_if_missing
+        return _compare(node.comparator, row[node.column_name],
+                        plb.read_value(node.column_value))
+    results = [_node_passes(sub, row) for sub in node.subs]
+    if node.combinator == fpb.LO_NOT:
+        return not results[0]
+    return all(results) if node.combinator == fpb.LO_AND else any(results)
 
 
 def _compare(comparator: int, have: Any, want: Any) -> bool:

@@ -10,6 +10,10 @@ tests that check it (``tests/test_emulator_bad_requests.py``) and the emulator's
 - ``signed_headers(path, body)``: the v2-signed ``x-ots-*`` headers an SDK would send;
 - ``exchange(url, raw)``: send raw bytes on a fresh connection, read one HTTP answer, and tell
   whether the server closed the connection after it;
+- ``nested_condition(depth, leaf)`` / ``put_row_body(table, key, condition)``: a PutRow whose
+  column condition is ``depth`` NOTs around one comparison with a ``leaf``-byte value, written
+  in one pass whatever its depth (the hostile-input tests and the fuzz targets send them);
+- ``post(url, path, body)``: one signed request on a fresh connection;
 - ``sdk_verdict(answer, path)``: the ``tablestore`` SDK's own response handling
   (``OTSProtocol.handle_error``) run on the answer: the ``OTSServiceError`` it raises (status,
   code, message), ``None`` for a success, or the ``OTSClientError`` of an answer it cannot read.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +32,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore import signing
+from tablestore_emulator import plainbuffer as plb
 from tablestore_emulator import table_api, tunnel_api
 
 AK, SK, INSTANCE = "test-ak", "test-secret", "emu"
@@ -163,6 +169,60 @@ def exchange(url: str, raw: bytes, *, check_closed: bool = False, half_close: bo
         return Answer(resp.status, resp.reason, headers, body, closed)
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def nested_condition(depth: int, leaf: int = 1, column: str = "c") -> bytes:
+    """A ``table_store_filter.Filter``: ``depth`` composite NOTs around one single-column
+    comparison ``column == <leaf bytes of "x">`` (depth 0: the comparison alone). Written by
+    hand from the inside out and joined once, so a deep tree with a large leaf costs its size
+    once, not its depth times."""
+    from tablestore.protobuf import table_store_filter_pb2 as fpb
+
+    value = struct.pack("<BI", plb.VT_STRING, leaf)
+    head = fpb.SingleColumnValueFilter(comparator=fpb.CT_EQUAL, column_name=column,
+                                       column_value=b"", filter_if_missing=False,
+                                       latest_version_only=True).SerializeToString()
+    # column_value (field 3) is written last, with its real length, after the other fields
+    head = head.replace(b"\x1a\x00", b"")
+    single_len = len(head) + 1 + len(_varint(len(value) + leaf)) + len(value) + leaf
+    prefixes = [head + b"\x1a" + _varint(len(value) + leaf) + value]
+    # Filter{type=1, filter=<single>}
+    size = single_len
+    outer = [b"\x08\x01\x12" + _varint(size)]
+    size += len(outer[-1])
+    for _ in range(depth):
+        # Composite{combinator=NOT, sub_filters=[<filter>]}, then Filter{type=2, filter=it}
+        comp = b"\x08\x01\x12" + _varint(size)
+        size += len(comp)
+        filt = b"\x08\x02\x12" + _varint(size)
+        size += len(filt)
+        outer += [comp, filt]
+    return b"".join([*reversed(outer), *prefixes, b"x" * leaf])
+
+
+def put_row_body(table: str, key: list[tuple[str, Any]], condition: bytes | None = None) -> bytes:
+    """A PutRowRequest of ``key`` (no attributes) to ``table``, with a column condition."""
+    from tablestore.protobuf import table_store_pb2 as pb
+
+    cond = pb.Condition(row_existence=pb.IGNORE)
+    if condition is not None:
+        cond.column_condition = condition
+    req = pb.PutRowRequest(table_name=table, row=plb.write_row(key), condition=cond)
+    return bytes(req.SerializeToString())
+
+
+def post(url: str, path: str, body: bytes, *, timeout: float = 10.0) -> Answer:
+    """One request to ``path``, signed as an SDK signs it, on a fresh connection."""
+    return exchange(url, raw_request(path, body, signed_headers(path, body)), timeout=timeout)
+
+
 def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> Any:
     """What the ``tablestore`` SDK makes of ``answer`` to a request to ``path``: the
     ``OTSServiceError`` it raises (the service's error shape), ``None`` (a success), or the
@@ -183,5 +243,5 @@ def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> An
 
 
 __all__ = ["AK", "INSTANCE", "ROUTES", "SK", "TUNNEL_REQUESTS", "Answer", "exchange",
-           "fill_required", "raw_request", "request_type", "sample_request", "sdk_verdict",
-           "signed_headers", "with_text"]
+           "fill_required", "nested_condition", "post", "put_row_body", "raw_request",
+           "request_type", "sample_request", "sdk_verdict", "signed_headers", "with_text"]
