@@ -123,9 +123,57 @@ def store_channel_id(wire_id: str) -> str:
 # --- tokens -----------------------------------------------------------------------------------
 
 
+#: Deepest JSON nesting a store token's text may have (the store's own tokens are one flat
+#: object); a token nested deeper is refused before any JSON parser sees it.
+MAX_TOKEN_JSON_DEPTH = 4
+
+
+def json_depth_exceeds(text: bytes, limit: int) -> bool:
+    """Whether JSON ``text`` opens more than ``limit`` arrays/objects inside each other
+    (brackets inside strings do not count). One pass, no recursion: safe on any input,
+    so it runs before ``json.loads`` on text a client sent."""
+    depth, in_string, escaped = 0, False, False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
+def _token_json(local_token: str) -> bytes | None:
+    """The JSON text inside a store token (base64), or None if it is not base64."""
+    try:
+        return base64.b64decode(local_token.encode("ascii"), validate=True)
+    except (ValueError, UnicodeError, binascii.Error):
+        return None
+
+
 def _local_seq(local_token: str) -> int:
-    body = json.loads(base64.b64decode(local_token))
-    return int(body["s"])
+    """The sequence a store token stands for (the store's tokens: ``{"t", "c", "s"}``);
+    400 for a text that is not one, however it is nested."""
+    raw = _token_json(local_token)
+    if raw is None or json_depth_exceeds(raw, MAX_TOKEN_JSON_DEPTH):
+        raise parameter_invalid("Invalid token: not a tunnel token.")
+    try:
+        body = json.loads(raw)
+        seq = body["s"]
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+        raise parameter_invalid("Invalid token: not a tunnel token.") from None
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise parameter_invalid("Invalid token: not a tunnel token.")
+    return seq
 
 
 def wire_token(local_token: str, base: bool) -> str:
@@ -164,6 +212,10 @@ def local_token(token: str, channel_id: str) -> str:
     inner = content.iterator or content.primary_key.decode("ascii", "replace")
     if not inner:
         raise bad("empty token")
+    text = _token_json(inner) if inner != FINISHED else None
+    if text is not None and json_depth_exceeds(text, MAX_TOKEN_JSON_DEPTH):
+        # the store parses its tokens' JSON: nesting it never writes stops here
+        raise bad(f"nested deeper than {MAX_TOKEN_JSON_DEPTH} levels")
     return str(inner)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import pytest
 import urllib3
@@ -23,7 +24,12 @@ from tablestore_emulator.server import EmulatorServer
 from tablestore_emulator.tunnel_clients import ChannelState, ClientGone, TunnelClients
 from testkit.emulator import INSTANCE, KEY_ID, SECRET
 from testkit.tunnel_harnesses import LocalHarness
-from tests.contract.tunnel_service_contract import TunnelServiceContract, call, refused
+from tests.contract.tunnel_service_contract import (
+    TunnelServiceContract,
+    call,
+    create_tunnel,
+    refused,
+)
 
 
 class Clock:
@@ -175,3 +181,46 @@ def test_base_channels_go_by_the_sdk_name_on_the_wire(service_harness: EmulatorS
     assert store_name.code == "OTSParameterInvalid"
     with pytest.raises(ServiceError, match="tunnel_id is required"):
         h.transport.call("/tunnel/getrpo", m.GetRpoRequest().SerializeToString())
+
+
+# --- tokens a client made up -------------------------------------------------------------
+
+
+def _wire_token_of(inner_json: bytes) -> str:
+    """A wire token (base64 ``Token`` v2) carrying ``inner_json`` as the store's token."""
+    import base64
+
+    inner = base64.b64encode(inner_json).decode("ascii")
+    content = m.TokenContentV2(iterator=inner, total_count=0)
+    envelope = m.Token(version=2, content=content.SerializeToString())
+    return base64.b64encode(envelope.SerializeToString()).decode("ascii")
+
+
+NESTED_JSON = {
+    "arrays": b"[" * 100_000 + b"]" * 100_000,
+    "objects": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    "inside a token": b'{"t":"t","c":"x","s":' + b"[" * 5000 + b"]" * 5000 + b"}",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NESTED_JSON))
+@pytest.mark.parametrize("route", ["/tunnel/readrecords", "/tunnel/checkpoint"])
+def test_a_token_of_deeply_nested_json_is_400(service_harness: EmulatorServiceHarness,
+                                              route: str, kind: str) -> None:
+    h = service_harness
+    h.create_table("t", 1)
+    tid = create_tunnel(h, "t")
+    desc = call(h, "/tunnel/describe", m.DescribeTunnelRequest(table_name="t", tunnel_name="tun"),
+                m.DescribeTunnelResponse)
+    channel = desc.channels[0].channel_id
+    token = _wire_token_of(NESTED_JSON[kind])
+    request: Any
+    if route == "/tunnel/readrecords":
+        request = m.ReadRecordsRequest(tunnel_id=tid, client_id="c", channel_id=channel,
+                                       token=token)
+    else:
+        request = m.CheckpointRequest(tunnel_id=tid, client_id="c", channel_id=channel,
+                                      checkpoint=token, sequence_number=1)
+    refusal = refused(h, route, request)
+    assert (refusal.http_status, refusal.code) == (400, "OTSParameterInvalid"), refusal
+    assert "token" in str(refusal).lower()
