@@ -40,6 +40,7 @@ from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
 from meta_store.errors import (
     CorruptMetaRecordError,
     EndCheckpointConflictError,
+    MetaStoreRequestError,
     TransientMetaStoreError,
     UnknownBatchError,
 )
@@ -61,7 +62,11 @@ _STATE_RANK = {BatchState.MINTED: 0, BatchState.PLANNED: 1, BatchState.COMMITTED
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """A stored record: frozen, no unknown field, and no time or count that is not a finite
+    number (a stored ``"NaN"`` or ``1e999`` is a corrupt row, not a float that breaks every
+    reader of it later)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 def _added_later(description: str) -> Any:
@@ -166,13 +171,61 @@ class EndCheckpoint(_Frozen):
         return f"token={self.token!r} seq={self.sequence_number} records={self.records}"
 
 
+#: the largest manifest JSON a meta store writes or reads back, compressed or not (16 MiB: tens
+#: of thousands of channels). Checked when written (``MetaStoreRequestError``); a stored
+#: manifest past it is a corrupt row (``CorruptMetaRecordError``) and is not parsed, so a
+#: reader's time and memory stay bounded whatever another writer left in the table.
+MAX_MANIFEST_JSON_BYTES = 16 * 1024 * 1024
+
+
+def validation_reason(exc: ValidationError) -> str:
+    """The first problem pydantic found, prefixed with the field it is in
+    (``channels.0.token: Input should be a valid string``)."""
+    errors = exc.errors()
+    if not errors:
+        return str(exc)
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    msg = str(first.get("msg", exc))
+    return f"{where}: {msg}" if where else msg
+
+
 def parse_record(model: type[_Frozen], raw: str | bytes, *, store: str, key: str) -> _Frozen:
-    """Decode a stored JSON row; a row that is not ours raises ``CorruptMetaRecordError``."""
+    """Decode a stored JSON row; a row that is not ours raises ``CorruptMetaRecordError``
+    naming the row and the field (a non-finite time included; nesting is bounded by pydantic's
+    parser at 200 levels)."""
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        reason = exc.errors()[0].get("msg", str(exc)) if exc.errors() else str(exc)
-        raise CorruptMetaRecordError(store=store, key=key, reason=reason) from None
+        raise CorruptMetaRecordError(store=store, key=key, reason=validation_reason(exc)
+                                     ) from None
+
+
+def stored_manifest_json(store: str, uuid: str, manifest: Manifest) -> str:
+    """``manifest`` as the JSON a backend stores (driver, ``put_manifest`` /
+    ``create_batch``); ``MetaStoreRequestError`` past ``MAX_MANIFEST_JSON_BYTES``, which no
+    reader would take back."""
+    raw = manifest.model_dump_json()
+    if len(raw) > MAX_MANIFEST_JSON_BYTES or len(raw.encode()) > MAX_MANIFEST_JSON_BYTES:
+        raise MetaStoreRequestError(
+            store=store, operation="put_manifest",
+            reason=f"batch {uuid!r}: the manifest of {len(manifest.channels)} channels is "
+            f"{len(raw.encode())} bytes of JSON, over the {MAX_MANIFEST_JSON_BYTES} a meta "
+            "store reads back (read fewer channels per tunnel)")
+    return raw
+
+
+def oversized_manifest(stored: str | bytes) -> str | None:
+    """Why a stored manifest cell is too large to parse (``MAX_MANIFEST_JSON_BYTES``), or
+    None: checked before parsing, by length (a character is at least one byte)."""
+    size = len(stored)
+    if size <= MAX_MANIFEST_JSON_BYTES and isinstance(stored, str) \
+            and size * 4 > MAX_MANIFEST_JSON_BYTES:
+        size = len(stored.encode("utf-8", "surrogatepass"))
+    if size > MAX_MANIFEST_JSON_BYTES:
+        return (f"the manifest is {'at least ' if isinstance(stored, str) else ''}{size} bytes "
+                f"of JSON, over the {MAX_MANIFEST_JSON_BYTES} any meta store writes")
+    return None
 
 
 #: compare-and-set rounds of ``take_lease`` before it gives up (each lost to another writer)

@@ -57,7 +57,16 @@ from typing import Any, ClassVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from meta_store.base import BatchRecord, EndCheckpoint, Manifest, MetaStore, parse_record
+from meta_store.base import MAX_MANIFEST_JSON_BYTES as MAX_MANIFEST_JSON_BYTES
+from meta_store.base import (
+    BatchRecord,
+    EndCheckpoint,
+    Manifest,
+    MetaStore,
+    oversized_manifest,
+    parse_record,
+    validation_reason,
+)
 from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError, TransientMetaStoreError
 
 #: sort keys: batch rows, end checkpoints, the namespace's description, DynamoDB's index
@@ -72,11 +81,9 @@ BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_b
 _NAMESPACE_INFO = TypeAdapter(dict[str, str])
 #: a batch row's ``doc``: a JSON object (pydantic's parser: nesting bounded at 200 levels)
 _DOC = TypeAdapter(dict[str, Any])
-#: the largest manifest JSON written or read, compressed or not (16 MiB: tens of thousands of
-#: channels). Checked when written; a compressed cell is inflated at most this far when read,
-#: so a cell that inflates further (a few hundred KB can inflate to hundreds of MB) is refused
-#: as corrupt without allocating it.
-MAX_MANIFEST_JSON_BYTES = 16 * 1024 * 1024
+#: ``MAX_MANIFEST_JSON_BYTES`` (``meta_store.base``): checked when written; a compressed cell is
+#: inflated at most this far when read, so a cell that inflates further (a few hundred KB can
+#: inflate to hundreds of MB) is refused as corrupt without allocating it.
 #: put-if-absent: attempts when the stored row vanishes (gc) between the put and the read
 _PUT_ROUNDS = 3
 
@@ -227,6 +234,9 @@ class KeyValueMetaStore(MetaStore):
             manifest: Manifest | None = None
             if stored is not None:
                 raw = self._inflate(key, stored) if isinstance(stored, bytes) else stored
+                too_large = oversized_manifest(raw)
+                if too_large is not None:
+                    raise self._corrupt(key, too_large)
                 parsed = parse_record(Manifest, raw, store=self.uri, key=key + "/manifest")
                 assert isinstance(parsed, Manifest)
                 manifest = parsed
@@ -237,7 +247,7 @@ class KeyValueMetaStore(MetaStore):
         except KeyError as exc:
             raise self._corrupt(key, f"{self.cell} {exc} is missing") from None
         except ValidationError as exc:
-            raise self._corrupt(key, exc.errors()[0].get("msg", str(exc))) from None
+            raise self._corrupt(key, validation_reason(exc)) from None
         except (ValueError, TypeError, zlib.error) as exc:
             raise self._corrupt(key, str(exc)) from None
         if sk != batch_sk(batch.uuid):

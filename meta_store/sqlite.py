@@ -59,7 +59,9 @@ from meta_store.base import (
     EndCheckpoint,
     Manifest,
     MetaStore,
+    oversized_manifest,
     parse_record,
+    stored_manifest_json,
 )
 from meta_store.errors import (
     CorruptMetaRecordError,
@@ -313,6 +315,9 @@ class SqliteMetaStore(MetaStore):
         if manifest is not None:
             if not isinstance(manifest, str | bytes):
                 raise self._corrupt(key, f"manifest column holds {type(manifest).__name__}")
+            too_large = oversized_manifest(manifest)
+            if too_large is not None:
+                raise self._corrupt(key + "/manifest", too_large)
             parsed = parse_record(Manifest, manifest, store=self.uri, key=key + "/manifest")
             batch = batch.model_copy(update={"manifest": parsed})
         return batch
@@ -342,7 +347,8 @@ class SqliteMetaStore(MetaStore):
     # --- primitives -----------------------------------------------------------------------
 
     def _put_batch_if_absent(self, namespace: str, record: BatchRecord) -> BatchRecord:
-        manifest = record.manifest.model_dump_json() if record.manifest is not None else None
+        manifest = (stored_manifest_json(self.uri, record.uuid, record.manifest)
+                    if record.manifest is not None else None)
 
         def put(conn: sqlite3.Connection) -> BatchRecord:
             conn.execute(
@@ -364,6 +370,8 @@ class SqliteMetaStore(MetaStore):
     def _set_manifest_if_absent(
         self, namespace: str, uuid: str, manifest: Manifest
     ) -> BatchRecord:
+        stored_json = stored_manifest_json(self.uri, uuid, manifest)
+
         def put(conn: sqlite3.Connection) -> BatchRecord:
             stored = self._select_batch(conn, namespace, uuid)
             if stored is None:
@@ -375,7 +383,7 @@ class SqliteMetaStore(MetaStore):
             conn.execute(
                 "UPDATE cdc_batches SET record = ?, manifest = ?, state_rank = ?"
                 " WHERE ns = ? AND uuid = ? AND manifest IS NULL",
-                (self._batch_json(updated), manifest.model_dump_json(), state.rank,
+                (self._batch_json(updated), stored_json, state.rank,
                  namespace, uuid),
             )
             return updated

@@ -11,8 +11,10 @@ tools skip and name it (``InspectedStore``, the ``meta`` CLI).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import struct
+import time
 import tracemalloc
 import uuid as uuidlib
 import zlib
@@ -25,7 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from meta_store import open_meta_store
-from meta_store.base import BatchState, ChannelStart, Manifest, MetaStore
+from meta_store.base import BatchState, ChannelStart, EndCheckpoint, Manifest, MetaStore
 from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError
 from meta_store.kv_layout import MAX_MANIFEST_JSON_BYTES
 from tablestore_cdc.cli import app
@@ -144,6 +146,105 @@ def test_a_namespace_info_cell_of_another_type_or_too_deep(
     store, path = sqlite_store
     _sql(path, "UPDATE cdc_namespaces SET info = ? WHERE ns = ?", cell, NS)
     assert corrupt(lambda: store.get_namespace_info(NS)).fields["key"] == f"{NS}/info"
+
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", '"NaN"', '"inf"']
+
+
+def _json_cell(path: Path, table: str, column: str, where: str, field: str, value: Any) -> None:
+    """Set ``field`` of the JSON in ``table.column`` (rows ``where``) to the JSON text
+    ``value`` (a number or a bare ``NaN``), as another writer could have stored it."""
+    with sqlite3.connect(path) as conn:
+        for rowid, text in conn.execute(f"SELECT rowid, {column} FROM {table} WHERE {where}"):
+            head = json.dumps({**json.loads(text), field: "@"})
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
+                         (head.replace('"@"', str(value)), rowid))
+
+
+@pytest.mark.parametrize("value", NON_FINITE, ids=str)
+@pytest.mark.parametrize("column, field", [("manifest", "planned_at"),
+                                           ("record", "created_at"),
+                                           ("record", "committed_at")])
+def test_a_non_finite_time_in_a_batch_row(sqlite_store: tuple[MetaStore, Path], column: str,
+                                          field: str, value: Any) -> None:
+    """A stored ``NaN`` or infinite time passed validation as a float and broke every command
+    that formats it later: now the row is corrupt, the error names the field, and the
+    inspection commands skip and name the row."""
+    store, path = sqlite_store
+    store.put_manifest(NS, "b0", None, make_manifest(2))
+    store.mark_committed(NS, "b0", now=1001)
+    _json_cell(path, "cdc_batches", column, "uuid = 'b0'", field, value)
+    error = corrupt(lambda: store.get_batch(NS, "b0"))
+    assert error.fields["key"].startswith(f"{NS}/batch/b0")
+    assert error.fields["reason"] == f"{field}: Input should be a finite number"
+    assert InspectedStore(store).list_batches(NS) == []
+    for command in (["meta", "batches"], ["meta", "batches", "--json"], ["progress"]):
+        result = CliRunner().invoke(app, [*command, "--meta", f"sqlite://{path}"])
+        assert result.exit_code == 0, result.output
+        assert "finite number" in result.stderr and "Traceback" not in result.output
+    shown = CliRunner().invoke(app, ["meta", "show", "b0", "--meta", f"sqlite://{path}"])
+    assert shown.exit_code == 2 and "unexpected" not in shown.stderr
+    assert shown.stderr.startswith("error: ") and "finite number" in shown.stderr
+
+
+@pytest.mark.parametrize("value", NON_FINITE[:3], ids=str)
+def test_a_non_finite_time_in_an_end_checkpoint(sqlite_store: tuple[MetaStore, Path],
+                                                value: Any) -> None:
+    store, path = sqlite_store
+    manifest = make_manifest(1)
+    store.put_manifest(NS, "b0", None, manifest)
+    channel = manifest.channels[0].channel_id
+    store.put_end_checkpoint(NS, "b0", EndCheckpoint(
+        channel_id=channel, start_token="t0", token="t1", sequence_number=1, records=1,
+        attempt="a", written_at=1002.0))
+    _json_cell(path, "cdc_end_checkpoints", "record", "uuid = 'b0'", "written_at", value)
+    error = corrupt(lambda: store.get_end_checkpoints(NS, "b0"))
+    assert error.fields["reason"] == "written_at: Input should be a finite number"
+    assert InspectedStore(store).get_end_checkpoints(NS, "b0") == {}
+    result = CliRunner().invoke(app, ["meta", "show", "b0", "--json", "--meta",
+                                      f"sqlite://{path}"])
+    assert result.exit_code == 0, result.output
+    assert "finite number" in result.stderr
+
+
+def test_a_manifest_past_the_bound_is_corrupt_and_not_parsed(
+        sqlite_store: tuple[MetaStore, Path]) -> None:
+    """A 30 MB manifest (200,000 channels) another writer left: refused by its length before
+    it is parsed, so reading it costs what the cell costs, not a parse of 200,000 channels;
+    ``meta show`` ends in one line well within seconds."""
+    store, path = sqlite_store
+    one = make_manifest(1).model_dump(mode="json")
+    channel = one["channels"][0]
+    one["channels"] = [dict(channel, channel_id=f"c{i:08d}", token="x" * 100)
+                       for i in range(200_000)]
+    cell = json.dumps(one)
+    assert len(cell) > 30_000_000
+    _sql(path, "UPDATE cdc_batches SET manifest = ? WHERE uuid = 'b0'", cell)
+    errors: list[CorruptMetaRecordError] = []
+    peak = peak_mib(lambda: errors.append(corrupt(lambda: store.get_batch(NS, "b0"))))
+    assert f"over the {MAX_MANIFEST_JSON_BYTES} any meta store writes" in errors[0].fields[
+        "reason"]
+    assert errors[0].fields["key"] == f"{NS}/batch/b0/manifest"
+    assert peak < 3 * len(cell) / (1 << 20), f"reading the row allocated {peak:.0f} MiB"
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["meta", "show", "b0", "--meta", f"sqlite://{path}"])
+    assert time.monotonic() - started < 20
+    assert result.exit_code == 2 and result.stderr.startswith("error: ")
+    assert "any meta store writes" in result.stderr
+
+
+def test_a_manifest_over_the_bound_is_refused_when_written_to_sqlite(
+        sqlite_store: tuple[MetaStore, Path]) -> None:
+    """SQLite keeps the bound its reader enforces, as the key-value backends do."""
+    store, _ = sqlite_store
+    big = Manifest(channels=tuple(
+        ChannelStart(channel_id=f"ch-{i:05d}", token="t" * 20_000, sequence_number=i,
+                     max_records=1) for i in range(900)), planned_at=1.0)
+    with pytest.raises(MetaStoreRequestError, match="over the 16777216 a meta store reads back"):
+        store.put_manifest(NS, "b0", None, big)
+    with pytest.raises(MetaStoreRequestError, match="over the 16777216"):
+        store.create_batch(NS, "b1", None, state=BatchState.PLANNED, manifest=big)
+    assert store.get_batch(NS, "b0").manifest is None
 
 
 # --- DynamoDB and Tablestore: the key-value layout -------------------------------------------
@@ -267,6 +368,8 @@ def test_a_manifest_cell_that_inflates_to_256_mib_is_refused_unallocated(
     ({"compressed": b"not zlib at all"}, ""),
     ({"state": 3}, ""),
     ({"committed_at": "yesterday"}, ""),
+    ({"doc": '{"uuid": "b0", "prev_uuid": null, "created_at": NaN}'}, "finite number"),
+    ({"manifest": '{"channels": [], "planned_at": Infinity}'}, "planned_at: Input should be"),
 ], ids=lambda v: repr(v)[:30])
 def test_a_batch_row_of_another_shape(kv: tuple[KvBackend, MetaStore], cells: dict[str, Any],
                                       words: str) -> None:
