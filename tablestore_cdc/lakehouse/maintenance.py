@@ -66,13 +66,15 @@ class Optimized:
 
 
 def optimize(uri: str, vacuum_hours: int | None = None,
-             expire_hours: float | None = None) -> Optimized:
-    """Compact the Delta table at ``uri`` (a ``--target`` URI) and vacuum it if asked; expire
-    an Iceberg table's old snapshots and vacuum it, as asked (module doc)."""
+             expire_hours: float | None = None,
+             target_options: Mapping[str, str] | None = None) -> Optimized:
+    """Compact the Delta table at ``uri`` (a ``--target`` URI, local or in an object store,
+    with replicate's ``--target-option``s as ``target_options``) and vacuum it if asked;
+    expire an Iceberg table's old snapshots and vacuum it, as asked (module doc)."""
     from tablestore_cdc.lakehouse.delta import DeltaApplySink
     from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
 
-    sink = open_apply_sink(uri)
+    sink = open_apply_sink(uri, target_options=target_options)
     if isinstance(sink, IcebergApplySink):
         return _optimize_iceberg(uri, sink, vacuum_hours, expire_hours)
     assert isinstance(sink, DeltaApplySink)

@@ -31,6 +31,7 @@ from rich.progress import (
 )
 
 from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.lakehouse.target import parse_target_options
 from tablestore_cdc.reconcile.run import TableReport, as_json, json_value, reconcile_table
 from tablestore_cdc.reconcile.source import SourceSpec
 from tablestore_cdc.source_flags import reader_options, source_endpoint
@@ -63,9 +64,13 @@ def reconcile(
     table: Annotated[list[str], typer.Option(
         help="The table to reconcile (repeatable: each with the target --target names).")],
     target: Annotated[str | None, typer.Option(
-        help="The copy: delta:///abs/path or iceberg:///abs/warehouse?table=namespace.table, "
-        "as replicate's --target; {table} stands for the table's name (default: "
-        "delta://OUTPUT/TABLE with --output).")] = None,
+        help="The copy, as replicate's --target: delta:///abs/path, delta+s3://bucket/prefix, "
+        "iceberg:///abs/warehouse?table=namespace.table or iceberg://catalog/namespace.table; "
+        "{table} stands for the table's name (default: delta://OUTPUT/TABLE with --output).")]
+    = None,
+    target_option: Annotated[list[str] | None, typer.Option(
+        help="replicate's --target-option KEY=VALUE (repeatable): a delta-rs storage option "
+        "or an Iceberg catalog property.")] = None,
     output: Annotated[Path | None, typer.Option(
         help="replicate's --output: the default target is delta://OUTPUT/TABLE.")] = None,
     store: Annotated[Path | None, typer.Option(
@@ -108,6 +113,8 @@ def reconcile(
         fail(f"--target: with several --table, the target must contain {TABLE_PLACEHOLDER}")
     err = Console(stderr=True)
     reports: list[TableReport] = []
+    with reported_errors():
+        target_options = parse_target_options(target_option)
     with reported_errors(), Progress(
             TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TimeElapsedColumn(), console=err, transient=True,
@@ -117,7 +124,8 @@ def reconcile(
             reports.append(reconcile_table(
                 spec, target.replace(TABLE_PLACEHOLDER, name),
                 soft_delete_column=soft_delete_column, ignore=ignore_column or (),
-                in_flight=in_flight, progress=BarProgress(bar, name)))
+                in_flight=in_flight, progress=BarProgress(bar, name),
+                target_options=target_options))
     if as_json_flag:
         typer.echo(json.dumps({"ok": all(r.ok for r in reports),
                                "tables": [as_json(r, limit) for r in reports]}, indent=2))

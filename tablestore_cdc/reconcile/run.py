@@ -11,7 +11,7 @@ re-snapshot's range on the first key column) limit both reads to that range.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,13 +59,15 @@ class TableReport:
 def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: str | None = None,
                     ignore: Iterable[str] = (), in_flight: bool = True,
                     progress: Progress | None = None, key_from: Any = None,
-                    key_to: Any = None) -> TableReport:
+                    key_to: Any = None,
+                    target_options: Mapping[str, str] | None = None) -> TableReport:
     """Compare ``spec``'s table with the table at ``target_uri`` (module docstring), only the
-    keys whose first column is in ``[key_from, key_to)`` when either is given. Raises the
-    product's errors for a bad source, target or option."""
+    keys whose first column is in ``[key_from, key_to)`` when either is given;
+    ``target_options``: replicate's ``--target-option``s. Raises the product's errors for a
+    bad source, target or option."""
     started = time.monotonic()
     options = spec.source_options()
-    target = open_target_table(target_uri, soft_delete_column)
+    target = open_target_table(target_uri, soft_delete_column, target_options)
     applied = target.applied() if in_flight else None
     with open_source_table(spec) as source:
         layout = CompareLayout.build(source.schema, target.schema,

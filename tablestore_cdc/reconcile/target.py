@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from cdc_common.uris import redact_uri
 from tablestore_cdc.lakehouse import END_AT, START_AT, open_apply_sink
 from tablestore_cdc.reconcile.errors import TargetMissingError
 
 if TYPE_CHECKING:
     from tablestore_cdc.reconcile.keyrange import KeyRange
 
-#: target URI scheme -> "module:class" of its reader (this package)
+#: target format -> "module:class" of its reader (this package)
 _READERS = {"delta": "tablestore_cdc.reconcile.target_delta:DeltaTargetTable",
             "iceberg": "tablestore_cdc.reconcile.target_iceberg:IcebergTargetTable"}
 
@@ -101,14 +101,21 @@ class TargetTable(ABC):
         return None
 
 
-def open_target_table(uri: str, soft_delete_column: str | None = None) -> TargetTable:
-    """The reader of the table at ``uri`` (``delta:///...`` or ``iceberg:///...?table=...``).
-    ``TargetUriError`` for a bad URI, ``TargetMissingError`` when no table is there."""
-    sink = open_apply_sink(uri)  # parses the URI (one place for its forms) and opens the table
+def open_target_table(uri: str, soft_delete_column: str | None = None,
+                      target_options: Mapping[str, str] | None = None) -> TargetTable:
+    """The reader of the table at ``uri`` (any ``--target`` form: ``delta:///...``,
+    ``delta+s3://...``, ``iceberg:///...?table=...``, ``iceberg://CATALOG/ns.table``; with
+    replicate's ``--target-option``s as ``target_options``). ``TargetUriError`` for a bad URI,
+    ``TargetMissingError`` when no table is there."""
+    from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
+
+    # parses the URI (one place for its forms) and opens the table
+    sink = open_apply_sink(uri, target_options=target_options)
     table = sink.table()  # type: ignore[attr-defined]
     if table is None:
-        raise TargetMissingError(target=uri)
-    module, _, name = _READERS[urlsplit(uri).scheme].partition(":")
+        raise TargetMissingError(target=redact_uri(uri))
+    kind = "iceberg" if isinstance(sink, IcebergApplySink) else "delta"
+    module, _, name = _READERS[kind].partition(":")
     reader: TargetTable = getattr(importlib.import_module(module), name)(
         uri, table, soft_delete_column)
     return reader

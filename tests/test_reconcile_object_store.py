@@ -1,0 +1,123 @@
+"""``reconcile`` and ``lake optimize`` on targets in object storage: a Delta table in a moto S3
+bucket (``delta+s3://``) and an Iceberg table of a catalog pyiceberg's environment configuration
+names, its warehouse in the bucket (``iceberg://CATALOG/ns.t``). Both are built by the real
+apply sink from a real embedded store's change stream (``testkit.reconcile.apply_stream``), then
+a row is changed behind the product's back with deltalake / pyiceberg; the commands run through
+the real CLI."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyiceberg")
+pytest.importorskip("polars")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from tablestore_cdc.cli import app  # noqa: E402
+from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
+from testkit.lakehouse import CatalogIceberg, S3Delta, batch, change  # noqa: E402
+from testkit.reconcile import apply_stream  # noqa: E402
+from tests.test_reconcile import make_store  # noqa: E402
+
+runner = CliRunner()
+NO_HTTP = {"AWS_ALLOW_HTTP": "true"}
+
+
+@pytest.fixture
+def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the moto server, which ``AWS_ENDPOINT_URL`` names."""
+    import boto3
+
+    name = f"lake-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
+        Bucket=name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    return name
+
+
+def reconcile_json(store: Path, target: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    result = runner.invoke(app, ["reconcile", "--store", str(store), "--table", "t",
+                                 "--target", target, "--json", *extra])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_reconcile_finds_a_row_changed_in_an_s3_delta_table(
+        tmp_path: Path, bucket: str, moto_endpoint: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltalake import DeltaTable
+
+    store = make_store(tmp_path / "store.db", keys=60, changes=200, split=False)
+    target = f"delta+s3://{bucket}/lake/t"
+    apply_stream(f"local://{store.path}", "t", open_apply_sink(target))
+    code, document = reconcile_json(store.path, target)
+    assert (code, document["ok"]) == (0, True)
+    assert document["tables"][0]["rows"]["target"] == store.count_rows("t")
+
+    table = DeltaTable(f"s3://{bucket}/lake/t", storage_options=NO_HTTP)
+    key = sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist())[0]
+    table.update(predicate=f"id = {key}", updates={"qty": "-1"})
+    # the endpoint given as a --target-option instead of the environment
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    code, document = reconcile_json(store.path, target, "--target-option",
+                                    f"aws_endpoint_url={moto_endpoint}")
+    (report,) = document["tables"]
+    assert code == 1 and report["differences"]["DIFFERENT"] == 1
+    assert report["listed"][0]["key"] == {"id": key}
+
+
+def test_reconcile_finds_a_row_changed_in_an_iceberg_table_of_a_catalog(
+        tmp_path: Path, bucket: str, moto_endpoint: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyiceberg.expressions import EqualTo
+
+    catalog = CatalogIceberg("lake", tmp_path / "catalog.db", f"s3://{bucket}/wh",
+                             moto_endpoint)
+    for key, value in catalog.catalog_env.items():
+        monkeypatch.setenv(key, value)
+    store = make_store(tmp_path / "store.db", keys=60, changes=200, split=False)
+    target = "iceberg://lake/cdc.t"
+    apply_stream(f"local://{store.path}", "t", open_apply_sink(target))
+    code, document = reconcile_json(store.path, target)
+    assert (code, document["ok"]) == (0, True)
+
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("lake", **catalog.properties).load_table("cdc.t")
+    rows = table.scan().to_arrow().to_pylist()
+    row = min(rows, key=lambda r: r["id"])
+    row["qty"] = -1
+    table.overwrite(type(table.scan().to_arrow()).from_pylist(
+        [row], schema=table.schema().as_arrow()), overwrite_filter=EqualTo("id", row["id"]))
+    code, document = reconcile_json(store.path, target)
+    (report,) = document["tables"]
+    assert code == 1 and report["differences"]["DIFFERENT"] == 1
+    assert report["listed"][0]["key"] == {"id": row["id"]}
+
+
+def test_lake_optimize_compacts_an_s3_delta_table_and_vacuums_it(bucket: str) -> None:
+    from deltalake import DeltaTable
+
+    target = S3Delta(bucket)
+    sink = target.sink()
+    for batch_id in range(4):  # new keys only: each batch appends a file of its own
+        sink.apply(batch(*(change("PUT", "c", batch_id * 10 + i, batch_id, batch_id * 10 + i,
+                                  f"n{i}", i) for i in range(3))), "q", batch_id)
+    rows = sorted(r["id"] for r in target.rows())
+    assert len(target.table().file_uris()) == 4
+    result = runner.invoke(app, ["lake", "optimize", "--target", target.uri,
+                                 "--vacuum-hours", "0"])
+    assert result.exit_code == 0, result.output
+    assert "4 file(s) compacted into 1; 4 unreferenced file(s) removed" in result.output
+    after = DeltaTable(target.table_uri, storage_options=NO_HTTP)
+    assert (sorted(r["id"] for r in target.rows()), len(after.file_uris())) == (rows, 1)
+    refused = runner.invoke(app, ["lake", "optimize", "--target", target.uri,
+                                  "--target-option", "aws_s3_allow_unsafe_rename=true"])
+    assert refused.exit_code == 2 and "is refused" in refused.output
