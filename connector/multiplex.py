@@ -26,8 +26,14 @@ A new table joins a batch with its initial offset (nothing of it is read in that
 read from the next one on, from its tunnel's start (its existing rows, then its changes). A
 table that is no longer listed, or whose protocol fails, is *stopped*: its offset is carried
 unchanged from batch to batch (frozen), it is not planned, and the others go on; a restart
-tries it again. ``table_states`` says what each table is doing (also in Spark's progress report,
-``reportLatestOffset``).
+tries it again. A table whose protocol fails with a *retryable* error (``CdcError.retryable``:
+the source or the meta store unreachable, throttled, a 5xx) is not stopped but *restarting*: its
+protocol is closed, its offset stays frozen, and it is opened and asked again after a capped
+exponential backoff (``cdc_common.backoff``, the job's own rule; ``tables.retryBackoff``,
+``tables.maxRetries``: forever by default), whichever step the error came from (opening it,
+``latestOffset``, ``commit``); once the service answers it resumes exactly where it stopped.
+Only a configuration or data error leaves a table ``failed``. ``table_states`` says what each
+table is doing (also in Spark's progress report, ``reportLatestOffset``).
 
 Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is called;
 ``MultiTableStreamReader`` in Spark's planning process (driver); its ``read`` on executors.
@@ -51,6 +57,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StringType, StructField, StructType
 
+from cdc_common.backoff import RestartPolicy, parse_backoff
 from cdc_common.errors import CdcError
 from cdc_common.schema_change import DEFAULT_POLICY
 from connector import spark_compat as compat
@@ -76,7 +83,11 @@ log = logging.getLogger("connector.multiplex")
 TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
 TABLE_OPTIONS = "tables.options"
 MAX_PARTITIONS = "tables.maxPartitions"
-MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS, MAX_PARTITIONS)
+#: a table failing with a retryable error is tried again on this backoff, this many times in a
+#: row (``cdc_common.backoff``; unset: forever)
+RETRY_BACKOFF, MAX_RETRIES = "tables.retryBackoff", "tables.maxRetries"
+MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS, MAX_PARTITIONS, RETRY_BACKOFF,
+                 MAX_RETRIES)
 #: the options ``tables.options`` may set for one table: how its rows are read, and its read
 #: limits (a trigger's and a channel's)
 PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op", "maxOffsetsPerTrigger",
@@ -151,6 +162,9 @@ class MultiTableOptions:
     meta_table: str | None = None
     #: the most Spark partitions a batch is read in (``tables.maxPartitions``; ``deal``)
     max_partitions: int = dataclasses.field(default_factory=lambda: default_max_partitions())
+    #: when a table failing with a retryable error is tried again (``tables.retryBackoff``,
+    #: ``tables.maxRetries``)
+    retry: RestartPolicy = RestartPolicy()
 
     @classmethod
     def from_spark(cls, options: Mapping[str, str]) -> MultiTableOptions:
@@ -166,13 +180,16 @@ class MultiTableOptions:
         excluded = by_lower.get(EXCLUDE, (EXCLUDE, None))[1]
         per_table = by_lower.get(TABLE_OPTIONS.lower())
         max_partitions = by_lower.get(MAX_PARTITIONS.lower())
+        retry = _retry_policy(by_lower.get(RETRY_BACKOFF.lower(), (None, None))[1],
+                              by_lower.get(MAX_RETRIES.lower(), (None, None))[1])
         built = cls(TableSelection.parse(by_lower[TABLES][1], excluded),
                     int(refresh) / 1000.0,
                     tuple(sorted((k, v) for k, v in options.items()
                                  if k.lower() not in {o.lower() for o in MULTI_OPTIONS})),
                     _per_table_options(per_table[1]) if per_table else (),
                     max_partitions=(_positive(MAX_PARTITIONS, max_partitions[1])
-                                    if max_partitions else default_max_partitions()))
+                                    if max_partitions else default_max_partitions()),
+                    retry=retry)
         # every other option is checked now, at load()
         meta_table = own_meta_table(built.for_table("placeholder"))
         for table, _ in built.per_table:
@@ -201,16 +218,32 @@ class MultiTableOptions:
         return SourceOptions.from_spark({**shared, **own, "table.name": table})
 
 
-def _positive(option: str, value: str) -> int:
-    """An integer >= 1, parsed as leniently as every other integer option (docs/options.md:
-    ``" 7 "``, ``"1_000"``, ``"5.0"``); ``OptionError`` naming ``option`` otherwise."""
+def _positive(option: str, value: str, minimum: int = 1) -> int:
+    """An integer >= ``minimum``, parsed as leniently as every other integer option
+    (docs/options.md: ``" 7 "``, ``"1_000"``, ``"5.0"``); ``OptionError`` naming ``option``
+    otherwise."""
     from pydantic import Field, TypeAdapter, ValidationError
 
     try:
-        return int(TypeAdapter(Annotated[int, Field(ge=1)]).validate_python(value))
+        return int(TypeAdapter(Annotated[int, Field(ge=minimum)]).validate_python(value))
     except ValidationError:
-        raise OptionError(option=option, value=value, problem="is not an integer >= 1",
-                          allowed="an integer >= 1, e.g. 8") from None
+        raise OptionError(option=option, value=value, problem=f"is not an integer >= {minimum}",
+                          allowed=f"an integer >= {minimum}, e.g. 8") from None
+
+
+def _retry_policy(backoff: str | None, max_retries: str | None) -> RestartPolicy:
+    """``tables.retryBackoff`` (``FIRST[:MAX]`` seconds) and ``tables.maxRetries`` (an
+    integer >= 0; unset: forever) as a policy; ``OptionError`` naming the option."""
+    first, cap = RestartPolicy().first_s, RestartPolicy().max_s
+    if backoff is not None:
+        try:
+            first, cap = parse_backoff(backoff)
+        except ValueError:
+            raise OptionError(option=RETRY_BACKOFF, value=backoff,
+                              problem="is not FIRST[:MAX] seconds with 0 < FIRST <= MAX",
+                              allowed="e.g. 1:60 (the default), 5, 0.5:30") from None
+    limit = None if max_retries is None else _positive(MAX_RETRIES, max_retries, minimum=0)
+    return RestartPolicy(first, cap, limit)
 
 
 def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
@@ -305,20 +338,30 @@ def default_max_partitions() -> int:
 
 class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
     """Spark's handle on a multi-table query (module docstring). Needs PySpark 4.2+ (the
-    start and the read limit passed to ``latestOffset``)."""
+    start and the read limit passed to ``latestOffset``).
 
-    def __init__(self, options: MultiTableOptions) -> None:
+    ``clients``: the seam that opens every table's clients in the planning process (its
+    fault hook, and its clock, by which a restarting table's next try is timed); None: the
+    environment's, as in production. Executors read through their own pool."""
+
+    def __init__(self, options: MultiTableOptions, clients: Clients | None = None) -> None:
         self.options = options
+        self._clients = clients
         self._protocols: dict[str, Any] = {}
         self._schemas: dict[str, TableSchema] = {}
         self._admin: Any = None  # the tunnel client that lists tables (planning process)
         self._listed: list[str] = []
         self._listed_at = float("-inf")
         #: table -> "streaming", "new", "dropped", "failed: <reason>", "waiting: <reason>"
-        #: (its lease held by another process: tried again, ``LEASE_RETRY_S``) (planning
-        #: process)
+        #: (its lease held by another process: tried again, ``LEASE_RETRY_S``),
+        #: "restarting: <reason> (attempt n, next in s)" (a retryable error: tried again on
+        #: ``options.retry``'s backoff) (planning process)
         self.table_states: dict[str, str] = {}
         self._lease_retry_at: dict[str, float] = {}
+        #: a restarting table's retryable failures in a row, and when (``_now``) it is tried
+        #: again
+        self._attempts: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
         #: table -> the start UUID of the batch latestOffset last saw, and its lag reporter
         self._last_starts: dict[str, str] = {}
         self._reporters: dict[str, Any] = {}
@@ -331,8 +374,13 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # live clients never travel to executors
-        state.update(_protocols={}, _admin=None, _reporters={}, _lease_retry_at={})
+        state.update(_protocols={}, _admin=None, _reporters={}, _lease_retry_at={},
+                     _clients=None, _retry_at={})
         return state
+
+    def _now(self) -> float:
+        """The seam's clock (seconds; a test's fake one moves only when told)."""
+        return (self._clients or Clients()).clock()
 
     # --- tables (planning process) ----------------------------------------------------------
 
@@ -343,26 +391,39 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             return self._listed  # a run that ends: no table joins once it has begun
         if now - self._listed_at >= self.options.refresh_s:
             if self._admin is None:
-                self._admin = Clients().tunnel(self.options.for_table("placeholder").endpoint)
+                self._admin = (self._clients or Clients()).tunnel(
+                    self.options.for_table("placeholder").endpoint)
             self._listed = self.options.selection.select(
                 [n for n in self._admin.list_tables() if n != self.options.meta_table])
             self._listed_at = now
         return self._listed
 
-    def _protocol(self, table: str) -> Any:
+    def _protocol(self, table: str, *, must: bool = False) -> Any:
         """The table's protocol, opened on first use; None for a stopped table, and for one
-        waiting for its lease until its next try."""
+        waiting for its lease or restarting until its next try. ``must``: a logged batch
+        reads the table, so it is tried now and an error opening it is raised (the query
+        fails, and the job's restart replays the batch)."""
         if self.table_states.get(table, "").startswith(("dropped", "failed")):
             return None
+        if must:
+            self._lease_retry_at.pop(table, None)
+            self._retry_at.pop(table, None)
         if time.monotonic() < self._lease_retry_at.get(table, float("-inf")):
+            return None
+        if table in self._retry_at and self._now() < self._retry_at[table]:
             return None
         if table not in self._protocols:
             from connector.protocol import StreamProtocol
 
+            protocol = None
             try:
-                protocol = StreamProtocol(self.options.for_table(table))
+                protocol = StreamProtocol(self.options.for_table(table), self._clients)
                 declared = protocol.options.declared_schema(protocol.tunnel.table_schema(table))
             except CdcError as exc:
+                if protocol is not None:
+                    self._close(table, protocol)
+                if must:
+                    raise
                 self._stop(table, exc)
                 return None
             self._protocols[table], self._schemas[table] = protocol, declared
@@ -375,9 +436,29 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         """Stop reading ``table``: its offset stays frozen, the other tables go on. A lease
         held by another process (``SourceInUseError``) only pauses it: it is tried again
         after ``LEASE_RETRY_S`` (the holder may be this query's own killed process, taken
-        over once another table proves it, or a lease about to expire)."""
+        over once another table proves it, or a lease about to expire). A retryable error
+        only pauses it too (``restarting``): it is tried again on ``options.retry``'s
+        backoff; when the policy gives up, the error is raised (the query fails, and the
+        job's restart policy takes over)."""
         from connector.errors import UnknownTableError
 
+        if isinstance(reason, CdcError) and reason.retryable:
+            attempt = self._attempts.get(table, 0) + 1
+            self._attempts[table] = attempt
+            self._close(table, self._protocols.pop(table, None))
+            self._reporters.pop(table, None)
+            if self.options.retry.gives_up(attempt):
+                log.warning("table %s: %d retryable failures in a row (tables.maxRetries): "
+                            "the query fails", table, attempt)
+                raise reason
+            delay = self.options.retry.delay(attempt)
+            self._retry_at[table] = self._now() + delay
+            first_line = (str(reason).splitlines() or [type(reason).__name__])[0]
+            self.table_states[table] = (f"restarting: {first_line} (attempt {attempt}, "
+                                        f"next in {delay:.1f} s)")
+            log.warning("table %s restarting (attempt %d, next in %.1f s): %s; the other "
+                        "tables go on", table, attempt, delay, first_line)
+            return
         if isinstance(reason, SourceInUseError):
             state = f"waiting: {reason}"
             self._lease_retry_at[table] = time.monotonic() + LEASE_RETRY_S
@@ -387,13 +468,30 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         if self.table_states.get(table) != state:
             log.warning("table %s stopped (%s); the other tables go on", table, state)
         self.table_states[table] = state
-        protocol = self._protocols.pop(table, None)
+        self._close(table, self._protocols.pop(table, None))
         self._reporters.pop(table, None)
+
+    @staticmethod
+    def _close(table: str, protocol: Any) -> None:
+        """Close a table's protocol; an error (the service it lost) is only logged."""
         if protocol is not None:
             try:
                 protocol.close()
             except CdcError as exc:
                 log.debug("closing table %s: %s", table, exc)
+
+    def _answered(self, table: str) -> None:
+        """``table``'s protocol answered ``latestOffset``: a table waiting for its lease or
+        restarting after a retryable error streams again (its offset moves from where it
+        stopped), and its next failure counts from one."""
+        self._attempts.pop(table, None)
+        self._retry_at.pop(table, None)
+        state = self.table_states.get(table, "")
+        if state.startswith(("waiting", "restarting")):
+            if state.startswith("restarting"):
+                log.warning("table %s answers again: streaming from where it stopped", table)
+            self.table_states[table] = "streaming"  # its lease is this query's now
+            self._lease_retry_at.pop(table, None)
 
     # --- driver (planning process) ----------------------------------------------------------
 
@@ -427,6 +525,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 raise
             self._stop(table, exc)
             return None
+        self._answered(table)
         return offset
 
     def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's API name (PySpark 4.2+)
@@ -460,9 +559,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 ends[table] = protocol.latest_offset(offset, trigger_limits(
                     protocol.options, all_available=passed.all_available))
                 self._last_starts[table] = protocol.uuid_of(offset)
-                if self.table_states.get(table, "").startswith("waiting"):
-                    self.table_states[table] = "streaming"  # its lease is this query's now
-                    self._lease_retry_at.pop(table, None)
+                self._answered(table)
             except CdcError as exc:
                 self._stop(table, exc)
         for table in sorted(listed - set(ends)):  # new: joins with its initial offset
@@ -528,11 +625,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             if start_offset is None or start_offset == end_offset:
                 continue  # joined with this batch, or stopped: nothing to read
             protocol = self._protocol(table)
-            if protocol is None and self.table_states.get(table, "").startswith("waiting"):
-                # a logged batch reads it: try its lease now (refused: the query fails on
-                # SourceInUseError, and a restart tries again)
-                self._lease_retry_at.pop(table, None)
-                protocol = self._protocol(table)
+            if protocol is None and self.table_states.get(table, "").startswith(
+                    ("waiting", "restarting")):
+                # a logged batch reads it: try it now (refused: the query fails on
+                # SourceInUseError or the retryable error, and the job's restart tries again)
+                protocol = self._protocol(table, must=True)
             if protocol is None and self.table_states.get(table) == "dropped":
                 # dropped after Spark logged this batch: its rows went with it; its target
                 # keeps what was applied, and its offset stays frozen from here on
@@ -567,7 +664,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     def stop(self) -> None:
         for table in list(self._protocols):
-            self._protocols.pop(table).close()
+            self._close(table, self._protocols.pop(table))
         if self._admin is not None:
             self._admin.close()
             self._admin = None

@@ -14,7 +14,10 @@ its rows of that batch and of every later one are held in ``<out>/_held/<table>/
 file per batch, written before the batch commits) while the other tables go on. A restart
 first applies a failed table's held batches in batch order under their own batch ids (``resume
 _held``), with the settings it is given now, then starts the queries: the table resumes exactly
-where it stopped. Docs: docs/multi-table.md.
+where it stopped. A *retryable* error of a table's apply (``CdcError.retryable``: the object
+store or the meta store not answering, throttled) fails no table: it is raised, so the batch
+fails, the job restarts the query (``pipeline.job``) and the replayed batch is applied again
+exactly (each target's batch marker skips what it holds). Docs: docs/multi-table.md.
 """
 
 from __future__ import annotations
@@ -136,6 +139,8 @@ class MultiTableApply:
             try:
                 self._apply(table, rows, app_id, batch_id)
             except CdcError as exc:
+                if exc.retryable:
+                    raise  # an outage: the batch fails and its replay applies it
                 self._fail(table, batch_id, exc)
                 self._hold(table, batch_id, rows)
         if tables:
@@ -168,22 +173,28 @@ class MultiTableApply:
     def resume_held(self, app_id: str | None) -> None:
         """Before the queries start (a restart): apply each failed table's held batches in
         order, under their own batch ids (a batch its target already holds is skipped), with
-        the settings given now. A table whose batch is refused again stays failed."""
+        the settings given now. A table whose batch is refused again stays failed. A
+        retryable error (an outage) is raised with the table still failed and its batches
+        still held, so the job's next start resumes it again from the same batch."""
         for table in [t for t, s in self.tables.items() if s.state == "failed"]:
             held = sorted((self.out / "_held" / table).glob("*.parquet"))
             if app_id is None:
                 continue
+            failed = self.tables[table]
             self.tables[table] = AppliedTable()
-            (self._failed_dir / f"{table}.failed").unlink(missing_ok=True)
             for path in held:
                 batch_id = int(path.stem)
                 try:
                     self._apply(table, pq.read_table(path), app_id, batch_id)
                 except CdcError as exc:
+                    if exc.retryable:
+                        self.tables[table] = failed
+                        raise
                     self._fail(table, batch_id, exc)
                     break
                 path.unlink()
             else:
+                (self._failed_dir / f"{table}.failed").unlink(missing_ok=True)
                 log.info("table %s resumed: %d held batch(es) applied", table, len(held))
 
 
