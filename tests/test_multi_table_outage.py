@@ -31,7 +31,12 @@ from connector.proxy import ClientProxy
 from connector.tunnel import TunnelService
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.metrics import TableMetrics
-from tablestore_cdc.pipeline.multi_table import MultiTableApply, MultiTablePipeline
+from tablestore_cdc.pipeline.multi_table import (
+    MultiTableApply,
+    MultiTablePipeline,
+    retry_options,
+)
+from tablestore_cdc.pipeline.restarts import RestartPolicy, restart_policy
 from testkit.clock import FakeClock
 
 TABLES = ("a", "b")
@@ -285,6 +290,16 @@ def test_a_bad_retry_option_is_refused_naming_it(tmp_path: Path, options: dict,
     with pytest.raises(OptionError) as raised:
         MultiTableOptions.from_spark({**base, **options})
     assert raised.value.fields["option"] == option
+
+
+@pytest.mark.parametrize("policy", [RestartPolicy(), restart_policy("0.5:30", 4),
+                                    restart_policy("5", 0)])
+def test_the_job_s_restart_policy_is_the_one_a_table_is_retried_on(
+        tmp_path: Path, policy: RestartPolicy) -> None:
+    options = MultiTableOptions.from_spark({
+        "endpoint": f"local://{tmp_path}/s.db", "tunnel.name": "t", "tables": "*",
+        **retry_options(policy)})
+    assert options.retry == policy
 
 
 class _Progress:

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cdc_common.backoff import RestartPolicy
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
 from connector.clients import crash_point
@@ -279,6 +280,17 @@ def check_target_template(target: str) -> None:
                                allowed="a template such as delta:///lake/{table}")
 
 
+def retry_options(retry: RestartPolicy) -> dict[str, str]:
+    """The source options that make a multi-table query retry a table on ``retry`` (the
+    job's restart policy): ``tables.retryBackoff`` and, when bounded, ``tables.maxRetries``."""
+    from connector.multiplex import MAX_RETRIES, RETRY_BACKOFF
+
+    options = {RETRY_BACKOFF: f"{retry.first_s}:{retry.max_s}"}
+    if retry.max_restarts is not None:
+        options[MAX_RETRIES] = str(retry.max_restarts)
+    return options
+
+
 def _max_partitions(spark: Any) -> str:
     """``tables.maxPartitions`` for the cluster the session runs on: two per core Spark
     schedules tasks on (its default parallelism: every executor's cores); when the session
@@ -297,23 +309,30 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
                                options: dict[str, str] | None = None,
                                trigger_ms: int = 0, per_table: Callable[
                                    [str], tuple[ApplySettings, tuple[str, ...] | None]]
-                               | None = None, *, once: bool = False) -> MultiTablePipeline:
+                               | None = None, *, once: bool = False,
+                               retry: RestartPolicy | None = None) -> MultiTablePipeline:
     """Start the multi-table change-log and apply queries (driver): every table of
     ``endpoint`` matching ``tables`` (comma-separated globs) and none of ``exclude``, into
     ``apply.target`` with ``{table}`` replaced by each table's name. A failed table's held
     batches are applied first (``MultiTableApply.resume_held``). ``once``: Trigger.AvailableNow,
     as ``start_pipeline`` (the change log of every table is read to its bound, then applied,
-    and both queries end)."""
+    and both queries end). ``retry``: the job's restart policy, which a table failing with a
+    retryable error is retried on inside the query (``tables.retryBackoff``,
+    ``tables.maxRetries``, unless ``options`` sets them); None: the source's default (1 s to
+    60 s, forever)."""
     check_target_template(apply.target)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
         reader = reader.option("exclude", exclude)
-    from connector.multiplex import MAX_PARTITIONS
+    from connector.multiplex import MAX_PARTITIONS, MAX_RETRIES, RETRY_BACKOFF
 
     options = dict(options or {})
-    if not any(key.lower() == MAX_PARTITIONS.lower() for key in options):
+    given = {key.lower() for key in options}
+    if MAX_PARTITIONS.lower() not in given:
         options[MAX_PARTITIONS] = _max_partitions(spark)
+    if retry is not None and not given & {RETRY_BACKOFF.lower(), MAX_RETRIES.lower()}:
+        options.update(retry_options(retry))
     for key, value in options.items():
         reader = reader.option(key, value)
     changes = reader.load()
