@@ -92,6 +92,11 @@ def replicate(
     adopt_target: Annotated[bool, typer.Option(
         help="Take over a target table this job did not create (its keys and their types are "
         "checked); without it such a table is refused, unchanged.")] = False,
+    target_option: Annotated[list[str] | None, typer.Option(
+        help="A delta-rs storage option or an Iceberg catalog property of the target, "
+        "KEY=VALUE (repeatable), e.g. aws_region=eu-central-1; credentials come from the "
+        "environment, a profile or a file it names, and a secret's value is never shown.")]
+    = None,
     tunnel: Annotated[str, typer.Option(help="Tunnel name (created if missing).")]
     = "replicate",
     option: Annotated[list[str] | None, typer.Option(
@@ -120,17 +125,22 @@ def replicate(
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
     output = output.resolve()
+    with reported_errors():
+        from tablestore_cdc.lakehouse.target import parse_target_options
+
+        target_options = tuple(parse_target_options(target_option).items())
     if tables is not None:
         if table is not None:
             fail("--table and --tables: give one of them")
         from tablestore_cdc.multi_table_cli import replicate_tables
 
         apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
-                              soft_delete_column, adopt_target)
+                              soft_delete_column, adopt_target, target_options)
         given = frozenset(name for name in ("target", "scd", "schema_drift",
                                             "soft_delete_column", "adopt_target")
                           if ctx.get_parameter_source(name)
-                          is click.core.ParameterSource.COMMANDLINE)
+                          is click.core.ParameterSource.COMMANDLINE) | (
+                              {"target_options"} if target_options else set())
         with reported_errors():
             policy = restart_policy(restart_backoff, max_restarts)
         code = replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra,
@@ -143,7 +153,7 @@ def replicate(
     if "schema.change.behavior" not in {key.lower() for key in extra}:
         extra["schema.change.behavior"] = schema_drift
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
-                          soft_delete_column, adopt_target)
+                          soft_delete_column, adopt_target, target_options)
     with reported_errors(), flags_named():
         from tablestore_cdc.lakehouse import open_apply_sink
 

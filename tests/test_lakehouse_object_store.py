@@ -188,3 +188,41 @@ def test_an_iceberg_catalog_option_overrides_its_configuration(bucket, moto_endp
         "s3.endpoint": moto_endpoint, "s3.region": "us-east-1"})
     assert sink.apply(FIRST, "q", 0).committed
     assert [r["id"] for r in sink.table().scan().to_arrow().to_pylist()] == [1]
+
+
+def test_target_options_come_from_the_flag_or_a_tables_config(tmp_path) -> None:
+    """``--target-option`` is refused, unshown, when it is not KEY=VALUE; a table's
+    ``target_options`` in the ``--config`` TOML reach its apply settings."""
+    import subprocess
+    import sys
+
+    from connector.local import LocalTablestore
+    from tablestore_cdc.pipeline import ApplySettings
+    from tablestore_cdc.pipeline.table_config import load_table_config
+
+    LocalTablestore(tmp_path / "s.db")  # the flag is checked before the store is read
+    result = subprocess.run(
+        [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--output", str(tmp_path),
+         "--store", str(tmp_path / "s.db"), "--table", "t", "--target",
+         "delta+s3://b/p", "--target-option", "aws_secret_access_key:hunter2"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "not KEY=VALUE" in result.stderr and "hunter2" not in result.stderr
+    config = tmp_path / "tables.toml"
+    config.write_text('[defaults]\ntarget = "delta+s3://lake/{table}"\n'
+                      '[tables.orders]\ntarget_options = {aws_region = "eu-central-1"}\n')
+    base = ApplySettings("delta:///unused/{table}")
+    settings, _ = load_table_config(config).for_table("orders", base)
+    assert (settings.target, dict(settings.target_options)) == (
+        "delta+s3://lake/{table}", {"aws_region": "eu-central-1"})
+    assert dict(load_table_config(config).for_table("users", base)[0].target_options) == {}
+    # the multi-table apply opens each table's sink with its options
+    from tablestore_cdc.pipeline.multi_table import MultiTableApply
+
+    opened: list[dict[str, Any]] = []
+    settings = ApplySettings("delta+s3://lake/{table}",
+                             target_options=(("aws_region", "eu-central-1"),))
+    MultiTableApply(settings, "local://store", tmp_path / "out",
+                    open_sink=lambda uri, **kw: opened.append({"uri": uri, **kw})).sink("orders")
+    assert [(o["uri"], o["target_options"]) for o in opened] == [
+        ("delta+s3://lake/orders", {"aws_region": "eu-central-1"})]

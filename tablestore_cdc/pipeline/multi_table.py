@@ -118,7 +118,8 @@ class MultiTableApply:
                                         schema_drift=s.schema_drift,
                                         soft_delete_column=s.soft_delete_column,
                                         source=f"{self.source}#{table}",
-                                        adopt_target=s.adopt_target)
+                                        adopt_target=s.adopt_target,
+                                        target_options=dict(s.target_options))
         return self._sinks[table]
 
     def __call__(self, df: Any, batch_id: int) -> None:

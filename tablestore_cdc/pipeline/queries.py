@@ -131,6 +131,9 @@ class ApplySettings:
     schema_drift: str = "lenient"
     soft_delete_column: str | None = None
     adopt_target: bool = False
+    #: ``--target-option KEY=VALUE`` pairs: delta-rs storage options or Iceberg catalog
+    #: properties (``tablestore_cdc.lakehouse.target``)
+    target_options: tuple[tuple[str, str], ...] = ()
 
 
 def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path,
@@ -157,7 +160,8 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
                            schema_drift=apply.schema_drift,
                            soft_delete_column=apply.soft_delete_column,
                            source=f"{redact_uri(endpoint)}#{table}",
-                           adopt_target=apply.adopt_target)
+                           adopt_target=apply.adopt_target,
+                           target_options=dict(apply.target_options))
     listener = _attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})

@@ -63,6 +63,8 @@ class TableSettings(BaseModel):
                           "add", "keep"] | None = None
     soft_delete_column: str | None = Field(default=None, min_length=1)
     target: str | None = Field(default=None, min_length=1)
+    #: the target's storage options or catalog properties (``--target-option``)
+    target_options: dict[str, str] | None = None
     keys: tuple[str, ...] | None = Field(default=None, min_length=1)
     snapshot_op: Literal["PUT", "READ"] | None = None
     max_offsets_per_trigger: int | None = Field(default=None, ge=1)
