@@ -27,10 +27,13 @@ from connector.errors import (
     InvalidChannelOperationError,
     InvalidCheckpointError,
     InvalidRowError,
+    MalformedTokenError,
     OptionError,
     TableExistsError,
     TrimmedDataError,
+    UnknownChannelError,
     UnknownTableError,
+    UnknownTunnelError,
 )
 from connector.local import LocalTablestore
 from connector.tunnel import open_tunnel_service
@@ -44,6 +47,8 @@ from connector.tunnel.base import (
 )
 from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.local.channels import KEY_SPACE
+from connector.tunnel.local.names import InvalidNameError
+from connector.tunnel.local.tunnels import MAX_TOKEN_DEPTH, encode_token, json_depth_exceeds
 from connector.tunnel.local.values import key_hash
 from tablestore_cdc.local_cli import app as cli_app
 from testkit.tunnel_harnesses import LocalHarness
@@ -150,6 +155,98 @@ def test_create_table_errors(store: LocalTablestore) -> None:
     with pytest.raises(InvalidChannelOperationError, match="channels must be an integer"):
         store.create_table("u", [("k", "STRING")], channels=0)
     assert store.list_tables() == ["t"]
+
+
+BAD_NAMES = ["x\ud800", "\udcff", "t\n", "t\x00u", "\tt", "t\x7f", "t\x85"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=ascii)
+def test_a_name_with_a_surrogate_or_control_character_is_refused_when_created(
+        store: LocalTablestore, name: str) -> None:
+    """SQLite cannot store a lone surrogate (it raised UnicodeEncodeError), and no name of the
+    service holds a control character: each is an ``InvalidNameError`` naming the field."""
+    svc = LocalTunnelService(store)
+    for field, call in (
+            ("table name", lambda: store.create_table(name, [("id", "INTEGER")])),
+            ("key column name", lambda: store.create_table("u", [(name, "INTEGER")])),
+            ("column name", lambda: store.create_table("u", [("id", "INTEGER")],
+                                                      [(name, "STRING")])),
+            ("tunnel name", lambda: svc.create_tunnel("t", name))):
+        with pytest.raises(InvalidNameError) as info:
+            call()
+        assert isinstance(info.value, InvalidRowError)
+        assert str(info.value).startswith(f"{field} {name!r} is not a valid name: it holds a")
+        str(info.value).encode("utf-8")  # printable as it is
+    assert store.list_tables() == ["t"] and svc.list_tunnels() == []
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=ascii)
+def test_a_name_with_a_surrogate_or_control_character_is_unknown_when_looked_up(
+        store: LocalTablestore, name: str) -> None:
+    """Every lookup by such a name ends in the lookup's own "does not exist" error (what the
+    emulator maps to 400), with the reason, before the name reaches SQLite."""
+    svc = LocalTunnelService(store)
+    tid = svc.create_tunnel("t", "tun").tunnel_id
+    channel = store.list_channels("t")[0].channel_id
+    token = svc.get_checkpoint(tid, channel).token
+    lookups: list[tuple[type[Exception], Any]] = [
+        (UnknownTableError, lambda: store.put_row(name, {"id": 1, "region": "x"}, {})),
+        (UnknownTableError, lambda: store.get_row(name, {"id": 1})),
+        (UnknownTableError, lambda: store.scan(name)),
+        (UnknownTableError, lambda: store.drop_table(name)),
+        (UnknownTableError, lambda: store.list_channels(name)),
+        (UnknownTableError, lambda: svc.create_tunnel(name, "tun2")),
+        (UnknownTableError, lambda: svc.list_tunnels(name)),
+        (UnknownTunnelError, lambda: svc.describe_tunnel("t", name)),
+        (UnknownTunnelError, lambda: svc.delete_tunnel("t", name)),
+        (UnknownTunnelError, lambda: svc.get_checkpoint(name, channel)),
+        (UnknownTunnelError, lambda: svc.head_sequences(name)),
+        (UnknownChannelError, lambda: svc.get_checkpoint(tid, name)),
+        (UnknownChannelError, lambda: svc.checkpoint(tid, name, Checkpoint(token, 1))),
+        (UnknownChannelError, lambda: svc.read_records(tid, name, token, 10)),
+        (InvalidChannelOperationError, lambda: store.split_channel("t", name)),
+        (InvalidChannelOperationError, lambda: store.merge_channels("t", name, channel)),
+    ]
+    for expected, call in lookups:
+        with pytest.raises(expected) as info:
+            call()
+        str(info.value).encode("utf-8")
+    assert svc.describe_tunnel("t", "tun").tunnel.tunnel_id == tid
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+@pytest.mark.parametrize("token", [
+    _b64(b"[" * 100_000), _b64(b'{"t":' * 50_000), _b64(b'{"t":"t","c":[[[[[1]]]]],"s":1}'),
+    _b64(b'{"t":"t","c":"ch-0000","s":' + b"[" * 5_000 + b"]" * 5_000 + b"}"),
+    "A" * 100_000, _b64(b'{"t":"t","c":"ch-0000","s":1e999}'), "\ud800",
+], ids=lambda t: ascii(t[:12]))
+def test_a_nested_or_oversized_token_is_malformed_in_every_call(
+        store: LocalTablestore, token: str) -> None:
+    """A token whose JSON nests deeper than ``MAX_TOKEN_DEPTH`` raised RecursionError in the
+    reads, the lag and the checkpoint push: now ``MalformedTokenError`` before any JSON parser
+    sees it, and its message stays short whatever the token's length."""
+    svc = LocalTunnelService(store)
+    tid = svc.create_tunnel("t", "tun").tunnel_id
+    store.put_row("t", {"id": 1, "region": "x"}, {"n": 1})
+    channel = store.list_channels("t")[0].channel_id
+    for call in (lambda: svc.read_records(tid, channel, token, 10),
+                 lambda: svc.lag(tid, {channel: token}),
+                 lambda: svc.has_new_data(tid, {channel: token}),
+                 lambda: svc.checkpoint(tid, channel, Checkpoint(token, 1))):
+        with pytest.raises((MalformedTokenError, InvalidCheckpointError)) as info:
+            call()
+        assert len(str(info.value)) < 400
+
+
+def test_the_token_depth_bound_is_above_the_stores_own_tokens(store: LocalTablestore) -> None:
+    assert not json_depth_exceeds(base64.b64decode(encode_token("t", "ch-0000", 7)),
+                                  MAX_TOKEN_DEPTH)
+    assert json_depth_exceeds(b"[" * (MAX_TOKEN_DEPTH + 1), MAX_TOKEN_DEPTH)
+    assert not json_depth_exceeds(b'["[[[[[[[[[[", {"a": "{{{{{{{{"}]', MAX_TOKEN_DEPTH)
+    assert not json_depth_exceeds(b'["\\", "\\\"[[[[[[["]', MAX_TOKEN_DEPTH)
 
 
 def test_batch_write_is_atomic(store: LocalTablestore) -> None:

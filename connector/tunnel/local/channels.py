@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector.errors import InvalidChannelOperationError
+from connector.tunnel.local.names import name_problem
 
 #: The hash space channels cut into ranges: [0, KEY_SPACE).
 KEY_SPACE = 2**32
@@ -107,7 +108,9 @@ def channel_rows(conn: sqlite3.Connection, table: str) -> list[ChannelRow]:
 
 
 def channel_row(conn: sqlite3.Connection, table: str, channel_id: str) -> ChannelRow | None:
-    """One channel, or ``None``."""
+    """One channel, or ``None`` (also for an id no channel can have: ``names``)."""
+    if name_problem(channel_id) is not None or name_problem(table) is not None:
+        return None
     row = conn.execute(
         f"SELECT {CHANNEL_COLUMNS} FROM cdc_channels WHERE table_name = ? AND channel_id = ?",
         (table, channel_id),

@@ -78,6 +78,7 @@ from connector.tunnel.base import (
 from connector.tunnel.local import tunnels
 from connector.tunnel.local.changelog import commit_times, read_changes
 from connector.tunnel.local.channels import channel_rows
+from connector.tunnel.local.names import check_new_name, check_tunnel
 from connector.tunnel.local.segments import read_page
 from connector.tunnel.local.store import LocalTablestore
 from connector.tunnel.local.tunnels import TunnelChannel, TunnelRow
@@ -151,6 +152,7 @@ class LocalTunnelService(TunnelService):
 
     def _tunnel_by_name(self, conn: Any, table: str, name: str) -> TunnelRow:
         self.store.require_table(conn, table)
+        check_tunnel(name, table)
         tunnel_id = tunnels.tunnel_id_by_name(conn, table, name)
         if tunnel_id is None:
             raise UnknownTunnelError(tunnel=name, table=table)
@@ -186,8 +188,7 @@ class LocalTunnelService(TunnelService):
         ``start_at_us``: each channel starts before its first change committed at or after
         that instant (``tunnels.start_at``)."""
         tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
-        if not isinstance(tunnel_name, str) or not tunnel_name:
-            raise ValueError(f"a tunnel name must be a non-empty string, got {tunnel_name!r}")
+        check_new_name("tunnel name", tunnel_name)
         if start_at_us is not None and tunnel_type is not TunnelType.STREAM:
             raise ValueError("a start instant applies to a Stream tunnel")
         tunnel = TunnelRow(

@@ -51,6 +51,7 @@ from connector.tunnel.base import ColumnSpec, Record, TableSchema
 from connector.tunnel.local import channels, rows
 from connector.tunnel.local.changelog import all_changes
 from connector.tunnel.local.channels import ChannelRow, cut_key_space
+from connector.tunnel.local.names import check_new_name, check_table
 from connector.tunnel.local.rows import WriteOp
 from connector.tunnel.local.schema import create_tables, delete_table_data, missing_tables
 from connector.tunnel.local.values import COLUMN_TYPES, KEY_TYPES, loads_values
@@ -172,6 +173,7 @@ class LocalTablestore:
         """
         if not isinstance(name, str) or not name:
             raise InvalidRowError(table=name, reason="a table name must be a non-empty string")
+        check_new_name("table name", name)
         if not primary_key:
             raise InvalidRowError(table=name, reason="a table needs at least one key column")
         if not isinstance(channels, int) or isinstance(channels, bool) or not 1 <= channels <= 1024:
@@ -187,6 +189,7 @@ class LocalTablestore:
                 typ_u = str(typ).upper()
                 if not isinstance(col, str) or not col:
                     raise InvalidRowError(table=name, reason=f"{kind} name {col!r} is not valid")
+                check_new_name(f"{kind} name", col)
                 if col in seen:
                     raise InvalidRowError(table=name, reason=f"column {col!r} is declared twice")
                 if typ_u not in allowed:
@@ -238,9 +241,11 @@ class LocalTablestore:
         return self._schemas[table]
 
     def require_table(self, conn: sqlite3.Connection, table: str) -> TableSchema:
-        """Inside a transaction: the table's schema, or ``UnknownTableError``."""
+        """Inside a transaction: the table's schema, or ``UnknownTableError`` (also for a
+        name no table can have: ``names.check_table``)."""
         if table in self._schemas:
             return self._schemas[table]
+        check_table(table, self.endpoint)
         row = conn.execute("SELECT schema_json FROM cdc_tables WHERE name = ?", (table,)).fetchone()
         if row is None:
             raise UnknownTableError(table=table, endpoint=self.endpoint)

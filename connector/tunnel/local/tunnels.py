@@ -11,6 +11,9 @@ Tokens are standard base64 of a small JSON ``{"t": table, "c": channel, "s": seq
 "after sequence s of channel c". They do not depend on the tunnel, so a position can be
 compared across tunnels of a table. ``FINISHED`` is the literal ``"finished"``. Stored
 checkpoints hold them, so their format is part of the file's (tests/test_local_store_format.py).
+A token comes back from anywhere (a meta-table row, a Spark checkpoint, the emulator's
+requests): one longer than ``MAX_TOKEN_CHARS`` or whose JSON nests deeper than
+``MAX_TOKEN_DEPTH`` is a ``MalformedTokenError`` before any JSON parser sees it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from connector.tunnel.local.channels import (
     channel_row,
     channel_rows,
 )
+from connector.tunnel.local.names import check_channel, check_tunnel, name_problem
 from connector.tunnel.local.rows import rows_in_hash_range
 
 #: the channel columns of ``channels.CHANNEL_COLUMNS`` as ``c.``-qualified (a join's)
@@ -97,13 +101,58 @@ def encode_token(table: str, channel_id: str, seq: int) -> str:
     return base64.b64encode(raw.encode("utf-8")).decode("ascii")
 
 
-@functools.lru_cache(maxsize=4096)
+#: the longest token text decoded (the store's own are base64 of a table and a channel name
+#: and a number: far shorter); a longer one is malformed without being decoded or cached
+MAX_TOKEN_CHARS = 64 * 1024
+#: how deep a token's JSON may nest: the store writes one flat object (depth 1); a deeper one
+#: is malformed before ``json.loads``, whose recursion a nested text would exhaust
+MAX_TOKEN_DEPTH = 4
+
+
+def json_depth_exceeds(text: bytes, limit: int) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects deeper than ``limit``: one linear
+    scan, brackets inside strings skipped (no recursion, whatever the text)."""
+    depth, in_string, escaped = 0, False, False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
 def _token_fields(token: str) -> tuple[Any, Any, Any] | str:
-    """(table, channel id, sequence) a token's text holds, else why it is no local-store token;
-    parsed once per text (a driver pushes and reads the same tokens again and again)."""
+    """(table, channel id, sequence) a token's text holds, else why it is no local-store
+    token (an over-long text is refused before the cache)."""
+    if len(token) > MAX_TOKEN_CHARS:
+        return f"longer than {MAX_TOKEN_CHARS} characters"
+    return _cached_token_fields(token)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_token_fields(token: str) -> tuple[Any, Any, Any] | str:
+    """``_token_fields``, parsed once per text (a driver pushes and reads the same tokens
+    again and again)."""
     try:
-        body = json.loads(base64.b64decode(token.encode("ascii"), validate=True))
+        raw = base64.b64decode(token.encode("ascii"), validate=True)
     except (ValueError, UnicodeError, binascii.Error):
+        return "not base64 of a local-store token"
+    if json_depth_exceeds(raw, MAX_TOKEN_DEPTH):
+        return f"its JSON nests deeper than {MAX_TOKEN_DEPTH} levels"
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeError, RecursionError):
         return "not base64 of a local-store token"
     if not isinstance(body, dict) or set(body) != {"t", "c", "s"}:
         return "not a local-store token"
@@ -116,7 +165,8 @@ def decode_token(token: Any, table: str, channel: TunnelChannel) -> int:
     cid = channel.channel_id
 
     def bad(reason: str) -> MalformedTokenError:
-        return MalformedTokenError(channel_id=cid, token=token, reason=reason)
+        shown = token if not isinstance(token, str) or len(token) <= 120 else token[:100] + "…"
+        return MalformedTokenError(channel_id=cid, token=shown, reason=reason)
 
     if not isinstance(token, str) or not token:
         raise bad("a token is a non-empty string")
@@ -138,6 +188,7 @@ def decode_token(token: Any, table: str, channel: TunnelChannel) -> int:
 
 def tunnel_by_id(conn: sqlite3.Connection, tunnel_id: str) -> TunnelRow:
     """The tunnel, or ``UnknownTunnelError``."""
+    check_tunnel(tunnel_id)
     row = conn.execute(
         "SELECT tunnel_id, table_name, tunnel_name, tunnel_type, start_position, created_at "
         "FROM cdc_tunnels WHERE tunnel_id = ?",
@@ -156,6 +207,8 @@ def _tunnel_from_row(row: tuple[Any, ...]) -> TunnelRow:
 
 def tunnel_id_by_name(conn: sqlite3.Connection, table: str, name: str) -> str | None:
     """The id of the tunnel named ``name`` on ``table``, or ``None``."""
+    if name_problem(name) is not None or name_problem(table) is not None:
+        return None  # no tunnel has such a name
     row = conn.execute(
         "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ? AND tunnel_name = ?",
         (table, name),
@@ -236,7 +289,9 @@ def tunnel_and_channel(conn: sqlite3.Connection, tunnel_id: str,
     """The tunnel and one of its channels (``UnknownTunnelError`` / ``UnknownChannelError``):
     for a stream channel, the tunnel's row, the channel's and its base channel's in one query
     (every checkpoint push and every read asks for both)."""
-    if not isinstance(channel_id, str) or channel_id.startswith(BASE_PREFIX):
+    check_tunnel(tunnel_id)
+    check_channel(channel_id, tunnel_id)
+    if channel_id.startswith(BASE_PREFIX):
         tunnel = tunnel_by_id(conn, tunnel_id)
         return tunnel, tunnel_channel(conn, tunnel, channel_id)
     row = conn.execute(
@@ -271,7 +326,8 @@ def _stream_channel(ch: ChannelRow, base_id: str | None) -> TunnelChannel:
 def tunnel_channel(conn: sqlite3.Connection, tunnel: TunnelRow, channel_id: str) -> TunnelChannel:
     """One channel of the tunnel (cheaper than ``tunnel_channels``), or
     ``UnknownChannelError``."""
-    if isinstance(channel_id, str) and channel_id.startswith(BASE_PREFIX):
+    check_channel(channel_id, tunnel.tunnel_id)
+    if channel_id.startswith(BASE_PREFIX):
         row = conn.execute(
             "SELECT head_seq FROM cdc_base_channels WHERE tunnel_id = ? AND channel_id = ?",
             (tunnel.tunnel_id, channel_id),
