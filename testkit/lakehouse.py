@@ -1,17 +1,23 @@
 """The apply sink's targets as the lakehouse tests reach them: a change batch of table
-``orders`` (``change``, ``batch``, two ready batches), and a Delta or an Iceberg target in a
-temporary directory with how to read it back and how another writer commits into it."""
+``orders`` (``change``, ``batch``, two ready batches), a real embedded store with a history
+and its change log cut into batches (``store_with_history``, ``source_batches``), and a Delta or
+an Iceberg target in a temporary directory, in a moto S3 bucket (``S3Delta``) or in a catalog
+pyiceberg's environment names (``CatalogIceberg``), with how to read it back and how another
+writer commits into it."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from connector.local import LocalTablestore
+from connector.tunnel.page import PageLayout, records_to_page
 from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
 from tablestore_cdc.verify import read_delta, read_iceberg
@@ -187,3 +193,51 @@ class CatalogIceberg:
     def other_writer(self, changes: pa.Table, scd: int) -> None:
         table = self.table()
         table.append(_rows_of(changes, table.schema().as_arrow(), scd))
+
+
+def store_with_history(path: Path, seed: int = 3, changes: int = 600) -> LocalTablestore:
+    """A real embedded store: puts, updates, deletes over 40 keys, two splits and a merge."""
+    rng = random.Random(seed)
+    store = LocalTablestore(path)
+    store.create_table("t", primary_key=[("id", "INTEGER")],
+                       columns=[("name", "STRING"), ("qty", "INTEGER")], channels=2)
+    for i in range(changes):
+        if i in (changes // 4, changes // 2):
+            store.split_channel("t", [c for c in store.list_channels("t") if not c.closed][0]
+                                .channel_id)
+        if i == 3 * changes // 4:
+            children = sorted((c for c in store.list_channels("t") if not c.closed
+                               and c.parent_ids), key=lambda c: c.range_lo)
+            a, b = next((a, b) for a, b in zip(children, children[1:], strict=False)
+                        if a.range_hi == b.range_lo)
+            store.merge_channels("t", a.channel_id, b.channel_id)
+        key = {"id": rng.randrange(40)}
+        roll = rng.random()
+        if roll < 0.2:
+            store.delete_row("t", key)
+        elif roll < 0.55:
+            store.update_row("t", key, {"qty": i} if i % 2 else {"qty": i, "name": None})
+        else:
+            store.put_row("t", key, {"name": f"n{i}", "qty": i})
+    return store
+
+
+def source_batches(store: LocalTablestore, size: int) -> list[pa.Table]:
+    """The change log as the source delivers it (``records_to_page`` per channel, plus
+    ``_channel_id``), cut into batches of ``size`` changes in log order, rows shuffled."""
+    layout = PageLayout.of_table(store.table_schema("t"))
+    log = store.change_log("t")
+    pages = []
+    for start in range(0, len(log), size):
+        chunk = log[start:start + size]
+        parts = []
+        for channel in dict.fromkeys(r.channel_id for r in chunk):
+            page = pa.Table.from_batches([records_to_page(
+                [r for r in chunk if r.channel_id == channel], layout)])
+            parts.append(page.append_column(pa.field("_channel_id", pa.string(), False),
+                                            pa.array([channel] * page.num_rows)))
+        table = pa.concat_tables(parts).select(SCHEMA.names)
+        order = list(range(table.num_rows))
+        random.Random(start).shuffle(order)
+        pages.append(table.take(order))
+    return pages

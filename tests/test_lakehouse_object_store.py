@@ -37,8 +37,9 @@ from testkit.lakehouse import (  # noqa: E402
     S3Delta,
     batch,
     change,
+    source_batches,
+    store_with_history,
 )
-from tests.test_lakehouse import source_batches, store_with_history  # noqa: E402
 
 
 @pytest.fixture

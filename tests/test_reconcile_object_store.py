@@ -21,9 +21,14 @@ from typer.testing import CliRunner  # noqa: E402
 
 from tablestore_cdc.cli import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
-from testkit.lakehouse import CatalogIceberg, S3Delta, batch, change  # noqa: E402
+from testkit.lakehouse import (  # noqa: E402
+    CatalogIceberg,
+    S3Delta,
+    batch,
+    change,
+    store_with_history,
+)
 from testkit.reconcile import apply_stream  # noqa: E402
-from tests.test_reconcile import make_store  # noqa: E402
 
 runner = CliRunner()
 NO_HTTP = {"AWS_ALLOW_HTTP": "true"}
@@ -54,7 +59,7 @@ def test_reconcile_finds_a_row_changed_in_an_s3_delta_table(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from deltalake import DeltaTable
 
-    store = make_store(tmp_path / "store.db", keys=60, changes=200, split=False)
+    store = store_with_history(tmp_path / "store.db", changes=200)
     target = f"delta+s3://{bucket}/lake/t"
     apply_stream(f"local://{store.path}", "t", open_apply_sink(target))
     code, document = reconcile_json(store.path, target)
@@ -82,7 +87,7 @@ def test_reconcile_finds_a_row_changed_in_an_iceberg_table_of_a_catalog(
                              moto_endpoint)
     for key, value in catalog.catalog_env.items():
         monkeypatch.setenv(key, value)
-    store = make_store(tmp_path / "store.db", keys=60, changes=200, split=False)
+    store = store_with_history(tmp_path / "store.db", changes=200)
     target = "iceberg://lake/cdc.t"
     apply_stream(f"local://{store.path}", "t", open_apply_sink(target))
     code, document = reconcile_json(store.path, target)
