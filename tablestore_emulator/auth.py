@@ -1,6 +1,7 @@
 """Tablestore's v2 signatures: checking a request, signing a response.
 
-Called by ``server`` for every POST, table API (``/PutRow`` ...) and tunnel API
+Called by ``server`` for every POST (the headers before the body is read, the body's MD5
+after), table API (``/PutRow`` ...) and tunnel API
 (``/tunnel/readrecords`` ...) alike; route handlers never see an unauthenticated request.
 
 Request (what the SDKs send, and what is checked here):
@@ -41,7 +42,8 @@ from connector.tunnel.tablestore.signing import (
 from tablestore_emulator.errors import OtsError, auth_failed, parameter_invalid
 
 __all__ = ["CONTENT_TYPE", "MAX_CLOCK_SKEW_S", "content_md5", "request_signature",
-           "response_headers", "response_signature", "verify_request"]
+           "response_headers", "response_signature", "verify_body", "verify_headers",
+           "verify_request"]
 
 #: How far a request's x-ots-date may be from the server's clock, in seconds (the service's
 #: rule: 15 minutes).
@@ -70,10 +72,32 @@ def verify_request(
     instance: str,
     now: float | None = None,
 ) -> None:
-    """Raise the service's ``OtsError`` unless the request is signed with the configured keys.
+    """Raise the service's ``OtsError`` unless the request is signed with the configured keys
+    and ``body`` is the one signed for: ``verify_headers`` then ``verify_body``.
 
     ``headers`` must be keyed by lower-case names. ``now``: the server's clock (seconds since
     the epoch; default: this moment).
+    """
+    verify_headers(path, headers, access_key_id=access_key_id,
+                   access_key_secret=access_key_secret, instance=instance, now=now)
+    verify_body(headers, body)
+
+
+def verify_headers(
+    path: str,
+    headers: Mapping[str, str],
+    *,
+    access_key_id: str,
+    access_key_secret: str,
+    instance: str,
+    now: float | None = None,
+) -> None:
+    """Raise the service's ``OtsError`` unless the headers are signed with the configured keys.
+
+    The server calls it before it reads the body: the signature covers the body's MD5 header,
+    not the body, so an unsigned request is refused without its body being read;
+    ``verify_body`` then checks the body against that header. ``headers``, ``now``: as
+    ``verify_request``'s.
     """
     for name in _REQUIRED_HEADERS:
         if not headers.get(name):
@@ -97,13 +121,18 @@ def verify_request(
         raise auth_failed(
             f"Mismatch between system time and x-ots-date: {ots_date(now)[:19]} vs {date}."
         )
-    if headers["x-ots-contentmd5"] != content_md5(body):
-        raise auth_failed(
-            "Mismatch between MD5 value of request body and x-ots-contentmd5 in header."
-        )
     expected = request_signature(path, headers, _signing_key(access_key_secret))
     if not hmac.compare_digest(expected, headers[SIGNATURE_HEADER].strip()):
         raise auth_failed("Signature mismatch.")
+
+
+def verify_body(headers: Mapping[str, str], body: bytes) -> None:
+    """Raise the service's ``OtsError`` unless ``body``'s MD5 is the signed
+    ``x-ots-contentmd5`` (after ``verify_headers``, once the body is read)."""
+    if headers.get("x-ots-contentmd5") != content_md5(body):
+        raise auth_failed(
+            "Mismatch between MD5 value of request body and x-ots-contentmd5 in header."
+        )
 
 
 def response_headers(

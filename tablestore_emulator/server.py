@@ -13,7 +13,19 @@ renders both the way the service does.
 Given a certificate and key (``tls_cert`` / ``tls_key``) it serves https, as the service does;
 each connection's TLS handshake runs in that connection's thread.
 
-Threads: one thread per connection (``ThreadingHTTPServer``). All handlers share one
+Threads: one thread per connection (``ThreadingHTTPServer``), at most ``MAX_CONNECTIONS``
+of them. A connection waiting for a request -- idle between keep-alive requests, or still
+receiving one -- can be closed for a newcomer: when the cap is reached, a new connection
+takes the place of the one that has waited longest; only when every connection is busy
+answering is the newcomer refused at once with 503 ``OTSServerUnavailable`` (which the SDKs
+retry). A request's line, headers and body must arrive within ``REQUEST_READ_TIMEOUT_S`` of
+its first byte (of the connection, for its first request), a kept-alive connection may idle
+``KEEPALIVE_IDLE_TIMEOUT_S`` between requests and an answer must be taken within
+``RESPONSE_WRITE_TIMEOUT_S``; past any of them the connection is closed unanswered. The
+signature is checked on the headers before the body is read: an unsigned request's body is
+never held in memory (past ``UNSIGNED_BODY_LIMIT`` bytes it is not read at all: the answer is
+sent and the connection closed), and a body is read into one buffer of its
+``Content-Length`` (at most ``framing.MAX_REQUEST_BYTES``). All handlers share one
 ``LocalTablestore`` (its transactions are serialized by its own lock); handlers that read then
 write (row conditions) hold ``ctx.write_lock`` across both so a condition stays true until the
 write lands. Writers in *other* processes (``tablestore-cdc local write`` on the same file) do
@@ -22,12 +34,15 @@ not take that lock: a condition is atomic against emulator clients only.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import secrets
+import socket
 import ssl
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -39,13 +54,30 @@ from cdc_common.credentials import ALIBABA_ACCESS_KEY_ID, ALIBABA_ACCESS_KEY_SEC
 from connector.tunnel.local import LocalTablestore
 from tablestore_emulator import auth, table_api, tunnel_api
 from tablestore_emulator.context import EmulatorContext, Handler
-from tablestore_emulator.errors import OtsError, internal_error, parameter_invalid
+from tablestore_emulator.errors import (
+    OtsError,
+    internal_error,
+    parameter_invalid,
+    server_unavailable,
+)
 from tablestore_emulator.framing import FramingError, body_length
 
 log = logging.getLogger(__name__)
 
 #: How long a connection may take to complete the TLS handshake (https only).
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+#: Connections served at once; past it a waiting one is closed for the newcomer, or the
+#: newcomer gets a 503 when all are busy (module docstring).
+MAX_CONNECTIONS = 128
+#: A request's line, headers and body must arrive within this many seconds of its first byte.
+REQUEST_READ_TIMEOUT_S = 10.0
+#: How long a kept-alive connection may wait for its next request.
+KEEPALIVE_IDLE_TIMEOUT_S = 60.0
+#: How long an answer may take to be taken by the client.
+RESPONSE_WRITE_TIMEOUT_S = 30.0
+#: Largest body of a request whose signature fails that is read (and dropped) to keep the
+#: connection; past it the body is left unread and the connection closed after the answer.
+UNSIGNED_BODY_LIMIT = 64 * 1024
 
 
 def load_routes() -> dict[str, Handler]:
@@ -58,6 +90,110 @@ def new_request_id() -> str:
     every answer has one)."""
     h = os.urandom(16).hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class _Slot:
+    """One served connection, as the accept loop and the connection's thread share it: whether
+    it is busy answering (else it waits for a request and may be closed for a newcomer), and
+    the deadline of what it is reading. Its fields change under ``_Connections.lock``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.busy = False
+        self.evicted = False
+        self.waiting_since = time.monotonic()
+        #: when the bytes awaited must have come (the first byte of a request: the idle or
+        #: first-request deadline; then the whole request's)
+        self.deadline = self.waiting_since + REQUEST_READ_TIMEOUT_S
+        self.in_request = False
+
+    def await_request(self, idle_s: float) -> None:
+        """The connection's thread: the next request may take ``idle_s`` to start."""
+        now = time.monotonic()
+        self.busy, self.in_request = False, False
+        self.waiting_since, self.deadline = now, now + idle_s
+
+    def received(self) -> None:
+        """Bytes came: the first of a request starts its ``REQUEST_READ_TIMEOUT_S``."""
+        if not self.in_request:
+            self.in_request = True
+            self.deadline = time.monotonic() + REQUEST_READ_TIMEOUT_S
+
+
+class _Connections:
+    """The served connections (at most ``cap``): admitted by the accept loop, released by their
+    threads when they end."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.lock = threading.Lock()
+        self.slots: dict[socket.socket, _Slot] = {}
+
+    def admit(self, sock: socket.socket) -> _Slot | None:
+        """A slot for a new connection (closing the longest-waiting one at the cap), or None
+        when every connection is busy answering."""
+        with self.lock:
+            if len(self.slots) >= self.cap:
+                waiting = [s for s in self.slots.values() if not s.busy]
+                if not waiting:
+                    return None
+                oldest = min(waiting, key=lambda s: s.waiting_since)
+                self._evict(oldest)
+            slot = self.slots[sock] = _Slot(sock)
+            return slot
+
+    def _evict(self, slot: _Slot) -> None:
+        del self.slots[slot.sock]
+        slot.evicted = True
+        try:  # wakes its thread's read with the end of the stream; plain socket's shutdown:
+            # an SSLSocket's own would drop its TLS state under the reading thread
+            socket.socket.shutdown(slot.sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def mark_busy(self, slot: _Slot) -> bool:
+        """The connection's thread starts answering; False if it was closed for a newcomer."""
+        with self.lock:
+            slot.busy = True
+            return not slot.evicted
+
+    def release(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.slots.pop(sock, None)
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.slots)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes as its request parser reads them: each read waits at most until
+    the slot's deadline (then ``TimeoutError``, which ``http.server`` answers by closing), and
+    a connection closed for a newcomer reads as ended."""
+
+    def __init__(self, sock: socket.socket, slot: _Slot) -> None:
+        super().__init__()
+        self.sock, self.slot = sock, slot
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.slot.evicted:
+            return 0
+        remaining = self.slot.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(remaining)
+        try:
+            n = self.sock.recv_into(buffer)
+        except OSError:
+            if self.slot.evicted:
+                return 0
+            raise
+        if n:
+            self.slot.received()
+        return n
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -76,6 +212,36 @@ class _Handler(BaseHTTPRequestHandler):
             self.request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
             self.request.do_handshake()
             self.request.settimeout(None)
+        self._slot = self.server.connections.slots.get(self.request) or _Slot(self.request)
+        self._requests_read = 0
+        self.rfile.close()  # the parser reads through the deadlines instead
+        self.rfile = io.BufferedReader(_DeadlineReader(self.request, self._slot))
+
+    def handle_one_request(self) -> None:
+        """One request: its first byte within the first-request or keep-alive idle time, the
+        rest within ``REQUEST_READ_TIMEOUT_S``."""
+        idle = KEEPALIVE_IDLE_TIMEOUT_S if self._requests_read else REQUEST_READ_TIMEOUT_S
+        if self._requests_read:
+            self._slot.await_request(idle)
+        self._requests_read += 1
+        super().handle_one_request()
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The body: one buffer of ``length`` bytes read through the request's deadline; None
+        when the client was too slow or its connection was closed for a newcomer (the
+        connection is then closed unanswered); ``FramingError`` when the stream ended first."""
+        try:
+            body = self.rfile.read(length) if length else b""
+        except (TimeoutError, OSError) as exc:
+            log.debug("emulator: body not received: %r", exc)
+            self.close_connection = True
+            return None
+        if len(body) != length:
+            self.close_connection = True
+            if self._slot.evicted:
+                return None
+            raise FramingError(f"Request body ended after {len(body)} of {length} bytes.")
+        return body
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("%s %s", self.address_string(), format % args)
@@ -92,19 +258,29 @@ class _Handler(BaseHTTPRequestHandler):
         request_id = new_request_id()
         sign = True
         try:
-            body = self.rfile.read(body_length(self.headers))
+            length = body_length(self.headers)
             headers = {k.lower(): v for k, v in self.headers.items()}
             try:
-                auth.verify_request(
-                    path,
-                    headers,
-                    body,
-                    access_key_id=emu.access_key_id,
-                    access_key_secret=emu.access_key_secret,
-                    instance=emu.instance,
-                )
+                auth.verify_headers(path, headers, access_key_id=emu.access_key_id,
+                                    access_key_secret=emu.access_key_secret,
+                                    instance=emu.instance)
             except OtsError:
                 sign = False  # the client may hold another secret: an auth error is unsigned
+                if length > UNSIGNED_BODY_LIMIT:  # never read: answer, then close
+                    self.close_connection = True
+                elif self._read_body(length) is None:
+                    return
+                raise
+            body = self._read_body(length)
+            if body is None:
+                return
+            if not self.server.connections.mark_busy(self._slot):
+                self.close_connection = True
+                return
+            try:
+                auth.verify_body(headers, body)
+            except OtsError:
+                sign = False
                 raise
             handler = emu.routes.get(path)
             if handler is None:  # the service's error reference: 400, not 404
@@ -119,6 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("emulator: %s failed", path)
             bug = internal_error()
             status, payload = bug.http_status, _error_body(bug)
+        self.request.settimeout(RESPONSE_WRITE_TIMEOUT_S)
         if sign:
             headers_out = auth.response_headers(
                 path,
@@ -153,6 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
         # a request line it could not read leaves the version at HTTP/0.9, which would send
         # the body without a status line: no SDK speaks 0.9, answer in 1.1
         self.request_version = self.protocol_version
+        self.request.settimeout(RESPONSE_WRITE_TIMEOUT_S)
         self.send_response(status)
         self.send_header("x-ots-requestid", new_request_id())
         self.send_header("Connection", "close")
@@ -166,9 +344,45 @@ def _error_body(exc: OtsError) -> bytes:
     return pb.Error(code=exc.code, message=exc.message).SerializeToString()
 
 
+#: The answer to a connection over the cap when every connection is busy: the service's 503,
+#: unsigned, sent without waiting (its bytes fit any socket buffer) and the connection closed.
+def _busy_answer() -> bytes:
+    payload = _error_body(server_unavailable(
+        f"Server is busy: {MAX_CONNECTIONS} connections are being answered, retry later."))
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nx-ots-requestid: {new_request_id()}\r\n"
+            f"Connection: close\r\nContent-Length: {len(payload)}\r\n\r\n")
+    return head.encode("ascii") + payload
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections must not hold up stop()
+    request_queue_size = MAX_CONNECTIONS  # the listen backlog: a burst of connects is queued
     emulator: EmulatorServer
+    connections: _Connections
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """The accept loop: a slot for the connection (module docstring), then its thread; a
+        503 at once when every connection is busy."""
+        if self.connections.admit(request) is None:
+            try:
+                request.setblocking(False)
+                if not isinstance(request, ssl.SSLSocket):  # no TLS yet: nothing to say
+                    request.send(_busy_answer())
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.connections.release(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up mid-request (a Python worker exiting), or refuses or botches
@@ -272,6 +486,7 @@ class EmulatorServer:
             store=store, instance=self.instance, store_path=store.path, channels=self.channels
         )
         httpd = _HTTPServer((self.host, self.port), _Handler)
+        httpd.connections = _Connections(MAX_CONNECTIONS)
         if tls is not None:
             httpd.socket = tls.wrap_socket(httpd.socket, server_side=True,
                                            do_handshake_on_connect=False)

@@ -8,11 +8,18 @@ and signed as the SDKs sign them (``testkit.emulator_requests``); answers read b
 - nesting: a column condition nested past ``MAX_FILTER_DEPTH`` (with a leaf of megabytes),
   one with more than ``MAX_FILTER_CONDITIONS`` conditions, and one just within the bounds,
   which is evaluated;
-- names that end in a newline (a ``$`` that matched before a trailing newline).
+- names that end in a newline (a ``$`` that matched before a trailing newline);
+- slow and many peers: 200 connections holding half a request do not hold up a signed
+  request; a request dripped past ``REQUEST_READ_TIMEOUT_S`` and a connection idle past
+  ``KEEPALIVE_IDLE_TIMEOUT_S`` are closed; past ``MAX_CONNECTIONS`` busy ones a newcomer gets
+  a 503 at once;
+- an unsigned request announcing a large body is answered without its body being read.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +32,7 @@ pytest.importorskip("tablestore")
 from tablestore.protobuf import table_store_filter_pb2 as fpb  # noqa: E402
 from tablestore.protobuf import table_store_pb2 as pb  # noqa: E402
 
+from tablestore_emulator import server as server_module  # noqa: E402
 from tablestore_emulator.column_filter import (  # noqa: E402
     MAX_FILTER_CONDITIONS,
     MAX_FILTER_DEPTH,
@@ -34,10 +42,13 @@ from testkit.emulator_requests import (  # noqa: E402
     AK,
     INSTANCE,
     SK,
+    exchange,
     nested_condition,
     post,
     put_row_body,
+    raw_request,
     sdk_verdict,
+    signed_headers,
 )
 
 TABLE = "orders"
@@ -150,3 +161,177 @@ def test_a_table_name_ending_in_a_newline_is_400(emulator: EmulatorServer, name:
 def test_a_key_column_name_ending_in_a_newline_is_400(emulator: EmulatorServer) -> None:
     answer = post(emulator.url, "/CreateTable", _create_table_body("fresh", "id\n"))
     assert "name" in service_error(answer, "/CreateTable")
+
+
+# --- slow and many peers -------------------------------------------------------------------
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _list_table_request() -> bytes:
+    body = pb.ListTableRequest().SerializeToString()
+    return raw_request("/ListTable", body, signed_headers("/ListTable", body))
+
+
+def test_200_half_open_connections_do_not_hold_up_a_signed_request(
+        emulator: EmulatorServer) -> None:
+    half = _list_table_request()[:60]
+    held: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            sock = _connect(emulator.url)
+            sock.sendall(half)
+            held.append(sock)
+        started = time.monotonic()
+        answer = post(emulator.url, "/ListTable", pb.ListTableRequest().SerializeToString())
+        assert answer.status == 200, answer
+        assert time.monotonic() - started < 5
+        # the longest-waiting ones were closed for the newcomers: at most the cap are held
+        time.sleep(0.5)
+        still_open = 0
+        for sock in held:
+            sock.setblocking(False)
+            try:
+                still_open += sock.recv(1) != b""
+            except BlockingIOError:
+                still_open += 1
+            except ConnectionResetError:
+                pass
+        assert still_open <= server_module.MAX_CONNECTIONS
+        assert still_open >= server_module.MAX_CONNECTIONS - 10  # the newest are kept
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server ends the connection within ``seconds`` (no answer expected)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bytes, bool]:
+    """What the server sends within ``seconds``, and whether it then closed."""
+    got, deadline = b"", time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return got, True
+        except TimeoutError:
+            return got, False
+        if not chunk:
+            return got, True
+        got += chunk
+    return got, False
+
+
+@pytest.fixture
+def quick_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "REQUEST_READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(server_module, "KEEPALIVE_IDLE_TIMEOUT_S", 1.5)
+
+
+@pytest.mark.usefixtures("quick_timeouts")
+def test_a_request_dripped_past_the_read_timeout_is_closed(tmp_path: Path) -> None:
+    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, AK, SK) as emu:
+        sock = _connect(emu.url)
+        started = time.monotonic()
+        closed = False
+        with sock:
+            for byte in _list_table_request():  # a byte each 0.2 s: each read is quick
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                if _closed_within(sock, 0.2):
+                    closed = True
+                    break
+                if time.monotonic() - started > 5:
+                    break
+        assert closed
+        assert 0.8 < time.monotonic() - started < 3
+
+
+@pytest.mark.usefixtures("quick_timeouts")
+def test_a_kept_alive_connection_idle_past_its_timeout_is_closed(tmp_path: Path) -> None:
+    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, AK, SK) as emu:
+        with _connect(emu.url) as sock:
+            sock.sendall(_list_table_request())
+            sock.settimeout(5)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            assert _closed_within(sock, 5)
+            assert 1.2 < time.monotonic() - started < 4
+
+
+def test_past_the_cap_of_busy_connections_a_newcomer_gets_503_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
+    release = threading.Event()
+
+    def slow_list_table(ctx: Any, body: bytes) -> bytes:
+        release.wait(10)
+        return bytes(pb.ListTableResponse().SerializeToString())
+
+    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, AK, SK) as emu:
+        emu.routes["/ListTable"] = slow_list_table
+        busy = [_connect(emu.url) for _ in range(2)]
+        try:
+            for sock in busy:
+                sock.sendall(_list_table_request())
+            time.sleep(0.5)  # both are in the handler
+            started = time.monotonic()
+            answer = post(emu.url, "/ListTable", pb.ListTableRequest().SerializeToString())
+            assert time.monotonic() - started < 2
+            service_error(answer, "/ListTable", 503, "OTSServerUnavailable")
+            release.set()
+            for sock in busy:
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        finally:
+            release.set()
+            for sock in busy:
+                sock.close()
+
+
+# --- bodies before signatures --------------------------------------------------------------
+
+
+def test_an_unsigned_request_announcing_a_large_body_is_answered_unread(
+        emulator: EmulatorServer) -> None:
+    """Only the headers are sent: the 403 comes without the server waiting for the body."""
+    body = b"x" * (server_module.UNSIGNED_BODY_LIMIT + 1)
+    headers = signed_headers("/ListTable", body, secret="not-the-secret")
+    head = raw_request("/ListTable", body, headers)[:-len(body)]
+    with _connect(emulator.url) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        reply, closed = _read_until_closed(sock, 5)
+        assert reply.startswith(b"HTTP/1.1 403"), reply
+        assert closed
+        assert time.monotonic() - started < 2
+
+
+def test_a_signed_request_whose_body_is_not_the_signed_one_is_403(
+        emulator: EmulatorServer) -> None:
+    body = pb.ListTableRequest().SerializeToString()
+    headers = signed_headers("/ListTable", body)
+    answer = exchange(emulator.url, raw_request("/ListTable", b"\x0a\x00", headers))
+    assert "MD5" in service_error(answer, "/ListTable", 403, "OTSAuthFailed")
+
+
+def test_a_body_shorter_than_its_length_is_400(emulator: EmulatorServer) -> None:
+    body = pb.ListTableRequest().SerializeToString() + b"\x0a\x00"
+    raw = raw_request("/ListTable", body, signed_headers("/ListTable", body))[:-1]
+    answer = exchange(emulator.url, raw, half_close=True)
+    assert "ended after" in service_error(answer, "/ListTable")
