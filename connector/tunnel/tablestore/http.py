@@ -58,8 +58,8 @@ import httptools
 #: bytes asked of the socket per read (a 500-record page is ~65 KB)
 RECV_BYTES = 256 * 1024
 #: the longest answer body taken: the largest legitimate one is a ReadRecords page, which the
-#: service ends at 500 records or about 900 KB (docs/tablestore.md), and a record holds at most
-#: a row (2 MB a cell); 64 MiB leaves ample room
+#: service ends at 500 records or about 900 KB (docs/tablestore.md, "Assumptions about the
+#: service"); 64 MiB leaves ample room
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: the most headers an answer may carry (the service sends about ten)
 MAX_HEADER_COUNT = 128
