@@ -13,7 +13,10 @@ and signed as the SDKs sign them (``testkit.emulator_requests``); answers read b
   request; a request dripped past ``REQUEST_READ_TIMEOUT_S`` and a connection idle past
   ``KEEPALIVE_IDLE_TIMEOUT_S`` are closed; past ``MAX_CONNECTIONS`` busy ones a newcomer gets
   a 503 at once;
-- an unsigned request announcing a large body is answered without its body being read.
+- an unsigned request announcing a large body is answered without its body being read;
+- memory: the emulator as a child process (``testkit.emulator.EmulatorProcess``) answers a
+  700-deep condition with a 12 MB leaf, and one within the bounds with the same leaf, with its
+  peak resident memory growing by less than ``RSS_BOUND`` (psutil, and the kernel's peak).
 """
 
 from __future__ import annotations
@@ -335,3 +338,47 @@ def test_a_body_shorter_than_its_length_is_400(emulator: EmulatorServer) -> None
     raw = raw_request("/ListTable", body, signed_headers("/ListTable", body))[:-1]
     answer = exchange(emulator.url, raw, half_close=True)
     assert "ended after" in service_error(answer, "/ListTable")
+
+
+# --- memory: the emulator as a child process ----------------------------------------------
+
+#: how much a request of a few MB may grow the emulator's resident memory (its peak)
+RSS_BOUND = 512 * 1024 * 1024
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident memory (the kernel's VmHWM), else its current one."""
+    import psutil
+
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+@pytest.mark.parametrize("nots", [700, MAX_FILTER_DEPTH - 1])
+def test_a_nested_condition_with_a_large_leaf_costs_bounded_memory(tmp_path: Path,
+                                                                   nots: int) -> None:
+    from testkit.emulator import EmulatorProcess
+
+    emu = EmulatorProcess(tmp_path / "s.db", tmp_path / "emulator.log", INSTANCE, AK, SK).start()
+    try:
+        assert emu.proc is not None
+        create_table(emu.url)
+        body = put_row_body(TABLE, KEY, nested_condition(nots, leaf=12 * 1024 * 1024))
+        before = _peak_rss(emu.proc.pid)
+        started = time.monotonic()
+        answer = post(emu.url, "/PutRow", body, timeout=30)
+        took = time.monotonic() - started
+        grown = _peak_rss(emu.proc.pid) - before
+        if nots > MAX_FILTER_DEPTH:
+            service_error(answer, "/PutRow")
+        else:  # the row is absent, the comparison passes, an odd number of NOTs fails it
+            service_error(answer, "/PutRow", 403, "OTSConditionCheckFail")
+        assert took < 5
+        assert grown < RSS_BOUND, f"peak resident memory grew by {grown >> 20} MB"
+    finally:
+        emu.kill()
