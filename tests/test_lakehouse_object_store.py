@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("pyiceberg")
 
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
-from tablestore_cdc.lakehouse.errors import TargetUriError  # noqa: E402
+from tablestore_cdc.lakehouse.errors import ForeignTargetError, TargetUriError  # noqa: E402
 from tablestore_cdc.lakehouse.target import (  # noqa: E402
     parse_target_options,
     shown_options,
@@ -85,7 +85,8 @@ def test_a_change_log_applies_exactly_into_object_storage(target, tmp_path, scd)
                                       table_history(rows, ["id"]))
 
 
-def test_a_replayed_batch_changes_nothing_in_object_storage(target) -> None:
+def test_a_replay_changes_nothing_and_another_job_is_refused_in_object_storage(
+        target) -> None:
     sink = target.sink()
     sink.apply(FIRST, "q", 0)
     sink.apply(WITH_COLOUR, "q", 1)
@@ -95,6 +96,14 @@ def test_a_replayed_batch_changes_nothing_in_object_storage(target) -> None:
     # a new process finds the batch recorded in the table's own commits
     assert not target.sink().apply(WITH_COLOUR, "q", 1).committed
     assert target.sink().committed_batch("q") == 1
+    # the table's marker lives in the object store too: another job is refused, unless it
+    # takes the table over on purpose
+    with pytest.raises(ForeignTargetError, match="written by job 'q'"):
+        target.sink().apply(FIRST, "other-query", 0)
+    assert target.commits() == before
+    assert target.sink(adopt_target=True).apply(FIRST, "other-query", 0).committed
+    with pytest.raises(ForeignTargetError, match="written by job 'other-query'"):
+        target.sink().apply(FIRST, "q", 2)
 
 
 def test_a_second_writers_commit_is_not_lost(target) -> None:
@@ -227,3 +236,18 @@ def test_target_options_come_from_the_flag_or_a_tables_config(tmp_path) -> None:
                     open_sink=lambda uri, **kw: opened.append({"uri": uri, **kw})).sink("orders")
     assert [(o["uri"], o["target_options"]) for o in opened] == [
         ("delta+s3://lake/orders", {"aws_region": "eu-central-1"})]
+
+
+def test_a_string_keyed_table_in_s3_takes_updates_and_deletes(bucket) -> None:
+    """Keys that may be in the table are looked up through the files' statistics (the files
+    delta-rs' MERGE rewrote store strings as views): updated, deleted, new keys appended."""
+    from testkit.lakehouse import string_keyed
+
+    target = S3Delta(bucket, "lake/by_name")
+    sink = open_apply_sink(target.uri, key_columns=["k"])
+    sink.apply(string_keyed(1, ("PUT", "a", "1"), ("PUT", "b", "1"), ("PUT", "c", "1")), "q", 1)
+    sink.apply(string_keyed(2, ("UPDATE", "b", "2"), ("DELETE", "c", None)), "q", 2)
+    assert sink.apply(string_keyed(3, ("PUT", "d", "3")), "q", 3).appended
+    sink.apply(string_keyed(4, ("UPDATE", "b", "4"), ("PUT", "c", "4")), "q", 4)
+    assert sorted((r["k"], r["name"]) for r in target.rows()) == [
+        ("a", "1"), ("b", "4"), ("c", "4"), ("d", "3")]

@@ -239,7 +239,14 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
         return False
     if not comparable(keys.type):
         return True
-    column = table.to_pyarrow_dataset().to_table(columns=[key]).column(key)
+    # the files' statistics are the dataset's fragment guarantees: a file whose key range
+    # holds none of the keys is not read; but Arrow compares no string with a
+    # ``string_view`` (as which delta-rs' MERGE writes strings): then every file's keys
+    dataset = table.to_pyarrow_dataset()
+    try:
+        column = dataset.to_table(columns=[key], filter=pc.field(key).isin(keys)).column(key)
+    except pa.ArrowNotImplementedError:
+        column = dataset.to_table(columns=[key]).column(key)
     return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
 
 
