@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -836,3 +837,92 @@ def test_break_lease_of_another_hosts_holder_needs_force(tmp_path: Path) -> None
     assert forced.exit_code == 0, forced.output
     with open_meta_store(uri) as meta:
         assert not meta.get_lease(NS).live(time.time())
+
+
+# --- hostile stored rows: tokens the tunnel refuses, manifests too large to lay out -------------
+
+
+def _store_with_committed_batch(tmp_path: Path, bad_token: str) -> tuple[str, str]:
+    """A real local store (table ``t``, tunnel ``n``, 10 rows over 2 channels) and a meta
+    store whose latest committed batch recorded ``bad_token`` as channel ch-0000's end."""
+    from connector.tunnel.local import LocalTunnelService
+
+    store_path = tmp_path / "store.db"
+    store = LocalTablestore(store_path)
+    store.create_table("t", [("id", "INTEGER")], channels=2)
+    service = LocalTunnelService(store)
+    tunnel_id = service.create_tunnel("t", "n").tunnel_id
+    store.batch_write("t", [("put", {"id": i}, {}) for i in range(10)])
+    channels = [c.channel_id for c in store.list_channels("t")]
+    starts = tuple(ChannelStart(channel_id=ch, token=service.get_checkpoint(tunnel_id, ch).token,
+                                sequence_number=0, max_records=100) for ch in channels)
+    ns = f"local:{store_path}#t#n"
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    with open_meta_store(uri) as meta:
+        meta.set_namespace_info(ns, {"endpoint": f"local:{store_path}", "table": "t",
+                                     "tunnel": "n", "tunnel_id": tunnel_id})
+        meta.create_batch(ns, "b0", None, state=BatchState.PUSHED,
+                          manifest=Manifest(channels=starts, planned_at=time.time()))
+        meta.create_batch(ns, "b1", "b0")
+        meta.put_manifest(ns, "b1", "b0", Manifest(channels=starts, planned_at=time.time()))
+        for ch, start in zip(channels, starts, strict=True):
+            meta.put_end_checkpoint(ns, "b1", EndCheckpoint(
+                channel_id=ch, start_token=start.token,
+                token=bad_token if ch == "ch-0000" else start.token, sequence_number=0,
+                records=0, attempt="test/1/task", written_at=time.time()))
+        meta.mark_committed(ns, "b1")
+    store.close()
+    return uri, ns
+
+
+@pytest.mark.parametrize("bad_token", [
+    base64.b64encode(b"[" * 5_000).decode(), base64.b64encode(b'{"t":' * 5_000).decode(),
+    "[" * 5_000, "x" * 200_000,
+], ids=["nested-array", "nested-object", "raw-brackets", "huge"])
+def test_a_stored_token_the_tunnel_refuses_is_a_corrupt_row_in_channels_lag_and_progress(
+        tmp_path: Path, bad_token: str) -> None:
+    """A token nested past the embedded store's bound (RecursionError before) in the latest
+    committed batch: ``meta channels``, ``meta lag`` and ``progress`` name its row as corrupt
+    on stderr, show that channel's lag as unknown and the other channel's as it is."""
+    uri, ns = _store_with_committed_batch(tmp_path, bad_token)
+    for command in (("meta", "channels"), ("meta", "lag"), ("meta", "channels", "--json"),
+                    ("progress",)):
+        result = cli(*command, "--meta", uri)
+        assert result.exit_code == 0, (command, result.output)
+        assert f"record '{ns}/end/b1/ch-0000' is corrupt" in result.stderr, command
+        assert "the tunnel refuses its token" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    lag = cli_json("meta", "lag", "--meta", uri)
+    by_channel = {r["channel_id"]: r for r in lag["lag"]}
+    assert by_channel["ch-0000"]["position"] == "corrupt"
+    assert by_channel["ch-0000"]["records_behind"] is None
+    assert by_channel["ch-0001"]["position"] == "batch"
+    assert by_channel["ch-0001"]["records_behind"] is not None
+    assert lag["records_behind"] is None and lag["exact"] is False
+    channels = cli_json("meta", "channels", "--meta", uri)["channels"]
+    assert {c["channel_id"]: c["lag"] is None for c in channels} == {"ch-0000": True,
+                                                                     "ch-0001": False}
+
+
+def test_show_lists_a_bounded_number_of_channels_and_json_lists_them_all(tmp_path: Path) -> None:
+    """A manifest of 3,000 channels with 3,000 children added: the table shows the first
+    ``MAX_SHOWN_CHANNELS`` and says so, each cell of names is cut; ``--json`` has them all."""
+    from tablestore_cdc.meta_cli.batches import MAX_SHOWN_CHANNELS
+
+    uri = build_meta(tmp_path / "m.db", batches=0)
+    names = [f"ch-{i:05d}" for i in range(3_000)]
+    with open_meta_store(uri) as meta:
+        meta.create_batch(NS, "wide", "batch-init")
+        meta.put_manifest(NS, "wide", "batch-init", Manifest(
+            channels=tuple(ChannelStart(channel_id=ch, token=f"{ch}@0", sequence_number=0,
+                                        max_records=1, parent_ids=tuple(names[:50]))
+                           for ch in names),
+            children_added=tuple(names), planned_at=time.time()))
+    started = time.monotonic()
+    shown = cli("meta", "show", "wide", "--meta", uri)
+    assert time.monotonic() - started < 30
+    assert shown.exit_code == 0, shown.output
+    assert f"the first {MAX_SHOWN_CHANNELS} of 3000 channels shown; --json lists them all" \
+        in shown.stdout
+    assert "ch-02999" not in shown.stdout and "(2990 more)" in shown.stdout
+    assert len(cli_json("meta", "show", "wide", "--meta", uri)["channels"]) == 3_000

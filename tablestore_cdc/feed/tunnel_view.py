@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector.errors import CdcError
+from connector.errors import CdcError, MalformedTokenError
 from meta_store import BatchRecord, MetaStore
 from tablestore_cdc.feed.reading import InspectedStore, InspectionError, corrupt_info_message
 from tablestore_cdc.feed.retention import default_retention_s, headroom
@@ -54,6 +54,34 @@ def committed_positions(store: MetaStore, namespace: str) -> tuple[BatchRecord |
     return batch, positions_after(batch, store.get_end_checkpoints(namespace, batch.uuid))
 
 
+def lag_at(store: MetaStore, namespace: str, batch: BatchRecord | None, tunnel: Any,
+           tunnel_id: str, positions: Mapping[str, Mapping[str, Any]]
+           ) -> tuple[dict[str, Any] | None, set[str]]:
+    """``tunnel.lag`` from the channels' ``positions`` after ``batch`` (CLI, dashboard), and
+    the channels whose stored token the tunnel refused. A token the tunnel calls malformed
+    (``MalformedTokenError`` naming a channel of ``positions``: another writer's row, a token
+    nested past the backend's bound) is a corrupt row: noted in ``store.corrupt`` when it is an
+    ``InspectedStore`` (the command names it on stderr), left out, and the lag asked again
+    without it; the caller shows that channel's lag as unknown."""
+    tokens = {ch: str(p["token"]) for ch, p in positions.items()}
+    refused: set[str] = set()
+    while True:
+        try:
+            return tunnel.lag(tunnel_id, tokens), refused
+        except MalformedTokenError as exc:
+            channel = exc.fields.get("channel_id")
+            if channel not in tokens:
+                raise
+            del tokens[channel]
+            refused.add(channel)
+            if isinstance(store, InspectedStore) and batch is not None:
+                ends = store.get_end_checkpoints(namespace, batch.uuid)
+                key = (f"{namespace}/end/{batch.uuid}/{channel}" if channel in ends
+                       else f"{namespace}/batch/{batch.uuid}/manifest")
+                store.corrupt.setdefault(key, f"channel {channel!r}: the tunnel refuses its "
+                                         f"token: {exc.fields.get('reason', exc)}")
+
+
 def channel_view(store: MetaStore, namespace: str, endpoint: str | None = None) -> TunnelView:
     """Open the namespace's tunnel and describe every channel: status, parents, children,
     which unfinished parents a WAIT channel waits for, its pushed checkpoint, its position in
@@ -69,13 +97,12 @@ def channel_view(store: MetaStore, namespace: str, endpoint: str | None = None) 
                                   + "; the channels cannot be described")
         raise InspectionError(detail=f"namespace {namespace!r} does not record its table and "
                               "tunnel names; the query that wrote it is too old to inspect")
-    _, committed = committed_positions(store, namespace)
+    batch, committed = committed_positions(store, namespace)
     with open_tunnel_service(tunnel_endpoint(info, endpoint)) as tunnel:
         description = tunnel.describe_tunnel(info["table"], info["tunnel"])
         tunnel_id = info.get("tunnel_id") or description.tunnel.tunnel_id
         status = {c.channel_id: c.status for c in description.channels}
-        tokens = {ch: p["token"] for ch, p in committed.items()}
-        lag_raw = tunnel.lag(tunnel_id, tokens)
+        lag_raw, refused = lag_at(store, namespace, batch, tunnel, tunnel_id, committed)
         channels: list[dict[str, Any]] = []
         for c in sorted(description.channels, key=lambda c: c.channel_id):
             try:
@@ -106,7 +133,7 @@ def channel_view(store: MetaStore, namespace: str, endpoint: str | None = None) 
         lag = {ch: {"records_behind": v.records_behind, "seconds_behind": v.seconds_behind,
                     "exact": v.exact,
                     **headroom(v.seconds_behind, retention_s)}
-               for ch, v in lag_raw.items()}
+               for ch, v in lag_raw.items() if ch not in refused}
     for entry in channels:
         entry["lag"] = lag.get(entry["channel_id"]) if lag is not None else None
     return TunnelView(channels=channels, lag=lag)

@@ -27,6 +27,19 @@ from tablestore_cdc.meta_cli.common import (
 )
 from tablestore_cdc.query_record import load_spark_metrics
 
+#: channels ``meta show`` lists in its table (a manifest may hold tens of thousands: the table
+#: of them all took minutes to lay out); ``--json`` gives every one
+MAX_SHOWN_CHANNELS = 200
+#: names ``meta show`` and ``meta batches`` list in one cell (children added, parents)
+MAX_SHOWN_NAMES = 10
+
+
+def _names(names: list[str]) -> str:
+    """Names joined for one cell, the first ``MAX_SHOWN_NAMES`` of them."""
+    if len(names) <= MAX_SHOWN_NAMES:
+        return ", ".join(names) or "-"
+    return ", ".join(names[:MAX_SHOWN_NAMES]) + f", … ({len(names) - MAX_SHOWN_NAMES} more)"
+
 
 def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
     """Keys of corrupt batch rows of ``namespace`` noted so far, relative to the namespace
@@ -120,7 +133,7 @@ def batches(
                 str(r["index"]), r["uuid"], "initial" if r["initial"] else spark,
                 r["state"] + (" (unused)" if r["unused"] else ""),
                 _time(r["planned_at"], fmt), _time(r["committed_at"], fmt),
-                str(r["channels"]), str(r["records"]), ", ".join(r["children_added"]) or "-",
+                str(r["channels"]), str(r["records"]), _names(r["children_added"]),
             )
         for key in corrupt:
             table.add_row("?", key, "-", "[red]CORRUPT[/red]", "-", "-", "-", "-",
@@ -164,11 +177,12 @@ def show(
                       f"{_time(t['planned'], fmt)} · committed {_time(t['committed'], fmt)} · "
                       f"pushed {_time(t['pushed'], fmt)} ({when.rsplit(' ', 1)[-1]})")
         console.print(f"max rows {batch.max_rows if batch.max_rows is not None else 'all'}  "
-                      f"children added {', '.join(record['children_added']) or '-'}  "
+                      f"children added {_names(record['children_added'])}  "
                       f"records {record['records']}")
         if batch.manifest is None:
             console.print("no manifest: this UUID was minted but never planned")
-        fmt, caption = _clock([c["written_at"] for c in record["channels"]])
+        shown = record["channels"][:MAX_SHOWN_CHANNELS]
+        fmt, caption = _clock([c["written_at"] for c in shown])
         table = compact_table("channels", caption + "; --json shows whole tokens")
         table.add_column("channel", no_wrap=True)
         table.add_column("parents")
@@ -179,18 +193,21 @@ def show(
         table.add_column("records", justify="right", no_wrap=True)
         table.add_column("attempt")
         table.add_column("written", no_wrap=True)
-        for c in record["channels"]:
+        for c in shown:
             start, end = c["start"], c["end"]
             table.add_row(
-                c["channel_id"], ", ".join(c["parent_ids"]) or "-",
+                _short(c["channel_id"], 64), _names(c["parent_ids"]),
                 _short(start["token"], 14) if start else "-",
                 str(start["sequence_number"]) if start else "-",
                 _short(end["token"], 14) if end else "(not recorded)",
                 str(end["sequence_number"]) if end else "-",
                 "-" if c["records"] is None else str(c["records"]),
-                c["attempt"] or "-", _time(c["written_at"], fmt),
+                _short(c["attempt"], 64) if c["attempt"] else "-", _time(c["written_at"], fmt),
             )
         console.print(table)
+        if len(record["channels"]) > len(shown):
+            console.print(f"the first {len(shown)} of {len(record['channels'])} channels shown; "
+                          "--json lists them all")
 
 
 def _refuse_unplanned(batch: BatchRecord) -> None:

@@ -13,7 +13,12 @@ from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.feed.reading import resolve_namespace
 from tablestore_cdc.feed.retention import default_retention_s, headroom
 from tablestore_cdc.feed.shapes import channel_tree
-from tablestore_cdc.feed.tunnel_view import channel_view, committed_positions, tunnel_endpoint
+from tablestore_cdc.feed.tunnel_view import (
+    channel_view,
+    committed_positions,
+    lag_at,
+    tunnel_endpoint,
+)
 from tablestore_cdc.meta_cli.common import (
     EndpointOpt,
     JsonOpt,
@@ -95,13 +100,16 @@ def lag(
         with open_tunnel_service(tunnel_endpoint(info, endpoint)) as tunnel:
             tunnel_id = info.get("tunnel_id") or tunnel.describe_tunnel(
                 info["table"], info["tunnel"]).tunnel.tunnel_id
-            raw = tunnel.lag(tunnel_id, {ch: p["token"] for ch, p in positions.items()})
+            raw, refused = lag_at(store, ns, batch, tunnel, tunnel_id, positions)
         rows: list[dict[str, Any]] | None = None
         if raw is not None:
+            # a channel whose stored token the tunnel refused (a corrupt row): lag unknown
             rows = [{"channel_id": ch, "records_behind": v.records_behind,
                      "seconds_behind": v.seconds_behind, "exact": v.exact,
                      "position": "batch" if ch in positions else "tunnel",
-                     **headroom(v.seconds_behind, retention_s)}
+                     **headroom(v.seconds_behind, retention_s)} if ch not in refused else
+                    {"channel_id": ch, "records_behind": None, "seconds_behind": None,
+                     "exact": False, "position": "corrupt", **headroom(None, retention_s)}
                     for ch, v in sorted(raw.items())]
         result: dict[str, Any] = {
             "namespace": ns, "batch": batch.uuid if batch else None,
@@ -131,8 +139,9 @@ def lag(
             table.add_row(r["channel_id"], _at_least(r["records_behind"], r["exact"]),
                           "-" if r["seconds_behind"] is None else f"{r['seconds_behind']:.1f}",
                           _headroom(r),
-                          "latest committed batch" if r["position"] == "batch"
-                          else "tunnel checkpoint (not in the batch yet)")
+                          {"batch": "latest committed batch",
+                           "corrupt": "corrupt row (see stderr)"}.get(
+                              r["position"], "tunnel checkpoint (not in the batch yet)"))
         console.print(table)
         total = result["records_behind"]
         console.print(f"total records behind: {_at_least(total, result['exact'])}; oldest "
