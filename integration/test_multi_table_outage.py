@@ -10,6 +10,11 @@ SIGKILLed for ``OUTAGE_S`` while the writers go on afterwards: wherever the outa
 never failed, or the query fails and the job restarts it; once the service answers, the same
 process brings every table back to streaming and every target equals its source row by row.
 The single-table job's outage: ``integration/test_replicate_outage.py``.
+
+The full matrix (marker ``faults_full``, not in the default suite: about 25 minutes on 2
+cores; ``python -m pytest -m faults_full integration/test_multi_table_outage.py``) lands a
+``MULTI_TABLE_OUTAGE_S`` (60) outage on each step of a batch, three times each, through the
+fault hook ``testkit.outage``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +32,10 @@ pytest.importorskip("tablestore")
 
 from tablestore import CapacityUnit, ReservedThroughput, Row, TableMeta, TableOptions  # noqa: E402
 
+from connector.local import LocalTablestore  # noqa: E402
+from meta_store import open_meta_store  # noqa: E402
+from tablestore_cdc.pipeline.multi_table import status_location  # noqa: E402
+from tablestore_cdc.table_status import TableStatus, load_table_status  # noqa: E402
 from tablestore_cdc.verify import read_delta, rows_by_key, table_state  # noqa: E402
 from testkit.processes import kill_tree  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
@@ -43,6 +53,8 @@ pytestmark = pytest.mark.slow
 
 OUTAGE_S = 20
 TABLES = ("t", "u")
+OPTIONS = (("instance.name", INSTANCE), ("access.key.id", KEY_ID),
+           ("access.key.secret", SECRET))
 
 
 def write(client: object, start: int, n: int, keys: int = 40) -> None:
@@ -60,58 +72,149 @@ def write(client: object, start: int, n: int, keys: int = 40) -> None:
                                IGNORE)
 
 
+class Job:
+    """``replicate --tables t,u`` as a child process against the emulator, its output in
+    ``tmp_path/out``, its console in ``tmp_path/replicate.log``."""
+
+    def __init__(self, tmp_path: Path, url: str, store: LocalTablestore,
+                 env: dict[str, str] | None = None) -> None:
+        self.out, self.store, self.url = tmp_path / "out", store, url
+        self.log = tmp_path / "replicate.log"
+        command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
+                   "--endpoint", url, "--tables", ",".join(TABLES), "--output", str(self.out),
+                   *[arg for k, v in OPTIONS for arg in ("--option", f"{k}={v}")],
+                   "--restart-backoff", "1:4", "--trigger-ms", "300"]
+        environment = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable,
+                       **(env or {})}
+        with open(self.log, "w") as sink:
+            self.process = subprocess.Popen(command, env=environment, stdout=sink,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def equal(self, table: str) -> bool:
+        """Is ``table``'s Delta target equal to the source table, row by row?"""
+        target = self.out / "lake" / table
+        if not (target / "_delta_log").exists():
+            return False
+        expected = {k: {c: v for c, v in row.items() if v is not None}
+                    for k, row in rows_by_key(self.store.scan(table)).items()}
+        got = {k: {c: v for c, v in row.items() if v is not None and c != "_extra"}
+               for k, row in table_state(read_delta(str(target)), ["id"]).items()}
+        return got == expected
+
+    def shown(self, table: str, since: int) -> list[str]:
+        """The states the command printed for ``table`` after line ``since``."""
+        return [line.split(": ", 1)[1] for line in self.lines()[since:]
+                if line.startswith(f"table {table}: ")]
+
+    def wait_applied(self, what: str) -> None:
+        wait_until(what, lambda: all(self.equal(t) for t in TABLES), timeout=300,
+                   process=self.process)
+
+    def status(self, table: str) -> TableStatus | None:
+        """``table``'s record in the meta store, as ``meta tables`` and the dashboard read
+        it."""
+        uri, credentials, namespace = status_location(self.url, ",".join(TABLES), "replicate",
+                                                      dict(OPTIONS), table)
+        with open_meta_store(uri, credentials, create=False) as meta:
+            return load_table_status(meta, namespace)
+
+    def wait_streaming(self, after: float) -> None:
+        """Every table's record written after ``after`` (seconds since the epoch) says
+        ``streaming``, and so does the last line the command printed for it."""
+        def streaming(table: str) -> bool:
+            status = self.status(table)
+            return status is not None and status.at > after and status.state == "streaming"
+
+        wait_until("every table's record streaming again after the outage",
+                   lambda: all(streaming(t) for t in TABLES), timeout=60, process=self.process)
+        assert all(self.shown(t, 0)[-1].startswith("streaming") for t in TABLES)
+
+    def check_log(self) -> str:
+        """No traceback and no table ever failed; the log's text."""
+        text = self.log.read_text()
+        assert "Traceback" not in text, text[-3000:]
+        assert not any(line.startswith(f"table {t}: failed") for t in TABLES
+                       for line in text.splitlines()), text[-3000:]
+        return text
+
+
+def create_second_table(client: Any) -> None:
+    client.create_table(TableMeta("u", [("id", "INTEGER")]), TableOptions(),
+                        ReservedThroughput(CapacityUnit(0, 0)))
+
+
 def test_replicate_tables_brings_every_table_back_after_an_outage(tmp_path: Path) -> None:
     with wire_scenario(tmp_path) as (emulator, store, client):  # creates table t
-        client.create_table(TableMeta("u", [("id", "INTEGER")]), TableOptions(),
-                            ReservedThroughput(CapacityUnit(0, 0)))
+        create_second_table(client)
         write(client, 0, 60)
-        out = tmp_path / "out"
-        command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
-                   "--endpoint", emulator.url, "--tables", ",".join(TABLES),
-                   "--output", str(out),
-                   "--option", f"instance.name={INSTANCE}",
-                   "--option", f"access.key.id={KEY_ID}",
-                   "--option", f"access.key.secret={SECRET}",
-                   "--restart-backoff", "1:4", "--trigger-ms", "300"]
-        log = tmp_path / "replicate.log"
-        env = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable}
-        with open(log, "w") as sink:
-            job = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-
-        def equal(table: str) -> bool:
-            target = out / "lake" / table
-            if not (target / "_delta_log").exists():
-                return False
-            expected = {k: {c: v for c, v in row.items() if v is not None}
-                        for k, row in rows_by_key(store.scan(table)).items()}
-            got = {k: {c: v for c, v in row.items() if v is not None and c != "_extra"}
-                   for k, row in table_state(read_delta(str(target)), ["id"]).items()}
-            return got == expected
-
-        def last_state(table: str) -> str:
-            lines = [line for line in log.read_text().splitlines()
-                     if line.startswith(f"table {table}: ")]
-            return lines[-1].split(": ", 1)[1] if lines else ""
-
+        job = Job(tmp_path, emulator.url, store)
         try:
-            wait_until("both tables applied", lambda: all(equal(t) for t in TABLES),
-                       timeout=300, process=job)
+            job.wait_applied("both tables applied")
             write(client, 60, 30)
             emulator.kill()  # the service goes away for longer than every per-call retry
             time.sleep(OUTAGE_S)
-            assert job.poll() is None, log.read_text()[-3000:]
+            assert job.process.poll() is None, job.log.read_text()[-3000:]
             emulator.start()  # same port, same store file
+            back = time.time()
             write(sdk_client(emulator.url), 90, 40)
-            wait_until("every target equal to its source after the outage",
-                       lambda: all(equal(t) for t in TABLES), timeout=300, process=job)
-            wait_until("every table streaming again",
-                       lambda: all(last_state(t).startswith("streaming") for t in TABLES),
-                       timeout=60, process=job)
-            assert job.poll() is None
-            text = log.read_text()
-            assert "Traceback" not in text
-            assert not any(line.startswith(f"table {t}: failed") for t in TABLES
-                           for line in text.splitlines()), text[-3000:]
+            job.wait_applied("every target equal to its source after the outage")
+            job.wait_streaming(back)
+            assert job.process.poll() is None
+            job.check_log()
         finally:
-            kill_tree(job.pid)
+            kill_tree(job.process.pid)
+
+
+#: the long run's outage (seconds; ``MULTI_TABLE_OUTAGE_S``)
+MATRIX_OUTAGE_S = float(os.environ.get("MULTI_TABLE_OUTAGE_S", "60"))
+
+
+@pytest.mark.faults_full
+@pytest.mark.parametrize("round_", [1, 2, 3])
+@pytest.mark.parametrize("step", ["planning", "opening", "committing", "reading"])
+def test_an_outage_at_each_step_of_a_batch_leaves_no_table_failed(
+        tmp_path: Path, step: str, round_: int) -> None:
+    """The full matrix (``-m faults_full``; about 2 minutes a case): a ``MATRIX_OUTAGE_S``
+    outage of the calls of one step of a batch (``testkit.outage.STEPS``) in every process of
+    the job, writers going on. Planning, opening and committing are ridden out inside the
+    query: the tables show ``restarting`` and come back without the job restarting it; a read
+    fails the query and the job restarts it. Either way every table streams again and every
+    target equals its source."""
+    from testkit import outage
+
+    plan = tmp_path / "outage.json"
+    with wire_scenario(tmp_path) as (emulator, store, client):
+        create_second_table(client)
+        write(client, 0, 60)
+        job = Job(tmp_path, emulator.url, store, env=outage.environment(plan))
+        try:
+            job.wait_applied("both tables applied")
+            since = len(job.lines())
+            outage.start(plan, step, MATRIX_OUTAGE_S)
+            began = time.monotonic()
+            while time.monotonic() - began < MATRIX_OUTAGE_S:
+                write(client, 60 + int(time.monotonic() - began), 2)
+                time.sleep(2.0)
+                assert job.process.poll() is None, job.log.read_text()[-3000:]
+            outage.end(plan)
+            back = time.time()
+            write(client, 200, 40)
+            job.wait_applied("every target equal to its source after the outage")
+            job.wait_streaming(back)
+            text = job.check_log()
+            restarts = [line for line in text.splitlines()[since:]
+                        if line.startswith("restarting (")]
+            shown = [state for t in TABLES for state in job.shown(t, since)]
+            print(f"{step} round {round_}: {len(restarts)} job restart(s), "
+                  f"{sum(s.startswith('restarting') for s in shown)} restarting line(s)",
+                  file=sys.stderr)
+            if step != "reading":
+                assert not restarts, restarts
+                assert any(s.startswith("restarting") for s in shown), shown
+            else:
+                assert restarts, text[-3000:]
+        finally:
+            kill_tree(job.process.pid)
