@@ -318,6 +318,21 @@ def endless_until_close(conn: socket.socket) -> None:
         conn.sendall(block)
 
 
+def endless_trailer(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"5\r\nhello\r\n0\r\nX-Trailer: ")
+    block = b"t" * MIB
+    while True:
+        conn.sendall(block)
+
+
+def endless_one_byte_chunks(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    block = b"1\r\nx\r\n" * 100_000
+    while True:
+        conn.sendall(block)
+
+
 def dripping(conn: socket.socket) -> None:
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
     while True:
@@ -375,6 +390,27 @@ def test_endless_body_is_refused_once_past_the_answer_bound(
     assert time.monotonic() - began < 5
     assert (caught.value.what, caught.value.limit) == ("body bytes", 4 * MIB)
     assert pool._idle == []
+
+
+@pytest.mark.parametrize("behave", [endless_trailer, endless_one_byte_chunks],
+                         ids=["trailer", "one-byte-chunks"])
+def test_endless_chunk_framing_or_trailer_is_refused(
+        hostile: Callable[[Behaviour], HostileServer], behave: Behaviour) -> None:
+    # httptools holds a trailer's value whole until its line ends: bounded with the headers
+    pool = _pool(hostile(behave).url, max_answer_bytes=4 * MIB)
+    with pytest.raises(AnswerTooLarge, match="besides the body") as caught:
+        pool.exchange(pool.post_bytes("/p", "", b""))
+    assert caught.value.limit < MAX_HEADER_BYTES + MIB
+
+
+def test_chunked_answer_in_small_chunks_is_taken(serve: Callable[[Script], ScriptedServer]
+                                                 ) -> None:
+    piece = b"p" * 64
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + (b"40\r\n" + piece + b"\r\n") * 16384 + b"0\r\nX-Trailer: t\r\n\r\n")
+    server = serve(lambda n, _: (chunked, False))
+    pool = _pool(server.url)
+    assert pool.exchange(pool.post_bytes("/p", "", b"")).body == piece * 16384
 
 
 def test_content_length_past_the_bound_is_refused_before_reading_the_body(

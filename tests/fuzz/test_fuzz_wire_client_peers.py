@@ -5,9 +5,10 @@ Input: what a server (or a proxy in between) answers one request with, drawn pie
 a status line (now and then mutated), a header section (a few headers, a flood of one name
 repeated or of distinct names around ``MAX_HEADER_COUNT``, a value around
 ``MAX_HEADER_BYTES``), a framing (a true ``Content-Length``, one past the answer bound, one
-that lies, chunked, delimited by the close), a body around the answer bound or endless, and a
-pace (all at once, dripped in pieces, or stalled part-way). The peer is a thread of this
-process writing bytes built before the input starts.
+that lies, chunked in pieces of 1 byte to 64 KiB with or without a trailer, delimited by the
+close), a body around the answer bound or endless (or an endless trailer), and a pace (all at
+once, dripped in pieces, or stalled part-way). The peer is a thread of this process writing
+bytes built before the input starts.
 
 Property: one exchange gives an ``Answer`` within the bounds (body, header count) or one of the
 errors the module documents (``AnswerTooLarge``, ``AnswerDeadlineError`` and the other
@@ -72,13 +73,13 @@ DOCUMENTED = (AnswerTooLarge, AnswerDeadlineError, TimeoutError, IncompleteAnswe
 
 @dataclass
 class Peer:
-    """One input's answer: ``head`` then ``body`` (``endless``: ``body`` sent again and again),
-    written in pieces of ``piece`` bytes ``pause_s`` apart (``0``: at once), stopping for good
-    after ``stall_after`` bytes (``None``: never); then closed or held open."""
+    """One input's answer: ``head`` then ``body``, then ``forever`` (if not empty) again and
+    again, written in pieces of ``piece`` bytes ``pause_s`` apart (``0``: at once), stopping
+    for good after ``stall_after`` bytes (``None``: never); then closed or held open."""
 
     head: bytes
     body: bytes
-    endless: bool = False
+    forever: bytes = b""
     piece: int = 0
     pause_s: float = 0.0
     stall_after: int | None = None
@@ -88,7 +89,7 @@ class Peer:
 
     def __post_init__(self) -> None:
         # built now, while the input is drawn: the peer allocates nothing while it plays
-        self.wire = memoryview(self.head + (b"" if self.endless else self.body))
+        self.wire = memoryview(self.head + self.body)
 
     def play(self, conn: socket.socket) -> None:
         sent = 0
@@ -110,8 +111,8 @@ class Peer:
         step = self.piece or len(self.wire) or 1
         for at in range(0, len(self.wire), step):
             yield self.wire[at:at + step]
-        while self.endless:
-            yield self.body  # one object, sent again: nothing allocated per write
+        while self.forever:
+            yield self.forever  # one object, sent again: nothing allocated per write
 
 
 class PeerServer:
@@ -187,7 +188,7 @@ def peers(draw: Any) -> Peer:
     size = draw(st.sampled_from([0, 1000, BOUND - 1, BOUND, BOUND + 1, 3 * BOUND]))
     endless = framing in ("chunked", "until-close") and draw(mostly(st.just(False),
                                                                      st.just(True), 4))
-    body = b"b" * size
+    body, forever = b"b" * size, b""
     if framing == "length":
         headers.append(b"Content-Length: %d\r\n" % size)
     elif framing == "length-past-bound":
@@ -197,17 +198,28 @@ def peers(draw: Any) -> Peer:
         headers.append(b"Content-Length: %d\r\n" % (size + draw(st.integers(1, 1000))))
     elif framing == "chunked":
         headers.append(b"Transfer-Encoding: chunked\r\n")
+        step = draw(st.sampled_from([1, 7, 64, 64 * 1024]))
+        chunk = b"%x\r\n" % step + b"c" * step + b"\r\n"
+        trailer = draw(mostly(st.just(0), st.sampled_from(
+            [1000, MAX_HEADER_BYTES, 8 * MAX_HEADER_BYTES, -1]), 4))
+        framing += f" by {step}"
+        rest = size % step
+        body = chunk * (size // step) + (b"%x\r\n" % rest + b"c" * rest + b"\r\n" if rest
+                                         else b"") + b"0\r\n"
         if endless:
-            block = 64 * 1024
-            body = b"%x\r\n" % block + b"c" * block + b"\r\n"
+            body, forever = b"", chunk * max(1, 64 * 1024 // len(chunk))
+        elif trailer < 0:  # a trailer that never ends
+            body, forever = body + b"X-Trailer: ", b"t" * (64 * 1024)
+            framing, endless = framing + " trailer", True
         else:
-            body = (b"%x\r\n" % size + body + b"\r\n" if size else b"") + b"0\r\n\r\n"
+            framing += f" trailer {trailer}" if trailer else ""
+            body += (b"X-Trailer: " + b"t" * trailer + b"\r\n" if trailer else b"") + b"\r\n"
     else:
         headers.append(b"Connection: close\r\n")
         if endless:
-            body = b"e" * (64 * 1024)
+            body, forever = b"", b"e" * (64 * 1024)
     pace = draw(mostly(st.just("burst"), st.sampled_from(["drip", "stall"]), 8))
-    peer = Peer(status + b"".join(headers) + b"\r\n", body, endless=endless,
+    peer = Peer(status + b"".join(headers) + b"\r\n", body, forever,
                 close=draw(st.booleans()) or framing == "until-close",
                 kind=f"{header_shape} {framing}{' endless' if endless else ''} {pace}")
     if pace == "drip":

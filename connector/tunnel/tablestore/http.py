@@ -27,10 +27,11 @@ Limits: the server (or whatever sits between) is not trusted with this process's
 time. An answer is refused once its header section holds more than ``MAX_HEADER_COUNT``
 headers or ``MAX_HEADER_BYTES`` bytes, or its body is longer than ``MAX_ANSWER_BYTES``: a
 ``Content-Length`` past it before any byte of the body is read, a chunked or close-delimited
-body as soon as it grows past it (at most one ``RECV_BYTES`` read beyond). A whole answer,
-across all its reads, must arrive within the pool's ``answer_deadline_s`` (the transport's
-``RETRY_DEADLINE_S``), and each read within ``read_timeout``: a server dripping a byte at a
-time cannot hold a call longer.
+body as soon as it grows past it (at most one ``RECV_BYTES`` read beyond); a chunked body's
+framing and trailers count with the header section (and may add a quarter of the body). A
+whole answer, across all its reads, must arrive within the pool's ``answer_deadline_s`` (the
+transport's ``RETRY_DEADLINE_S``), and each read within ``read_timeout``: a server dripping a
+byte at a time cannot hold a call longer.
 
 A kept-alive connection the server closed while it was idle is noticed before it is reused
 (readable while idle: its end of file is waiting) and opened anew; a request that meets such a
@@ -305,8 +306,7 @@ class Connection:
                     raise MalformedAnswer(f"not an HTTP answer: {exc}") from exc
                 if collector.refused is not None:
                     raise collector.refused
-                if not collector.headers_complete and received > pool.max_header_bytes:
-                    raise AnswerTooLarge("header bytes", pool.max_header_bytes)
+                self._check_besides_body(collector, received)
             status = parser.get_status_code()
             # a connection that carried bytes nobody asked for is not trusted with another call
             keep = collector.complete and collector.keep_alive and not collector.unasked
@@ -320,6 +320,20 @@ class Connection:
             self.reused = True
             sock.settimeout(pool.read_timeout)  # not the deadline's rest: for the next send
         return Answer(status, collector.joined_headers(), b"".join(collector.chunks))
+
+    def _check_besides_body(self, collector: _Collector, received: int) -> None:
+        """Bytes that are not the body: the header section, then a chunked body's framing and
+        trailers (which httptools holds whole until each ends), at most a quarter of the body
+        beyond ``max_header_bytes`` (a legitimate server's chunks are far longer than their
+        framing)."""
+        limit = self._pool.max_header_bytes
+        if not collector.headers_complete:
+            if received > limit:
+                raise AnswerTooLarge("header bytes", limit)
+            return
+        limit += collector.body_bytes // 4
+        if received - collector.body_bytes > limit:
+            raise AnswerTooLarge("bytes besides the body (chunk framing, trailers)", limit)
 
     def _late(self, received: int) -> str:
         return (f"the answer timed out: not whole within {self._pool.answer_deadline_s:g} s "
