@@ -6,13 +6,17 @@ meta, job, emulator and dashboard commands.
   typed errors (``CdcError``), and an unreadable file;
 - ``OneLineErrors``: the top-level command group (``tablestore_cdc/cli.py``); whatever else a
   command raises -- a bug -- also ends in one line naming the exception, and the flag that
-  shows its trace;
+  shows its trace. Before any command runs it checks every text argument of the command line
+  (``refuse_bad_text``): a non-UTF-8 byte (Python hands it over as a lone surrogate, which
+  SQLite, a URI or a JSON writer cannot encode later) or a control character other than tab
+  and line breaks is one line naming the flag or argument;
 - ``set_verbose``: ``tablestore-cdc --verbose`` (or ``TABLESTORE_CDC_VERBOSE=1``) prints the
   Python traceback above the ``error:`` line, for a bug report.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -56,10 +60,68 @@ def reported_errors() -> Iterator[None]:
         fail(f"{type(exc).__name__}: {exc}")
 
 
+#: what a text argument may not hold: lone surrogates (a byte of the command line that is not
+#: UTF-8 arrives as U+DC80..U+DCFF) and control characters but tab, LF and CR (a JSON value
+#: of ``--option`` may span lines)
+_NOT_IN_ARGUMENTS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+#: how many command groups deep ``refuse_bad_text`` follows the command line
+_MAX_GROUPS = 8
+
+
+def argument_problem(text: str) -> str | None:
+    """Why a command-line value cannot be taken as text, else None."""
+    found = _NOT_IN_ARGUMENTS.search(text)
+    if found is None:
+        return None
+    char, at = found.group(), found.start()
+    if "\udc80" <= char <= "\udcff":
+        return f"byte 0x{ord(char) - 0xDC00:02X} at position {at} is not UTF-8"
+    if "\ud800" <= char <= "\udfff":
+        return f"a lone surrogate U+{ord(char):04X} at position {at}"
+    return f"a control character U+{ord(char):04X} at position {at}"
+
+
+def _label(param: Any) -> str:
+    if getattr(param, "param_type_name", "") == "option" and param.opts:
+        return str(max(param.opts, key=len))
+    return f"argument {getattr(param, 'human_readable_name', None) or str(param.name).upper()}"
+
+
+def refuse_bad_text(command: Any, ctx: Any, args: list[str]) -> None:
+    """``fail`` (one line naming the flag or argument) on the first text value of the command
+    line that ``argument_problem`` refuses: the line parsed by the commands' own parsers, group
+    by group down to the command, before any of them runs (paths too: SQLite and URIs take
+    UTF-8 only). Whatever the parsers cannot parse is left to the real parse to report."""
+    for _ in range(_MAX_GROUPS):
+        try:
+            opts, rest, order = command.make_parser(ctx).parse_args(args=list(args))
+        except Exception:  # noqa: BLE001 - a usage error: the real parse reports it
+            return
+        for param in order:
+            value = opts.get(param.name) if param.name else None
+            for text in value if isinstance(value, list | tuple) else [value]:
+                problem = argument_problem(text) if isinstance(text, str) else None
+                if problem is not None:
+                    fail(f"{_label(param)}: {problem}")
+        if not hasattr(command, "get_command") or not rest:
+            return  # a command (not a group), or a group given no sub-command
+        sub = command.get_command(ctx, rest[0])
+        if sub is None:
+            return
+        ctx = type(ctx)(sub, parent=ctx, info_name=rest[0])
+        command, args = sub, rest[1:]
+
+
 class OneLineErrors(TyperGroup):
     """The ``tablestore-cdc`` group: an exception a command lets through (not click's own
     usage errors and exits) is reported by ``fail`` -- one line, exit code 2 -- instead of
-    typer's traceback."""
+    typer's traceback; a text argument that is not text is refused first
+    (``refuse_bad_text``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:  # not shell completion
+            refuse_bad_text(self, ctx, list(args))
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: Any) -> Any:
         try:

@@ -101,3 +101,88 @@ def test_the_console_script_prints_no_traceback(meta_uri: str) -> None:
     assert run_.stderr.splitlines() == ["error: unexpected KeyError: 'boom' (a bug; rerun with "
                                         "--verbose for the trace)"]
     assert "Traceback" not in run_.stdout + run_.stderr
+
+
+# --- hostile command lines: bytes that are not UTF-8, control characters ----------------------
+
+
+@pytest.mark.parametrize("args, label", [
+    (["replicate", "--table", "t\udcff", "--output", "{tmp}/out"], "--table"),
+    (["replicate", "--table=t\udcff", "--output", "{tmp}/out"], "--table"),
+    (["replicate", "--table", "t", "--target", "delta:///x\udcff", "--output", "{tmp}/out"],
+     "--target"),
+    (["replicate", "--tables", "a,b\x00", "--output", "{tmp}/out"], "--tables"),
+    (["local", "create-table", "{tmp}/s.db", "t\udcff", "--pk", "id:INTEGER"],
+     "argument TABLE"),
+    (["local", "create-table", "{tmp}/s.db", "t", "--pk", "id\x1b[2J:INTEGER"], "--pk"),
+    (["local", "channels", "{tmp}/s.db", "t\ud800"], "argument TABLE"),
+    (["local", "tables", "{tmp}/s\udcff.db"], "argument STORE"),
+    (["meta", "batches", "--meta", "sqlite:///m\udcff.db"], "--meta"),
+    (["meta", "show", "ab\x00cd", "--meta", "{meta}"], "argument UUID"),
+    (["--verbose", "meta", "show", "ab\udc80cd", "--meta", "{meta}"], "argument UUID"),
+], ids=lambda v: ascii(v)[:40] if isinstance(v, list) else v)
+def test_a_non_utf8_byte_or_control_character_in_an_argument_names_it(
+        tmp_path: Path, meta_uri: str, args: list[str], label: str) -> None:
+    """A byte of the command line that is not UTF-8 arrives as a lone surrogate, which SQLite,
+    URIs and JSON cannot encode (UnicodeEncodeError, "a bug", before): each value is checked
+    before any command runs, and the line names the flag or argument. Nothing is created."""
+    line = [a.format(tmp=tmp_path, meta=meta_uri) for a in args]
+    before = sorted(tmp_path.iterdir())
+    code, lines = run(*line)
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith(f"error: {label}: "), lines
+    assert "not UTF-8" in lines[0] or "surrogate" in lines[0] or "control character" in lines[0]
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_tabs_and_line_breaks_in_a_value_are_text(tmp_path: Path) -> None:
+    """A JSON value spanning lines (``--option catalog=...``) is text: not refused here."""
+    code, lines = run("replicate", "--table", "t", "--option", 'catalog={\n\t"columns": {}\n}',
+                      "--output", str(tmp_path / "out"))
+    assert code == 2 and not any("control character" in line for line in lines), lines
+
+
+# --- hostile settings files (replicate --config) --------------------------------------------
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"a = " + b"[" * 5_000 + b"]" * 5_000, "nests arrays or tables deeper than 64 levels"),
+    (b"a = " + b"{b = " * 5_000 + b"}" * 5_000, "nests arrays or tables deeper than 64 levels"),
+    (b"[tables." + b".".join([b"x"] * 5_000) + b"]\n",
+     "nests arrays or tables deeper than 64 levels"),
+    (b"[defaults]\nscd = 1\n# caf\xe9\n", "is not UTF-8 text (byte 0xE9 at offset 24)"),
+    (b"\xff\xfe[\x00d\x00", "is not UTF-8 text (byte 0xFF at offset 0)"),
+    (b"[defaults]\nmax_offsets_per_trigger = " + b"9" * 5_000 + b"\n",
+     "line 2: key 'max_offsets_per_trigger': an integer of more than 4300 digits"),
+    (b"[tables.orders]\nmax_bytes_per_trigger = 1" + b"0" * 4_400 + b"\n",
+     "line 2: key 'max_bytes_per_trigger': an integer of more than 4300 digits"),
+], ids=["deep-arrays", "deep-inline-tables", "deep-dotted", "latin-1", "utf-16",
+        "long-integer", "long-integer-in-a-table"])
+def test_a_hostile_settings_file_is_one_line_naming_the_file(
+        tmp_path: Path, content: bytes, words: str) -> None:
+    config = tmp_path / "tables.toml"
+    config.write_bytes(content)
+    code, lines = run("replicate", "--config", str(config), "--tables", "orders", "--endpoint",
+                      f"local://{tmp_path / 'store.db'}", "--output", str(tmp_path / "out"))
+    assert code == 2
+    assert lines == [f"error: config {config}: {words}"] or (
+        len(lines) == 1 and lines[0].startswith(f"error: config {config}: {words}")), lines
+
+
+def test_settings_nesting_within_the_bound_and_brackets_in_strings_are_read(
+        tmp_path: Path) -> None:
+    from tablestore_cdc.pipeline.table_config import (
+        MAX_SETTINGS_DEPTH,
+        bracket_depth_exceeds,
+        load_table_config,
+    )
+
+    config = tmp_path / "tables.toml"
+    config.write_text('# [[[[ a comment\n[tables.orders]\ntarget = "delta:///w/{table}[[[[[["\n'
+                      "keys = ['a]]]]', \"b\\\"[[[[\"]\n"
+                      + 'soft_delete_column = """\n' + "[" * 200 + '"""\n')
+    settings = load_table_config(config).tables["orders"]
+    assert settings.keys == ("a]]]]", 'b"[[[[') and settings.target.endswith("[[[[[[")
+    assert not bracket_depth_exceeds("a = " + "[" * MAX_SETTINGS_DEPTH + "]" * MAX_SETTINGS_DEPTH,
+                                     MAX_SETTINGS_DEPTH)
+    assert bracket_depth_exceeds("a = " + "[" * (MAX_SETTINGS_DEPTH + 1), MAX_SETTINGS_DEPTH)

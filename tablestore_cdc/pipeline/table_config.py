@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -133,15 +135,107 @@ class TableConfig(BaseModel):
         return out
 
 
+#: how deep a settings file may nest arrays, inline tables and tables (the file needs 3:
+#: ``[tables.NAME]`` and a key): deeper, it is refused before ``tomllib`` parses it (whose
+#: recursion a few thousand brackets exhaust)
+MAX_SETTINGS_DEPTH = 64
+
+
+def bracket_depth_exceeds(text: str, limit: int) -> bool:
+    """Whether TOML ``text`` nests ``[``/``{`` deeper than ``limit``: one linear scan that
+    skips strings (basic, literal, multi-line) and comments; no recursion, whatever the text."""
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        if c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                if quote[0] == '"' and text[i] == "\\":
+                    i += 1  # the escaped character
+                elif len(quote) == 1 and text[i] == "\n":
+                    break  # an unterminated one-line string: tomllib reports it
+                i += 1
+            i += len(quote)
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return False
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether parsed TOML nests tables and arrays deeper than ``limit`` (dotted keys make
+    tables without brackets): iterative, no recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
+#: the most digits Python converts to an int (``sys.get_int_max_str_digits``; 0: no limit)
+_INT_DIGITS = sys.get_int_max_str_digits() or 4300
+#: a run of more digits than that
+_LONG_DIGITS = re.compile(rf"[0-9][0-9_]{{{_INT_DIGITS},}}")
+
+
+def _too_long_integer(text: str) -> str:
+    """Where the integer that is too long to convert is, for the error: its line and key."""
+    found = _LONG_DIGITS.search(text)
+    if found is None:
+        return ""
+    line_no = text.count("\n", 0, found.start()) + 1
+    line = text[text.rfind("\n", 0, found.start()) + 1:found.start()]
+    key = line.split("=", 1)[0].strip() if "=" in line else ""
+    return f"line {line_no}: " + (f"key {key[:80]!r}: " if key else "")
+
+
 def load_table_config(path: Path) -> TableConfig:
-    """Read and validate ``path`` (driver); ``TableConfigError`` naming the table and key."""
+    """Read and validate ``path`` (driver); ``TableConfigError`` naming the table and key.
+
+    Hostile files end in the same error: bytes that are not UTF-8 (naming the byte's offset),
+    nesting past ``MAX_SETTINGS_DEPTH``, an integer of more digits than Python converts."""
     try:
-        raw: dict[str, Any] = tomllib.loads(path.read_text())
+        data = path.read_bytes()
     except OSError as exc:
         raise TableConfigError(path=path, where="", problem=f"cannot be read ({exc.strerror})"
                                ) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TableConfigError(path=path, where="", problem=(
+            f"is not UTF-8 text (byte 0x{data[exc.start]:02X} at offset {exc.start})")
+            ) from None
+    too_deep = TableConfigError(path=path, where="", problem=(
+        f"nests arrays or tables deeper than {MAX_SETTINGS_DEPTH} levels"))
+    if bracket_depth_exceeds(text, MAX_SETTINGS_DEPTH):
+        raise too_deep
+    try:
+        raw: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TableConfigError(path=path, where="", problem=f"is not TOML ({exc})") from None
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as exc:  # int(): more digits than the int-str conversion limit
+        raise TableConfigError(path=path, where=_too_long_integer(text), problem=(
+            f"an integer of more than {_INT_DIGITS} digits (more than Python converts)"
+            if "digits" in str(exc) else str(exc))) from None
+    if _nesting_exceeds(raw, MAX_SETTINGS_DEPTH):
+        raise too_deep
     try:
         return TableConfig.model_validate(raw)
     except ValidationError as exc:
