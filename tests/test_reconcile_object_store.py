@@ -126,3 +126,41 @@ def test_lake_optimize_compacts_an_s3_delta_table_and_vacuums_it(bucket: str) ->
     refused = runner.invoke(app, ["lake", "optimize", "--target", target.uri,
                                   "--target-option", "aws_s3_allow_unsafe_rename=true"])
     assert refused.exit_code == 2 and "is refused" in refused.output
+
+
+def test_lake_optimize_expires_and_vacuums_an_iceberg_table_in_s3(
+        tmp_path: Path, bucket: str, moto_endpoint: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshots the job does not need are expired through the catalog; then the files
+    under the table's location no snapshot refers to (those of expired snapshots, a stray
+    file of a batch killed before its commit) are removed, listed through the table's
+    FileIO; the table still reads whole and its job's batch marker is kept."""
+    import boto3
+
+    catalog = CatalogIceberg("lake", tmp_path / "catalog.db", f"s3://{bucket}/wh",
+                             moto_endpoint)
+    for key, value in catalog.catalog_env.items():
+        monkeypatch.setenv(key, value)
+    sink = catalog.sink()
+    for batch_id in range(4):  # the same keys again and again: overwrites
+        sink.apply(batch(*(change("PUT", "c", batch_id * 10 + i, batch_id, i, f"v{batch_id}",
+                                  i) for i in range(3))), "q", batch_id)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    location = catalog.table().location().removeprefix(f"s3://{bucket}/")
+    s3.put_object(Bucket=bucket, Key=f"{location}/data/stray-killed-batch.parquet", Body=b"x")
+
+    def listed() -> set[str]:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=location)
+        return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+    before = listed()
+    result = runner.invoke(app, ["lake", "optimize", "--target", catalog.uri,
+                                 "--expire-hours", "0", "--vacuum-hours", "0"])
+    assert result.exit_code == 0, result.output
+    after = listed()
+    assert f"{location}/data/stray-killed-batch.parquet" in before - after
+    assert len(before - after) >= 4  # the stray file, and old data files, manifests, lists
+    assert "snapshot(s) expired" in result.output
+    assert sorted((r["id"], r["name"]) for r in catalog.rows()) == [
+        (0, "v3"), (1, "v3"), (2, "v3")]
+    assert catalog.sink().committed_batch("q") == 3

@@ -21,8 +21,10 @@ once needs: the current one and every snapshot between it and the newest of the 
 marker names (the batch marker its restart looks for, walking back from the current snapshot;
 iceberg.committed_batch). Every Iceberg commit rewrites the whole metadata, so a stream's
 batches slow down with the snapshots kept (docs/lakehouse.md, "Limits"). With
-``--vacuum-hours`` the files under the table's directory (a local table) that no snapshot in
-its metadata references and that are older than the retention are removed (``_vacuum_iceberg``:
+``--vacuum-hours`` the files under the table's location (a local directory, or an object
+store listed through the table's own FileIO, pyiceberg's pyarrow file system) that no snapshot
+in its metadata references and that are older than the retention are removed
+(``_vacuum_iceberg``:
 as Iceberg's ``DeleteOrphanFiles`` does): data files (those of batches killed before their
 commit, their executors' among them, and those only expired snapshots referenced), and in
 ``metadata/`` the manifests, manifest lists and metadata files nothing refers to any more.
@@ -170,28 +172,71 @@ def _expire_iceberg(table: Any, job: str, expire_hours: float) -> tuple[int, boo
 
 
 def _vacuum_iceberg(uri: str, table: Any, vacuum_hours: int) -> int:
-    """Remove the files of a local Iceberg table that no snapshot references and that are
-    older than ``vacuum_hours`` (module doc); returns how many."""
-    root = local_path(table.location().rstrip("/"))
-    if root is None:
-        raise TargetUriError(uri=uri, problem="unreferenced files are removed from tables on "
-                             "the local file system only", allowed=FORMS)
+    """Remove the files of an Iceberg table that no snapshot references and that are older
+    than ``vacuum_hours`` (module doc); returns how many."""
     referenced = _referenced_files(table)
     cutoff = time.time() - vacuum_hours * 3600
-    unreferenced = [path for pattern in ("data/**/*.parquet", "metadata/*.avro",
-                                         "metadata/*.metadata.json")
-                    for path in sorted(Path(root).glob(pattern))
-                    if str(path) not in referenced]
     removed = 0
-    for path in unreferenced:
-        if path.stat().st_mtime < cutoff:
-            path.unlink()
+    for path, modified in _table_files(uri, table):
+        if path not in referenced and modified < cutoff:
+            if local_path(path) is not None:
+                Path(path).unlink()
+            else:
+                table.io.delete(path)
             removed += 1
     return removed
 
 
+#: the files a vacuum looks at, under the table's location
+_VACUUMED = ("data/**/*.parquet", "metadata/*.avro", "metadata/*.metadata.json")
+
+
+def _table_files(uri: str, table: Any) -> list[tuple[str, float]]:
+    """Every data, manifest, manifest-list and metadata file under the table's location, as
+    ``_referenced_files`` names them (a local path, or the object store's URI), with its
+    modification time (seconds). An object store is listed with the pyarrow file system of
+    the table's FileIO (its properties: endpoint, region, credentials); another FileIO is
+    refused (``TargetUriError``)."""
+    location = table.location().rstrip("/")
+    root = local_path(location)
+    if root is not None:
+        return [(str(path), path.stat().st_mtime) for pattern in _VACUUMED
+                for path in sorted(Path(root).glob(pattern))]
+    import pyarrow.fs as pafs
+
+    filesystem = getattr(table.io, "fs_by_scheme", None)
+    parse = getattr(table.io, "parse_location", None)
+    if filesystem is None or parse is None:
+        raise TargetUriError(uri=uri, problem="the table's FileIO cannot list its files "
+                             "(unreferenced files are removed through pyiceberg's pyarrow "
+                             "FileIO: py-io-impl=pyiceberg.io.pyarrow.PyArrowFileIO)",
+                             allowed=FORMS)
+    scheme, netloc, path = parse(location)
+    infos = filesystem(scheme, netloc).get_file_info(
+        pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    found = []
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(path):].lstrip("/")
+        if _vacuumed(relative):
+            modified = info.mtime.timestamp() if info.mtime is not None else time.time()
+            found.append((f"{scheme}://{info.path}", modified))
+    return found
+
+
+def _vacuumed(relative: str) -> bool:
+    """Whether a file at ``relative`` (to the table's location) is one ``_VACUUMED`` names."""
+    folder, _, name = relative.rpartition("/")
+    if folder == "data" or folder.startswith("data/"):
+        return name.endswith(".parquet")
+    return folder == "metadata" and (name.endswith(".avro")
+                                     or name.endswith(".metadata.json"))
+
+
 def _referenced_files(table: Any) -> set[str]:
-    """The local paths of every file the table's metadata refers to: the current metadata
+    """The files the table's metadata refers to (local paths, or the object store's URIs as
+    the metadata names them): the current metadata
     file and those of its log, every snapshot's manifest list, manifests, and data and delete
     files (time travel reads the old ones)."""
     io = table.io
@@ -205,7 +250,8 @@ def _referenced_files(table: Any) -> set[str]:
             manifests.add(manifest.manifest_path)
             for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
                 files.add(entry.data_file.file_path)
-    return {str(Path(local_path(f) or f)) for f in files | manifests}
+    return {f if local_path(f) is None else str(Path(str(local_path(f))))
+            for f in files | manifests}
 
 
 def describe(result: Optimized) -> str:
