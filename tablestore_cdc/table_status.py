@@ -1,7 +1,9 @@
 """Each replicated table's status: the one record the feed, the CLI and the metrics all read.
 
 A replication job knows each table's state from two places: the source's report in Spark's
-progress (new, snapshotting, streaming, dropped, failed on the source side, and its lag) and
+progress (new, snapshotting, streaming, waiting for its lease, restarting after a retryable
+error -- streaming again by itself once its service answers --, dropped, failed on the source
+side by a configuration or data error, and its lag) and
 the apply (``AppliedTable``: a target that refused a batch, changes applied, the target's
 version, its last schema change). ``MultiTablePipeline.table_statuses`` (``replicate
 --tables``) joins them into one ``TableStatus`` per table, and ``Pipeline.table_status``

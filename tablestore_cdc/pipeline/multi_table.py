@@ -224,8 +224,9 @@ class MultiTablePipeline(TwoQueries):
         return None if not progress else int(progress["batchId"])
 
     def table_states(self) -> dict[str, str]:
-        """Each table's state: the source's (new, streaming, dropped, failed: ... from the
-        progress report), then the apply's failures over it."""
+        """Each table's state: the source's (new, streaming, waiting: ..., restarting: ...
+        after a retryable error, back to streaming once its service answers, dropped,
+        failed: ... from the progress report), then the apply's failures over it."""
         states: dict[str, str] = dict(self._source_report().get("tables", {}))
         for table, status in self.apply.tables.items():
             if status.state == "failed":
