@@ -102,10 +102,11 @@ class _Slot:
         self.busy = False
         self.evicted = False
         self.waiting_since = time.monotonic()
-        #: when the bytes awaited must have come (the first byte of a request: the idle or
-        #: first-request deadline; then the whole request's)
+        #: when the bytes awaited must have come: a new connection's whole first request
+        #: within REQUEST_READ_TIMEOUT_S of the accept; later, a request's first byte within
+        #: the keep-alive idle time and the rest within REQUEST_READ_TIMEOUT_S of it
         self.deadline = self.waiting_since + REQUEST_READ_TIMEOUT_S
-        self.in_request = False
+        self.in_request = True
 
     def await_request(self, idle_s: float) -> None:
         """The connection's thread: the next request may take ``idle_s`` to start."""
@@ -218,11 +219,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(_DeadlineReader(self.request, self._slot))
 
     def handle_one_request(self) -> None:
-        """One request: its first byte within the first-request or keep-alive idle time, the
-        rest within ``REQUEST_READ_TIMEOUT_S``."""
-        idle = KEEPALIVE_IDLE_TIMEOUT_S if self._requests_read else REQUEST_READ_TIMEOUT_S
+        """One request: a new connection's first within ``REQUEST_READ_TIMEOUT_S``; a later
+        one's first byte within ``KEEPALIVE_IDLE_TIMEOUT_S``, the rest within
+        ``REQUEST_READ_TIMEOUT_S`` of it."""
         if self._requests_read:
-            self._slot.await_request(idle)
+            self._slot.await_request(KEEPALIVE_IDLE_TIMEOUT_S)
         self._requests_read += 1
         super().handle_one_request()
 
@@ -344,9 +345,10 @@ def _error_body(exc: OtsError) -> bytes:
     return pb.Error(code=exc.code, message=exc.message).SerializeToString()
 
 
-#: The answer to a connection over the cap when every connection is busy: the service's 503,
-#: unsigned, sent without waiting (its bytes fit any socket buffer) and the connection closed.
 def _busy_answer() -> bytes:
+    """The answer to a connection over the cap when every connection is busy: the service's
+    503, unsigned, sent without waiting (its bytes fit any socket buffer) before the
+    connection is closed (over https, where no handshake has run, it is only closed)."""
     payload = _error_body(server_unavailable(
         f"Server is busy: {MAX_CONNECTIONS} connections are being answered, retry later."))
     head = (f"HTTP/1.1 503 Service Unavailable\r\nx-ots-requestid: {new_request_id()}\r\n"
