@@ -397,3 +397,59 @@ def test_a_retryable_error_of_a_table_s_apply_fails_the_batch_not_the_table(
         target = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table().to_pylist()
         assert sorted((r["id"], r["v"]) for r in target) == sorted(
             (k["id"], c["v"]) for k, c in store.scan(table)), table
+
+
+class _RefusingSink(_FlakySink):
+    """A real target's sink that refuses every batch (a configuration error) while
+    ``refusal`` is down, and raises a retryable error while the outage lasts."""
+
+    def __init__(self, sink: Any, outage: Outage, refusal: Outage) -> None:
+        super().__init__(sink, outage)
+        self._refusal = refusal
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        if self._refusal.down:
+            raise OptionError(option="--schema-drift", value="exception",
+                              problem="refuses a new attribute", allowed="lenient")
+        return super().apply(*args, **kwargs)
+
+
+def test_an_outage_while_held_batches_are_resumed_keeps_the_table_failed_and_its_batches_held(
+        tmp_path: Path, store: LocalTablestore, outage: Outage) -> None:
+    from deltalake import DeltaTable
+
+    from tablestore_cdc.lakehouse import open_apply_sink
+
+    run = Run(store.path, outage, FakeClock(start=time.time()))
+    write(store, 0)
+    run.batch(run.reader.initialOffset())
+    changes = pa.Table.from_pylist(run.rows)
+    out = tmp_path / "out"
+    settings = ApplySettings(target=f"delta://{tmp_path}/lake/{{table}}")
+    down, refusal = Outage(), Outage()
+    refusal.down = True
+
+    def open_sink(target: str, **kwargs: Any) -> Any:
+        return _RefusingSink(open_apply_sink(target, **kwargs), down, refusal)
+
+    first = MultiTableApply(settings, "local://store", out, open_sink=open_sink)
+    first.apply_batch(changes, "app", 0)  # refused: both tables failed, their rows held
+    assert {t: s.state for t, s in first.tables.items()} == {"a": "failed", "b": "failed"}
+    refusal.down = False  # the setting fixed; the job restarts during an outage
+    down.down = True
+    restarted = MultiTableApply(settings, "local://store", out, open_sink=open_sink)
+    with pytest.raises(CdcError) as raised:
+        restarted.resume_held("app")
+    assert raised.value.retryable  # the job's start fails retryably, and is tried again
+    assert restarted.tables["a"].state == "failed"
+    assert (out / "_tables" / "a.failed").exists()
+    assert list((out / "_held" / "a").glob("*.parquet"))
+    down.down = False
+    again = MultiTableApply(settings, "local://store", out, open_sink=open_sink)
+    again.resume_held("app")
+    assert {t: s.state for t, s in again.tables.items()} == {"a": "streaming", "b": "streaming"}
+    assert not list((out / "_tables").glob("*.failed"))
+    for table in TABLES:
+        target = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table().to_pylist()
+        assert sorted((r["id"], r["v"]) for r in target) == sorted(
+            (k["id"], c["v"]) for k, c in store.scan(table)), table
