@@ -251,3 +251,26 @@ def test_a_string_keyed_table_in_s3_takes_updates_and_deletes(bucket) -> None:
     sink.apply(string_keyed(4, ("UPDATE", "b", "4"), ("PUT", "c", "4")), "q", 4)
     assert sorted((r["k"], r["name"]) for r in target.rows()) == [
         ("a", "1"), ("b", "4"), ("c", "4"), ("d", "3")]
+
+
+def test_an_iceberg_table_in_a_glue_catalog_on_moto(bucket, moto_endpoint, tmp_path,
+                                                     monkeypatch) -> None:
+    """pyiceberg's Glue catalog (moto serves Glue too), configured by environment variables
+    only: the change log applies, a replay is skipped, another job is refused."""
+    prefix = "PYICEBERG_CATALOG__GLUE__"
+    for key, value in {"TYPE": "glue", "GLUE__ENDPOINT": moto_endpoint,
+                       "GLUE__REGION": "us-east-1", "WAREHOUSE": f"s3://{bucket}/glue",
+                       "S3__ENDPOINT": moto_endpoint, "S3__REGION": "us-east-1"}.items():
+        monkeypatch.setenv(prefix + key, value)
+    namespace = f"cdc_{uuid.uuid4().hex[:8]}"  # moto's Glue lives as long as the server
+    store = store_with_history(tmp_path / "store.db", changes=120)
+    sink = open_apply_sink(f"iceberg://glue/{namespace}.orders", key_columns=["id"])
+    pages = source_batches(store, 40)
+    for batch_id, page in enumerate(pages):
+        assert sink.apply(page, "q", batch_id).committed
+    assert not sink.apply(pages[-1], "q", len(pages) - 1).committed
+    assert table_state(sink.table().scan().to_arrow().to_pylist(), ["id"]) == {
+        k: dict(v) for k, v in rows_by_key(store.scan("t")).items()}
+    with pytest.raises(ForeignTargetError):
+        open_apply_sink(f"iceberg://glue/{namespace}.orders", key_columns=["id"]).apply(
+            pages[0], "other", 0)
