@@ -75,8 +75,9 @@ def replicate(
         "the emulator's or a Tablestore instance's http(s):// URL, dynamodb-streams://...")]
     = None,
     target: Annotated[str | None, typer.Option(
-        help="Where changes are applied: delta:///abs/path or "
-        "iceberg:///abs/warehouse?table=namespace.table (default: delta://OUTPUT/TABLE).")]
+        help="Where changes are applied: delta:///abs/path, delta+s3://bucket/prefix, "
+        "iceberg:///abs/warehouse?table=namespace.table or iceberg://catalog/namespace.table "
+        "(default: delta://OUTPUT/TABLE; docs/lakehouse.md).")]
     = None,
     scd: Annotated[int, typer.Option(
         min=1, max=2, help="1: the current state; 2: one row per version with __START_AT and "
