@@ -19,15 +19,10 @@ from typing import Any
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
-from connector.multiplex import MultiTableOptions
 from tablestore_cdc.cli_errors import reported_errors
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
-from tablestore_cdc.pipeline.multi_table import (
-    check_target_template,
-    start_multi_table_pipeline,
-    status_location,
-)
+from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 from tablestore_cdc.pipeline.table_config import TableConfig, load_table_config
 from tablestore_cdc.table_status import TableStatusWriter
@@ -39,33 +34,50 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                      apply: ApplySettings, tunnel: str, options: dict[str, str],
                      trigger_ms: int, master: str, metrics_port: int | None = None,
                      config: Path | None = None, given: frozenset[str] = frozenset(),
-                     policy: RestartPolicy | None = None, once: bool = False) -> JobExit:
+                     policy: RestartPolicy | None = None, once: bool = False, *,
+                     initial: str = "snapshot", initial_given: bool = False,
+                     allow_empty: bool = False) -> JobExit:
     """Run the multi-table pipeline until stopped (driver), under the replication job's
     restart policy, output lock and log file (``tablestore_cdc.pipeline.job``, as one table's
     ``replicate``); ``metrics_port``: serve the per-table metrics for Prometheus on 127.0.0.1
     (``tablestore_cdc.pipeline.metrics``); ``config``: per-table settings
     (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
-    given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow).
-    Returns the job's exit code."""
+    given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow);
+    ``initial``, ``initial_given``, ``allow_empty``: ``--initial`` (and whether it was given)
+    and ``--allow-empty``, for the checks before the start
+    (``tablestore_cdc.pipeline.preflight``, as one table's ``replicate``). Returns the job's
+    exit code."""
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
+    from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
+    from tablestore_cdc.source_flags import flags_named
 
     metrics = TableMetrics(default_retention_s(endpoint))
 
     excluded = ",".join(exclude) if exclude else None
     per_table = None
-    with reported_errors():
+    with reported_errors(), flags_named():
         if config is not None:
             table_config = load_table_config(config)
             per_table = functools.partial(table_config.for_table, base=apply, given=given)
         else:
             table_config = TableConfig()
-            check_target_template(apply.target)  # before Spark starts
         # each table's schema_drift is its source's policy too, and snapshot_op its
         # snapshot.op, unless --option names them
         options = table_config.source_options(options, apply, given)
-        MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
-                                      "tunnel.name": tunnel, **options})  # refused here
+        settings_of = per_table
+        # every check one table's replicate makes, for each table matching now, read-only,
+        # before the lock and Spark
+        checked = check_before_start(JobPlan(
+            endpoint, output, tunnel, options,
+            lambda table: settings_of(table)[0] if settings_of is not None else apply,
+            tables=tables, exclude=excluded, initial=initial, initial_given=initial_given,
+            allow_empty=allow_empty))
+    options = checked.options
+    for line in checked.lines:
+        console.print(line, soft_wrap=True)
+    console.print(f"capturing {len(checked.tables)} table(s) now: "
+                  f"{', '.join(checked.tables) or '(none yet)'}", soft_wrap=True)
     with reported_errors():  # a second start ends here (exit 4), having written nothing
         lock, spark = open_job(output, master, console.print)
     try:

@@ -8,12 +8,10 @@ and the demo (``tablestore_cdc.demo``): flags in, one line per change of the fig
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 
@@ -21,8 +19,7 @@ from cdc_common.uris import redact_uri
 from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.demo.run import run_demo
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline
-from tablestore_cdc.pipeline.queries import checkpoint_query_id
-from tablestore_cdc.source_flags import reader_options, source_endpoint
+from tablestore_cdc.source_flags import flags_named, reader_options, source_endpoint
 
 console = Console(stderr=True)
 
@@ -100,6 +97,14 @@ def replicate(
     = None,
     tunnel: Annotated[str, typer.Option(help="Tunnel name (created if missing).")]
     = "replicate",
+    initial: Annotated[str, typer.Option(
+        help="What a new tunnel delivers first: snapshot (every row of the table as it is, "
+        "then the changes after it: tunnel.type=BaseAndStream) or none (only the changes the "
+        "tunnel still retains: older rows are missing from the target). An existing tunnel "
+        "keeps its type; --option tunnel.type=... wins.")] = "snapshot",
+    allow_empty: Annotated[bool, typer.Option(
+        help="With --tables: start even when no table matches now (a warning), and pick the "
+        "tables up when they are created; without it that is refused.")] = False,
     option: Annotated[list[str] | None, typer.Option(
         help="Extra reader option KEY=VALUE (repeatable), e.g. maxOffsetsPerChannel=5000.")]
     = None,
@@ -121,6 +126,7 @@ def replicate(
     (docs/multi-table.md). Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
     configuration error, 3 gave up after --max-restarts, 4 already running."""
     from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
+    from tablestore_cdc.pipeline.preflight import INITIAL_CHOICES, JobPlan, check_before_start
     from tablestore_cdc.pipeline.restarts import restart_policy
 
     endpoint = source_endpoint(store, endpoint)
@@ -130,6 +136,9 @@ def replicate(
         from tablestore_cdc.lakehouse.target import parse_target_options
 
         target_options = tuple(parse_target_options(target_option).items())
+    if initial not in INITIAL_CHOICES:
+        fail(f"option '--initial': got {initial!r}; allowed: {' or '.join(INITIAL_CHOICES)}")
+    initial_given = _on_command_line(ctx, "initial")
     if tables is not None:
         if table is not None:
             fail("--table and --tables: give one of them")
@@ -139,16 +148,19 @@ def replicate(
                               soft_delete_column, adopt_target, target_options)
         given = frozenset(name for name in ("target", "scd", "schema_drift",
                                             "soft_delete_column", "adopt_target")
-                          if ctx.get_parameter_source(name)
-                          is click.core.ParameterSource.COMMANDLINE) | (
+                          if _on_command_line(ctx, name)) | (
                               {"target_options"} if target_options else set())
         with reported_errors():
             policy = restart_policy(restart_backoff, max_restarts)
         code = replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra,
-                                trigger_ms, master, metrics_port, config, given, policy, once)
+                                trigger_ms, master, metrics_port, config, given, policy, once,
+                                initial=initial, initial_given=initial_given,
+                                allow_empty=allow_empty)
         raise typer.Exit(int(code))
     if table is None:
         fail("--table (one table) or --tables (a selection) is required")
+    if allow_empty:
+        fail("--allow-empty goes with --tables")
     # one policy for the source and the target (Flink CDC's schema.change.behavior), unless an
     # --option names the reader's own (--tables: per table, TableConfig.source_options)
     if "schema.change.behavior" not in {key.lower() for key in extra}:
@@ -156,15 +168,15 @@ def replicate(
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target, target_options)
     with reported_errors(), flags_named():
-        from tablestore_cdc.lakehouse import open_apply_sink
-
         policy = restart_policy(restart_backoff, max_restarts)
-        # a bad target or option, or a target of another job, fails here, read-only, before
-        # the lock and Spark
-        open_apply_sink(apply.target, scd=scd, schema_drift=schema_drift,
-                        soft_delete_column=soft_delete_column, adopt_target=adopt_target,
-                        source=f"{redact_uri(endpoint)}#{table}").check_target(
-            checkpoint_query_id(output / "_checkpoints" / "apply"))
+        # a bad target, option or endpoint, a missing table, a target or table of another
+        # job: refused here, read-only, before the lock and Spark (the same checks as --tables)
+        checked = check_before_start(JobPlan(endpoint, output, tunnel, extra, lambda _: apply,
+                                             table=table, initial=initial,
+                                             initial_given=initial_given))
+    extra = checked.options
+    for line in checked.lines:
+        console.print(line, soft_wrap=True)
     with reported_errors():  # a second start ends here (exit 4), having written nothing
         lock, spark = open_job(output, master, console.print)
     try:
@@ -192,24 +204,12 @@ def replicate(
     raise typer.Exit(int(code))
 
 
-#: the apply sink's arguments -> the flags of ``replicate`` that set them
-_FLAGS = {"schema_drift": "--schema-drift", "soft_delete_column": "--soft-delete-column",
-          "scd": "--scd", "adopt_target": "--adopt-target", "target": "--target"}
-
-
-@contextmanager
-def flags_named() -> Iterator[None]:
-    """An option error of the apply sink names the flag the user gave, not the sink's Python
-    argument (``schema_drift`` -> ``--schema-drift``)."""
-    from tablestore_cdc.lakehouse.errors import ApplyOptionError
-
-    try:
-        yield
-    except ApplyOptionError as exc:
-        option = exc.fields.get("option")
-        if option not in _FLAGS:
-            raise
-        raise type(exc)(**{**exc.fields, "option": _FLAGS[option]}) from exc
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Was the flag of parameter ``name`` given on the command line (not its default)? By the
+    source's name: typer runs on its own copy of click, whose ``ParameterSource`` is not
+    ``click.core.ParameterSource``."""
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", None) == "COMMANDLINE"
 
 
 def _progress_printer(writer: Any, table: str, job: str) -> Callable[[Any], None]:

@@ -1,9 +1,13 @@
 """The source flags ``replicate`` and ``reconcile`` share: ``--store`` / ``--endpoint`` and
 ``--option KEY=VALUE``, turned into the reader's ``endpoint`` option and extra options (CLI
-process). A bad combination ends the command with one ``error:`` line (exit 2)."""
+process). A bad combination ends the command with one ``error:`` line (exit 2). And
+``flags_named``: an apply-sink option error of ``replicate`` (one table or ``--tables``) names
+the flag the user gave."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tablestore_cdc.cli_errors import fail
@@ -30,3 +34,23 @@ def reader_options(option: list[str] | None) -> dict[str, str]:
             fail(f"--option {item!r}: expected KEY=VALUE")
         extra[key] = value
     return extra
+
+
+#: the apply sink's arguments -> the flags of ``replicate`` that set them
+_FLAGS = {"schema_drift": "--schema-drift", "soft_delete_column": "--soft-delete-column",
+          "scd": "--scd", "adopt_target": "--adopt-target", "target": "--target"}
+
+
+@contextmanager
+def flags_named() -> Iterator[None]:
+    """An option error of the apply sink names the flag the user gave, not the sink's Python
+    argument (``schema_drift`` -> ``--schema-drift``)."""
+    from tablestore_cdc.lakehouse.errors import ApplyOptionError
+
+    try:
+        yield
+    except ApplyOptionError as exc:
+        option = exc.fields.get("option")
+        if option not in _FLAGS:
+            raise
+        raise type(exc)(**{**exc.fields, "option": _FLAGS[option]}) from exc

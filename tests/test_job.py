@@ -93,7 +93,7 @@ def test_replicate_stops_on_ctrl_c_and_sigterm_and_resumes_exactly(tmp_path):
                        channels=2)
     out = tmp_path / "out"
     command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
-               "--output", str(out)]
+               "--output", str(out), "--initial", "none"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     source = SourceOptions.from_spark({"endpoint": f"local://{store.path}", "table.name": "t",
                                        "tunnel.name": "replicate"})
@@ -181,7 +181,7 @@ def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path):
                        channels=2)
     out = tmp_path / "out"
     command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
-               "--output", str(out), "--once"]
+               "--output", str(out), "--initial", "none", "--once"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     write(store, 0, 250)
     for run_number in (1, 2):
@@ -209,7 +209,7 @@ def test_replicate_tables_once_catches_every_table_up_twice_in_a_row(tmp_path):
         write(store, 0, 120, table=name)
     out = tmp_path / "out"
     command = [*CLI, "replicate", "--store", str(store.path), "--tables", "t*",
-               "--output", str(out), "--once"]
+               "--output", str(out), "--initial", "none", "--once"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     for run_number, tables in ((1, ("t1", "t2")), (2, ("t1", "t2", "t3"))):
         run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

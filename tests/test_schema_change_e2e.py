@@ -184,7 +184,7 @@ class Replicate:
                         "--option", f"instance.name={INSTANCE}",
                         "--option", f"access.key.id={KEY_ID}",
                         "--option", f"access.key.secret={SECRET}",
-                        "--trigger-ms", "300", *flags]
+                        "--trigger-ms", "300", "--initial", "none", *flags]
         self.env = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 

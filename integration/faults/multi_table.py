@@ -189,7 +189,7 @@ class Replication:
     def start(self) -> None:
         args = ["replicate", "--store", str(self.store_path), "--tables", "t*",
                 "--output", str(self.out), "--target", f"delta://{self.lake}/{{table}}",
-                "--config", str(self.config), "--trigger-ms", "300",
+                "--config", str(self.config), "--trigger-ms", "300", "--initial", "none",
                 "--option", "tables.refreshIntervalMs=1000"]
         code = "from tablestore_cdc.cli import app; app()"
         self.starts += 1
