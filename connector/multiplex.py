@@ -362,6 +362,10 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         #: again
         self._attempts: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
+        #: a table's protocol answered once: the query has reached its services, so an
+        #: endpoint that gives no answer at all is an outage from now on, not a wrong URL
+        #: (``cdc_common.first_contact``; the job's rule, ``pipeline.failures``)
+        self._reached = False
         #: table -> the start UUID of the batch latestOffset last saw, and its lag reporter
         self._last_starts: dict[str, str] = {}
         self._reporters: dict[str, Any] = {}
@@ -440,9 +444,10 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         only pauses it too (``restarting``): it is tried again on ``options.retry``'s
         backoff; when the policy gives up, the error is raised (the query fails, and the
         job's restart policy takes over)."""
-        from connector.errors import UnknownTableError
+        from connector.errors import EndpointUnreachableError, UnknownTableError
 
-        if isinstance(reason, CdcError) and reason.retryable:
+        if isinstance(reason, CdcError) and (reason.retryable or (
+                self._reached and isinstance(reason, EndpointUnreachableError))):
             attempt = self._attempts.get(table, 0) + 1
             self._attempts[table] = attempt
             self._close(table, self._protocols.pop(table, None))
@@ -484,6 +489,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         """``table``'s protocol answered ``latestOffset``: a table waiting for its lease or
         restarting after a retryable error streams again (its offset moves from where it
         stopped), and its next failure counts from one."""
+        self._reached = True
         self._attempts.pop(table, None)
         self._retry_at.pop(table, None)
         state = self.table_states.get(table, "")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,13 @@ import pytest
 import connector.clients as clients_module
 import connector.retry as retry_module
 from connector.clients import ClientHooks, Clients, ExecutorClients
-from connector.errors import CdcError, OptionError, TransientMetaStoreError, TransientTunnelError
+from connector.errors import (
+    CdcError,
+    EndpointUnreachableError,
+    OptionError,
+    TransientMetaStoreError,
+    TransientTunnelError,
+)
 from connector.local import LocalTablestore
 from connector.multiplex import MultiTableOptions, MultiTableStreamReader
 from connector.proxy import ClientProxy
@@ -47,9 +53,11 @@ class Outage:
     retryable error (``TransientTunnelError``, ``TransientMetaStoreError``), as a stopped
     emulator answers nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: Callable[[str], CdcError] | None = None) -> None:
         self.down = False
         self.refused = 0
+        #: the error every refused call raises (None: the client's retryable one)
+        self.error = error
 
     def __call__(self, client: Any) -> Any:
         return _Unanswered(client, self)
@@ -63,6 +71,8 @@ class _Unanswered(ClientProxy):
     def _call(self, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         if self._outage.down:
             self._outage.refused += 1
+            if self._outage.error is not None:
+                raise self._outage.error(name)
             error = (TransientTunnelError if isinstance(self._target, TunnelService)
                      else TransientMetaStoreError)
             raise error(detail=f"{name}: connection refused")
@@ -254,6 +264,29 @@ def test_a_logged_batch_of_a_restarting_table_is_read_or_fails_the_query_retryab
     outage.down = False
     run.read(start, end)  # before the tables' next try: opened at once for the logged batch
     run.reader.commit(end)
+    assert_exact(store, run.rows)
+
+
+def test_an_endpoint_that_stops_answering_after_the_query_reached_it_is_an_outage(
+        store: LocalTablestore, outage: Outage) -> None:
+    """A table's protocol opened again binds inside the query's first-contact rule, where an
+    endpoint giving no answer at all is a configuration error (a wrong URL); once the query
+    has reached its services it is an outage, as the job counts it."""
+    clock = FakeClock(start=time.time())
+    run = Run(store.path, outage, clock)
+    write(store, 0)
+    end = run.batch(run.reader.initialOffset())
+    outage.error = lambda name: EndpointUnreachableError(
+        problem=f"{name}: connection refused by 127.0.0.1 (check the endpoint)")
+    outage.down = True
+    assert run.batch(end) == end
+    assert all(s.startswith("restarting: ") for s in run.states().values()), run.states()
+    outage.down = False
+    run.wait_out()
+    write(store, 10)
+    while (moved := run.batch(end)) != end:
+        end = moved
+    assert run.states() == {"a": "streaming", "b": "streaming"}
     assert_exact(store, run.rows)
 
 
