@@ -171,6 +171,10 @@ def test_target_uris_and_options_are_checked_and_secrets_never_shown(tmp_path) -
     with pytest.raises(TargetUriError, match="credentials do not go in the URI") as raised:
         open_apply_sink("delta+s3://AKIA:hunter2@b/p")
     assert "hunter2" not in str(raised.value)
+    with pytest.raises(TargetUriError, match="credentials do not go in the URI"):
+        open_apply_sink("delta+abfss://container:hunter2@account.dfs.core.windows.net/p")
+    abfss = open_apply_sink("delta+abfss://container@account.dfs.core.windows.net/lake/t")
+    assert str(abfss) == "abfss://container@account.dfs.core.windows.net/lake/t"
     with pytest.raises(TargetUriError, match="no catalog 'nowhere'"):
         open_apply_sink("iceberg://nowhere/ns.t")
     with pytest.raises(TargetUriError, match="NAMESPACE.TABLE"):

@@ -56,12 +56,13 @@ def open_apply_sink(uri: str, *, target_options: Mapping[str, str] | None = None
         parts = urlsplit(uri)
     except ValueError:
         raise TargetUriError(uri=shown, problem="it is not a URI", allowed=FORMS) from None
-    if parts.username is not None or parts.password is not None:
+    scheme, _, store = parts.scheme.partition("+")
+    # abfss://CONTAINER@ACCOUNT...: the container is where user info would be
+    if parts.password is not None or (parts.username is not None and store != "abfss"):
         raise TargetUriError(uri=shown, problem="credentials do not go in the URI (give them "
                              "in the environment, a profile or a file the environment names)",
                              allowed=FORMS)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    scheme, _, store = parts.scheme.partition("+")
     if scheme == "delta" and store:
         return _delta_object_store(uri, shown, store, parts.netloc, parts.path, query, given,
                                    options)
