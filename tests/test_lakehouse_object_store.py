@@ -194,14 +194,28 @@ def test_target_uris_and_options_are_checked_and_secrets_never_shown(tmp_path) -
 
 
 def test_an_iceberg_catalog_option_overrides_its_configuration(bucket, moto_endpoint,
-                                                               tmp_path) -> None:
-    """A catalog given only by ``--target-option``s (no configuration) works as well."""
+                                                               tmp_path, caplog) -> None:
+    """A catalog given only by ``--target-option``s (no configuration) works as well; the
+    options are logged with the secret ones hidden."""
+    import logging
+
     db = tmp_path / "other.db"
-    sink = open_apply_sink("iceberg://adhoc/cdc.orders", key_columns=["id"], target_options={
-        "type": "sql", "uri": f"sqlite:///{db}", "warehouse": f"s3://{bucket}/wh",
-        "s3.endpoint": moto_endpoint, "s3.region": "us-east-1"})
-    assert sink.apply(FIRST, "q", 0).committed
+    with caplog.at_level(logging.INFO, logger="tablestore_cdc.lakehouse"):
+        sink = open_apply_sink("iceberg://adhoc/cdc.orders", key_columns=["id"],
+                               target_options={
+                                   "type": "sql", "uri": f"sqlite:///{db}",
+                                   "warehouse": f"s3://{bucket}/wh",
+                                   "s3.endpoint": moto_endpoint, "s3.region": "us-east-1",
+                                   "s3.access-key-id": "testing",
+                                   "s3.secret-access-key": "testing-secret-never-shown"})
+        assert sink.apply(FIRST, "q", 0).committed
+        delta = open_apply_sink("delta+s3://b/p", target_options={
+            "aws_secret_access_key": "testing-secret-never-shown", "aws_region": "us-east-1"})
     assert [r["id"] for r in sink.table().scan().to_arrow().to_pylist()] == [1]
+    assert delta.storage_options is not None and "AWS_ALLOW_HTTP" in delta.storage_options
+    assert "s3.secret-access-key=***" in caplog.text
+    assert "aws_secret_access_key=***, aws_region=us-east-1" in caplog.text
+    assert "testing-secret-never-shown" not in caplog.text
 
 
 def test_target_options_come_from_the_flag_or_a_tables_config(tmp_path) -> None:

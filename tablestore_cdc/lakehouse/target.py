@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from cdc_common.uris import MASK, is_secret_key, redact_uri
 from tablestore_cdc.lakehouse.errors import TargetUriError
-from tablestore_cdc.lakehouse.sink import ApplySink
+from tablestore_cdc.lakehouse.sink import ApplySink, log
 
 FORMS = ("delta:///abs/path, delta+s3://bucket/prefix, iceberg:///abs/warehouse?table="
          "namespace.table or iceberg://catalog/namespace.table")
@@ -110,8 +110,10 @@ def _delta_object_store(uri: str, shown: str, store: str, bucket: str, path: str
     from tablestore_cdc.lakehouse.delta import DeltaApplySink
 
     table_uri = uri.split("+", 1)[1].split("?", 1)[0].rstrip("/")
-    return DeltaApplySink(table_uri, storage_options=storage_options(shown, store, given),
-                          **options)
+    found = storage_options(shown, store, given)
+    if found:
+        log.info("target %s: delta-rs storage options %s", shown, shown_options(found))
+    return DeltaApplySink(table_uri, storage_options=found, **options)
 
 
 def storage_options(shown: str, store: str, given: Mapping[str, str],
@@ -161,6 +163,8 @@ def _iceberg_catalog(shown: str, catalog: str, path: str, query: dict[str, str],
                              f"PYICEBERG_CATALOG__{catalog.upper()}__<PROPERTY> environment "
                              "variables (or --target-option)", allowed=FORMS)
     properties = {str(k): str(v) for k, v in configured.items() if not isinstance(v, dict)}
+    if given:
+        log.info("target %s: catalog properties given %s", shown, shown_options(given))
     return IcebergApplySink({**properties, **given}, identifier, catalog_name=catalog,
                             **options)
 
