@@ -292,3 +292,29 @@ def test_an_iceberg_table_in_a_glue_catalog_on_moto(bucket, moto_endpoint, tmp_p
     with pytest.raises(ForeignTargetError):
         open_apply_sink(f"iceberg://glue/{namespace}.orders", key_columns=["id"]).apply(
             pages[0], "other", 0)
+
+
+class _RecordingSparkContext:
+    """Where a Spark context would go: records any attempt to ship work to executors."""
+
+    defaultParallelism = 2
+
+    def __init__(self) -> None:
+        self.shipped: list[Any] = []
+
+    def parallelize(self, tasks: list[Any], slices: int) -> Any:
+        self.shipped.append(tasks)
+        raise AssertionError("a remote Delta table's files are written by delta-rs")
+
+
+def test_a_large_first_load_into_s3_is_written_by_delta_rs_not_the_executors(bucket) -> None:
+    """``executor_write_rows`` applies to tables whose files the sink writes itself (local):
+    a remote Delta table's batch goes through delta-rs' own writer, straight to the store."""
+    target = S3Delta(bucket)
+    sink = target.sink(executor_write_rows=1)
+    context = _RecordingSparkContext()
+    sink._spark_context = context
+    rows = batch(*(change("PUT", "c", i, 1, i, f"n{i}", i) for i in range(50)))
+    result = sink.apply(rows, "q", 0)
+    assert (result.committed, result.written_by, context.shipped) == (True, (), [])
+    assert sorted(r["id"] for r in target.rows()) == list(range(50))
