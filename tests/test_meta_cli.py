@@ -926,3 +926,16 @@ def test_show_lists_a_bounded_number_of_channels_and_json_lists_them_all(tmp_pat
         in shown.stdout
     assert "ch-02999" not in shown.stdout and "(2990 more)" in shown.stdout
     assert len(cli_json("meta", "show", "wide", "--meta", uri)["channels"]) == 3_000
+
+
+def test_a_stored_time_no_calendar_holds_is_shown_as_a_number(tmp_path: Path) -> None:
+    """A finite time far outside any date (year -1897267726: ValueError in every command that
+    showed it) is shown as the number it is."""
+    uri = build_meta(tmp_path / "m.db", batches=0)
+    with open_meta_store(uri) as meta:
+        meta.create_batch(NS, "far", "batch-init", now=-5.987204871509679e16)
+        meta.put_manifest(NS, "far", "batch-init", Manifest(channels=(), planned_at=1e300))
+    for command in (("meta", "batches"), ("meta", "show", "far")):
+        result = cli(*command, "--meta", uri)
+        assert result.exit_code == 0, result.output
+        assert "1e+300 (not a date)" in result.stdout

@@ -50,16 +50,27 @@ def _corrupt_batches(store: InspectedStore, namespace: str) -> list[str]:
             and not k.endswith("/info")]
 
 
+def _local(epoch: float) -> dt.datetime | None:
+    """``epoch`` as a local time; None for one no calendar date holds (a stored row may hold
+    any finite number: year -1897267726 broke every command that showed it)."""
+    try:
+        return dt.datetime.fromtimestamp(epoch)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def _time(epoch: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     if epoch is None:
         return "-"
-    return dt.datetime.fromtimestamp(epoch).strftime(fmt)
+    local = _local(epoch)
+    return local.strftime(fmt) if local is not None else f"{epoch:g} (not a date)"
 
 
 def _clock(epochs: list[float | None]) -> tuple[str, str]:
     """A compact time format for a table's times: the clock alone when they all fall on one
     day (returned as the caption), else month-day and clock."""
-    days = {dt.datetime.fromtimestamp(e).date() for e in epochs if e is not None}
+    days = {local.date() for local in (_local(e) for e in epochs if e is not None)
+            if local is not None}
     if len(days) == 1:
         return "%H:%M:%S", f"times are local, on {days.pop().isoformat()}"
     return "%m-%d %H:%M:%S", "times are local"
