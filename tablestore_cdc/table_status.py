@@ -81,6 +81,19 @@ class TableStatus(BaseModel):
     last_schema_change: str | None = None
     last_schema_change_at: float | None = None
     last_schema_change_version: int | None = None
+    #: the table's last automatic maintenance (``lakehouse.upkeep``): when, its one-line
+    #: summary (or ``failed: ...``), the current files before and after, snapshots expired,
+    #: unreferenced files removed
+    last_maintenance_at: float | None = None
+    last_maintenance: str | None = None
+    maintenance_files_before: int | None = None
+    maintenance_files_after: int | None = None
+    maintenance_snapshots_expired: int | None = None
+    maintenance_files_removed: int | None = None
+    #: the target's data files in its current version (snapshot), and its snapshots kept
+    #: (Iceberg), as the last maintenance run counted them
+    target_files: int | None = None
+    target_snapshots: int | None = None
     #: when this record was written (seconds since the epoch)
     at: float = 0.0
 
@@ -122,10 +135,14 @@ class AppliedTable:
     last_schema_change_version: int | None = None
     #: (when, changes) of its recent commits, for the rate
     recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=1000))
+    #: its last maintenance run (``lakehouse.upkeep.MaintenanceRun``), None: none yet
+    maintenance: Any = None
 
     def record(self, result: Any) -> None:
         """What the apply sink did with one batch (``lakehouse.sink.ApplyResult``)."""
         self.last_batch = result.batch_id
+        if getattr(result, "maintenance", None) is not None:
+            self.maintenance = result.maintenance
         if not result.committed:
             return
         now = time.time()
@@ -147,7 +164,22 @@ class AppliedTable:
         return {"rows_applied": self.rows_applied,
                 "rows_per_second": round(self.rows_per_second(now), 3),
                 "last_commit": self.last_commit, "target_version": self.version,
-                **{name: getattr(self, name) for name in SCHEMA_CHANGE_FIELDS}}
+                **{name: getattr(self, name) for name in SCHEMA_CHANGE_FIELDS},
+                **self.maintenance_fields()}
+
+    def maintenance_fields(self) -> dict[str, Any]:
+        """The ``TableStatus`` fields of its last maintenance run (none: empty)."""
+        run = self.maintenance
+        if run is None:
+            return {}
+        failed = run.error is not None
+        return {"last_maintenance_at": run.at, "last_maintenance": run.describe(),
+                "maintenance_files_before": None if failed else run.files_before,
+                "maintenance_files_after": None if failed else run.files_after,
+                "maintenance_snapshots_expired": None if failed else run.snapshots_expired,
+                "maintenance_files_removed": None if failed else run.files_removed,
+                "target_files": None if failed else run.files_after,
+                "target_snapshots": None if failed else run.snapshots_after}
 
 
 def load_table_status(store: MetaStore, namespace: str) -> TableStatus | None:

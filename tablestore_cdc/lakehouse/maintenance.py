@@ -143,8 +143,11 @@ def _optimize_iceberg(uri: str, sink: Any, vacuum_hours: int | None,
                      expiry_done=done)
 
 
-def _expire_iceberg(table: Any, job: str, expire_hours: float) -> tuple[int, bool]:
-    """Expire the snapshots of ``table`` older than ``expire_hours`` but those the batch marker
+def _expire_iceberg(table: Any, job: str, expire_hours: float,
+                    keep_newest: int | None = None) -> tuple[int, bool]:
+    """Expire the snapshots of ``table`` older than ``expire_hours`` (and, with
+    ``keep_newest``, those beyond the newest that many: the job's automatic maintenance,
+    upkeep.py) but those the batch marker
     of ``job`` (the table's owner) needs: the current snapshot's ancestors down to the newest
     snapshot of ``job`` (all of them if it has none there: nothing the walk could reach is cut
     off from it), nor branch and tag heads (pyiceberg refuses those). Returns how many were
@@ -160,8 +163,14 @@ def _expire_iceberg(table: Any, job: str, expire_hours: float) -> tuple[int, boo
         if snapshot.summary is not None and snapshot.summary.get(QUERY_ID_PROPERTY) == job:
             break
     cutoff_ms = (time.time() - expire_hours * 3600) * 1000
+    newest: set[int] | None = None
+    if keep_newest is not None:
+        by_age = sorted(table.metadata.snapshots, key=lambda s: (s.timestamp_ms,
+                                                                 s.sequence_number or 0))
+        newest = {s.snapshot_id for s in by_age[max(0, len(by_age) - max(keep_newest, 1)):]}
     old = [s.snapshot_id for s in table.metadata.snapshots
-           if s.timestamp_ms < cutoff_ms and s.snapshot_id not in needed]
+           if s.snapshot_id not in needed
+           and (s.timestamp_ms < cutoff_ms or (newest is not None and s.snapshot_id not in newest))]
     if not old:
         return 0, True
     try:
@@ -171,7 +180,7 @@ def _expire_iceberg(table: Any, job: str, expire_hours: float) -> tuple[int, boo
     return len(old), True
 
 
-def _vacuum_iceberg(uri: str, table: Any, vacuum_hours: int) -> int:
+def _vacuum_iceberg(uri: str, table: Any, vacuum_hours: float) -> int:
     """Remove the files of an Iceberg table that no snapshot references and that are older
     than ``vacuum_hours`` (module doc); returns how many."""
     referenced = _referenced_files(table)

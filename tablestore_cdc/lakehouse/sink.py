@@ -68,6 +68,8 @@ class ApplyResult:
     appended: bool = False
     #: the ids of the executor processes that wrote the batch's files (empty: the driver)
     written_by: tuple[int, ...] = ()
+    #: the table's maintenance run after this batch (``upkeep.MaintenanceRun``; None: none due)
+    maintenance: Any = None
 
 
 class ApplySink(ABC):
@@ -99,6 +101,9 @@ class ApplySink(ABC):
         self.executor_write_rows = executor_write_rows
         self._spark_context: Any = None
         self.last_result: ApplyResult | None = None
+        #: the job's maintenance of this table after its committed batches
+        #: (``upkeep.Upkeep``, set by ``replicate``; None: none)
+        self.upkeep: Any = None
         #: the job named in the table's marker when it is not the commit's ``app_id``: a
         #: re-snapshot's repair commits under its own app id for the job that owns the table
         #: (``tablestore_cdc.resnapshot.repair``)
@@ -160,6 +165,8 @@ class ApplySink(ABC):
             if attempt > 1:
                 result = dataclasses.replace(result, attempts=attempt)
             log.info("batch %d: %s", batch_id, result)
+            if self.upkeep is not None and result.committed:  # between batches: never raises
+                result = dataclasses.replace(result, maintenance=self.upkeep.after_batch(self))
             self.last_result = result
             if result.values_in_extra and options.schema_drift != IGNORE:
                 log.warning("batch %d: %d value(s) fit no column of the target and were kept "

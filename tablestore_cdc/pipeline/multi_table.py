@@ -120,6 +120,7 @@ class MultiTableApply:
                                         source=f"{self.source}#{table}",
                                         adopt_target=s.adopt_target,
                                         target_options=dict(s.target_options))
+            self._sinks[table].upkeep = s.upkeep()
         return self._sinks[table]
 
     def __call__(self, df: Any, batch_id: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_common.uris import redact_uri
+from tablestore_cdc.lakehouse.upkeep import MaintenancePolicy, Upkeep
 from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 
@@ -134,6 +135,13 @@ class ApplySettings:
     #: ``--target-option KEY=VALUE`` pairs: delta-rs storage options or Iceberg catalog
     #: properties (``tablestore_cdc.lakehouse.target``)
     target_options: tuple[tuple[str, str], ...] = ()
+    #: the job's own maintenance of its targets between batches (``lakehouse.upkeep``;
+    #: ``replicate --maintenance off``: ``MaintenancePolicy.off()``)
+    maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)
+
+    def upkeep(self) -> Upkeep | None:
+        """A target's maintenance schedule (one per table), None when it is off."""
+        return Upkeep(self.maintenance) if self.maintenance.enabled else None
 
 
 def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path,
@@ -162,6 +170,7 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
                            source=f"{redact_uri(endpoint)}#{table}",
                            adopt_target=apply.adopt_target,
                            target_options=dict(apply.target_options))
+    sink.upkeep = apply.upkeep()
     listener = _attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})

@@ -1,0 +1,281 @@
+"""The maintenance a replication job runs itself on each of its targets (driver, between
+batches): small files compacted, old Iceberg snapshots expired, unreferenced files removed,
+so a job left running for a month keeps its tables healthy without ``lake optimize``.
+
+Who calls what, where: ``replicate`` gives each apply sink an ``Upkeep`` of its
+``MaintenancePolicy`` (``ApplySettings.maintenance``; ``queries.start_pipeline`` for
+``--table``, ``multi_table.MultiTableApply.sink`` for each table of ``--tables``). The sink's
+``apply`` (``sink.ApplySink.apply``, in the apply query's ``foreachBatch`` on the driver)
+calls ``Upkeep.after_batch`` after each batch it committed, so maintenance never runs while
+the job's own batch of that table is in flight: it cannot race the job's commits, only
+another writer's (a manual ``lake optimize``), and the formats' optimistic commits settle that
+(maintenance.py). What a run did travels in the batch's ``ApplyResult.maintenance`` to the
+table's ``AppliedTable`` and from there into its ``TableStatus`` (feed, ``meta tables``,
+dashboard) and the Prometheus gauges.
+
+A run is due after ``every_minutes`` since the table's last run, or after ``every_batches``
+committed batches, whichever comes first. It then does only what is past its threshold:
+
+- **Delta**: compaction (``optimize.z_order`` on the first key column, as ``lake optimize``:
+  the rows sorted by key into files of delta-rs's target size, 100 MiB, so the key clustering
+  that keeps batches cheap stays) when more than ``compact_files`` of the current version's
+  files are smaller than ``small_file_bytes``; then, at most every ``vacuum_every_minutes``,
+  ``vacuum`` of the files no version of the last ``vacuum_hours`` references.
+- **Iceberg** (pyiceberg 0.12 has no compaction): snapshots expired beyond the newest
+  ``keep_snapshots`` or older than ``expire_hours``, except those the sink's exactly once
+  needs (``maintenance._expire_iceberg``: the current snapshot and its ancestors down to the
+  job's newest batch marker, branch and tag heads); then, at most every
+  ``vacuum_every_minutes``, the files no snapshot references and older than ``vacuum_hours``
+  removed (``maintenance._vacuum_iceberg``).
+
+Never removed: a file of the current version or snapshot, or of any Delta version younger than
+``vacuum_hours``, or any file younger than that (``vacuum_hours`` is at least
+``MIN_VACUUM_HOURS``: a reader that pinned a recent version, or a restart, finds its files).
+
+A run that fails (an error of the store, a commit refused) is logged in one line and recorded
+with its error; the batch is not failed, and the next due run tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from connector.errors import CdcError
+
+log = logging.getLogger("tablestore_cdc.lakehouse")
+
+#: a table is looked at after this many minutes since its last run ...
+EVERY_MINUTES = 10.0
+#: ... or after this many committed batches, whichever comes first
+EVERY_BATCHES = 100
+#: a Delta data file smaller than this is small: a third of delta-rs's target file size for
+#: ``optimize`` (100 MiB), so the files a compaction writes are not small themselves
+SMALL_FILE_BYTES = 32 << 20
+#: compact a Delta table when more than this many of its files are small (0: never)
+COMPACT_FILES = 64
+#: Iceberg: keep at most the newest this many snapshots ...
+KEEP_SNAPSHOTS = 100
+#: ... and none older than this (hours); the needed ones are always kept
+EXPIRE_HOURS = 1.0
+#: files no version/snapshot of the last this many hours references are removed (7 days)
+VACUUM_HOURS = 168.0
+#: the shortest retention the job accepts (a reader of a recent version, a restart)
+MIN_VACUUM_HOURS = 1.0
+#: a vacuum lists the whole table's files: at most this often (minutes)
+VACUUM_EVERY_MINUTES = 60.0
+
+
+class MaintenanceSettingError(CdcError, ValueError):
+    """A maintenance setting (``replicate --maintenance-*``, a table's ``maintenance_*`` TOML
+    key) out of its range."""
+
+    template = "maintenance setting {setting!r}: {problem} (got {value!r})"
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    """When and how a replication job maintains its targets (module doc); validated when made
+    (driver, before Spark starts)."""
+
+    enabled: bool = True
+    every_minutes: float = EVERY_MINUTES
+    every_batches: int = EVERY_BATCHES
+    compact_files: int = COMPACT_FILES
+    small_file_bytes: int = SMALL_FILE_BYTES
+    keep_snapshots: int = KEEP_SNAPSHOTS
+    expire_hours: float = EXPIRE_HOURS
+    vacuum_hours: float = VACUUM_HOURS
+    vacuum_every_minutes: float = VACUUM_EVERY_MINUTES
+
+    def __post_init__(self) -> None:
+        for setting, value, low in (("every_minutes", self.every_minutes, 0),
+                                    ("every_batches", self.every_batches, 1),
+                                    ("compact_files", self.compact_files, 0),
+                                    ("small_file_bytes", self.small_file_bytes, 1),
+                                    ("keep_snapshots", self.keep_snapshots, 1),
+                                    ("expire_hours", self.expire_hours, 0),
+                                    ("vacuum_hours", self.vacuum_hours, MIN_VACUUM_HOURS),
+                                    ("vacuum_every_minutes", self.vacuum_every_minutes, 0)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
+                raise MaintenanceSettingError(setting=setting, value=value,
+                                              problem=f"must be a number of at least {low}")
+
+    @classmethod
+    def off(cls) -> MaintenancePolicy:
+        """``replicate --maintenance off``."""
+        return cls(enabled=False)
+
+
+@dataclass(frozen=True)
+class MaintenanceRun:
+    """What one maintenance run did to a table (``TableStatus``'s ``last_maintenance*``)."""
+
+    #: when it ran (seconds since the epoch) and how long it took
+    at: float
+    seconds: float
+    table_format: str
+    #: the current version's (snapshot's) data files before and after
+    files_before: int
+    files_after: int
+    compacted: bool = False
+    #: Iceberg: snapshots kept before and after, and how many were expired
+    snapshots_before: int | None = None
+    snapshots_after: int | None = None
+    snapshots_expired: int = 0
+    #: unreferenced files removed (vacuum; 0 when none was due)
+    files_removed: int = 0
+    #: why the run failed (one line), None when it did not
+    error: str | None = None
+
+    def describe(self) -> str:
+        """One line for the log, the dashboard and ``meta tables``."""
+        if self.error is not None:
+            return f"failed: {self.error}"
+        files = (f"{self.files_before} -> {self.files_after} file(s)" if self.compacted
+                 else f"{self.files_after} file(s)")
+        snapshots = ("" if self.snapshots_after is None
+                     else f", {self.snapshots_expired} snapshot(s) expired, "
+                     f"{self.snapshots_after} kept")
+        return f"{files}{snapshots}, {self.files_removed} unreferenced file(s) removed"
+
+
+class Upkeep:
+    """One table's maintenance schedule (driver; held by its apply sink as ``sink.upkeep``).
+    ``clock``: seconds since the epoch (a test may pass its own)."""
+
+    def __init__(self, policy: MaintenancePolicy,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._since = clock()
+        self._batches = 0
+        self._vacuumed_at: float | None = None
+        self.last_run: MaintenanceRun | None = None
+
+    def due(self) -> bool:
+        """Whether the table is due for a run (module doc)."""
+        return self.policy.enabled and (
+            self._batches >= self.policy.every_batches
+            or self.clock() - self._since >= self.policy.every_minutes * 60)
+
+    def after_batch(self, sink: Any) -> MaintenanceRun | None:
+        """After a batch ``sink`` committed (``ApplySink.apply``, driver): a run when one is
+        due (None otherwise). Never raises: a failed run is logged, recorded, retried at the
+        next due time."""
+        self._batches += 1
+        if not self.due():
+            return None
+        now = self.clock()
+        self._since, self._batches = now, 0
+        vacuum = (self._vacuumed_at is None
+                  or now - self._vacuumed_at >= self.policy.vacuum_every_minutes * 60)
+        try:
+            run = maintain(sink, self.policy, vacuum=vacuum, now=now)
+        except Exception as exc:  # noqa: BLE001 - maintenance never fails the stream
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            log.warning("table %s: maintenance failed, retried at its next run: %s", sink, error)
+            run = MaintenanceRun(at=now, seconds=self.clock() - now, table_format=_format(sink),
+                                 files_before=0, files_after=0, error=error)
+        else:
+            if run is None:
+                return None
+            if vacuum:
+                self._vacuumed_at = now
+            log.info("table %s: maintenance: %s", sink, run.describe())
+        self.last_run = run
+        return run
+
+
+def _format(sink: Any) -> str:
+    from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
+
+    return "iceberg" if isinstance(sink, IcebergApplySink) else "delta"
+
+
+def maintain(sink: Any, policy: MaintenancePolicy, *, vacuum: bool = True,
+             now: float | None = None) -> MaintenanceRun | None:
+    """One maintenance run of ``sink``'s table as ``policy`` says (module doc); None when there
+    is no table yet or it carries no marker (a table the sink did not create is left alone).
+    Raises what the format raised."""
+    started = time.time() if now is None else now
+    clock = time.monotonic()
+    if _format(sink) == "iceberg":
+        run = _maintain_iceberg(sink, policy, vacuum, started)
+    else:
+        run = _maintain_delta(sink, policy, vacuum, started)
+    if run is None:
+        return None
+    return MaintenanceRun(**{**run.__dict__, "seconds": round(time.monotonic() - clock, 3)})
+
+
+def _maintain_delta(sink: Any, policy: MaintenancePolicy, vacuum: bool,
+                    now: float) -> MaintenanceRun | None:
+    from deltalake.exceptions import CommitFailedError
+
+    from tablestore_cdc.lakehouse.ownership import Marker
+
+    table = sink.table()
+    if table is None:
+        return None
+    marker = Marker.of(dict(table.metadata().configuration))
+    if marker is None or not marker.key_columns:
+        return None
+    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    before = len(sizes)
+    small = sum(1 for size in sizes if size < policy.small_file_bytes)
+    compacted = False
+    if policy.compact_files and small > policy.compact_files:
+        try:
+            _compact_delta(table, marker.key_columns[0])
+            compacted = True
+        except CommitFailedError:  # another writer committed meanwhile: it wins
+            log.info("table %s: compaction refused (another commit meanwhile), retried at its "
+                     "next run", sink)
+        table = sink.table()
+    removed = 0
+    if vacuum:
+        removed = len(table.vacuum(retention_hours=math.ceil(policy.vacuum_hours),
+                                   dry_run=False, enforce_retention_duration=False))
+    return MaintenanceRun(at=now, seconds=0.0, table_format="delta", files_before=before,
+                          files_after=len(table.file_uris()), compacted=compacted,
+                          files_removed=removed)
+
+
+def _compact_delta(table: Any, key: str) -> None:
+    """Sort the Delta table's rows by ``key`` into files of delta-rs's target size."""
+    table.optimize.z_order([key])
+
+
+def _maintain_iceberg(sink: Any, policy: MaintenancePolicy, vacuum: bool,
+                      now: float) -> MaintenanceRun | None:
+    from tablestore_cdc.lakehouse.maintenance import _expire_iceberg, _vacuum_iceberg
+    from tablestore_cdc.lakehouse.ownership import Marker
+
+    table = sink.table()
+    if table is None:
+        return None
+    marker = Marker.of(table.properties)
+    if marker is None or not marker.key_columns:
+        return None
+    snapshots = table.metadata.snapshots
+    before = len(snapshots)
+    files = len(list(table.scan().plan_files()))
+    expired = 0
+    oldest_ms = min((s.timestamp_ms for s in snapshots), default=now * 1000)
+    if before > policy.keep_snapshots or oldest_ms < (now - policy.expire_hours * 3600) * 1000:
+        expired, done = _expire_iceberg(table, marker.job, policy.expire_hours,
+                                        keep_newest=policy.keep_snapshots)
+        if not done:
+            log.info("table %s: snapshot expiry refused (another commit meanwhile), retried "
+                     "at its next run", sink)
+        table = sink.table()
+    removed = _vacuum_iceberg(str(sink), table, policy.vacuum_hours) if vacuum else 0
+    return MaintenanceRun(at=now, seconds=0.0, table_format="iceberg", files_before=files,
+                          files_after=files, snapshots_before=before,
+                          snapshots_after=len(table.metadata.snapshots),
+                          snapshots_expired=expired, files_removed=removed)

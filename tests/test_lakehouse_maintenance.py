@@ -1,0 +1,250 @@
+"""The replication job's own maintenance of its targets (``tablestore_cdc.lakehouse.upkeep``):
+a stream of many small batches through the real Delta and Iceberg sinks, with the policy's
+thresholds set low, keeps its files and snapshots bounded, its rows exact after every batch,
+a reader's pinned version readable, and a failed run never fails a batch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyiceberg")
+
+from deltalake import DeltaTable  # noqa: E402
+
+from tablestore_cdc.lakehouse import upkeep  # noqa: E402
+from tablestore_cdc.lakehouse.upkeep import (  # noqa: E402
+    MaintenancePolicy,
+    MaintenanceSettingError,
+    Upkeep,
+)
+from tablestore_cdc.table_status import AppliedTable, TableStatus  # noqa: E402
+from testkit.lakehouse import Delta, Iceberg, batch, change  # noqa: E402
+
+#: a policy that runs after every 3 batches and compacts from 4 small files
+LOW = MaintenancePolicy(every_batches=3, compact_files=4, keep_snapshots=5,
+                        vacuum_every_minutes=0)
+
+
+class Stream:
+    """Small batches of puts and deletes over a few dozen keys, and the state they leave."""
+
+    def __init__(self, seed: int = 7) -> None:
+        self.rng = random.Random(seed)
+        self.seq = 0
+        self.state: dict[int, tuple[str, int]] = {}
+
+    def next_batch(self) -> Any:
+        changes = []
+        for _ in range(self.rng.randint(1, 4)):
+            self.seq += 1
+            key = self.rng.randint(1, 40)
+            if key in self.state and self.rng.random() < 0.25:
+                changes.append(change("DELETE", "c", self.seq, self.seq, key))
+                del self.state[key]
+            else:
+                value = (f"v{self.seq}", self.seq)
+                changes.append(change("PUT", "c", self.seq, self.seq, key, *value))
+                self.state[key] = value
+        return batch(*changes)
+
+
+def rows_of(rows: list[dict[str, Any]]) -> dict[int, tuple[str, int]]:
+    return {row["id"]: (row["name"], row["qty"]) for row in rows}
+
+
+def test_a_stream_of_small_batches_into_delta_keeps_its_files_bounded_and_its_rows_exact(
+        tmp_path: Path) -> None:
+    target = Delta(tmp_path)
+    sink = target.sink()
+    sink.upkeep = Upkeep(LOW)
+    stream = Stream()
+    runs = []
+    most_files = 0
+    for batch_id in range(40):
+        result = sink.apply(stream.next_batch(), "q", batch_id)
+        assert rows_of(target.rows()) == stream.state
+        most_files = max(most_files, len(DeltaTable(target.path).file_uris()))
+        if result.maintenance is not None:
+            runs.append(result.maintenance)
+    assert len(runs) == 13  # every third batch
+    assert all(run.error is None for run in runs)
+    assert any(run.compacted and run.files_after < run.files_before for run in runs)
+    # between two runs: at most 4 small files kept, plus 3 batches' files
+    assert most_files <= LOW.compact_files + 3 * LOW.every_batches
+    assert target.sink().committed_batch("q") == 39  # a restart finds its batch
+
+
+def test_a_stream_of_small_batches_into_iceberg_keeps_its_snapshots_bounded_and_its_rows_exact(
+        tmp_path: Path) -> None:
+    target = Iceberg(tmp_path)
+    sink = target.sink()
+    sink.upkeep = Upkeep(LOW)
+    stream = Stream()
+    expired = committed = last = 0
+    most_snapshots = 0
+    for batch_id in range(30):
+        result = sink.apply(stream.next_batch(), "q", batch_id)
+        committed += result.committed
+        last = batch_id if result.committed else last
+        assert rows_of(target.rows()) == stream.state
+        most_snapshots = max(most_snapshots, target.commits())
+        if result.maintenance is not None:
+            assert result.maintenance.error is None
+            assert result.maintenance.snapshots_after <= LOW.keep_snapshots
+            expired += result.maintenance.snapshots_expired
+    assert most_snapshots <= LOW.keep_snapshots + LOW.every_batches
+    assert expired == committed - target.commits() > 0
+    assert target.sink().committed_batch("q") == last  # the marker walk-back still finds it
+
+
+def test_an_iceberg_vacuum_removes_only_what_no_kept_snapshot_references(tmp_path: Path) -> None:
+    """Files older than the retention (aged here) go once nothing references them; the
+    current snapshot's files stay, whatever their age."""
+    target = Iceberg(tmp_path)
+    sink = target.sink()
+    stream = Stream(seed=3)
+    for batch_id in range(12):
+        sink.apply(stream.next_batch(), "q", batch_id)
+    two_hours_ago = time.time() - 2 * 3600
+    for path in (tmp_path / "warehouse").rglob("*"):
+        if path.is_file():
+            os.utime(path, (two_hours_ago, two_hours_ago))
+    on_disk = sum(1 for p in (tmp_path / "warehouse").rglob("*.parquet"))
+    run = upkeep.maintain(sink, MaintenancePolicy(keep_snapshots=2, vacuum_hours=1))
+    assert run is not None and run.error is None
+    assert run.snapshots_expired == 10 and run.snapshots_after == 2
+    assert run.files_removed > 0
+    assert sum(1 for p in (tmp_path / "warehouse").rglob("*.parquet")) < on_disk
+    assert rows_of(target.rows()) == stream.state
+    sink.upkeep = Upkeep(LOW)
+    for batch_id in range(12, 20):  # the stream goes on over what is left
+        sink.apply(stream.next_batch(), "q", batch_id)
+        assert rows_of(target.rows()) == stream.state
+
+
+def test_a_reader_that_pinned_a_delta_version_within_the_retention_still_reads_it(
+        tmp_path: Path) -> None:
+    target = Delta(tmp_path)
+    sink = target.sink()
+    stream = Stream(seed=11)
+    for batch_id in range(5):
+        sink.apply(stream.next_batch(), "q", batch_id)
+    pinned = DeltaTable(target.path)  # a running reader, on the version of batch 4
+    version, seen = pinned.version(), rows_of(pinned.to_pyarrow_table().to_pylist())
+    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=2, compact_files=1,
+                                           vacuum_every_minutes=0))
+    compacted = 0
+    for batch_id in range(5, 25):
+        result = sink.apply(stream.next_batch(), "q", batch_id)
+        compacted += bool(result.maintenance is not None and result.maintenance.compacted)
+    assert compacted >= 5
+    assert rows_of(pinned.to_pyarrow_table().to_pylist()) == seen
+    again = DeltaTable(target.path, version=version)
+    assert rows_of(again.to_pyarrow_table().to_pylist()) == seen
+    assert rows_of(target.rows()) == stream.state
+
+
+def test_a_reader_that_planned_an_iceberg_snapshot_still_reads_its_files(tmp_path: Path) -> None:
+    """Expiry drops the snapshot from the metadata, but its files are younger than the
+    retention: a scan planned before reads them all."""
+    target = Iceberg(tmp_path)
+    sink = target.sink()
+    stream = Stream(seed=5)
+    for batch_id in range(4):
+        sink.apply(stream.next_batch(), "q", batch_id)
+    seen = dict(stream.state)
+    scan = sink.table().scan()  # planned on the current snapshot
+    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=1, keep_snapshots=1,
+                                           vacuum_every_minutes=0))
+    for batch_id in range(4, 12):
+        result = sink.apply(stream.next_batch(), "q", batch_id)
+        assert result.maintenance is not None and result.maintenance.error is None
+    assert target.commits() <= 2
+    assert rows_of(scan.to_arrow().to_pylist()) == seen
+
+
+def test_a_failed_maintenance_run_is_logged_and_retried_without_failing_the_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = Delta(tmp_path)
+    sink = target.sink()
+    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=2, compact_files=1))
+    real = upkeep._compact_delta
+    failures: list[int] = []
+
+    def failing_once(table: Any, key: str) -> None:
+        if not failures:
+            failures.append(1)
+            raise OSError("the store did not answer")
+        real(table, key)
+
+    monkeypatch.setattr(upkeep, "_compact_delta", failing_once)
+    stream = Stream(seed=2)
+    applied = AppliedTable()
+    caplog.set_level(logging.WARNING, "tablestore_cdc.lakehouse")
+    results = []
+    for batch_id in range(6):
+        result = sink.apply(stream.next_batch(), "q", batch_id)
+        applied.record(result)
+        results.append(result)
+        assert rows_of(target.rows()) == stream.state
+    failed, retried = results[1].maintenance, results[3].maintenance
+    assert failed.error == "OSError: the store did not answer"
+    assert [r.message for r in caplog.records if "maintenance failed" in r.message] == [
+        f"table {sink}: maintenance failed, retried at its next run: "
+        "OSError: the store did not answer"]
+    assert retried.error is None and retried.compacted
+    status = TableStatus(table="orders", job="out", selection="orders", state="streaming",
+                         **applied.status_fields(time.time()))
+    assert status.last_maintenance_at == results[5].maintenance.at
+    assert status.target_files == results[5].maintenance.files_after
+    assert "unreferenced file(s) removed" in (status.last_maintenance or "")
+
+
+def test_a_lost_race_with_another_commit_drops_the_compaction_not_the_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer commits between the run's look at the table and its compaction's
+    commit: delta-rs refuses the compaction, the run says so, the rows stay exact."""
+    from deltalake.exceptions import CommitFailedError
+
+    target = Delta(tmp_path)
+    sink = target.sink()
+    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=3, compact_files=1))
+
+    def raced(table: Any, key: str) -> None:
+        raise CommitFailedError("a concurrent transaction deleted the same data")
+
+    monkeypatch.setattr(upkeep, "_compact_delta", raced)
+    stream = Stream(seed=4)
+    for batch_id in range(3):
+        result = sink.apply(stream.next_batch(), "q", batch_id)
+    assert result.maintenance is not None
+    assert result.maintenance.error is None and not result.maintenance.compacted
+    assert rows_of(target.rows()) == stream.state
+
+
+def test_a_table_is_maintained_after_the_minutes_or_the_batches_whichever_first() -> None:
+    now = [1000.0]
+    schedule = Upkeep(MaintenancePolicy(every_minutes=10, every_batches=3), clock=lambda: now[0])
+    schedule._batches = 2
+    assert not schedule.due()
+    now[0] += 600
+    assert schedule.due()
+    assert not Upkeep(MaintenancePolicy.off(), clock=lambda: now[0] + 3600).due()
+
+
+def test_a_maintenance_setting_out_of_range_is_refused_by_name() -> None:
+    with pytest.raises(MaintenanceSettingError, match="'vacuum_hours': must be a number of at "
+                       "least 1.0 \\(got 0.5\\)") as caught:
+        MaintenancePolicy(vacuum_hours=0.5)
+    assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
+    with pytest.raises(MaintenanceSettingError, match="keep_snapshots"):
+        MaintenancePolicy(keep_snapshots=0)
