@@ -119,6 +119,14 @@ def replicate(
     restart_backoff: Annotated[str, typer.Option(
         help="FIRST[:MAX] seconds: the first restart's delay, doubled per restart in a row "
         "up to MAX (jittered by 20 %).")] = "1:60",
+    maintenance: Annotated[str, typer.Option(
+        help="on: the job compacts, expires and vacuums each target itself between batches "
+        "(docs/operations.md, \"Maintenance\"); off: only by hand (lake optimize).")] = "on",
+    maintenance_setting: Annotated[list[str] | None, typer.Option(
+        help="A maintenance threshold KEY=VALUE (repeatable): every_minutes (10), "
+        "every_batches (100), compact_files (64), small_file_mb (32), keep_snapshots (100), "
+        "expire_hours (1), vacuum_hours (168, at least 1), vacuum_every_minutes (60).")]
+    = None,
 ) -> None:
     """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C, SIGTERM), or
     with --once until caught up; a restart resumes exactly. Retryable failures restart the
@@ -136,6 +144,9 @@ def replicate(
         from tablestore_cdc.lakehouse.target import parse_target_options
 
         target_options = tuple(parse_target_options(target_option).items())
+        from tablestore_cdc.lakehouse.upkeep import policy_of
+
+        upkeep = policy_of(maintenance, maintenance_setting)
     if initial not in INITIAL_CHOICES:
         fail(f"option '--initial': got {initial!r}; allowed: {' or '.join(INITIAL_CHOICES)}")
     initial_given = _on_command_line(ctx, "initial")
@@ -145,7 +156,7 @@ def replicate(
         from tablestore_cdc.multi_table_cli import replicate_tables
 
         apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
-                              soft_delete_column, adopt_target, target_options)
+                              soft_delete_column, adopt_target, target_options, upkeep)
         given = frozenset(name for name in ("target", "scd", "schema_drift",
                                             "soft_delete_column", "adopt_target")
                           if _on_command_line(ctx, name)) | (
@@ -166,7 +177,7 @@ def replicate(
     if "schema.change.behavior" not in {key.lower() for key in extra}:
         extra["schema.change.behavior"] = schema_drift
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
-                          soft_delete_column, adopt_target, target_options)
+                          soft_delete_column, adopt_target, target_options, upkeep)
     with reported_errors(), flags_named():
         policy = restart_policy(restart_backoff, max_restarts)
         # a bad target, option or endpoint, a missing table, a target or table of another

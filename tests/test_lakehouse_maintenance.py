@@ -248,3 +248,34 @@ def test_a_maintenance_setting_out_of_range_is_refused_by_name() -> None:
     assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
     with pytest.raises(MaintenanceSettingError, match="keep_snapshots"):
         MaintenancePolicy(keep_snapshots=0)
+
+
+def test_the_maintenance_flags_make_the_policy_and_a_bad_one_is_named() -> None:
+    policy = upkeep.policy_of("on", ["every_batches=5", "small-file-mb=8", "expire_hours=0.5"])
+    assert (policy.every_batches, policy.small_file_bytes, policy.expire_hours) == (
+        5, 8 << 20, 0.5)
+    assert not upkeep.policy_of("off").enabled
+    for mode, settings, named in (("sometimes", [], "'--maintenance'"),
+                                  ("on", ["keep=3"], "'keep'"),
+                                  ("on", ["every_batches=2.5"], "'every_batches'"),
+                                  ("on", ["vacuum_hours=nan"], "'vacuum_hours'"),
+                                  ("on", ["vacuum_hours=0"], "'vacuum_hours'")):
+        with pytest.raises(MaintenanceSettingError, match=named):
+            upkeep.policy_of(mode, settings)
+
+
+def test_replicate_refuses_a_bad_maintenance_setting_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tablestore_cdc.cli import app
+
+    (tmp_path / "s.db").touch()  # it must exist; the flags are refused before it is read
+    for flags, named in ((["--maintenance", "weekly"], "'--maintenance'"),
+                         (["--maintenance-setting", "vacuum_hours=0"], "'vacuum_hours'")):
+        result = CliRunner().invoke(app, ["replicate", "--store", str(tmp_path / "s.db"),
+                                          "--output", str(tmp_path / "out"), "--table", "t",
+                                          *flags])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0] and "Traceback" not in result.output
+        assert not (tmp_path / "out").exists()

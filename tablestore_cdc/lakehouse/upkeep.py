@@ -111,6 +111,44 @@ class MaintenancePolicy:
         return cls(enabled=False)
 
 
+#: ``--maintenance-setting`` keys: the policy's fields a person sets
+SETTINGS = ("every_minutes", "every_batches", "compact_files", "small_file_mb",
+            "keep_snapshots", "expire_hours", "vacuum_hours", "vacuum_every_minutes")
+
+
+def policy_of(mode: str, settings: list[str] | None = None) -> MaintenancePolicy:
+    """The policy of ``replicate --maintenance on|off`` and its ``--maintenance-setting
+    KEY=VALUE`` flags (CLI process, before Spark starts); a bad one raises
+    ``MaintenanceSettingError`` naming it."""
+    if mode not in ("on", "off"):
+        raise MaintenanceSettingError(setting="--maintenance", value=mode,
+                                      problem="must be on or off")
+    values: dict[str, float | int] = {}
+    for item in settings or []:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in SETTINGS:
+            raise MaintenanceSettingError(setting=key or item, value=item,
+                                          problem="expected KEY=VALUE with KEY one of "
+                                          + ", ".join(SETTINGS))
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise MaintenanceSettingError(setting=key, value=text, problem="must be a number")
+        if key == "small_file_mb":
+            values["small_file_bytes"] = int(number * (1 << 20))
+        elif key in ("every_batches", "compact_files", "keep_snapshots"):
+            if number != int(number):
+                raise MaintenanceSettingError(setting=key, value=text,
+                                              problem="must be a whole number")
+            values[key] = int(number)
+        else:
+            values[key] = number
+    return MaintenancePolicy(enabled=mode == "on", **values)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class MaintenanceRun:
     """What one maintenance run did to a table (``TableStatus``'s ``last_maintenance*``)."""
