@@ -207,6 +207,15 @@ def test_a_failed_maintenance_run_is_logged_and_retried_without_failing_the_batc
     assert status.last_maintenance_at == results[5].maintenance.at
     assert status.target_files == results[5].maintenance.files_after
     assert "unreferenced file(s) removed" in (status.last_maintenance or "")
+    from tablestore_cdc.pipeline.metrics import TableMetrics
+
+    metrics = TableMetrics()
+    metrics.update({"orders": status})
+    assert metrics.registry.get_sample_value("tablestore_cdc_table_target_files",
+                                             {"table": "orders"}) == status.target_files
+    assert metrics.registry.get_sample_value(
+        "tablestore_cdc_table_last_maintenance_timestamp_seconds",
+        {"table": "orders"}) == status.last_maintenance_at
 
 
 def test_a_lost_race_with_another_commit_drops_the_compaction_not_the_batch(

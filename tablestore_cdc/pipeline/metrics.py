@@ -17,7 +17,11 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
   again only after the table came back under it;
 - ``tablestore_cdc_table_rows_applied_total``: changes applied into the target by this process;
   ``tablestore_cdc_table_rows_per_second``: over the last 30 s;
-- ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``.
+- ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``;
+- ``tablestore_cdc_table_target_files`` / ``..._target_snapshots`` (Iceberg): the target's data
+  files in its current version and its snapshots kept, and
+  ``tablestore_cdc_table_last_maintenance_timestamp_seconds``, as the job's last maintenance
+  run counted them (``tablestore_cdc.lakehouse.upkeep``).
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ class TableMetrics:
         self.version = Gauge("tablestore_cdc_table_target_version",
                              "the target's version (Delta) or snapshot id (Iceberg)", label,
                              registry=r)
+        self.files = Gauge("tablestore_cdc_table_target_files",
+                           "the target's data files in its current version (last maintenance)",
+                           label, registry=r)
+        self.snapshots = Gauge("tablestore_cdc_table_target_snapshots",
+                               "the Iceberg target's snapshots kept (last maintenance)", label,
+                               registry=r)
+        self.maintained = Gauge("tablestore_cdc_table_last_maintenance_timestamp_seconds",
+                                "when the job last maintained the table's target", label,
+                                registry=r)
         self._applied: dict[str, int] = {}
         self.server: Any = None
 
@@ -87,7 +100,10 @@ class TableMetrics:
                                  (self.rate, status.rows_per_second),
                                  (self.snapshot, status.snapshot_percent),
                                  (self.last_commit, status.last_commit),
-                                 (self.version, status.target_version)):
+                                 (self.version, status.target_version),
+                                 (self.files, status.target_files),
+                                 (self.snapshots, status.target_snapshots),
+                                 (self.maintained, status.last_maintenance_at)):
                 if value is not None:
                     gauge.labels(table).set(value)
             if status.seconds_behind is not None:
