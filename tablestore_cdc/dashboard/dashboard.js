@@ -142,6 +142,11 @@ function renderCards(snap) {
     : t.last_schema_change === null ? "no schema change yet"
       : `last schema change: ${t.last_schema_change} · ${fmtAge(snap.generated_at - t.last_schema_change_at)} ago` +
         ` · version ${t.last_schema_change_version}`;
+  // the job's own maintenance of the target (lakehouse/upkeep.py): when, and what it did
+  // (files before -> after, snapshots expired, unreferenced files removed) or why it failed
+  $("maintenance").textContent = !t ? ""
+    : !t.last_maintenance_at ? "no maintenance yet"
+      : `maintenance ${fmtAge(snap.generated_at - t.last_maintenance_at)} ago: ${t.last_maintenance}`;
 }
 
 function renderChart(snap) {
