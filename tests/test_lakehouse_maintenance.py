@@ -139,13 +139,19 @@ def test_a_reader_that_pinned_a_delta_version_within_the_retention_still_reads_i
         sink.apply(stream.next_batch(), "q", batch_id)
     pinned = DeltaTable(target.path)  # a running reader, on the version of batch 4
     version, seen = pinned.version(), rows_of(pinned.to_pyarrow_table().to_pylist())
-    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=2, compact_files=1,
+    # the file of a batch killed before its commit, two hours ago
+    orphan = Path(target.path) / "part-00000-killed-batch.parquet"
+    orphan.write_bytes(b"PAR1")
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(orphan, (two_hours_ago, two_hours_ago))
+    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=2, compact_files=1, vacuum_hours=1,
                                            vacuum_every_minutes=0))
     compacted = 0
     for batch_id in range(5, 25):
         result = sink.apply(stream.next_batch(), "q", batch_id)
         compacted += bool(result.maintenance is not None and result.maintenance.compacted)
     assert compacted >= 5
+    assert not orphan.exists()
     assert rows_of(pinned.to_pyarrow_table().to_pylist()) == seen
     again = DeltaTable(target.path, version=version)
     assert rows_of(again.to_pyarrow_table().to_pylist()) == seen

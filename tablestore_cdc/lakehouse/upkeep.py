@@ -20,7 +20,8 @@ committed batches, whichever comes first. It then does only what is past its thr
   the rows sorted by key into files of delta-rs's target size, 100 MiB, so the key clustering
   that keeps batches cheap stays) when more than ``compact_files`` of the current version's
   files are smaller than ``small_file_bytes``; then, at most every ``vacuum_every_minutes``,
-  ``vacuum`` of the files no version of the last ``vacuum_hours`` references.
+  a full ``vacuum``: the files no version of the last ``vacuum_hours`` references, and those
+  no commit ever named (a batch killed before its commit) once older than that.
 - **Iceberg** (pyiceberg 0.12 has no compaction): snapshots expired beyond the newest
   ``keep_snapshots`` or older than ``expire_hours``, except those the sink's exactly once
   needs (``maintenance._expire_iceberg``: the current snapshot and its ancestors down to the
@@ -277,8 +278,9 @@ def _maintain_delta(sink: Any, policy: MaintenancePolicy, vacuum: bool,
         table = sink.table()
     removed = 0
     if vacuum:
+        # full: also the files no commit ever named (a batch killed before its commit)
         removed = len(table.vacuum(retention_hours=math.ceil(policy.vacuum_hours),
-                                   dry_run=False, enforce_retention_duration=False))
+                                   dry_run=False, enforce_retention_duration=False, full=True))
     return MaintenanceRun(at=now, seconds=0.0, table_format="delta", files_before=before,
                           files_after=len(table.file_uris()), compacted=compacted,
                           files_removed=removed)
