@@ -176,6 +176,8 @@ def test_a_name_with_a_surrogate_or_control_character_is_refused_when_created(
             call()
         assert isinstance(info.value, InvalidRowError)
         assert str(info.value).startswith(f"{field} {name!r} is not a valid name: it holds a")
+        # the tunnel API's callers (the emulator's routes) map the tunnel errors: 400
+        assert isinstance(info.value, UnknownTunnelError) == (field == "tunnel name")
         str(info.value).encode("utf-8")  # printable as it is
     assert store.list_tables() == ["t"] and svc.list_tunnels() == []
 

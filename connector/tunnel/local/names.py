@@ -38,6 +38,12 @@ class InvalidNameError(InvalidRowError):
     template = "{field} {value!r} is not a valid name: {reason}"
 
 
+class InvalidTunnelNameError(InvalidNameError, UnknownTunnelError):
+    """A tunnel name given to create a tunnel is not one. Also an ``UnknownTunnelError`` (no
+    tunnel can have that name): the tunnel API's callers, which map the tunnel errors and not
+    the row API's, answer it as they answer a bad tunnel name (the emulator: 400)."""
+
+
 class InvalidTableNameError(UnknownTableError):
     template = "table {table!r} does not exist in {endpoint}: {reason}"
 
@@ -75,6 +81,15 @@ def check_new_name(field: str, value: Any) -> str:
     return str(value)
 
 
+def check_new_tunnel_name(name: Any, table: str) -> str:
+    """``name`` if it may name a new tunnel on ``table``, else ``InvalidTunnelNameError``."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidTunnelNameError(field="tunnel name", value=name, reason=problem,
+                                     tunnel=name, table=table)
+    return str(name)
+
+
 def check_table(table: Any, endpoint: str) -> None:
     """A table name being looked up: ``InvalidTableNameError`` if it cannot name one."""
     problem = name_problem(table)
@@ -97,5 +112,5 @@ def check_channel(channel_id: Any, tunnel_id: str) -> None:
 
 
 __all__ = ["InvalidChannelIdError", "InvalidNameError", "InvalidTableNameError",
-           "InvalidTunnelIdError", "check_channel", "check_new_name", "check_table",
-           "check_tunnel", "name_problem"]
+           "InvalidTunnelIdError", "InvalidTunnelNameError", "check_channel", "check_new_name",
+           "check_new_tunnel_name", "check_table", "check_tunnel", "name_problem"]

@@ -78,7 +78,7 @@ from connector.tunnel.base import (
 from connector.tunnel.local import tunnels
 from connector.tunnel.local.changelog import commit_times, read_changes
 from connector.tunnel.local.channels import channel_rows
-from connector.tunnel.local.names import check_new_name, check_tunnel
+from connector.tunnel.local.names import check_new_tunnel_name, check_tunnel
 from connector.tunnel.local.segments import read_page
 from connector.tunnel.local.store import LocalTablestore
 from connector.tunnel.local.tunnels import TunnelChannel, TunnelRow
@@ -188,7 +188,7 @@ class LocalTunnelService(TunnelService):
         ``start_at_us``: each channel starts before its first change committed at or after
         that instant (``tunnels.start_at``)."""
         tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
-        check_new_name("tunnel name", tunnel_name)
+        check_new_tunnel_name(tunnel_name, table)
         if start_at_us is not None and tunnel_type is not TunnelType.STREAM:
             raise ValueError("a start instant applies to a Stream tunnel")
         tunnel = TunnelRow(
