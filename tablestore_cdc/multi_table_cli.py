@@ -11,11 +11,14 @@ cleanly, errors end in one ``error: ...`` line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
@@ -28,6 +31,34 @@ from tablestore_cdc.pipeline.table_config import TableConfig, load_table_config
 from tablestore_cdc.table_status import TableStatusWriter
 
 console = Console(stderr=True)
+
+
+def start_job(output: Path, master: str) -> tuple[Any, Any]:
+    """``job.open_job`` for ``replicate`` (one table or ``--tables``; CLI process): a second
+    start ends in one line (exit 4), having written nothing; Ctrl-C while Spark starts ends in
+    one line (exit 0) instead of the traceback of the Py4J call it interrupted."""
+    try:
+        with reported_errors():
+            return open_job(output, master, console.print)
+    except KeyboardInterrupt:
+        _end_children()
+        console.print("stopped while Spark was starting; nothing was read or written")
+        raise typer.Exit(int(JobExit.DONE)) from None
+
+
+def _end_children() -> None:
+    """SIGTERM to this process's children (Linux ``/proc``; elsewhere nothing): after Ctrl-C
+    inside Spark's start they are its JVM alone, which PySpark had not handed over yet and
+    which would outlive this process (it ignores SIGINT)."""
+    me = os.getpid()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGTERM)
 
 
 def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
@@ -78,8 +109,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
         console.print(line, soft_wrap=True)
     console.print(f"capturing {len(checked.tables)} table(s) now: "
                   f"{', '.join(checked.tables) or '(none yet)'}", soft_wrap=True)
-    with reported_errors():  # a second start ends here (exit 4), having written nothing
-        lock, spark = open_job(output, master, console.print)
+    lock, spark = start_job(output, master)
     try:
         with reported_errors():
             if metrics_port is not None:

@@ -11,6 +11,7 @@ store; the missing extra in a subprocess that cannot import pyiceberg; the endpo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -206,3 +207,43 @@ def test_an_explicit_tunnel_type_or_start_wins_over_the_default_initial() -> Non
         initial_tunnel_type(plan({"tunnel.type": "Stream"}), {"t1": "BaseAndStream"})
     with pytest.raises(OptionError, match="exist with both types"):
         initial_tunnel_type(plan(), {"t1": "BaseAndStream", "t2": "Stream"})
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_spark_starts_ends_in_one_line(store: Path, tmp_path: Path) -> None:
+    """SIGINT once the job said where Spark's log goes (it is starting Spark then): one line,
+    exit 0, no Python or Py4J traceback; Spark's JVM does not outlive the job, and the output's
+    lock is free again."""
+    import signal
+
+    import psutil
+
+    log = tmp_path / "replicate.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store", str(store),
+             "--table", "t1", "--output", str(tmp_path / "out"), "--once"],
+            cwd=REPO, env={**os.environ, "PYSPARK_PYTHON": sys.executable, "COLUMNS": "300"},
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while "Spark's log:" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)  # past the print of that line; Spark takes seconds to start
+        children = psutil.Process(process.pid).children(recursive=True)
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 0, log.read_text()
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, alive
+    finally:
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    shown = [line for line in log.read_text().splitlines()
+             if not line.startswith(("WARNING: Using", "Spark's log:"))]
+    assert shown == ["stopped while Spark was starting; nothing was read or written"], shown
+    assert JobLock(tmp_path / "out").acquire() is not None
