@@ -294,3 +294,26 @@ def test_replicate_refuses_a_bad_maintenance_setting_in_one_line(tmp_path: Path)
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and named in lines[0] and "Traceback" not in result.output
         assert not (tmp_path / "out").exists()
+
+
+def test_a_table_of_the_config_file_sets_its_own_maintenance(tmp_path: Path) -> None:
+    from tablestore_cdc.pipeline.queries import ApplySettings
+    from tablestore_cdc.pipeline.table_config import TableConfigError, load_table_config
+
+    path = tmp_path / "tables.toml"
+    path.write_text("[defaults]\nmaintenance = {every_batches = 20}\n"
+                    "[tables.orders]\nmaintenance = {compact_files = 200, small_file_mb = 8}\n"
+                    "[tables.audit]\nmaintenance = {enabled = false}\n")
+    config = load_table_config(path)
+    base = ApplySettings("delta:///lake/{table}")
+    orders = config.for_table("orders", base)[0].maintenance
+    assert (orders.every_batches, orders.compact_files, orders.small_file_bytes) == (
+        20, 200, 8 << 20)
+    assert not config.for_table("audit", base)[0].maintenance.enabled
+    assert config.for_table("users", base)[0].maintenance.every_batches == 20
+    flagged = ApplySettings("delta:///lake/{table}", maintenance=MaintenancePolicy.off())
+    assert not config.for_table("orders", flagged, frozenset({"maintenance"}))[0] \
+        .maintenance.enabled  # a flag given on the command line wins
+    path.write_text("[tables.orders]\nmaintenance = {vacuum_hours = 0}\n")
+    with pytest.raises(TableConfigError, match="orders.*vacuum_hours"):
+        load_table_config(path)

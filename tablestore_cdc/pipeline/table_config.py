@@ -22,7 +22,9 @@ Keys: ``scd`` (1 or 2), ``schema_drift``, ``soft_delete_column``, ``target`` (a 
 key), ``snapshot_op`` (the source's ``snapshot.op`` for the table), and the table's read
 limits ``max_offsets_per_trigger``, ``max_bytes_per_trigger``, ``max_offsets_per_channel`` (the
 source's ``maxOffsetsPerTrigger``, ``maxBytesPerTrigger``, ``maxOffsetsPerChannel``, for that
-table alone in a multi-table query). Precedence, lowest first:
+table alone in a multi-table query), and ``maintenance = {enabled = false}`` or its thresholds
+(``maintenance = {compact_files = 200, vacuum_hours = 48}``: ``replicate
+--maintenance-setting``'s keys, ``MaintenanceSettings``). Precedence, lowest first:
 the command's defaults, ``[defaults]``, ``[tables.NAME]``, and a flag given on the command
 line (``TableConfig.for_table``).
 
@@ -55,6 +57,30 @@ class TableConfigError(CdcError):
     template = "config {path}: {where}{problem}"
 
 
+class MaintenanceSettings(BaseModel):
+    """A table's ``maintenance = {...}``: the job's own maintenance of its target
+    (``lakehouse.upkeep.MaintenancePolicy``; ``enabled = false``: none); ``None``: not set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool | None = None
+    every_minutes: float | None = Field(default=None, ge=0)
+    every_batches: int | None = Field(default=None, ge=1)
+    compact_files: int | None = Field(default=None, ge=0)
+    small_file_mb: float | None = Field(default=None, gt=0)
+    keep_snapshots: int | None = Field(default=None, ge=1)
+    expire_hours: float | None = Field(default=None, ge=0)
+    vacuum_hours: float | None = Field(default=None, ge=1)
+    vacuum_every_minutes: float | None = Field(default=None, ge=0)
+
+    def over(self, policy: Any) -> Any:
+        """``policy`` with the keys set here."""
+        values = {k: v for k, v in self.model_dump().items() if v is not None}
+        if "small_file_mb" in values:
+            values["small_file_bytes"] = int(values.pop("small_file_mb") * (1 << 20))
+        return dataclasses.replace(policy, **values)
+
+
 class TableSettings(BaseModel):
     """The settings of one table (or ``[defaults]``); ``None``: not set here."""
 
@@ -72,6 +98,7 @@ class TableSettings(BaseModel):
     max_offsets_per_trigger: int | None = Field(default=None, ge=1)
     max_bytes_per_trigger: int | None = Field(default=None, ge=1)
     max_offsets_per_channel: int | None = Field(default=None, ge=1)
+    maintenance: MaintenanceSettings | None = None
 
 
 #: the multi-table source's option each setting of the source side sets
@@ -101,6 +128,8 @@ class TableConfig(BaseModel):
         for layer in (self.defaults, self.tables.get(table, TableSettings())):
             values = {k: v for k, v in layer.model_dump().items() if v is not None}
             keys = values.pop("keys", keys)
+            if layer.maintenance is not None:
+                values["maintenance"] = layer.maintenance.over(settings.maintenance)
             for name in SOURCE_ONLY:  # the source's (``source_options``)
                 values.pop(name, None)
             settings = dataclasses.replace(settings, **{k: v for k, v in values.items()
@@ -242,9 +271,10 @@ def load_table_config(path: Path) -> TableConfig:
         error = exc.errors()[0]
         loc = [str(p) for p in error["loc"]]
         if loc[:1] == ["tables"] and len(loc) >= 2:
-            where = f"table {loc[1]!r}: " + (f"key {loc[2]!r}: " if len(loc) > 2 else "")
+            where = f"table {loc[1]!r}: " + (f"key {'.'.join(loc[2:])!r}: "
+                                              if len(loc) > 2 else "")
         elif loc[:1] == ["defaults"] and len(loc) >= 2:
-            where = f"[defaults]: key {loc[1]!r}: "
+            where = f"[defaults]: key {'.'.join(loc[1:])!r}: "
         else:
             where = f"key {'.'.join(loc)!r}: " if loc else ""
         raise TableConfigError(path=path, where=where, problem=error["msg"]) from None
