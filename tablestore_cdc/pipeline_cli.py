@@ -133,7 +133,7 @@ def replicate(
     pipeline with backoff. With --tables, many tables in one application
     (docs/multi-table.md). Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
     configuration error, 3 gave up after --max-restarts, 4 already running."""
-    from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
+    from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
     from tablestore_cdc.pipeline.preflight import INITIAL_CHOICES, JobPlan, check_before_start
     from tablestore_cdc.pipeline.restarts import restart_policy
 
@@ -190,8 +190,9 @@ def replicate(
     extra = checked.options
     for line in checked.lines:
         console.print(line, soft_wrap=True)
-    with reported_errors():  # a second start ends here (exit 4), having written nothing
-        lock, spark = open_job(output, master, console.print)
+    from tablestore_cdc.multi_table_cli import start_job
+
+    lock, spark = start_job(output, master)  # a second start ends here (exit 4)
     try:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
