@@ -216,6 +216,31 @@ def test_a_name_with_a_surrogate_or_control_character_is_unknown_when_looked_up(
     assert svc.describe_tunnel("t", "tun").tunnel.tunnel_id == tid
 
 
+def test_a_value_or_attribute_name_that_is_not_utf8_text_is_refused(
+        store: LocalTablestore) -> None:
+    """A lone surrogate in a STRING value, a key or an attribute name was stored (escaped in
+    the row's JSON) and broke whoever read it as text later (a page, the wire, Spark): now an
+    ``InvalidRowError`` naming the column, and nothing is written."""
+    calls = [
+        (lambda: store.put_row("t", {"id": 1, "region": "x\ud800"}, {}), "key column 'region'"),
+        (lambda: store.put_row("t", {"id": 1, "region": "x"}, {"name": "\udcff"}),
+         "column 'name'"),
+        (lambda: store.put_row("t", {"id": 1, "region": "x"}, {"free": "a\udc80"}),
+         "column 'free'"),
+        (lambda: store.put_row("t", {"id": 1, "region": "x"}, {"f\ud800": 1}), "column name"),
+        (lambda: store.put_row("t", {"id": 1, "region": "x"}, {"f\n": 1}), "column name"),
+        (lambda: store.scan_span("t", "region", "a\ud800", None), "a bound of key column"),
+    ]
+    for call, words in calls:
+        with pytest.raises(InvalidRowError, match=words) as info:
+            call()
+        str(info.value).encode("utf-8")
+    store.put_row("t", {"id": 1, "region": "x"}, {"name": "line one\nline two\t\u00e9\U0001f600"})
+    assert store.get_row("t", {"id": 1, "region": "x"}) == {
+        "name": "line one\nline two\t\u00e9\U0001f600"}
+    assert len(store.change_log("t")) == 1
+
+
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 

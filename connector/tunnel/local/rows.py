@@ -31,6 +31,7 @@ from connector.errors import InvalidRowError
 from connector.tunnel.base import Op, TableSchema
 from connector.tunnel.local.changelog import NewChange, append_changes
 from connector.tunnel.local.channels import ChannelRow, channel_rows
+from connector.tunnel.local.names import name_problem
 from connector.tunnel.local.segments import seal
 from connector.tunnel.local.values import check_value, dumps_values, key_hash, loads_values
 
@@ -105,6 +106,9 @@ def validate_operation(
     for name, value in cols.items():
         if not isinstance(name, str) or not name:
             raise InvalidRowError(table=table, reason=f"column name {name!r} is not valid")
+        problem = name_problem(name)
+        if problem is not None:
+            raise InvalidRowError(table=table, reason=f"column name {name!r}: {problem}")
         if name in key:
             raise InvalidRowError(
                 table=table, reason=f"column {name!r} is a primary key column, not an attribute"
@@ -188,6 +192,9 @@ def _key_column_bounds(where: list[str], params: list[Any], column: str,
     from the key's JSON) for each (value, comparison) bound whose value is not None."""
     path = f"$.{json.dumps(column)}"  # a JSON path naming the key column, quoted
     for value, test in bounds:
+        if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+            raise InvalidRowError(table=params[0], reason=f"a bound of key column {column!r} "
+                                  f"is not UTF-8 text: {value!r}")
         if value is not None:
             where.append(f"json_extract(pk, ?) {test} ?")
             params += [path, value]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +72,10 @@ def sequence_str(seq: int) -> str:
     return f"{seq:020d}"
 
 
+#: a lone surrogate: a Python string's character that UTF-8 cannot encode
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_value(table: str, column: str, typ: str | None, value: Any, *, key: bool) -> Any:
     """Validate one value against its declared type (``None`` = undeclared attribute); returns
     the value to store (an ``int`` for a DOUBLE becomes ``float``, a bytearray ``bytes``).
@@ -83,6 +88,11 @@ def check_value(table: str, column: str, typ: str | None, value: Any, *, key: bo
             reason=f"{kind} {column!r} expects {expected}, got {type(value).__name__} {value!r}",
         )
 
+    if isinstance(value, str):
+        surrogate = _SURROGATE.search(value)
+        if surrogate is not None:  # not UTF-8: no page, no service, no Spark string holds it
+            raise bad(f"UTF-8 text (it holds a lone surrogate U+{ord(surrogate.group()):04X} "
+                      f"at position {surrogate.start()})")
     if typ is None:  # undeclared attribute: any of the five Tablestore value types
         if isinstance(value, bool | str | float):
             return value
