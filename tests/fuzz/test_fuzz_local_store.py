@@ -2,7 +2,7 @@
 
 Input: a real store file (a table of two channels with rows, a tunnel); a call of its row API,
 channel operations or tunnel service (the calls the emulator's routes and the CLI make) with
-one name -- table, column, tunnel, tunnel id, channel id -- replaced by any text (lone
+one name -- table, column, tunnel, tunnel id, channel id -- or a value replaced by any text (lone
 surrogates, control characters, trailing newlines, any character), or with a token that is a
 store token mutated byte by byte, base64 of JSON nested deep or of another shape, or any text.
 
@@ -79,7 +79,8 @@ def tokens(draw: Any, valid: str) -> str:
     return draw(mostly(st.text(max_size=20), NAMES))
 
 
-CALLS = ["create_table", "create_column", "put_row", "get_row", "scan", "list_channels",
+CALLS = ["create_table", "create_column", "put_row", "put_value", "put_attribute", "get_row",
+         "scan", "scan_span", "list_channels",
          "split", "create_tunnel", "describe_tunnel", "get_checkpoint_tunnel",
          "get_checkpoint_channel", "read_channel", "read_token", "lag_token", "lag_channel",
          "has_new_data_token", "checkpoint_token", "checkpoint_channel"]
@@ -92,7 +93,10 @@ def _call(world: dict[str, Any], call: str, name: str, token: str) -> Any:
         "create_table": lambda: store.create_table(name, [("id", "INTEGER")]),
         "create_column": lambda: store.create_table("u", [("id", "INTEGER")], [(name, "STRING")]),
         "put_row": lambda: store.put_row(name, {"id": 1}, {"v": "x"}),
+        "put_value": lambda: store.put_row("t", {"id": 1}, {"v": name}),
+        "put_attribute": lambda: store.put_row("t", {"id": 1}, {name: name}),
         "get_row": lambda: store.get_row(name, {"id": 1}),
+        "scan_span": lambda: store.scan_span("t", "id", name, None),
         "scan": lambda: store.scan(name),
         "list_channels": lambda: store.list_channels(name),
         "split": lambda: store.split_channel("t", name),
