@@ -22,7 +22,9 @@ committed batches, whichever comes first. It then does only what is past its thr
   files are smaller than ``small_file_bytes``; then, at most every ``vacuum_every_minutes``,
   a full ``vacuum``: the files no version of the last ``vacuum_hours`` references, and those
   no commit ever named (a batch killed before its commit) once older than that.
-- **Iceberg** (pyiceberg 0.12 has no compaction): snapshots expired beyond the newest
+- **Iceberg**: compaction by the job itself (pyiceberg 0.12 has none: ``_compact_iceberg``,
+  the small files' rows sorted by key and cut as a batch's rewrite cuts them, in one snapshot
+  of the sink's writer) on the same threshold; snapshots expired beyond the newest
   ``keep_snapshots`` or older than ``expire_hours``, except those the sink's exactly once
   needs (``maintenance._expire_iceberg``: the current snapshot and its ancestors down to the
   job's newest batch marker, branch and tag heads); then, at most every
@@ -57,7 +59,7 @@ EVERY_BATCHES = 100
 #: a Delta data file smaller than this is small: a third of delta-rs's target file size for
 #: ``optimize`` (100 MiB), so the files a compaction writes are not small themselves
 SMALL_FILE_BYTES = 32 << 20
-#: compact a Delta table when more than this many of its files are small (0: never)
+#: compact a table when more than this many of its current files are small (0: never)
 COMPACT_FILES = 64
 #: Iceberg: keep at most the newest this many snapshots ...
 KEEP_SNAPSHOTS = 100
@@ -293,6 +295,8 @@ def _compact_delta(table: Any, key: str) -> None:
 
 def _maintain_iceberg(sink: Any, policy: MaintenancePolicy, vacuum: bool,
                       now: float) -> MaintenanceRun | None:
+    from pyiceberg.exceptions import CommitFailedException
+
     from tablestore_cdc.lakehouse.maintenance import _expire_iceberg, _vacuum_iceberg
     from tablestore_cdc.lakehouse.ownership import Marker
 
@@ -302,9 +306,20 @@ def _maintain_iceberg(sink: Any, policy: MaintenancePolicy, vacuum: bool,
     marker = Marker.of(table.properties)
     if marker is None or not marker.key_columns:
         return None
+    tasks = list(table.scan().plan_files())
+    files = len(tasks)
+    compacted = False
+    if policy.compact_files and sum(1 for task in tasks if task.file.file_size_in_bytes
+                                    < policy.small_file_bytes) > policy.compact_files:
+        try:
+            compacted = _compact_iceberg(table, tasks, marker.key_columns[0], policy)
+        except CommitFailedException:  # another writer committed meanwhile: it wins
+            log.info("table %s: compaction refused (another commit meanwhile), retried at its "
+                     "next run", sink)
+        table = sink.table()
+    files_after = len(list(table.scan().plan_files())) if compacted else files
     snapshots = table.metadata.snapshots
     before = len(snapshots)
-    files = len(list(table.scan().plan_files()))
     expired = 0
     oldest_ms = min((s.timestamp_ms for s in snapshots), default=now * 1000)
     if before > policy.keep_snapshots or oldest_ms < (now - policy.expire_hours * 3600) * 1000:
@@ -316,6 +331,44 @@ def _maintain_iceberg(sink: Any, policy: MaintenancePolicy, vacuum: bool,
         table = sink.table()
     removed = _vacuum_iceberg(str(sink), table, policy.vacuum_hours) if vacuum else 0
     return MaintenanceRun(at=now, seconds=0.0, table_format="iceberg", files_before=files,
-                          files_after=files, snapshots_before=before,
+                          files_after=files_after, compacted=compacted, snapshots_before=before,
                           snapshots_after=len(table.metadata.snapshots),
                           snapshots_expired=expired, files_removed=removed)
+
+
+#: the summary property of a compaction's snapshot (its files replaced, no rows changed)
+COMPACTION_PROPERTY = "tablestore-cdc.compaction"
+
+
+def _compact_iceberg(table: Any, tasks: list[Any], key: str, policy: MaintenancePolicy) -> bool:
+    """Replace the small data files of the Iceberg table's current snapshot (``tasks``, its
+    scan plan) by their rows sorted by ``key`` and cut as a batch's rewrite cuts them
+    (``rewrite.rewrite_groups``), in one snapshot of the sink's own writer
+    (``iceberg._write_files``: pyiceberg has no compaction). At most
+    ``rewrite.REWRITE_MAX_ROWS`` rows a run (they are in the driver's memory), the smallest
+    files first; the next run takes the rest. The snapshot carries no batch marker: a restart
+    walks back past it to the job's newest batch. Returns whether it committed; a commit
+    another writer got in first raises pyiceberg's ``CommitFailedException``."""
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    from tablestore_cdc.lakehouse.iceberg import _transaction, _write_files
+    from tablestore_cdc.lakehouse.rewrite import REWRITE_MAX_ROWS, rewrite_groups
+
+    chosen, rows = [], 0
+    for task in sorted((t for t in tasks if t.file.file_size_in_bytes < policy.small_file_bytes),
+                       key=lambda t: t.file.file_size_in_bytes):
+        if rows + task.file.record_count > REWRITE_MAX_ROWS:
+            break
+        chosen.append(task)
+        rows += task.file.record_count
+    if len(chosen) < 2:
+        return False
+    current = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(chosen)
+    transaction = _transaction(table)
+    schema = transaction.table_metadata.schema().as_arrow()
+    groups = rewrite_groups(current.sort_by(key), key)
+    _write_files(transaction, chosen, groups, schema, table.io,
+                 {COMPACTION_PROPERTY: f"{len(chosen)} file(s)"})
+    transaction.commit_transaction()
+    return True
