@@ -186,3 +186,18 @@ def test_settings_nesting_within_the_bound_and_brackets_in_strings_are_read(
     assert not bracket_depth_exceeds("a = " + "[" * MAX_SETTINGS_DEPTH + "]" * MAX_SETTINGS_DEPTH,
                                      MAX_SETTINGS_DEPTH)
     assert bracket_depth_exceeds("a = " + "[" * (MAX_SETTINGS_DEPTH + 1), MAX_SETTINGS_DEPTH)
+
+
+def test_a_non_utf8_byte_from_a_real_command_line(tmp_path: Path) -> None:
+    """The bytes a terminal hands over, through the installed entry point in its own process
+    (Python decodes argv with surrogateescape)."""
+    script = ("import sys\nfrom tablestore_cdc.cli import app\n"
+              "sys.argv = ['tablestore-cdc', *sys.argv[1:]]\napp()\n")
+    env = {k: v for k, v in os.environ.items() if k != "TABLESTORE_CDC_VERBOSE"}
+    run_ = subprocess.run([sys.executable, "-c", script, b"replicate", b"--table", b"caf\xe9",
+                           b"--output", str(tmp_path / "out").encode()],
+                          capture_output=True, timeout=120, env={**env, "LC_ALL": "C.UTF-8"})
+    assert run_.returncode == 2, run_.stderr
+    assert run_.stderr.decode().splitlines() == [
+        "error: --table: byte 0xE9 at position 3 is not UTF-8"]
+    assert not (tmp_path / "out").exists()
