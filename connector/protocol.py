@@ -31,6 +31,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid as uuid_lib
 from dataclasses import dataclass
@@ -68,6 +69,9 @@ from meta_store import BatchRecord, BatchState, ChannelStart, Manifest, MetaStor
 ORPHAN_RETENTION_S = 3600.0
 #: retention runs every ``metaRetentionBatches // GC_EVERY_DIV`` commits (at least every one)
 GC_EVERY_DIV = 10
+
+#: the initial offsets this process has logged at INFO (``StreamProtocol.initial_offset``)
+_INITIAL_LOGGED: set[str] = set()
 
 
 @dataclass
@@ -215,8 +219,11 @@ class StreamProtocol:
                                               state=BatchState.PUSHED, manifest=manifest)
         if binding.lease.tip is None:
             binding.lease.advance(uuid, now=True)  # a restart during batch 0 finds it
-        log.info("initial offset %s (%d channels)", uuid,
-                 len(existing.manifest.channels) if existing.manifest else 0)
+        # Spark asks twice at a query's start (an AvailableNow run once more): said once
+        level = logging.DEBUG if uuid in _INITIAL_LOGGED else logging.INFO
+        _INITIAL_LOGGED.add(uuid)
+        log.log(level, "initial offset %s (%d channels)", uuid,
+                len(existing.manifest.channels) if existing.manifest else 0)
         return self.offset(uuid)
 
     def latest_offset(self, start: dict, limits: TriggerLimits | int | None = None) -> dict:

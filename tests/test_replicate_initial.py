@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from connector.local import LocalTablestore
-from tablestore_cdc.pipeline.preflight import NONE_WARNING
+from tablestore_cdc.pipeline.preflight import NONE_WARNING, SNAPSHOT_LINE
 from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state
 
 CLI = [sys.executable, "-m", "tablestore_cdc.cli"]
@@ -48,7 +48,8 @@ def test_the_default_copy_holds_rows_whose_changes_were_trimmed(tmp_path: Path) 
     assert 0 < len(retained) < 60
 
     said = replicate(store, tmp_path / "full")
-    assert NONE_WARNING not in said
+    assert NONE_WARNING not in said and SNAPSHOT_LINE in said
+    assert said.count("initial offset") == 1, said  # Spark asks twice; said once
     source = {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()}
     assert len(source) == 60
     assert table_state(read_delta(str(tmp_path / "full" / "t")), ["id"]) == source

@@ -31,6 +31,7 @@ from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.job_lock import JobLock
 from tablestore_cdc.pipeline.preflight import (
     NONE_WARNING,
+    SNAPSHOT_LINE,
     JobPlan,
     check_before_start,
     initial_tunnel_type,
@@ -184,7 +185,7 @@ def plan(options: dict[str, str] | None = None, initial: str = "snapshot",
 
 
 def test_initial_gives_a_new_tunnel_the_snapshot_and_an_existing_one_keeps_its_type() -> None:
-    assert initial_tunnel_type(plan(), {}) == ("BaseAndStream", [])
+    assert initial_tunnel_type(plan(), {}) == ("BaseAndStream", [SNAPSHOT_LINE])
     assert initial_tunnel_type(plan(initial="none", given=True), {}) == (
         "Stream", [NONE_WARNING])
     kept, lines = initial_tunnel_type(plan(), {"t1": "Stream", "t2": "Stream"})

@@ -51,6 +51,8 @@ INITIAL_SNAPSHOT, INITIAL_NONE = "snapshot", "none"
 INITIAL_CHOICES = (INITIAL_SNAPSHOT, INITIAL_NONE)
 _TUNNEL_TYPE_OF = {INITIAL_SNAPSHOT: "BaseAndStream", INITIAL_NONE: "Stream"}
 NONE_WARNING = "--initial none: only the changes the tunnel still retains are delivered"
+SNAPSHOT_LINE = ("--initial snapshot: a new tunnel delivers every row of the table first, then "
+                 "the changes after it")
 #: a module an extra brings -> the extra (pyproject's optional dependencies)
 EXTRA_OF = {"pyiceberg": "lakehouse", "cachetools": "lakehouse", "sqlalchemy": "lakehouse",
             "tablestore": "tablestore", "google": "tablestore", "urllib3": "tablestore",
@@ -184,6 +186,8 @@ def initial_tunnel_type(plan: JobPlan, existing: dict[str, str]) -> tuple[str, l
         chosen = kinds[0]
     if chosen.strip().lower() == "stream":
         lines.append(NONE_WARNING)
+    elif not kinds:
+        lines.append(SNAPSHOT_LINE)
     return chosen, lines
 
 
@@ -390,6 +394,6 @@ def _target_free(plan: JobPlan, table: str) -> None:
         checkpoint_query_id(plan.output / "_checkpoints" / "apply"))
 
 
-__all__ = ["INITIAL_CHOICES", "NONE_WARNING", "Checked", "JobPlan", "MissingExtraError",
-           "NoTablesError", "SourceHeldError", "check_before_start", "check_target_uri",
-           "initial_tunnel_type", "named_extras"]
+__all__ = ["INITIAL_CHOICES", "NONE_WARNING", "SNAPSHOT_LINE", "Checked", "JobPlan",
+           "MissingExtraError", "NoTablesError", "SourceHeldError", "check_before_start",
+           "check_target_uri", "initial_tunnel_type", "named_extras"]
