@@ -92,24 +92,32 @@ def refuse_bad_text(command: Any, ctx: Any, args: list[str]) -> None:
     line that ``argument_problem`` refuses: the line parsed by the commands' own parsers, group
     by group down to the command, before any of them runs (paths too: SQLite and URIs take
     UTF-8 only). Whatever the parsers cannot parse is left to the real parse to report."""
+    try:
+        problem = _first_bad_text(command, ctx, list(args))
+    except Exception:  # noqa: BLE001 - a check ahead of the real parse never breaks it
+        problem = None
+    if problem is not None:
+        fail(problem)
+
+
+def _first_bad_text(command: Any, ctx: Any, args: list[str]) -> str | None:
+    """``refuse_bad_text``'s walk: the first refused value as ``FLAG: problem``, else None."""
     for _ in range(_MAX_GROUPS):
-        try:
-            opts, rest, order = command.make_parser(ctx).parse_args(args=list(args))
-        except Exception:  # noqa: BLE001 - a usage error: the real parse reports it
-            return
+        opts, rest, order = command.make_parser(ctx).parse_args(args=list(args))
         for param in order:
             value = opts.get(param.name) if param.name else None
             for text in value if isinstance(value, list | tuple) else [value]:
                 problem = argument_problem(text) if isinstance(text, str) else None
                 if problem is not None:
-                    fail(f"{_label(param)}: {problem}")
+                    return f"{_label(param)}: {problem}"
         if not hasattr(command, "get_command") or not rest:
-            return  # a command (not a group), or a group given no sub-command
+            return None  # a command (not a group), or a group given no sub-command
         sub = command.get_command(ctx, rest[0])
         if sub is None:
-            return
+            return None
         ctx = type(ctx)(sub, parent=ctx, info_name=rest[0])
         command, args = sub, rest[1:]
+    return None
 
 
 class OneLineErrors(TyperGroup):
