@@ -345,3 +345,38 @@ def test_an_iceberg_table_of_many_small_files_is_compacted_into_few_with_its_row
     del expected[5]
     expected[7] = ("x", 1)
     assert rows_of(target.rows()) == expected
+
+
+@pytest.mark.slow
+def test_a_replicate_run_maintains_its_target_and_records_it_in_the_table_status(
+        tmp_path: Path) -> None:
+    """A real ``replicate --once`` (its own Spark driver) with a run after every batch: the
+    table's status in the meta store, as ``meta tables`` reads it, says what it did."""
+    import json
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from connector.local import LocalTablestore
+    from tablestore_cdc.cli import app
+    from tablestore_cdc.verify import read_delta
+
+    store = LocalTablestore(tmp_path / "store.db")
+    store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                       channels=2)
+    for i in range(40):
+        store.put_row("t", {"id": i}, {"v": i})
+    done = subprocess.run([sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store",
+                           str(store.path), "--table", "t", "--output", str(tmp_path / "out"),
+                           "--once", "--maintenance-setting", "every_batches=1"],
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(read_delta(str(tmp_path / "out" / "t"))) == 40
+    listed = CliRunner().invoke(app, ["meta", "tables", "--json", "--meta",
+                                      f"sqlite://{tmp_path / 'store.meta.db'}"])
+    assert listed.exit_code == 0, listed.output
+    (status,) = json.loads(listed.output)["tables"]
+    assert status["last_maintenance_at"] is not None and status["target_files"] >= 1
+    assert status["last_maintenance"].endswith("unreferenced file(s) removed")
