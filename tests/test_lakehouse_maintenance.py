@@ -267,6 +267,8 @@ def test_a_maintenance_setting_out_of_range_is_refused_by_name() -> None:
     assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
     with pytest.raises(MaintenanceSettingError, match="keep_snapshots"):
         MaintenancePolicy(keep_snapshots=0)
+    with pytest.raises(MaintenanceSettingError, match="every_minutes"):
+        MaintenancePolicy(every_minutes=float("inf"))
 
 
 def test_the_maintenance_flags_make_the_policy_and_a_bad_one_is_named() -> None:
@@ -318,9 +320,11 @@ def test_a_table_of_the_config_file_sets_its_own_maintenance(tmp_path: Path) -> 
     flagged = ApplySettings("delta:///lake/{table}", maintenance=MaintenancePolicy.off())
     assert not config.for_table("orders", flagged, frozenset({"maintenance"}))[0] \
         .maintenance.enabled  # a flag given on the command line wins
-    path.write_text("[tables.orders]\nmaintenance = {vacuum_hours = 0}\n")
-    with pytest.raises(TableConfigError, match="orders.*vacuum_hours"):
-        load_table_config(path)
+    for bad in ("vacuum_hours = 0", "vacuum_hours = inf", "every_minutes = nan",
+                "keep = 3"):
+        path.write_text(f"[tables.orders]\nmaintenance = {{{bad}}}\n")
+        with pytest.raises(TableConfigError, match=f"orders.*{bad.split()[0]}"):
+            load_table_config(path)
 
 
 def test_an_iceberg_table_of_many_small_files_is_compacted_into_few_with_its_rows(

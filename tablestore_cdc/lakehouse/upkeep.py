@@ -104,7 +104,8 @@ class MaintenancePolicy:
                                     ("expire_hours", self.expire_hours, 0),
                                     ("vacuum_hours", self.vacuum_hours, MIN_VACUUM_HOURS),
                                     ("vacuum_every_minutes", self.vacuum_every_minutes, 0)):
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
+            if (not isinstance(value, int | float) or isinstance(value, bool)
+                    or not math.isfinite(value) or value < low):
                 raise MaintenanceSettingError(setting=setting, value=value,
                                               problem=f"must be a number of at least {low}")
 

@@ -61,7 +61,7 @@ class MaintenanceSettings(BaseModel):
     """A table's ``maintenance = {...}``: the job's own maintenance of its target
     (``lakehouse.upkeep.MaintenancePolicy``; ``enabled = false``: none); ``None``: not set."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool | None = None
     every_minutes: float | None = Field(default=None, ge=0)
