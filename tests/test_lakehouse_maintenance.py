@@ -228,26 +228,33 @@ def test_a_failed_maintenance_run_is_logged_and_retried_without_failing_the_batc
         {"table": "orders"}) == status.last_maintenance_at
 
 
+@pytest.mark.parametrize("kind", [Delta, Iceberg])
 def test_a_lost_race_with_another_commit_drops_the_compaction_not_the_batch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another writer commits between the run's look at the table and its compaction's
-    commit: delta-rs refuses the compaction, the run says so, the rows stay exact."""
-    from deltalake.exceptions import CommitFailedError
-
-    target = Delta(tmp_path)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: Any) -> None:
+    """Another writer of the table commits a rewrite of its files between the run's look at
+    the table and its compaction's commit: the format refuses the compaction, the run says
+    so (no error), the other writer's rows and the stream's stay."""
+    target = kind(tmp_path)
     sink = target.sink()
-    sink.upkeep = Upkeep(MaintenancePolicy(every_batches=3, compact_files=1))
+    other = target.sink()  # another process of the job (a zombie of its query)
+    for batch_id in range(6):  # several files: each batch appends new keys
+        sink.apply(batch(*(change("PUT", "c", 100 * batch_id + i, 1, 10 * batch_id + i,
+                                  "a", i) for i in range(3))), "q", batch_id)
+    name = "_compact_delta" if kind is Delta else "_compact_iceberg"
+    real = getattr(upkeep, name)
 
-    def raced(table: Any, key: str) -> None:
-        raise CommitFailedError("a concurrent transaction deleted the same data")
+    def raced(*args: Any) -> Any:
+        other.apply(batch(change("PUT", "c", 9999, 2, 0, "other", 1)), "q", 6)
+        return real(*args)
 
-    monkeypatch.setattr(upkeep, "_compact_delta", raced)
-    stream = Stream(seed=4)
-    for batch_id in range(3):
-        result = sink.apply(stream.next_batch(), "q", batch_id)
-    assert result.maintenance is not None
-    assert result.maintenance.error is None and not result.maintenance.compacted
-    assert rows_of(target.rows()) == stream.state
+    monkeypatch.setattr(upkeep, name, raced)
+    run = upkeep.maintain(sink, MaintenancePolicy(compact_files=1))
+    assert run is not None and run.error is None and not run.compacted
+    rows = rows_of(target.rows())
+    assert rows[0] == ("other", 1) and len(rows) == 18
+    monkeypatch.setattr(upkeep, name, real)  # the next run compacts
+    again = upkeep.maintain(sink, MaintenancePolicy(compact_files=1))
+    assert again is not None and again.compacted and rows_of(target.rows()) == rows
 
 
 def test_a_table_is_maintained_after_the_minutes_or_the_batches_whichever_first() -> None:
