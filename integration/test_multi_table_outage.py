@@ -11,7 +11,7 @@ never failed, or the query fails and the job restarts it; once the service answe
 process brings every table back to streaming and every target equals its source row by row.
 The single-table job's outage: ``integration/test_replicate_outage.py``.
 
-The full matrix (marker ``faults_full``, not in the default suite: about 25 minutes on 2
+The full matrix (marker ``faults_full``, not in the default suite: 26 minutes on 2 shared
 cores; ``python -m pytest -m faults_full integration/test_multi_table_outage.py``) lands a
 ``MULTI_TABLE_OUTAGE_S`` (60) outage on each step of a batch, three times each, through the
 fault hook ``testkit.outage``.
