@@ -248,3 +248,39 @@ def test_ctrl_c_while_spark_starts_ends_in_one_line(store: Path, tmp_path: Path)
              if not line.startswith(("WARNING: Using", "Spark's log:"))]
     assert shown == ["stopped while Spark was starting; nothing was read or written"], shown
     assert JobLock(tmp_path / "out").acquire() is not None
+
+
+@pytest.mark.slow
+def test_a_second_job_from_another_output_is_refused_while_the_first_runs(
+        store: Path, tmp_path: Path) -> None:
+    """A real first job (``--tables t*``) runs; a second one on the same tables from another
+    output ends at once with exit 4 naming the first's host, pid and since (its own lock's)."""
+    import signal
+
+    from testkit.processes import kill_tree
+
+    first_out = tmp_path / "first"
+    with open(tmp_path / "first.log", "w") as sink:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store", str(store),
+             "--tables", "t*", "--output", str(first_out)],
+            cwd=REPO, env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not all((first_out / "lake" / t / "_delta_log").exists() for t in ("t1", "t2")):
+            assert first.poll() is None and time.monotonic() < deadline, (
+                (tmp_path / "first.log").read_text()[-3000:])
+            time.sleep(1)
+        out = tmp_path / "second"
+        code, stderr, took = run(store, out, "--tables", "t*")
+        assert_refused(code, stderr, took, out, "is already replicated", exit_code=4)
+        assert f"pid {first.pid}" in stderr and str(first_out) in stderr
+        assert first.poll() is None  # the first goes on
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGTERM)
+        try:
+            first.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_tree(first.pid)
