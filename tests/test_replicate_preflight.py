@@ -284,3 +284,11 @@ def test_a_second_job_from_another_output_is_refused_while_the_first_runs(
             first.wait(timeout=60)
         except subprocess.TimeoutExpired:
             kill_tree(first.pid)
+
+
+def test_a_tunnel_type_option_in_any_case_is_the_one_the_source_gets(
+        store: Path, tmp_path: Path) -> None:
+    checked = check_before_start(JobPlan(
+        f"local://{store}", tmp_path / "out", "replicate", {"Tunnel.Type": "Stream"},
+        lambda t: ApplySettings(f"delta:///lake/{t}"), table="t1"))
+    assert checked.options == {"tunnel.type": "Stream"} and checked.lines == [NONE_WARNING]

@@ -133,7 +133,8 @@ def check_before_start(plan: JobPlan) -> Checked:
             tunnel_type, more = initial_tunnel_type(plan, _tunnel_types(tunnel, names,
                                                                         plan.tunnel))
         lines += more
-        options = {**plan.options, "tunnel.type": tunnel_type}
+        options = {**{k: v for k, v in plan.options.items() if k.lower() != "tunnel.type"},
+                   "tunnel.type": tunnel_type}
         _leases_free(plan, names, options)
         for name in names:
             _target_free(plan, name)
