@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: demo test test-fast test-spark-oldest test-install test-extended fuzz faults-full netfaults-full cluster-long \
-	soak benchmarks lint java-check clean
+	soak benchmarks lint java-check clean spark-merge-jars
 
 # The oldest PySpark the package supports (the floor of pyproject's range), in its own venv
 SPARK_OLDEST := 4.0.0
@@ -33,6 +33,27 @@ $(OLDEST)/.installed-stamp: pyproject.toml
 	$(OLDEST)/bin/python -m pip install --quiet -e '.[test,dynamodb,tablestore,lakehouse]' 'pyspark==$(SPARK_OLDEST)'
 	touch $@
 
+# The Spark engine (replicate --engine spark: tablestore_cdc/lakehouse/spark_merge.py) is tested
+# on the newest PySpark minor that both delta-spark and Iceberg's Spark runtime are released for
+# (docs/lakehouse.md lists them per minor), in a venv of its own; its jars are resolved once by
+# Spark's Ivy from Maven Central into ~/.ivy2.5.2 (a user's spark.jars.packages does the same)
+SPARK_MERGE_PYSPARK := 4.1.4
+SPARK_MERGE         := .venv-spark-merge
+JARS_STAMP          := $(SPARK_MERGE)/.jars-stamp
+
+$(SPARK_MERGE)/.installed-stamp: pyproject.toml
+	test -x $(SPARK_MERGE)/bin/python || $(PYTHON) -m venv $(SPARK_MERGE)
+	$(SPARK_MERGE)/bin/python -m pip install --quiet --upgrade pip
+	$(SPARK_MERGE)/bin/python -m pip install --quiet -e '.[lakehouse]' 'pyspark==$(SPARK_MERGE_PYSPARK)'
+	touch $@
+
+$(JARS_STAMP): $(SPARK_MERGE)/.installed-stamp tablestore_cdc/lakehouse/spark_merge.py | java-check
+	$(SPARK_MERGE)/bin/python -m tablestore_cdc.lakehouse.spark_merge fetch
+	touch $@
+
+## make spark-merge-jars: the Spark engine's venv and jars (a part of make test)
+spark-merge-jars: $(JARS_STAMP)
+
 java-check:
 	@if [ -n "$$JAVA_HOME" ] && [ -x "$$JAVA_HOME/bin/java" ]; then exit 0; fi; \
 	command -v java >/dev/null 2>&1 || { \
@@ -46,7 +67,7 @@ demo: $(STAMP) java-check
 
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
 ## then the oldest_spark tests on the oldest supported PySpark, then the user's install
-test: $(STAMP) java-check
+test: $(STAMP) java-check $(JARS_STAMP)
 	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not extended and not user_install" -n 2 --dist loadgroup --durations=30 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
 	$(MAKE) --no-print-directory test-install
@@ -106,4 +127,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(INSTALLS) build tablestore-cdc-demo .pytest_cache
+	rm -rf $(VENV) $(OLDEST) $(INSTALLS) $(SPARK_MERGE) build tablestore-cdc-demo .pytest_cache

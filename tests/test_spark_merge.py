@@ -1,0 +1,213 @@
+"""The Spark engine (tablestore_cdc/lakehouse/spark_merge.py): the same change batches applied
+by Spark's own MERGE (delta-spark, Iceberg's SparkCatalog) and by the embedded sinks give the
+same tables row for row; a replayed batch is skipped; another job's table is refused.
+
+The Spark side runs in its own process (testkit/spark_merge_run.py) on the PySpark of
+``.venv-spark-merge`` (make's jar step: the newest PySpark minor that both jars are released
+for), once for the module; its JVM's session carries Delta's and Iceberg's extensions, which
+the suite's shared ``spark`` session must not get."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tablestore_cdc.lakehouse.errors import ApplyOptionError
+from tablestore_cdc.lakehouse.spark_merge import (
+    PACKAGES,
+    SparkEngineError,
+    SparkMergeSink,
+    coordinate,
+    session_conf,
+)
+from testkit.lakehouse import SCHEMA, Delta, Iceberg, batch, change
+
+ROOT = Path(__file__).resolve().parent.parent
+#: the interpreter of the venv make's jar step prepares (or the environment's choice)
+SPARK_MERGE_PYTHON = os.environ.get(
+    "TABLESTORE_CDC_SPARK_MERGE_PYTHON", str(ROOT / ".venv-spark-merge" / "bin" / "python"))
+
+
+def _with_colour(*rows: dict[str, Any]) -> pa.Table:
+    schema = pa.schema([*list(SCHEMA)[:3], pa.field("colour", pa.string()), *list(SCHEMA)[3:]])
+    return pa.Table.from_pylist([{"colour": None, **r} for r in rows], schema=schema)
+
+
+#: batch 0: new keys, one updated twice; batch 1: a key across a channel split (the child's
+#: _sequence is lower than the parent's: the channels' commit times order them), a delete, a
+#: key inserted and deleted in the batch, a delete of a key never seen; batch 2: a deleted key
+#: back, a null value, a new declared column
+BATCHES = [
+    batch(change("PUT", "c", 1, 1, 1, "a", 1), change("PUT", "c", 2, 1, 2, "b", 2),
+          change("PUT", "c", 3, 1, 3, "c", 3), change("UPDATE", "c", 4, 2, 1, "a", 5)),
+    batch(change("UPDATE", "p", 10, 10, 2, "b", 20), change("UPDATE", "c1", 1, 11, 2, "b", 21),
+          change("DELETE", "c", 5, 10, 3), change("PUT", "c", 6, 10, 4, "d", 4),
+          change("DELETE", "c", 7, 11, 4), change("DELETE", "c", 8, 11, 5),
+          change("UPDATE", "c", 9, 12, 1, "a", 6), change("DELETE", "c", 10, 13, 1)),
+    _with_colour({**change("PUT", "c", 11, 20, 3, "c", 30), "colour": "red"},
+                 change("UPDATE", "c1", 2, 21, 2, None, 22),
+                 {**change("PUT", "c", 12, 22, 6, "f", 6), "colour": "blue"}),
+]
+#: a replay of batch 1 after batch 2: skipped
+ORDER = [0, 1, 2, 1]
+#: not _deleted: Iceberg's Spark runtime reserves that name
+SOFT = "is_deleted"
+
+
+def _embedded(target: Any, soft: bool) -> list[dict[str, Any]]:
+    sink = target.sink(soft_delete_column=SOFT if soft else None)
+    for batch_id in ORDER:
+        sink.apply(BATCHES[batch_id], "q1", batch_id)
+    return _sorted(target.rows())
+
+
+def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: r["id"])
+
+
+@pytest.fixture(scope="module")
+def spark_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Spark-engine run of this module, in one process (module doc)."""
+    if not Path(SPARK_MERGE_PYTHON).exists():
+        pytest.skip(f"no {SPARK_MERGE_PYTHON}: make .venv-spark-merge/.jars-stamp prepares it")
+    tmp = tmp_path_factory.mktemp("spark_merge")
+    paths = []
+    for i, changes in enumerate(BATCHES):
+        paths.append(str(tmp / f"batch{i}.parquet"))
+        pq.write_table(changes, paths[-1])
+    batches = [[i, paths[i]] for i in ORDER]
+    runs: dict[str, dict[str, Any]] = {}
+    for fmt in ("delta", "iceberg"):
+        for soft in (False, True):
+            name = f"{fmt}-{'soft' if soft else 'hard'}"
+            target = (str(tmp / name) if fmt == "delta" else f"lake.cdc.{name.replace('-', '_')}")
+            runs[name] = {"format": fmt, "target": target, "app_id": "q1", "key_columns": ["id"],
+                          "soft_delete_column": SOFT if soft else None, "source": "s",
+                          "batches": batches, "out": str(tmp / f"{name}.parquet")}
+    # another query of the same source on the tables written above
+    for fmt in ("delta", "iceberg"):
+        runs[f"{fmt}-other-job"] = {**runs[f"{fmt}-hard"], "app_id": "q2",
+                                    "batches": [[0, paths[0]]], "out": None}
+    spec = tmp / "spec.json"
+    spec.write_text(json.dumps({"warehouse": str(tmp / "warehouse"),
+                                "runs": list(runs.values())}))
+    proc = subprocess.run([SPARK_MERGE_PYTHON, "-m", "testkit.spark_merge_run", str(spec)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"runs": runs, "report": dict(zip(runs, report, strict=True))}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("spark_merge")
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+@pytest.mark.parametrize("soft", [False, True], ids=["hard-deletes", "soft-deletes"])
+def test_spark_merge_gives_the_embedded_sinks_table_row_for_row(
+        spark_runs: dict[str, Any], tmp_path: Path, fmt: str, soft: bool) -> None:
+    name = f"{fmt}-{'soft' if soft else 'hard'}"
+    outcomes = spark_runs["report"][name]
+    assert [o.get("error") for o in outcomes] == [None] * 4, outcomes
+    assert [o["committed"] for o in outcomes] == [True, True, True, False]
+    assert outcomes[3]["version"] == outcomes[2]["version"]  # the replay changed nothing
+    merged = _sorted(pq.read_table(spark_runs["runs"][name]["out"]).to_pylist())
+    embedded = _embedded(Delta(tmp_path) if fmt == "delta" else Iceberg(tmp_path), soft)
+    assert merged == embedded
+    if soft:
+        assert {r["id"]: r[SOFT] for r in merged} == {1: True, 2: False, 3: False, 4: True,
+                                                  6: False}
+        assert merged[0]["qty"] == 6  # key 1's last image in batch 1, flagged
+    else:
+        assert [r["id"] for r in merged] == [2, 3, 6]
+    assert merged[1 if soft else 0]["qty"] == 22  # the child channel's change is the last
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("spark_merge")
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_spark_merge_refuses_a_table_another_query_writes(spark_runs: dict[str, Any],
+                                                          fmt: str) -> None:
+    [outcome] = spark_runs["report"][f"{fmt}-other-job"]
+    assert outcome["error"] == "ForeignTargetError"
+    assert "another query of the same source" in outcome["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("spark_merge")
+def test_embedded_sink_sees_the_batches_spark_merge_recorded(spark_runs: dict[str, Any],
+                                                            tmp_path: Path) -> None:
+    """One exactly-once record for both engines: Delta's txn written by delta-spark's MERGE is
+    the one the embedded sink reads, so switching engines does not apply a batch twice."""
+    from tablestore_cdc.lakehouse import DeltaApplySink
+
+    path = spark_runs["runs"]["delta-hard"]["target"]
+    sink = DeltaApplySink(path, key_columns=["id"], source="s")
+    assert sink.committed_batch("q1") == 2
+    assert sink.apply(BATCHES[2], "q1", 2).committed is False
+
+
+# --- without Spark --------------------------------------------------------------------------
+
+
+def test_each_spark_minor_names_the_jars_released_for_it() -> None:
+    assert coordinate("delta", "4.0.0") == "io.delta:delta-spark_2.13:4.0.1"
+    assert coordinate("delta", "4.1.4") == "io.delta:delta-spark_2.13:4.3.1"
+    assert coordinate("iceberg", "4.1.4") == \
+        "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
+    assert coordinate("delta", "4.2.1") == "io.delta:delta-spark_2.13:4.4.0"
+    assert PACKAGES[(4, 3)].delta is None and PACKAGES[(4, 3)].iceberg is None
+
+
+@pytest.mark.parametrize(("fmt", "version", "have"), [
+    ("delta", "4.3.0", "4.0, 4.1, 4.2"), ("iceberg", "4.2.1", "4.0, 4.1")])
+def test_a_spark_with_no_jar_released_is_refused_in_one_line(fmt: str, version: str,
+                                                             have: str) -> None:
+    with pytest.raises(SparkEngineError) as caught:
+        session_conf([fmt], version)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"has no {fmt} jar released for Spark {version[:3]}" in message
+    assert f"run it on a PySpark of {have}, or use --engine embedded" in message
+
+
+def test_session_conf_names_packages_extensions_and_catalog() -> None:
+    conf = session_conf(["delta", "iceberg"], "4.1.0", warehouse="/w")
+    assert conf["spark.jars.packages"] == (
+        "io.delta:delta-spark_2.13:4.3.1,"
+        "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0")
+    assert conf["spark.sql.extensions"].split(",") == [
+        "io.delta.sql.DeltaSparkSessionExtension",
+        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"]
+    assert conf["spark.sql.catalog.lake.warehouse"] == "/w"
+
+
+@pytest.mark.parametrize(("options", "option"), [
+    ({"scd": 2}, "scd"), ({"format": "hudi"}, "format"),
+    ({"soft_delete_column": "_op"}, "soft_delete_column"),
+    ({"soft_delete_column": "_deleted", "format": "iceberg"}, "soft_delete_column")])
+def test_spark_merge_sink_refuses_options_it_cannot_honour(options: dict[str, Any],
+                                                           option: str) -> None:
+    with pytest.raises(ApplyOptionError) as caught:
+        SparkMergeSink("/t", key_columns=["id"], **options)
+    assert caught.value.fields["option"] == option
+
+
+def test_fetch_names_a_format_with_no_jar_for_the_installed_pyspark() -> None:
+    """On a PySpark no jar is released for (the suite's 4.3) the fetch says so and starts no
+    Spark."""
+    import pyspark
+
+    if not pyspark.__version__.startswith("4.3."):
+        pytest.skip("jars are released for this PySpark")
+    proc = subprocess.run([sys.executable, "-m", "tablestore_cdc.lakehouse.spark_merge", "fetch"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped: the Spark engine has no delta jar released for Spark 4.3" in proc.stderr
+    assert "skipped: the Spark engine has no iceberg jar released for Spark 4.3" in proc.stderr
