@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -152,12 +153,26 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
 
+#: a browser that closed its connection while the page answered (a tab closed, a reload)
+CLOSED_CONNECTION = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], app: DashboardApp) -> None:
         self.app = app
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Called by ``socketserver`` in the handler's thread when a request raised: a
+        connection the browser closed is routine (one DEBUG line, no traceback); anything
+        else is logged once with its traceback, as the standard library prints it."""
+        error = sys.exc_info()[1]
+        if isinstance(error, CLOSED_CONNECTION):
+            log.debug("%s closed the connection: %s", client_address[0], error)
+            return
+        log.error("request from %s failed", client_address[0], exc_info=error)
 
 
 def make_server(app: DashboardApp, host: str = "127.0.0.1", port: int = 8765
