@@ -87,7 +87,7 @@ test-install: $(STAMP) java-check
 ## make test-extended: what the default suite leaves out for its time: the other format's,
 ## backend's or crash point's run of a test it runs once, and the benchmarks' smoke run
 ## (about 10 minutes)
-test-extended: $(STAMP) java-check
+test-extended: $(STAMP) java-check $(JARS_STAMP)
 	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)

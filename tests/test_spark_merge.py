@@ -73,12 +73,11 @@ def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["id"])
 
 
-@pytest.fixture(scope="module")
-def spark_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every Spark-engine run of this module, in one process (module doc)."""
+def _spark_apply(tmp: Path, soft: bool) -> dict[str, Any]:
+    """The Spark-engine runs of one deletes mode, in one process (module doc): ORDER's batches
+    into a Delta and an Iceberg table, then (hard deletes) another query's batch into each."""
     if not Path(SPARK_MERGE_PYTHON).exists():
         pytest.skip(f"no {SPARK_MERGE_PYTHON}: make .venv-spark-merge/.jars-stamp prepares it")
-    tmp = tmp_path_factory.mktemp("spark_merge")
     paths = []
     for i, changes in enumerate(BATCHES):
         paths.append(str(tmp / f"batch{i}.parquet"))
@@ -86,16 +85,15 @@ def spark_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     batches = [[i, paths[i]] for i in ORDER]
     runs: dict[str, dict[str, Any]] = {}
     for fmt in ("delta", "iceberg"):
-        for soft in (False, True):
-            name = f"{fmt}-{'soft' if soft else 'hard'}"
-            target = (str(tmp / name) if fmt == "delta" else f"lake.cdc.{name.replace('-', '_')}")
-            runs[name] = {"format": fmt, "target": target, "app_id": "q1", "key_columns": ["id"],
-                          "soft_delete_column": SOFT if soft else None, "source": "s",
-                          "batches": batches, "out": str(tmp / f"{name}.parquet")}
-    # another query of the same source on the tables written above
-    for fmt in ("delta", "iceberg"):
-        runs[f"{fmt}-other-job"] = {**runs[f"{fmt}-hard"], "app_id": "q2",
-                                    "batches": [[0, paths[0]]], "out": None}
+        name = f"{fmt}-{'soft' if soft else 'hard'}"
+        target = (str(tmp / name) if fmt == "delta" else f"lake.cdc.{name.replace('-', '_')}")
+        runs[name] = {"format": fmt, "target": target, "app_id": "q1", "key_columns": ["id"],
+                      "soft_delete_column": SOFT if soft else None, "source": "s",
+                      "batches": batches, "out": str(tmp / f"{name}.parquet")}
+    if not soft:  # another query of the same source on the tables written above
+        for fmt in ("delta", "iceberg"):
+            runs[f"{fmt}-other-job"] = {**runs[f"{fmt}-hard"], "app_id": "q2",
+                                        "batches": [[0, paths[0]]], "out": None}
     spec = tmp / "spec.json"
     spec.write_text(json.dumps({"warehouse": str(tmp / "warehouse"),
                                 "runs": list(runs.values())}))
@@ -106,13 +104,27 @@ def spark_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"runs": runs, "report": dict(zip(runs, report, strict=True))}
 
 
+@pytest.fixture(scope="module")
+def spark_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Hard deletes, and another query refused."""
+    return _spark_apply(tmp_path_factory.mktemp("spark_merge"), soft=False)
+
+
+@pytest.fixture(scope="module")
+def spark_runs_soft(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Soft deletes (make test-extended)."""
+    return _spark_apply(tmp_path_factory.mktemp("spark_merge_soft"), soft=True)
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("spark_merge")
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
-@pytest.mark.parametrize("soft", [False, True], ids=["hard-deletes", "soft-deletes"])
+@pytest.mark.parametrize("soft", [
+    False, pytest.param(True, marks=pytest.mark.extended)], ids=["hard-deletes", "soft-deletes"])
 def test_spark_merge_gives_the_embedded_sinks_table_row_for_row(
-        spark_runs: dict[str, Any], tmp_path: Path, fmt: str, soft: bool) -> None:
+        request: pytest.FixtureRequest, tmp_path: Path, fmt: str, soft: bool) -> None:
     name = f"{fmt}-{'soft' if soft else 'hard'}"
+    spark_runs = request.getfixturevalue("spark_runs_soft" if soft else "spark_runs")
     outcomes = spark_runs["report"][name]
     assert [o.get("error") for o in outcomes] == [None] * 4, outcomes
     assert [o["committed"] for o in outcomes] == [True, True, True, False]
