@@ -178,13 +178,15 @@ class Replicate:
     def __init__(self, tmp: Path, url: str, target: Target, *flags: str,
                  env: dict[str, str] | None = None) -> None:
         self.log = tmp / "replicate.log"
+        # the stream alone (its history is the change log's), unless a flag names the type
+        initial = [] if any("tunnel.type=" in f for f in flags) else ["--initial", "none"]
         self.command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
                         "--endpoint", url, "--table", "t", "--output", str(tmp / "out"),
                         "--target", target.uri,
                         "--option", f"instance.name={INSTANCE}",
                         "--option", f"access.key.id={KEY_ID}",
                         "--option", f"access.key.secret={SECRET}",
-                        "--trigger-ms", "300", "--initial", "none", *flags]
+                        "--trigger-ms", "300", *initial, *flags]
         self.env = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 
