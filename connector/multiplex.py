@@ -88,10 +88,10 @@ MAX_PARTITIONS = "tables.maxPartitions"
 RETRY_BACKOFF, MAX_RETRIES = "tables.retryBackoff", "tables.maxRetries"
 MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS, MAX_PARTITIONS, RETRY_BACKOFF,
                  MAX_RETRIES)
-#: the options ``tables.options`` may set for one table: how its rows are read, and its read
-#: limits (a trigger's and a channel's)
+#: the options ``tables.options`` may set for one table: how its rows are read (and its
+#: attribute columns' types, ``catalog``), and its read limits (a trigger's and a channel's)
 PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op", "maxOffsetsPerTrigger",
-                     "maxBytesPerTrigger", "maxOffsetsPerChannel")
+                     "maxBytesPerTrigger", "maxOffsetsPerChannel", "catalog")
 _PER_TABLE_NAMES = frozenset(o.lower() for o in PER_TABLE_OPTIONS)
 _PER_TABLE_ALLOWED = ("a JSON object {table: {option: value}} of the options "
                       + ", ".join(PER_TABLE_OPTIONS)

@@ -67,7 +67,8 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                      config: Path | None = None, given: frozenset[str] = frozenset(),
                      policy: RestartPolicy | None = None, once: bool = False, *,
                      initial: str = "snapshot", initial_given: bool = False,
-                     allow_empty: bool = False) -> JobExit:
+                     allow_empty: bool = False,
+                     columns: dict[str, dict[str, str]] | None = None) -> JobExit:
     """Run the multi-table pipeline until stopped (driver), under the replication job's
     restart policy, output lock and log file (``tablestore_cdc.pipeline.job``, as one table's
     ``replicate``); ``metrics_port``: serve the per-table metrics for Prometheus on 127.0.0.1
@@ -76,8 +77,9 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow);
     ``initial``, ``initial_given``, ``allow_empty``: ``--initial`` (and whether it was given)
     and ``--allow-empty``, for the checks before the start
-    (``tablestore_cdc.pipeline.preflight``, as one table's ``replicate``). Returns the job's
-    exit code."""
+    (``tablestore_cdc.pipeline.preflight``, as one table's ``replicate``); ``columns``:
+    ``--column`` types per table (``table_config.column_types``), each table's ``catalog``.
+    Returns the job's exit code."""
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
@@ -95,7 +97,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
             table_config = TableConfig()
         # each table's schema_drift is its source's policy too, and snapshot_op its
         # snapshot.op, unless --option names them
-        options = table_config.source_options(options, apply, given)
+        options = table_config.source_options(options, apply, given, columns)
         settings_of = per_table
         # every check one table's replicate makes, for each table matching now, read-only,
         # before the lock and Spark

@@ -19,6 +19,7 @@ from cdc_common.uris import redact_uri
 from tablestore_cdc.cli_errors import fail, reported_errors
 from tablestore_cdc.demo.run import run_demo
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline
+from tablestore_cdc.pipeline.table_config import catalog_option, column_types
 from tablestore_cdc.source_flags import flags_named, reader_options, source_endpoint
 
 console = Console(stderr=True)
@@ -108,6 +109,10 @@ def replicate(
     option: Annotated[list[str] | None, typer.Option(
         help="Extra reader option KEY=VALUE (repeatable), e.g. maxOffsetsPerChannel=5000.")]
     = None,
+    column: Annotated[list[str] | None, typer.Option(
+        help="Fix an attribute column's type instead of letting the first value decide: "
+        "TABLE.COLUMN=TYPE (with --table also COLUMN=TYPE; repeatable), TYPE one of string, "
+        "long, double, boolean, binary; values of another type go to _extra.")] = None,
     trigger_ms: Annotated[int, typer.Option(help="Trigger interval in ms (0 = ASAP).")] = 0,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
     once: Annotated[bool, typer.Option(
@@ -153,6 +158,8 @@ def replicate(
     if tables is not None:
         if table is not None:
             fail("--table and --tables: give one of them")
+        with reported_errors():
+            columns = column_types(column)
         from tablestore_cdc.multi_table_cli import replicate_tables
 
         apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
@@ -168,7 +175,7 @@ def replicate(
         code = replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra,
                                 trigger_ms, master, metrics_port, config, given, policy, once,
                                 initial=initial, initial_given=initial_given,
-                                allow_empty=allow_empty)
+                                allow_empty=allow_empty, columns=columns)
         raise typer.Exit(int(code))
     if table is None:
         fail("--table (one table) or --tables (a selection) is required")
@@ -178,6 +185,12 @@ def replicate(
     # --option names the reader's own (--tables: per table, TableConfig.source_options)
     if "schema.change.behavior" not in {key.lower() for key in extra}:
         extra["schema.change.behavior"] = schema_drift
+    with reported_errors():
+        typed = column_types(column, table).get(table)
+    if typed:
+        if "catalog" in {key.lower() for key in extra}:
+            fail("--column and --option catalog=...: give one of them")
+        extra["catalog"] = catalog_option(typed)
     apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
                           soft_delete_column, adopt_target, target_options, upkeep)
     with reported_errors(), flags_named():

@@ -16,6 +16,7 @@ error names the file, the table and the key (``TableConfigError``). The file::
     soft_delete_column = "deleted"
     snapshot_op = "READ"
     max_offsets_per_trigger = 50000
+    columns = {amount = "double", note = "string"}
 
 Keys: ``scd`` (1 or 2), ``schema_drift``, ``soft_delete_column``, ``target`` (a URI; may hold
 ``{table}``), ``keys`` (the target's key columns, when they differ from the source's primary
@@ -24,7 +25,10 @@ limits ``max_offsets_per_trigger``, ``max_bytes_per_trigger``, ``max_offsets_per
 source's ``maxOffsetsPerTrigger``, ``maxBytesPerTrigger``, ``maxOffsetsPerChannel``, for that
 table alone in a multi-table query), and ``maintenance = {enabled = false}`` or its thresholds
 (``maintenance = {compact_files = 200, vacuum_hours = 48}``: ``replicate
---maintenance-setting``'s keys, ``MaintenanceSettings``). Precedence, lowest first:
+--maintenance-setting``'s keys, ``MaintenanceSettings``), and ``columns = {amount = "double"}``:
+attribute columns whose type is fixed instead of decided by the first value seen (the source's
+``catalog`` option for that table; types ``CATALOG_TYPES``; ``replicate --column`` is the same
+from the command line, ``column_types``). Precedence, lowest first:
 the command's defaults, ``[defaults]``, ``[tables.NAME]``, and a flag given on the command
 line (``TableConfig.for_table``).
 
@@ -45,9 +49,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cdc_common.errors import CdcError
+from connector.option_values import CATALOG_TYPES
 from tablestore_cdc.pipeline.queries import ApplySettings
 
 
@@ -55,6 +60,62 @@ class TableConfigError(CdcError):
     """The per-table settings file cannot be used."""
 
     template = "config {path}: {where}{problem}"
+
+
+class ColumnTypeError(CdcError):
+    """A ``replicate --column`` value that cannot be used (CLI process, before Spark)."""
+
+    template = "option '--column': got {value!r}: {problem}; allowed: {allowed}"
+
+
+#: what ``--column`` takes
+COLUMN_ALLOWED = ("TABLE.COLUMN=TYPE (with --table: COLUMN=TYPE), TYPE one of "
+                  + ", ".join(sorted(CATALOG_TYPES)))
+
+
+def _column_type(column: str, typ: str) -> str:
+    """``typ`` as a catalog type name (lower case); ``ValueError`` saying what is wrong."""
+    if not column or column.startswith("_"):
+        raise ValueError(f"column {column!r}: names starting with '_' (or empty) are the "
+                         "source's own")
+    name = typ.strip().lower()
+    if name not in CATALOG_TYPES:
+        raise ValueError(f"column {column!r}: type {typ!r} is not one of "
+                         + ", ".join(sorted(CATALOG_TYPES)))
+    return name
+
+
+def column_types(specs: list[str] | None, table: str | None = None
+                 ) -> dict[str, dict[str, str]]:
+    """``replicate --column`` values -> {table: {column: type}} (CLI process, before Spark).
+    ``TABLE.COLUMN=TYPE``; with ``table`` (``--table``) also ``COLUMN=TYPE``. A value that is
+    neither, a column of another table than ``table``, or an unknown type: ``ColumnTypeError``
+    (one line, exit 2, naming ``--column``)."""
+    out: dict[str, dict[str, str]] = {}
+    for spec in specs or []:
+        name, sep, typ = spec.partition("=")
+        owner, dot, column = name.strip().rpartition(".")
+        if not dot and table is not None:
+            owner = table
+        if not sep or not owner or not column.strip():
+            raise ColumnTypeError(value=spec, problem="not TABLE.COLUMN=TYPE",
+                                  allowed=COLUMN_ALLOWED)
+        if table is not None and owner != table:
+            raise ColumnTypeError(value=spec, problem=f"names table {owner!r}, not --table "
+                                  f"{table!r}", allowed=COLUMN_ALLOWED)
+        try:
+            out.setdefault(owner, {})[column.strip()] = _column_type(column.strip(), typ)
+        except ValueError as exc:
+            raise ColumnTypeError(value=spec, problem=str(exc), allowed=COLUMN_ALLOWED
+                                  ) from None
+    return out
+
+
+def catalog_option(columns: dict[str, str]) -> str:
+    """{column: type} as the source's ``catalog`` option (``connector.options``), the one
+    mechanism that fixes a column's type in the change batch and so in the target."""
+    return json.dumps({"columns": {c: {"type": t} for c, t in sorted(columns.items())}},
+                      separators=(",", ":"))
 
 
 class MaintenanceSettings(BaseModel):
@@ -99,13 +160,23 @@ class TableSettings(BaseModel):
     max_bytes_per_trigger: int | None = Field(default=None, ge=1)
     max_offsets_per_channel: int | None = Field(default=None, ge=1)
     maintenance: MaintenanceSettings | None = None
+    #: attribute columns of a fixed type (the source's ``catalog``): {column: type}
+    columns: dict[str, str] | None = None
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        return {column: _column_type(column, typ) for column, typ in value.items()}
 
 
 #: the multi-table source's option each setting of the source side sets
 SOURCE_OPTION_OF = {"schema_drift": "schema.change.behavior", "snapshot_op": "snapshot.op",
                     "max_offsets_per_trigger": "maxOffsetsPerTrigger",
                     "max_bytes_per_trigger": "maxBytesPerTrigger",
-                    "max_offsets_per_channel": "maxOffsetsPerChannel"}
+                    "max_offsets_per_channel": "maxOffsetsPerChannel",
+                    "columns": "catalog"}
 #: the settings only the source reads (``schema_drift`` is the target's policy too)
 SOURCE_ONLY = frozenset(SOURCE_OPTION_OF) - {"schema_drift"}
 
@@ -137,27 +208,38 @@ class TableConfig(BaseModel):
         return settings, keys
 
     def source_options(self, options: dict[str, str], base: ApplySettings,
-                       given: frozenset[str] = frozenset()) -> dict[str, str]:
+                       given: frozenset[str] = frozenset(),
+                       columns: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
         """The multi-table source's options (driver, before Spark starts): ``options`` (the
         ``--option`` values, which win), with ``schema.change.behavior`` and ``snapshot.op``
         from ``[defaults]`` (over ``base``, under the flags named in ``given``) and, in
-        ``tables.options``, each ``[tables.NAME]``'s own where it differs."""
+        ``tables.options``, each ``[tables.NAME]``'s own where it differs. ``columns``
+        (``replicate --column``, ``column_types``): {table: {column: type}} over the file's
+        ``columns``, as each table's ``catalog``."""
         named = {k.lower() for k in options}
         out = dict(options)
+        flags = columns or {}
 
         def source_values(table: str | None) -> dict[str, str]:
-            layers = [self.defaults] + ([self.tables[table]] if table is not None else [])
-            values = {"schema_drift": base.schema_drift}
+            layers = [self.defaults] + ([self.tables.get(table, TableSettings())]
+                                        if table is not None else [])
+            values: dict[str, Any] = {"schema_drift": base.schema_drift}
+            typed: dict[str, str] = {}
             for layer in layers:
                 values.update({k: v for k, v in layer.model_dump(include=set(SOURCE_OPTION_OF))
                                .items() if v is not None and k not in given})
+                typed.update(layer.columns or {})
+            typed.update(flags.get(table, {}) if table is not None else {})
+            values.pop("columns", None)
+            if typed:
+                values["columns"] = catalog_option(typed)
             return {SOURCE_OPTION_OF[k]: str(v) for k, v in values.items()
                     if SOURCE_OPTION_OF[k].lower() not in named}
 
         shared = source_values(None)
         out.update(shared)
         own = {table: {k: v for k, v in source_values(table).items() if shared.get(k) != v}
-               for table in sorted(self.tables)}
+               for table in sorted(set(self.tables) | set(flags))}
         if any(own.values()) and "tables.options" not in named:
             out["tables.options"] = json.dumps({t: o for t, o in own.items() if o},
                                                separators=(",", ":"))
