@@ -33,13 +33,15 @@ from tablestore_cdc.table_status import TableStatusWriter
 console = Console(stderr=True)
 
 
-def start_job(output: Path, master: str) -> tuple[Any, Any]:
+def start_job(output: Path, master: str,
+              conf: dict[str, str] | None = None) -> tuple[Any, Any]:
     """``job.open_job`` for ``replicate`` (one table or ``--tables``; CLI process): a second
     start ends in one line (exit 4), having written nothing; Ctrl-C while Spark starts ends in
-    one line (exit 0) instead of the traceback of the Py4J call it interrupted."""
+    one line (exit 0) instead of the traceback of the Py4J call it interrupted. ``conf``: the
+    session's added settings (``--engine spark``)."""
     try:
         with reported_errors():
-            return open_job(output, master, console.print)
+            return open_job(output, master, console.print, conf)
     except KeyboardInterrupt:
         _end_children()
         console.print("stopped while Spark was starting; nothing was read or written")

@@ -7,6 +7,7 @@ and the demo (``tablestore_cdc.demo``): flags in, one line per change of the fig
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -132,6 +133,10 @@ def replicate(
         "every_batches (100), compact_files (64), small_file_mb (32), keep_snapshots (100), "
         "expire_hours (1), vacuum_hours (168, at least 1), vacuum_every_minutes (60).")]
     = None,
+    engine: Annotated[str, typer.Option(
+        help="Who applies each batch: embedded (the driver: delta-rs or pyiceberg) or spark "
+        "(Spark's own MERGE by delta-spark on the executors, into a local Delta target; its "
+        "jars come from Maven Central; docs/lakehouse.md).")] = "embedded",
 ) -> None:
     """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C, SIGTERM), or
     with --once until caught up; a restart resumes exactly. Retryable failures restart the
@@ -145,6 +150,10 @@ def replicate(
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
     output = output.resolve()
+    if engine not in ("embedded", "spark"):
+        fail(f"option '--engine': got {engine!r}; allowed: embedded or spark")
+    if engine == "spark" and tables is not None:
+        fail("--engine spark goes with --table (one table)")
     with reported_errors():
         from tablestore_cdc.lakehouse.target import parse_target_options
 
@@ -205,7 +214,14 @@ def replicate(
         console.print(line, soft_wrap=True)
     from tablestore_cdc.multi_table_cli import start_job
 
-    lock, spark = start_job(output, master)  # a second start ends here (exit 4)
+    engine_conf = None
+    if engine == "spark":  # the jars for this PySpark and a target it writes, before Spark
+        from tablestore_cdc.lakehouse.spark_merge import replicate_conf
+
+        with reported_errors():
+            engine_conf = replicate_conf(apply.target)
+        apply = dataclasses.replace(apply, engine=engine)
+    lock, spark = start_job(output, master, engine_conf)  # a second start ends here (exit 4)
     try:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "

@@ -223,3 +223,57 @@ def test_fetch_names_a_format_with_no_jar_for_the_installed_pyspark() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "skipped: the Spark engine has no delta jar released for Spark 4.3" in proc.stderr
     assert "skipped: the Spark engine has no iceberg jar released for Spark 4.3" in proc.stderr
+
+
+# --- replicate --engine ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def store_file(tmp_path: Path) -> Path:
+    from connector.local import LocalTablestore
+
+    path = tmp_path / "store.db"
+    with LocalTablestore(path) as writer:
+        writer.create_table("t1", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
+                            channels=1)
+        writer.put_row("t1", {"id": 1}, {"v": 1})
+    return path
+
+
+def _replicate(store: Path, out: Path, *flags: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from tablestore_cdc.cli import app
+
+    result = CliRunner().invoke(app, ["replicate", "--store", str(store), "--output", str(out),
+                                      "--table", "t1", *flags])
+    return result.exit_code, result.stderr
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--engine", "distributed"], "option '--engine': got 'distributed'; allowed: embedded or "
+                                  "spark"),
+    (["--engine", "spark", "--target", "iceberg:///w?table=ns.t"],
+     "the Spark engine of replicate writes a local Delta table"),
+])
+def test_replicate_refuses_an_engine_setting_in_one_line_before_spark(
+        store_file: Path, tmp_path: Path, flags: list[str], expected: str) -> None:
+    code, err = _replicate(store_file, tmp_path / "out", *flags)
+    assert code == 2, err
+    [line] = err.strip().splitlines()[-1:]
+    assert line.startswith("error: ") and expected in line
+    assert "Traceback" not in err
+
+
+def test_replicate_engine_spark_on_a_pyspark_with_no_jar_names_the_ones_that_have(
+        store_file: Path, tmp_path: Path) -> None:
+    import pyspark
+
+    if not pyspark.__version__.startswith("4.3."):
+        pytest.skip("jars are released for this PySpark")
+    code, err = _replicate(store_file, tmp_path / "out", "--engine", "spark")
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        "error: the Spark engine has no delta jar released for Spark 4.3: run it on a PySpark "
+        "of 4.0, 4.1, 4.2, or use --engine embedded")
+    assert not (tmp_path / "out" / "logs").exists()  # Spark never started

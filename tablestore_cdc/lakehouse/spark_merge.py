@@ -182,6 +182,10 @@ class SparkMergeSink:
         self.app_id, self.source, self.adopt_target = app_id, source or "", adopt_target
         self.last_result: ApplyResult | None = None
         self._checked = False
+        #: the session of the last batch (``committed_batch`` of an Iceberg table reads it)
+        self._spark: Any = None
+        #: set by ``start_pipeline`` like the embedded sinks'; this engine does no maintenance
+        self.upkeep: Any = None
 
     def __str__(self) -> str:
         return self.target
@@ -194,7 +198,7 @@ class SparkMergeSink:
 
     def apply(self, df: Any, app_id: str, batch_id: int) -> ApplyResult:
         """Merge one batch (a Spark DataFrame of the source's change schema) exactly once."""
-        spark = df.sparkSession
+        spark = self._spark = df.sparkSession
         if not self._checked:
             check_engine(spark, self.format)
             self._checked = True
@@ -218,7 +222,7 @@ class SparkMergeSink:
             values = [c for c in df.columns if c not in META_COLUMNS and c not in keys]
             exists = self._prepare(spark, df, keys, values, marker)
             if exists:
-                recorded = self.committed_batch(spark, app_id)
+                recorded = self.committed_batch(app_id, spark)
                 if recorded is not None and recorded >= batch_id:
                     result = ApplyResult(batch_id=batch_id, committed=False,
                                          version=self._version(spark))
@@ -257,7 +261,7 @@ class SparkMergeSink:
             spark.sql(f"CREATE TABLE IF NOT EXISTS {self._table_sql()} ({', '.join(columns)}) "
                       f"USING {using} TBLPROPERTIES ({props})")
             return False
-        written = self.committed_batch(spark, marker.job) is not None
+        written = self.committed_batch(marker.job, spark) is not None
         import pyarrow as pa
 
         if claim(self.target, properties, pa.schema([]), pa.schema([]), marker,
@@ -323,12 +327,19 @@ class SparkMergeSink:
         rows = spark.sql(f"SHOW TBLPROPERTIES {self._table_sql()}").collect()
         return {r["key"]: r["value"] for r in rows}
 
-    def committed_batch(self, spark: Any, app_id: str) -> int | None:
-        """The highest batch id of ``app_id`` the table records (None: none)."""
+    def committed_batch(self, app_id: str, spark: Any = None) -> int | None:
+        """The highest batch id of ``app_id`` the table records (None: none; the Delta table
+        is read by delta-rs, the Iceberg one through ``spark`` or the last batch's session)."""
         if self.format == DELTA:
             import deltalake
 
-            return deltalake.DeltaTable(self.target).transaction_version(app_id)
+            try:
+                return deltalake.DeltaTable(self.target).transaction_version(app_id)
+            except deltalake.exceptions.TableNotFoundError:
+                return None
+        spark = spark or self._spark
+        if spark is None or not spark.catalog.tableExists(self.target):
+            return None
         rows = spark.sql(
             f"SELECT max(cast(summary['{ICEBERG_BATCH_ID}'] AS bigint)) AS b FROM "
             f"{self._table_sql()}.snapshots WHERE summary['{ICEBERG_QUERY_ID}'] = "
@@ -345,6 +356,33 @@ class SparkMergeSink:
         rows = spark.sql(f"SELECT snapshot_id FROM {self._table_sql()}.snapshots ORDER BY "
                          "committed_at DESC LIMIT 1").collect()
         return int(rows[0]["snapshot_id"]) if rows else None
+
+
+def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
+    """The Spark engine's sink for a ``replicate --target`` (driver, before Spark starts):
+    a local Delta table, ``delta:///abs/path`` (``TargetUriError`` for another form: an
+    Iceberg table is written through a Spark catalog the session names, ``SparkMergeSink``
+    with ``format="iceberg"``). ``options``: ``key_columns``, ``scd``,
+    ``soft_delete_column``, ``source``, ``adopt_target``."""
+    from urllib.parse import urlsplit
+
+    from tablestore_cdc.lakehouse.errors import TargetUriError
+
+    parts = urlsplit(uri)
+    if parts.scheme != "delta" or parts.netloc or not parts.path.startswith("/") or parts.query:
+        raise TargetUriError(uri=uri, problem="the Spark engine of replicate writes a local "
+                             "Delta table", allowed="delta:///abs/path with --engine spark")
+    return SparkMergeSink(parts.path, format=DELTA, **options)
+
+
+def replicate_conf(uri: str) -> dict[str, str]:
+    """The settings ``replicate --engine spark`` starts its session with (driver, before
+    Spark starts): ``SparkEngineError`` in one line when no jar is released for the installed
+    PySpark, ``TargetUriError`` for a target this engine does not write."""
+    import pyspark
+
+    open_spark_merge_sink(uri, key_columns=["<key>"])
+    return session_conf([DELTA], pyspark.__version__)
 
 
 def _last_changes(df: Any, keys: Sequence[str], values: Sequence[str],

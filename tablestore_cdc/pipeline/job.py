@@ -63,19 +63,21 @@ _EXIT_OF = {FailureKind.IN_USE: JobExit.IN_USE, FailureKind.CONFIGURATION:
             JobExit.CONFIGURATION, FailureKind.FATAL: JobExit.FAILED}
 
 
-def open_job(output: Path, master: str, say: Callable[[str], None]) -> tuple[JobLock, Any]:
+def open_job(output: Path, master: str, say: Callable[[str], None],
+             conf: dict[str, str] | None = None) -> tuple[JobLock, Any]:
     """What a replication command holds while it runs (driver): the output directory's lock
     (``JobAlreadyRunningError`` for a second start, before anything is written), Spark's log
-    sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session. The caller
+    sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session, with ``conf``
+    added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``). The caller
     releases the lock; on a failure here it is released before the error goes up."""
     from connector.spark import local_session
 
     lock = JobLock(output).acquire()
     try:
-        log, conf = spark_log_to_file(output)
+        log, settings = spark_log_to_file(output)
         say(f"Spark's log: {log}")
-        spark = local_session("tablestore-cdc-replicate", master=master, conf=conf,
-                              log_level="WARN")
+        spark = local_session("tablestore-cdc-replicate", master=master,
+                              conf={**settings, **(conf or {})}, log_level="WARN")
     except BaseException:
         lock.release()
         raise

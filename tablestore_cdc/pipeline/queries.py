@@ -138,6 +138,9 @@ class ApplySettings:
     #: the job's own maintenance of its targets between batches (``lakehouse.upkeep``;
     #: ``replicate --maintenance off``: ``MaintenancePolicy.off()``)
     maintenance: MaintenancePolicy = field(default_factory=MaintenancePolicy)
+    #: ``replicate --engine``: embedded (the sinks of ``lakehouse.delta``/``iceberg``, on the
+    #: driver) or spark (``lakehouse.spark_merge``: Spark's own MERGE, on the executors)
+    engine: str = "embedded"
 
     def upkeep(self) -> Upkeep | None:
         """A target's maintenance schedule (one per table), None when it is off."""
@@ -164,13 +167,21 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
     changes = reader.load()
     # the source marks key columns non-nullable; the change log read back from files does not
     key_columns = key_columns_of(changes.schema)
-    sink = open_apply_sink(apply.target, key_columns=key_columns, scd=apply.scd,
-                           schema_drift=apply.schema_drift,
-                           soft_delete_column=apply.soft_delete_column,
-                           source=f"{redact_uri(endpoint)}#{table}",
-                           adopt_target=apply.adopt_target,
-                           target_options=dict(apply.target_options))
-    sink.upkeep = apply.upkeep()
+    if apply.engine == "spark":
+        from tablestore_cdc.lakehouse.spark_merge import open_spark_merge_sink
+
+        sink: Any = open_spark_merge_sink(apply.target, key_columns=key_columns, scd=apply.scd,
+                                          soft_delete_column=apply.soft_delete_column,
+                                          source=f"{redact_uri(endpoint)}#{table}",
+                                          adopt_target=apply.adopt_target)
+    else:
+        sink = open_apply_sink(apply.target, key_columns=key_columns, scd=apply.scd,
+                               schema_drift=apply.schema_drift,
+                               soft_delete_column=apply.soft_delete_column,
+                               source=f"{redact_uri(endpoint)}#{table}",
+                               adopt_target=apply.adopt_target,
+                               target_options=dict(apply.target_options))
+        sink.upkeep = apply.upkeep()
     listener = _attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})
@@ -188,7 +199,8 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
             spark.streams.removeListener(listener)
             raise
     applied = AppliedTable()
-    recorded = RecordedApply(_with_resnapshots(sink, endpoint, table, tunnel, options, apply),
+    recorded = RecordedApply(sink if apply.engine == "spark" else  # (no re-snapshot hook)
+                             _with_resnapshots(sink, endpoint, table, tunnel, options, apply),
                              sink, applied)
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
                    .writeStream.queryName("apply").foreachBatch(recorded)
