@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 MIN_JAVA = 17
 LOG4J2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+#: the directory whose ``sitecustomize`` takes ``pyspark.zip`` off the Python workers' path
+WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
+#: the driver JVM's options for a short run (``short_run``): C1's quick code only, no C2
+#: (whose compiles cost more CPU than they save in a run of a minute or two), the serial
+#: collector (no GC threads for a 2-core box to share), class data sharing (the JDK's default,
+#: said): docs/performance.md, "A start without avoidable warm-up"
+SHORT_RUN_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 JAVA_HINT = (
     "install a Java 17 (or newer) runtime, e.g. `apt-get install -y openjdk-17-jre-headless`, "
     "or set JAVA_HOME to one"
@@ -60,9 +67,15 @@ def prepare_environment() -> None:
 
 def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
                   conf: dict[str, str] | None = None, *,
-                  log_level: str = "ERROR") -> SparkSession:
+                  log_level: str = "ERROR", short_run: bool = False) -> SparkSession:
     """A local SparkSession with the tablestore source registered (driver). An unsupported
-    PySpark is refused (``UnsupportedSparkError``) before a JVM is started for it."""
+    PySpark is refused (``UnsupportedSparkError``) before a JVM is started for it.
+
+    Python workers import PySpark's installed bytecode (``worker_site/sitecustomize.py`` put
+    before any ``spark.executorEnv.PYTHONPATH`` given). ``short_run`` (``replicate --once``,
+    tests, benchmarks' short processes): the driver JVM runs with ``SHORT_RUN_JVM_OPTIONS``
+    added to its ``spark.driver.extraJavaOptions``; a long-running job keeps the JVM's
+    defaults (C2 pays back its compiles over hours). Both only when this call starts the JVM."""
     prepare_environment()
     from pyspark.sql import SparkSession
 
@@ -78,6 +91,12 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2}",
         **(conf or {}),
     }
+    given_path = settings.get("spark.executorEnv.PYTHONPATH")
+    settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(
+        [WORKER_SITE, *([given_path] if given_path else [])])
+    if short_run:
+        settings["spark.driver.extraJavaOptions"] = (
+            f"{settings.get('spark.driver.extraJavaOptions', '')} {SHORT_RUN_JVM_OPTIONS}".strip())
     _start_jvm_apart(settings)
     builder = SparkSession.builder
     for key, value in settings.items():
