@@ -3,7 +3,8 @@
 Called by ``replicate`` (``tablestore_cdc/pipeline_cli.py``) when ``--tables`` is given; thin
 over ``tablestore_cdc.pipeline.multi_table``, run by the replication job
 (``tablestore_cdc.pipeline.job``: restarts with backoff, one job per output directory, Spark's
-log in a file): one line per change of a table's state or figures (each table's
+log in a file): one line per change of a table's state or of its target's schema, and a
+summary of the tables every 30 s (``table_status.StatusSummary``; each table's
 ``TableStatus``, also written to the meta store for the dashboard and ``meta tables`` and set
 in the Prometheus metrics), Ctrl-C (or SIGTERM) stops
 cleanly, errors end in one ``error: ...`` line.
@@ -28,20 +29,20 @@ from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
 from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 from tablestore_cdc.pipeline.table_config import TableConfig, load_table_config
-from tablestore_cdc.table_status import TableStatusWriter
+from tablestore_cdc.table_status import StatusSummary, TableStatusWriter
 
 console = Console(stderr=True)
 
 
-def start_job(output: Path, master: str,
-              conf: dict[str, str] | None = None) -> tuple[Any, Any]:
+def start_job(output: Path, master: str, conf: dict[str, str] | None = None, *,
+              short_run: bool = False) -> tuple[Any, Any]:
     """``job.open_job`` for ``replicate`` (one table or ``--tables``; CLI process): a second
     start ends in one line (exit 4), having written nothing; Ctrl-C while Spark starts ends in
     one line (exit 0) instead of the traceback of the Py4J call it interrupted. ``conf``: the
-    session's added settings (``--engine spark``)."""
+    session's added settings (``--engine spark``); ``short_run``: ``--once``'s JVM options."""
     try:
         with reported_errors():
-            return open_job(output, master, console.print, conf)
+            return open_job(output, master, console.print, conf, short_run=short_run)
     except KeyboardInterrupt:
         _end_children()
         console.print("stopped while Spark was starting; nothing was read or written")
@@ -87,7 +88,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
     from tablestore_cdc.source_flags import flags_named
 
-    metrics = TableMetrics(default_retention_s(endpoint))
+    metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint))
 
     excluded = ",".join(exclude) if exclude else None
     per_table = None
@@ -113,7 +114,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
         console.print(line, soft_wrap=True)
     console.print(f"capturing {len(checked.tables)} table(s) now: "
                   f"{', '.join(checked.tables) or '(none yet)'}", soft_wrap=True)
-    lock, spark = start_job(output, master)
+    lock, spark = start_job(output, master, short_run=once)
     try:
         with reported_errors():
             if metrics_port is not None:
@@ -124,21 +125,15 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                       f"{f' except {excluded}' if excluded else ''} from "
                       f"{redact_uri(endpoint)} into {apply.target}"
                       f"{' (once)' if once else ''} — Ctrl-C to stop")
-        shown: dict[str, str] = {}
+        summary = StatusSummary()  # a line per change of state, a summary per interval
         writer = TableStatusWriter(functools.partial(status_location, endpoint, tables,
                                                      tunnel, options))
+        writer.observe(metrics.update)  # the job's restarts too (record_status)
 
         def show(pipeline: Any) -> None:
-            statuses = pipeline.table_statuses(str(output), tables)
-            metrics.update(statuses)
-            writer.publish(statuses)
-            for table, status in statuses.items():
-                version = "-" if status.target_version is None else status.target_version
-                line = (f"{status.label()}; {status.rows_applied} change(s) applied, target "
-                        f"version {version}")
-                if shown.get(table) != line:
-                    console.print(f"table {table}: {line}", soft_wrap=True)
-                    shown[table] = line
+            statuses = writer.publish(pipeline.table_statuses(str(output), tables))
+            for line in summary.lines(statuses):
+                console.print(line, soft_wrap=True)
 
         job = ReplicationJob(
             lambda: start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,

@@ -23,11 +23,20 @@ target showed (``TableStatusWriter``): a restart does not hide the last schema c
 The replication job's own states (``restarting`` after a retryable failure, ``failed`` when it
 gave up, ``stopped`` after a clean stop) are written over every table's record by
 ``TableStatusWriter.mark_all``. A damaged record reads as none.
+
+Health (``TableStatusWriter``, ``with_health``): a table the job restarts after a retryable
+failure (the whole job's restart, or one multi-table table's ``restarting: <reason> (attempt
+n, next in N s)``) is ``unreachable`` -- its source (or meta store) does not answer --, shown as
+``source unreachable (since <time>, attempt n)``, with the time the outage began kept across
+attempts and cleared once the table reads again. ``idle`` and ``stale`` are the readers'
+(``feed.snapshot.activity``, ``is_stale``): idle, the job's record is fresh and nothing is
+behind; stale, the record has not been refreshed for longer than its heartbeat allows.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,7 +57,15 @@ HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
 #: every state a table can be in (the metrics have one gauge series per state)
 STATES = ("new", "snapshotting", "streaming", "waiting", "dropped", "failed", "restarting",
-          "stopped")
+          "unreachable", "stopped")
+#: the states in which a table's source answers (``tablestore_cdc_table_up`` is 1)
+UP_STATES = ("new", "snapshotting", "streaming", "waiting")
+#: the apply's per-operation counters, by the change batch's ``_op`` (``connector.schema``):
+#: PUT an insert (a whole row written), UPDATE, DELETE, READ a snapshot read (``snapshot.op``)
+OP_NAMES = {"PUT": "inserts", "UPDATE": "updates", "DELETE": "deletes",
+            "READ": "snapshot_reads"}
+#: ``attempt n, next in N s`` in a restart's reason (the job's and a multi-table table's)
+_ATTEMPT = re.compile(r"attempt (\d+), next in ([0-9.]+) s")
 
 
 class TableStatus(BaseModel):
@@ -94,14 +111,38 @@ class TableStatus(BaseModel):
     #: (Iceberg), as the last maintenance run counted them
     target_files: int | None = None
     target_snapshots: int | None = None
+    #: ``unreachable``: when the source stopped answering (seconds since the epoch), the
+    #: restart attempt in a row, and when the next one is due
+    unreachable_since: float | None = None
+    attempt: int | None = None
+    next_attempt_at: float | None = None
+    #: changes applied by this process by operation (``OP_NAMES``' values: inserts, updates,
+    #: deletes, snapshot_reads)
+    ops: dict[str, int] = {}
     #: when this record was written (seconds since the epoch)
     at: float = 0.0
 
     def label(self) -> str:
-        """The state as a person reads it: ``snapshotting 40 %``, ``failed: batch 3: ...``."""
+        """The state as a person reads it: ``snapshotting 40 %``, ``failed: batch 3: ...``,
+        ``source unreachable (since 2026-12-06 06:40:12 UTC, attempt 3): ...``."""
         if self.state == "snapshotting" and self.snapshot_percent is not None:
             return f"snapshotting {self.snapshot_percent:.0f} %"
+        if self.state == "unreachable":
+            since = ("" if self.unreachable_since is None else
+                     time.strftime("since %Y-%m-%d %H:%M:%S UTC, ",
+                                   time.gmtime(self.unreachable_since)))
+            head = f"source unreachable ({since}attempt {self.attempt or 1})"
+            return f"{head}: {self.reason}" if self.reason else head
         return f"{self.state}: {self.reason}" if self.reason else self.state
+
+    def is_stale(self, now: float) -> bool:
+        """Has the job not refreshed this record for longer than expected (the job is
+        probably gone)? Longer than ``STALE_AFTER_S``, or for a table waiting for its next
+        restart attempt, than that attempt's time plus ``STALE_AFTER_S``."""
+        allowed = STALE_AFTER_S
+        if self.next_attempt_at is not None:
+            allowed += max(0.0, self.next_attempt_at - self.at)
+        return now - self.at > allowed
 
     def figures(self) -> tuple[Any, ...]:
         """Everything but the time of writing: a change of these is written at once."""
@@ -137,6 +178,8 @@ class AppliedTable:
     recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=1000))
     #: its last maintenance run (``lakehouse.upkeep.MaintenanceRun``), None: none yet
     maintenance: Any = None
+    #: changes applied by operation (``OP_NAMES``' values)
+    ops: dict[str, int] = field(default_factory=dict)
 
     def record(self, result: Any) -> None:
         """What the apply sink did with one batch (``lakehouse.sink.ApplyResult``)."""
@@ -147,6 +190,9 @@ class AppliedTable:
             return
         now = time.time()
         self.rows_applied += result.changes
+        for op, n in getattr(result, "ops", ()):
+            name = OP_NAMES.get(op, op.lower())
+            self.ops[name] = self.ops.get(name, 0) + n
         self.version = result.version
         self.last_commit = now
         self.recent.append((now, result.changes))
@@ -161,7 +207,7 @@ class AppliedTable:
 
     def status_fields(self, now: float) -> dict[str, Any]:
         """The apply's fields of the table's ``TableStatus``."""
-        return {"rows_applied": self.rows_applied,
+        return {"rows_applied": self.rows_applied, "ops": dict(self.ops),
                 "rows_per_second": round(self.rows_per_second(now), 3),
                 "last_commit": self.last_commit, "target_version": self.version,
                 **{name: getattr(self, name) for name in SCHEMA_CHANGE_FIELDS},
@@ -180,6 +226,24 @@ class AppliedTable:
                 "maintenance_files_removed": None if failed else run.files_removed,
                 "target_files": None if failed else run.files_after,
                 "target_snapshots": None if failed else run.snapshots_after}
+
+
+def restart_figures(reason: str | None) -> tuple[int | None, float | None]:
+    """The attempt and the delay in seconds named in a restart's reason (the job's
+    ``attempt n, next in N s: ...``, a multi-table table's ``... (attempt n, next in N s)``);
+    (None, None) when it names none."""
+    found = _ATTEMPT.search(reason or "")
+    return (None, None) if found is None else (int(found.group(1)), float(found.group(2)))
+
+
+def without_restart_figures(reason: str | None) -> str | None:
+    """A restart's reason without its ``attempt n, next in N s`` (the label says the attempt):
+    the error alone."""
+    if reason is None:
+        return None
+    text = re.sub(r"^\s*attempt \d+, next in [0-9.]+ s:\s*", "", reason)
+    text = re.sub(r"\s*\(attempt \d+, next in [0-9.]+ s\)\s*$", "", text)
+    return text or None
 
 
 def load_table_status(store: MetaStore, namespace: str) -> TableStatus | None:
@@ -212,19 +276,60 @@ class TableStatusWriter:
         #: tables whose previous record was read (``_with_last_schema_change``)
         self._read: set[str] = set()
         self._warned = False
+        #: table -> when its source stopped answering (``with_health``)
+        self._down_since: dict[str, float] = {}
+        self._attempts: dict[str, tuple[int, float]] = {}
+        #: called with every published batch of statuses (health applied): the metrics
+        self._observers: list[Any] = []
 
-    def publish(self, statuses: dict[str, TableStatus], force: bool = False) -> None:
-        """Write the records that changed (or are due for a heartbeat)."""
+    def observe(self, observer: Any) -> None:
+        """Call ``observer(statuses)`` with each batch of statuses published (driver, the
+        command's loop and the job's ``record_status``): ``TableMetrics.update``, so the
+        metrics show what the feed shows, restarts included."""
+        self._observers.append(observer)
+
+    def with_health(self, table: str, status: TableStatus, now: float) -> TableStatus:
+        """``status`` with its health: a ``restarting`` table becomes ``unreachable``, since
+        the first restart of this outage, with its attempt and when the next one is due; any
+        other state ends the outage."""
+        if status.state not in ("restarting", "unreachable"):
+            self._down_since.pop(table, None)
+            self._attempts.pop(table, None)
+            return status
+        attempt, delay = restart_figures(status.reason)
+        since = self._down_since.setdefault(table, status.unreachable_since or now)
+        if attempt is None:
+            attempt, next_at = status.attempt, status.next_attempt_at
+        else:  # the same attempt published again keeps the time its next one is due
+            known = self._attempts.get(table)
+            next_at = (known[1] if known is not None and known[0] == attempt
+                       else now + (delay or 0.0))
+            self._attempts[table] = (attempt, next_at)
+        return status.model_copy(update={
+            "state": "unreachable", "unreachable_since": since, "attempt": attempt,
+            "next_attempt_at": next_at, "reason": without_restart_figures(status.reason)})
+
+    def publish(self, statuses: dict[str, TableStatus], force: bool = False
+                ) -> dict[str, TableStatus]:
+        """Write the records that changed (or are due for a heartbeat); returns the statuses
+        as published (health applied, ``with_health``)."""
         now = time.time()
+        published = {}
         for table, status in statuses.items():
-            status = self._with_last_schema_change(table, status)
-            self._last[table] = status
+            status = self.with_health(table, self._with_last_schema_change(table, status), now)
+            self._last[table] = published[table] = status
             figures = status.figures()
             written = self._written.get(table)
             if not force and written and written[0] == figures and now - written[1] < HEARTBEAT_S:
                 continue
             if self._write(table, status.model_copy(update={"at": now})):
                 self._written[table] = (figures, now)
+        for observer in self._observers:
+            try:
+                observer(published)
+            except Exception as exc:  # noqa: BLE001 - monitoring must never stop the pipeline
+                log.debug("a status observer failed: %s", exc)
+        return published
 
     def mark_all(self, state: str, reason: str | None) -> None:
         """The job's state over every table it has published (``restarting``, ``failed``,
@@ -277,3 +382,58 @@ class TableStatusWriter:
         for store in self._stores.values():
             store.close()
         self._stores.clear()
+
+
+#: the console's summary of every table is printed this often (seconds)
+SUMMARY_EVERY_S = 30.0
+
+
+class StatusSummary:
+    """What the ``replicate`` command prints of its tables' statuses (driver, the command's
+    loop, each look): a line at once when a table's state changes (``table orders:
+    streaming``) or its target's schema changes (``table orders: schema change of the target:
+    batch 3: add column colour string (target version 5)``), and one summary line every
+    ``every_s`` (``tables: 3 streaming, 1 snapshotting; 1200 change(s) applied``) -- never a
+    line per table per batch."""
+
+    def __init__(self, every_s: float = SUMMARY_EVERY_S) -> None:
+        self.every_s = every_s
+        self._states: dict[str, str] = {}
+        self._schema_changes: dict[str, str | None] = {}
+        self._summarised_at: float | None = None
+        self._started = time.time()
+
+    def lines(self, statuses: dict[str, TableStatus], now: float | None = None) -> list[str]:
+        """The lines to print for this look at ``statuses``."""
+        now = time.time() if now is None else now
+        out = []
+        for table, status in sorted(statuses.items()):
+            state = status.label() if status.state != "snapshotting" else "snapshotting"
+            if status.state == "unreachable":  # the attempt changes; the outage does not
+                state = f"unreachable since {status.unreachable_since}"
+            if self._states.get(table) != state:
+                out.append(f"table {table}: {status.label()}")
+                self._states[table] = state
+            change = status.last_schema_change
+            if table not in self._schema_changes and (status.last_schema_change_at or 0) \
+                    < self._started:
+                self._schema_changes[table] = change  # a change of an earlier run: not news
+            elif change is not None and change != self._schema_changes.get(table):
+                out.append(f"table {table}: schema change of the target: {change} (target "
+                           f"version {status.last_schema_change_version})")
+                self._schema_changes[table] = change
+        if statuses and (self._summarised_at is None or now - self._summarised_at >= self.every_s):
+            out.append(summary_line(statuses))
+            self._summarised_at = now
+        return out
+
+
+def summary_line(statuses: dict[str, TableStatus]) -> str:
+    """``tables: 3 streaming, 1 unreachable; 1200 change(s) applied, 0.0 rows/s``."""
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status.state] = counts.get(status.state, 0) + 1
+    by_state = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    applied = sum(s.rows_applied for s in statuses.values())
+    rate = sum(s.rows_per_second or 0.0 for s in statuses.values())
+    return f"tables: {by_state}; {applied} change(s) applied, {rate:.1f} rows/s"

@@ -67,11 +67,13 @@ def test_written_statuses_are_what_the_feed_and_the_cli_show(tmp_path: Path) -> 
     assert text.exit_code == 0 and "snapshotting 40 %" in text.output
     assert "failed: batch 4" in text.output and "t_*" in text.output
 
-    # the job restarts: every table but a failed one reads restarting, with the job's reason
+    # the job restarts: every table but a failed one reads source unreachable, since the
+    # outage began, with its attempt and the job's reason
     writer.mark_all("restarting", "attempt 1, next in 1.0 s: TransientTunnelError")
     sources = _sources(uri)
-    assert sources["local:/s.db#t_a#t"]["table_status"]["label"].startswith(
-        "restarting: attempt 1")
+    label = sources["local:/s.db#t_a#t"]["table_status"]["label"]
+    assert label.startswith("source unreachable (since ") and label.endswith(
+        "UTC, attempt 1): TransientTunnelError"), label
     assert sources["local:/s.db#t_b#t"]["table_status"]["state"] == "failed"
     writer.close()
 

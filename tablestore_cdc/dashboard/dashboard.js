@@ -67,7 +67,8 @@ function queryStatus(snap) {
   switch (a.state) {
     case "live": return `live · ${commit}`;
     case "idle": return `idle (caught up) · ${commit}`;
-    case "stale": return `stale: no progress for ${fmtAge(a.last_commit_age_s)} while records are behind — is the query running?`;
+    case "stale": return `stale: no progress for ${fmtAge(a.last_commit_age_s)} while records are behind, or the job's status is not refreshed — is the job running?`;
+    case "unreachable": return `${a.reason || "source unreachable"} · ${commit}`;
     case "stopped": {
       const ago = a.stopped_at === null ? "" : ` ${fmtAge(snap.generated_at - a.stopped_at)} ago`;
       return `query stopped${ago}${a.reason ? " with an error" : ""} · ${commit}`;
@@ -330,8 +331,9 @@ async function poll() {
         renderTables(doc);
         polls += 1;
         document.body.dataset.polls = String(polls);
-        const failing = doc.sources.filter(src => ["stale", "stopped", "restarting", "failed"]
-          .includes((src.table_status || src.activity || {}).state)).length;
+        const failing = doc.sources.filter(src => ["stale", "stopped", "restarting", "failed",
+          "unreachable"].includes(src.table_status && src.table_status.stale ? "stale"
+          : (src.table_status || src.activity || {}).state)).length;
         setStatus(failing ? "stale" : "live", `${doc.sources.length} sources` +
           (failing ? ` · ${failing} not running` : "") + " · page updated " + fmtTime(doc.generated_at));
         showError("");

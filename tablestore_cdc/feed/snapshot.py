@@ -16,8 +16,7 @@ from tablestore_cdc.feed.reading import InspectedStore, resolve_namespace, user_
 from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION, channel_tree, consumed, query_entry
 from tablestore_cdc.feed.tunnel_view import TunnelView, committed_positions, safe_channel_view
 from tablestore_cdc.query_record import load_query_status, load_spark_metrics
-from tablestore_cdc.table_status import STALE_AFTER_S as TABLE_STALE_AFTER_S
-from tablestore_cdc.table_status import load_table_status
+from tablestore_cdc.table_status import UP_STATES, TableStatus, load_table_status
 
 
 def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[str, Any]:
@@ -66,18 +65,25 @@ _ENDED = ("stopped", "restarting", "failed")
 
 
 def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | None,
-             records_behind: int | None, now: float) -> dict[str, Any]:
+             records_behind: int | None, now: float,
+             table_status: TableStatus | None = None) -> dict[str, Any]:
     """Is the query alive? ``state`` is one of
 
+    - ``unreachable``: the replication job's record (``table_status``, fresh) says the source
+      or the meta store does not answer: the job restarts (``reason``: ``source unreachable
+      (since <time>, attempt n)`` and the error);
     - ``waiting``: no batch committed yet;
     - ``stopped``: the ``ProgressListener`` saw the query terminate (``reason``: its error);
     - ``restarting``: the replication job restarts it after a retryable failure (``reason``:
       the attempt, the delay and the error); ``failed``: the job ended on an error
       (``tablestore_cdc.pipeline.job``);
     - ``live``: a commit or a listener heartbeat within ``stale_after_s``;
-    - ``idle``: nothing for longer, but nothing is behind either (caught up, no new data);
-    - ``stale``: nothing for longer while records are behind (or lag is unknown): the query
-      has probably stopped or hangs.
+    - ``idle``: nothing for longer, but nothing is behind either (caught up, no new data): a
+      ``replicate`` job whose record is fresh and reads with no lag (or none measured) is
+      idle, whatever the tunnel was not asked;
+    - ``stale``: nothing for longer while records are behind, or, for a ``replicate`` job,
+      its record has not been refreshed for longer than its heartbeat allows
+      (``TableStatus.is_stale``): the query or the job has probably stopped or hangs.
 
     ``last_commit_age_s`` is the age of the newest commit among ``records``."""
     commits = [r["times"]["committed"] for r in records if r["times"]["committed"] is not None
@@ -90,22 +96,37 @@ def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | N
     heard = [t for t in (last_commit, status.get("at") if status else None) if t is not None]
     last_heard = max(heard, default=None)
     job_status = status.get("status") if status else None
-    if job_status in ("stopped", "restarting", "failed"):
+    fresh = table_status is not None and not table_status.is_stale(now)
+    if table_status is not None and fresh and records_behind is None:
+        records_behind = table_status.records_behind
+    if table_status is not None and fresh and table_status.state == "unreachable":
+        state = "unreachable"
+    elif job_status in ("stopped", "restarting", "failed"):
         state = job_status  # the listener saw the query end; the job restarts it or gave up
     elif last_commit is None:
         state = "waiting"
     elif last_heard is not None and now - last_heard <= stale_after:
         state = "live"
+    elif table_status is not None and fresh and table_status.state in UP_STATES:
+        # the job is alive: caught up (no lag measured, or none) is idle
+        state = "stale" if (records_behind or 0) > 0 else "idle"
+    elif table_status is not None:
+        state = "stale"  # the job's record is old: the job is probably gone
     elif records_behind == 0:
         state = "idle"
     else:
         state = "stale"
+    reason = status.get("reason") if status and state in _ENDED else None
+    if state == "unreachable" and table_status is not None:
+        reason = table_status.label()
     return {
         "state": state, "last_commit_at": last_commit,
         "last_commit_age_s": None if last_commit is None else max(0.0, now - last_commit),
         "stale_after_s": stale_after,
         "stopped_at": status.get("at") if status and state in _ENDED else None,
-        "reason": status.get("reason") if status and state in _ENDED else None,
+        "reason": reason,
+        "unreachable_since": (table_status.unreachable_since if state == "unreachable"
+                              and table_status is not None else None),
     }
 
 
@@ -156,7 +177,8 @@ def dashboard_snapshot(
     records_behind = (sum(lag["records_behind"] for lag in lags)
                       if lags and all(lag.get("exact", True) for lag in lags) else None)
     base.update({
-        "activity": activity(records, load_query_status(store, ns), records_behind, now),
+        "activity": activity(records, load_query_status(store, ns), records_behind, now,
+                             load_table_status(store, ns)),
         "namespace": ns, "namespace_info": store.get_namespace_info(ns),
         "batch_count": len(all_batches), "state_counts": counts, "batches": records,
         "channels": channels, "tree": channel_tree(channels),
@@ -186,7 +208,7 @@ def sources_summary(store: MetaStore) -> dict[str, Any]:
         sources.append({
             "namespace": ns, "table": info.get("table"), "tunnel": info.get("tunnel"),
             "batch_count": len(store.list_batches(ns)),
-            "activity": activity(records, status, None, now),
+            "activity": activity(records, status, None, now, load_table_status(store, ns)),
             "status": status["status"] if status else None,
             "status_reason": status["reason"] if status else None,
             "table_status": table_status_entry(store, ns, now),
@@ -197,15 +219,15 @@ def sources_summary(store: MetaStore) -> dict[str, Any]:
 
 def table_status_entry(store: MetaStore, namespace: str, now: float) -> dict[str, Any] | None:
     """The table's status as its replication job recorded it (``tablestore_cdc.table_status``),
-    with ``label`` (the state as shown), ``age_s`` (since it was written) and ``stale`` (older
-    than ``STALE_AFTER_S``: the job is probably gone); ``None`` for a namespace no
-    ``replicate`` job reads (a query of your own)."""
+    with ``label`` (the state as shown), ``age_s`` (since it was written) and ``stale`` (not
+    refreshed for longer than expected, ``TableStatus.is_stale``: the job is probably gone);
+    ``None`` for a namespace no ``replicate`` job reads (a query of your own)."""
     status = load_table_status(store, namespace)
     if status is None:
         return None
     age = max(0.0, now - status.at)
     return {**status.model_dump(mode="json"), "label": status.label(), "age_s": age,
-            "stale": age > TABLE_STALE_AFTER_S}
+            "stale": status.is_stale(now)}
 
 
 #: finished resnapshots the snapshot shows (every open one is shown)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc_common.schema_change import DEFAULT_POLICY, IGNORE
 from connector.clients import crash_point
@@ -70,6 +71,18 @@ class ApplyResult:
     written_by: tuple[int, ...] = ()
     #: the table's maintenance run after this batch (``upkeep.MaintenanceRun``; None: none due)
     maintenance: Any = None
+    #: the committed batch's changes by ``_op`` (PUT, UPDATE, DELETE, READ), sorted
+    ops: tuple[tuple[str, int], ...] = ()
+
+
+def op_counts(batch: pa.Table) -> tuple[tuple[str, int], ...]:
+    """A change batch's rows by ``_op`` (driver, the sink's ``apply``): ((op, n), ...) sorted;
+    empty for a batch without ``_op``."""
+    if "_op" not in batch.column_names or not batch.num_rows:
+        return ()
+    counted = pc.value_counts(batch.column("_op")).to_pylist()
+    return tuple(sorted((str(c["values"]), int(c["counts"])) for c in counted
+                        if c["values"] is not None))
 
 
 class ApplySink(ABC):
@@ -164,13 +177,15 @@ class ApplySink(ABC):
                 continue
             if attempt > 1:
                 result = dataclasses.replace(result, attempts=attempt)
+            if result.committed:
+                result = dataclasses.replace(result, ops=op_counts(batch))
             log.info("batch %d: %s", batch_id, result)
             if self.upkeep is not None and result.committed:  # between batches: never raises
                 result = dataclasses.replace(result, maintenance=self.upkeep.after_batch(self))
             self.last_result = result
             if result.values_in_extra and options.schema_drift != IGNORE:
-                log.warning("batch %d: %d value(s) fit no column of the target and were kept "
-                            "in _extra", batch_id, result.values_in_extra)
+                log.warning("batch %d of %s: %d value(s) fit no column of the target and were "
+                            "kept in _extra", batch_id, self, result.values_in_extra)
             return result
         raise AssertionError("unreachable")
 

@@ -6,9 +6,16 @@ two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.
 (``MultiTablePipeline.table_statuses``: the same records the feed and ``meta tables`` read
 from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``table`` label:
 
+- ``tablestore_cdc_source_up{source}`` (the one label not ``table``): 1 while the pipeline's
+  source answers, 0 while any of its tables is ``unreachable`` (the job restarts after a
+  retryable failure, or a multi-table table waits for its next attempt);
+  ``tablestore_cdc_table_up{table}``: 1 in a state that reads (``UP_STATES``), 0 otherwise;
+  ``tablestore_cdc_table_unreachable_since_timestamp_seconds`` while a table is unreachable
+  (0 otherwise);
 - ``tablestore_cdc_table_state{table, state}``: 1 for the table's current state (``new``,
   ``snapshotting``, ``streaming``, ``waiting``, ``dropped``, ``failed``, ``restarting``,
-  ``stopped``), 0 for the others; ``tablestore_cdc_table_snapshot_percent`` while it snapshots;
+  ``unreachable``, ``stopped``), 0 for the others; ``tablestore_cdc_table_snapshot_percent``
+  while it snapshots;
 - ``tablestore_cdc_table_lag_records`` / ``..._lag_seconds``: behind the tunnel's head, as the
   source measured it for Spark's progress report (absent until measured);
 - ``tablestore_cdc_table_retention_headroom_seconds``: the service's retention minus the lag in
@@ -16,6 +23,9 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
   passes ``WARN_AT`` of the retention, one warning line is logged (``tablestore_cdc.pipeline``),
   again only after the table came back under it;
 - ``tablestore_cdc_table_rows_applied_total``: changes applied into the target by this process;
+  ``tablestore_cdc_table_changes_applied_total{table, op}``: the same by operation (``op``:
+  ``inserts``, ``updates``, ``deletes``, ``snapshot_reads``: the batch's ``_op`` PUT, UPDATE,
+  DELETE, READ);
   ``tablestore_cdc_table_rows_per_second``: over the last 30 s;
 - ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``;
 - ``tablestore_cdc_table_target_files`` / ``..._target_snapshots`` (Iceberg): the target's data
@@ -32,7 +42,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from tablestore_cdc.feed.retention import DEFAULT_S, WARN_AT, headroom
-from tablestore_cdc.table_status import STATES, TableStatus
+from tablestore_cdc.table_status import OP_NAMES, STATES, UP_STATES, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
@@ -41,8 +51,10 @@ class TableMetrics:
     """The per-table metrics of one pipeline (driver); ``retention_s``: what the source's
     service keeps of a channel's history (``feed.retention.default_retention_s``)."""
 
-    def __init__(self, retention_s: float = DEFAULT_S) -> None:
+    def __init__(self, retention_s: float = DEFAULT_S, source: str = "") -> None:
         self.retention_s = retention_s
+        #: the ``source`` label of ``tablestore_cdc_source_up`` (the endpoint, redacted)
+        self.source = source
         self.registry = CollectorRegistry()
         label = ["table"]
         r = self.registry
@@ -76,7 +88,20 @@ class TableMetrics:
         self.maintained = Gauge("tablestore_cdc_table_last_maintenance_timestamp_seconds",
                                 "when the job last maintained the table's target", label,
                                 registry=r)
+        self.source_up = Gauge("tablestore_cdc_source_up",
+                               "1 while the source answers, 0 while a table cannot reach it",
+                               ["source"], registry=r)
+        self.table_up = Gauge("tablestore_cdc_table_up",
+                              "1 while the table reads (new, snapshotting, streaming, waiting)",
+                              label, registry=r)
+        self.down_since = Gauge("tablestore_cdc_table_unreachable_since_timestamp_seconds",
+                                "when the table's source stopped answering (0: it answers)",
+                                label, registry=r)
+        self.changes = Counter("tablestore_cdc_table_changes_applied",
+                               "changes applied into the table's target, by operation",
+                               ["table", "op"], registry=r)
         self._applied: dict[str, int] = {}
+        self._ops: dict[tuple[str, str], int] = {}
         self.server: Any = None
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
@@ -92,7 +117,18 @@ class TableMetrics:
 
     def update(self, statuses: dict[str, TableStatus]) -> None:
         """Set every table's series from its status (a figure not known is left unset)."""
+        if statuses:
+            down = any(s.state == "unreachable" for s in statuses.values())
+            self.source_up.labels(self.source).set(0 if down else 1)
         for table, status in statuses.items():
+            self.table_up.labels(table).set(1 if status.state in UP_STATES else 0)
+            self.down_since.labels(table).set((status.unreachable_since or 0)
+                                              if status.state == "unreachable" else 0)
+            for op in OP_NAMES.values():
+                total = status.ops.get(op, 0)
+                grown_op = total - self._ops.get((table, op), 0)
+                self.changes.labels(table, op).inc(max(grown_op, 0))
+                self._ops[(table, op)] = total
             for state in STATES:
                 self.state.labels(table, state).set(1 if state == status.state else 0)
             for gauge, value in ((self.lag_records, status.records_behind),
