@@ -221,7 +221,8 @@ def replicate(
         with reported_errors():
             engine_conf = replicate_conf(apply.target)
         apply = dataclasses.replace(apply, engine=engine)
-    lock, spark = start_job(output, master, engine_conf)  # a second start ends here (exit 4)
+    # a second start ends here (exit 4); --once: a short run's JVM options
+    lock, spark = start_job(output, master, engine_conf, short_run=once)
     try:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "

@@ -64,11 +64,14 @@ _EXIT_OF = {FailureKind.IN_USE: JobExit.IN_USE, FailureKind.CONFIGURATION:
 
 
 def open_job(output: Path, master: str, say: Callable[[str], None],
-             conf: dict[str, str] | None = None) -> tuple[JobLock, Any]:
+             conf: dict[str, str] | None = None, *,
+             short_run: bool = False) -> tuple[JobLock, Any]:
     """What a replication command holds while it runs (driver): the output directory's lock
     (``JobAlreadyRunningError`` for a second start, before anything is written), Spark's log
     sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session, with ``conf``
-    added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``). The caller
+    added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``);
+    ``short_run`` (``--once``): the JVM options of a short run (``connector.spark.
+    local_session``: C1-only JIT, serial collector), a job that runs on keeps C2. The caller
     releases the lock; on a failure here it is released before the error goes up."""
     from connector.spark import local_session
 
@@ -77,7 +80,8 @@ def open_job(output: Path, master: str, say: Callable[[str], None],
         log, settings = spark_log_to_file(output)
         say(f"Spark's log: {log}")
         spark = local_session("tablestore-cdc-replicate", master=master,
-                              conf={**settings, **(conf or {})}, log_level="WARN")
+                              conf={**settings, **(conf or {})}, log_level="WARN",
+                              short_run=short_run)
     except BaseException:
         lock.release()
         raise
