@@ -11,11 +11,14 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from connector.local import LocalTablestore
 from connector.tunnel.local.channels import KEY_SPACE
@@ -51,6 +54,64 @@ def machine_facts() -> dict[str, Any]:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def tree_cpu_s(pid: int | None = None) -> float:
+    """CPU-seconds (user + system) of process ``pid`` (this one by default) and every live
+    descendant, with what their waited-for children used: for the benchmark's own process that
+    is the driver, its JVM and the Python workers, also those that ended."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class TreeCpuSampler:
+    """The CPU-seconds of a process tree that starts and ends while this samples it: every
+    ``every`` seconds (a thread of the benchmark process), each process's cumulative CPU
+    (``psutil``, with its waited-for children's); ``stop()`` returns the sum of the last
+    readings. A process's last ``every`` seconds before it ends can be missed, and a process
+    whose parent ended before it (the JVM orphaned at the driver's exit) is followed no more:
+    a small undercount, the same for every run compared."""
+
+    def __init__(self, pid: int, every: float = 0.2) -> None:
+        self._root = pid
+        self._every = every
+        self._seen: dict[tuple[int, float], float] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        try:
+            root = psutil.Process(self._root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in procs:
+            try:
+                with proc.oneshot():
+                    t = proc.cpu_times()
+                    key = (proc.pid, proc.create_time())
+            except psutil.NoSuchProcess:
+                continue
+            self._seen[key] = t.user + t.system + t.children_user + t.children_system
+
+    def _loop(self) -> None:
+        while not self._done.is_set():
+            self._sample()
+            self._done.wait(self._every)
+
+    def stop(self) -> float:
+        self._sample()
+        self._done.set()
+        self._thread.join()
+        return sum(self._seen.values())
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

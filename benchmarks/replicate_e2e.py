@@ -29,13 +29,29 @@ UPDATE, 10 % DELETE over ``keys`` keys, so the first PUTs are of new keys), then
 - ``replicate_e2e_ratio`` = ``replicate_e2e_changes_s`` / ``replicate_e2e_source_changes_s``
   (target >= 0.3).
 
-Sanity: after the command exits, the Delta table's rows (key and attributes) must equal the
-store's live rows, else the benchmark fails. The source read runs while the command's process
-is not yet started; the benchmark's idle SparkSession stays up during the command.
+Like with like: the two sides run in the same window, ``rounds`` times interleaved (source
+read, then the command, then the source read again ...), each round with its own tunnel and
+output directories over the same store; every figure is the median over the rounds, each
+round's ratio and the machine's load average before it are listed beside
+(``ratio_rounds``, ``load_rounds`` in the details). CPU-seconds beside wall time:
+``replicate_e2e_cpu_s``, the command's whole process tree (driver, JVM, Python workers;
+``common.TreeCpuSampler``), and ``replicate_e2e_source_cpu_s``, the benchmark process tree's
+CPU during the source read.
+
+Sanity: after each command, the Delta table's rows (key and attributes) must equal the
+store's live rows, else the benchmark fails. The benchmark's idle SparkSession stays up while
+the command runs.
+
+``python -m benchmarks.replicate_e2e --ab --repeat 3`` measures the command's start settings
+instead: ``replicate --once`` of the same store, interleaved, with the settings before the
+workers' import and JVM changes (``pyspark.zip`` on the workers' path, the JVM's default JIT
+and collector) and with the current ones; wall and CPU-seconds per run and their medians
+(docs/performance.md, "A start without avoidable warm-up").
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -49,7 +65,15 @@ from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 
-from benchmarks.common import TABLE, create_bench_table, fill
+from benchmarks.common import (
+    TABLE,
+    TreeCpuSampler,
+    create_bench_table,
+    fill,
+    load_average,
+    median,
+    tree_cpu_s,
+)
 from benchmarks.throughput import run_noop
 from connector.local import LocalTablestore
 
@@ -61,39 +85,69 @@ class ReplicateE2EConfig:
     records: int = 200_000
     channels: int = 4
     keys: int = 50_000
+    #: source read and command, interleaved this many times; figures are the medians
+    rounds: int = 3
 
 
-def _source_rate(spark: Any, store_path: Path, workdir: Path, expected: int) -> dict[str, Any]:
-    def read(path: Path) -> Any:
-        return (spark.readStream.format("tablestore").option("endpoint", f"local://{path}")
-                .option("table.name", TABLE)
-                .option("tunnel.name", f"bench-{uuid.uuid4().hex[:8]}").load())
+def _read(spark: Any, path: Path) -> Any:
+    return (spark.readStream.format("tablestore").option("endpoint", f"local://{path}")
+            .option("table.name", TABLE)
+            .option("tunnel.name", f"bench-{uuid.uuid4().hex[:8]}").load())
 
-    warm = workdir / "warm.db"  # Python workers import the connector, not counted
+
+def _warm_up(spark: Any, workdir: Path) -> None:
+    """A small read first: the session's Python workers import the connector, not counted."""
+    warm = workdir / "warm.db"
     with LocalTablestore(warm) as store:
         create_bench_table(store, 4)
         fill(store, 2000)
-    run_noop(spark, read(warm), workdir / "ckpt-warm")
-    result = run_noop(spark, read(store_path), workdir / "ckpt-source")
+    run_noop(spark, _read(spark, warm), workdir / "ckpt-warm")
+
+
+def _source_rate(spark: Any, store_path: Path, checkpoint: Path,
+                 expected: int) -> dict[str, Any]:
+    """The source's rate into noop, and the benchmark process tree's CPU-seconds meanwhile."""
+    cpu = tree_cpu_s()
+    result = run_noop(spark, _read(spark, store_path), checkpoint)
+    result["cpu_s"] = tree_cpu_s() - cpu
     if result["rows"] != expected:
         raise RuntimeError(f"the source read {result['rows']} rows, expected {expected}")
     return result
 
 
-def _replicate(store_path: Path, out: Path, lake: Path) -> float:
-    """Run the command to its exit; returns its wall seconds."""
+#: how the command is started: with the current settings, or with those before the workers'
+#: import and the short run's JVM options (``--ab``: the old side)
+LAUNCH = {
+    "new": "from tablestore_cdc.cli import app; app()",
+    "old": ("import connector.spark as s; s.WORKER_SITE = {empty!r}; "
+            "s.SHORT_RUN_JVM_OPTIONS = ''; from tablestore_cdc.cli import app; app()"),
+}
+
+
+def _replicate(store_path: Path, out: Path, lake: Path,
+               settings: str = "new") -> tuple[float, float]:
+    """Run the command to its exit; returns its wall seconds and its process tree's
+    CPU-seconds."""
     args = ["replicate", "--store", str(store_path), "--table", TABLE, "--output", str(out),
             "--target", f"delta://{lake}", "--once"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TABLESTORE_CDC_LOG_LEVEL": "WARNING"}
+    empty = out.parent / "no-worker-site"
+    empty.mkdir(parents=True, exist_ok=True)
+    code = LAUNCH[settings].format(empty=str(empty))
     began = time.monotonic()
     with open(out.parent / "replicate.log", "ab") as sink:
-        code = subprocess.run(
-            [sys.executable, "-c", "from tablestore_cdc.cli import app; app()", *args],
-            cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=1800).returncode
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=sink,
+                                stderr=subprocess.STDOUT, env=env)
+        sampler = TreeCpuSampler(proc.pid)
+        try:  # ended but not reaped: its last CPU reading is still there
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        finally:
+            cpu = sampler.stop()
+            returncode = proc.wait(1800)
     wall = time.monotonic() - began
-    if code != 0:
-        raise RuntimeError(f"replicate exited {code}: see {out.parent / 'replicate.log'}")
-    return wall
+    if returncode != 0:
+        raise RuntimeError(f"replicate exited {returncode}: see {out.parent / 'replicate.log'}")
+    return wall, cpu
 
 
 def _spans(out: Path, lake: Path) -> tuple[float, float, int]:
@@ -131,17 +185,15 @@ def _check_equal(store_path: Path, lake: Path) -> int:
     return len(source)
 
 
-def run(spark: Any, config: ReplicateE2EConfig, workdir: Path,
-        log: Any = print) -> dict[str, Any]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    store_path, out = workdir / "store.db", workdir / "out"
-    lake = workdir / "lake" / TABLE
-    with LocalTablestore(store_path) as store:
-        create_bench_table(store, config.channels)
-        fill(store, config.records, keys=config.keys)
-    source = _source_rate(spark, store_path, workdir, config.records)
-    log(f"replicate_e2e: source {source['rows_s']:,.0f} changes/s; running replicate --once ...")
-    wall = _replicate(store_path, out, lake)
+def _round(spark: Any, config: ReplicateE2EConfig, workdir: Path, store_path: Path,
+           i: int, log: Any) -> dict[str, Any]:
+    """One source read then one command, over the same store (each with its own tunnel)."""
+    load = load_average()
+    source = _source_rate(spark, store_path, workdir / f"ckpt-source-{i}", config.records)
+    log(f"replicate_e2e round {i + 1}: source {source['rows_s']:,.0f} changes/s "
+        f"(load {load[0]}); running replicate --once ...")
+    out, lake = workdir / f"out-{i}", workdir / f"lake-{i}" / TABLE
+    wall, cpu = _replicate(store_path, out, lake)
     span, warm_span, first_rows = _spans(out, lake)
     if first_rows >= config.records:
         raise RuntimeError(f"the change log's first batch took all {config.records:,} changes: "
@@ -150,14 +202,104 @@ def run(spark: Any, config: ReplicateE2EConfig, workdir: Path,
     live = _check_equal(store_path, lake)
     changes_s = (config.records - first_rows) / warm_span
     return {
-        "records": config.records, "channels": config.channels, "live_rows": live,
-        "source_batches": source["batches"], "source_seconds": round(source["seconds"], 2),
-        "replicate_e2e_source_changes_s": round(source["rows_s"]),
-        "replicate_e2e_changes_s": round(changes_s),
-        "replicate_e2e_ratio": round(changes_s / source["rows_s"], 3),
-        "replicate_e2e_seconds": round(warm_span, 2),
-        "replicate_e2e_changes_s_from_first_batch": round(config.records / span),
-        "replicate_e2e_first_batch_s": round(span - warm_span, 2),
-        "replicate_e2e_wall_s": round(wall, 1),
-        "replicate_e2e_changes_s_wall": round(config.records / wall),
+        "load": load[0], "live_rows": live, "source_batches": source["batches"],
+        "source_seconds": source["seconds"], "source_changes_s": source["rows_s"],
+        "source_cpu_s": source["cpu_s"], "changes_s": changes_s,
+        "ratio": changes_s / source["rows_s"], "seconds": warm_span,
+        "from_first_batch": config.records / span, "first_batch_s": span - warm_span,
+        "wall_s": wall, "cpu_s": cpu,
     }
+
+
+def run(spark: Any, config: ReplicateE2EConfig, workdir: Path,
+        log: Any = print) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_path = workdir / "store.db"
+    with LocalTablestore(store_path) as store:
+        create_bench_table(store, config.channels)
+        fill(store, config.records, keys=config.keys)
+    _warm_up(spark, workdir)
+    rounds = [_round(spark, config, workdir, store_path, i, log) for i in range(config.rounds)]
+
+    def mid(key: str) -> float:
+        return median([r[key] for r in rounds])
+
+    return {
+        "records": config.records, "channels": config.channels,
+        "live_rows": rounds[0]["live_rows"], "rounds": config.rounds,
+        "source_batches": rounds[0]["source_batches"],
+        "source_seconds": round(mid("source_seconds"), 2),
+        "replicate_e2e_source_changes_s": round(mid("source_changes_s")),
+        "replicate_e2e_changes_s": round(mid("changes_s")),
+        "replicate_e2e_ratio": round(mid("ratio"), 3),
+        "ratio_rounds": [round(r["ratio"], 3) for r in rounds],
+        "load_rounds": [r["load"] for r in rounds],
+        "replicate_e2e_seconds": round(mid("seconds"), 2),
+        "replicate_e2e_changes_s_from_first_batch": round(mid("from_first_batch")),
+        "replicate_e2e_first_batch_s": round(mid("first_batch_s"), 2),
+        "replicate_e2e_wall_s": round(mid("wall_s"), 1),
+        "replicate_e2e_changes_s_wall": round(config.records / mid("wall_s")),
+        "replicate_e2e_cpu_s": round(mid("cpu_s"), 1),
+        "replicate_e2e_source_cpu_s": round(mid("source_cpu_s"), 1),
+    }
+
+
+def run_ab(config: ReplicateE2EConfig, workdir: Path, repeat: int,
+           log: Any = print) -> dict[str, Any]:
+    """``replicate --once`` of one store with the old and the new start settings, interleaved
+    (old, new, old, new, ...), ``repeat`` runs each; no SparkSession in this process."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_path = workdir / "store.db"
+    with LocalTablestore(store_path) as store:
+        create_bench_table(store, config.channels)
+        fill(store, config.records, keys=config.keys)
+    runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    for i in range(repeat):
+        for side in ("old", "new"):
+            load = load_average()
+            out, lake = workdir / f"{side}-{i}" / "out", workdir / f"{side}-{i}" / "lake" / TABLE
+            wall, cpu = _replicate(store_path, out, lake, settings=side)
+            _check_equal(store_path, lake)
+            runs[side].append({"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+                               "load": load[0]})
+            log(f"{side} {i + 1}: wall {wall:.1f} s, CPU {cpu:.1f} s (load {load[0]})")
+    result: dict[str, Any] = {"records": config.records, "repeat": repeat, "runs": runs}
+    for side, figures in runs.items():
+        result[f"{side}_wall_s"] = round(median([r["wall_s"] for r in figures]), 1)
+        result[f"{side}_cpu_s"] = round(median([r["cpu_s"] for r in figures]), 1)
+    result["cpu_saved"] = round(1 - result["new_cpu_s"] / result["old_cpu_s"], 3)
+    result["wall_saved"] = round(1 - result["new_wall_s"] / result["old_wall_s"], 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.replicate_e2e``: the benchmark alone (its own session), or
+    ``--ab`` (module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.replicate_e2e")
+    parser.add_argument("--records", type=int, default=ReplicateE2EConfig.records)
+    parser.add_argument("--repeat", type=int, default=3, metavar="N",
+                        help="rounds (or, with --ab, runs of each side); medians reported")
+    parser.add_argument("--ab", action="store_true",
+                        help="the command with the old and the new start settings, interleaved")
+    parser.add_argument("--workdir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    config = ReplicateE2EConfig(records=args.records, rounds=args.repeat)
+    print(f"load average before: {load_average()}", flush=True)
+    if args.ab:
+        result = run_ab(config, args.workdir, args.repeat)
+    else:
+        from connector.spark import local_session
+
+        spark = local_session("tablestore-cdc-benchmarks", master="local[2]")
+        try:
+            result = run(spark, config, args.workdir)
+        finally:
+            spark.stop()
+    print(f"load average after: {load_average()}")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

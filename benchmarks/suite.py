@@ -75,7 +75,7 @@ PRESETS: dict[str, Preset] = {
         replicate=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2, refresh_ms=1_000),
         replicate_emulator=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2,
                                            refresh_ms=1_000, backend="emulator"),
-        replicate_e2e=ReplicateE2EConfig(records=44_000, keys=2_000),  # two batches
+        replicate_e2e=ReplicateE2EConfig(records=44_000, keys=2_000, rounds=1),  # two batches
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
