@@ -65,8 +65,9 @@ def replicate(
         "override it.")]
     = None,
     metrics_port: Annotated[int | None, typer.Option(
-        min=0, max=65535, help="With --tables: serve per-table metrics for Prometheus on "
-        "http://127.0.0.1:PORT/metrics.")] = None,
+        min=0, max=65535, help="Serve per-table metrics for Prometheus on "
+        "http://127.0.0.1:PORT/metrics (docs/operations.md, \"Metrics and alerts\").")]
+    = None,
     store: Annotated[Path | None, typer.Option(
         help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
     endpoint: Annotated[str | None, typer.Option(
@@ -229,23 +230,45 @@ def replicate(
                       f"(SCD {scd}, schema drift {schema_drift}"
                       f"{', once' if once else ''}) — Ctrl-C to stop")
         writer = _status_writer(endpoint, table, tunnel, extra)
+        metrics = _serve_metrics(endpoint, metrics_port, writer)
         job = ReplicationJob(
             lambda: start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
                                    trigger_ms, once=once),
             policy, say=lambda line: console.print(line, soft_wrap=True), once=once,
             record_status=_status_recorder(endpoint, table, tunnel, extra, writer),
             on_progress=_progress_printer(writer, table, str(output)))
-        code = job.run()
-        spark.stop()
-        if code is JobExit.DONE:
-            writer.mark_all("stopped", None)
-        writer.close()
+        try:
+            code = job.run()
+            spark.stop()
+            if code is JobExit.DONE:
+                writer.mark_all("stopped", None)
+            writer.close()
+        finally:
+            metrics.close()
     finally:
         lock.release()
     if code is JobExit.DONE:
         console.print("caught up; run the same command again to go on" if once
                       else "stopped cleanly; run the same command again to resume")
     raise typer.Exit(int(code))
+
+
+def _serve_metrics(endpoint: str, port: int | None, writer: Any) -> Any:
+    """The table's Prometheus metrics (``pipeline.metrics.TableMetrics``), set from every
+    status ``writer`` publishes (the job's restarts included), served on 127.0.0.1:``port``
+    when given (a port in use: one line, exit 2). The caller closes them."""
+    from tablestore_cdc.feed.retention import default_retention_s
+    from tablestore_cdc.pipeline.metrics import TableMetrics
+
+    metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint))
+    writer.observe(metrics.update)
+    if port is not None:
+        try:
+            served = metrics.serve(port)
+        except OSError as exc:
+            fail(f"option '--metrics-port': cannot listen on 127.0.0.1:{port}: {exc}")
+        console.print(f"metrics on http://127.0.0.1:{served}/metrics")
+    return metrics
 
 
 def _on_command_line(ctx: typer.Context, name: str) -> bool:
@@ -257,23 +280,39 @@ def _on_command_line(ctx: typer.Context, name: str) -> bool:
 
 
 def _progress_printer(writer: Any, table: str, job: str) -> Callable[[Any], None]:
-    """One line each time the figures change, never a line rewritten in place: the planning
-    process logs to the same terminal, and a line it writes must not land in ours. Each look
-    also publishes the table's ``TableStatus`` (``writer``: the feed, the dashboard and ``meta
-    tables`` read it) and says a new schema change of the target in a line of its own."""
+    """The figures in one line at the first look, then at most once per ``SUMMARY_EVERY_S``
+    when they changed (and at the end of a ``--once`` run), never a line per batch nor one
+    rewritten in place: the planning process logs to the same terminal, and a line it writes
+    must not land in ours. Each look also publishes the table's ``TableStatus`` (``writer``:
+    the feed, the dashboard, ``meta tables`` and the metrics read it), says a change of the
+    table's state at once (``StatusSummary``) and a new schema change of the target in a line
+    of its own."""
+    import time
+
+    from tablestore_cdc.table_status import SUMMARY_EVERY_S, StatusSummary
+
     shown: list[tuple[int, int, int | None]] = []
+    shown_at = [float("-inf")]
+    summary = StatusSummary(every_s=float("inf"))  # the figures line is the summary here
     schema_change: list[str | None] = [None]
 
     def show(pipeline: Any) -> None:
         delivered, batches = pipeline.poll()
         applied = pipeline.applied_batch()
-        if not shown or shown[-1] != (delivered, batches, applied):
+        now = time.monotonic()
+        ended = not any(q.isActive for q in pipeline.queries)
+        if (not shown or shown[-1] != (delivered, batches, applied)) and (
+                ended or now - shown_at[0] >= SUMMARY_EVERY_S):
             console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
                           f"at apply batch {'-' if applied is None else applied}",
                           soft_wrap=True)
             shown[:] = [(delivered, batches, applied)]
-        status = pipeline.table_status(table, job)
-        writer.publish({table: status})
+            shown_at[0] = now
+        status = writer.publish({table: pipeline.table_status(table, job)})[table]
+        for line in summary.lines({table: status}):
+            if ": schema change of the target: " not in line and not line.startswith(
+                    "tables: "):  # said below, and the figures line above
+                console.print(line, soft_wrap=True)
         change = pipeline.applied.last_schema_change
         if change is not None and change != schema_change[0]:
             console.print(f"schema change of the target: {change} (target version "
