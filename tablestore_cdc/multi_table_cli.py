@@ -138,7 +138,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
         job = ReplicationJob(
             lambda: start_multi_table_pipeline(spark, endpoint, tables, tunnel, output, apply,
                                                excluded, options, trigger_ms, per_table,
-                                               once=once),
+                                               once=once, retry=policy),
             policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
             record_status=writer.mark_all, on_progress=show, once=once)
         code = job.run()
