@@ -88,7 +88,8 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
     from tablestore_cdc.source_flags import flags_named
 
-    metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint))
+    metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint),
+                           probe=endpoint)
 
     excluded = ",".join(exclude) if exclude else None
     per_table = None

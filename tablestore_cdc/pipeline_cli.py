@@ -260,7 +260,8 @@ def _serve_metrics(endpoint: str, port: int | None, writer: Any) -> Any:
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
 
-    metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint))
+    metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint),
+                           probe=endpoint)
     writer.observe(metrics.update)
     if port is not None:
         try:

@@ -7,6 +7,7 @@ the console's summary instead of a line per table per batch."""
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 import urllib.request
@@ -22,6 +23,7 @@ from meta_store.errors import TransientMetaStoreError
 from tablestore_cdc.feed.snapshot import activity, sources_summary
 from tablestore_cdc.lakehouse.sink import ApplyResult, op_counts
 from tablestore_cdc.pipeline import job as job_module
+from tablestore_cdc.pipeline import metrics as metrics_module
 from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
 from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.table_status import (
@@ -272,11 +274,13 @@ class _OneTablePipeline:
 
 
 def test_one_tables_replicate_prints_its_figures_per_interval_and_serves_metrics(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from tablestore_cdc.pipeline_cli import _progress_printer, _serve_metrics
 
     writer = TableStatusWriter(lambda table: ("sqlite:///nonexistent/dir/meta.db", None, NS))
-    metrics = _serve_metrics("http://127.0.0.1:9", 0, writer)
+    service = socket.create_server(("127.0.0.1", 0))  # the source's endpoint, answering
+    endpoint = f"http://127.0.0.1:{service.getsockname()[1]}"
+    metrics = _serve_metrics(endpoint, 0, writer)
     try:
         show = _progress_printer(writer, "orders", "/out")
         pipeline = _OneTablePipeline()
@@ -291,7 +295,12 @@ def test_one_tables_replicate_prints_its_figures_per_interval_and_serves_metrics
         err = capsys.readouterr().err
         port = metrics.server.server_port
         text = _scrape(port)
+        service.close()  # the endpoint goes away: down at the next look, before any restart
+        monkeypatch.setattr(metrics_module, "PROBE_EVERY_S", 0.0)
+        show(pipeline)
+        down = _scrape(port)
     finally:
+        service.close()
         metrics.close()
         writer.close()
     lines = [line for line in err.splitlines() if line.strip()]
@@ -299,6 +308,8 @@ def test_one_tables_replicate_prints_its_figures_per_interval_and_serves_metrics
                      "delivered 10 change(s) in 1 batch(es); target at apply batch 1",
                      "table orders: streaming",
                      "delivered 500 change(s) in 50 batch(es); target at apply batch 50"]
-    assert _value(text, 'tablestore_cdc_source_up{source="http://127.0.0.1:9"}') == 1.0
+    assert _value(text, f'tablestore_cdc_source_up{{source="{endpoint}"}}') == 1.0
+    assert _value(down, f'tablestore_cdc_source_up{{source="{endpoint}"}}') == 0.0
+    assert _value(down, 'tablestore_cdc_table_up{table="orders"}') == 1.0  # still streaming
     assert _value(text, 'tablestore_cdc_table_changes_applied_total{op="inserts",'
                   'table="orders"}') == 500

@@ -8,7 +8,10 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
 
 - ``tablestore_cdc_source_up{source}`` (the one label not ``table``): 1 while the pipeline's
   source answers, 0 while any of its tables is ``unreachable`` (the job restarts after a
-  retryable failure, or a multi-table table waits for its next attempt);
+  retryable failure, or a multi-table table waits for its next attempt) or, for an
+  ``http(s)://`` endpoint, while a TCP connection to it is refused or times out
+  (``reachable``, tried at most every ``PROBE_EVERY_S`` at the command's looks): an outage
+  shows within seconds, before the query's own per-call retries give up;
   ``tablestore_cdc_table_up{table}``: 1 in a state that reads (``UP_STATES``), 0 otherwise;
   ``tablestore_cdc_table_unreachable_since_timestamp_seconds`` while a table is unreachable
   (0 otherwise);
@@ -37,7 +40,10 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -46,15 +52,38 @@ from tablestore_cdc.table_status import OP_NAMES, STATES, UP_STATES, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
+#: the endpoint is probed at most this often (seconds), each probe waiting at most
+#: ``PROBE_TIMEOUT_S``
+PROBE_EVERY_S = 2.0
+PROBE_TIMEOUT_S = 1.0
+
+
+def reachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool | None:
+    """Does an ``http(s)://`` endpoint accept a TCP connection (driver, ``TableMetrics``)?
+    None for another scheme (a local store, DynamoDB Streams: not probed)."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
 
 class TableMetrics:
     """The per-table metrics of one pipeline (driver); ``retention_s``: what the source's
     service keeps of a channel's history (``feed.retention.default_retention_s``)."""
 
-    def __init__(self, retention_s: float = DEFAULT_S, source: str = "") -> None:
+    def __init__(self, retention_s: float = DEFAULT_S, source: str = "",
+                 probe: str | None = None) -> None:
         self.retention_s = retention_s
         #: the ``source`` label of ``tablestore_cdc_source_up`` (the endpoint, redacted)
         self.source = source
+        #: the endpoint ``reachable`` probes (None: none), its last answer and when
+        self.probe = probe
+        self._probed: tuple[float, bool | None] = (float("-inf"), None)
         self.registry = CollectorRegistry()
         label = ["table"]
         r = self.registry
@@ -117,8 +146,9 @@ class TableMetrics:
 
     def update(self, statuses: dict[str, TableStatus]) -> None:
         """Set every table's series from its status (a figure not known is left unset)."""
-        if statuses:
-            down = any(s.state == "unreachable" for s in statuses.values())
+        answers = self._probe()
+        if statuses or answers is not None:
+            down = any(s.state == "unreachable" for s in statuses.values()) or answers is False
             self.source_up.labels(self.source).set(0 if down else 1)
         for table, status in statuses.items():
             self.table_up.labels(table).set(1 if status.state in UP_STATES else 0)
@@ -147,6 +177,15 @@ class TableMetrics:
             grown = status.rows_applied - self._applied.get(table, 0)
             self.rows_applied.labels(table).inc(max(grown, 0))
             self._applied[table] = status.rows_applied
+
+    def _probe(self) -> bool | None:
+        """The endpoint's last probe (a new one when the last is ``PROBE_EVERY_S`` old)."""
+        if self.probe is None:
+            return None
+        now = time.monotonic()
+        if now - self._probed[0] >= PROBE_EVERY_S:
+            self._probed = (now, reachable(self.probe))
+        return self._probed[1]
 
     def _headroom(self, table: str, seconds_behind: float) -> None:
         """Set ``table``'s headroom gauge; log one warning line when it crosses the threshold."""
