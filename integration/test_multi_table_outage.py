@@ -209,11 +209,11 @@ def test_an_outage_at_each_step_of_a_batch_leaves_no_table_failed(
                         if line.startswith("restarting (")]
             shown = [state for t in TABLES for state in job.shown(t, since)]
             print(f"{step} round {round_}: {len(restarts)} job restart(s), "
-                  f"{sum(s.startswith('restarting') for s in shown)} restarting line(s)",
+                  f"{sum(s.startswith('source unreachable') for s in shown)} unreachable line(s)",
                   file=sys.stderr)
             if step != "reading":
                 assert not restarts, restarts
-                assert any(s.startswith("restarting") for s in shown), shown
+                assert any(s.startswith("source unreachable (since ") for s in shown), shown
             else:
                 assert restarts, text[-3000:]
         finally:
