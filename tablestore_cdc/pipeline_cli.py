@@ -61,8 +61,8 @@ def replicate(
         help="With --tables: leave out tables matching this glob (repeatable).")] = None,
     config: Annotated[Path | None, typer.Option(
         help="With --tables: per-table settings from a TOML file ([defaults], [tables.NAME]: "
-        "scd, schema_drift, soft_delete_column, target, keys, snapshot_op); flags given here "
-        "override it.")]
+        "scd, schema_drift, soft_delete_column, target, keys, snapshot_op, columns, "
+        "maintenance, read limits); flags given here override it.")]
     = None,
     metrics_port: Annotated[int | None, typer.Option(
         min=0, max=65535, help="Serve per-table metrics for Prometheus on "
