@@ -5,7 +5,8 @@ session with Delta's and Iceberg's extensions, which the suite's shared ``spark`
 not get. Standard library, PyArrow and PySpark only (no pytest in that venv).
 
 SPEC: ``{"warehouse": DIR, "runs": [{"format", "target", "app_id", "key_columns",
-"soft_delete_column", "source", "batches": [[batch_id, PARQUET], ...], "out": PARQUET|null}]}``.
+"soft_delete_column", "scd", "source", "batches": [[batch_id, PARQUET], ...],
+"out": PARQUET|null}]}``.
 Each run's batches are applied in order (a batch id given twice is a replay); ``out`` receives
 the table's rows. The last stdout line is JSON: per run, per batch ``{"committed", "version"}``
 or ``{"error": class name, "message"}``.
@@ -44,7 +45,7 @@ def main(spec_path: str) -> int:
             sink = SparkMergeSink(run["target"], format=run["format"],
                                   key_columns=run["key_columns"],
                                   soft_delete_column=run.get("soft_delete_column"),
-                                  source=run.get("source"))
+                                  scd=run.get("scd", 1), source=run.get("source"))
             outcomes: list[dict[str, Any]] = []
             for batch_id, path in run["batches"]:
                 df = spark.createDataFrame(pq.read_table(path))

@@ -62,20 +62,25 @@ ORDER = [0, 1, 2, 1]
 SOFT = "is_deleted"
 
 
-def _embedded(target: Any, soft: bool) -> list[dict[str, Any]]:
-    sink = target.sink(soft_delete_column=SOFT if soft else None)
+#: each mode's sink options
+MODES: dict[str, dict[str, Any]] = {"hard": {}, "soft": {"soft_delete_column": SOFT},
+                                    "scd2": {"scd": 2}}
+
+
+def _embedded(target: Any, mode: str) -> list[dict[str, Any]]:
+    sink = target.sink(**MODES[mode])
     for batch_id in ORDER:
         sink.apply(BATCHES[batch_id], "q1", batch_id)
     return _sorted(target.rows())
 
 
 def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: r["id"])
+    return sorted(rows, key=lambda r: (r["id"], r.get("__START_AT") or 0))
 
 
-def _spark_apply(tmp: Path, soft: bool) -> dict[str, Any]:
-    """The Spark-engine runs of one deletes mode, in one process (module doc): ORDER's batches
-    into a Delta and an Iceberg table, then (hard deletes) another query's batch into each."""
+def _spark_apply(tmp: Path, modes: tuple[str, ...]) -> dict[str, Any]:
+    """The Spark-engine runs of ``modes``, in one process (module doc): ORDER's batches into a
+    Delta and an Iceberg table each, then (hard deletes) another query's batch into each."""
     if not Path(SPARK_MERGE_PYTHON).exists():
         pytest.skip(f"no {SPARK_MERGE_PYTHON}: make .venv-spark-merge/.jars-stamp prepares it")
     paths = []
@@ -84,13 +89,15 @@ def _spark_apply(tmp: Path, soft: bool) -> dict[str, Any]:
         pq.write_table(changes, paths[-1])
     batches = [[i, paths[i]] for i in ORDER]
     runs: dict[str, dict[str, Any]] = {}
-    for fmt in ("delta", "iceberg"):
-        name = f"{fmt}-{'soft' if soft else 'hard'}"
-        target = (str(tmp / name) if fmt == "delta" else f"lake.cdc.{name.replace('-', '_')}")
-        runs[name] = {"format": fmt, "target": target, "app_id": "q1", "key_columns": ["id"],
-                      "soft_delete_column": SOFT if soft else None, "source": "s",
-                      "batches": batches, "out": str(tmp / f"{name}.parquet")}
-    if not soft:  # another query of the same source on the tables written above
+    for mode in modes:
+        for fmt in ("delta", "iceberg"):
+            name = f"{fmt}-{mode}"
+            target = (str(tmp / name) if fmt == "delta"
+                      else f"lake.cdc.{name.replace('-', '_')}")
+            runs[name] = {"format": fmt, "target": target, "app_id": "q1",
+                          "key_columns": ["id"], "source": "s", **MODES[mode],
+                          "batches": batches, "out": str(tmp / f"{name}.parquet")}
+    if "hard" in modes:  # another query of the same source on the tables written above
         for fmt in ("delta", "iceberg"):
             runs[f"{fmt}-other-job"] = {**runs[f"{fmt}-hard"], "app_id": "q2",
                                         "batches": [[0, paths[0]]], "out": None}
@@ -107,31 +114,38 @@ def _spark_apply(tmp: Path, soft: bool) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def spark_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Hard deletes, and another query refused."""
-    return _spark_apply(tmp_path_factory.mktemp("spark_merge"), soft=False)
+    return _spark_apply(tmp_path_factory.mktemp("spark_merge"), ("hard",))
 
 
 @pytest.fixture(scope="module")
-def spark_runs_soft(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Soft deletes (make test-extended)."""
-    return _spark_apply(tmp_path_factory.mktemp("spark_merge_soft"), soft=True)
+def spark_runs_extended(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Soft deletes and SCD type 2 (make test-extended)."""
+    return _spark_apply(tmp_path_factory.mktemp("spark_merge_more"), ("soft", "scd2"))
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("spark_merge")
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
-@pytest.mark.parametrize("soft", [
-    False, pytest.param(True, marks=pytest.mark.extended)], ids=["hard-deletes", "soft-deletes"])
+@pytest.mark.parametrize("mode", [
+    "hard", pytest.param("soft", marks=pytest.mark.extended),
+    pytest.param("scd2", marks=pytest.mark.extended)])
 def test_spark_merge_gives_the_embedded_sinks_table_row_for_row(
-        request: pytest.FixtureRequest, tmp_path: Path, fmt: str, soft: bool) -> None:
-    name = f"{fmt}-{'soft' if soft else 'hard'}"
-    spark_runs = request.getfixturevalue("spark_runs_soft" if soft else "spark_runs")
+        request: pytest.FixtureRequest, tmp_path: Path, fmt: str, mode: str) -> None:
+    name = f"{fmt}-{mode}"
+    spark_runs = request.getfixturevalue("spark_runs" if mode == "hard"
+                                         else "spark_runs_extended")
     outcomes = spark_runs["report"][name]
     assert [o.get("error") for o in outcomes] == [None] * 4, outcomes
     assert [o["committed"] for o in outcomes] == [True, True, True, False]
     assert outcomes[3]["version"] == outcomes[2]["version"]  # the replay changed nothing
     merged = _sorted(pq.read_table(spark_runs["runs"][name]["out"]).to_pylist())
-    embedded = _embedded(Delta(tmp_path) if fmt == "delta" else Iceberg(tmp_path), soft)
+    embedded = _embedded(Delta(tmp_path) if fmt == "delta" else Iceberg(tmp_path), mode)
     assert merged == embedded
+    if mode == "scd2":
+        assert [(r["id"], r["qty"], r["__END_AT"] is None) for r in merged if r["id"] == 2] == [
+            (2, 2, False), (2, 20, False), (2, 21, False), (2, 22, True)]
+        return
+    soft = mode == "soft"
     if soft:
         assert {r["id"]: r[SOFT] for r in merged} == {1: True, 2: False, 3: False, 4: True,
                                                   6: False}
@@ -201,7 +215,8 @@ def test_session_conf_names_packages_extensions_and_catalog() -> None:
 
 
 @pytest.mark.parametrize(("options", "option"), [
-    ({"scd": 2}, "scd"), ({"format": "hudi"}, "format"),
+    ({"scd": 3}, "scd"), ({"scd": 2, "soft_delete_column": "d"}, "soft_delete_column"),
+    ({"format": "hudi"}, "format"),
     ({"soft_delete_column": "_op"}, "soft_delete_column"),
     ({"soft_delete_column": "_deleted", "format": "iceberg"}, "soft_delete_column")])
 def test_spark_merge_sink_refuses_options_it_cannot_honour(options: dict[str, Any],

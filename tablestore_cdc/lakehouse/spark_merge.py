@@ -40,6 +40,7 @@ from typing import Any
 
 from tablestore_cdc.lakehouse.errors import ApplyOptionError, ChangeBatchError, LakehouseError
 from tablestore_cdc.lakehouse.ownership import Marker, claim
+from tablestore_cdc.lakehouse.plan import END_AT, START_AT
 from tablestore_cdc.lakehouse.sink import ApplyResult, query_id_of
 
 DELTA, ICEBERG = "delta", "iceberg"
@@ -163,9 +164,14 @@ class SparkMergeSink:
         if format not in FORMATS:
             raise ApplyOptionError(option="format", value=format, problem="unknown format",
                                    allowed="delta or iceberg")
-        if scd != 1:
-            raise ApplyOptionError(option="scd", value=scd, problem="the Spark engine applies "
-                                   "SCD type 1", allowed="1, or scd=2 with --engine embedded")
+        if scd not in (1, 2):
+            raise ApplyOptionError(option="scd", value=scd, problem="unknown SCD type",
+                                   allowed="1 or 2")
+        if scd == 2 and soft_delete_column is not None:
+            raise ApplyOptionError(option="soft_delete_column", value=soft_delete_column,
+                                   problem="SCD type 2 already keeps deleted rows (a delete "
+                                   "ends the current version)", allowed="no soft-delete column "
+                                   "with scd=2")
         reserved = {*(key_columns or ()), *META_COLUMNS}
         if soft_delete_column is not None and soft_delete_column in reserved:
             raise ApplyOptionError(option="soft_delete_column", value=soft_delete_column,
@@ -176,7 +182,7 @@ class SparkMergeSink:
                                    problem="Iceberg's Spark runtime reserves the name for a "
                                    "metadata column (Spark could not read the table)",
                                    allowed="another name, e.g. is_deleted")
-        self.target, self.format = target, format
+        self.target, self.format, self.scd = target, format, scd
         self.key_columns = tuple(key_columns) if key_columns else None
         self.soft_delete_column = soft_delete_column
         self.app_id, self.source, self.adopt_target = app_id, source or "", adopt_target
@@ -229,8 +235,13 @@ class SparkMergeSink:
                     self.last_result = result
                     return result
             before = self._version(spark)
-            self._merge(spark, _last_changes(df, keys, values, self.soft_delete_column),
-                        keys, values, app_id, batch_id)
+            if self.scd == 2:
+                if df.where("_commit_ts IS NULL").limit(1).count():
+                    raise ChangeBatchError(column="_commit_ts (null: SCD type 2 needs it)")
+                self._merge(spark, _versions(df, keys, values), keys, values, app_id, batch_id)
+            else:
+                self._merge(spark, _last_changes(df, keys, values, self.soft_delete_column),
+                            keys, values, app_id, batch_id)
             after = self._version(spark)
             result = ApplyResult(batch_id=batch_id, committed=after != before,
                                  changes=df.count(), version=after)
@@ -255,6 +266,8 @@ class SparkMergeSink:
             columns = [f"{_quote(k)} {types[k]} NOT NULL" for k in keys]
             columns += [f"{_quote(v)} {types[v]}" for v in values]
             columns += [f"{_quote(c)} boolean" for c in flag]
+            if self.scd == 2:
+                columns += [f"{_quote(START_AT)} timestamp", f"{_quote(END_AT)} timestamp"]
             props = ", ".join(f"'{k}' = '{_literal(v)}'" for k, v in
                               marker.properties().items())
             using = "delta" if self.format == DELTA else "iceberg"
@@ -284,6 +297,15 @@ class SparkMergeSink:
         flag = self.soft_delete_column
         columns = [*keys, *values, *([flag] if flag else [])]
         on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+        if self.scd == 2:
+            statement = _scd2_statement(self._table_sql(), view, keys, values)
+        else:
+            statement = self._scd1_statement(view, on, columns, values)
+        self._run(spark, statement, view, app_id, batch_id)
+
+    def _scd1_statement(self, view: str, on: str, columns: Sequence[str],
+                        values: Sequence[str]) -> str:
+        flag = self.soft_delete_column
         update = ", ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in (*values,
                                                                        *([flag] if flag else [])))
         inserted = ", ".join(_quote(c) for c in columns)
@@ -296,8 +318,10 @@ class SparkMergeSink:
             clauses.append(f"WHEN MATCHED AND s.__action = 'upsert' THEN UPDATE SET {update}")
         clauses.append(f"WHEN NOT MATCHED AND s.__action = 'upsert' THEN INSERT ({inserted}) "
                        f"VALUES ({inserted_values})")
-        statement = (f"MERGE INTO {self._table_sql()} t USING {view} s ON {on} "
-                     + " ".join(clauses))
+        return f"MERGE INTO {self._table_sql()} t USING {view} s ON {on} " + " ".join(clauses)
+
+    def _run(self, spark: Any, statement: str, view: str, app_id: str, batch_id: int) -> None:
+        """The MERGE with this batch's exactly-once record in the session's settings."""
         settings = ({DELTA_TXN_APP: app_id, DELTA_TXN_VERSION: str(batch_id)}
                     if self.format == DELTA else
                     {ICEBERG_SNAPSHOT_PROPERTY + ICEBERG_QUERY_ID: app_id,
@@ -415,6 +439,46 @@ def _last_changes(df: Any, keys: Sequence[str], values: Sequence[str],
     chosen = [F.when(live, F.col(v)).otherwise(F.col("__image")[v]).alias(v) for v in values]
     action = (F.when(live, "upsert").when(has_image, "upsert").otherwise("flag"))
     return last.select(*keys, *chosen, (~live).alias(flag), action.alias("__action"))
+
+
+def _versions(df: Any, keys: Sequence[str], values: Sequence[str]) -> Any:
+    """SCD type 2 (plan.reduce_scd2): the MERGE's source rows: each key's close row (its
+    ``__merge`` flag true, ``__close_at`` the commit time of its first change here, which ends
+    the table's open version) and every change that is not a DELETE as a new version, valid
+    from its commit time to the next change's (null for the key's last). Spark, on the
+    executors."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ts = F.coalesce(F.unix_micros(F.col("_commit_ts")), F.lit(NO_TIME))
+    per_channel = Window.partitionBy(*keys, "_channel_id")
+    ordered = Window.partitionBy(*keys).orderBy("__first", "__last", "_channel_id", "_sequence")
+    rows = (df.withColumn("__ts", ts)
+            .withColumn("__first", F.min_by("__ts", "_sequence").over(per_channel))
+            .withColumn("__last", F.max_by("__ts", "_sequence").over(per_channel))
+            .withColumn("__rank", F.row_number().over(ordered))
+            .withColumn("__next", F.lead("_commit_ts").over(ordered)))
+    versions = rows.where(F.col("_op") != "DELETE").select(
+        *keys, *values, F.col("_commit_ts").alias(START_AT), F.col("__next").alias(END_AT),
+        F.lit(False).alias("__merge"), F.lit(None).cast("timestamp").alias("__close_at"))
+    closes = rows.where(F.col("__rank") == 1).select(
+        *keys, *[F.lit(None).cast(df.schema[v].dataType).alias(v) for v in values],
+        F.lit(None).cast("timestamp").alias(START_AT), F.lit(None).cast("timestamp").alias(END_AT),
+        F.lit(True).alias("__merge"), F.col("_commit_ts").alias("__close_at"))
+    return closes.unionByName(versions)
+
+
+def _scd2_statement(table: str, view: str, keys: Sequence[str], values: Sequence[str]) -> str:
+    """Close rows match the key's open version and end it; versions never match (the
+    ``__merge`` flag is false) and are inserted."""
+    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+    columns = [*keys, *values, START_AT, END_AT]
+    return (f"MERGE INTO {table} t USING {view} s ON s.__merge AND {on} AND "
+            f"t.{_quote(END_AT)} IS NULL "
+            f"WHEN MATCHED THEN UPDATE SET t.{_quote(END_AT)} = s.__close_at "
+            f"WHEN NOT MATCHED AND NOT s.__merge THEN INSERT "
+            f"({', '.join(_quote(c) for c in columns)}) "
+            f"VALUES ({', '.join('s.' + _quote(c) for c in columns)})")
 
 
 def _quote(name: str) -> str:
