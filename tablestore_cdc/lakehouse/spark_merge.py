@@ -11,10 +11,11 @@ Same rules as the embedded path (plan.py), row for row: each key's last change i
 wins, changes ordered by ``_sequence`` within a channel and a key's channels by the commit time
 of their first change, then of their last, then by channel id; SCD type 1 with hard deletes or,
 with ``soft_delete_column``, soft deletes (a deleted key keeps its last image of the batch,
-flagged; with none in the batch only the flag is set). SCD type 2 is not offered here yet
-(``ApplyOptionError``). Values in ``_extra`` (attributes the reader's schema does not declare)
-are refused (``SparkEngineError``) rather than dropped: this engine applies declared columns;
-a declared column the table lacks is added (``ALTER TABLE ... ADD COLUMNS``).
+flagged; with none in the batch only the flag is set); SCD type 2 (``_versions``: one MERGE
+closes each touched key's open version and inserts the batch's versions). Values in
+``_extra`` (attributes the reader's schema does not declare) are refused
+(``SparkEngineError``) rather than dropped: this engine applies declared columns; a declared
+column the table lacks is added (``ALTER TABLE ... ADD COLUMNS``).
 
 Exactly once across replays, with the same records the embedded sinks write, so either engine
 reads the other's: Delta, the ``txn`` action (session settings ``spark.databricks.delta.write.
