@@ -255,3 +255,19 @@ def test_replicate_names_its_flags_in_errors_and_creates_nothing(tmp_path: Path)
         assert result.stderr.startswith("error: option " + named), result.stderr
         assert result.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("latest, report", [
+    ('{"tables": {"a": "streaming"}}', {"tables": {"a": "streaming"}}),
+    ({"lag": {}}, {"lag": {}}),
+    ("{'uuid': 'not JSON'}", {}),  # what an older PySpark may show: no report, not a failure
+    (None, {}),
+])
+def test_source_report_reads_what_spark_shows_as_latest_offset(latest: object,
+                                                               report: dict) -> None:
+    from types import SimpleNamespace
+
+    from tablestore_cdc.pipeline.queries import TwoQueries
+
+    changelog = SimpleNamespace(lastProgress={"sources": [{"latestOffset": latest}]})
+    assert TwoQueries(changelog, state_query=None).source_report() == report

@@ -50,7 +50,10 @@ class TwoQueries:
         if progress and progress.get("sources"):
             latest = progress["sources"][0].get("latestOffset")
             if isinstance(latest, str):
-                latest = json.loads(latest)
+                try:  # PySpark before 4.2 shows the end offset here, not always as JSON
+                    latest = json.loads(latest)
+                except ValueError:
+                    return {}
             if isinstance(latest, dict):
                 return latest
         return {}
