@@ -85,7 +85,7 @@ from connector.tunnel.base import (
     TunnelType,
 )
 from connector.tunnel.local import LocalTunnelService
-from connector.tunnel.local.tunnels import BASE_PREFIX
+from connector.tunnel.local.tunnels import BASE_PREFIX, MAX_TOKEN_DEPTH, json_depth_exceeds
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
 from tablestore_emulator.context import EmulatorContext
@@ -124,32 +124,9 @@ def store_channel_id(wire_id: str) -> str:
 
 
 #: Deepest JSON nesting a store token's text may have (the store's own tokens are one flat
-#: object); a token nested deeper is refused before any JSON parser sees it.
-MAX_TOKEN_JSON_DEPTH = 4
-
-
-def json_depth_exceeds(text: bytes, limit: int) -> bool:
-    """Whether JSON ``text`` opens more than ``limit`` arrays/objects inside each other
-    (brackets inside strings do not count). One pass, no recursion: safe on any input,
-    so it runs before ``json.loads`` on text a client sent."""
-    depth, in_string, escaped = 0, False, False
-    for byte in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):  # ] }
-            depth -= 1
-    return False
+#: object); a token nested deeper is refused before any JSON parser sees it (the local
+#: store's own bound, checked by its ``json_depth_exceeds``).
+MAX_TOKEN_JSON_DEPTH = MAX_TOKEN_DEPTH
 
 
 def _token_json(local_token: str) -> bytes | None:
