@@ -49,6 +49,25 @@ def start_job(output: Path, master: str, conf: dict[str, str] | None = None, *,
         raise typer.Exit(int(JobExit.DONE)) from None
 
 
+def run_job(job: ReplicationJob, spark: Any, writer: TableStatusWriter) -> JobExit:
+    """The tail of ``replicate`` (one table or ``--tables``; CLI process, driver): run ``job``
+    until it ends, stop Spark, mark every table "stopped" on a clean end and close the status
+    ``writer``. The caller releases the output lock and closes the metrics."""
+    code = job.run()
+    spark.stop()
+    if code is JobExit.DONE:
+        writer.mark_all("stopped", None)
+    writer.close()
+    return code
+
+
+def say_job_end(code: JobExit, once: bool) -> None:
+    """The last line of ``replicate`` (one table or ``--tables``) after a clean end."""
+    if code is JobExit.DONE:
+        console.print("caught up; run the same command again to go on" if once
+                      else "stopped cleanly; run the same command again to resume")
+
+
 def _end_children() -> None:
     """SIGTERM to this process's children (Linux ``/proc``; elsewhere nothing): after Ctrl-C
     inside Spark's start they are its JVM alone, which PySpark had not handed over yet and
@@ -142,15 +161,9 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
                                                once=once, retry=policy),
             policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
             record_status=writer.mark_all, on_progress=show, once=once)
-        code = job.run()
-        spark.stop()
-        if code is JobExit.DONE:
-            writer.mark_all("stopped", None)
-        writer.close()
+        code = run_job(job, spark, writer)
     finally:
         metrics.close()
         lock.release()
-    if code is JobExit.DONE:
-        console.print("caught up; run the same command again to go on" if once
-                      else "stopped cleanly; run the same command again to resume")
+    say_job_end(code, once)
     return code

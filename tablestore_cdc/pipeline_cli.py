@@ -144,7 +144,7 @@ def replicate(
     pipeline with backoff. With --tables, many tables in one application
     (docs/multi-table.md). Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
     configuration error, 3 gave up after --max-restarts, 4 already running."""
-    from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
+    from tablestore_cdc.pipeline.job import ReplicationJob
     from tablestore_cdc.pipeline.preflight import INITIAL_CHOICES, JobPlan, check_before_start
     from tablestore_cdc.pipeline.restarts import restart_policy
 
@@ -213,7 +213,7 @@ def replicate(
     extra = checked.options
     for line in checked.lines:
         console.print(line, soft_wrap=True)
-    from tablestore_cdc.multi_table_cli import start_job
+    from tablestore_cdc.multi_table_cli import run_job, say_job_end, start_job
 
     engine_conf = None
     if engine == "spark":  # the jars for this PySpark and a target it writes, before Spark
@@ -238,18 +238,12 @@ def replicate(
             record_status=_status_recorder(endpoint, table, tunnel, extra, writer),
             on_progress=_progress_printer(writer, table, str(output)))
         try:
-            code = job.run()
-            spark.stop()
-            if code is JobExit.DONE:
-                writer.mark_all("stopped", None)
-            writer.close()
+            code = run_job(job, spark, writer)
         finally:
             metrics.close()
     finally:
         lock.release()
-    if code is JobExit.DONE:
-        console.print("caught up; run the same command again to go on" if once
-                      else "stopped cleanly; run the same command again to resume")
+    say_job_end(code, once)
     raise typer.Exit(int(code))
 
 
