@@ -13,7 +13,6 @@ import pickle
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +34,7 @@ from connector.tunnel.tablestore.http import (
     MalformedAnswer,
 )
 from connector.tunnel.tablestore.transport import RETRY_DEADLINE_S, Credentials, Transport
+from testkit.socket_peers import Handler, LoopbackServer, read_request
 
 #: what the server does with one request: bytes to send, then whether to close the connection
 Script = Callable[[int, bytes], tuple[bytes, bool]]
@@ -44,57 +44,31 @@ def ok(body: bytes, extra: str = "") -> bytes:
     return (f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode() + body
 
 
-class ScriptedServer:
+class ScriptedServer(LoopbackServer):
     """Accepts connections; the ``n``-th request overall (from 0) is answered by ``script``."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.requests: list[bytes] = []
-        self.connections = 0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def handler(self) -> Handler:
+        return self._serve_requests
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve_requests(self, conn: socket.socket) -> None:
         buffer = b""
-        with conn:
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, rest = buffer.partition(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                request, buffer = head + b"\r\n\r\n" + rest[:length], rest[length:]
-                with self._lock:
-                    n = len(self.requests)
-                    self.requests.append(request)
-                answer, close = self.script(n, request)
-                conn.sendall(answer)
-                if close:
-                    return
-
-    def close(self) -> None:
-        self.listener.close()
+        while True:
+            got = read_request(conn, buffer)
+            if got is None:
+                return
+            request, buffer = got
+            with self._lock:
+                n = len(self.requests)
+                self.requests.append(request)
+            answer, close = self.script(n, request)
+            conn.sendall(answer)
+            if close:
+                return
 
 
 @pytest.fixture
@@ -241,51 +215,24 @@ def test_transport_refuses_a_line_break_in_a_header_value() -> None:
 Behaviour = Callable[[socket.socket], None]
 
 
-class HostileServer:
+class HostileServer(LoopbackServer):
     """Accepts connections on 127.0.0.1; on each reads one request (head and body), counts it,
     then lets ``behave`` write what it likes: an endless body, bytes dripped, a header flood.
     A client that gives up closes the socket, which ends ``behave`` (its write fails)."""
 
     def __init__(self, behave: Behaviour) -> None:
         self.behave = behave
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.requests = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def handler(self) -> Handler:
+        return self._serve_one
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                buffer = b""
-                while b"\r\n\r\n" not in buffer:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, rest = buffer.partition(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                self.requests += 1
-                self.behave(conn)
-            except OSError:
-                return  # the client went away
-
-    def close(self) -> None:
-        self.listener.close()
+    def _serve_one(self, conn: socket.socket) -> None:
+        if read_request(conn) is None:
+            return
+        self.requests += 1
+        self.behave(conn)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ tests/test_tablestore_http.py's, with the client's whole process measured.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import os
 import socket
@@ -51,6 +52,7 @@ from connector.tunnel.tablestore.http import (
     MalformedAnswer,
 )
 from testkit.fuzzing import fuzz_settings, mostly, mutated
+from testkit.socket_peers import Handler, LoopbackServer, read_request
 
 pytestmark = pytest.mark.fuzz
 
@@ -115,37 +117,21 @@ class Peer:
             yield self.forever  # one object, sent again: nothing allocated per write
 
 
-class PeerServer:
-    """Serves each connection with the current ``peer`` after reading one request."""
+class PeerServer(LoopbackServer):
+    """Serves each connection with the ``peer`` current at its accept, after reading one
+    request."""
 
     def __init__(self) -> None:
         self.peer: Peer | None = None
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn, self.peer), daemon=True).start()
+    def handler(self) -> Handler:
+        return functools.partial(self._serve_peer, peer=self.peer)
 
     @staticmethod
-    def _serve(conn: socket.socket, peer: Peer | None) -> None:
-        with conn:
-            try:
-                request = b""
-                while not request.endswith(b"\r\n\r\n"):  # the fuzz's requests have no body
-                    data = conn.recv(4096)
-                    if not data:
-                        return
-                    request += data
-                if peer is not None:
-                    peer.play(conn)
-            except OSError:
-                return  # the client gave up and closed
+    def _serve_peer(conn: socket.socket, peer: Peer | None) -> None:
+        if read_request(conn) is not None and peer is not None:  # the fuzz's have no body
+            peer.play(conn)
 
 
 @pytest.fixture(scope="module")
