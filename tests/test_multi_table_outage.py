@@ -84,8 +84,9 @@ class Run:
     and its executors (the process's client pool, over the same seam), driven in Spark's
     order; every row read is kept."""
 
-    def __init__(self, path: Path, outage: Outage, clock: FakeClock) -> None:
-        self.path, self.outage, self.clock = path, outage, clock
+    def __init__(self, path: Path, outage: Outage, clock: FakeClock | None = None) -> None:
+        self.path, self.outage = path, outage
+        self.clock = clock or FakeClock(start=time.time())
         self.rows: list[dict[str, Any]] = []
         self.reader = self.restart()
 
@@ -110,6 +111,12 @@ class Run:
         if end != start:
             self.read(start, end)
             self.reader.commit(end)
+        return end
+
+    def catch_up(self, end: dict) -> dict:
+        """Micro-batches from ``end`` until one moves nothing; where they ended."""
+        while (moved := self.batch(end)) != end:
+            end = moved
         return end
 
     def states(self) -> dict[str, str]:
@@ -171,10 +178,17 @@ def assert_exact(store: LocalTablestore, rows: list[dict[str, Any]]) -> None:
         assert copy == {k["id"]: c["v"] for k, c in store.scan(table)}, table
 
 
+def assert_recovered(store: LocalTablestore, run: Run, end: dict) -> None:
+    """Once the outage is over: ``run`` caught up from ``end``, every table streaming and
+    every change read exactly once (``assert_exact``)."""
+    run.catch_up(end)
+    assert run.states() == {"a": "streaming", "b": "streaming"}
+    assert_exact(store, run.rows)
+
+
 def test_a_table_caught_by_an_outage_while_planning_restarts_and_streams_again(
         tmp_path: Path, store: LocalTablestore, outage: Outage) -> None:
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     write(store, 0)
     start = run.reader.initialOffset()
     end = run.batch(start)
@@ -194,16 +208,12 @@ def test_a_table_caught_by_an_outage_while_planning_restarts_and_streams_again(
     outage.down = False
     write(store, 20)
     run.wait_out()
-    while (moved := run.batch(end)) != end:
-        end = moved
-    assert run.states() == {"a": "streaming", "b": "streaming"}
-    assert_exact(store, run.rows)
+    assert_recovered(store, run, end)
 
 
 def test_a_table_whose_commit_meets_an_outage_restarts_and_commits_on_its_next_try(
         store: LocalTablestore, outage: Outage) -> None:
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     write(store, 0)
     start = run.reader.initialOffset()
     end = run.reader.latestOffset(start, None)
@@ -215,16 +225,13 @@ def test_a_table_whose_commit_meets_an_outage_restarts_and_commits_on_its_next_t
     assert run.batch(end) == end  # frozen meanwhile
     outage.down = False
     run.wait_out()
-    while (moved := run.batch(end)) != end:  # the lost commit caught up first
-        end = moved
-    assert run.states() == {"a": "streaming", "b": "streaming"}
-    assert_exact(store, run.rows)
+    # the lost commit caught up first
+    assert_recovered(store, run, end)
 
 
 def test_an_outage_while_reading_fails_the_query_and_its_restart_replays_the_batch_exactly(
         store: LocalTablestore, outage: Outage) -> None:
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     write(store, 0)
     start = run.reader.initialOffset()
     end = run.reader.latestOffset(start, None)
@@ -238,10 +245,7 @@ def test_an_outage_while_reading_fails_the_query_and_its_restart_replays_the_bat
     run.read(start, end)  # Spark replays the logged batch
     run.reader.commit(end)
     write(store, 10)
-    while (moved := run.batch(end)) != end:
-        end = moved
-    assert run.states() == {"a": "streaming", "b": "streaming"}
-    assert_exact(store, run.rows)
+    assert_recovered(store, run, end)
 
 
 def test_a_logged_batch_of_a_restarting_table_is_read_or_fails_the_query_retryably(
@@ -249,8 +253,7 @@ def test_a_logged_batch_of_a_restarting_table_is_read_or_fails_the_query_retryab
     """A restart replays a logged batch: a table restarting then is tried at once, and while
     the outage lasts the retryable error fails the query (never an OptionError, which ends
     the job)."""
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     write(store, 0)
     start = run.reader.initialOffset()
     end = run.reader.latestOffset(start, None)
@@ -272,8 +275,7 @@ def test_an_endpoint_that_stops_answering_after_the_query_reached_it_is_an_outag
     """A table's protocol opened again binds inside the query's first-contact rule, where an
     endpoint giving no answer at all is a configuration error (a wrong URL); once the query
     has reached its services it is an outage, as the job counts it."""
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     write(store, 0)
     end = run.batch(run.reader.initialOffset())
     outage.error = lambda name: EndpointUnreachableError(
@@ -284,27 +286,23 @@ def test_an_endpoint_that_stops_answering_after_the_query_reached_it_is_an_outag
     outage.down = False
     run.wait_out()
     write(store, 10)
-    while (moved := run.batch(end)) != end:
-        end = moved
-    assert run.states() == {"a": "streaming", "b": "streaming"}
-    assert_exact(store, run.rows)
+    assert_recovered(store, run, end)
 
 
 def test_a_table_gives_up_after_max_retries_and_the_query_fails_retryably(
         store: LocalTablestore, outage: Outage) -> None:
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     run.reader = MultiTableStreamReader(MultiTableOptions.from_spark({
         "endpoint": f"local://{store.path}", "tables": "a", "tunnel.name": "t",
         "tables.refreshIntervalMs": "3600000", "tables.maxRetries": "1",
         "tables.retryBackoff": "2:4"}),
-        Clients(ClientHooks(clock=clock.monotonic, fault_hook=outage)))
+        Clients(ClientHooks(clock=run.clock.monotonic, fault_hook=outage)))
     start = run.reader.initialOffset()
     outage.down = True
     run.reader.latestOffset(start, None)
     assert run.states()["a"].startswith("restarting: ")
     assert "next in" in run.states()["a"]
-    clock.sleep(5.0)
+    run.clock.sleep(5.0)
     with pytest.raises(CdcError) as raised:  # the second failure in a row: the job's turn
         run.reader.latestOffset(start, None)
     assert raised.value.retryable
@@ -346,8 +344,7 @@ class _Progress:
 
 def test_the_table_status_and_the_metrics_show_restarting_then_streaming_again(
         tmp_path: Path, store: LocalTablestore, outage: Outage) -> None:
-    clock = FakeClock(start=time.time())
-    run = Run(store.path, outage, clock)
+    run = Run(store.path, outage)
     write(store, 0)
     end = run.batch(run.reader.initialOffset())
     apply = MultiTableApply(ApplySettings(target=f"delta://{tmp_path}/lake/{{table}}"),
@@ -402,7 +399,7 @@ def test_a_retryable_error_of_a_table_s_apply_fails_the_batch_not_the_table(
 
     from tablestore_cdc.lakehouse import open_apply_sink
 
-    run = Run(store.path, outage, FakeClock(start=time.time()))
+    run = Run(store.path, outage)
     write(store, 0)
     start = run.reader.initialOffset()
     run.batch(start)
@@ -453,7 +450,7 @@ def test_an_outage_while_held_batches_are_resumed_keeps_the_table_failed_and_its
 
     from tablestore_cdc.lakehouse import open_apply_sink
 
-    run = Run(store.path, outage, FakeClock(start=time.time()))
+    run = Run(store.path, outage)
     write(store, 0)
     run.batch(run.reader.initialOffset())
     changes = pa.Table.from_pylist(run.rows)
