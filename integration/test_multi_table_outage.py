@@ -20,7 +20,6 @@ fault hook ``testkit.outage``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,15 +35,13 @@ from connector.local import LocalTablestore  # noqa: E402
 from meta_store import open_meta_store  # noqa: E402
 from tablestore_cdc.pipeline.multi_table import status_location  # noqa: E402
 from tablestore_cdc.table_status import TableStatus, load_table_status  # noqa: E402
-from tablestore_cdc.verify import read_delta, rows_by_key, table_state  # noqa: E402
 from testkit.processes import kill_tree  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 from testkit.wire_e2e import (  # noqa: E402
     IGNORE,
-    INSTANCE,
-    KEY_ID,
-    META_ENV,
-    SECRET,
+    SOURCE_OPTIONS,
+    delta_equals_source,
+    replicate_process,
     sdk_client,
     wire_scenario,
 )
@@ -53,8 +50,6 @@ pytestmark = pytest.mark.slow
 
 OUTAGE_S = 20
 TABLES = ("t", "u")
-OPTIONS = (("instance.name", INSTANCE), ("access.key.id", KEY_ID),
-           ("access.key.secret", SECRET))
 
 
 def write(client: object, start: int, n: int, keys: int = 40) -> None:
@@ -80,29 +75,16 @@ class Job:
                  env: dict[str, str] | None = None) -> None:
         self.out, self.store, self.url = tmp_path / "out", store, url
         self.log = tmp_path / "replicate.log"
-        command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
-                   "--endpoint", url, "--tables", ",".join(TABLES), "--output", str(self.out),
-                   *[arg for k, v in OPTIONS for arg in ("--option", f"{k}={v}")],
-                   "--restart-backoff", "1:4", "--trigger-ms", "300"]
-        environment = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable,
-                       **(env or {})}
-        with open(self.log, "w") as sink:
-            self.process = subprocess.Popen(command, env=environment, stdout=sink,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = replicate_process(url, ["--tables", ",".join(TABLES)], self.out,
+                                         self.log, "--restart-backoff", "1:4",
+                                         "--trigger-ms", "300", env=env)
 
     def lines(self) -> list[str]:
         return self.log.read_text().splitlines()
 
     def equal(self, table: str) -> bool:
         """Is ``table``'s Delta target equal to the source table, row by row?"""
-        target = self.out / "lake" / table
-        if not (target / "_delta_log").exists():
-            return False
-        expected = {k: {c: v for c, v in row.items() if v is not None}
-                    for k, row in rows_by_key(self.store.scan(table)).items()}
-        got = {k: {c: v for c, v in row.items() if v is not None and c != "_extra"}
-               for k, row in table_state(read_delta(str(target)), ["id"]).items()}
-        return got == expected
+        return delta_equals_source(self.store, table, self.out / "lake" / table)
 
     def shown(self, table: str, since: int) -> list[str]:
         """The states the command printed for ``table`` after line ``since``."""
@@ -117,7 +99,7 @@ class Job:
         """``table``'s record in the meta store, as ``meta tables`` and the dashboard read
         it."""
         uri, credentials, namespace = status_location(self.url, ",".join(TABLES), "replicate",
-                                                      dict(OPTIONS), table)
+                                                      dict(SOURCE_OPTIONS), table)
         with open_meta_store(uri, credentials, create=False) as meta:
             return load_table_status(meta, namespace)
 

@@ -10,10 +10,7 @@ is back, and the job delivers every change.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,14 +19,11 @@ import pytest
 
 pytest.importorskip("tablestore")
 
-from tablestore_cdc.verify import read_delta, rows_by_key, table_state  # noqa: E402
 from testkit.processes import kill_tree  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 from testkit.wire_e2e import (  # noqa: E402
-    INSTANCE,
-    KEY_ID,
-    META_ENV,
-    SECRET,
+    delta_equals_source,
+    replicate_process,
     sdk_client,
     wire_scenario,
     write_changes,
@@ -56,28 +50,14 @@ def test_the_metrics_page_shows_the_source_down_during_an_outage_and_up_after(
     with wire_scenario(tmp_path) as (emulator, store, client):
         write_changes(client, 0, 100)
         out = tmp_path / "out"
-        command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
-                   "--endpoint", emulator.url, "--table", "t", "--output", str(out),
-                   "--option", f"instance.name={INSTANCE}",
-                   "--option", f"access.key.id={KEY_ID}",
-                   "--option", f"access.key.secret={SECRET}",
-                   "--restart-backoff", "1:4", "--trigger-ms", str(TRIGGER_MS),
-                   "--metrics-port", "0"]
         log = tmp_path / "replicate.log"
-        env = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable}
-        with open(log, "w") as sink:
-            job = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        job = replicate_process(emulator.url, ["--table", "t"], out, log,
+                                "--restart-backoff", "1:4", "--trigger-ms", str(TRIGGER_MS),
+                                "--metrics-port", "0")
         target = out / "t"
 
         def equal() -> bool:
-            if not (target / "_delta_log").exists():
-                return False
-            expected = {k: {c: v for c, v in row.items() if v is not None}
-                        for k, row in rows_by_key(store.scan("t")).items()}
-            got = {k: {c: v for c, v in row.items() if v is not None and c != "_extra"}
-                   for k, row in table_state(read_delta(str(target)), ["id"]).items()}
-            return got == expected
+            return delta_equals_source(store, "t", target)
 
         try:
             port = int(wait_until(

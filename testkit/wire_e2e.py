@@ -5,6 +5,7 @@ the verification of its sink against the store's change log."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from tablestore.retry import WriteRetryPolicy
 
 from connector.local import LocalTablestore
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
-from tablestore_cdc.verify import rows_by_key, verify
+from tablestore_cdc.verify import read_delta, rows_by_key, table_state, verify
 from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.emulator import EmulatorProcess
 from testkit.processes import kill_tree
@@ -124,6 +125,36 @@ def runner_args(tmp_path: Path, url: str, sink: ExactlyOnceParquetSink,
 #: environment; the query itself needs none there: its options carry them to every executor
 META_ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET}
 NO_ENV_CREDENTIALS = {name: "" for name in META_ENV}
+#: the source options ``replicate`` is given against the emulator (``--option k=v``)
+SOURCE_OPTIONS = (("instance.name", INSTANCE), ("access.key.id", KEY_ID),
+                  ("access.key.secret", SECRET))
+
+
+def replicate_process(url: str, source: list[str], output: Path, log: Path, *flags: str,
+                      env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``tablestore-cdc replicate`` as its own process (a new session: ``kill_tree`` ends it
+    and its Spark) against the emulator at ``url``: ``source`` the table flags (``--table t``
+    or ``--tables t,u``), the emulator's credentials as ``--option``s, then ``flags``; its
+    meta table's credentials and ``env`` in its environment, its console into ``log``."""
+    command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--endpoint", url,
+               *source, "--output", str(output),
+               *[arg for k, v in SOURCE_OPTIONS for arg in ("--option", f"{k}={v}")], *flags]
+    environment = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable, **(env or {})}
+    with open(log, "w") as sink:
+        return subprocess.Popen(command, env=environment, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def delta_equals_source(store: LocalTablestore, table: str, target: Path) -> bool:
+    """Is the Delta table at ``target`` (``replicate``'s apply) equal to the store's
+    ``table``, row by row (null columns and ``_extra`` aside)? False before its first commit."""
+    if not (target / "_delta_log").exists():
+        return False
+    expected = {k: {c: v for c, v in row.items() if v is not None}
+                for k, row in rows_by_key(store.scan(table)).items()}
+    got = {k: {c: v for c, v in row.items() if v is not None and c != "_extra"}
+           for k, row in table_state(read_delta(str(target)), ["id"]).items()}
+    return got == expected
 
 
 def meta_uri(emulator: Emulator, ca: Path | None = None) -> str:
