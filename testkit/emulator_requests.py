@@ -16,15 +16,22 @@ tests that check it (``tests/test_emulator_bad_requests.py``) and the emulator's
 - ``post(url, path, body)``: one signed request on a fresh connection;
 - ``sdk_verdict(answer, path)``: the ``tablestore`` SDK's own response handling
   (``OTSProtocol.handle_error``) run on the answer: the ``OTSServiceError`` it raises (status,
-  code, message), ``None`` for a success, or the ``OTSClientError`` of an answer it cannot read.
+  code, message), ``None`` for a success, or the ``OTSClientError`` of an answer it cannot read;
+- ``emulator_with_tunnel(path, primary_key, errors)``: the emulator in this process with a
+  table ``orders`` and a tunnel ``t1`` on it, what it logs at ERROR kept in an ``ErrorLog``
+  (the fuzz targets' setup).
 """
 
 from __future__ import annotations
 
 import http.client
+import logging
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,6 +41,8 @@ from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore import signing
 from tablestore_emulator import plainbuffer as plb
 from tablestore_emulator import table_api, tunnel_api
+from tablestore_emulator.server import EmulatorServer
+from testkit.wire_bytes import varint
 
 AK, SK, INSTANCE = "test-ak", "test-secret", "emu"
 
@@ -169,15 +178,6 @@ def exchange(url: str, raw: bytes, *, check_closed: bool = False, half_close: bo
         return Answer(resp.status, resp.reason, headers, body, closed)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def nested_condition(depth: int, leaf: int = 1, column: str = "c") -> bytes:
     """A ``table_store_filter.Filter``: ``depth`` composite NOTs around one single-column
     comparison ``column == <leaf bytes of "x">`` (depth 0: the comparison alone). Written by
@@ -191,17 +191,17 @@ def nested_condition(depth: int, leaf: int = 1, column: str = "c") -> bytes:
                                        latest_version_only=True).SerializeToString()
     # column_value (field 3) is written last, with its real length, after the other fields
     head = head.replace(b"\x1a\x00", b"")
-    single_len = len(head) + 1 + len(_varint(len(value) + leaf)) + len(value) + leaf
-    prefixes = [head + b"\x1a" + _varint(len(value) + leaf) + value]
+    single_len = len(head) + 1 + len(varint(len(value) + leaf)) + len(value) + leaf
+    prefixes = [head + b"\x1a" + varint(len(value) + leaf) + value]
     # Filter{type=1, filter=<single>}
     size = single_len
-    outer = [b"\x08\x01\x12" + _varint(size)]
+    outer = [b"\x08\x01\x12" + varint(size)]
     size += len(outer[-1])
     for _ in range(depth):
         # Composite{combinator=NOT, sub_filters=[<filter>]}, then Filter{type=2, filter=it}
-        comp = b"\x08\x01\x12" + _varint(size)
+        comp = b"\x08\x01\x12" + varint(size)
         size += len(comp)
-        filt = b"\x08\x02\x12" + _varint(size)
+        filt = b"\x08\x02\x12" + varint(size)
         size += len(filt)
         outer += [comp, filt]
     return b"".join([*reversed(outer), *prefixes, b"x" * leaf])
@@ -245,3 +245,50 @@ def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> An
 __all__ = ["AK", "INSTANCE", "ROUTES", "SK", "TUNNEL_REQUESTS", "Answer", "exchange",
            "fill_required", "nested_condition", "post", "put_row_body", "raw_request",
            "request_type", "sample_request", "sdk_verdict", "signed_headers", "with_text"]
+
+
+class ErrorLog(logging.Handler):
+    """The records logged at ERROR or above, kept in ``records`` (the fuzz targets assert an
+    input logged none)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _ok(answer: Answer) -> bytes:
+    assert answer.status == 200, answer
+    return answer.body
+
+
+@contextmanager
+def emulator_with_tunnel(path: Path, primary_key: list[tuple[str, str]], errors: ErrorLog
+                         ) -> Iterator[tuple[EmulatorServer, str, list[str]]]:
+    """An emulator in this process (``EmulatorServer``, instance ``INSTANCE``, key pair
+    ``AK``/``SK``) serving the store file ``path``, with a table ``orders`` of ``primary_key``
+    (made by the official SDK) and a stream tunnel ``t1`` on it; ``errors`` holds what the
+    emulator logs at ERROR meanwhile. Yields the server, the tunnel's id and its channels'."""
+    from tablestore import CapacityUnit, OTSClient, ReservedThroughput, TableMeta, TableOptions
+    from tablestore.retry import NoRetryPolicy
+
+    logger = logging.getLogger("tablestore_emulator")
+    logger.addHandler(errors)
+    try:
+        with EmulatorServer(str(path), INSTANCE, AK, SK) as server:
+            client = OTSClient(server.url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
+            client.create_table(TableMeta("orders", primary_key), TableOptions(),
+                                ReservedThroughput(CapacityUnit(0, 0)))
+            tunnel = m.CreateTunnelRequest()
+            tunnel.tunnel.table_name, tunnel.tunnel.tunnel_name = "orders", "t1"
+            tunnel.tunnel.tunnel_type = m.TUNNEL_TYPE["Stream"]
+            tunnel_id = m.CreateTunnelResponse.FromString(
+                _ok(post(server.url, "/tunnel/create", tunnel.SerializeToString()))).tunnel_id
+            described = m.DescribeTunnelResponse.FromString(_ok(post(
+                server.url, "/tunnel/describe", m.DescribeTunnelRequest(
+                    table_name="orders", tunnel_name="t1").SerializeToString())))
+            yield server, tunnel_id, [c.channel_id for c in described.channels]
+    finally:
+        logger.removeHandler(errors)

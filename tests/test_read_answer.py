@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import RawRecords, _columnar, compiled_available
 from connector.tunnel.tablestore.read_answer import read_answer
+from testkit.wire_bytes import varint
 
 pytestmark = pytest.mark.skipif(not compiled_available(),
                                 reason="the compiled decoder is not installed")
@@ -64,15 +65,6 @@ def assert_agree(body: bytes) -> tuple[Any, ...] | None:
 
 
 # --- generated answers --------------------------------------------------------------------------
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
 
 def field(number: int, wire_type: int, payload: bytes) -> bytes:
     return varint(number << 3 | wire_type) + payload

@@ -20,7 +20,6 @@ without an answer when what was sent is not even a request line.
 from __future__ import annotations
 
 import http.client
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,10 +42,9 @@ from connector.tunnel.tablestore.plainbuffer import (  # noqa: E402
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 from testkit.emulator_requests import (  # noqa: E402
-    AK,
-    INSTANCE,
     ROUTES,
-    SK,
+    ErrorLog,
+    emulator_with_tunnel,
     exchange,
     raw_request,
     request_type,
@@ -59,44 +57,18 @@ from testkit.fuzzing import fuzz_settings, mostly, mutated  # noqa: E402
 pytestmark = pytest.mark.fuzz
 
 
-class _Errors(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-ERRORS = _Errors()
+ERRORS = ErrorLog()
 
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
-    from tablestore import CapacityUnit, OTSClient, ReservedThroughput, TableMeta, TableOptions
-    from tablestore.retry import NoRetryPolicy
-
     path = Path(tmp_path_factory.mktemp("fuzz-emulator")) / "store.db"
-    logger = logging.getLogger("tablestore_emulator")
-    logger.addHandler(ERRORS)
-    with EmulatorServer(str(path), INSTANCE, AK, SK) as server:
-        client = OTSClient(server.url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
-        client.create_table(TableMeta("orders", [("id", "STRING"), ("n", "INTEGER")]),
-                            TableOptions(), ReservedThroughput(CapacityUnit(0, 0)))
-        tunnel = m.CreateTunnelRequest()
-        tunnel.tunnel.table_name, tunnel.tunnel.tunnel_name = "orders", "t1"
-        tunnel.tunnel.tunnel_type = m.TUNNEL_TYPE["Stream"]
-        KNOWN["tunnel_id"] = [m.CreateTunnelResponse.FromString(
-            _call(server, "/tunnel/create", tunnel)).tunnel_id]
-        described = m.DescribeTunnelResponse.FromString(_call(
-            server, "/tunnel/describe", m.DescribeTunnelRequest(table_name="orders",
-                                                               tunnel_name="t1")))
-        KNOWN["channel_id"] = [c.channel_id for c in described.channels]
+    with emulator_with_tunnel(path, [("id", "STRING"), ("n", "INTEGER")],
+                              ERRORS) as (server, tunnel, channels):
+        KNOWN["tunnel_id"], KNOWN["channel_id"] = [tunnel], channels
         KNOWN["client_id"] = [m.ConnectResponse.FromString(_call(
-            server, "/tunnel/connect", m.ConnectRequest(tunnel_id=KNOWN["tunnel_id"][0]))
-        ).client_id]
+            server, "/tunnel/connect", m.ConnectRequest(tunnel_id=tunnel))).client_id]
         yield server
-    logger.removeHandler(ERRORS)
 
 
 #: ids of what the fixture made (a tunnel, its channels, a connected client), by field name

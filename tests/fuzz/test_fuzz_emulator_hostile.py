@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import logging
 import socket
 import struct
 import time
@@ -51,10 +50,8 @@ from tablestore_emulator.column_filter import (  # noqa: E402
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 from testkit.emulator_requests import (  # noqa: E402
-    AK,
-    INSTANCE,
-    SK,
-    Answer,
+    ErrorLog,
+    emulator_with_tunnel,
     exchange,
     post,
     put_row_body,
@@ -63,6 +60,7 @@ from testkit.emulator_requests import (  # noqa: E402
     signed_headers,
 )
 from testkit.fuzzing import fuzz_settings, mostly, mutated  # noqa: E402
+from testkit.wire_bytes import varint  # noqa: E402
 
 pytestmark = pytest.mark.fuzz
 
@@ -70,47 +68,16 @@ pytestmark = pytest.mark.fuzz
 RSS_BOUND = 512 * 1024 * 1024
 
 
-class _Errors(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-ERRORS = _Errors()
+ERRORS = ErrorLog()
 KNOWN: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
-    from tablestore import CapacityUnit, OTSClient, ReservedThroughput, TableMeta, TableOptions
-    from tablestore.retry import NoRetryPolicy
-
     path = Path(tmp_path_factory.mktemp("fuzz-hostile")) / "store.db"
-    logger = logging.getLogger("tablestore_emulator")
-    logger.addHandler(ERRORS)
-    with EmulatorServer(str(path), INSTANCE, AK, SK) as server:
-        client = OTSClient(server.url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
-        client.create_table(TableMeta("orders", [("id", "STRING")]), TableOptions(),
-                            ReservedThroughput(CapacityUnit(0, 0)))
-        tunnel = m.CreateTunnelRequest()
-        tunnel.tunnel.table_name, tunnel.tunnel.tunnel_name = "orders", "t1"
-        tunnel.tunnel.tunnel_type = m.TUNNEL_TYPE["Stream"]
-        KNOWN["tunnel_id"] = m.CreateTunnelResponse.FromString(
-            _ok(post(server.url, "/tunnel/create", tunnel.SerializeToString()))).tunnel_id
-        described = m.DescribeTunnelResponse.FromString(_ok(post(
-            server.url, "/tunnel/describe", m.DescribeTunnelRequest(
-                table_name="orders", tunnel_name="t1").SerializeToString())))
-        KNOWN["channel_id"] = described.channels[0].channel_id
+    with emulator_with_tunnel(path, [("id", "STRING")], ERRORS) as (server, tunnel, channels):
+        KNOWN["tunnel_id"], KNOWN["channel_id"] = tunnel, channels[0]
         yield server
-    logger.removeHandler(ERRORS)
-
-
-def _ok(answer: Answer) -> bytes:
-    assert answer.status == 200, answer
-    return answer.body
 
 
 # --- memory ------------------------------------------------------------------------------------
@@ -163,15 +130,6 @@ def judged(emulator: EmulatorServer, path: str, body: bytes) -> tuple[int, str, 
 # --- nesting and amplification: column conditions -------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _single(column: str, value: bytes) -> bytes:
     """A Filter holding one ``column == value`` comparison (``value``: a PlainBuffer string)."""
     single = fpb.SingleColumnValueFilter(
@@ -194,18 +152,18 @@ def condition_tree(spine: list[int], siblings: int, leaf: int, width: int) -> tu
     core = _single("c", _string_value(leaf))
     count = 1
     if width:
-        comp = b"\x08" + _varint(fpb.LO_AND) + (b"\x12" + _varint(len(tiny)) + tiny) * width \
-            + b"\x12" + _varint(len(core)) + core
-        core = b"\x08\x02\x12" + _varint(len(comp)) + comp
+        comp = b"\x08" + varint(fpb.LO_AND) + (b"\x12" + varint(len(tiny)) + tiny) * width \
+            + b"\x12" + varint(len(core)) + core
+        core = b"\x08\x02\x12" + varint(len(comp)) + comp
         count += width + 1
     parts, size = [core], len(core)
     for combinator in reversed(spine):
         side = b"" if combinator == fpb.LO_NOT else (
-            b"\x12" + _varint(len(tiny)) + tiny) * siblings
+            b"\x12" + varint(len(tiny)) + tiny) * siblings
         count += 1 + (0 if combinator == fpb.LO_NOT else siblings)
-        comp_head = b"\x08" + _varint(combinator) + side + b"\x12" + _varint(size)
+        comp_head = b"\x08" + varint(combinator) + side + b"\x12" + varint(size)
         size += len(comp_head)
-        filt_head = b"\x08\x02\x12" + _varint(size)
+        filt_head = b"\x08\x02\x12" + varint(size)
         size += len(filt_head)
         parts += [comp_head, filt_head]
     return b"".join(reversed(parts)), count
