@@ -11,14 +11,19 @@
 - ``threaded_moto_server()``: moto's ``ThreadedMotoServer`` in this process, the shape the
   DynamoDB Streams tests need: ``testkit.dynamodb_streams_fake`` patches moto in-process, and
   the patch holds for a server in the same process only.
+
+``new_s3_bucket(endpoint, monkeypatch)``: a bucket of its own on a moto server, whose endpoint
+the environment names (the object-store target tests).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import requests
 
@@ -90,3 +95,16 @@ def threaded_moto_server() -> Iterator[str]:
         yield url
     finally:
         server.stop()
+
+
+def new_s3_bucket(endpoint: str, monkeypatch: Any) -> str:
+    """A new bucket (a name of its own) on the moto server at ``endpoint``, and the test's
+    environment naming that endpoint and region (``monkeypatch``: pytest's, undone after the
+    test), as a user's ``AWS_ENDPOINT_URL`` would; the fake credentials are ``aws_env``'s."""
+    import boto3
+
+    name = f"lake-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    return name

@@ -30,6 +30,7 @@ from tablestore_cdc.verify import (  # noqa: E402
     table_history,
     table_state,
 )
+from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import (  # noqa: E402
     FIRST,
     WITH_COLOUR,
@@ -46,14 +47,7 @@ from testkit.lakehouse import (  # noqa: E402
 def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new bucket on the moto server, whose endpoint the environment names (as a user's
     ``AWS_ENDPOINT_URL`` would); the fake credentials come from ``aws_env``."""
-    import boto3
-
-    name = f"lake-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
-        Bucket=name)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    return name
+    return new_s3_bucket(moto_endpoint, monkeypatch)
 
 
 @pytest.fixture(params=["delta+s3", "iceberg-catalog"])

@@ -8,7 +8,6 @@ the real CLI."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from tablestore_cdc.cli import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
+from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import (  # noqa: E402
     CatalogIceberg,
     S3Delta,
@@ -37,14 +37,7 @@ NO_HTTP = {"AWS_ALLOW_HTTP": "true"}
 @pytest.fixture
 def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new bucket on the moto server, which ``AWS_ENDPOINT_URL`` names."""
-    import boto3
-
-    name = f"lake-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
-        Bucket=name)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    return name
+    return new_s3_bucket(moto_endpoint, monkeypatch)
 
 
 def reconcile_json(store: Path, target: str, *extra: str) -> tuple[int, dict[str, Any]]:
