@@ -56,6 +56,13 @@ class Stream:
         return batch(*changes)
 
 
+def maintained_stream(target: Delta | Iceberg) -> tuple[Any, Stream]:
+    """``target``'s apply sink maintaining it under ``LOW``, and a new stream of batches."""
+    sink = target.sink()
+    sink.upkeep = Upkeep(LOW)
+    return sink, Stream()
+
+
 def rows_of(rows: list[dict[str, Any]]) -> dict[int, tuple[str, int]]:
     return {row["id"]: (row["name"], row["qty"]) for row in rows}
 
@@ -63,9 +70,7 @@ def rows_of(rows: list[dict[str, Any]]) -> dict[int, tuple[str, int]]:
 def test_a_stream_of_small_batches_into_delta_keeps_its_files_bounded_and_its_rows_exact(
         tmp_path: Path) -> None:
     target = Delta(tmp_path)
-    sink = target.sink()
-    sink.upkeep = Upkeep(LOW)
-    stream = Stream()
+    sink, stream = maintained_stream(target)
     runs = []
     most_files = 0
     for batch_id in range(40):
@@ -85,9 +90,7 @@ def test_a_stream_of_small_batches_into_delta_keeps_its_files_bounded_and_its_ro
 def test_a_stream_of_small_batches_into_iceberg_keeps_its_snapshots_bounded_and_its_rows_exact(
         tmp_path: Path) -> None:
     target = Iceberg(tmp_path)
-    sink = target.sink()
-    sink.upkeep = Upkeep(LOW)
-    stream = Stream()
+    sink, stream = maintained_stream(target)
     expired = committed = last = compactions = 0
     most_snapshots = most_files = 0
     for batch_id in range(30):
