@@ -45,8 +45,9 @@ the command runs.
 ``python -m benchmarks.replicate_e2e --ab --repeat 3`` measures the command's start settings
 instead: ``replicate --once`` of the same store, interleaved, with the settings before the
 workers' import and JVM changes (``pyspark.zip`` on the workers' path, the JVM's default JIT
-and collector) and with the current ones; wall and CPU-seconds per run and their medians
-(docs/performance.md, "A start without avoidable warm-up").
+and collector) and with the current ones (``--sides old,workers,new``: also with the
+workers' import alone); wall and CPU-seconds per run and their medians (docs/performance.md,
+"A start without avoidable warm-up").
 """
 
 from __future__ import annotations
@@ -116,9 +117,12 @@ def _source_rate(spark: Any, store_path: Path, checkpoint: Path,
 
 
 #: how the command is started: with the current settings, or with those before the workers'
-#: import and the short run's JVM options (``--ab``: the old side)
+#: import and the short run's JVM options (``--ab``: the old side), or with the workers' import
+#: only (``--sides old,workers,new``: what each change gives)
 LAUNCH = {
     "new": "from tablestore_cdc.cli import app; app()",
+    "workers": ("import connector.spark as s; s.SHORT_RUN_JVM_OPTIONS = ''; "
+                "from tablestore_cdc.cli import app; app()"),
     "old": ("import connector.spark as s; s.WORKER_SITE = {empty!r}; "
             "s.SHORT_RUN_JVM_OPTIONS = ''; from tablestore_cdc.cli import app; app()"),
 }
@@ -246,8 +250,8 @@ def run(spark: Any, config: ReplicateE2EConfig, workdir: Path,
     }
 
 
-def run_ab(config: ReplicateE2EConfig, workdir: Path, repeat: int,
-           log: Any = print) -> dict[str, Any]:
+def run_ab(config: ReplicateE2EConfig, workdir: Path, repeat: int, log: Any = print,
+           sides: tuple[str, ...] = ("old", "new")) -> dict[str, Any]:
     """``replicate --once`` of one store with the old and the new start settings, interleaved
     (old, new, old, new, ...), ``repeat`` runs each; no SparkSession in this process."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -255,9 +259,9 @@ def run_ab(config: ReplicateE2EConfig, workdir: Path, repeat: int,
     with LocalTablestore(store_path) as store:
         create_bench_table(store, config.channels)
         fill(store, config.records, keys=config.keys)
-    runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for i in range(repeat):
-        for side in ("old", "new"):
+        for side in sides:
             load = load_average()
             out, lake = workdir / f"{side}-{i}" / "out", workdir / f"{side}-{i}" / "lake" / TABLE
             wall, cpu = _replicate(store_path, out, lake, settings=side)
@@ -283,14 +287,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="rounds (or, with --ab, runs of each side); medians reported")
     parser.add_argument("--ab", action="store_true",
                         help="the command with the old and the new start settings, interleaved")
+    parser.add_argument("--sides", default="old,new",
+                        help=f"with --ab, the settings compared, of {sorted(LAUNCH)}")
     parser.add_argument("--workdir", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    sides = tuple(args.sides.split(","))
+    if not set(sides) <= set(LAUNCH) or not {"old", "new"} <= set(sides):
+        parser.error(f"--sides takes old, new and optionally workers; got {args.sides!r}")
     config = ReplicateE2EConfig(records=args.records, rounds=args.repeat)
     print(f"load average before: {load_average()}", flush=True)
     if args.ab:
-        result = run_ab(config, args.workdir, args.repeat)
+        result = run_ab(config, args.workdir, args.repeat, sides=sides)
     else:
         from connector.spark import local_session
 
