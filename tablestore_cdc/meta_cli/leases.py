@@ -12,14 +12,13 @@ the lease, and no batch is lost or doubled, but both queries stop).
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 
 import typer
 
 from meta_store import Lease
 from tablestore_cdc.feed.reading import InspectionError, resolve_namespace
+from tablestore_cdc.lease_holder import holder_alive
 from tablestore_cdc.meta_cli.common import (
     JsonOpt,
     MetaOpt,
@@ -28,22 +27,6 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
-
-
-def holder_alive(owner: str) -> bool | None:
-    """Is the process of lease owner ``owner`` (``host/pid/random``) running? None when it
-    is on another host (or the id is not of that form): it cannot be told from here."""
-    host, _, rest = owner.partition("/")
-    pid_text = rest.partition("/")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return None
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a process of another user: it exists
-        return True
-    return True
 
 
 def break_lease(

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -44,6 +42,7 @@ from cdc_common.errors import CdcError
 from cdc_common.first_contact import query_start
 from cdc_common.uris import redact_uri
 from connector.errors import OptionError, UnknownTunnelError
+from tablestore_cdc.lease_holder import holder_alive
 from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id
 
 #: ``--initial``: what a new job delivers first
@@ -333,7 +332,8 @@ def _leases_free(plan: JobPlan, tables: list[str], options: dict[str, str]) -> N
             for table in tables:
                 identity = _for_table(source, table).source_identity
                 lease = meta.get_lease(identity)
-                if lease is None or not lease.live(time.time()) or _dead_here(lease.owner):
+                if (lease is None or not lease.live(time.time())
+                        or holder_alive(lease.owner) is False):  # dead on this host
                     continue
                 status = load_table_status(meta, identity)
                 job = status.job if status is not None else None
@@ -342,21 +342,6 @@ def _leases_free(plan: JobPlan, tables: list[str], options: dict[str, str]) -> N
                 raise _held(plan, table, lease, job)
     except MetaTableMissingError:
         return
-
-
-def _dead_here(owner: str) -> bool:
-    """Is ``owner`` (``host/pid/random``) a process of this host that no longer runs?"""
-    host, _, rest = owner.partition("/")
-    pid = rest.partition("/")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldError:
