@@ -178,6 +178,15 @@ def assert_exact(store: LocalTablestore, rows: list[dict[str, Any]]) -> None:
         assert copy == {k["id"]: c["v"] for k, c in store.scan(table)}, table
 
 
+def first_batch_planned(store: LocalTablestore, outage: Outage) -> tuple[Run, dict, dict]:
+    """A run over the first writes of both tables, its first batch planned (``latestOffset``)
+    and not read yet: the run, where the batch starts and where it ends."""
+    run = Run(store.path, outage)
+    write(store, 0)
+    start = run.reader.initialOffset()
+    return run, start, run.reader.latestOffset(start, None)
+
+
 def assert_recovered(store: LocalTablestore, run: Run, end: dict) -> None:
     """Once the outage is over: ``run`` caught up from ``end``, every table streaming and
     every change read exactly once (``assert_exact``)."""
@@ -213,10 +222,7 @@ def test_a_table_caught_by_an_outage_while_planning_restarts_and_streams_again(
 
 def test_a_table_whose_commit_meets_an_outage_restarts_and_commits_on_its_next_try(
         store: LocalTablestore, outage: Outage) -> None:
-    run = Run(store.path, outage)
-    write(store, 0)
-    start = run.reader.initialOffset()
-    end = run.reader.latestOffset(start, None)
+    run, start, end = first_batch_planned(store, outage)
     run.read(start, end)
     outage.down = True
     run.reader.commit(end)  # both tables' commits refused: restarting, the query goes on
@@ -231,10 +237,7 @@ def test_a_table_whose_commit_meets_an_outage_restarts_and_commits_on_its_next_t
 
 def test_an_outage_while_reading_fails_the_query_and_its_restart_replays_the_batch_exactly(
         store: LocalTablestore, outage: Outage) -> None:
-    run = Run(store.path, outage)
-    write(store, 0)
-    start = run.reader.initialOffset()
-    end = run.reader.latestOffset(start, None)
+    run, start, end = first_batch_planned(store, outage)
     outage.down = True
     with pytest.raises(CdcError) as raised:  # an executor's read: the query fails
         run.read(start, end)
@@ -253,10 +256,7 @@ def test_a_logged_batch_of_a_restarting_table_is_read_or_fails_the_query_retryab
     """A restart replays a logged batch: a table restarting then is tried at once, and while
     the outage lasts the retryable error fails the query (never an OptionError, which ends
     the job)."""
-    run = Run(store.path, outage)
-    write(store, 0)
-    start = run.reader.initialOffset()
-    end = run.reader.latestOffset(start, None)
+    run, start, end = first_batch_planned(store, outage)
     run.restart()  # the planning process restarted with the batch logged
     run.reader.listed_tables()
     outage.down = True
