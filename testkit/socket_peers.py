@@ -1,14 +1,19 @@
 """Socket servers on 127.0.0.1 that stand as the peer of the Tunnel client's HTTP wire
 (``connector.tunnel.tablestore.http``) in its tests (tests/test_tablestore_http.py) and its
 fuzz target (tests/fuzz/test_fuzz_wire_client_peers.py): ``LoopbackServer`` accepts each
-connection and serves it in its own thread, ``read_request`` reads one request off it; what
-the peer answers is the test's."""
+connection and serves it in its own thread, ``read_request`` reads one request off it,
+``started_servers`` closes every server a test started; what the peer answers is the test's."""
 
 from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+S = TypeVar("S", bound="LoopbackServer")
+A = TypeVar("A")
 
 #: what serves one accepted connection (in its own thread); it returns when it is done
 Handler = Callable[[socket.socket], None]
@@ -73,3 +78,20 @@ class LoopbackServer:
 
     def close(self) -> None:
         self.listener.close()
+
+
+@contextmanager
+def started_servers(make: Callable[[A], S]) -> Iterator[Callable[[A], S]]:
+    """A test's way to start servers (``make(arg)``, e.g. a server class), every one started
+    closed when the block ends (a fixture yields it)."""
+    servers: list[S] = []
+
+    def start(arg: A) -> S:
+        servers.append(make(arg))
+        return servers[-1]
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()

@@ -34,7 +34,7 @@ from connector.tunnel.tablestore.http import (
     MalformedAnswer,
 )
 from connector.tunnel.tablestore.transport import RETRY_DEADLINE_S, Credentials, Transport
-from testkit.socket_peers import Handler, LoopbackServer, read_request
+from testkit.socket_peers import Handler, LoopbackServer, read_request, started_servers
 
 #: what the server does with one request: bytes to send, then whether to close the connection
 Script = Callable[[int, bytes], tuple[bytes, bool]]
@@ -73,15 +73,8 @@ class ScriptedServer(LoopbackServer):
 
 @pytest.fixture
 def serve() -> Iterator[Callable[[Script], ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-
-    def start(script: Script) -> ScriptedServer:
-        servers.append(ScriptedServer(script))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
+    with started_servers(ScriptedServer) as start:
+        yield start
 
 
 def _pool(url: str, read_timeout: float = 5.0, **limits: Any) -> ConnectionPool:
@@ -237,15 +230,8 @@ class HostileServer(LoopbackServer):
 
 @pytest.fixture
 def hostile() -> Iterator[Callable[[Behaviour], HostileServer]]:
-    servers: list[HostileServer] = []
-
-    def start(behave: Behaviour) -> HostileServer:
-        servers.append(HostileServer(behave))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
+    with started_servers(HostileServer) as start:
+        yield start
 
 
 MIB = 1024 * 1024
