@@ -1,6 +1,7 @@
 """The apply sink's targets as the lakehouse tests reach them: a change batch of table
 ``orders`` (``change``, ``batch``, two ready batches), a real embedded store with a history
-and its change log cut into batches (``store_with_history``, ``source_batches``), and a Delta or
+and its change log cut into batches (``store_with_history``, ``source_batches``), a random
+stream of small batches and the state it leaves (``ChangeStream``), and a Delta or
 an Iceberg target in a temporary directory, in a moto S3 bucket (``S3Delta``) or in a catalog
 pyiceberg's environment names (``CatalogIceberg``), with how to read it back and how another
 writer commits into it."""
@@ -49,6 +50,34 @@ def string_keyed(batch_id: int, *rows: tuple[str, str, str]) -> pa.Table:
     changes = [{**change(op, "c", batch_id * 10 + i, batch_id, 0, name), "k": k}
                for i, (op, k, name) in enumerate(rows)]
     return pa.Table.from_pylist(changes, schema=schema)
+
+
+class ChangeStream:
+    """Random small batches of puts and deletes of table ``orders`` (channel ``c``), and the
+    state they leave (key -> (name, qty)): from 1 to ``most`` changes a batch over keys 1 to
+    ``keys``, a key held deleted with chance ``deletes`` (the maintenance tests and the
+    maintenance soak stream them into a target)."""
+
+    def __init__(self, seed: int = 7, *, most: int = 4, keys: int = 40,
+                 deletes: float = 0.25) -> None:
+        self.rng = random.Random(seed)
+        self.most, self.keys, self.deletes = most, keys, deletes
+        self.seq = 0
+        self.state: dict[int, tuple[str, int]] = {}
+
+    def next_batch(self) -> pa.Table:
+        changes = []
+        for _ in range(self.rng.randint(1, self.most)):
+            self.seq += 1
+            key = self.rng.randint(1, self.keys)
+            if key in self.state and self.rng.random() < self.deletes:
+                changes.append(change("DELETE", "c", self.seq, self.seq, key))
+                del self.state[key]
+            else:
+                value = (f"v{self.seq}", self.seq)
+                changes.append(change("PUT", "c", self.seq, self.seq, key, *value))
+                self.state[key] = value
+        return batch(*changes)
 
 
 FIRST = batch(change("PUT", "c", 1, 1, 1, "a", 1))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -26,41 +25,18 @@ from tablestore_cdc.lakehouse.upkeep import (  # noqa: E402
     Upkeep,
 )
 from tablestore_cdc.table_status import AppliedTable, TableStatus  # noqa: E402
-from testkit.lakehouse import Delta, Iceberg, batch, change  # noqa: E402
+from testkit.lakehouse import ChangeStream, Delta, Iceberg, batch, change  # noqa: E402
 
 #: a policy that runs after every 3 batches and compacts from 4 small files
 LOW = MaintenancePolicy(every_batches=3, compact_files=4, keep_snapshots=5,
                         vacuum_every_minutes=0)
 
 
-class Stream:
-    """Small batches of puts and deletes over a few dozen keys, and the state they leave."""
-
-    def __init__(self, seed: int = 7) -> None:
-        self.rng = random.Random(seed)
-        self.seq = 0
-        self.state: dict[int, tuple[str, int]] = {}
-
-    def next_batch(self) -> Any:
-        changes = []
-        for _ in range(self.rng.randint(1, 4)):
-            self.seq += 1
-            key = self.rng.randint(1, 40)
-            if key in self.state and self.rng.random() < 0.25:
-                changes.append(change("DELETE", "c", self.seq, self.seq, key))
-                del self.state[key]
-            else:
-                value = (f"v{self.seq}", self.seq)
-                changes.append(change("PUT", "c", self.seq, self.seq, key, *value))
-                self.state[key] = value
-        return batch(*changes)
-
-
-def maintained_stream(target: Delta | Iceberg) -> tuple[Any, Stream]:
+def maintained_stream(target: Delta | Iceberg) -> tuple[Any, ChangeStream]:
     """``target``'s apply sink maintaining it under ``LOW``, and a new stream of batches."""
     sink = target.sink()
     sink.upkeep = Upkeep(LOW)
-    return sink, Stream()
+    return sink, ChangeStream()
 
 
 def rows_of(rows: list[dict[str, Any]]) -> dict[int, tuple[str, int]]:
@@ -117,7 +93,7 @@ def test_an_iceberg_vacuum_removes_only_what_no_kept_snapshot_references(tmp_pat
     current snapshot's files stay, whatever their age."""
     target = Iceberg(tmp_path)
     sink = target.sink()
-    stream = Stream(seed=3)
+    stream = ChangeStream(seed=3)
     for batch_id in range(12):
         sink.apply(stream.next_batch(), "q", batch_id)
     two_hours_ago = time.time() - 2 * 3600
@@ -141,7 +117,7 @@ def test_a_reader_that_pinned_a_delta_version_within_the_retention_still_reads_i
         tmp_path: Path) -> None:
     target = Delta(tmp_path)
     sink = target.sink()
-    stream = Stream(seed=11)
+    stream = ChangeStream(seed=11)
     for batch_id in range(5):
         sink.apply(stream.next_batch(), "q", batch_id)
     pinned = DeltaTable(target.path)  # a running reader, on the version of batch 4
@@ -170,7 +146,7 @@ def test_a_reader_that_planned_an_iceberg_snapshot_still_reads_its_files(tmp_pat
     retention: a scan planned before reads them all."""
     target = Iceberg(tmp_path)
     sink = target.sink()
-    stream = Stream(seed=5)
+    stream = ChangeStream(seed=5)
     for batch_id in range(4):
         sink.apply(stream.next_batch(), "q", batch_id)
     seen = dict(stream.state)
@@ -200,7 +176,7 @@ def test_a_failed_maintenance_run_is_logged_and_retried_without_failing_the_batc
         real(table, key)
 
     monkeypatch.setattr(upkeep, "_compact_delta", failing_once)
-    stream = Stream(seed=2)
+    stream = ChangeStream(seed=2)
     applied = AppliedTable()
     caplog.set_level(logging.WARNING, "tablestore_cdc.lakehouse")
     results = []
