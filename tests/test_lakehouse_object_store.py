@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -244,8 +245,12 @@ def test_target_options_come_from_the_flag_or_a_tables_config(tmp_path) -> None:
     opened: list[dict[str, Any]] = []
     settings = ApplySettings("delta+s3://lake/{table}",
                              target_options=(("aws_region", "eu-central-1"),))
-    MultiTableApply(settings, "local://store", tmp_path / "out",
-                    open_sink=lambda uri, **kw: opened.append({"uri": uri, **kw})).sink("orders")
+
+    def open_sink(uri: str, **kw: Any) -> SimpleNamespace:
+        opened.append({"uri": uri, **kw})
+        return SimpleNamespace()  # a sink's stand-in (the apply gives it its upkeep)
+
+    MultiTableApply(settings, "local://store", tmp_path / "out", open_sink=open_sink).sink("orders")
     assert [(o["uri"], o["target_options"]) for o in opened] == [
         ("delta+s3://lake/orders", {"aws_region": "eu-central-1"})]
 
