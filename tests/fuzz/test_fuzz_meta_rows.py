@@ -171,7 +171,7 @@ def _commands(uri: str) -> None:
         assert "Traceback" not in result.output
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == (result.exit_code == 2), (command, result.stderr)
-        assert not any("unexpected" in line for line in errors), (command, errors)
+        assert not any(line.startswith("error: unexpected ") for line in errors), (command, errors)
         event(f"{' '.join(command[:2])}: exit {result.exit_code}")
 
 
