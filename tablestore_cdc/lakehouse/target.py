@@ -57,6 +57,9 @@ def open_apply_sink(uri: str, *, target_options: Mapping[str, str] | None = None
     except ValueError:
         raise TargetUriError(uri=shown, problem="it is not a URI", allowed=FORMS) from None
     scheme, _, store = parts.scheme.partition("+")
+    if scheme not in ("delta", "iceberg"):  # before its path: detla://lake is a typo
+        raise TargetUriError(uri=shown, problem=f"unknown scheme {parts.scheme!r}",
+                             allowed=FORMS)
     # abfss://CONTAINER@ACCOUNT...: the container is where user info would be
     if parts.password is not None or (parts.username is not None and store != "abfss"):
         raise TargetUriError(uri=shown, problem="credentials do not go in the URI (give them "

@@ -56,8 +56,6 @@ SNAPSHOT_LINE = ("--initial snapshot: a new tunnel delivers every row of the tab
 EXTRA_OF = {"pyiceberg": "lakehouse", "cachetools": "lakehouse", "sqlalchemy": "lakehouse",
             "tablestore": "tablestore", "google": "tablestore", "urllib3": "tablestore",
             "httptools": "tablestore", "boto3": "dynamodb", "botocore": "dynamodb"}
-#: the target schemes ``open_apply_sink`` opens (``tablestore_cdc.lakehouse.target``)
-_TARGET_SCHEMES = ("delta", "iceberg")
 
 
 class NoTablesError(CdcError):
@@ -198,13 +196,8 @@ def check_target_uri(target: str, target_options: dict[str, str] | None = None) 
     table name."""
     from tablestore_cdc.lakehouse import open_apply_sink
     from tablestore_cdc.lakehouse.errors import TargetUriError
-    from tablestore_cdc.lakehouse.target import FORMS
 
     uri = target.replace("{table}", "table")
-    scheme = urlsplit(uri).scheme.partition("+")[0]
-    if scheme not in _TARGET_SCHEMES:
-        raise TargetUriError(uri=redact_uri(target), problem=f"unknown scheme {scheme!r}",
-                             allowed=FORMS)
     try:
         open_apply_sink(uri, target_options=target_options)
     except TargetUriError as exc:  # shown as given, {table} and all
