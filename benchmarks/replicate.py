@@ -191,7 +191,7 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
     try:
         with open(root / "replicate.log", "ab") as sink:
             app = subprocess.Popen(
-                [sys.executable, "-c", "from tablestore_cdc.cli import app; app()", *args],
+                [sys.executable, "-c", "from tablestore_cdc.commands.app import app; app()", *args],
                 cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True)
         try:

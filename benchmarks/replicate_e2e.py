@@ -120,11 +120,11 @@ def _source_rate(spark: Any, store_path: Path, checkpoint: Path,
 #: import and the short run's JVM options (``--ab``: the old side), or with the workers' import
 #: only (``--sides old,workers,new``: what each change gives)
 LAUNCH = {
-    "new": "from tablestore_cdc.cli import app; app()",
+    "new": "from tablestore_cdc.commands.app import app; app()",
     "workers": ("import connector.spark as s; s.SHORT_RUN_JVM_OPTIONS = ''; "
-                "from tablestore_cdc.cli import app; app()"),
+                "from tablestore_cdc.commands.app import app; app()"),
     "old": ("import connector.spark as s; s.WORKER_SITE = {empty!r}; "
-            "s.SHORT_RUN_JVM_OPTIONS = ''; from tablestore_cdc.cli import app; app()"),
+            "s.SHORT_RUN_JVM_OPTIONS = ''; from tablestore_cdc.commands.app import app; app()"),
 }
 
 

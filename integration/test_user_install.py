@@ -151,7 +151,7 @@ IMPORT_EVERY_MODULE = textwrap.dedent("""
 EVERY_HELP = textwrap.dedent("""
     import typer.main
     from typer.testing import CliRunner
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     def paths(command, path):
         yield path

@@ -8,11 +8,11 @@ Layers, each standing only on those before it (tests/test_layering.py keeps it s
 2. ``connector``           the Spark source: options, protocol (driver), reader (executors),
                            tunnel interface and backends, the embedded store;
 3. ``tablestore_emulator`` a local Tablestore server over the embedded store;
-4. ``tablestore_cdc``      this package: the CLI (``cli``), the pipeline library (``pipeline``)
-                           and its commands (``pipeline_cli``), the demo (``demo``), sinks and
-                           verification, the apply-changes sink into Delta Lake and Iceberg
-                           (``lakehouse``), the progress listener, the progress feed and
-                           dashboard, and the inspection commands (``meta_cli``).
+4. ``tablestore_cdc``      this package: every command of the CLI (``commands``, the
+                           inspection commands in ``commands.meta``), the pipeline library
+                           (``pipeline``), the demo (``demo``), sinks and verification, the
+                           apply-changes sink into Delta Lake and Iceberg (``lakehouse``), the
+                           progress listener, the progress feed and dashboard.
 
 The map of every folder: docs/index.md.
 """

@@ -1,7 +1,7 @@
 """Whether the holder of a source's lease still runs, seen from this host (driver / CLI
 process). A lease's owner id is ``host/pid/random`` (``connector.planning.lease``); on this
 host the pid tells, on another it cannot be told. ``meta break-lease``
-(``tablestore_cdc.meta_cli.leases``) refuses to break a live holder's lease, and the checks
+(``tablestore_cdc.commands.meta.leases``) refuses to break a live holder's lease, and the checks
 before ``replicate`` starts (``tablestore_cdc.pipeline.preflight``) pass over a dead one's."""
 
 from __future__ import annotations

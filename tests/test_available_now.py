@@ -260,7 +260,7 @@ def test_meta_lag_and_the_feed_over_the_wire(writer, emulator, tmp_path):
     new writes (records counted within a page), 0 once read."""
     from typer.testing import CliRunner
 
-    from tablestore_cdc.cli import app as root_app
+    from tablestore_cdc.commands.app import app as root_app
     from tablestore_cdc.feed.snapshot import dashboard_snapshot
 
     write(writer, range(10))

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from meta_store import open_meta_store
 from meta_store.errors import CorruptMetaRecordError
 from meta_store.sqlite import SqliteMetaStore
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 
 NS = "local:/data/store.db#orders#t1"
 
@@ -86,7 +86,7 @@ from meta_store.sqlite import SqliteMetaStore
 def bug(self):
     raise KeyError("boom")
 SqliteMetaStore.list_namespaces = bug
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 sys.argv = ["tablestore-cdc", *sys.argv[1:]]
 app()
 """
@@ -191,7 +191,7 @@ def test_settings_nesting_within_the_bound_and_brackets_in_strings_are_read(
 def test_a_non_utf8_byte_from_a_real_command_line(tmp_path: Path) -> None:
     """The bytes a terminal hands over, through the installed entry point in its own process
     (Python decodes argv with surrogateescape)."""
-    script = ("import sys\nfrom tablestore_cdc.cli import app\n"
+    script = ("import sys\nfrom tablestore_cdc.commands.app import app\n"
               "sys.argv = ['tablestore-cdc', *sys.argv[1:]]\napp()\n")
     env = {k: v for k, v in os.environ.items() if k != "TABLESTORE_CDC_VERBOSE"}
     run_ = subprocess.run([sys.executable, "-c", script, b"replicate", b"--table", b"caf\xe9",

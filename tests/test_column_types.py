@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from connector.multiplex import MultiTableOptions
 from connector.options import SourceOptions
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.table_config import (
     ColumnTypeError,

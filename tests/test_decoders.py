@@ -399,7 +399,7 @@ FALLBACK_SCRIPT = textwrap.dedent("""
     sys.modules["connector.tunnel.tablestore._columnar"] = None  # as if never built
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="LOG %(name)s %(levelname)s %(message)s")
-    import tablestore_cdc.cli  # noqa: F401 -- the CLI's import says nothing
+    import tablestore_cdc.commands.app  # noqa: F401 -- the CLI's import says nothing
     print("imported", flush=True)
     import pyarrow as pa
     from connector.tunnel.page import PageLayout

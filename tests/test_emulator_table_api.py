@@ -50,7 +50,7 @@ from typer.testing import CliRunner  # noqa: E402
 from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel.base import Op  # noqa: E402
 from connector.tunnel.local.schema import TABLES as STORE_TABLES  # noqa: E402
-from tablestore_cdc.local_cli import app as local_app  # noqa: E402
+from tablestore_cdc.commands.local import app as local_app  # noqa: E402
 from tablestore_emulator.errors import OtsError  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 
@@ -477,7 +477,7 @@ def test_emulator_command_refuses_a_file_that_is_not_its_store(tmp_path: Path) -
     """``--store`` naming a meta-store file or a file that is not SQLite is refused in one line
     before anything opens it (as the ``local`` commands do): nothing is written into it."""
     from meta_store import open_meta_store
-    from tablestore_cdc.cli import app as root_app
+    from tablestore_cdc.commands.app import app as root_app
 
     meta = tmp_path / "shop.meta.db"
     open_meta_store(f"sqlite://{meta}").close()
@@ -503,7 +503,7 @@ def test_emulator_command_refuses_a_file_that_is_not_its_store(tmp_path: Path) -
 def test_the_emulator_command_without_the_sdk_names_the_extra(tmp_path, monkeypatch) -> None:
     """Without the tablestore extra, one line with its install, never a traceback. (The wheel's
     real install without the extra: integration/test_user_install.py.)"""
-    from tablestore_cdc.cli import app as root_app
+    from tablestore_cdc.commands.app import app as root_app
 
     monkeypatch.setitem(sys.modules, "tablestore_emulator.server", None)  # an import fails
     res = CliRunner().invoke(root_app, [
@@ -520,7 +520,7 @@ def test_the_emulator_command_without_the_sdk_names_the_extra(tmp_path, monkeypa
 def test_emulator_command_serves_until_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "cli.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tablestore_cdc.cli", "emulator", "--store", str(store),
+        [sys.executable, "-m", "tablestore_cdc.commands.app", "emulator", "--store", str(store),
          "--instance", INSTANCE, "--access-key-id", AK, "--access-key-secret", SK,
          "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -275,7 +275,7 @@ class _OneTablePipeline:
 
 def test_one_tables_replicate_prints_its_figures_per_interval_and_serves_metrics(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tablestore_cdc.pipeline_cli import _progress_printer, _serve_metrics
+    from tablestore_cdc.commands.replicate import _progress_printer, _serve_metrics
 
     writer = TableStatusWriter(lambda table: ("sqlite:///nonexistent/dir/meta.db", None, NS))
     service = socket.create_server(("127.0.0.1", 0))  # the source's endpoint, answering

@@ -11,7 +11,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from tablestore_cdc.cli import app as root_app
+from tablestore_cdc.commands.app import app as root_app
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_demo_records_spark_batch_ids_and_its_stop(tmp_path):
     workdir = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "tablestore_cdc.cli", "demo", "--workdir", str(workdir),
+        [sys.executable, "-m", "tablestore_cdc.commands.app", "demo", "--workdir", str(workdir),
          "--changes", "300", "--duration", "3", "--channels", "2"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

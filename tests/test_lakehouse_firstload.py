@@ -232,7 +232,7 @@ def test_lake_optimize_compacts_beside_the_stream_and_never_fails_a_batch(tmp_pa
 def test_lake_optimize_command_reports_in_one_line(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     target = Delta(tmp_path)
     target.sink().apply(snapshot_batches()[0], "q", 0)

@@ -351,7 +351,7 @@ def test_expiry_of_a_delta_target_is_refused_in_words(tmp_path: Path) -> None:
 def test_lake_optimize_command_expires_and_says_what_it_kept(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     target = Iceberg(tmp_path)
     run(target, batches=2)

@@ -274,7 +274,7 @@ def test_the_maintenance_flags_make_the_policy_and_a_bad_one_is_named() -> None:
 def test_replicate_refuses_a_bad_maintenance_setting_in_one_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     (tmp_path / "s.db").touch()  # it must exist; the flags are refused before it is read
     for flags, named in ((["--maintenance", "weekly"], "'--maintenance'"),
@@ -349,7 +349,7 @@ def test_a_replicate_run_maintains_its_target_and_records_it_in_the_table_status
     from typer.testing import CliRunner
 
     from connector.local import LocalTablestore
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
     from tablestore_cdc.verify import read_delta
 
     store = LocalTablestore(tmp_path / "store.db")
@@ -357,7 +357,7 @@ def test_a_replicate_run_maintains_its_target_and_records_it_in_the_table_status
                        channels=2)
     for i in range(40):
         store.put_row("t", {"id": i}, {"v": i})
-    done = subprocess.run([sys.executable, "-m", "tablestore_cdc.cli", "replicate", "--store",
+    done = subprocess.run([sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store",
                            str(store.path), "--table", "t", "--output", str(tmp_path / "out"),
                            "--once", "--maintenance-setting", "every_batches=1"],
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable},

@@ -50,7 +50,7 @@ from connector.tunnel.local.channels import KEY_SPACE
 from connector.tunnel.local.names import InvalidNameError
 from connector.tunnel.local.tunnels import MAX_TOKEN_DEPTH, encode_token, json_depth_exceeds
 from connector.tunnel.local.values import key_hash
-from tablestore_cdc.local_cli import app as cli_app
+from tablestore_cdc.commands.local import app as cli_app
 from testkit.tunnel_harnesses import LocalHarness
 from testkit.waiting import wait_until
 from tests.contract.tunnel_contract import ConsumerState, TunnelContract, consume, consume_pass

@@ -35,7 +35,7 @@ from typer.testing import CliRunner
 
 from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
-from tablestore_cdc.cli import app as root_app
+from tablestore_cdc.commands.app import app as root_app
 from tablestore_cdc.dashboard import DashboardApp, make_server
 from tablestore_cdc.feed.polling import follow_feed
 from tablestore_cdc.feed.reading import user_namespaces
@@ -592,7 +592,7 @@ def test_follow_prints_only_new_or_changed_batches(tmp_path: Path) -> None:
     meta_uri = build_meta(path, batches=1)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tablestore_cdc.cli", "progress", "--meta", meta_uri, "--follow",
+        [sys.executable, "-m", "tablestore_cdc.commands.app", "progress", "--meta", meta_uri, "--follow",
          "--interval", "0.1", "--no-tunnel"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env, cwd=REPO)
     watchdog = threading.Timer(60, proc.kill)  # a missing line must fail, not hang
@@ -770,7 +770,7 @@ def test_no_sdk_notice_on_a_command_that_imports_the_sdk(tmp_path: Path) -> None
 
     with EmulatorServer(str(tmp_path / "store.db"), "inst", "AK", "SK") as emulator:
         result = subprocess.run(
-            [sys.executable, "-m", "tablestore_cdc.cli", "meta", "namespaces", "--meta",
+            [sys.executable, "-m", "tablestore_cdc.commands.app", "meta", "namespaces", "--meta",
              f"tablestore://inst/nometa?endpoint={emulator.url}"],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "ALIBABA_CLOUD_ACCESS_KEY_ID": "AK",
@@ -907,7 +907,7 @@ def test_a_stored_token_the_tunnel_refuses_is_a_corrupt_row_in_channels_lag_and_
 def test_show_lists_a_bounded_number_of_channels_and_json_lists_them_all(tmp_path: Path) -> None:
     """A manifest of 3,000 channels with 3,000 children added: the table shows the first
     ``MAX_SHOWN_CHANNELS`` and says so, each cell of names is cut; ``--json`` has them all."""
-    from tablestore_cdc.meta_cli.batches import MAX_SHOWN_CHANNELS
+    from tablestore_cdc.commands.meta.batches import MAX_SHOWN_CHANNELS
 
     uri = build_meta(tmp_path / "m.db", batches=0)
     names = [f"ch-{i:05d}" for i in range(3_000)]

@@ -30,7 +30,7 @@ from meta_store import open_meta_store
 from meta_store.base import BatchState, ChannelStart, EndCheckpoint, Manifest, MetaStore
 from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError
 from meta_store.kv_layout import MAX_MANIFEST_JSON_BYTES
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 from tablestore_cdc.feed.reading import InspectedStore
 from tests.contract.meta_contract import make_manifest
 

@@ -35,7 +35,7 @@ from connector.errors import (  # noqa: E402
 )
 from meta_store import BatchState, open_meta_store  # noqa: E402
 from meta_store.tablestore import TablestoreMetaStore  # noqa: E402
-from tablestore_cdc.cli import app as root_app  # noqa: E402
+from tablestore_cdc.commands.app import app as root_app  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 from testkit.tablestore_meta import (  # noqa: E402
     AK,

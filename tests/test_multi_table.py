@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from connector.errors import OptionError
 from connector.local import LocalTablestore
 from connector.multiplex import MultiTableOptions, MultiTableStreamReader, TableSelection
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.multi_table import typed_changes
 from tablestore_cdc.pipeline.table_config import TableConfigError, load_table_config

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from connector.local import LocalTablestore
 from meta_store import open_meta_store
-from tablestore_cdc.cli import app as cli_app
+from tablestore_cdc.commands.app import app as cli_app
 from tablestore_cdc.feed.snapshot import sources_summary
 from testkit.processes import REPO, kill_tree
 from testkit.waiting import wait_until
@@ -62,7 +62,7 @@ def _replicate(store_path: Path, out: Path, config: Path, log: Path) -> subproce
     args = ["replicate", "--store", str(store_path), "--tables", "t_*", "--output", str(out),
             "--config", str(config), "--metrics-port", "0", "--trigger-ms", "300",
             "--option", "tables.refreshIntervalMs=1000"]
-    code = "from tablestore_cdc.cli import app; app()"
+    code = "from tablestore_cdc.commands.app import app; app()"
     with open(log, "wb") as sink:
         return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True,

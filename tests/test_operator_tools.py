@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from cdc_common.tokens import FINISHED
 from connector.local import LocalTablestore
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
-from tablestore_cdc.cli import app as root_app
+from tablestore_cdc.commands.app import app as root_app
 from tablestore_cdc.feed.snapshot import throughput
 
 NS = "local:///nowhere/store.db#t#n"
@@ -342,7 +342,7 @@ def test_follow_on_an_empty_store_says_it_is_waiting(tmp_path: Path) -> None:
     uri = f"sqlite://{tmp_path / 'empty.db'}"
     open_meta_store(uri).close()
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "tablestore_cdc.cli", "progress", "--meta", uri,
+    proc = subprocess.Popen([sys.executable, "-m", "tablestore_cdc.commands.app", "progress", "--meta", uri,
                              "--follow", "--interval", "0.1", "--no-tunnel"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
     try:

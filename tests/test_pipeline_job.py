@@ -240,7 +240,7 @@ def test_replicate_names_its_flags_in_errors_and_creates_nothing(tmp_path: Path)
     from typer.testing import CliRunner
 
     from connector.local import LocalTablestore
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     with LocalTablestore(tmp_path / "store.db") as store:
         store.create_table("t", primary_key=[("id", "INTEGER")], channels=2)

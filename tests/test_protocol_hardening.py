@@ -28,7 +28,7 @@ from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.local.values import dumps_values, key_hash
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 from testkit.fixtures import options_for as options
 from testkit.fixtures import put_rows as write
 

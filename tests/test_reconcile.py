@@ -25,7 +25,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel import ColumnSpec, TableSchema  # noqa: E402
-from tablestore_cdc.cli import app  # noqa: E402
+from tablestore_cdc.commands.app import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile import compare as compare_module  # noqa: E402

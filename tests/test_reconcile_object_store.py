@@ -18,7 +18,7 @@ pytest.importorskip("polars")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from tablestore_cdc.cli import app  # noqa: E402
+from tablestore_cdc.commands.app import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import (  # noqa: E402

@@ -21,7 +21,7 @@ from connector.local import LocalTablestore  # noqa: E402
 from connector.tunnel import ColumnSpec, TableSchema  # noqa: E402
 from meta_store import open_meta_store  # noqa: E402
 from meta_store.signals import Signal, SignalState  # noqa: E402
-from tablestore_cdc.cli import app  # noqa: E402
+from tablestore_cdc.commands.app import app  # noqa: E402
 from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile.keyrange import KeyRange, KeyRangeError  # noqa: E402

@@ -44,7 +44,7 @@ pytest.importorskip("pyiceberg")
 from tablestore import INF_MAX, INF_MIN, OTSClient, Row  # noqa: E402
 
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
-from tablestore_cdc.cli import app as cli_app  # noqa: E402
+from tablestore_cdc.commands.app import app as cli_app  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.verify import (  # noqa: E402
     history_mismatches,
@@ -180,7 +180,7 @@ class Replicate:
         self.log = tmp / "replicate.log"
         # the stream alone (its history is the change log's), unless a flag names the type
         initial = [] if any("tunnel.type=" in f for f in flags) else ["--initial", "none"]
-        self.command = [sys.executable, "-m", "tablestore_cdc.cli", "replicate",
+        self.command = [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate",
                         "--endpoint", url, "--table", "t", "--output", str(tmp / "out"),
                         "--target", target.uri,
                         "--option", f"instance.name={INSTANCE}",

@@ -258,7 +258,7 @@ def store_file(tmp_path: Path) -> Path:
 def _replicate(store: Path, out: Path, *flags: str) -> tuple[int, str]:
     from typer.testing import CliRunner
 
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     result = CliRunner().invoke(app, ["replicate", "--store", str(store), "--output", str(out),
                                       "--table", "t1", *flags])

@@ -176,7 +176,7 @@ def test_the_option_travels_in_the_uris_not_in_the_identity(
 def test_emulator_command_wants_both_tls_flags(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from tablestore_cdc.cli import app
+    from tablestore_cdc.commands.app import app
 
     result = CliRunner().invoke(app, [
         "emulator", "--store", str(tmp_path / "s.db"), "--instance", "i", "--access-key-id",

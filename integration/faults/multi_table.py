@@ -191,7 +191,7 @@ class Replication:
                 "--output", str(self.out), "--target", f"delta://{self.lake}/{{table}}",
                 "--config", str(self.config), "--trigger-ms", "300", "--initial", "none",
                 "--option", "tables.refreshIntervalMs=1000"]
-        code = "from tablestore_cdc.cli import app; app()"
+        code = "from tablestore_cdc.commands.app import app; app()"
         self.starts += 1
         with open(self.log, "ab") as sink:
             sink.write(f"--- start {self.starts}\n".encode())

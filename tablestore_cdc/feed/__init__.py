@@ -9,7 +9,7 @@ front ends:
 - ``tablestore-cdc dashboard`` serves ``/api/progress``, a **snapshot** (recent batch records,
   per-channel positions and lag, the channel tree, throughput) — ``snapshot.dashboard_snapshot``,
   served by ``tablestore_cdc.dashboard``;
-- ``tablestore-cdc meta ...`` (``tablestore_cdc.meta_cli``) uses the same read-only helpers
+- ``tablestore-cdc meta ...`` (``tablestore_cdc.commands.meta``) uses the same read-only helpers
   (``open_existing_meta_store``, ``resolve_namespace``, ``find_batch``, ``channel_view``).
 
 The modules, in the order they build on each other:

@@ -30,11 +30,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.commands.errors import fail, reported_errors
+from tablestore_cdc.commands.source_flags import reader_options, source_endpoint
 from tablestore_cdc.lakehouse.target import parse_target_options
 from tablestore_cdc.reconcile.run import TableReport, as_json, json_value, reconcile_table
 from tablestore_cdc.reconcile.source import SourceSpec
-from tablestore_cdc.source_flags import reader_options, source_endpoint
 
 TABLE_PLACEHOLDER = "{table}"
 

@@ -23,10 +23,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from connector.clients import Clients
 from meta_store.signals import Signal, SignalBoard, SignalState
-from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.commands.errors import fail, reported_errors
+from tablestore_cdc.commands.source_flags import reader_options, source_endpoint
 from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.source import SourceSpec, declared_schema
-from tablestore_cdc.source_flags import reader_options, source_endpoint
 
 #: seconds between two reads of the signal while ``--wait`` follows it
 POLL_S = 1.0

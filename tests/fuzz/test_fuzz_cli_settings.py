@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from connector.local import LocalTablestore
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline.table_config import (
     MAX_SETTINGS_DEPTH,
     TableConfig,

@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 
 from meta_store import BatchState, ChannelStart, EndCheckpoint, Manifest, open_meta_store
 from meta_store.errors import CorruptMetaRecordError, UnknownBatchError
-from tablestore_cdc.cli import app
+from tablestore_cdc.commands.app import app
 from tablestore_cdc.feed.reading import InspectedStore
 from testkit.fuzzing import fuzz_settings, mostly, mutated
 

@@ -1,14 +1,14 @@
 """The ``tablestore-cdc`` command: one typer app, one sub-command group per concern.
 
-- ``tablestore-cdc local ...``    the embedded store (tablestore_cdc/local_cli.py)
-- ``tablestore-cdc meta ...``     meta-table inspection (tablestore_cdc/meta_cli/)
-- ``tablestore-cdc progress``     the progress feed as JSON lines (tablestore_cdc/feed_cli.py)
+- ``tablestore-cdc local ...``    the embedded store (tablestore_cdc/commands/local.py)
+- ``tablestore-cdc meta ...``     meta-table inspection (tablestore_cdc/commands/meta/)
+- ``tablestore-cdc progress``     the progress feed as JSON lines (tablestore_cdc/commands/progress.py)
 - ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
-- ``tablestore-cdc demo`` / ``replicate``  the pipeline (tablestore_cdc/pipeline_cli.py)
-- ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/emulator_cli.py)
+- ``tablestore-cdc demo`` / ``replicate``  the pipeline (tablestore_cdc/commands/replicate.py)
+- ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/commands/emulator.py)
 - ``tablestore-cdc reconcile``    source table against its lakehouse copy (tablestore_cdc/reconcile)
 - ``tablestore-cdc resnapshot``   the job repairs its copy (tablestore_cdc/resnapshot)
-- ``tablestore-cdc lake ...``     the apply sink's tables' upkeep (tablestore_cdc/lake_cli.py)
+- ``tablestore-cdc lake ...``     the apply sink's tables' upkeep (tablestore_cdc/commands/lake.py)
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from typing import Annotated
 
 import typer
 
-from tablestore_cdc.cli_errors import OneLineErrors, set_verbose
+from tablestore_cdc.commands.emulator import emulator_command
+from tablestore_cdc.commands.errors import OneLineErrors, set_verbose
+from tablestore_cdc.commands.lake import app as lake_app
+from tablestore_cdc.commands.local import app as local_app
+from tablestore_cdc.commands.meta import app as meta_app
+from tablestore_cdc.commands.progress import feed_command
+from tablestore_cdc.commands.replicate import demo, replicate
 from tablestore_cdc.dashboard import dashboard_command
-from tablestore_cdc.emulator_cli import emulator_command
-from tablestore_cdc.feed_cli import feed_command
-from tablestore_cdc.lake_cli import app as lake_app
-from tablestore_cdc.local_cli import app as local_app
-from tablestore_cdc.meta_cli import app as meta_app
-from tablestore_cdc.pipeline_cli import demo, replicate
 from tablestore_cdc.reconcile.command import reconcile
 from tablestore_cdc.resnapshot.command import resnapshot
 
 app = typer.Typer(
     help="Exactly-once CDC from Tablestore-style tunnels into Spark Structured Streaming.",
-    cls=OneLineErrors,  # every error is one line (tablestore_cdc/cli_errors.py)
+    cls=OneLineErrors,  # every error is one line (tablestore_cdc/commands/errors.py)
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     # plain help: typer's rich help shows every flag as "--json <bool>" with this click

@@ -1,6 +1,6 @@
 """``tablestore-cdc replicate`` and ``tablestore-cdc demo``: the commands that run the pipeline.
 
-Mounted by ``tablestore_cdc/cli.py``. Thin over the pipeline library (``tablestore_cdc.pipeline``)
+Mounted by ``tablestore_cdc/commands/app.py``. Thin over the pipeline library (``tablestore_cdc.pipeline``)
 and the demo (``tablestore_cdc.demo``): flags in, one line per change of the figures out, Ctrl-C
 (or SIGTERM) stops cleanly; errors end in one ``error: ...`` line and exit code 2.
 """
@@ -17,11 +17,11 @@ import typer
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
-from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.commands.errors import fail, reported_errors
+from tablestore_cdc.commands.source_flags import flags_named, reader_options, source_endpoint
 from tablestore_cdc.demo.run import run_demo
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline
 from tablestore_cdc.pipeline.table_config import catalog_option, column_types
-from tablestore_cdc.source_flags import flags_named, reader_options, source_endpoint
 
 console = Console(stderr=True)
 
@@ -170,7 +170,7 @@ def replicate(
             fail("--table and --tables: give one of them")
         with reported_errors():
             columns = column_types(column)
-        from tablestore_cdc.multi_table_cli import replicate_tables
+        from tablestore_cdc.commands.replicate_tables import replicate_tables
 
         apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
                               soft_delete_column, adopt_target, target_options, upkeep)
@@ -213,7 +213,7 @@ def replicate(
     extra = checked.options
     for line in checked.lines:
         console.print(line, soft_wrap=True)
-    from tablestore_cdc.multi_table_cli import run_job, say_job_end, start_job
+    from tablestore_cdc.commands.replicate_tables import run_job, say_job_end, start_job
 
     engine_conf = None
     if engine == "spark":  # the jars for this PySpark and a target it writes, before Spark

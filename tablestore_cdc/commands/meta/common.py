@@ -1,6 +1,6 @@
 """What every ``tablestore-cdc meta`` command shares: the flags (``--meta``, ``--namespace``,
 ``--json``, ``--endpoint``), the store opened for inspection, and how tables and JSON are
-printed. ``tablestore-cdc progress`` (``tablestore_cdc/feed_cli.py``) uses them too."""
+printed. ``tablestore-cdc progress`` (``tablestore_cdc/commands/progress.py``) uses them too."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.commands.errors import reported_errors
 from tablestore_cdc.feed.reading import InspectedStore, open_existing_meta_store
 
 MetaOpt = Annotated[str, typer.Option(

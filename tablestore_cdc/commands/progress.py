@@ -1,5 +1,5 @@
 """``tablestore-cdc progress``: the progress feed as JSON lines (mounted by
-``tablestore_cdc/cli.py``; docs/progress-feed.md).
+``tablestore_cdc/commands/app.py``; docs/progress-feed.md).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.commands.errors import reported_errors
+from tablestore_cdc.commands.meta.common import EndpointOpt, MetaOpt, NamespaceOpt, inspected_store
 from tablestore_cdc.feed.polling import follow_feed
 from tablestore_cdc.feed.reading import user_namespaces
-from tablestore_cdc.meta_cli.common import EndpointOpt, MetaOpt, NamespaceOpt, inspected_store
 
 
 def feed_command(

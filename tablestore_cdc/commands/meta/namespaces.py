@@ -9,10 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from tablestore_cdc.cli_errors import fail, reported_errors
-from tablestore_cdc.feed.reading import resolve_namespace, user_namespaces
-from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION
-from tablestore_cdc.meta_cli.common import (
+from tablestore_cdc.commands.errors import fail, reported_errors
+from tablestore_cdc.commands.meta.common import (
     JsonOpt,
     MetaOpt,
     NamespaceOpt,
@@ -21,6 +19,8 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
+from tablestore_cdc.feed.reading import resolve_namespace, user_namespaces
+from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION
 from tablestore_cdc.query_record import load_spark_metrics
 
 

@@ -9,17 +9,8 @@ import typer
 from rich.tree import Tree
 
 from connector.option_values import parse_duration_ms
-from tablestore_cdc.cli_errors import fail, reported_errors
-from tablestore_cdc.feed.reading import resolve_namespace
-from tablestore_cdc.feed.retention import default_retention_s, headroom
-from tablestore_cdc.feed.shapes import channel_tree
-from tablestore_cdc.feed.tunnel_view import (
-    channel_view,
-    committed_positions,
-    lag_at,
-    tunnel_endpoint,
-)
-from tablestore_cdc.meta_cli.common import (
+from tablestore_cdc.commands.errors import fail, reported_errors
+from tablestore_cdc.commands.meta.common import (
     EndpointOpt,
     JsonOpt,
     MetaOpt,
@@ -28,6 +19,15 @@ from tablestore_cdc.meta_cli.common import (
     inspected_store,
     print_json,
     stdout_console,
+)
+from tablestore_cdc.feed.reading import resolve_namespace
+from tablestore_cdc.feed.retention import default_retention_s, headroom
+from tablestore_cdc.feed.shapes import channel_tree
+from tablestore_cdc.feed.tunnel_view import (
+    channel_view,
+    committed_positions,
+    lag_at,
+    tunnel_endpoint,
 )
 from tablestore_cdc.query_record import load_spark_metrics
 

@@ -8,15 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from meta_store import BatchRecord, BatchState, MetaStore
-from tablestore_cdc.cli_errors import reported_errors
-from tablestore_cdc.feed.reading import (
-    InspectedStore,
-    InspectionError,
-    find_batch,
-    resolve_namespace,
-)
-from tablestore_cdc.feed.shapes import batch_record, positions_after
-from tablestore_cdc.meta_cli.common import (
+from tablestore_cdc.commands.errors import reported_errors
+from tablestore_cdc.commands.meta.common import (
     JsonOpt,
     MetaOpt,
     NamespaceOpt,
@@ -25,6 +18,13 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
+from tablestore_cdc.feed.reading import (
+    InspectedStore,
+    InspectionError,
+    find_batch,
+    resolve_namespace,
+)
+from tablestore_cdc.feed.shapes import batch_record, positions_after
 from tablestore_cdc.query_record import load_spark_metrics
 
 #: channels ``meta show`` lists in its table (a manifest may hold tens of thousands: the table

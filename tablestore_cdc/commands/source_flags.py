@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tablestore_cdc.cli_errors import fail
+from tablestore_cdc.commands.errors import fail
 
 
 def source_endpoint(store: Path | None, endpoint: str | None) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.commands.errors import reported_errors
 
 app = typer.Typer(help="Maintenance of the Delta and Iceberg tables replicate writes.",
                   no_args_is_help=True, rich_markup_mode=None)

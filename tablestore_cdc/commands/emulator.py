@@ -1,6 +1,6 @@
 """``tablestore-cdc emulator``: serve the local Tablestore emulator until SIGINT/SIGTERM.
 
-Mounted by ``tablestore_cdc/cli.py``. Prints exactly one line, ``listening on http://HOST:PORT``
+Mounted by ``tablestore_cdc/commands/app.py``. Prints exactly one line, ``listening on http://HOST:PORT``
 (``https://`` with ``--tls-cert`` and ``--tls-key``; the real port when ``--port 0``), to stdout
 once the socket accepts connections, so a script or test can read the URL. Logs go to stderr.
 
@@ -24,8 +24,8 @@ from typing import Annotated
 
 import typer
 
-from tablestore_cdc.cli_errors import fail, reported_errors
-from tablestore_cdc.local_cli import check_store_file
+from tablestore_cdc.commands.errors import fail, reported_errors
+from tablestore_cdc.commands.local import check_store_file
 
 
 def emulator_command(

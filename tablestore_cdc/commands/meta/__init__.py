@@ -1,6 +1,6 @@
 """``tablestore-cdc meta ...``: inspect a meta table (any backend, by URI).
 
-Mounted by ``tablestore_cdc/cli.py`` as ``tablestore-cdc meta``. Runs in an operator's shell.
+Mounted by ``tablestore_cdc/commands/app.py`` as ``tablestore-cdc meta``. Runs in an operator's shell.
 Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease``. Each
 prints rich tables for people, or JSON for scripts with ``--json``. The commands, by what they
 are about: ``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py``
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import typer
 
-from tablestore_cdc.meta_cli.batches import batches, diff, gc, show
-from tablestore_cdc.meta_cli.channels import channels, lag
-from tablestore_cdc.meta_cli.leases import break_lease
-from tablestore_cdc.meta_cli.namespaces import export, meta_uri, namespaces, reset
-from tablestore_cdc.meta_cli.tables import tables
+from tablestore_cdc.commands.meta.batches import batches, diff, gc, show
+from tablestore_cdc.commands.meta.channels import channels, lag
+from tablestore_cdc.commands.meta.leases import break_lease
+from tablestore_cdc.commands.meta.namespaces import export, meta_uri, namespaces, reset
+from tablestore_cdc.commands.meta.tables import tables
 
 app = typer.Typer(
     help="Inspect the meta table: batches, checkpoints, channels, lag, retention, export.",

@@ -1,6 +1,6 @@
 """``tablestore-cdc local ...``: create, write to and inspect an embedded local store.
 
-Mounted by ``tablestore_cdc/cli.py``. STORE is a filesystem path to the SQLite file; only
+Mounted by ``tablestore_cdc/commands/app.py``. STORE is a filesystem path to the SQLite file; only
 ``create-table`` creates it. Bad input ends with a one-line ``error: ...`` on stderr and exit
 code 2 (no traceback): every ``CdcError`` is reported that way. A file that is not a local
 store (another SQLite database such as a meta store, or not a database at all) is refused
@@ -38,7 +38,7 @@ from connector.tunnel.local.rows import WriteOp
 from connector.tunnel.local.schema import TABLES as STORE_TABLES
 from connector.tunnel.local.store import LocalTablestore
 from connector.tunnel.local.values import COLUMN_TYPES
-from tablestore_cdc.cli_errors import fail, reported_errors
+from tablestore_cdc.commands.errors import fail, reported_errors
 
 app = typer.Typer(
     help="The embedded local table store: tables, sample writes, channels, tunnels.",
@@ -82,7 +82,7 @@ def _sqlite_tables(path: Path) -> set[str] | None:
 
 def check_store_file(store: Path) -> None:
     """Refuse (one line, exit 2) an existing non-empty file that is not a local store. Also
-    the ``emulator`` command's check of ``--store`` (tablestore_cdc/emulator_cli.py)."""
+    the ``emulator`` command's check of ``--store`` (tablestore_cdc/commands/emulator.py)."""
     try:
         tables = _sqlite_tables(store)
     except OSError as exc:

@@ -1,6 +1,6 @@
 """``tablestore-cdc replicate --tables PATTERN[,PATTERN...]``: many tables in one application.
 
-Called by ``replicate`` (``tablestore_cdc/pipeline_cli.py``) when ``--tables`` is given; thin
+Called by ``replicate`` (``tablestore_cdc/commands/replicate.py``) when ``--tables`` is given; thin
 over ``tablestore_cdc.pipeline.multi_table``, run by the replication job
 (``tablestore_cdc.pipeline.job``: restarts with backoff, one job per output directory, Spark's
 log in a file): one line per change of a table's state or of its target's schema, and a
@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 
 from cdc_common.uris import redact_uri
-from tablestore_cdc.cli_errors import reported_errors
+from tablestore_cdc.commands.errors import reported_errors
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
 from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
@@ -102,10 +102,10 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
     (``tablestore_cdc.pipeline.preflight``, as one table's ``replicate``); ``columns``:
     ``--column`` types per table (``table_config.column_types``), each table's ``catalog``.
     Returns the job's exit code."""
+    from tablestore_cdc.commands.source_flags import flags_named
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
-    from tablestore_cdc.source_flags import flags_named
 
     metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint),
                            probe=endpoint)

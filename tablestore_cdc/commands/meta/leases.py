@@ -17,9 +17,7 @@ import time
 import typer
 
 from meta_store import Lease
-from tablestore_cdc.feed.reading import InspectionError, resolve_namespace
-from tablestore_cdc.lease_holder import holder_alive
-from tablestore_cdc.meta_cli.common import (
+from tablestore_cdc.commands.meta.common import (
     JsonOpt,
     MetaOpt,
     NamespaceOpt,
@@ -27,6 +25,8 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
+from tablestore_cdc.feed.reading import InspectionError, resolve_namespace
+from tablestore_cdc.lease_holder import holder_alive
 
 
 def break_lease(

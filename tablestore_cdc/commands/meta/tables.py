@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tablestore_cdc.feed.snapshot import sources_summary
-from tablestore_cdc.meta_cli.common import (
+from tablestore_cdc.commands.meta.common import (
     JsonOpt,
     MetaOpt,
     compact_table,
@@ -23,6 +22,7 @@ from tablestore_cdc.meta_cli.common import (
     print_json,
     stdout_console,
 )
+from tablestore_cdc.feed.snapshot import sources_summary
 
 
 def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
