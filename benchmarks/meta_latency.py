@@ -122,7 +122,7 @@ def tablestore_uri() -> Iterator[str]:
     os.environ.pop("ALIBABA_CLOUD_SECURITY_TOKEN", None)
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tablestore_cdc.commands.app", "emulator", "--store", f"{tmp}/emu.db",
+            [sys.executable, "-m", "tablestore_cdc", "emulator", "--store", f"{tmp}/emu.db",
              "--instance", "bench", "--access-key-id", key_id, "--access-key-secret", secret],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:

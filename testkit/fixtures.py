@@ -126,7 +126,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPr
     ``--workdir`` is ``<its directory>/demo``."""
     workdir = tmp_path_factory.mktemp("demo-run") / "demo"
     return subprocess.run(
-        [sys.executable, "-m", "tablestore_cdc.commands.app", "demo", "--workdir", str(workdir),
+        [sys.executable, "-m", "tablestore_cdc", "demo", "--workdir", str(workdir),
          "--changes", "800", "--duration", "6", "--channels", "3"],
         capture_output=True, text=True, timeout=600)
 

@@ -136,7 +136,7 @@ def replicate_process(url: str, source: list[str], output: Path, log: Path, *fla
     and its Spark) against the emulator at ``url``: ``source`` the table flags (``--table t``
     or ``--tables t,u``), the emulator's credentials as ``--option``s, then ``flags``; its
     meta table's credentials and ``env`` in its environment, its console into ``log``."""
-    command = [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--endpoint", url,
+    command = [sys.executable, "-m", "tablestore_cdc", "replicate", "--endpoint", url,
                *source, "--output", str(output),
                *[arg for k, v in SOURCE_OPTIONS for arg in ("--option", f"{k}={v}")], *flags]
     environment = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable, **(env or {})}

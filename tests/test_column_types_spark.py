@@ -25,7 +25,7 @@ def test_a_column_typed_by_the_flag_keeps_its_type_whatever_came_first(tmp_path:
         store.put_row("t", {"id": i}, {"amount": i * 10})
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store",
+        [sys.executable, "-m", "tablestore_cdc", "replicate", "--store",
          str(tmp_path / "store.db"), "--table", "t", "--output", str(out), "--once",
          "--column", "amount=double"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

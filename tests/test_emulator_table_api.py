@@ -520,7 +520,7 @@ def test_the_emulator_command_without_the_sdk_names_the_extra(tmp_path, monkeypa
 def test_emulator_command_serves_until_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "cli.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tablestore_cdc.commands.app", "emulator", "--store", str(store),
+        [sys.executable, "-m", "tablestore_cdc", "emulator", "--store", str(store),
          "--instance", INSTANCE, "--access-key-id", AK, "--access-key-secret", SK,
          "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

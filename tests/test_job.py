@@ -27,7 +27,7 @@ from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state, 
 from testkit.processes import kill_tree
 from testkit.waiting import wait_until
 
-CLI = [sys.executable, "-m", "tablestore_cdc.commands.app"]
+CLI = [sys.executable, "-m", "tablestore_cdc"]
 
 
 def change(op: str, channel: str, seq: int, ts: int, id_: int, **attrs):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_demo_records_spark_batch_ids_and_its_stop(tmp_path):
     workdir = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "tablestore_cdc.commands.app", "demo", "--workdir", str(workdir),
+        [sys.executable, "-m", "tablestore_cdc", "demo", "--workdir", str(workdir),
          "--changes", "300", "--duration", "3", "--channels", "2"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -343,7 +343,7 @@ def test_replicate_refuses_a_bad_target_or_policy_before_starting_spark(tmp_path
 
     store = LocalTablestore(tmp_path / "store.db")
     store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")])
-    base = [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store", str(store.path),
+    base = [sys.executable, "-m", "tablestore_cdc", "replicate", "--store", str(store.path),
             "--table", "t", "--output", str(tmp_path / "out")]
     for extra, message in (
             (["--schema-drift", "drop"], "option '--schema-drift': unknown policy"),

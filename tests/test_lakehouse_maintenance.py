@@ -357,7 +357,7 @@ def test_a_replicate_run_maintains_its_target_and_records_it_in_the_table_status
                        channels=2)
     for i in range(40):
         store.put_row("t", {"id": i}, {"v": i})
-    done = subprocess.run([sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store",
+    done = subprocess.run([sys.executable, "-m", "tablestore_cdc", "replicate", "--store",
                            str(store.path), "--table", "t", "--output", str(tmp_path / "out"),
                            "--once", "--maintenance-setting", "every_batches=1"],
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable},

@@ -225,7 +225,7 @@ def test_target_options_come_from_the_flag_or_a_tables_config(tmp_path) -> None:
 
     LocalTablestore(tmp_path / "s.db")  # the flag is checked before the store is read
     result = subprocess.run(
-        [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--output", str(tmp_path),
+        [sys.executable, "-m", "tablestore_cdc", "replicate", "--output", str(tmp_path),
          "--store", str(tmp_path / "s.db"), "--table", "t", "--target",
          "delta+s3://b/p", "--target-option", "aws_secret_access_key:hunter2"],
         capture_output=True, text=True, timeout=120)

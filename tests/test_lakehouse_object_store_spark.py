@@ -20,7 +20,7 @@ from connector.local import LocalTablestore  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.processes import REPO, kill_tree  # noqa: E402
 
-CLI = [sys.executable, "-m", "tablestore_cdc.commands.app"]
+CLI = [sys.executable, "-m", "tablestore_cdc"]
 TABLES = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
 
 

@@ -164,7 +164,7 @@ def test_replicate_refuses_a_foreign_target_in_one_line_before_starting_spark(tm
     target = Delta(tmp_path)
     directory = foreign_table(target, ORDERS)
     before = files_of(directory)
-    done = subprocess.run([sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store",
+    done = subprocess.run([sys.executable, "-m", "tablestore_cdc", "replicate", "--store",
                            str(store.path), "--table", "t", "--output", str(tmp_path / "out"),
                            "--target", f"delta://{target.path}"],
                           capture_output=True, text=True, timeout=120)

@@ -592,7 +592,7 @@ def test_follow_prints_only_new_or_changed_batches(tmp_path: Path) -> None:
     meta_uri = build_meta(path, batches=1)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tablestore_cdc.commands.app", "progress", "--meta", meta_uri, "--follow",
+        [sys.executable, "-m", "tablestore_cdc", "progress", "--meta", meta_uri, "--follow",
          "--interval", "0.1", "--no-tunnel"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env, cwd=REPO)
     watchdog = threading.Timer(60, proc.kill)  # a missing line must fail, not hang
@@ -770,7 +770,7 @@ def test_no_sdk_notice_on_a_command_that_imports_the_sdk(tmp_path: Path) -> None
 
     with EmulatorServer(str(tmp_path / "store.db"), "inst", "AK", "SK") as emulator:
         result = subprocess.run(
-            [sys.executable, "-m", "tablestore_cdc.commands.app", "meta", "namespaces", "--meta",
+            [sys.executable, "-m", "tablestore_cdc", "meta", "namespaces", "--meta",
              f"tablestore://inst/nometa?endpoint={emulator.url}"],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "ALIBABA_CLOUD_ACCESS_KEY_ID": "AK",

@@ -342,7 +342,7 @@ def test_follow_on_an_empty_store_says_it_is_waiting(tmp_path: Path) -> None:
     uri = f"sqlite://{tmp_path / 'empty.db'}"
     open_meta_store(uri).close()
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "tablestore_cdc.commands.app", "progress", "--meta", uri,
+    proc = subprocess.Popen([sys.executable, "-m", "tablestore_cdc", "progress", "--meta", uri,
                              "--follow", "--interval", "0.1", "--no-tunnel"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
     try:

@@ -22,7 +22,7 @@ from connector.local import LocalTablestore
 from tablestore_cdc.pipeline.preflight import NONE_WARNING, SNAPSHOT_LINE
 from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state
 
-CLI = [sys.executable, "-m", "tablestore_cdc.commands.app"]
+CLI = [sys.executable, "-m", "tablestore_cdc"]
 
 
 def replicate(store: LocalTablestore, out: Path, *flags: str) -> str:

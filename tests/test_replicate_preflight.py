@@ -222,7 +222,7 @@ def test_ctrl_c_while_spark_starts_ends_in_one_line(store: Path, tmp_path: Path)
     log = tmp_path / "replicate.log"
     with open(log, "w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store", str(store),
+            [sys.executable, "-m", "tablestore_cdc", "replicate", "--store", str(store),
              "--table", "t1", "--output", str(tmp_path / "out"), "--once"],
             cwd=REPO, env={**os.environ, "PYSPARK_PYTHON": sys.executable, "COLUMNS": "300"},
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -264,7 +264,7 @@ def test_a_second_job_from_another_output_is_refused_while_the_first_runs(
     first_out = tmp_path / "first"
     with open(tmp_path / "first.log", "w") as sink:
         first = subprocess.Popen(
-            [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate", "--store", str(store),
+            [sys.executable, "-m", "tablestore_cdc", "replicate", "--store", str(store),
              "--tables", "t*", "--output", str(first_out)],
             cwd=REPO, env={**os.environ, "PYSPARK_PYTHON": sys.executable},
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)

@@ -30,7 +30,7 @@ from testkit.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-CLI = [sys.executable, "-m", "tablestore_cdc.commands.app"]
+CLI = [sys.executable, "-m", "tablestore_cdc"]
 TABLE = "t"
 
 

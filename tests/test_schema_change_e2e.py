@@ -180,7 +180,7 @@ class Replicate:
         self.log = tmp / "replicate.log"
         # the stream alone (its history is the change log's), unless a flag names the type
         initial = [] if any("tunnel.type=" in f for f in flags) else ["--initial", "none"]
-        self.command = [sys.executable, "-m", "tablestore_cdc.commands.app", "replicate",
+        self.command = [sys.executable, "-m", "tablestore_cdc", "replicate",
                         "--endpoint", url, "--table", "t", "--output", str(tmp / "out"),
                         "--target", target.uri,
                         "--option", f"instance.name={INSTANCE}",

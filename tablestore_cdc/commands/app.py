@@ -1,11 +1,13 @@
 """The ``tablestore-cdc`` command: one typer app, one sub-command group per concern.
 
-- ``tablestore-cdc local ...``    the embedded store (tablestore_cdc/commands/local.py)
-- ``tablestore-cdc meta ...``     meta-table inspection (tablestore_cdc/commands/meta/)
-- ``tablestore-cdc progress``     the progress feed as JSON lines (tablestore_cdc/commands/progress.py)
+Each command's module is beside this one (``tablestore_cdc/commands/``) unless named:
+
+- ``tablestore-cdc local ...``    the embedded store (``local.py``)
+- ``tablestore-cdc meta ...``     meta-table inspection (``meta/``)
+- ``tablestore-cdc progress``     the progress feed as JSON lines (``progress.py``)
 - ``tablestore-cdc dashboard``    the progress dashboard web page (tablestore_cdc/dashboard)
-- ``tablestore-cdc demo`` / ``replicate``  the pipeline (tablestore_cdc/commands/replicate.py)
-- ``tablestore-cdc emulator``     the local Tablestore emulator (tablestore_cdc/commands/emulator.py)
+- ``tablestore-cdc demo`` / ``replicate``  the pipeline (``replicate.py``)
+- ``tablestore-cdc emulator``     the local Tablestore emulator (``emulator.py``)
 - ``tablestore-cdc reconcile``    source table against its lakehouse copy (tablestore_cdc/reconcile)
 - ``tablestore-cdc resnapshot``   the job repairs its copy (tablestore_cdc/resnapshot)
 - ``tablestore-cdc lake ...``     the apply sink's tables' upkeep (tablestore_cdc/commands/lake.py)

@@ -4,7 +4,7 @@ meta, job, emulator and dashboard commands.
 
 - ``fail(message)`` / ``reported_errors()``: the commands' own refusals and the product's
   typed errors (``CdcError``), and an unreadable file;
-- ``OneLineErrors``: the top-level command group (``tablestore_cdc/commands/app.py``); whatever else a
+- ``OneLineErrors``: the top-level command group (``commands/app.py``); whatever else a
   command raises -- a bug -- also ends in one line naming the exception, and the flag that
   shows its trace. Before any command runs it checks every text argument of the command line
   (``refuse_bad_text``): a non-UTF-8 byte (Python hands it over as a lone surrogate, which

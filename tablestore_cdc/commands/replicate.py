@@ -1,6 +1,6 @@
 """``tablestore-cdc replicate`` and ``tablestore-cdc demo``: the commands that run the pipeline.
 
-Mounted by ``tablestore_cdc/commands/app.py``. Thin over the pipeline library (``tablestore_cdc.pipeline``)
+Mounted by ``commands/app.py``. Thin over the pipeline library (``tablestore_cdc.pipeline``)
 and the demo (``tablestore_cdc.demo``): flags in, one line per change of the figures out, Ctrl-C
 (or SIGTERM) stops cleanly; errors end in one ``error: ...`` line and exit code 2.
 """

@@ -10,7 +10,8 @@ Two streaming queries in one Spark driver, started by ``start_pipeline`` (``quer
 
 A restart on the same ``<out>`` resumes exactly (the checkpoints live under it). The commands
 that run it, ``tablestore-cdc replicate`` and ``tablestore-cdc demo``, are in
-``tablestore_cdc/commands/replicate.py``; the demo's writer and verification in ``tablestore_cdc/demo/``.
+``tablestore_cdc/commands/replicate.py``;
+the demo's writer and verification in ``tablestore_cdc/demo/``.
 Everything here runs in the Spark driver; no printing.
 """
 

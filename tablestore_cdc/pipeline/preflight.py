@@ -1,7 +1,7 @@
 """What ``replicate`` checks before its first batch (CLI process, driver, before Spark starts).
 
 ``check_before_start`` is called by both paths of ``tablestore-cdc replicate`` (one table,
-``tablestore_cdc/commands/replicate.py``; ``--tables``, ``tablestore_cdc/commands/replicate_tables.py``), so
+``commands/replicate.py``; ``--tables``, ``commands/replicate_tables.py``), so
 both refuse the same things the same way: each refusal is a typed error the CLI prints as one
 ``error:`` line, and nothing has been written anywhere (no output directory, no tunnel, no
 meta store). In order:

@@ -1,6 +1,6 @@
 """``tablestore-cdc meta ...``: inspect a meta table (any backend, by URI).
 
-Mounted by ``tablestore_cdc/commands/app.py`` as ``tablestore-cdc meta``. Runs in an operator's shell.
+Mounted by ``commands/app.py`` as ``tablestore-cdc meta``. Runs in an operator's shell.
 Every command reads only, except ``gc --yes``, ``reset --yes`` and ``break-lease``. Each
 prints rich tables for people, or JSON for scripts with ``--json``. The commands, by what they
 are about: ``namespaces.py`` (``uri``, ``namespaces``, ``export``, ``reset``), ``batches.py``
