@@ -1,7 +1,7 @@
 """The emulator's HTTP server: POST routes, signatures checked and responses signed.
 
 ``EmulatorServer`` is used in-process by tests (start on port 0, ``.url``, stop) and by the
-``tablestore-cdc emulator`` command (tablestore_cdc/commands/emulator.py), which serves until SIGINT/SIGTERM.
+``tablestore-cdc emulator`` command (``commands/emulator.py``), which serves until SIGINT/SIGTERM.
 
 Routes: the table API from ``tablestore_emulator.table_api.ROUTES`` (``/CreateTable``,
 ``/PutRow`` ...) and the tunnel API from ``tablestore_emulator.tunnel_api.ROUTES``
