@@ -109,10 +109,6 @@ _INFO = TypeAdapter(dict[str, str])
 _DELETE_CHUNK = 500
 
 
-class _Locked(Exception):
-    """Internal: the transaction met "database is locked" after the busy timeout."""
-
-
 def _is_locked(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):

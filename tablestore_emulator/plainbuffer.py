@@ -214,14 +214,6 @@ def write_row(
     return bytes(PlainBufferBuilder.serialize_for_put_row(pk, attrs))
 
 
-def write_primary_key(primary_key: Sequence[tuple[str, Any]]) -> bytes:
-    """Encode a key alone (``next_start_primary_key``, a returned key)."""
-    from tablestore.plainbuffer.plain_buffer_builder import PlainBufferBuilder
-
-    key = [(n, _wire_value(v)) for n, v in primary_key]
-    return bytes(PlainBufferBuilder.serialize_primary_key(key))
-
-
 def write_rows(rows: Iterable[bytes]) -> bytes:
     """Concatenate encoded rows under one header (GetRange's ``rows``)."""
     parts = [r[4:] for r in rows]

@@ -182,10 +182,6 @@ class ApplyPlan:
         return pa.chunked_array([t.column(key_column).combine_chunks() for t in (
             self.upsert_table, self.delete_keys, self.close_table)]).combine_chunks()
 
-    def is_empty(self) -> bool:
-        return not (self.upsert_table.num_rows or self.delete_keys.num_rows
-                    or self.close_table.num_rows or self.layout.added or self.layout.promoted)
-
 
 def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
                table: str, promotions: Promotions = no_promotions) -> ApplyPlan:

@@ -187,9 +187,6 @@ class CheckpointTable:
         item = self._get(f"C#{tunnel_id}", f"P#{shard_id}")
         return None if item is None else Checkpoint(item["token"]["S"], int(item["seq"]["N"]))
 
-    def reached_end(self, tunnel_id: str, shard_id: str) -> bool:
-        return self._get(f"C#{tunnel_id}", f"E#{shard_id}") is not None
-
     def put_checkpoint(self, tunnel_id: str, shard_id: str, checkpoint: Checkpoint) -> None:
         """Store ``checkpoint`` unless a higher sequence number is stored (then
         ``StaleCheckpointError``); the same sequence number again is accepted."""
