@@ -40,8 +40,8 @@ from integration.faults.multi_table import (
     run_crash_points,
     source_of,
 )
-from tablestore_cdc.verify import history_mismatches, source_history, table_history
 from testkit.processes import REPO, arm_crash_point, kill_tree
+from testkit.target_reads import history_mismatches, source_history, table_history
 from testkit.waiting import wait_until
 
 pytest.importorskip("deltalake")

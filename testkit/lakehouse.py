@@ -21,7 +21,8 @@ from connector.local import LocalTablestore
 from connector.tunnel.page import PageLayout, records_to_page
 from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
-from tablestore_cdc.verify import read_delta, read_iceberg
+from tablestore_cdc.verify import read_delta
+from testkit.target_reads import read_iceberg
 
 UTC = dt.UTC
 SCHEMA = pa.schema([

@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 from connector.local import LocalTablestore
 from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
-from tablestore_cdc.verify import history_mismatches, key_of, read_delta, table_history
+from tablestore_cdc.verify import key_of, read_delta
+from testkit.target_reads import history_mismatches, table_history
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.store_table(channels=2, columns=[("name", "STRING"), ("qty", "INTEGER")])]

@@ -34,13 +34,7 @@ from tablestore_cdc.lakehouse.errors import (  # noqa: E402
 )
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.lakehouse.plan import ApplyOptions, plan_batch  # noqa: E402
-from tablestore_cdc.verify import (  # noqa: E402
-    history_mismatches,
-    rows_by_key,
-    source_history,
-    table_history,
-    table_state,
-)
+from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.lakehouse import (  # noqa: E402
     FIRST,
     WITH_COLOUR,
@@ -51,6 +45,7 @@ from testkit.lakehouse import (  # noqa: E402
     source_batches,
     store_with_history,
 )
+from testkit.target_reads import history_mismatches, source_history, table_history  # noqa: E402
 
 UTC = dt.UTC
 def ts(seconds: float) -> dt.datetime:

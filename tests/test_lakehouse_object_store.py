@@ -24,13 +24,7 @@ from tablestore_cdc.lakehouse.target import (  # noqa: E402
     shown_options,
     storage_options,
 )
-from tablestore_cdc.verify import (  # noqa: E402
-    history_mismatches,
-    rows_by_key,
-    source_history,
-    table_history,
-    table_state,
-)
+from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import (  # noqa: E402
     FIRST,
@@ -42,6 +36,7 @@ from testkit.lakehouse import (  # noqa: E402
     source_batches,
     store_with_history,
 )
+from testkit.target_reads import history_mismatches, source_history, table_history  # noqa: E402
 
 
 @pytest.fixture

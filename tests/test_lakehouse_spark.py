@@ -15,14 +15,12 @@ pytest.importorskip("pyiceberg")
 from connector.local import LocalTablestore  # noqa: E402
 from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
-from tablestore_cdc.verify import (  # noqa: E402
+from tablestore_cdc.verify import read_delta, rows_by_key, table_state  # noqa: E402
+from testkit.target_reads import (  # noqa: E402
     history_mismatches,
-    read_delta,
     read_iceberg,
-    rows_by_key,
     source_history,
     table_history,
-    table_state,
 )
 
 pytestmark = pytest.mark.slow

@@ -46,16 +46,15 @@ from tablestore import INF_MAX, INF_MIN, OTSClient, Row  # noqa: E402
 from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.commands.app import app as cli_app  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
-from tablestore_cdc.verify import (  # noqa: E402
+from tablestore_cdc.verify import read_delta, table_state  # noqa: E402
+from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
+from testkit.processes import REPO, arm_crash_point, kill_tree  # noqa: E402
+from testkit.target_reads import (  # noqa: E402
     history_mismatches,
-    read_delta,
     read_iceberg,
     source_history,
     table_history,
-    table_state,
 )
-from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
-from testkit.processes import REPO, arm_crash_point, kill_tree  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 from testkit.wire_e2e import (  # noqa: E402
     IGNORE,

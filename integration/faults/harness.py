@@ -52,18 +52,12 @@ from integration.scenario import (
     ScenarioRun,
     run_and_tidy,
 )
-from tablestore_cdc.verify import (
-    history_mismatches,
-    read_delta,
-    read_iceberg,
-    source_history,
-    table_history,
-    table_state,
-)
+from tablestore_cdc.verify import read_delta, table_state
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
 from testkit.flaky import FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
 from testkit.flaky import environment as flaky_environment
 from testkit.processes import REPO, arm_crash_point, kill_marked, start_runner
+from testkit.target_reads import history_mismatches, read_iceberg, source_history, table_history
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.faults")

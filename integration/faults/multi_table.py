@@ -38,22 +38,17 @@ from connector.faults import FAULT_DIR_ENV
 from connector.local import LocalTablestore
 from connector.tunnel.base import Record
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
-from tablestore_cdc.verify import (
-    Delivered,
+from tablestore_cdc.verify import Delivered, key_of, read_delta, rows_by_key, table_state, verify
+from testkit.file_sink_log import committed_rows
+from testkit.processes import REPO, arm_crash_point, kill_marked, kill_tree
+from testkit.target_reads import (
     delta_batches,
     history_mismatches,
     iceberg_batches,
-    key_of,
-    read_delta,
     read_iceberg,
-    rows_by_key,
     source_history,
     table_history,
-    table_state,
-    verify,
 )
-from testkit.file_sink_log import committed_rows
-from testkit.processes import REPO, arm_crash_point, kill_marked, kill_tree
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.faults")
