@@ -42,9 +42,8 @@ from connector.tunnel.tablestore import signing
 from tablestore_emulator import plainbuffer as plb
 from tablestore_emulator import table_api, tunnel_api
 from tablestore_emulator.server import EmulatorServer
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 from testkit.wire_bytes import varint
-
-AK, SK, INSTANCE = "test-ak", "test-secret", "emu"
 
 #: the tunnel API's request messages (the table API's are the SDK's ``<Name>Request``)
 TUNNEL_REQUESTS: dict[str, Any] = {
@@ -116,10 +115,10 @@ def with_text(cls: Any, path: tuple[str, ...], text: str) -> Any:
     return msg
 
 
-def signed_headers(path: str, body: bytes, *, secret: str = SK) -> dict[str, str]:
+def signed_headers(path: str, body: bytes, *, secret: str = SECRET) -> dict[str, str]:
     """The ``x-ots-*`` headers an SDK sends with ``body`` to ``path``, signed with ``secret``."""
     headers = {"x-ots-date": signing.ots_date(), "x-ots-apiversion": "2015-12-31",
-               "x-ots-accesskeyid": AK, "x-ots-instancename": INSTANCE,
+               "x-ots-accesskeyid": KEY_ID, "x-ots-instancename": INSTANCE,
                "x-ots-contentmd5": signing.content_md5(body)}
     headers["x-ots-signature"] = signing.request_signature(path, headers,
                                                            signing.SigningKey(secret))
@@ -230,7 +229,7 @@ def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> An
     from tablestore import OTSClient, OTSClientError, OTSServiceError
     from tablestore.auth import RequestContext
 
-    client = OTSClient("http://127.0.0.1:1", AK, SK, INSTANCE)
+    client = OTSClient("http://127.0.0.1:1", KEY_ID, SECRET, INSTANCE)
     # a tunnel path has no SDK API name: a table API's stands in (it only picks the parser)
     name = api_name or (path.lstrip("/") if path in table_api.ROUTES else "ListTable")
     context = RequestContext(client.credentials_provider.get_credentials())
@@ -242,7 +241,7 @@ def sdk_verdict(answer: Answer, path: str, *, api_name: str | None = None) -> An
     return None
 
 
-__all__ = ["AK", "INSTANCE", "ROUTES", "SK", "TUNNEL_REQUESTS", "Answer", "exchange",
+__all__ = ["ROUTES", "TUNNEL_REQUESTS", "Answer", "exchange",
            "fill_required", "nested_condition", "post", "put_row_body", "raw_request",
            "request_type", "sample_request", "sdk_verdict", "signed_headers", "with_text"]
 
@@ -267,9 +266,9 @@ def _ok(answer: Answer) -> bytes:
 @contextmanager
 def emulator_with_tunnel(path: Path, primary_key: list[tuple[str, str]], errors: ErrorLog
                          ) -> Iterator[tuple[EmulatorServer, str, list[str]]]:
-    """An emulator in this process (``EmulatorServer``, instance ``INSTANCE``, key pair
-    ``AK``/``SK``) serving the store file ``path``, with a table ``orders`` of ``primary_key``
-    (made by the official SDK) and a stream tunnel ``t1`` on it; ``errors`` holds what the
+    """An emulator in this process (``EmulatorServer``, ``testkit.emulator``'s instance and key
+    pair) serving the store file ``path``, with a table ``orders`` of ``primary_key`` (made by
+    the official SDK) and a stream tunnel ``t1`` on it; ``errors`` holds what the
     emulator logs at ERROR meanwhile. Yields the server, the tunnel's id and its channels'."""
     from tablestore import CapacityUnit, OTSClient, ReservedThroughput, TableMeta, TableOptions
     from tablestore.retry import NoRetryPolicy
@@ -277,8 +276,8 @@ def emulator_with_tunnel(path: Path, primary_key: list[tuple[str, str]], errors:
     logger = logging.getLogger("tablestore_emulator")
     logger.addHandler(errors)
     try:
-        with EmulatorServer(str(path), INSTANCE, AK, SK) as server:
-            client = OTSClient(server.url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
+        with EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET) as server:
+            client = OTSClient(server.url, KEY_ID, SECRET, INSTANCE, retry_policy=NoRetryPolicy())
             client.create_table(TableMeta("orders", primary_key), TableOptions(),
                                 ReservedThroughput(CapacityUnit(0, 0)))
             tunnel = m.CreateTunnelRequest()

@@ -7,12 +7,20 @@ The root ``conftest.py`` registers them for every test (``pytest_plugins``), und
 moto servers).
 
 - ``spark`` (session): one real local Spark (``local[2]``) with ``format("tablestore")``
-  registered; it takes 5-11 s to start, so the whole session shares it.
+  registered; it takes 5-11 s to start, so the whole session shares it. ``stop_queries``: a
+  module's tests leave no query running into the next test, failed or not
+  (``pytestmark = pytest.mark.usefixtures("stop_queries")``).
 - ``store``: an embedded store with table ``t`` (key ``id`` INTEGER, attribute ``v`` INTEGER,
   2 channels); a module or a test that needs another table says so with the ``store_table``
   marker (``pytestmark = pytest.mark.store_table(channels=3, columns=[("name", "STRING")])``:
   ``local_store``'s arguments). ``local_store`` builds one outside a fixture, ``put_rows``
   writes to it and ``options_for`` gives the reader options of tunnel ``q`` on it.
+- ``emulator``: the Tablestore emulator in this process serving ``store``, with
+  ``testkit.emulator``'s instance and key pair; ``ots_emulator`` (module): one serving a store
+  with no tables, for a module's tests (the Tablestore meta store's service, requests written
+  byte by byte). Both skip the test when the ``tablestore`` SDK is not installed.
+- ``target``: an apply sink's target table, once Delta and once Iceberg (``testkit.lakehouse``'s
+  ``Delta`` and ``Iceberg`` in the test's temporary directory).
 - ``aws_env`` (session): fake AWS credentials and region for boto3, inherited by child
   processes; the user's real AWS config files are hidden.
 - ``moto_endpoint`` (session): the URL of a serialized moto server on 127.0.0.1
@@ -35,7 +43,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -43,6 +51,11 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server, threaded_moto_server
 from testkit.dynamodb_streams_fake import StreamsFake
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
+
+if TYPE_CHECKING:
+    from tablestore_emulator.server import EmulatorServer
+    from testkit.lakehouse import Delta, Iceberg
 
 #: table ``t``'s key and attribute columns unless a test asks for others
 PRIMARY_KEY = (("id", "INTEGER"),)
@@ -83,6 +96,15 @@ def spark() -> Iterator[Any]:
     for query in session.streams.active:
         query.stop()
     session.stop()
+
+
+@pytest.fixture
+def stop_queries(spark: Any) -> Iterator[None]:
+    """After the test, every streaming query still active on ``spark`` stopped: a failed test
+    must not leave its query running into the next one."""
+    yield
+    for query in spark.streams.active:
+        query.stop()
 
 
 @pytest.fixture
@@ -151,3 +173,36 @@ def aws_test_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake AWS credentials and region in the environment for one test."""
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.setenv(name, AWS_TEST_ENV[name])
+
+
+@pytest.fixture
+def emulator(store: LocalTablestore) -> Iterator[EmulatorServer]:
+    """The emulator in this process serving ``store`` (``testkit.emulator``'s instance and key
+    pair), stopped after the test."""
+    pytest.importorskip("tablestore")
+    from tablestore_emulator.server import EmulatorServer
+
+    with EmulatorServer(str(store.path), INSTANCE, KEY_ID, SECRET) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ots_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
+    """The emulator in this process serving a store with no tables, shared by a module's tests
+    (``testkit.emulator``'s instance and key pair)."""
+    pytest.importorskip("tablestore")
+    from tablestore_emulator.server import EmulatorServer
+
+    path = tmp_path_factory.mktemp("ots-emulator") / "store.db"
+    with EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET) as server:
+        yield server
+
+
+@pytest.fixture(params=["delta", "iceberg"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
+    """An apply sink's target in the test's temporary directory, once a Delta table and once
+    an Iceberg table (``testkit.lakehouse``; imported here, when a test asks for it, so the
+    suite does not load deltalake and pyiceberg for every test)."""
+    from testkit.lakehouse import Delta, Iceberg
+
+    return Delta(tmp_path) if request.param == "delta" else Iceberg(tmp_path)

@@ -12,9 +12,9 @@ from tablestore import Condition, OTSClient, Row, RowExistenceExpectation
 from tablestore.retry import NoRetryPolicy
 
 from tablestore_emulator.server import EmulatorServer
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 
-AK, SK, INSTANCE = "meta-test-ak", "meta-test-secret-never-shown", "emu"
-ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SK}
+ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET}
 
 
 def table_uri(emulator: EmulatorServer, table: str | None = None, **params: str) -> str:
@@ -24,7 +24,7 @@ def table_uri(emulator: EmulatorServer, table: str | None = None, **params: str)
 
 
 def sdk_client(emulator: EmulatorServer) -> OTSClient:
-    return OTSClient(emulator.url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
+    return OTSClient(emulator.url, KEY_ID, SECRET, INSTANCE, retry_policy=NoRetryPolicy())
 
 
 def tablestore_raw_writer(emulator: EmulatorServer, uri: str

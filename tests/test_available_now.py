@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,12 +42,6 @@ def writer(store: LocalTablestore) -> LocalTablestore:
     """The shared ``store`` fixture (``testkit.fixtures``: table ``t``, 2 channels), which the
     tests write into."""
     return store
-
-
-@pytest.fixture
-def emulator(writer: LocalTablestore) -> Iterator[EmulatorServer]:
-    with EmulatorServer(str(writer.path), INSTANCE, KEY_ID, SECRET) as server:
-        yield server
 
 
 def wire_options(emulator: EmulatorServer, tmp_path: Path, **extra: str) -> SourceOptions:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +23,7 @@ from google.protobuf.descriptor import FieldDescriptor  # noqa: E402
 
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
 from testkit.emulator_requests import (  # noqa: E402
-    AK,
-    INSTANCE,
     ROUTES,
-    SK,
     exchange,
     raw_request,
     request_type,
@@ -38,10 +34,9 @@ from testkit.emulator_requests import (  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
-    path = Path(tmp_path_factory.mktemp("emu")) / "store.db"
-    with EmulatorServer(str(path), INSTANCE, AK, SK) as server:
-        yield server
+def emulator(ots_emulator: EmulatorServer) -> EmulatorServer:
+    """The module's emulator (the shared ``ots_emulator``: a store with no tables)."""
+    return ots_emulator
 
 
 @pytest.fixture(autouse=True)

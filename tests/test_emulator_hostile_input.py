@@ -24,7 +24,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,8 @@ from tablestore_emulator.column_filter import (  # noqa: E402
     MAX_FILTER_DEPTH,
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # noqa: E402
 from testkit.emulator_requests import (  # noqa: E402
-    AK,
-    INSTANCE,
-    SK,
     exchange,
     nested_condition,
     post,
@@ -62,17 +59,16 @@ def create_table(url: str, name: str = TABLE) -> None:
     from tablestore import CapacityUnit, OTSClient, ReservedThroughput, TableMeta, TableOptions
     from tablestore.retry import NoRetryPolicy
 
-    client = OTSClient(url, AK, SK, INSTANCE, retry_policy=NoRetryPolicy())
+    client = OTSClient(url, KEY_ID, SECRET, INSTANCE, retry_policy=NoRetryPolicy())
     client.create_table(TableMeta(name, [("id", "STRING")]), TableOptions(),
                         ReservedThroughput(CapacityUnit(0, 0)))
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
-    path = Path(tmp_path_factory.mktemp("emu")) / "store.db"
-    with EmulatorServer(str(path), INSTANCE, AK, SK) as server:
-        create_table(server.url)
-        yield server
+def emulator(ots_emulator: EmulatorServer) -> EmulatorServer:
+    """The module's emulator (the shared ``ots_emulator``) with table ``orders``."""
+    create_table(ots_emulator.url)
+    return ots_emulator
 
 
 def service_error(answer: Any, path: str, status: int = 400,
@@ -246,7 +242,7 @@ def quick_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("quick_timeouts")
 def test_a_request_dripped_past_the_read_timeout_is_closed(tmp_path: Path) -> None:
-    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, AK, SK) as emu:
+    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, KEY_ID, SECRET) as emu:
         sock = _connect(emu.url)
         started = time.monotonic()
         closed = False
@@ -268,7 +264,7 @@ def test_a_request_dripped_past_the_read_timeout_is_closed(tmp_path: Path) -> No
 
 @pytest.mark.usefixtures("quick_timeouts")
 def test_a_kept_alive_connection_idle_past_its_timeout_is_closed(tmp_path: Path) -> None:
-    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, AK, SK) as emu:
+    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, KEY_ID, SECRET) as emu:
         with _connect(emu.url) as sock:
             sock.sendall(_list_table_request())
             sock.settimeout(5)
@@ -287,7 +283,7 @@ def test_past_the_cap_of_busy_connections_a_newcomer_gets_503_at_once(
         release.wait(10)
         return bytes(pb.ListTableResponse().SerializeToString())
 
-    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, AK, SK) as emu:
+    with EmulatorServer(str(tmp_path / "s.db"), INSTANCE, KEY_ID, SECRET) as emu:
         emu.routes["/ListTable"] = slow_list_table
         busy = [_connect(emu.url) for _ in range(2)]
         try:
@@ -364,7 +360,8 @@ def test_a_nested_condition_with_a_large_leaf_costs_bounded_memory(tmp_path: Pat
                                                                    nots: int) -> None:
     from testkit.emulator import EmulatorProcess
 
-    emu = EmulatorProcess(tmp_path / "s.db", tmp_path / "emulator.log", INSTANCE, AK, SK).start()
+    emu = EmulatorProcess(tmp_path / "s.db", tmp_path / "emulator.log", INSTANCE, KEY_ID,
+                          SECRET).start()
     try:
         assert emu.proc is not None
         create_table(emu.url)

@@ -53,8 +53,8 @@ from connector.tunnel.local.schema import TABLES as STORE_TABLES  # noqa: E402
 from tablestore_cdc.commands.local import app as local_app  # noqa: E402
 from tablestore_emulator.errors import OtsError  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # noqa: E402
 
-AK, SK, INSTANCE = "test-ak", "test-secret", "emu"
 IGNORE = Condition(RowExistenceExpectation.IGNORE)
 EXPECT_EXIST = Condition(RowExistenceExpectation.EXPECT_EXIST)
 EXPECT_NOT_EXIST = Condition(RowExistenceExpectation.EXPECT_NOT_EXIST)
@@ -67,11 +67,11 @@ def store_path(tmp_path: Path) -> str:
 
 @pytest.fixture
 def emulator(store_path: str) -> Iterator[EmulatorServer]:
-    with EmulatorServer(store_path, INSTANCE, AK, SK) as server:
+    with EmulatorServer(store_path, INSTANCE, KEY_ID, SECRET) as server:
         yield server
 
 
-def make_client(url: str, secret: str = SK, key_id: str = AK) -> OTSClient:
+def make_client(url: str, secret: str = SECRET, key_id: str = KEY_ID) -> OTSClient:
     return OTSClient(url, key_id, secret, INSTANCE, retry_policy=NoRetryPolicy())
 
 
@@ -488,8 +488,8 @@ def test_emulator_command_refuses_a_file_that_is_not_its_store(tmp_path: Path) -
                           (tmp_path, "is a directory")):
         before = path.read_bytes() if path.is_file() else None
         res = CliRunner().invoke(root_app, [
-            "emulator", "--store", str(path), "--instance", INSTANCE, "--access-key-id", AK,
-            "--access-key-secret", SK, "--port", "0"])
+            "emulator", "--store", str(path), "--instance", INSTANCE, "--access-key-id", KEY_ID,
+            "--access-key-secret", SECRET, "--port", "0"])
         assert res.exit_code == 2, res.output
         assert message in res.output and "Traceback" not in res.output
         assert len(res.output.strip().splitlines()) == 1
@@ -508,7 +508,7 @@ def test_the_emulator_command_without_the_sdk_names_the_extra(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "tablestore_emulator.server", None)  # an import fails
     res = CliRunner().invoke(root_app, [
         "emulator", "--store", str(tmp_path / "store.db"), "--instance", INSTANCE,
-        "--access-key-id", AK, "--access-key-secret", SK])
+        "--access-key-id", KEY_ID, "--access-key-secret", SECRET])
     assert res.exit_code == 2, res.output
     assert res.output.startswith("error: the emulator needs the Tablestore SDK")
     assert "pip install 'tablestore-cdc[tablestore]'" in res.output
@@ -521,7 +521,7 @@ def test_emulator_command_serves_until_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "cli.db"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tablestore_cdc", "emulator", "--store", str(store),
-         "--instance", INSTANCE, "--access-key-id", AK, "--access-key-secret", SK,
+         "--instance", INSTANCE, "--access-key-id", KEY_ID, "--access-key-secret", SECRET,
          "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

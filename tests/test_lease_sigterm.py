@@ -15,25 +15,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from meta_store import open_meta_store
-from tablestore_emulator.server import EmulatorServer
 from testkit.planning_process import IDENTITY
 from testkit.processes import REPO
-from testkit.tablestore_meta import AK, ENV, INSTANCE, SK, table_uri
+from testkit.tablestore_meta import ENV, table_uri
 
 pytestmark = pytest.mark.slow  # starts processes (a planning process, a moto server, an emulator)
-
-
-@pytest.fixture(scope="module")
-def ots_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
-    with EmulatorServer(str(tmp_path_factory.mktemp("emulator") / "store.db"), INSTANCE, AK,
-                        SK) as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "dynamodb", "tablestore"])

@@ -27,15 +27,14 @@ import subprocess
 import sys
 import tempfile
 import uuid as uuidlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 
 from meta_store import open_meta_store
 from meta_store.base import FINISHED, BatchRecord, BatchState, EndCheckpoint, MetaStore
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 from tests.contract.meta_contract import make_end, make_manifest
 
 GOLDEN = Path(__file__).parent / "data" / "meta_kv_layout"
@@ -47,7 +46,6 @@ INFO = {"endpoint": "http://127.0.0.1:1", "table": "orders", "tunnel": "t1",
 #: channels of the large manifest: over each backend's compression threshold (300 KB of JSON
 #: on DynamoDB, 2 MB on Tablestore) while compressing to a few KB
 LARGE_CHANNELS = {"dynamodb": 150, "tablestore": 1000}
-TS_INSTANCE, TS_AK, TS_SK = "emu", "golden-ak", "golden-secret"
 
 
 def scenario(store: MetaStore, large_channels: int) -> None:
@@ -154,11 +152,11 @@ def _ots(emulator: Any) -> Any:
     from tablestore import OTSClient
     from tablestore.retry import NoRetryPolicy
 
-    return OTSClient(emulator.url, TS_AK, TS_SK, TS_INSTANCE, retry_policy=NoRetryPolicy())
+    return OTSClient(emulator.url, KEY_ID, SECRET, INSTANCE, retry_policy=NoRetryPolicy())
 
 
 def tablestore_uri(emulator: Any, table: str) -> str:
-    return f"tablestore://{TS_INSTANCE}/{table}?endpoint={emulator.url}&create_table=true"
+    return f"tablestore://{INSTANCE}/{table}?endpoint={emulator.url}&create_table=true"
 
 
 def _typed(value: Any) -> list[Any]:
@@ -207,7 +205,7 @@ def plant_tablestore(emulator: Any, table: str, rows: list[dict[str, Any]]) -> N
 
 def _open_tablestore(emulator: Any, table: str) -> MetaStore:
     return open_meta_store(tablestore_uri(emulator, table),
-                           {"access_key_id": TS_AK, "access_key_secret": TS_SK})
+                           {"access_key_id": KEY_ID, "access_key_secret": SECRET})
 
 
 def run_tablestore(emulator: Any) -> dict[str, Any]:
@@ -225,16 +223,6 @@ def run_tablestore(emulator: Any) -> dict[str, Any]:
 def golden(backend: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((GOLDEN / f"{backend}.json").read_text())
     return data
-
-
-@pytest.fixture(scope="module")
-def ots_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    pytest.importorskip("tablestore")
-    from tablestore_emulator.server import EmulatorServer
-
-    path = tmp_path_factory.mktemp("golden-emulator") / "store.db"
-    with EmulatorServer(str(path), TS_INSTANCE, TS_AK, TS_SK) as server:
-        yield server
 
 
 class TestDynamoDbLayout:
@@ -292,7 +280,7 @@ def main() -> None:
     finally:
         stop_moto_server(proc)
     with tempfile.TemporaryDirectory() as tmp, EmulatorServer(
-            str(Path(tmp) / "store.db"), TS_INSTANCE, TS_AK, TS_SK) as server:
+            str(Path(tmp) / "store.db"), INSTANCE, KEY_ID, SECRET) as server:
         results["tablestore"] = run_tablestore(server)
     GOLDEN.mkdir(parents=True, exist_ok=True)
     for backend, result in results.items():

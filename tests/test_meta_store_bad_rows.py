@@ -32,6 +32,7 @@ from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError
 from meta_store.kv_layout import MAX_MANIFEST_JSON_BYTES
 from tablestore_cdc.commands.app import app
 from tablestore_cdc.feed.reading import InspectedStore
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 from tests.contract.meta_contract import make_manifest
 
 NS = "local:/data/store.db#orders#t1"
@@ -249,17 +250,6 @@ def test_a_manifest_over_the_bound_is_refused_when_written_to_sqlite(
 
 # --- DynamoDB and Tablestore: the key-value layout -------------------------------------------
 
-TS_INSTANCE, TS_AK, TS_SK = "emu", "bad-rows-ak", "bad-rows-secret"
-
-
-@pytest.fixture(scope="module")
-def ots_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    pytest.importorskip("tablestore")
-    from tablestore_emulator.server import EmulatorServer
-
-    path = tmp_path_factory.mktemp("bad-rows-emulator") / "store.db"
-    with EmulatorServer(str(path), TS_INSTANCE, TS_AK, TS_SK) as server:
-        yield server
 
 
 class KvBackend:
@@ -308,15 +298,15 @@ class Tablestore(KvBackend):
         self.emulator, self.table = emulator, f"bad_{uuidlib.uuid4().hex[:12]}"
 
     def open(self) -> MetaStore:
-        return open_meta_store(f"tablestore://{TS_INSTANCE}/{self.table}?endpoint="
+        return open_meta_store(f"tablestore://{INSTANCE}/{self.table}?endpoint="
                                f"{self.emulator.url}&create_table=true",
-                               {"access_key_id": TS_AK, "access_key_secret": TS_SK})
+                               {"access_key_id": KEY_ID, "access_key_secret": SECRET})
 
     def overwrite(self, cells: dict[str, Any]) -> None:
         from tablestore import OTSClient, Row
         from tablestore.retry import NoRetryPolicy
 
-        client = OTSClient(self.emulator.url, TS_AK, TS_SK, TS_INSTANCE,
+        client = OTSClient(self.emulator.url, KEY_ID, SECRET, INSTANCE,
                            retry_policy=NoRetryPolicy())
         client.update_row(self.table, Row([("ns", NS), ("sk", "B#b0")], {"put": [
             (k, bytearray(v) if isinstance(v, bytes) else v) for k, v in cells.items()]}), None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import uuid as uuidlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,8 @@ from meta_store import BatchState, open_meta_store  # noqa: E402
 from meta_store.tablestore import TablestoreMetaStore  # noqa: E402
 from tablestore_cdc.commands.app import app as root_app  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
-from testkit.tablestore_meta import (  # noqa: E402
-    AK,
-    ENV,
-    INSTANCE,
-    SK,
-    sdk_client,
-    table_uri,
-    tablestore_raw_writer,
-)
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # noqa: E402
+from testkit.tablestore_meta import ENV, sdk_client, table_uri, tablestore_raw_writer  # noqa: E402
 from tests.contract.meta_contract import (  # noqa: E402
     NS,
     MetaStoreContract,
@@ -54,13 +46,6 @@ from tests.contract.meta_contract import (  # noqa: E402
     make_manifest,
     new_uuid,
 )
-
-
-@pytest.fixture(scope="module")
-def ots_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorServer]:
-    store = tmp_path_factory.mktemp("emulator") / "store.db"
-    with EmulatorServer(str(store), INSTANCE, AK, SK) as server:
-        yield server
 
 
 @pytest.fixture
@@ -131,15 +116,16 @@ class TestUrisAndCredentials:
         for key in ENV:
             monkeypatch.delenv(key, raising=False)
         uri = table_uri(ots_emulator, create_table="true")
-        with TablestoreMetaStore.from_uri(uri, access_key_id=AK, access_key_secret=SK) as store:
+        with TablestoreMetaStore.from_uri(uri, access_key_id=KEY_ID,
+                                          access_key_secret=SECRET) as store:
             store.create_batch(NS, new_uuid(), None)
             assert len(store.list_batches(NS)) == 1
-            assert SK not in store.uri and SK not in repr(store)
+            assert SECRET not in store.uri and SECRET not in repr(store)
 
     def test_wrong_secret_is_refused(self, ots_emulator: EmulatorServer) -> None:
         uri = table_uri(ots_emulator, create_table="true")
         with pytest.raises(MetaStoreRequestError, match="OTSAuthFailed"):
-            TablestoreMetaStore.from_uri(uri, access_key_id=AK, access_key_secret="wrong")
+            TablestoreMetaStore.from_uri(uri, access_key_id=KEY_ID, access_key_secret="wrong")
 
 
 # --- backend specifics ----------------------------------------------------------------------------

@@ -15,17 +15,11 @@ from pyspark.errors import StreamingQueryException
 from connector.local import LocalTablestore
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_table(channels=2, columns=[])]
+pytestmark = [pytest.mark.slow, pytest.mark.store_table(channels=2, columns=[]),
+              pytest.mark.usefixtures("stop_queries")]
 
 SCHEMA = ("id long, qty long, ok boolean, _op string, _channel_id string, _sequence string, "
           "_extra string")
-
-
-@pytest.fixture(autouse=True)
-def stop_queries(spark):
-    yield
-    for query in spark.streams.active:
-        query.stop()
 
 
 def stream(spark, store: LocalTablestore, policy: str):

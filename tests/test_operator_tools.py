@@ -431,19 +431,13 @@ def test_a_corrupt_tablestore_meta_row_is_marked_too(tmp_path_factory: Any,
     """And on the Tablestore meta store (the local emulator over HTTP, official SDK)."""
     pytest.importorskip("tablestore")
     from tablestore_emulator.server import EmulatorServer
-    from testkit.tablestore_meta import (
-        AK,
-        ENV,
-        INSTANCE,
-        SK,
-        table_uri,
-        tablestore_raw_writer,
-    )
+    from testkit.emulator import INSTANCE, KEY_ID, SECRET
+    from testkit.tablestore_meta import ENV, table_uri, tablestore_raw_writer
 
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
     store = tmp_path_factory.mktemp("emulator") / "store.db"
-    with EmulatorServer(str(store), INSTANCE, AK, SK) as emulator:
+    with EmulatorServer(str(store), INSTANCE, KEY_ID, SECRET) as emulator:
         uri = table_uri(emulator)
         with open_meta_store(uri + "&create_table=true") as meta:
             meta.set_namespace_info(NS, {"table": "t", "tunnel": "n"})

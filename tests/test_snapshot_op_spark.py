@@ -13,14 +13,8 @@ from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import read_delta, rows_by_key, table_state
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_table(channels=2, columns=[])]
-
-
-@pytest.fixture(autouse=True)
-def stop_queries(spark):
-    yield
-    for query in spark.streams.active:
-        query.stop()
+pytestmark = [pytest.mark.slow, pytest.mark.store_table(channels=2, columns=[]),
+              pytest.mark.usefixtures("stop_queries")]
 
 
 def stream(spark, store: LocalTablestore, tunnel: str, **options: str):

@@ -20,15 +20,8 @@ from tablestore_cdc.verify import rows_by_key, verify
 from testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.store_table(channels=3, columns=[("name", "STRING"), ("qty", "INTEGER")])]
-
-
-@pytest.fixture(autouse=True)
-def stop_queries(spark):
-    """A failed test must not leave its query running into the next one."""
-    yield
-    for query in spark.streams.active:
-        query.stop()
+              pytest.mark.store_table(channels=3, columns=[("name", "STRING"), ("qty", "INTEGER")]),
+              pytest.mark.usefixtures("stop_queries")]
 
 
 def stream(spark, store: LocalTablestore, tunnel: str = "q", **options: str):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,29 +34,16 @@ from tablestore_emulator.server import EmulatorServer
 from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.emulator import INSTANCE, KEY_ID, SECRET
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def stop_queries(spark):
-    yield
-    for query in spark.streams.active:
-        query.stop()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.store_table(channels=2, columns=[("name", "STRING"), ("qty", "INTEGER")]),
+              pytest.mark.usefixtures("stop_queries")]
 
 
 @pytest.fixture
-def writer(tmp_path: Path) -> Iterator[LocalTablestore]:
-    store = LocalTablestore(tmp_path / "store.db")
-    store.create_table("t", primary_key=[("id", "INTEGER")],
-                       columns=[("name", "STRING"), ("qty", "INTEGER")], channels=2)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def emulator(writer: LocalTablestore) -> Iterator[EmulatorServer]:
-    with EmulatorServer(str(writer.path), INSTANCE, KEY_ID, SECRET) as server:
-        yield server
+def writer(store: LocalTablestore) -> LocalTablestore:
+    """The shared ``store`` fixture (``testkit.fixtures``: table ``t`` with ``name`` and ``qty``,
+    2 channels), which the tests write into; the shared ``emulator`` serves it."""
+    return store
 
 
 def write_changes(store: LocalTablestore, start: int, n: int, keys: int = 40) -> None:
