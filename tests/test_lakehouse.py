@@ -9,7 +9,6 @@ import datetime as dt
 import json
 import random
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -38,7 +37,6 @@ from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.lakehouse import (  # noqa: E402
     FIRST,
     WITH_COLOUR,
-    Delta,
     Iceberg,
     batch,
     change,
@@ -160,11 +158,6 @@ def test_the_iceberg_target_without_pyiceberg_fails_when_made_naming_the_extra(
 
 
 # --- the two targets, real tables ------------------------------------------------------------
-
-
-@pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
-    return request.param(tmp_path)
 
 
 @pytest.mark.parametrize("scd", [1, 2])

@@ -26,11 +26,6 @@ from tablestore_cdc.verify import table_state  # noqa: E402
 from testkit.lakehouse import FIRST, WITH_COLOUR, Delta, Iceberg  # noqa: E402
 
 
-@pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
-    return request.param(tmp_path)
-
-
 def files_of(directory: Path) -> dict[str, str]:
     """Every file under ``directory`` and the SHA-256 of its bytes."""
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
