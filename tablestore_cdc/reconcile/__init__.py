@@ -13,6 +13,8 @@ The parts, each its own module:
   checkpoints and commit times), and which differing keys changed after it (IN-FLIGHT);
 - ``keyrange``: a range of the first key column (a re-snapshot's ``--from`` / ``--to``), which
   both sides' readers read only;
+- ``job_target``: the target a table's ``replicate`` job writes, from the job's own record in
+  the meta table (so neither ``reconcile`` nor ``resnapshot`` needs ``--target``);
 - ``run``: one table start to end (``reconcile_table``), ``command``: the CLI command.
 
 The source and target readers are the pieces a re-snapshot reuses.

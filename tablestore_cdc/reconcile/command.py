@@ -1,7 +1,9 @@
 """``tablestore-cdc reconcile``: is the lake copy equal to the source right now?
 
-Takes the source and the target as ``replicate`` does (``--store`` / ``--endpoint``,
-``--option``, ``--table``, ``--target`` or ``--output``, ``--tunnel``), reconciles each table
+Takes the source as ``replicate`` does (``--store`` / ``--endpoint``, ``--option``,
+``--table``, ``--tunnel``); the target of each table is the one its ``replicate`` job recorded
+in the meta table (``job_target``: whatever the job's ``--target``, ``--config`` or
+``--output`` said), unless ``--target`` names one. Reconciles each table
 (``run.reconcile_table``), prints a summary (or ``--json``) and exits:
 
 - 0: every table equals its target, but for differences still in flight;
@@ -33,6 +35,8 @@ from rich.progress import (
 from tablestore_cdc.commands.errors import fail, reported_errors
 from tablestore_cdc.commands.source_flags import reader_options, source_endpoint
 from tablestore_cdc.lakehouse.target import parse_target_options
+from tablestore_cdc.reconcile.errors import JobOutputError, JobRecordMissingError
+from tablestore_cdc.reconcile.job_target import job_target, output_target
 from tablestore_cdc.reconcile.run import TableReport, as_json, json_value, reconcile_table
 from tablestore_cdc.reconcile.source import SourceSpec
 
@@ -62,17 +66,20 @@ class BarProgress:
 
 def reconcile(
     table: Annotated[list[str], typer.Option(
-        help="The table to reconcile (repeatable: each with the target --target names).")],
+        help="The table to reconcile (repeatable), with the target its replicate job "
+        "recorded in the meta table (or --target).")],
     target: Annotated[str | None, typer.Option(
-        help="The copy, as replicate's --target: delta:///abs/path, delta+s3://bucket/prefix, "
-        "iceberg:///abs/warehouse?table=namespace.table or iceberg://catalog/namespace.table; "
-        "{table} stands for the table's name (default: delta://OUTPUT/TABLE with --output).")]
+        help="Another copy than the job's, as replicate's --target: delta:///abs/path, "
+        "delta+s3://bucket/prefix, iceberg:///abs/warehouse?table=namespace.table or "
+        "iceberg://catalog/namespace.table; {table} stands for the table's name (default: "
+        "the target the table's job recorded in the meta table).")]
     = None,
     target_option: Annotated[list[str] | None, typer.Option(
         help="replicate's --target-option KEY=VALUE (repeatable): a delta-rs storage option "
         "or an Iceberg catalog property.")] = None,
     output: Annotated[Path | None, typer.Option(
-        help="replicate's --output: the default target is delta://OUTPUT/TABLE.")] = None,
+        help="replicate's --output: checked against the job's record; for a job that "
+        "recorded no target, its Delta table at OUTPUT/TABLE or OUTPUT/lake/TABLE.")] = None,
     store: Annotated[Path | None, typer.Option(
         help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
     endpoint: Annotated[str | None, typer.Option(
@@ -105,26 +112,22 @@ def reconcile(
     runs."""
     source = source_endpoint(store, endpoint)
     extra = reader_options(option)
-    if target is None:
-        if output is None:
-            fail("give --target (or replicate's --output, for its default target)")
-        target = f"delta://{output.resolve()}/{TABLE_PLACEHOLDER}"
-    if len(table) > 1 and TABLE_PLACEHOLDER not in target:
+    if target is not None and len(table) > 1 and TABLE_PLACEHOLDER not in target:
         fail(f"--target: with several --table, the target must contain {TABLE_PLACEHOLDER}")
     err = Console(stderr=True)
     reports: list[TableReport] = []
     with reported_errors():
         target_options = parse_target_options(target_option)
+        specs = [SourceSpec(source, name, tunnel, extra) for name in table]
+        targets = [target_uri(spec, target, output) for spec in specs]
     with reported_errors(), Progress(
             TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TimeElapsedColumn(), console=err, transient=True,
             disable=not err.is_terminal) as bar:
-        for name in table:
-            spec = SourceSpec(source, name, tunnel, extra)
+        for spec, uri in zip(specs, targets, strict=True):
             reports.append(reconcile_table(
-                spec, target.replace(TABLE_PLACEHOLDER, name),
-                soft_delete_column=soft_delete_column, ignore=ignore_column or (),
-                in_flight=in_flight, progress=BarProgress(bar, name),
+                spec, uri, soft_delete_column=soft_delete_column, ignore=ignore_column or (),
+                in_flight=in_flight, progress=BarProgress(bar, spec.table),
                 target_options=target_options))
     if as_json_flag:
         typer.echo(json.dumps({"ok": all(r.ok for r in reports),
@@ -134,6 +137,25 @@ def reconcile(
         for report in reports:
             print_report(out, report, limit)
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+def target_uri(spec: SourceSpec, target: str | None, output: Path | None) -> str:
+    """The target ``spec``'s table is compared with: ``--target`` (its ``{table}`` replaced),
+    else the one the table's job recorded (``job_target``; ``--output``, when given, must name
+    that job), else, for a job that recorded none, its Delta table under ``--output``
+    (``output_target``). ``JobRecordMissingError`` without any."""
+    if target is not None:
+        return target.replace(TABLE_PLACEHOLDER, spec.table)
+    try:
+        recorded = job_target(spec)
+    except JobRecordMissingError:
+        if output is None:
+            raise
+        return output_target(output.resolve(), spec.table)
+    if output is not None and Path(recorded.job).resolve() != output.resolve():
+        raise JobOutputError(output=str(output), table=spec.table, job=recorded.job,
+                             target=recorded.target)
+    return recorded.target
 
 
 def print_report(out: Console, report: TableReport, limit: int) -> None:

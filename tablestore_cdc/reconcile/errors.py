@@ -26,3 +26,25 @@ class SourceReadError(ReconcileError):
     """The source table could not be read (the service refused, a value it cannot carry)."""
 
     template = "source {source}: {problem}"
+
+
+class JobRecordMissingError(ReconcileError):
+    """No ``replicate`` job recorded the table's target in the meta table
+    (``job_target``)."""
+
+    template = ("table {table}: no replicate job has recorded its target in the meta store "
+                "{meta} (tunnel {tunnel}): none ran there yet, or it ran before jobs recorded "
+                "their targets; pass --target URI")
+
+
+class JobOutputError(ReconcileError):
+    """``--output`` names another job than the one that recorded the table's target."""
+
+    template = ("--output {output}: table {table} is replicated by the job with --output "
+                "{job} (into {target}); drop --output, or pass --target URI")
+
+
+class OutputLayoutError(ReconcileError):
+    """``--output`` of a job without a record: no single Delta table at its default paths."""
+
+    template = ("--output: {problem} a Delta table for {table} ({paths}); pass --target URI")

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_common.uris import redact_uri
 from tablestore_cdc.reconcile.compare import Comparison, Progress, compare
 from tablestore_cdc.reconcile.inflight import InFlight, in_flight_keys
 from tablestore_cdc.reconcile.keyrange import KeyRange
@@ -72,7 +73,7 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
     with open_source_table(spec) as source:
         layout = CompareLayout.build(source.schema, target.schema,
                                      soft_delete_column=soft_delete_column, ignore=ignore,
-                                     target_name=target_uri)
+                                     target_name=redact_uri(target_uri))
         span = (None if key_from is None and key_to is None
                 else KeyRange(layout.key_columns[0], key_from, key_to))
         comparison = compare(source, target, layout, progress, span=span)
@@ -83,7 +84,7 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
                                progress)
         for d in comparison.differences:
             d.in_flight = d.key in found.changed
-    return TableReport(table=spec.table, source=shown, target=target_uri,
+    return TableReport(table=spec.table, source=shown, target=redact_uri(target_uri),
                        target_version=target.version, scd=target.scd, comparison=comparison,
                        in_flight=found, seconds=time.monotonic() - started,
                        key_columns=layout.key_columns, columns=[n for n, _ in layout.value_columns],
