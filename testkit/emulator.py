@@ -1,5 +1,6 @@
 """The Tablestore emulator as the tests reach it: the instance and key pair of an in-process
-``EmulatorServer``, the tunnel service URI that reaches it with them, and ``EmulatorProcess``,
+``EmulatorServer`` (the one place the tests take them from; ``SOURCE_OPTIONS`` as reader
+options), the tunnel service URI that reaches it with them, and ``EmulatorProcess``,
 the emulator as a child process (``tablestore-cdc emulator``) that a test can SIGKILL and
 start again on the same port."""
 
@@ -18,6 +19,8 @@ CLI = str(Path(sys.executable).with_name("tablestore-cdc"))
 INSTANCE = "inst"
 KEY_ID = "test-key-id"
 SECRET = "test-secret-3f9a1c"
+#: the reader options (``option(...)``) that name the instance and give its key pair
+SOURCE_OPTIONS = {"instance.name": INSTANCE, "access.key.id": KEY_ID, "access.key.secret": SECRET}
 
 
 def service_uri(url: str, secret: str = SECRET, **extra: str) -> str:

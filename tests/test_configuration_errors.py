@@ -48,9 +48,8 @@ from meta_store.errors import (  # noqa: E402
     TransientMetaStoreError,
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # noqa: E402
 from testkit.fault_proxy import FaultProxy, Kind, Rule  # noqa: E402
-
-INSTANCE, KEY_ID, SECRET = "inst", "cfg-key-id", "cfg-secret-71c3"
 
 
 def free_port() -> int:

@@ -41,6 +41,7 @@ from tablestore_cdc.feed.polling import follow_feed
 from tablestore_cdc.feed.reading import user_namespaces
 from tablestore_cdc.listener import ProgressListener, spark_metrics
 from tablestore_cdc.query_record import load_spark_metrics, record_spark_metrics
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 from testkit.feed_schema import feed_validator as validator
 from testkit.feed_schema import load_feed_schema
 from testkit.waiting import wait_until
@@ -768,13 +769,13 @@ def test_no_sdk_notice_on_a_command_that_imports_the_sdk(tmp_path: Path) -> None
     that its native codec is missing; the command prints its own one line only."""
     from tablestore_emulator.server import EmulatorServer
 
-    with EmulatorServer(str(tmp_path / "store.db"), "inst", "AK", "SK") as emulator:
+    with EmulatorServer(str(tmp_path / "store.db"), INSTANCE, KEY_ID, SECRET) as emulator:
         result = subprocess.run(
             [sys.executable, "-m", "tablestore_cdc", "meta", "namespaces", "--meta",
-             f"tablestore://inst/nometa?endpoint={emulator.url}"],
+             f"tablestore://{INSTANCE}/nometa?endpoint={emulator.url}"],
             capture_output=True, text=True, timeout=120,
-            env={**os.environ, "ALIBABA_CLOUD_ACCESS_KEY_ID": "AK",
-                 "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "SK"})
+            env={**os.environ, "ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID,
+                 "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET})
     assert result.returncode == 2
     assert result.stderr.startswith("error: meta table 'nometa' does not exist")
     assert "Native" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

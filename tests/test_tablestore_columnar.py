@@ -33,6 +33,7 @@ from connector.tunnel.tablestore.columnar import (
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
 from connector.tunnel.tablestore.records import decode_columns, decode_page
 from tablestore_emulator.server import EmulatorServer
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
 
 TS_US = 1_750_000_000_000_000
 TS_MS = TS_US // 1000
@@ -197,10 +198,9 @@ def test_read_page_over_http_equals_the_default_adapter(tmp_path: Path) -> None:
         writer.put_row("t", {"id": f"k{i}", "n": i},
                        {"v": i, "s": f"s{i}", "d": i / 3, "b": i % 2 == 0, "x": bytes([i]),
                         "loose": f"undeclared {i}"})
-    emulator = EmulatorServer(str(path), "inst", "kid", "secret").start()
+    emulator = EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET).start()
     try:
-        service = open_tunnel_service(
-            f"{emulator.url}?instance=inst&access_key_id=kid&access_key_secret=secret")
+        service = open_tunnel_service(service_uri(emulator.url))
         base_tunnel = service.create_tunnel("t", "base", TunnelType.BASE_AND_STREAM)
         writer.update_row("t", {"id": "k1", "n": 1}, {"v": 10, "s": None})
         writer.delete_row("t", {"id": "k2", "n": 2})

@@ -29,8 +29,8 @@ from connector.tunnel.base import Checkpoint  # noqa: E402
 from meta_store import open_meta_store  # noqa: E402
 from meta_store.errors import MetaStoreRequestError, MetaStoreUriError  # noqa: E402
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # noqa: E402
 
-INSTANCE, KEY_ID, SECRET = "inst", "tls-key-id", "tls-secret-8d2e"
 CREDS = {"access_key_id": KEY_ID, "access_key_secret": SECRET}
 
 

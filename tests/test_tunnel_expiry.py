@@ -14,7 +14,6 @@ The same over a real Spark: tests/test_resnapshot_emulator_spark.py (slow).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,21 +28,14 @@ from meta_store.signals import SignalBoard
 pytest.importorskip("tablestore")
 
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.emulator import SOURCE_OPTIONS
 from testkit.fixtures import put_rows
 from testkit.protocol_runs import run_batch
-
-CREDS = {"instance.name": "inst", "access.key.id": "ak", "access.key.secret": "sk-exp"}
-
-
-@pytest.fixture
-def emulator(store: LocalTablestore) -> Iterator[EmulatorServer]:
-    with EmulatorServer(str(store.path), "inst", "ak", "sk-exp") as server:
-        yield server
 
 
 def options(emulator: EmulatorServer, store: LocalTablestore, **extra: str) -> SourceOptions:
     return SourceOptions.from_spark({"endpoint": emulator.url, "table.name": "t",
-                                     "tunnel.name": "q", **CREDS,
+                                     "tunnel.name": "q", **SOURCE_OPTIONS,
                                      "meta.store": f"sqlite://{store.path}.meta", **extra})
 
 
