@@ -4,9 +4,12 @@ source (docs/resnapshot.md).
 Takes the source as ``replicate`` and ``reconcile`` do (``--store`` / ``--endpoint``,
 ``--option``, ``--tunnel``) and ``--table``; adds a pending signal to the meta table
 (``meta_store.signals``) for the source identity those flags name, optionally limited to
-``--from`` / ``--to`` on the first key column (``keyrange``), and prints its id. ``--wait``
-follows it with a progress bar until the job marks it done (exit 0) or failed (exit 1);
-``--list`` prints the signals kept and their state. Bad flags: one ``error:`` line, exit 2.
+``--from`` / ``--to`` on the first key column (``keyrange``), and prints its id, then on
+stderr which target the table's job repairs (its own record in the meta table,
+``reconcile.job_target``; the command itself never opens the target: the job repairs it
+through its own apply sink), or that no job has recorded the table yet. ``--wait`` follows it
+with a progress bar until the job marks it done (exit 0) or failed (exit 1); ``--list`` prints
+the signals kept and their state. Bad flags: one ``error:`` line, exit 2.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from connector.clients import Clients
 from meta_store.signals import Signal, SignalBoard, SignalState
 from tablestore_cdc.commands.errors import fail, reported_errors
 from tablestore_cdc.commands.source_flags import reader_options, source_endpoint
+from tablestore_cdc.reconcile.errors import JobRecordMissingError
+from tablestore_cdc.reconcile.job_target import job_target
 from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.source import SourceSpec, declared_schema
 
@@ -94,10 +99,22 @@ def resnapshot(
                                       key_from=None if span is None else span.key_from,
                                       key_to=None if span is None else span.key_to))
             typer.echo(f"resnapshot {signal.id} of {table}: pending")
+            typer.echo(repaired_by(spec), err=True)
             if wait:
                 final = follow(board, signal, timeout)
                 typer.echo(final.describe())
                 raise typer.Exit(0 if final.state is SignalState.DONE else 1)
+
+
+def repaired_by(spec: SourceSpec) -> str:
+    """Which job repairs ``spec``'s table, from the job's record (``job_target``): a line for
+    stderr. The record holds no secret."""
+    try:
+        recorded = job_target(spec)
+    except JobRecordMissingError:
+        return (f"note: no replicate job has recorded table {spec.table} in this meta table "
+                f"(tunnel {spec.tunnel}): the signal waits until one runs")
+    return f"repaired by the job with --output {recorded.job}, into {recorded.target}"
 
 
 def follow(board: SignalBoard, signal: Signal, timeout: float | None) -> Signal:
