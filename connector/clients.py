@@ -27,9 +27,7 @@ The collaborators tests inject (``ClientHooks``) -- the product path calls no te
   names it in ``TABLESTORE_CDC_FAULT_HOOK`` (``module:callable``), which Spark hands on to
   its Python workers; read each time a client is opened.
 
-``crash_point(name)`` is the protocol's crash points (``connector.faults``, imported by no
-other product module: ``tests/test_layering.py``): a no-op unless the harness set
-``TABLESTORE_CDC_FAULT_DIR``.
+The crash points are not here: ``connector.crash_hook`` is their seam.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from cdc_common.uris import redact_uri
-from connector import faults
 from connector.retry import with_retries
 from connector.tunnel import ChannelReader, TunnelEndpoint, TunnelService, open_tunnel_service
 from meta_store import MetaStore, open_meta_store
@@ -214,17 +211,6 @@ def meta_key(uri: str, credentials: Mapping[str, str] | None) -> tuple[str, ...]
     return (uri, secrets_digest(tuple(f"{k}={v}" for k, v in sorted((credentials or {}).items()))))
 
 
-# --- crash points -----------------------------------------------------------------------------
-
-
-def crash_point(name: str, context: Any = None) -> None:
-    """A protocol step where the fault harness may crash, fail or hold this process (driver or
-    executor; ``connector.faults``): nothing happens unless ``TABLESTORE_CDC_FAULT_DIR`` is set.
-    ``context`` (picklable) is saved for a ``hold``."""
-    if os.environ.get(faults.FAULT_DIR_ENV):
-        faults.fault_point(name, context)
-
-
 __all__ = ["FAULT_HOOK_ENV", "POOL_SIZE", "ClientHooks", "Clients", "Clock", "ExecutorClients",
-           "FaultHook", "crash_point", "executor_clients", "meta_key", "secrets_digest",
+           "FaultHook", "executor_clients", "meta_key", "secrets_digest",
            "tunnel_key"]

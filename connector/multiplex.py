@@ -61,7 +61,8 @@ from cdc_common.backoff import RestartPolicy, parse_backoff
 from cdc_common.errors import CdcError
 from cdc_common.schema_change import DEFAULT_POLICY
 from connector import spark_compat as compat
-from connector.clients import Clients, crash_point, executor_clients
+from connector.clients import Clients, executor_clients
+from connector.crash_hook import crash_point
 from connector.errors import OptionError, SourceInUseError
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition

@@ -37,7 +37,8 @@ import uuid as uuid_lib
 from dataclasses import dataclass
 from typing import Any
 
-from connector.clients import Clients, crash_point
+from connector.clients import Clients
+from connector.crash_hook import crash_point
 from connector.errors import CheckpointBehindMetaError, TunnelError, UnknownBatchError
 from connector.identity import SourceIdentity
 from connector.options import DataLossPolicy, SourceOptions

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from connector.clients import crash_point, executor_clients
+from connector.clients import executor_clients
+from connector.crash_hook import crash_point
 from connector.data_loss import resnapshot_on_gap
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
 from connector.partition import ChannelPartition

@@ -23,10 +23,10 @@ import pytest
 
 pytest.importorskip("tablestore")
 
-from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
 from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
+from testkit.crash_points import environment as crash_environment  # noqa: E402
 from testkit.processes import kill_tree, start_runner  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 from testkit.wire_e2e import (  # noqa: E402
@@ -55,7 +55,7 @@ def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_pat
     faults.mkdir()
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     args = [*runner_args(tmp_path, emulator.url, sink), "--available-now"]
-    env = {FAULT_DIR_ENV: str(faults), **NO_ENV_CREDENTIALS}
+    env = {**crash_environment(faults), **NO_ENV_CREDENTIALS}
     log = tmp_path / "runner.log"
 
     # 1. parked after a claim, killed; more changes and a split while it is down

@@ -6,7 +6,7 @@ The moto server runs in this test process on 127.0.0.1 with the shard map of
 test writes through boto3 to a DynamoDB table on it. The query runs in its own process
 (testkit/runner.py, a real local Spark) reading ``dynamodb-streams://`` into an
 ``ExactlyOnceParquetSink``, with a SQLite meta store. It is parked at crash points
-(connector/faults.py) and killed with SIGKILL (driver and Python workers); shards roll over and
+(testkit/crash_points.py) and killed with SIGKILL (driver and Python workers); shards roll over and
 split while it is down and while it runs. At the end the sink is compared with every record the
 stream holds (``tablestore_cdc.verify``): nothing lost, nothing doubled, per-key order, and the
 table materialized from the sink equals a Scan of the DynamoDB table.
@@ -22,11 +22,11 @@ from typing import Any
 import boto3
 import pytest
 
-from connector.faults import FAULT_DIR_ENV
 from connector.tunnel.dynamodb_streams import codec
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
 from testkit.aws import AWS_TEST_ENV, threaded_moto_server
+from testkit.crash_points import environment as crash_environment
 from testkit.dynamodb_streams_fake import StreamsFake
 from testkit.processes import kill_at_crash_point, kill_tree, start_runner
 from testkit.waiting import wait_until
@@ -120,7 +120,7 @@ def test_sigkill_and_restart_with_rolling_and_splitting_shards(
     faults.mkdir()
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     args = runner_args(tmp_path, url, sink)
-    env = {FAULT_DIR_ENV: str(faults), **AWS_ENV}
+    env = {**crash_environment(faults), **AWS_ENV}
     log = tmp_path / "runner.log"
 
     # 1. SIGKILL at two protocol steps; reshape the shard map and write while the query is down

@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
 
-from connector import retry
+from connector import crash_hook, retry
 from connector.clients import FAULT_HOOK_ENV, executor_clients
+from connector.crash_hook import crash_point
 from connector.errors import (
     EndCheckpointConflictError,
     StaleCheckpointError,
     TransientMetaStoreError,
     TransientTunnelError,
 )
-from connector.faults import FAULT_DIR_ENV, POINTS, InjectedFault, fault_point
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.reader import read_partition
@@ -47,7 +48,9 @@ from integration.faults import scenarios
 from integration.faults.harness import CrashAt, RandomKill, run_scenario
 from meta_store import BatchState, EndCheckpoint, open_meta_store
 from tablestore_cdc.verify import Delivered, key_of, verify
+from testkit import crash_points
 from testkit.clock import FakeClock
+from testkit.crash_points import FAULT_DIR_ENV, POINTS, InjectedFault
 from testkit.flaky import (
     FLAKY_ENV,
     FLAKY_LOG,
@@ -213,23 +216,37 @@ def test_protocol_and_reader_deliver_exactly_once_with_30_percent_transient_erro
 # --- crash points -----------------------------------------------------------------------------
 
 
-def test_crash_point_armed_to_raise_fires_once(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv(FAULT_DIR_ENV, str(tmp_path))
-    fault_point("mid_read")  # not armed: nothing happens
-    (tmp_path / "arm-mid_read").write_text("raise")
+@pytest.fixture
+def crash_dir(tmp_path: Path):
+    """The harness's hook installed in this process through the product's seam."""
+    crash_points.install(tmp_path)
+    yield tmp_path
+    crash_points.uninstall()
+
+
+def test_crash_point_armed_to_raise_fires_once(crash_dir: Path) -> None:
+    crash_point("mid_read")  # not armed: nothing happens
+    (crash_dir / "arm-mid_read").write_text("raise")
     with pytest.raises(InjectedFault):
-        fault_point("mid_read")
-    assert (tmp_path / "hit-mid_read").exists()
-    fault_point("mid_read")  # fired once only
+        crash_point("mid_read")
+    assert (crash_dir / "hit-mid_read").exists()
+    crash_point("mid_read")  # fired once only
 
 
-def test_crash_point_armed_to_hold_saves_its_context_and_waits(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv(FAULT_DIR_ENV, str(tmp_path))
-    (tmp_path / "arm-read_before_claim").write_text("hold")
-    (tmp_path / "release-read_before_claim").touch()  # released at once
-    fault_point("read_before_claim", {"partition": 3})
-    with open(tmp_path / "hit-read_before_claim.pkl", "rb") as f:
+def test_crash_point_armed_to_hold_saves_its_context_and_waits(crash_dir: Path) -> None:
+    (crash_dir / "arm-read_before_claim").write_text("hold")
+    (crash_dir / "release-read_before_claim").touch()  # released at once
+    crash_point("read_before_claim", {"partition": 3})
+    with open(crash_dir / "hit-read_before_claim.pkl", "rb") as f:
         assert pickle.load(f) == {"partition": 3}
+
+
+def test_an_armed_point_does_nothing_without_the_hook(tmp_path: Path) -> None:
+    """Production: the directory armed, no hook installed -- the seam does not look at it."""
+    assert crash_hook.installed() is None
+    (tmp_path / "arm-mid_read").write_text("raise")
+    crash_point("mid_read")
+    assert (tmp_path / "arm-mid_read").exists()
 
 
 def test_the_full_matrix_covers_every_point_both_intervals_and_50_random_kills() -> None:
@@ -244,6 +261,15 @@ def test_the_full_matrix_covers_every_point_both_intervals_and_50_random_kills()
                and any(isinstance(step, CrashAt) for step in s.steps) for s in full)
     names = [s.name for s in full]
     assert len(names) == len(set(names))
+
+
+def test_every_crash_point_is_called_by_the_product_and_every_call_is_named() -> None:
+    """``POINTS`` (the harness's list) and the product's ``crash_point("...")`` calls agree."""
+    root = Path(__file__).resolve().parent.parent
+    called = {m.group(1) for package in ("connector", "tablestore_cdc")
+              for path in (root / package).rglob("*.py")
+              for m in re.finditer(r'crash_point\(\s*"(\w+)"', path.read_text())}
+    assert called == set(POINTS)
 
 
 def test_every_crash_point_is_in_the_reliability_docs_table() -> None:

@@ -1,5 +1,5 @@
 """``tablestore-cdc replicate --tables`` SIGKILLed parked at the crash points inside one
-multi-table batch (``connector.faults``; docs/reliability.md, "Crash points"), restarted after
+multi-table batch (``testkit.crash_points``; docs/reliability.md, "Crash points"), restarted after
 each kill, while a writer changes each of three tables (Delta SCD 1 with two splits and a
 merge, Iceberg SCD 2, Delta SCD 2). After the run (``integration.faults.multi_table``):
 
@@ -27,7 +27,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from connector.faults import FAULT_DIR_ENV, POINTS
 from connector.local import LocalTablestore
 from connector.multiplex import MultiTableOptions, MultiTableStreamReader
 from integration.faults.multi_table import (
@@ -40,6 +39,8 @@ from integration.faults.multi_table import (
     run_crash_points,
     source_of,
 )
+from testkit.crash_points import POINTS
+from testkit.crash_points import environment as crash_environment
 from testkit.processes import REPO, arm_crash_point, kill_tree
 from testkit.target_reads import history_mismatches, source_history, table_history
 from testkit.waiting import wait_until
@@ -104,7 +105,7 @@ def test_the_apply_killed_inside_a_batch_commits_each_table_once_on_replay(
             child = subprocess.Popen(
                 [sys.executable, "-m", "integration.faults.multi_table", str(tmp_path),
                  str(files[batch_id]), "app", str(batch_id)], cwd=REPO, stdout=log,
-                stderr=subprocess.STDOUT, env={**os.environ, FAULT_DIR_ENV: str(faults)},
+                stderr=subprocess.STDOUT, env={**os.environ, **crash_environment(faults)},
                 start_new_session=True)
         try:
             wait_until(f"the apply to reach {point}", (faults / f"hit-{point}").exists,

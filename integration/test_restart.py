@@ -1,7 +1,7 @@
 """SIGKILL the Spark driver mid-batch, restart on the same checkpoint, prove exactly-once.
 
 The query runs in its own process (testkit/runner.py) into an ``ExactlyOnceParquetSink``.
-The test parks it at a crash point (connector/faults.py), kills the whole process tree with
+The test parks it at a crash point (testkit/crash_points.py), kills the whole process tree with
 SIGKILL, writes more changes (with a split), restarts, and finally compares the sink with the
 store's change log: nothing lost, nothing doubled, per-key order and final state equal. A crash
 after the sink stored a batch but before Spark's commit log makes Spark replay that batch; the
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from connector.faults import FAULT_DIR_ENV
 from connector.local import LocalTablestore
 from connector.spark_compat import FEATURES
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
+from testkit.crash_points import environment as crash_environment
 from testkit.processes import kill_at_crash_point, kill_tree, start_runner
 from testkit.waiting import wait_until
 
@@ -49,7 +49,7 @@ def test_sigkill_mid_batch_and_restart_is_exactly_once(tmp_path: Path) -> None:
     args = ["--store", str(tmp_path / "store.db"), "--table", "t", "--tunnel", "q",
             "--checkpoint", str(tmp_path / "ckpt"), "--sink", str(sink.path),
             "--stop-file", str(tmp_path / "stop"), "--option", "maxOffsetsPerChannel=60"]
-    env = {FAULT_DIR_ENV: str(faults)}
+    env = crash_environment(faults)
     log = tmp_path / "runner.log"
 
     # 1. the batch is in the sink but not in Spark's commit log: Spark must replay it

@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from connector.clients import crash_point
+from connector.crash_hook import crash_point
 from tablestore_cdc.verify import Delivered, key_of
 
 REPLAY_LOG = "_replays.jsonl"

@@ -31,10 +31,10 @@ from typing import Any, TypeVar
 
 from connector.clients import FAULT_HOOK_ENV
 from connector.errors import CdcError, TransientMetaStoreError, TransientTunnelError
-from connector.faults import FAULT_DIR_ENV
 from connector.proxy import ClientProxy
 from connector.tunnel import TunnelService
 from meta_store import MetaStore
+from testkit.crash_points import FAULT_DIR_ENV
 
 FLAKY_ENV = "TABLESTORE_CDC_FLAKY"
 FLAKY_SEED_ENV = "TABLESTORE_CDC_FLAKY_SEED"

@@ -5,7 +5,7 @@
 ``kill_marked`` any straggler left, found by a marker in its environment. PySpark's daemon
 workers leave the driver's process group, so killing the group is not enough: ``kill_tree``
 collects the whole tree (psutil) first, then SIGKILLs all of it at once;
-``arm_crash_point`` arms a crash point of ``connector/faults.py`` and ``kill_at_crash_point``
+``arm_crash_point`` arms a crash point of ``testkit/crash_points.py`` and ``kill_at_crash_point``
 kills a runner parked there. Used by the
 restart and fault tests (``integration/``), the job tests and the recovery benchmark.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from connector.faults import POINTS
+from testkit.crash_points import POINTS
 from testkit.waiting import wait_until
 
 #: the repository root: child processes run there, so they import the checkout
@@ -71,7 +71,7 @@ def kill_marked(variable: str, value: str) -> int:
 
 
 def arm_crash_point(faults: Path, point: str, mode: str = "park") -> None:
-    """Arm crash point ``point`` (``connector.faults``) in the processes whose fault directory
+    """Arm crash point ``point`` (``testkit.crash_points``) in the processes whose fault directory
     is ``faults``: ``park`` (wait there to be killed), ``raise`` (fail the task once) or ``hold``
     (wait for ``release-<point>``). Stale files of an earlier arming are removed first."""
     if point not in POINTS:
@@ -85,9 +85,10 @@ def arm_crash_point(faults: Path, point: str, mode: str = "park") -> None:
 
 def kill_at_crash_point(args: list[str], log_path: Path, env: dict[str, str], fault_dir: Path,
                         point: str, timeout: float) -> int:
-    """Arm ``point`` in ``fault_dir`` (``connector/faults.py``: the runner's environment must
-    name it), start the runner, wait until one of its processes parks there, SIGKILL the whole
-    tree; returns how many processes were killed. ``hit-<point>`` is left for the caller."""
+    """Arm ``point`` in ``fault_dir`` (``testkit/crash_points.py``: ``env`` must hold its
+    ``environment(fault_dir)``), start the runner, wait until one of its processes parks there,
+    SIGKILL the whole tree; returns how many processes were killed. ``hit-<point>`` is left for
+    the caller."""
     (fault_dir / f"arm-{point}").touch()
     runner = start_runner(args, log_path, env)
     try:

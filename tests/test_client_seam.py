@@ -8,7 +8,12 @@
   any credential;
 - the planner's clock is the seam's injected ``Clock``;
 - walking a streaming read from ``TablestoreStreamReader.read``, no call lands in a test-hook
-  module (``connector.faults``, ``testkit``) unless the harness switched it on.
+  module (``testkit``): the crash points' seam (``connector.crash_hook``) with no hook
+  installed is one check; a hook installed there sees the executor's points, with the
+  partition as their context;
+- the fault harness's hook reaches a process through its environment alone
+  (``testkit.crash_points.environment``: a Python started with it, a PySpark worker behind the
+  product's own ``sitecustomize`` included, has it installed at start).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from connector import crash_hook
 from connector.clients import (
     FAULT_HOOK_ENV,
     ClientHooks,
@@ -35,7 +41,9 @@ from connector.errors import TransientMetaStoreError, TransientTunnelError
 from connector.local import LocalTablestore
 from connector.protocol import StreamProtocol
 from connector.proxy import ClientProxy
+from connector.spark import WORKER_SITE
 from connector.tunnel.tablestore.endpoint import TablestoreEndpoint
+from testkit import crash_points
 from testkit.fixtures import local_store, options_for, put_rows
 
 
@@ -157,8 +165,8 @@ def test_a_streaming_read_never_enters_a_test_hook_module(store: LocalTablestore
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
     """Every Python function called while an executor reads a partition, from the stream
-    reader's ``read`` on, belongs to a product or library module: none to ``connector.faults``
-    or ``testkit`` (the fault harness's switches are off, as in production)."""
+    reader's ``read`` on, belongs to a product or library module: none to ``testkit`` (no
+    crash-point hook installed and no fault hook named, as in production)."""
     from connector.schema import output_schema
     from connector.source import TablestoreStreamReader
 
@@ -183,5 +191,53 @@ def test_a_streaming_read_never_enters_a_test_hook_module(store: LocalTablestore
     finally:
         sys.setprofile(None)
     assert rows > 0 and {"connector.reader", "connector.clients"} <= modules
-    assert not {m for m in modules if m == "connector.faults" or m.startswith("testkit")}
+    assert crash_hook.installed() is None
+    assert not {m for m in modules if m.startswith("testkit")}
     protocol.close()
+
+
+def test_an_installed_crash_hook_sees_the_executor_read_points(store: LocalTablestore) -> None:
+    from connector.schema import output_schema
+    from connector.source import TablestoreStreamReader
+
+    put_rows(store, range(10))
+    options = options_for(store)
+    protocol = StreamProtocol(options)
+    start = protocol.initial_offset()
+    (partition, *_) = protocol.plan(start, protocol.latest_offset(start, None))
+    seen: list[tuple[str, Any]] = []
+    previous = crash_hook.install(lambda name, context: seen.append((name, context)))
+    try:
+        reader = TablestoreStreamReader(options, output_schema(store.table_schema("t")))
+        assert sum(batch.num_rows for batch in reader.read(partition)) > 0
+    finally:
+        crash_hook.install(previous)
+    assert [name for name, _ in seen] == ["read_before_claim", "mid_read"]
+    assert all(context["partition"] == partition for _, context in seen)
+    protocol.close()
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["driver", "pyspark-worker"])
+def test_the_harness_environment_installs_the_crash_hook_at_start(tmp_path: Path,
+                                                                  worker: bool) -> None:
+    """A process started with the harness's environment has the hook at start; a PySpark
+    worker's path puts the product's ``worker_site`` first (``spark.executorEnv.PYTHONPATH``)
+    and Spark's environment after it: its ``sitecustomize`` runs the harness's, once."""
+    env = {**os.environ, **crash_points.environment(tmp_path)}
+    if worker:
+        env["PYTHONPATH"] = os.pathsep.join([WORKER_SITE, env["PYTHONPATH"]])
+    (tmp_path / "arm-mid_read").write_text("raise")
+    program = ("from connector import crash_hook\n"
+               "from testkit.crash_points import InjectedFault, fault_point\n"
+               "assert crash_hook.installed() is fault_point\n"
+               "try:\n"
+               "    crash_hook.crash_point('mid_read')\n"
+               "except InjectedFault:\n"
+               "    print('fired')\n")
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "fired\n"), done.stderr
+    del env["TABLESTORE_CDC_FAULT_DIR"]  # the same path without the directory: nothing installed
+    done = subprocess.run([sys.executable, "-c", "from connector import crash_hook\n"
+                           "assert crash_hook.installed() is None"], env=env, timeout=60)
+    assert done.returncode == 0

@@ -24,13 +24,13 @@ pytest.importorskip("pyiceberg")
 from deltalake import DeltaTable  # noqa: E402
 
 from cdc_common.schema_change import fits, join, promotion, type_fits  # noqa: E402
-from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.lakehouse.drift import iceberg_promotions  # noqa: E402
 from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     ColumnTypeConflictError,
     SchemaDriftError,
 )
 from tablestore_cdc.verify import table_state  # noqa: E402
+from testkit.crash_points import environment as crash_environment  # noqa: E402
 from testkit.lakehouse import Delta, Iceberg  # noqa: E402
 from testkit.processes import REPO  # noqa: E402
 
@@ -287,7 +287,7 @@ def test_a_kill_between_the_schema_change_and_the_data_commit_replays_exactly(
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "arm-after_schema_change").write_text("park")
-    env = {**os.environ, FAULT_DIR_ENV: str(faults), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **crash_environment(faults, str(REPO))}
     process = subprocess.Popen([sys.executable, "-c", APPLY_SCRIPT, target.name,
                                 str(tmp_path), str(path)], cwd=REPO, env=env)
     try:

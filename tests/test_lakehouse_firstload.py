@@ -23,9 +23,9 @@ pytest.importorskip("pyiceberg")
 
 from deltalake import DeltaTable  # noqa: E402
 
-from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.lakehouse.pruning import candidates, may_hold  # noqa: E402
 from tablestore_cdc.verify import read_delta, table_state  # noqa: E402
+from testkit.crash_points import environment as crash_environment  # noqa: E402
 from testkit.lakehouse import Delta, Iceberg, batch, change, string_keyed  # noqa: E402
 from testkit.processes import REPO  # noqa: E402
 
@@ -164,7 +164,7 @@ def test_a_kill_during_a_first_load_resumes_exactly_once(target, tmp_path) -> No
     written, the commit is not), then the load again from its first batch, as Spark replays."""
     faults = tmp_path / "faults"
     faults.mkdir()
-    env = {**os.environ, FAULT_DIR_ENV: str(faults), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **crash_environment(faults, str(REPO))}
     process = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, target.name, str(tmp_path),
                                 str(faults)], cwd=REPO, env=env)
     try:

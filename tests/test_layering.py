@@ -167,14 +167,12 @@ def test_no_module_import_cycle_in_the_product() -> None:
     assert not cycles, "module import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-def test_only_the_client_seam_imports_the_crash_points() -> None:
-    """``connector.faults`` (the fault harness's crash points) is reached through the seam that
-    opens the source's clients, ``connector.clients.crash_point``, which enters it only when the
-    harness set its directory: no other product module imports it, lazily or not."""
+def test_the_crash_points_seam_imports_nothing_of_the_product() -> None:
+    """``connector.crash_hook`` (the crash points' seam, on the executor's read path) imports
+    no product module: a crash point is one check and pulls nothing in; the fault harness's
+    hook lives in ``testkit`` (``testkit/crash_points.py``), which the product never imports."""
     graph = import_graph(_existing(LAYERS))
-    importers = sorted(module for module, targets in graph.items()
-                       if "connector.faults" in targets)
-    assert importers == ["connector.clients"], importers
+    assert graph["connector.crash_hook"] == set()
 
 
 def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:

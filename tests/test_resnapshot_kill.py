@@ -3,7 +3,7 @@
 ``tablestore-cdc replicate`` runs in its own process tree while a writer keeps changing the
 source; the target loses three rows, has two changed and one added behind the product's back;
 ``tablestore-cdc resnapshot`` asks for a repair; the job is SIGKILLed while parked at a crash
-point of the repair (``connector/faults.py``): before its commit, or after it with the signal
+point of the repair (``testkit/crash_points.py``): before its commit, or after it with the signal
 not yet marked done. The restarted job finishes the signal (after the commit: without writing
 again) and reconcile then reports zero differences."""
 
@@ -21,10 +21,10 @@ import deltalake
 import pyarrow as pa
 import pytest
 
-from connector.faults import FAULT_DIR_ENV
 from connector.local import LocalTablestore
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table
 from tablestore_cdc.verify import read_delta, rows_by_key, table_state
+from testkit.crash_points import environment as crash_environment
 from testkit.processes import kill_tree
 from testkit.waiting import wait_until
 
@@ -74,7 +74,7 @@ def test_a_resnapshot_killed_during_its_repair_ends_equal(tmp_path: Path, point:
                            channels=2)
         for i in range(30):
             store.put_row(TABLE, {"id": i}, {"v": i})
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, FAULT_DIR_ENV: str(faults)}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **crash_environment(faults)}
     table_path = out / TABLE
     (faults / f"arm-{point}").touch()
     job = replicate(store_path, out, tmp_path / "job1.log", env)

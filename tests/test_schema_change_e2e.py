@@ -43,11 +43,11 @@ pytest.importorskip("pyiceberg")
 
 from tablestore import INF_MAX, INF_MIN, OTSClient, Row  # noqa: E402
 
-from connector.faults import FAULT_DIR_ENV  # noqa: E402
 from tablestore_cdc.commands.app import app as cli_app  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.verify import read_delta, table_state  # noqa: E402
 from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
+from testkit.crash_points import environment as crash_environment  # noqa: E402
 from testkit.processes import REPO, arm_crash_point, kill_tree  # noqa: E402
 from testkit.target_reads import (  # noqa: E402
     history_mismatches,
@@ -328,7 +328,7 @@ def _kill_between_schema_change_and_data(tmp_path: Path, kind: str) -> None:
     with wire_scenario(tmp_path) as (emulator, store, client):
         target = Target(kind, tmp_path)
         job = Replicate(tmp_path, emulator.url, target, "--scd", "2",
-                        env={FAULT_DIR_ENV: str(faults)})
+                        env=crash_environment(faults))
         with running(job):
             write_integers(client)
             wait_equal(client, target, job, "the integers applied")

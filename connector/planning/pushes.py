@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from connector.clients import crash_point
+from connector.crash_hook import crash_point
 from connector.errors import StaleCheckpointError
 from connector.planning.logs import log
 from connector.tunnel import ChannelPositions, Checkpoint

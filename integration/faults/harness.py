@@ -5,8 +5,9 @@ Where things run:
   does the scenario's ``Writer`` thread, which keeps writing through every kill;
 - the query runs in a **runner process** (``testkit.runner``: the Spark driver, its JVM,
   the planning Python process, Python workers; in ``local-cluster`` mode also executor JVMs and
-  their workers), started with ``TABLESTORE_CDC_FAULT_DIR`` pointing at the scenario's fault
-  directory so that crash points can be armed from here (``connector.faults``);
+  their workers), started with ``testkit.crash_points.environment`` naming the scenario's
+  fault directory, so every one of them installs the crash points' hook and they can be
+  armed from here;
 - a kill is ``testkit.processes.kill_tree``: SIGKILL of the runner and every descendant at
   once; a sweep then SIGKILLs any straggler that slipped out of the tree (a worker forked while
   the tree was collected), found by pid through the scenario's unique fault directory in its
@@ -45,7 +46,6 @@ from typing import Any
 import psutil
 
 from connector.clients import FAULT_HOOK_ENV
-from connector.faults import FAULT_DIR_ENV
 from integration.faults.workload import KEY_COLUMNS, TABLE, Writer, preload
 from integration.scenario import (
     ScenarioResult,
@@ -54,6 +54,8 @@ from integration.scenario import (
 )
 from tablestore_cdc.verify import read_delta, table_state
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
+from testkit.crash_points import FAULT_DIR_ENV
+from testkit.crash_points import environment as crash_environment
 from testkit.flaky import FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
 from testkit.flaky import environment as flaky_environment
 from testkit.processes import REPO, arm_crash_point, kill_marked, start_runner
@@ -279,9 +281,10 @@ class FaultScenarioRun(ScenarioRun):
     # --- processes -----------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
-        env = {FAULT_DIR_ENV: str(self.faults), **self.extra_env}
+        env = dict(self.extra_env)
         if self.scenario.flaky:  # the transient errors: the client seam's fault hook
             env.update(flaky_environment(self.scenario.flaky, f"{self.seed}:{self.incarnation}"))
+        env.update(crash_environment(self.faults, env.get("PYTHONPATH")))  # the crash points
         return env
 
     def _args(self) -> list[str]:

@@ -2,8 +2,9 @@
 SIGKILL and restarted, the writers changing its tables meanwhile, and the checks after the run.
 
 Where things run: ``Replication`` starts the command in its own process tree (the driver, its
-JVM, the planning process, Python workers) with ``TABLESTORE_CDC_FAULT_DIR`` naming the run's
-fault directory, so the crash points of ``connector.faults`` can be armed from here; each
+JVM, the planning process, Python workers) with ``testkit.crash_points.environment`` naming
+the run's fault directory, so the crash points (``testkit.crash_points``) can be armed from
+here; each
 ``TableWriter`` is a thread in this (the harness or pytest) process, on its own store
 connection, so it keeps writing through every kill. ``kill`` is ``testkit.processes.kill_tree``
 then a sweep of stragglers by that fault directory, as the single-table harness kills.
@@ -34,11 +35,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from connector.faults import FAULT_DIR_ENV
 from connector.local import LocalTablestore
 from connector.tunnel.base import Record
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
 from tablestore_cdc.verify import Delivered, key_of, read_delta, rows_by_key, table_state, verify
+from testkit.crash_points import FAULT_DIR_ENV
+from testkit.crash_points import environment as crash_environment
 from testkit.file_sink_log import committed_rows
 from testkit.processes import REPO, arm_crash_point, kill_marked, kill_tree
 from testkit.target_reads import (
@@ -195,7 +197,7 @@ class Replication:
                 [sys.executable, "-c", code, *args], cwd=REPO, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "PYSPARK_PYTHON": sys.executable,
-                     "SPARK_CONF_DIR": str(self.spark_conf), FAULT_DIR_ENV: str(self.faults)})
+                     "SPARK_CONF_DIR": str(self.spark_conf), **crash_environment(self.faults)})
 
     def kill(self) -> None:
         """SIGKILL the whole tree, then any straggler of it (found by the fault directory)."""

@@ -48,7 +48,6 @@ from typing import Any
 
 import psutil
 
-from connector.faults import FAULT_DIR_ENV
 from integration.faults.workload import TABLE, Writer
 from integration.netfaults.harness import (
     INSTANCE,
@@ -62,6 +61,7 @@ from integration.scenario import (
     ScenarioRun,
     run_and_tidy,
 )
+from testkit.crash_points import environment as crash_environment
 from testkit.emulator import CLI
 from testkit.processes import REPO, arm_crash_point, kill_tree
 from testkit.waiting import wait_until
@@ -178,7 +178,8 @@ class ClusterRun(ScenarioRun):
                 "spark.executor.memory": "512m", "spark.executor.cores": "1",
                 "spark.cores.max": "2", "spark.task.maxFailures": "8",
                 "spark.pyspark.python": sys.executable,
-                f"spark.executorEnv.{FAULT_DIR_ENV}": str(self.faults),
+                **{f"spark.executorEnv.{k}": v  # the crash points' hook in every worker
+                   for k, v in crash_environment(self.faults, "").items()},
                 "spark.executorEnv.TABLESTORE_CDC_LOG_LEVEL": "INFO"}
         args = ["--endpoint", endpoint, "--table", TABLE, "--tunnel", "cluster",
                 "--checkpoint", str(self.dir / "checkpoint"), "--sink", str(self.sink.path),
@@ -192,7 +193,7 @@ class ClusterRun(ScenarioRun):
             args += ["--conf", f"{key}={value}"]
         self.runner = self.hosts.popen(
             "driver", [sys.executable, "-m", "testkit.runner", *args],
-            env={"PYSPARK_PYTHON": sys.executable, FAULT_DIR_ENV: str(self.faults)},
+            env={"PYSPARK_PYTHON": sys.executable, **crash_environment(self.faults)},
             log=self.runner_log, cwd=REPO)
 
     # --- steps ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_common.schema_change import DEFAULT_POLICY, IGNORE
-from connector.clients import crash_point
+from connector.crash_hook import crash_point
 from tablestore_cdc.lakehouse.errors import (
     ApplyOptionError,
     ChangeBatchError,

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from cdc_common.backoff import RestartPolicy
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
-from connector.clients import crash_point
+from connector.crash_hook import crash_point
 from tablestore_cdc.pipeline.queries import ApplySettings, TwoQueries, checkpoint_query_id
 from tablestore_cdc.table_status import AppliedTable, TableStatus
 

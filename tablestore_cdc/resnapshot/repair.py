@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connector.clients import crash_point
+from connector.crash_hook import crash_point
 from connector.tunnel import Op, Record
 from connector.tunnel.page import PageLayout, records_to_page
 from meta_store.signals import Signal, SignalBoard

@@ -1,13 +1,23 @@
-"""Crash points for the fault-injection harness (integration/faults). Inert in production.
+"""The fault harness's crash points (integration/faults): what a process does at an armed one.
 
-Reached only through the seam, ``connector.clients.crash_point`` (which calls ``fault_point``
-only when ``TABLESTORE_CDC_FAULT_DIR`` is set: no product path enters this module otherwise),
-at protocol steps on the driver and on executors. The harness sets the variable on the Spark
-driver it starts (Spark passes the environment on to its Python workers and, in
-``local-cluster`` mode, to the executor JVMs and their workers) to a directory; a file
-``arm-<name>`` there arms the point. ``fault_point(name)`` then consumes that file (an atomic
-rename to ``fired-<name>``: one process fires it, once), writes ``hit-<name>`` (the process id)
-and acts on the armed file's content:
+The product names its protocol steps through its seam, ``connector.crash_hook.crash_point``,
+and does nothing there unless a hook is installed. This module is the harness's hook,
+``fault_point``, and how it reaches every process of a query the harness starts:
+
+- ``environment(fault_dir)`` is what the harness adds to the environment of the process it
+  starts: ``TABLESTORE_CDC_FAULT_DIR`` (the run's fault directory) and a ``PYTHONPATH`` that
+  starts with ``testkit/crash_site`` (and names the checkout). Python runs that directory's
+  ``sitecustomize`` at every start, which calls ``install_from_environment()``: the hook is
+  installed in the driver, and -- Spark passes its environment on to the Python processes it
+  starts (the streaming source's planning runner, the workers; in ``local-cluster`` mode through
+  the executor JVMs; the product's own ``connector/worker_site/sitecustomize.py`` runs the one it
+  shadows) -- in every one of them;
+- a test in one process calls ``install(fault_dir)`` and ``uninstall()`` itself.
+
+A file ``arm-<name>`` in the fault directory arms the point (``testkit.processes.
+arm_crash_point``). ``fault_point(name)`` then consumes that file (an atomic rename to
+``fired-<name>``: one process fires it, once), writes ``hit-<name>`` (the process id) and acts
+on the armed file's content:
 
 - empty or ``park``: block forever, so the harness can SIGKILL the whole Spark process tree
   while the process is parked exactly at that step;
@@ -17,8 +27,8 @@ and acts on the armed file's content:
   ``hit-<name>.pkl`` and block until the harness creates ``release-<name>``, then go on. The
   harness uses the pause to run a concurrent duplicate of the same read.
 
-Transient errors (``testkit/flaky.py``) and the planner's clock are the seam's injected
-collaborators, not here.
+Transient errors (``testkit/flaky.py``) and the planner's clock are the client seam's injected
+collaborators (``connector.clients.ClientHooks``), not here.
 """
 
 from __future__ import annotations
@@ -26,9 +36,16 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from pathlib import Path
 from typing import Any
 
+from connector import crash_hook
+
 FAULT_DIR_ENV = "TABLESTORE_CDC_FAULT_DIR"
+#: the directory whose ``sitecustomize`` installs the hook at a process's start
+SITE = Path(__file__).resolve().parent / "crash_site"
+#: the checkout (``testkit``'s parent): the processes import ``testkit`` from there
+REPO = SITE.parent.parent
 
 #: how long a ``hold`` waits for its release before going on by itself
 HOLD_TIMEOUT_S = 600.0
@@ -89,8 +106,39 @@ class InjectedFault(RuntimeError):
     """Raised by a crash point armed with ``raise``: a failure the harness asked for."""
 
 
+def environment(fault_dir: Path | str, path: str | None = None) -> dict[str, str]:
+    """The variables that install the hook in a started process and every Python process
+    Spark starts for it (module docstring), its fault directory ``fault_dir``. ``path``: the
+    ``PYTHONPATH`` to extend (default: this process's)."""
+    rest = os.environ.get("PYTHONPATH", "") if path is None else path
+    return {FAULT_DIR_ENV: str(fault_dir),
+            "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), *([rest] if rest else [])])}
+
+
+def install_from_environment() -> bool:
+    """Install the hook when ``TABLESTORE_CDC_FAULT_DIR`` is set (``crash_site``'s
+    ``sitecustomize``, at a process's start); whether it did."""
+    if not os.environ.get(FAULT_DIR_ENV):
+        return False
+    crash_hook.install(fault_point)
+    return True
+
+
+def install(fault_dir: Path | str) -> None:
+    """Arm this process for the crash points of ``fault_dir`` (a test in one process)."""
+    os.environ[FAULT_DIR_ENV] = str(fault_dir)
+    crash_hook.install(fault_point)
+
+
+def uninstall() -> None:
+    """Undo ``install``: the product's crash points do nothing again."""
+    os.environ.pop(FAULT_DIR_ENV, None)
+    crash_hook.install(None)
+
+
 def fault_point(name: str, context: Any = None) -> None:
-    """A crash point (driver or executor); a no-op unless the harness armed ``name``."""
+    """The harness's hook (``connector.crash_hook.CrashHook``; driver or executor): acts on
+    ``name`` when the fault directory holds ``arm-<name>`` (module docstring)."""
     directory = os.environ.get(FAULT_DIR_ENV)
     if not directory:
         return
