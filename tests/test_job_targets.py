@@ -132,9 +132,8 @@ def test_resnapshot_names_the_job_that_repairs_the_table(jobs: Jobs) -> None:
 
 @pytest.mark.slow
 def test_meta_tables_json_has_the_same_fields_for_a_table_and_a_tables_job(jobs: Jobs) -> None:
-    result = runner.invoke(app, ["meta", "tables", "--meta",
-                                 f"sqlite:///{Path(jobs.store.path).with_suffix('.meta.db')}",
-                                 "--json"])
+    meta = f"sqlite:///{Path(jobs.store.path).with_suffix('.meta.db')}"
+    result = runner.invoke(app, ["meta", "tables", "--meta", meta, "--json"])
     assert result.exit_code == 0, result.output
     rows = {r["table"]: r for r in json.loads(result.stdout)["tables"]}
     multi, single = rows["orders"], rows["items"]
@@ -147,6 +146,9 @@ def test_meta_tables_json_has_the_same_fields_for_a_table_and_a_tables_job(jobs:
         {k for k, v in single.items() if v is not None}
     assert multi["rows_applied"] == single["rows_applied"] == 6
     assert multi["ops"] == single["ops"] == {"inserts": 6}
+    text = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["meta", "tables", "--meta", meta])
+    assert f"delta://{jobs.single}/items" in text.output  # the target reconcile reads, shown
+    assert f"iceberg://{jobs.warehouse}?table=cdc.users" in text.output
 
 
 def test_a_table_no_job_recorded_is_one_line_saying_what_to_pass(tmp_path: Path) -> None:

@@ -1,6 +1,11 @@
 """``tablestore-cdc meta tables``: every table the replication jobs (``replicate --tables`` and
 ``replicate --table``) of a meta store have recorded, with its state, lag, rows/s, last commit,
-target version and last schema change.
+target, target version and last schema change.
+
+Both kinds of job write the same record (``TableStatus``), so a row has the same fields
+whichever wrote it: ``job`` (the output directory), ``selection`` (the ``--tables`` patterns, or
+the table itself), ``state``, ``target`` (the URI the table is applied into, redacted of
+secrets: what ``reconcile`` and ``resnapshot`` read, ``reconcile.job_target``) and the figures.
 
 Prints the ``table_status`` of the feed's ``/api/sources`` document
 (``tablestore_cdc.feed.snapshot.sources_summary``), which each job's driver writes
@@ -28,8 +33,8 @@ from tablestore_cdc.feed.snapshot import sources_summary
 def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
     """List every table replicated by the jobs of the meta store (replicate --tables and
     --table): state (snapshotting n %, streaming, stopped, failed with the reason, restarting,
-    ...), lag in records and seconds, rows/s, last commit, target version, last schema change
-    (what, when, and the target version of its commit)."""
+    ...), lag in records and seconds, rows/s, last commit, target and its version, last schema
+    change (what, when, and the target version of its commit)."""
     with inspected_store(meta) as store:
         rows = [{**s["table_status"], "namespace": s["namespace"]}
                 for s in sources_summary(store)["sources"] if s["table_status"]]
@@ -48,16 +53,17 @@ def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
             table = compact_table(f"tables {mine[0]['selection']} -> {job}",
                                   "drill into one: meta show --namespace NAMESPACE")
             for col in ("table", "state", "lag records", "lag s", "rows/s", "last commit",
-                        "target version", "last schema change", "namespace"):
+                        "target", "target version", "last schema change", "namespace"):
                 table.add_column(col, overflow="fold", no_wrap=col == "namespace",
-                                 justify="left" if col in ("table", "state", "namespace")
-                                 else "right")
+                                 justify="left" if col in ("table", "state", "target",
+                                                           "namespace") else "right")
             for r in mine:
                 state = r["label"] + (f" (not updated for {r['age_s']:.0f} s)"
                                       if r["stale"] else "")
                 table.add_row(r["table"], state, _shown(r["records_behind"]),
                               _shown(r["seconds_behind"]), _shown(r["rows_per_second"]),
-                              _age(r["last_commit"], now), _shown(r["target_version"]),
+                              _age(r["last_commit"], now), _shown(r["target"]),
+                              _shown(r["target_version"]),
                               _schema_change(r, now), r["namespace"])
             console.print(table)
 
