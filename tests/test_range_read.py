@@ -10,7 +10,7 @@ tasks, over the embedded store and the emulator's wire; compared as sets with th
   meta store; reading the same partitions again gives the same rows;
 - partitions list parents before children.
 
-On a real Spark: tests/test_spark_parity.py.
+On a real Spark: tests/test_spark_triggers_and_reads.py.
 """
 
 from __future__ import annotations

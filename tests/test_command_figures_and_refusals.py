@@ -1,4 +1,4 @@
-"""Figures and failure modes of the operator's tools (issue: what a new user hit).
+"""Figures and failure modes of the operator's commands, as a new user meets them.
 
 Fast tests against real SQLite files: meta stores built through the ``MetaStore`` API, local
 stores through ``LocalTablestore``, then the ``tablestore-cdc`` commands run in-process

@@ -1,5 +1,5 @@
-"""On a real local Spark: what Spark passes per trigger, and the features of issue 24 end to end,
-over the emulator's wire (``http://``) where the Tablestore backend is what is tested.
+"""On a real local Spark: what Spark passes per trigger, and the reads that depend on it end to
+end, over the emulator's wire (``http://``) where the Tablestore backend is what is tested.
 
 - Spark passes the source's default limit to ``latestOffset`` under a processing-time trigger
   and under Trigger.AvailableNow, ``ReadAllAvailable`` under Trigger.Once: read back from the
@@ -14,7 +14,7 @@ over the emulator's wire (``http://``) where the Tablestore backend is what is t
 
 The same rules without Spark: tests/test_available_now.py, test_starting_timestamp.py,
 test_range_read.py, test_batch_sizing.py. A SIGKILL during an AvailableNow run:
-integration/test_parity.py.
+integration/test_available_now_restart.py.
 """
 
 from __future__ import annotations
