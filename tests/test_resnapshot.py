@@ -1,5 +1,5 @@
 """``tablestore-cdc resnapshot`` without Spark: the command's signals in a real SQLite meta
-table, its key range and its one-line errors; a repair run by the job's hook
+table, its key range and its one-line errors; a repair run by the job's runner
 (``tablestore_cdc.resnapshot.hook``) into real Delta and Iceberg targets built by the real apply
 sink from the source's change stream (``testkit.reconcile.apply_stream``), then damaged behind
 the product's back. The running pipeline and a SIGKILL during a repair are
@@ -7,6 +7,7 @@ tests/test_resnapshot_spark.py and tests/test_resnapshot_kill.py."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,9 @@ from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile.keyrange import KeyRange, KeyRangeError  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
-from tablestore_cdc.resnapshot.hook import ResnapshotHook  # noqa: E402
+from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget  # noqa: E402
 from tablestore_cdc.resnapshot.repair import run_repair  # noqa: E402
+from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.reconcile import DeltaTarget, IcebergTarget, Target, apply_stream  # noqa: E402
 
 runner = CliRunner()
@@ -63,7 +65,8 @@ def test_the_hook_repairs_six_differences_once(tmp_path: Path, target: Target) -
     assert len(reconcile_table(spec, target.uri).comparison.differences) == 6
     with open_board(spec) as board:
         signal = board.add(Signal(table="t"))
-        hook = ResnapshotHook(sink, spec, target.uri)
+        repair = RepairTarget(spec, sink, target.uri)
+        hook = RepairRunner.of_table(repair)
         assert hook.run_due(JOB) == 1
         done = board.signals()[0]
         assert done.state is SignalState.DONE, done
@@ -73,8 +76,67 @@ def test_the_hook_repairs_six_differences_once(tmp_path: Path, target: Target) -
         assert reconcile_table(spec, target.uri).comparison.differences == []
         assert hook.run_due(JOB) == 0  # nothing due any more
         # run again (a job killed before marking it done): the commit is found, nothing written
-        again = run_repair(spec, target.uri, sink, JOB, signal, board)
+        again = run_repair(repair, JOB, signal, board)
         assert again.already and again.counts()["upserts"] == 0
+
+
+def test_an_idle_look_runs_only_between_batches(tmp_path: Path) -> None:
+    """The job's watch loop (``when_idle``) leaves the signals to a batch that holds the lock
+    (it looks itself), runs them once the lock is free, and looks again only after the
+    interval."""
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    target = DeltaTarget(tmp_path)
+    sink = open_apply_sink(target.uri)
+    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    target.tamper([1, 2, 3], [5, 6], 99)
+    runner = RepairRunner.of_table(RepairTarget(spec, sink, target.uri), check_every_s=60)
+    applying, applied = threading.Event(), threading.Event()
+
+    def batch() -> None:  # the apply's foreachBatch, holding the lock for its batch
+        with runner.lock:
+            applying.set()
+            applied.wait(30)
+
+    with open_board(spec) as board:
+        board.add(Signal(table="t"))
+        thread = threading.Thread(target=batch)
+        thread.start()
+        assert applying.wait(30)
+        assert runner.when_idle(JOB) == 0  # a batch is being applied: no repair beside it
+        assert board.signals()[0].state is SignalState.PENDING
+        applied.set()
+        thread.join(30)
+        assert runner.when_idle(JOB) == 1
+        assert board.signals()[0].state is SignalState.DONE
+        board.add(Signal(table="t"))
+        assert runner.when_idle(JOB) == 0  # within the interval: no look
+        assert runner.run_due(JOB) == 1  # (a look now finds it)
+    assert reconcile_table(spec, target.uri).comparison.differences == []
+
+
+def test_the_repair_opens_the_target_with_the_job_s_target_options(
+        tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target in S3 whose endpoint only the job's ``--target-option`` names: the repair's
+    comparison opens it with them, as the sink does."""
+    from deltalake import DeltaTable
+
+    bucket = new_s3_bucket(moto_endpoint, monkeypatch)
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    uri, options = f"delta+s3://{bucket}/lake/t", {"aws_endpoint_url": moto_endpoint}
+    sink = open_apply_sink(uri, target_options=options)
+    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    DeltaTable(f"s3://{bucket}/lake/t", storage_options={"AWS_ALLOW_HTTP": "true"}).delete(
+        "id = 1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    with open_board(spec) as board:
+        board.add(Signal(table="t"))
+        runner = RepairRunner.of_table(RepairTarget(spec, sink, uri, target_options=options))
+        assert runner.run_due(JOB) == 1
+        done = board.signals()[0]
+    assert done.state is SignalState.DONE and done.counts["upserts"] == 1, done
+    assert reconcile_table(spec, uri, target_options=options).comparison.differences == []
 
 
 def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
@@ -86,7 +148,7 @@ def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
     target.tamper([1, 2, 30], [5, 31], 99)
     with open_board(spec) as board:
         board.add(Signal(table="t", key_from=0, key_to=10))
-        ResnapshotHook(sink, spec, target.uri).run_due(JOB)
+        RepairRunner.of_table(RepairTarget(spec, sink, target.uri)).run_due(JOB)
         assert board.signals()[0].counts["upserts"] == 3  # 1, 2 and 5; not 30, 31 or 99
     left = {d.key[0] for d in reconcile_table(spec, target.uri).comparison.differences}
     assert left == {30, 31, 99}
@@ -98,7 +160,7 @@ def test_a_repair_that_cannot_run_marks_the_signal_failed(tmp_path: Path) -> Non
     uri = f"delta://{tmp_path}/never-written"
     with open_board(spec) as board:
         board.add(Signal(table="t"))
-        ResnapshotHook(open_apply_sink(uri), spec, uri).run_due(JOB)
+        RepairRunner.of_table(RepairTarget(spec, open_apply_sink(uri), uri)).run_due(JOB)
         failed = board.signals()[0]
     assert failed.state is SignalState.FAILED
     assert failed.note.startswith("TargetMissingError: target ") and "no table" in failed.note

@@ -19,6 +19,8 @@ from typing import Any
 from cdc_common.uris import redact_uri
 from tablestore_cdc.lakehouse.upkeep import MaintenancePolicy, Upkeep
 from tablestore_cdc.table_status import AppliedTable, TableStatus
+from tablestore_cdc.reconcile.source import SourceSpec
+from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
 
 
 @dataclass
@@ -85,6 +87,16 @@ class Pipeline(TwoQueries):
     #: what the apply query did to the target (``RecordedApply`` fills it)
     applied: AppliedTable = field(default_factory=AppliedTable)
 
+    #: the table's re-snapshots (``resnapshot.hook``), None with ``--engine spark``
+    repairs: RepairRunner | None = None
+
+    def run_due_repairs(self) -> int:
+        """By the replication job's watch loop (driver): the table's due re-snapshots when no
+        batch is being applied (``RepairRunner.when_idle``), so a quiet table is repaired
+        without a write; how many ran."""
+        if self.repairs is None:
+            return 0
+        return self.repairs.when_idle(self.sink.app_id or str(self.state_query.id))
     def poll(self) -> tuple[int, int]:
         """(changes delivered to the change log, batches) from the query's progress."""
         for progress in self.changelog.recentProgress:
@@ -110,20 +122,27 @@ class Pipeline(TwoQueries):
 
 @dataclass
 class RecordedApply:
-    """The apply query's ``foreachBatch`` of one table (driver): ``apply`` (the sink behind
-    its re-snapshot hook) runs the batch, then what the sink did with it is recorded in
-    ``applied`` (``Pipeline.table_status``)."""
+    """The apply query's ``foreachBatch`` of one table (driver): the table's due re-snapshots
+    (``repairs``, under its lock, held for the whole batch: ``resnapshot.hook``), then ``sink``
+    applies the batch and what it did is recorded in ``applied`` (``Pipeline.table_status``).
+    ``repairs`` None: none (``--engine spark``)."""
 
-    apply: Any
     sink: Any
     applied: AppliedTable
 
+    repairs: RepairRunner | None = None
     def __call__(self, df: Any, batch_id: int) -> None:
-        self.apply(df, batch_id)
+        if self.repairs is None:
+            self.sink(df, batch_id)
+        else:
+            from tablestore_cdc.lakehouse.sink import query_id_of
+
+            with self.repairs.lock:
+                self.repairs.before_batch(self.sink.app_id or query_id_of(df, batch_id))
+                self.sink(df, batch_id)
         result = self.sink.last_result
         if result is not None and result.batch_id == batch_id:
             self.applied.record(result)
-
 
 
 @dataclass(frozen=True)
@@ -202,26 +221,30 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
             spark.streams.removeListener(listener)
             raise
     applied = AppliedTable()
-    recorded = RecordedApply(sink if apply.engine == "spark" else  # (no re-snapshot hook)
-                             _with_resnapshots(sink, endpoint, table, tunnel, options, apply),
-                             sink, applied)
+    repairs = (None if apply.engine == "spark" else  # (Spark's MERGE: no re-snapshots)
+               repair_runner(sink, SourceSpec(endpoint, table, tunnel, dict(options or {})),
+                             apply))
+    recorded = RecordedApply(sink, applied, repairs)
     state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
                    .writeStream.queryName("apply").foreachBatch(recorded)
                    .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
                    .trigger(**trigger).start())
     return Pipeline(changelog, state_query, sink, apply.target, key_columns, changelog_dir,
-                    listener=listener, spark=spark, applied=applied)
+                    listener=listener, spark=spark, applied=applied, repairs=repairs)
 
 
-def _with_resnapshots(sink: Any, endpoint: str, table: str, tunnel: str,
-                      options: dict[str, str] | None, apply: ApplySettings) -> Any:
-    """The apply sink with the job's re-snapshot repairs between its batches
-    (``tablestore_cdc.resnapshot.hook``)."""
-    from tablestore_cdc.reconcile.source import SourceSpec
-    from tablestore_cdc.resnapshot.hook import ResnapshotHook
 
-    spec = SourceSpec(endpoint, table, tunnel, dict(options or {}))
-    return ResnapshotHook(sink, spec, apply.target, soft_delete_column=apply.soft_delete_column)
+def repair_target(sink: Any, spec: SourceSpec, apply: ApplySettings,
+                  key_columns: tuple[str, ...] | None = None) -> RepairTarget:
+    """Where a table's re-snapshot reads (``spec``) and writes: its apply ``sink``, opened with
+    ``apply`` (target, soft delete column, ``--target-option``s; one table's or a multi-table
+    pipeline's table's own, its target's ``key_columns`` when overridden)."""
+    return RepairTarget(spec, sink, apply.target.replace("{table}", spec.table),
+                        apply.soft_delete_column, dict(apply.target_options), key_columns)
+
+def repair_runner(sink: Any, spec: SourceSpec, apply: ApplySettings) -> RepairRunner:
+    """The re-snapshots of one table's job (``tablestore_cdc.resnapshot.hook``)."""
+    return RepairRunner.of_table(repair_target(sink, spec, apply))
 
 
 def checkpoint_query_id(checkpoint: Path) -> str | None:

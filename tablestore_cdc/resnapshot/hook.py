@@ -1,89 +1,153 @@
-"""The apply query's ``foreachBatch`` with re-snapshots between its batches (driver).
+"""Re-snapshots between a replication job's batches, and on an idle stream (driver).
 
-``ResnapshotHook(sink, ...)`` is what ``tablestore_cdc.pipeline.queries.start_pipeline`` hands
-to ``foreachBatch``: for each micro-batch it first looks for a due signal in the meta table (at
-most every ``CHECK_EVERY_S`` seconds: one small read), runs its repair (``repair.run_repair``)
-and marks it done, then calls the sink with the batch. The repair and the batches are thus one
-writer's commits, one after the other: no commit race, and each key's stream changes after the
-repair are applied after it.
+``RepairRunner`` runs the due signals of the tables one apply query writes: one table
+(``tablestore_cdc.pipeline.queries.start_pipeline``) or each table of a multi-table pipeline
+(``tablestore_cdc.pipeline.multi_table.MultiTableApply``), the same code for both. It knows
+nothing of the modes: ``tables()`` says which tables to look at, ``source_of(table)`` a
+table's source as the job reads it (whose namespace holds its signals), ``target_of(table)``,
+asked only when a signal of the table is due, where its repair reads and writes
+(``repair.RepairTarget``: the source, the job's own apply sink of the table, its target URI and
+settings), or None to leave the table's signals pending for now.
+
+It is called from two places, both on the replication job's driver, under one lock
+(``RepairRunner.lock``):
+
+- ``before_batch(job)``: by the apply query's ``foreachBatch``, which holds the lock for the
+  whole batch: due repairs, then the batch;
+- ``when_idle(job)``: by the replication job's watch loop (``pipeline.job.ReplicationJob``,
+  every ``WATCH_EVERY_S``, through the pipeline's ``run_due_repairs``): when no batch holds the
+  lock it runs the due repairs itself, so a signal on a quiet table (Spark calls
+  ``foreachBatch`` only for a batch with data) is repaired without a write; when a batch holds
+  it, that batch looks itself.
+
+The repairs and the batches are thus one writer's commits, one after the other: no commit
+race, and each key's stream changes after the repair are applied after it.
+
+Both look at most once every ``check_every_s`` seconds. A look reads each looked-at table's
+signals (one small document per table's namespace, ``meta_store.signals``); with many tables
+the interval grows to ``len(tables) / LOOKS_PER_S`` so the meta table sees at most
+``LOOKS_PER_S`` reads a second from it (100 tables: one look every 2 s; 1000: every 20 s).
 
 A signal is marked running before its repair and done (with its counts) only after the
 repair's commit: a job killed in between finds it running at its next start and runs it again,
 which the repair's own commit marker makes idempotent (so does a meta table that cannot be
 reached while the signal is marked: the batch goes on, the signal is taken again). A repair
 that fails with an error marks the signal failed with the error's first line and the stream
-goes on (the repair changed nothing: its one commit is all or nothing). A stream that runs
-no batch (nothing new) runs no repair until its next batch.
+goes on (the repair changed nothing: its one commit is all or nothing).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from connector.clients import Clients
 from connector.errors import CdcError
 from meta_store import MetaStore
 from meta_store.signals import SignalBoard, SignalState
-from tablestore_cdc.lakehouse.sink import query_id_of
 from tablestore_cdc.reconcile.source import SourceSpec
-from tablestore_cdc.resnapshot.repair import run_repair
+from tablestore_cdc.resnapshot.repair import RepairTarget, run_repair
 
 log = logging.getLogger("tablestore_cdc.resnapshot")
 
-#: least seconds between two looks for a due signal
+#: least seconds between two looks for due signals
 CHECK_EVERY_S = 2.0
+#: most signal documents a look reads per second of interval (many tables: a longer interval)
+LOOKS_PER_S = 50.0
+
+__all__ = ["CHECK_EVERY_S", "LOOKS_PER_S", "RepairRunner", "RepairTarget"]
 
 
-class ResnapshotHook:
-    """``foreachBatch`` function: due repairs, then ``sink(df, batch_id)`` (module docstring).
+class RepairRunner:
+    """The due repairs of an apply query's tables (module docstring); driver only."""
 
-    ``spec``: the source as the job reads it; ``target_uri``: the sink's ``--target``."""
-
-    def __init__(self, sink: Any, spec: SourceSpec, target_uri: str, *,
-                 soft_delete_column: str | None = None,
+    def __init__(self, tables: Callable[[], Iterable[str]],
+                 source_of: Callable[[str], SourceSpec],
+                 target_of: Callable[[str], RepairTarget | None], *,
                  check_every_s: float = CHECK_EVERY_S) -> None:
-        self.sink, self.spec, self.target_uri = sink, spec, target_uri
-        self.soft_delete_column = soft_delete_column
+        self.tables, self.source_of, self.target_of = tables, source_of, target_of
         self.check_every_s = check_every_s
-        self._store: MetaStore | None = None
+        #: held by the apply's ``foreachBatch`` for a whole batch and by an idle look
+        self.lock = threading.RLock()
+        self._stores: dict[tuple[str, tuple[tuple[str, str], ...]], MetaStore] = {}
+        self._boards: dict[str, SignalBoard] = {}
         self._next_check = 0.0
 
+    @classmethod
+    def of_table(cls, target: RepairTarget, **kwargs: Any) -> RepairRunner:
+        """The runner of a single table's job."""
+        return cls(lambda: (target.spec.table,), lambda _table: target.spec,
+                   lambda _table: target, **kwargs)
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}
+        return {**self.__dict__, "lock": None, "_stores": {}, "_boards": {}}
 
-    def __call__(self, df: Any, batch_id: int) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, lock=threading.RLock())
+
+    def before_batch(self, job: str) -> int:
+        """By the apply's ``foreachBatch``, holding ``lock``, before it applies a batch: the
+        due repairs when a look is due; how many ran."""
+        return self._look(job)
+
+    def when_idle(self, job: str) -> int:
+        """By the job's watch loop: the due repairs when a look is due and no batch is being
+        applied (else that batch looks); how many ran."""
+        if time.monotonic() < self._next_check or not self.lock.acquire(blocking=False):
+            return 0
+        try:
+            return self._look(job)
+        finally:
+            self.lock.release()
+
+    def _look(self, job: str) -> int:
         now = time.monotonic()
-        if now >= self._next_check:
-            self._next_check = now + self.check_every_s
-            job = self.sink.app_id or query_id_of(df, batch_id)
-            try:
-                self.run_due(job)
-            except CdcError as exc:  # the meta table unreachable: the batch goes on, a
-                # signal left running is taken again at the next look (idempotent)
-                log.warning("resnapshot: could not read or mark the signals: %s", exc)
-        self.sink(df, batch_id)
+        if now < self._next_check:
+            return 0
+        tables = sorted(set(self.tables()))
+        self._next_check = now + max(self.check_every_s, len(tables) / LOOKS_PER_S)
+        try:
+            return self.run_due(job, tables)
+        except CdcError as exc:  # the meta table unreachable: the batch goes on, a signal
+            # left running is taken again at the next look (idempotent)
+            log.warning("resnapshot: could not read or mark the signals: %s", exc)
+            return 0
 
-    def board(self) -> SignalBoard:
-        options = self.spec.source_options()
-        if self._store is None:
-            self._store = Clients().meta_store(options.meta_store,
-                                               options.meta_store_credentials)
-        return SignalBoard(self._store, options.source_identity)
+    def board(self, table: str) -> SignalBoard:
+        """The signals of ``table`` (its source's namespace), each meta store opened once."""
+        if table not in self._boards:
+            options = self.source_of(table).source_options()
+            credentials = options.meta_store_credentials
+            key = (options.meta_store, tuple(sorted((credentials or {}).items())))
+            if key not in self._stores:
+                self._stores[key] = Clients().meta_store(options.meta_store, credentials)
+            self._boards[table] = SignalBoard(self._stores[key], options.source_identity)
+        return self._boards[table]
 
-    def run_due(self, job: str) -> int:
-        """Run every due signal's repair for the job ``job`` (the apply query's id); returns
-        how many ran."""
-        board = self.board()
+    def run_due(self, job: str, tables: Iterable[str] | None = None) -> int:
+        """Run every due signal's repair of ``tables`` (default: ``tables()``) for the apply
+        query ``job`` (its id: the target's marker names it), now; returns how many ran."""
+        ran = 0
+        for table in sorted(set(self.tables() if tables is None else tables)):
+            board = self.board(table)
+            if board.next_due() is None:  # the one read of a look, most of the time
+                continue
+            target = self.target_of(table)
+            if target is not None:
+                ran += self._run_table(job, board, target)
+        return ran
+
+    def _run_table(self, job: str, board: SignalBoard, target: RepairTarget) -> int:
         ran = 0
         while (signal := board.next_due()) is not None:
             log.warning("resnapshot %s of table %s (%s): repairing the target from the source",
                         signal.id, signal.table, signal.origin)
             board.set(signal.id, state=SignalState.RUNNING, percent=0.0)
             try:
-                outcome = run_repair(self.spec, self.target_uri, self.sink, job, signal, board,
-                                     soft_delete_column=self.soft_delete_column)
+                outcome = run_repair(target, job, signal, board)
             except Exception as exc:  # noqa: BLE001 - the stream goes on; the signal says why
                 reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
                 log.error("resnapshot %s failed: %s", signal.id, reason)

@@ -1,8 +1,11 @@
-"""One signal's repair (the apply job's driver, between two of its batches; ``hook.py``).
+"""One signal's repair (the replication job's driver, between two of its batches or on an idle
+stream; ``hook.py``), of one table, whichever mode the job runs in (``RepairTarget``: the
+table's source, the job's sink of it, its target and the sink's settings).
 
-1. Reconcile the table against the target (``tablestore_cdc.reconcile.run.reconcile_table``:
-   the target pinned, the source scanned, the differences labelled IN-FLIGHT when the change
-   stream holds a change of their key after the position the target is known to hold). A
+1. Reconcile the table against the target (``tablestore_cdc.reconcile.run.reconcile_table``,
+   the target opened with the job's ``--target-option``s and pinned, the source scanned, the
+   differences labelled IN-FLIGHT when the change stream holds a change of their key after
+   the position the target is known to hold). A
    signal with a key range reads only that range on both sides (GetRange's bounds, the
    embedded store's bounded scan, a predicate pushed into the Delta / Iceberg read; a DynamoDB
    Scan reads the whole table and keeps the range).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +75,21 @@ class RepairOutcome:
                 "differences": self.differences}
 
 
+@dataclass(frozen=True)
+class RepairTarget:
+    """Where one table's repair reads and writes (``hook.RepairRunner``'s ``target_of``):
+    ``spec``, the table's source as the job reads it; ``sink``, the job's own apply sink of the
+    table; ``target_uri`` and the settings the sink was opened with (``--soft-delete-column``,
+    ``--target-option``s, the target's key columns when they are not the source's)."""
+
+    spec: SourceSpec
+    sink: Any
+    target_uri: str
+    soft_delete_column: str | None = None
+    target_options: Mapping[str, str] | None = None
+    key_columns: tuple[str, ...] | None = None
+
+
 def repair_app_id(signal: Signal) -> str:
     return f"{REPAIR_APP_PREFIX}{signal.id}"
 
@@ -103,16 +122,18 @@ class SignalProgress:
         self.step += 1
 
 
-def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: Signal,
-               board: SignalBoard, *, soft_delete_column: str | None = None) -> RepairOutcome:
-    """Repair the target of ``sink`` (the running apply query ``job``'s) for ``signal``
+def run_repair(target: RepairTarget, job: str, signal: Signal,
+               board: SignalBoard) -> RepairOutcome:
+    """Repair ``target`` (through its sink, the running apply query ``job``'s) for ``signal``
     (module docstring)."""
+    spec, sink = target.spec, target.sink
     app_id = repair_app_id(signal)
     if sink.committed_batch(app_id) is not None:
         return RepairOutcome(already=True, note="the repair was committed before a restart")
-    report = reconcile_table(spec, target_uri, soft_delete_column=soft_delete_column,
+    report = reconcile_table(spec, target.target_uri,
+                             soft_delete_column=target.soft_delete_column,
                              progress=SignalProgress(board, signal), key_from=signal.key_from,
-                             key_to=signal.key_to)
+                             key_to=signal.key_to, target_options=target.target_options)
     wanted = report.comparison.differences
     repaired = {d.key for d in wanted}
     in_flight = sum(1 for d in wanted if d.in_flight)
@@ -129,7 +150,7 @@ def run_repair(spec: SourceSpec, target_uri: str, sink: Any, job: str, signal: S
     writer = copy.copy(sink)
     writer.marker_job = job
     crash_point("resnapshot_before_commit")
-    writer.apply(batch, app_id, 0, report.key_columns)
+    writer.apply(batch, app_id, 0, target.key_columns or report.key_columns)
     crash_point("resnapshot_after_commit")
     deletes = sum(1 for op in batch.column("_op").to_pylist() if op == Op.DELETE.value)
     return RepairOutcome(upserts=batch.num_rows - deletes, deletes=deletes,
