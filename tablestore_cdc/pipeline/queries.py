@@ -18,9 +18,9 @@ from typing import Any
 
 from cdc_common.uris import redact_uri
 from tablestore_cdc.lakehouse.upkeep import MaintenancePolicy, Upkeep
-from tablestore_cdc.table_status import AppliedTable, TableStatus
 from tablestore_cdc.reconcile.source import SourceSpec
 from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
+from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 
 @dataclass
@@ -86,7 +86,6 @@ class Pipeline(TwoQueries):
     spark: Any = None  # the session, to detach the listener at stop
     #: what the apply query did to the target (``RecordedApply`` fills it)
     applied: AppliedTable = field(default_factory=AppliedTable)
-
     #: the table's re-snapshots (``resnapshot.hook``), None with ``--engine spark``
     repairs: RepairRunner | None = None
 
@@ -97,6 +96,7 @@ class Pipeline(TwoQueries):
         if self.repairs is None:
             return 0
         return self.repairs.when_idle(self.sink.app_id or str(self.state_query.id))
+
     def poll(self) -> tuple[int, int]:
         """(changes delivered to the change log, batches) from the query's progress."""
         for progress in self.changelog.recentProgress:
@@ -129,8 +129,8 @@ class RecordedApply:
 
     sink: Any
     applied: AppliedTable
-
     repairs: RepairRunner | None = None
+
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.repairs is None:
             self.sink(df, batch_id)
@@ -233,7 +233,6 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
                     listener=listener, spark=spark, applied=applied, repairs=repairs)
 
 
-
 def repair_target(sink: Any, spec: SourceSpec, apply: ApplySettings,
                   key_columns: tuple[str, ...] | None = None) -> RepairTarget:
     """Where a table's re-snapshot reads (``spec``) and writes: its apply ``sink``, opened with
@@ -241,6 +240,7 @@ def repair_target(sink: Any, spec: SourceSpec, apply: ApplySettings,
     pipeline's table's own, its target's ``key_columns`` when overridden)."""
     return RepairTarget(spec, sink, apply.target.replace("{table}", spec.table),
                         apply.soft_delete_column, dict(apply.target_options), key_columns)
+
 
 def repair_runner(sink: Any, spec: SourceSpec, apply: ApplySettings) -> RepairRunner:
     """The re-snapshots of one table's job (``tablestore_cdc.resnapshot.hook``)."""
