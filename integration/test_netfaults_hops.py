@@ -11,7 +11,9 @@ The hops, each behind its own ``FaultProxy`` (testkit/fault_proxy.py):
 - the DynamoDB meta table: ``DynamoDBMetaStore`` (boto3) -> proxy -> a moto server.
 
 Clients are wrapped with ``connector.retry.with_retries`` as the source wraps them (driver and
-executors), so "within the budget" means what a running query gets. Fast: no Spark.
+executors), so "within the budget" means what a running query gets. No Spark; the DynamoDB
+meta hop's tests are marked ``slow`` (they start a moto server process), the rest run in this
+process.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ from meta_store import (  # noqa: E402
     open_meta_store,
 )
 from tablestore_emulator.server import EmulatorServer  # noqa: E402
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # noqa: E402
 from testkit.fault_proxy import FaultProxy, Kind, Rule  # noqa: E402
 
-INSTANCE, KEY_ID, SECRET = "netinst", "LTAI-net", "net-Secret-9"
 NS = "ep=net;table=t;tunnel=n"
 #: what each hop must survive within the budget (a stall waits for a read timeout: below)
 KINDS = (Kind.BARE_500, Kind.BARE_503, Kind.RESET_BEFORE, Kind.RESET_AFTER,
@@ -206,6 +208,7 @@ def moto_hop(moto_endpoint: str) -> Iterator[FaultProxy]:  # noqa: F811
         proxy.stop()
 
 
+@pytest.mark.slow  # moto_endpoint: a moto server process
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
 def test_dynamodb_meta_hop_rides_out(kind: Kind, moto_hop: FaultProxy) -> None:
     meta = dynamodb_meta(moto_hop.url)
@@ -249,6 +252,7 @@ def test_tablestore_meta_stall_ends_in_bounded_time(hop: FaultProxy) -> None:
     assert time.monotonic() - began < 30
 
 
+@pytest.mark.slow  # moto_endpoint: a moto server process
 def test_dynamodb_meta_stall_ends_in_bounded_time(moto_hop: FaultProxy) -> None:
     meta = dynamodb_meta(moto_hop.url, read_timeout="1", max_attempts="2")
     moto_hop.add(Rule(Kind.STALL, target=r"\.GetItem$", times=1))

@@ -29,13 +29,10 @@ from connector.local import LocalTablestore
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import read_delta, rows_by_key, table_state, verify
 from tablestore_emulator.tunnel_api import wire_change_log
-from testkit.emulator import EmulatorProcess
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, SOURCE_OPTIONS, EmulatorProcess
 from testkit.processes import kill_tree
 from testkit.waiting import wait_until
 
-INSTANCE = "e2einst"
-KEY_ID = "LTAI-e2e-key"
-SECRET = "e2e-Secret-7Qx9vP2mZ"
 STS = "e2e-StsToken-K3jR8w"
 IGNORE = Condition(RowExistenceExpectation.IGNORE)
 CATALOG = '{"columns": {"id": {"type": "long"}, "name": {"type": "string"}, ' \
@@ -108,9 +105,8 @@ def wire_scenario(tmp_path: Path) -> Iterator[WireSetup]:
 def runner_args(tmp_path: Path, url: str, sink: ExactlyOnceParquetSink,
                 ca: Path | None = None) -> list[str]:
     """The query, with the vendor connector's option names (and the CA of an https one)."""
-    options = {"instance.name": INSTANCE, "access.key.id": KEY_ID, "access.key.secret": SECRET,
-               "security.token": STS, "catalog": CATALOG, "maxOffsetsPerChannel": "40",
-               "checkpoint.table": "cdc_meta"}
+    options = {**SOURCE_OPTIONS, "security.token": STS, "catalog": CATALOG,
+               "maxOffsetsPerChannel": "40", "checkpoint.table": "cdc_meta"}
     if ca is not None:
         options["ssl.ca.bundle"] = str(ca)
     args = ["--endpoint", url, "--table", "t", "--tunnel", "e2e",
@@ -125,9 +121,6 @@ def runner_args(tmp_path: Path, url: str, sink: ExactlyOnceParquetSink,
 #: environment; the query itself needs none there: its options carry them to every executor
 META_ENV = {"ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET}
 NO_ENV_CREDENTIALS = {name: "" for name in META_ENV}
-#: the source options ``replicate`` is given against the emulator (``--option k=v``)
-SOURCE_OPTIONS = (("instance.name", INSTANCE), ("access.key.id", KEY_ID),
-                  ("access.key.secret", SECRET))
 
 
 def replicate_process(url: str, source: list[str], output: Path, log: Path, *flags: str,
@@ -138,7 +131,8 @@ def replicate_process(url: str, source: list[str], output: Path, log: Path, *fla
     meta table's credentials and ``env`` in its environment, its console into ``log``."""
     command = [sys.executable, "-m", "tablestore_cdc", "replicate", "--endpoint", url,
                *source, "--output", str(output),
-               *[arg for k, v in SOURCE_OPTIONS for arg in ("--option", f"{k}={v}")], *flags]
+               *[arg for k, v in SOURCE_OPTIONS.items() for arg in ("--option", f"{k}={v}")],
+               *flags]
     environment = {**os.environ, **META_ENV, "PYSPARK_PYTHON": sys.executable, **(env or {})}
     with open(log, "w") as sink:
         return subprocess.Popen(command, env=environment, stdout=sink,

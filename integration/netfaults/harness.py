@@ -38,14 +38,13 @@ from urllib.parse import quote
 from integration.faults.workload import TABLE, Writer
 from integration.scenario import ScenarioResult, ScenarioRun, run_and_tidy
 from meta_store import BatchState, MetaStore, open_meta_store
-from testkit.emulator import EmulatorProcess
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, EmulatorProcess
 from testkit.fault_proxy import QUICK_KINDS, FaultProxy, Kind, Rule
 from testkit.processes import kill_tree, start_runner
 from testkit.waiting import wait_until
 
 log = logging.getLogger("integration.netfaults")
 
-INSTANCE, KEY_ID, SECRET = "netinst", "LTAI-netfaults", "netfaults-Secret-4Kq"
 TUNNEL = "netfaults"
 META_TABLE = "cdc_meta"
 STARTUP_TIMEOUT_S = 300.0
