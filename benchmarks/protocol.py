@@ -69,8 +69,8 @@ from benchmarks.common import (
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY, TablestoreTunnelService
+from testkit.partition_reads import read_partition
 
 #: by then the meta table holds all it keeps: ``metaRetentionBatches`` (default 100) committed
 #: batches, the one in flight and the initial one

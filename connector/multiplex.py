@@ -10,14 +10,17 @@ delegate to each table's protocol, and a Spark partition reads several (table, c
 pairs one after another: a batch's channel reads are dealt into at most
 ``tables.maxPartitions`` partitions (``deal``), each read keeping its own claim.
 
-Each table reads with the query's options; ``tables.options`` sets, for the tables it names,
+Each table reads with the query's options (``connector.table_selection``: the selection and
+the options, checked at ``load()``); ``tables.options`` sets, for the tables it names,
 their own ``schema.change.behavior``, ``snapshot.op`` and read limits (a JSON object ``{table:
 {option: value}}``; a JSON value, since Spark lower-cases option keys and table names are
 case-sensitive). Each table's protocol applies its own limits (its options'); the first
 limit set anywhere is Spark's default read limit, so that Spark never passes
 ``ReadAllAvailable`` where a table has a limit. A table's read places a value of another type
 than its column by its ``schema.change.behavior`` and marks its base-data rows by its
-``snapshot.op``, as a single-table query (``connector.source``); a refusal
+``snapshot.op`` through the single-table query's own read (``connector.reader.read_rows``),
+then its rows are written in the one schema of every table (``connector.generic_rows``); a
+refusal
 (``SchemaChangeError``) fails the query, after the batch's end is claimed, so a restart with
 another policy replays the batch exactly.
 
@@ -33,7 +36,8 @@ exponential backoff (``cdc_common.backoff``, the job's own rule; ``tables.retryB
 ``tables.maxRetries``: forever by default), whichever step the error came from (opening it,
 ``latestOffset``, ``commit``); once the service answers it resumes exactly where it stopped.
 Only a configuration or data error leaves a table ``failed``. ``table_states`` says what each
-table is doing (also in Spark's progress report, ``reportLatestOffset``).
+table is doing (``connector.table_state.TableState``; in Spark's progress report as its text,
+``reportLatestOffset``).
 
 Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is called;
 ``MultiTableStreamReader`` in Spark's planning process (driver); its ``read`` on executors.
@@ -41,259 +45,34 @@ Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is ca
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import json
 import logging
-import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
-from typing import Annotated, Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.types import StringType, StructField, StructType
 
-from cdc_common.backoff import RestartPolicy, parse_backoff
 from cdc_common.errors import CdcError
 from cdc_common.schema_change import DEFAULT_POLICY
+from connector import generic_rows
 from connector import spark_compat as compat
-from connector.clients import Clients, executor_clients
+from connector.clients import Clients
 from connector.crash_hook import crash_point
 from connector.errors import OptionError, SourceInUseError
-from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import trigger_limits
-from connector.reader import claim_and_read
-from connector.schema import (
-    METADATA_FIELDS,
-    READ_OP,
-    RecordBatchBuilder,
-    constant_strings,
-    mark_snapshot_reads,
-    output_schema,
-)
+from connector.reader import read_rows
+from connector.schema import RecordBatchBuilder, output_schema
+from connector.table_selection import TABLES, MultiTableOptions
+from connector.table_state import FINAL, PAUSED, State, TableState
 from connector.tunnel.base import ColumnSpec, TableSchema
 
 log = logging.getLogger("connector.multiplex")
 
-#: the options of a multi-table query, beside the single-table ones (docs/multi-table.md)
-TABLES, EXCLUDE, REFRESH = "tables", "exclude", "tables.refreshIntervalMs"
-TABLE_OPTIONS = "tables.options"
-MAX_PARTITIONS = "tables.maxPartitions"
-#: a table failing with a retryable error is tried again on this backoff, this many times in a
-#: row (``cdc_common.backoff``; unset: forever)
-RETRY_BACKOFF, MAX_RETRIES = "tables.retryBackoff", "tables.maxRetries"
-MULTI_OPTIONS = (TABLES, EXCLUDE, REFRESH, TABLE_OPTIONS, MAX_PARTITIONS, RETRY_BACKOFF,
-                 MAX_RETRIES)
-#: the options ``tables.options`` may set for one table: how its rows are read (and its
-#: attribute columns' types, ``catalog``), and its read limits (a trigger's and a channel's)
-PER_TABLE_OPTIONS = ("schema.change.behavior", "snapshot.op", "maxOffsetsPerTrigger",
-                     "maxBytesPerTrigger", "maxOffsetsPerChannel", "catalog")
-_PER_TABLE_NAMES = frozenset(o.lower() for o in PER_TABLE_OPTIONS)
-_PER_TABLE_ALLOWED = ("a JSON object {table: {option: value}} of the options "
-                      + ", ".join(PER_TABLE_OPTIONS)
-                      + ', e.g. {"orders": {"schema.change.behavior": "exception"}}')
-DEFAULT_REFRESH_MS = 10_000
 #: a table whose lease another process holds is tried again after this long (seconds)
 LEASE_RETRY_S = 10.0
-
-#: the output of a multi-table query: the same for every table (docs/multi-table.md)
-MULTI_TABLE_SCHEMA = StructType([
-    StructField("_table", StringType(), False),
-    StructField("_key", StringType(), False),
-    StructField("_row", StringType(), True),
-    StructField("_schema", StringType(), False),
-    *METADATA_FIELDS,
-])
-
-
-def is_multi_table(options: Mapping[str, str]) -> bool:
-    """Does Spark's option map select tables with ``tables`` (any key case)?"""
-    return any(key.lower() == TABLES for key in options)
-
-
-@dataclass(frozen=True)
-class TableSelection:
-    """Which tables a query reads: names matching one of ``include``'s globs and none of
-    ``exclude``'s (``fnmatch`` globs, case-sensitive, on whole table names)."""
-
-    include: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, tables: str, exclude: str | None = None) -> TableSelection:
-        """From the comma-separated option values; ``OptionError`` on an empty pattern."""
-        return cls(_patterns(TABLES, tables), _patterns(EXCLUDE, exclude) if exclude else ())
-
-    def matches(self, name: str) -> bool:
-        return (any(fnmatchcase(name, p) for p in self.include)
-                and not any(fnmatchcase(name, p) for p in self.exclude))
-
-    def select(self, names: Sequence[str]) -> list[str]:
-        return sorted(n for n in names if self.matches(n))
-
-
-def _patterns(option: str, value: str) -> tuple[str, ...]:
-    patterns = tuple(p.strip() for p in value.split(","))
-    if not value.strip() or any(not p for p in patterns):
-        raise OptionError(option=option, value=value, problem="holds an empty pattern",
-                          allowed="comma-separated table names or globs, e.g. orders_*,users")
-    return patterns
-
-
-@dataclass(frozen=True)
-class MultiTableOptions:
-    """The validated options of a multi-table query (driver, at ``load()``): the selection, how
-    often tables are listed again, every other option, which applies to each table alike, and
-    the options of ``tables.options`` for the tables it names (``for_table`` builds one
-    table's ``SourceOptions``)."""
-
-    selection: TableSelection
-    refresh_s: float
-    #: Spark's options without the multi-table ones: each table's query options but its name
-    shared: tuple[tuple[str, str], ...]
-    #: table -> its own options (``tables.options``), over ``shared``
-    per_table: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
-    #: the query's own meta table when it is in the instance the tables are listed from
-    #: (``own_meta_table``): never selected
-    meta_table: str | None = None
-    #: the most Spark partitions a batch is read in (``tables.maxPartitions``; ``deal``)
-    max_partitions: int = dataclasses.field(default_factory=lambda: default_max_partitions())
-    #: when a table failing with a retryable error is tried again (``tables.retryBackoff``,
-    #: ``tables.maxRetries``)
-    retry: RestartPolicy = RestartPolicy()
-
-    @classmethod
-    def from_spark(cls, options: Mapping[str, str]) -> MultiTableOptions:
-        by_lower = {k.lower(): (k, v) for k, v in options.items()}
-        if "table.name" in by_lower:
-            raise OptionError(option="table.name", value=by_lower["table.name"][1],
-                              problem=f"cannot be given with '{TABLES}'",
-                              allowed="either table.name (one table) or tables (a selection)")
-        refresh = by_lower.get(REFRESH.lower(), (REFRESH, str(DEFAULT_REFRESH_MS)))[1]
-        if not refresh.strip().isdigit():
-            raise OptionError(option=REFRESH, value=refresh, problem="is not an integer",
-                              allowed="an integer >= 0 (milliseconds)")
-        excluded = by_lower.get(EXCLUDE, (EXCLUDE, None))[1]
-        per_table = by_lower.get(TABLE_OPTIONS.lower())
-        max_partitions = by_lower.get(MAX_PARTITIONS.lower())
-        retry = _retry_policy(by_lower.get(RETRY_BACKOFF.lower(), (None, None))[1],
-                              by_lower.get(MAX_RETRIES.lower(), (None, None))[1])
-        built = cls(TableSelection.parse(by_lower[TABLES][1], excluded),
-                    int(refresh) / 1000.0,
-                    tuple(sorted((k, v) for k, v in options.items()
-                                 if k.lower() not in {o.lower() for o in MULTI_OPTIONS})),
-                    _per_table_options(per_table[1]) if per_table else (),
-                    max_partitions=(_positive(MAX_PARTITIONS, max_partitions[1])
-                                    if max_partitions else default_max_partitions()),
-                    retry=retry)
-        # every other option is checked now, at load()
-        meta_table = own_meta_table(built.for_table("placeholder"))
-        for table, _ in built.per_table:
-            built.for_table(table)  # and each table's own
-        return dataclasses.replace(built, meta_table=meta_table)
-
-    def own_options(self, table: str) -> dict[str, str]:
-        """The options ``tables.options`` sets for ``table`` (names lower-cased)."""
-        return dict(dict(self.per_table).get(table, ()))
-
-    def default_read_limit(self) -> Any:
-        """``getDefaultReadLimit``'s answer: the first limit configured, the shared options'
-        first, then each table's own, so that Spark passes ``ReadAllAvailable`` only when no
-        table has a limit (or for Trigger.Once)."""
-        first = compat.default_read_limit(self.for_table("placeholder"))
-        for table, _ in self.per_table:
-            if not compat.passed_limit(first).all_available:
-                break
-            first = compat.default_read_limit(self.for_table(table))
-        return first
-
-    def for_table(self, table: str) -> SourceOptions:
-        """One table's options (``OptionError`` as a single-table query would raise it)."""
-        own = self.own_options(table)
-        shared = {k: v for k, v in self.shared if k.lower() not in own}
-        return SourceOptions.from_spark({**shared, **own, "table.name": table})
-
-
-def _positive(option: str, value: str, minimum: int = 1) -> int:
-    """An integer >= ``minimum``, parsed as leniently as every other integer option
-    (docs/options.md: ``" 7 "``, ``"1_000"``, ``"5.0"``); ``OptionError`` naming ``option``
-    otherwise."""
-    from pydantic import Field, TypeAdapter, ValidationError
-
-    try:
-        return int(TypeAdapter(Annotated[int, Field(ge=minimum)]).validate_python(value))
-    except ValidationError:
-        raise OptionError(option=option, value=value, problem=f"is not an integer >= {minimum}",
-                          allowed=f"an integer >= {minimum}, e.g. 8") from None
-
-
-def _retry_policy(backoff: str | None, max_retries: str | None) -> RestartPolicy:
-    """``tables.retryBackoff`` (``FIRST[:MAX]`` seconds) and ``tables.maxRetries`` (an
-    integer >= 0; unset: forever) as a policy; ``OptionError`` naming the option."""
-    first, cap = RestartPolicy().first_s, RestartPolicy().max_s
-    if backoff is not None:
-        try:
-            first, cap = parse_backoff(backoff)
-        except ValueError:
-            raise OptionError(option=RETRY_BACKOFF, value=backoff,
-                              problem="is not FIRST[:MAX] seconds with 0 < FIRST <= MAX",
-                              allowed="e.g. 1:60 (the default), 5, 0.5:30") from None
-    limit = None if max_retries is None else _positive(MAX_RETRIES, max_retries, minimum=0)
-    return RestartPolicy(first, cap, limit)
-
-
-def _per_table_options(value: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
-    """``tables.options`` parsed: table -> its options (names lower-cased), sorted;
-    ``OptionError`` naming ``tables.options`` for anything but an object of objects of
-    strings of ``PER_TABLE_OPTIONS``."""
-    def refuse(problem: str) -> OptionError:
-        return OptionError(option=TABLE_OPTIONS, value=value, problem=problem,
-                           allowed=_PER_TABLE_ALLOWED)
-
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        raise refuse("is not JSON") from None
-    if not isinstance(parsed, dict):
-        raise refuse("is not a JSON object")
-    tables = []
-    for table, options in sorted(parsed.items()):
-        if not isinstance(options, dict) or not all(isinstance(v, str)
-                                                    for v in options.values()):
-            raise refuse(f"gives table {table!r} no object of strings")
-        unknown = sorted(k for k in options if k.lower() not in _PER_TABLE_NAMES)
-        if unknown:
-            raise refuse(f"sets {unknown[0]!r} for table {table!r}, which is set for every "
-                         "table alike")
-        tables.append((table, tuple(sorted((k.lower(), v) for k, v in options.items()))))
-    return tuple(tables)
-
-
-def own_meta_table(options: SourceOptions) -> str | None:
-    """The table of the query's meta store when it lives in the instance whose tables the
-    query lists (a Tablestore endpoint's default, ``checkpoint.table``, or a ``tablestore://``
-    ``meta.store`` naming that instance; a ``dynamodb://`` one in a DynamoDB Streams
-    endpoint's region), else None. A pattern may match it
-    (``tables=t*`` and ``tablestore_cdc_meta``), but it is never read: its changes are the
-    query's own checkpoints, so each batch would make the next one."""
-    meta = urlsplit(options.meta_store)
-    if meta.scheme == "dynamodb" and options.endpoint.scheme == "dynamodb-streams":
-        # a dynamodb://TABLE meta store in the streams' region
-        from connector.tunnel.dynamodb_streams.aws import parse_uri
-
-        region = parse_qs(meta.query).get("region", [None])[0]
-        same = region is None or region == parse_uri(options.endpoint.uri).region
-        return meta.netloc or None if same else None
-    instance = getattr(options.endpoint, "instance", None)
-    if meta.scheme != "tablestore" or instance is None or meta.netloc != instance:
-        return None
-    return meta.path.strip("/") or None
-
 
 @dataclass(frozen=True)
 class TableChannel:
@@ -331,10 +110,6 @@ def deal(reads: Sequence[TableChannel], max_partitions: int) -> list[MultiTableP
     return [MultiTablePartition(tuple(reads[i::count])) for i in range(count)]
 
 
-def default_max_partitions() -> int:
-    """``tables.maxPartitions``' default: two per core of the machine that plans (the
-    driver's; in local mode the executors' too)."""
-    return 2 * (os.cpu_count() or 1)
 
 
 class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
@@ -353,11 +128,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self._admin: Any = None  # the tunnel client that lists tables (planning process)
         self._listed: list[str] = []
         self._listed_at = float("-inf")
-        #: table -> "streaming", "new", "dropped", "failed: <reason>", "waiting: <reason>"
-        #: (its lease held by another process: tried again, ``LEASE_RETRY_S``),
-        #: "restarting: <reason> (attempt n, next in s)" (a retryable error: tried again on
-        #: ``options.retry``'s backoff) (planning process)
-        self.table_states: dict[str, str] = {}
+        #: table -> its state (``connector.table_state``): new, streaming, dropped, failed
+        #: with the reason, waiting with the reason (its lease held by another process: tried
+        #: again, ``LEASE_RETRY_S``), restarting with the reason, the attempt and the delay (a
+        #: retryable error: tried again on ``options.retry``'s backoff) (planning process)
+        self.table_states: dict[str, TableState] = {}
         self._lease_retry_at: dict[str, float] = {}
         #: a restarting table's retryable failures in a row, and when (``_now``) it is tried
         #: again
@@ -408,7 +183,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         waiting for its lease or restarting until its next try. ``must``: a logged batch
         reads the table, so it is tried now and an error opening it is raised (the query
         fails, and the job's restart replays the batch)."""
-        if self.table_states.get(table, "").startswith(("dropped", "failed")):
+        if self._state(table) in FINAL:
             return None
         if must:
             self._lease_retry_at.pop(table, None)
@@ -432,12 +207,17 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 self._stop(table, exc)
                 return None
             self._protocols[table], self._schemas[table] = protocol, declared
-            self.table_states.setdefault(table, "streaming")
+            self.table_states.setdefault(table, TableState(State.STREAMING))
             if self._available_now:
                 protocol.prepare_available_now()
         return self._protocols[table]
 
-    def _stop(self, table: str, reason: BaseException | str) -> None:
+    def _state(self, table: str) -> State | None:
+        """``table``'s state's name (None: not opened yet)."""
+        known = self.table_states.get(table)
+        return None if known is None else known.state
+
+    def _stop(self, table: str, reason: BaseException | State) -> None:
         """Stop reading ``table``: its offset stays frozen, the other tables go on. A lease
         held by another process (``SourceInUseError``) only pauses it: it is tried again
         after ``LEASE_RETRY_S`` (the holder may be this query's own killed process, taken
@@ -460,19 +240,20 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             delay = self.options.retry.delay(attempt)
             self._retry_at[table] = self._now() + delay
             first_line = (str(reason).splitlines() or [type(reason).__name__])[0]
-            self.table_states[table] = (f"restarting: {first_line} (attempt {attempt}, "
-                                        f"next in {delay:.1f} s)")
+            self.table_states[table] = TableState.restarting(first_line, attempt, delay)
             log.warning("table %s restarting (attempt %d, next in %.1f s): %s; the other "
                         "tables go on", table, attempt, delay, first_line)
             return
         if isinstance(reason, SourceInUseError):
-            state = f"waiting: {reason}"
+            state = TableState(State.WAITING, str(reason))
             self._lease_retry_at[table] = time.monotonic() + LEASE_RETRY_S
         else:
-            state = ("dropped" if isinstance(reason, UnknownTableError) or reason == "dropped"
-                     else f"failed: {reason}")
+            state = (TableState(State.DROPPED)
+                     if isinstance(reason, UnknownTableError) or reason is State.DROPPED
+                     else TableState(State.FAILED, str(reason)))
         if self.table_states.get(table) != state:
-            log.warning("table %s stopped (%s); the other tables go on", table, state)
+            log.warning("table %s stopped (%s); the other tables go on", table,
+                        state.label())
         self.table_states[table] = state
         self._close(table, self._protocols.pop(table, None))
         self._reporters.pop(table, None)
@@ -493,11 +274,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self._reached = True
         self._attempts.pop(table, None)
         self._retry_at.pop(table, None)
-        state = self.table_states.get(table, "")
-        if state.startswith(("waiting", "restarting")):
-            if state.startswith("restarting"):
+        state = self._state(table)
+        if state in PAUSED:
+            if state is State.RESTARTING:
                 log.warning("table %s answers again: streaming from where it stopped", table)
-            self.table_states[table] = "streaming"  # its lease is this query's now
+            self.table_states[table] = TableState(State.STREAMING)  # its lease is ours now
             self._lease_retry_at.pop(table, None)
 
     # --- driver (planning process) ----------------------------------------------------------
@@ -551,7 +332,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         for table, offset in sorted(_tables_of(start).items()):
             ends[table] = offset
             if table not in listed:
-                self._stop(table, "dropped")
+                self._stop(table, State.DROPPED)
                 continue
             protocol = self._protocol(table)
             if protocol is None:
@@ -573,7 +354,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             initial = self._initial_offset(table)
             if initial is not None:
                 ends[table] = initial
-                self.table_states[table] = "new"
+                self.table_states[table] = TableState(State.NEW)
                 log.info("table %s joins the query", table)
         return {"tables": ends}
 
@@ -601,7 +382,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 self._measure_snapshot(table, protocol)  # as often as the lag
             if table in self._snapshot_percent:
                 snapshots[table] = self._snapshot_percent[table]
-        return {"tables": dict(sorted(self.table_states.items())), "lag": lag,
+        return {"tables": {table: state.to_text()
+                           for table, state in sorted(self.table_states.items())}, "lag": lag,
                 "snapshot": snapshots}
 
     def _measure_snapshot(self, table: str, protocol: Any) -> None:
@@ -632,19 +414,18 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             if start_offset is None or start_offset == end_offset:
                 continue  # joined with this batch, or stopped: nothing to read
             protocol = self._protocol(table)
-            if protocol is None and self.table_states.get(table, "").startswith(
-                    ("waiting", "restarting")):
+            if protocol is None and self._state(table) in PAUSED:
                 # a logged batch reads it: try it now (refused: the query fails on
                 # SourceInUseError or the retryable error, and the job's restart tries again)
                 protocol = self._protocol(table, must=True)
-            if protocol is None and self.table_states.get(table) == "dropped":
+            if protocol is None and self._state(table) is State.DROPPED:
                 # dropped after Spark logged this batch: its rows went with it; its target
                 # keeps what was applied, and its offset stays frozen from here on
                 log.warning("table %s was dropped after batch planning began: not read", table)
                 continue
             if protocol is None:
                 raise OptionError(option=TABLES, value=table, problem="a logged batch reads "
-                                  f"it but it is {self.table_states[table]}",
+                                  f"it but it is {self.table_states[table].label()}",
                                   allowed="restore the table, or a new checkpoint directory")
             if reads:
                 crash_point("between_table_plans")  # an earlier table's batch is planned
@@ -652,7 +433,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             reads += [TableChannel(table, p, schema.primary_key, schema.columns,
                                    options.schema_change_behavior, options.snapshot_op)
                       for p in protocol.plan(start_offset, end_offset)]
-            self.table_states[table] = "streaming"
+            self.table_states[table] = TableState(State.STREAMING)
         return deal(reads, self.options.max_partitions)
 
     def commit(self, end: dict) -> None:
@@ -686,21 +467,14 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
 
 def _read_channel(read: TableChannel) -> Iterator[pa.RecordBatch]:
-    """One table's channel of a batch as generic rows (executor)."""
+    """One table's channel of a batch as generic rows (executor): the single-table read
+    (``connector.reader.read_rows``, its end claimed before any row is yielded, so a refusal
+    replays this batch exactly) with the table's own policies, then encoded
+    (``connector.generic_rows``)."""
     schema = output_schema(TableSchema(read.table, read.key_columns, read.columns))
     builder = RecordBatchBuilder(schema, policy=read.policy, table=read.table)
-    channel = read.channel
-    # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
-    snapshots = (executor_clients().reader(channel.endpoint)
-                 if read.snapshot_op == READ_OP else None)
-    # the channel's end is claimed before any of its rows is yielded: a refusal replays this
-    # batch exactly
-    for page in claim_and_read(channel, builder.layout).batches():
-        rows = builder.project(page, channel.channel_id)
-        if snapshots is not None:
-            rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
-                channel.channel_id, page.column("_sequence")))
-        yield generic_rows(rows, read)
+    for rows in read_rows(read.channel, builder, read.snapshot_op):
+        yield generic_rows.encode(rows, read.table, read.key_columns, read.columns)
 
 
 def _tables_of(offset: dict) -> dict[str, dict]:
@@ -711,31 +485,3 @@ def _tables_of(offset: dict) -> dict[str, dict]:
                           problem="the checkpoint's offset is not a multi-table offset",
                           allowed="a checkpoint directory of a multi-table query")
     return tables
-
-
-def generic_rows(typed: pa.RecordBatch, read: TableChannel) -> pa.RecordBatch:
-    """One table's output rows in the multi-table schema (executor): the key and the row's
-    declared columns as JSON objects, binary values in base64, and the table's declared
-    columns (``_schema``), with which the apply types them again
-    (``tablestore_cdc.pipeline.multi_table.typed_changes``) even after the table is dropped."""
-    keys = [c.name for c in read.key_columns]
-    names = [c.name for c in read.columns]
-    key_rows = typed.select(keys).to_pylist()
-    value_rows = typed.select(names).to_pylist() if names else [{}] * typed.num_rows
-    ops = typed.column("_op").to_pylist()
-    key_json = [_dumps(k) for k in key_rows]
-    row_json = [None if op == "DELETE" else _dumps(v) for op, v in zip(ops, value_rows,
-                                                                       strict=True)]
-    n = typed.num_rows
-    declared = json.dumps({"key": [[c.name, c.type] for c in read.key_columns],
-                           "columns": [[c.name, c.type] for c in read.columns]},
-                          separators=(",", ":"))
-    arrays = [constant_strings(read.table, n), pa.array(key_json, pa.string()),
-              pa.array(row_json, pa.string()), constant_strings(declared, n)]
-    arrays += [typed.column(f.name) for f in METADATA_FIELDS]
-    return pa.RecordBatch.from_arrays(arrays, schema=compat.arrow_schema(MULTI_TABLE_SCHEMA))
-
-
-def _dumps(values: dict[str, Any]) -> str:
-    return json.dumps({k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
-                       for k, v in values.items()}, separators=(",", ":"))

@@ -19,7 +19,8 @@ So every read of a batch yields the same rows, and no task ever has to fail to b
 How far a read goes is the stop rule's to say (``connector.stop_rule``: pure, tested on its
 own); ``fetch_pages`` is its I/O loop. The clients come from the process's pool
 (``connector.clients.executor_clients``: the meta store and the tunnel's reading role only,
-``ChannelReader``), opened once per endpoint and retried there.
+``ChannelReader``), opened once per endpoint and retried there. ``read_rows`` is the
+executor read of both stream readers: the claimed pages projected onto the output schema.
 
 The rows travel as columnar pages (``ChannelReader.read_page``, ``connector.tunnel.page``):
 Arrow batches from the tunnel to Spark, held until the claim is recorded and then yielded. The
@@ -44,9 +45,10 @@ from connector.crash_hook import crash_point
 from connector.data_loss import resnapshot_on_gap
 from connector.errors import EndCheckpointConflictError, ReplayDivergedError, TrimmedDataError
 from connector.partition import ChannelPartition
+from connector.schema import READ_OP, RecordBatchBuilder, mark_snapshot_reads
 from connector.stop_rule import MAX_EMPTY_PAGES, PAGE_SIZE, StopRule, commit_micros
-from connector.tunnel import FINISHED, ChannelReader, Record, TableSchema
-from connector.tunnel.page import Page, PageLayout, page_to_records
+from connector.tunnel import FINISHED, ChannelReader
+from connector.tunnel.page import Page, PageLayout
 from meta_store import EndCheckpoint
 
 log = logging.getLogger("connector.reader")
@@ -84,6 +86,24 @@ class ClaimedRead:
         self.pages.reverse()
         while self.pages:
             yield self.pages.pop().batch
+
+
+def read_rows(p: ChannelPartition, builder: RecordBatchBuilder,
+              snapshot_op: str = "PUT") -> Iterator[pa.RecordBatch]:
+    """The output rows of one channel of one batch (executor): the one read both stream
+    readers' ``read`` go through (``connector.source`` for one table, ``connector.multiplex``
+    for each table of a selection). The channel's end is claimed (``claim_and_read``) before
+    any row is yielded, so a refusal while projecting (``SchemaChangeError``) replays the batch
+    exactly; each page is dropped once handed on, so memory shrinks as Spark consumes.
+    ``snapshot_op``: READ marks the rows of base data (``snapshot.op``)."""
+    # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
+    snapshots = executor_clients().reader(p.endpoint) if snapshot_op == READ_OP else None
+    for page in claim_and_read(p, builder.layout).batches():
+        rows = builder.project(page, p.channel_id)
+        if snapshots is not None:
+            rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
+                p.channel_id, page.column("_sequence")))
+        yield rows
 
 
 def claim_and_read(p: ChannelPartition, layout: PageLayout) -> ClaimedRead:
@@ -259,16 +279,3 @@ def _replay(tunnel: ChannelReader, p: ChannelPartition, end: EndCheckpoint,
                                   expected=end.records, expected_token=end.token,
                                   got=count, got_token=token)
     return pages
-
-
-def read_partition(p: ChannelPartition, table: TableSchema | None = None) -> list[Record]:
-    """The claimed records of the partition as ``Record`` objects, channel id set (tests and
-    the fault harness, to compare reads record by record; the source reads pages with
-    ``claim_and_read``). Values are the declared columns plus undeclared ones; an UPDATE's
-    ``columns`` is the whole row after it (see ``page_to_records``)."""
-    if table is None:
-        tunnel = executor_clients().tunnel(p.endpoint)
-        name = next(t.table_name for t in tunnel.list_tunnels() if t.tunnel_id == p.tunnel_id)
-        table = tunnel.table_schema(name)
-    read = claim_and_read(p, PageLayout.of_table(table))
-    return [r for batch in read.batches() for r in page_to_records(batch, table, p.channel_id)]

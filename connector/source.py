@@ -9,7 +9,8 @@ Where each piece runs:
   ``reportLatestOffset`` there too, for its progress report
   (``connector.latest_offset_report``). Spark pickles the reader to executors to call ``read``,
   so it holds no live client when pickled.
-- ``read`` runs on executors and delegates to ``connector.reader``.
+- ``read`` runs on executors and delegates to ``connector.reader.read_rows``, the read a
+  multi-table query's tables go through too.
 
 PySpark 4.0 and 4.1 call less of this (no read limit, no start in ``latestOffset``, no
 ``reportLatestOffset``, no AvailableNow): ``connector.spark_compat`` says what the installed
@@ -39,25 +40,16 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from cdc_common.first_contact import query_start
-from connector.clients import Clients, executor_clients
+from connector.clients import Clients
 from connector.errors import OptionError
-from connector.multiplex import (
-    MULTI_TABLE_SCHEMA,
-    MultiTableOptions,
-    MultiTableStreamReader,
-    is_multi_table,
-)
+from connector.generic_rows import MULTI_TABLE_SCHEMA
+from connector.multiplex import MultiTableStreamReader
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import TriggerLimits, trigger_limits
-from connector.reader import claim_and_read
-from connector.schema import (
-    READ_OP,
-    RecordBatchBuilder,
-    check_user_schema,
-    mark_snapshot_reads,
-    output_schema,
-)
+from connector.reader import read_rows
+from connector.schema import RecordBatchBuilder, check_user_schema, output_schema
+from connector.table_selection import MultiTableOptions, is_multi_table
 
 log = logging.getLogger("connector.source")
 
@@ -205,20 +197,12 @@ class TablestoreStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     # --- executors ----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The partition's rows (executor), through the read both stream readers share
+        (``connector.reader.read_rows``: the end claimed before any row is yielded)."""
         assert isinstance(partition, ChannelPartition)
         builder = RecordBatchBuilder(self.schema, policy=self.options.schema_change_behavior,
                                      table=self.options.table_name)
-        # snapshot.op=READ: the backend tells base-data rows from the channel and the rows
-        snapshots = (executor_clients().reader(partition.endpoint)
-                     if self.options.snapshot_op == READ_OP else None)
-        # the end is claimed inside claim_and_read, before any row is yielded; each page is
-        # dropped once handed on, so memory shrinks as Spark consumes
-        for batch in claim_and_read(partition, builder.layout).batches():
-            rows = builder.project(batch, partition.channel_id)
-            if snapshots is not None:
-                rows = mark_snapshot_reads(rows, snapshots.snapshot_rows(
-                    partition.channel_id, batch.column("_sequence")))
-            yield rows
+        yield from read_rows(partition, builder, self.options.snapshot_op)
 
 
 def is_connect_session(spark: Any) -> bool:

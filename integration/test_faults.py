@@ -41,7 +41,6 @@ from connector.errors import (
 )
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.retry import ATTEMPTS, DEADLINE_S, with_retries
 from connector.tunnel import Checkpoint, open_tunnel_service
 from integration.faults import scenarios
@@ -59,6 +58,7 @@ from testkit.flaky import (
     MAX_INJECTED_IN_A_ROW,
     inject_transient_errors,
 )
+from testkit.partition_reads import read_partition
 
 pytestmark = pytest.mark.store_table(channels=3)
 

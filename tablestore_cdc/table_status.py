@@ -24,19 +24,22 @@ The replication job's own states (``restarting`` after a retryable failure, ``fa
 gave up, ``stopped`` after a clean stop) are written over every table's record by
 ``TableStatusWriter.mark_all``. A damaged record reads as none.
 
+A table's state is ``connector.table_state``'s (``State``, with its reason: ``TableState``),
+stored as the string it names.
+
 Health (``TableStatusWriter``, ``with_health``): a table the job restarts after a retryable
-failure (the whole job's restart, or one multi-table table's ``restarting: <reason> (attempt
-n, next in N s)``) is ``unreachable`` -- its source (or meta store) does not answer --, shown as
-``source unreachable (since <time>, attempt n)``, with the time the outage began kept across
-attempts and cleared once the table reads again. ``idle`` and ``stale`` are the readers'
-(``feed.snapshot.activity``, ``is_stale``): idle, the job's record is fresh and nothing is
-behind; stale, the record has not been refreshed for longer than its heartbeat allows.
+failure (the whole job's restart, or one multi-table table restarting on its own, with its
+attempt and the delay to the next) is ``unreachable`` -- its source (or meta store) does not
+answer --, shown as ``source unreachable (since <time>, attempt n)``, with the time the outage
+began kept across attempts and cleared once the table reads again. ``idle`` and ``stale``
+are the readers' (``feed.snapshot.activity``, ``is_stale``): idle, the job's record is fresh
+and nothing is behind; stale, the record has not been refreshed for longer than its heartbeat
+allows.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,27 +48,23 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from connector.errors import CorruptMetaRecordError
+from connector.table_state import FINAL, State, TableState
 from meta_store import MetaStore
 
 log = logging.getLogger("tablestore_cdc.table_status")
 
+#: the replication job's state while it runs (``pipeline.job``'s ``record_status``): no table's
+JOB_RUNNING = "running"
 #: companion namespaces holding a table's status start with this
 TABLE_STATUS_PREFIX = "table-status#"
 #: a record unchanged for this long is written again (the feed sees the pipeline is alive)
 HEARTBEAT_S = 10.0
 #: a record older than this is shown as not updated (the pipeline is probably gone)
 STALE_AFTER_S = 60.0
-#: every state a table can be in (the metrics have one gauge series per state)
-STATES = ("new", "snapshotting", "streaming", "waiting", "dropped", "failed", "restarting",
-          "unreachable", "stopped")
-#: the states in which a table's source answers (``tablestore_cdc_table_up`` is 1)
-UP_STATES = ("new", "snapshotting", "streaming", "waiting")
 #: the apply's per-operation counters, by the change batch's ``_op`` (``connector.schema``):
 #: PUT an insert (a whole row written), UPDATE, DELETE, READ a snapshot read (``snapshot.op``)
 OP_NAMES = {"PUT": "inserts", "UPDATE": "updates", "DELETE": "deletes",
             "READ": "snapshot_reads"}
-#: ``attempt n, next in N s`` in a restart's reason (the job's and a multi-table table's)
-_ATTEMPT = re.compile(r"attempt (\d+), next in ([0-9.]+) s")
 
 
 class TableStatus(BaseModel):
@@ -77,7 +76,8 @@ class TableStatus(BaseModel):
     #: table's job: its ``--table``)
     job: str
     selection: str
-    state: str
+    #: its state (``connector.table_state.State``: the JSON string it names)
+    state: State
     #: why it failed (the source's error, or ``batch N: <the target's refusal>``), or why the
     #: job restarts it
     reason: str | None = None
@@ -122,18 +122,33 @@ class TableStatus(BaseModel):
     #: when this record was written (seconds since the epoch)
     at: float = 0.0
 
+    @classmethod
+    def of(cls, state: TableState, *, now: float, snapshot_percent: float | None = None,
+           **fields: Any) -> TableStatus:
+        """The status of a table in ``state`` (driver, ``table_statuses``): streaming while
+        its base data is read is ``snapshotting``; a restart's attempt and when the next one
+        is due are fields of their own, the reason is the error alone."""
+        name = state.state
+        if name is State.STREAMING and snapshot_percent is not None:
+            name = State.SNAPSHOTTING
+        if state.attempt is not None:
+            fields.update(attempt=state.attempt,
+                          next_attempt_at=now + (state.next_in_s or 0.0))
+        return cls(state=name, reason=state.reason, snapshot_percent=snapshot_percent,
+                   **fields)
+
     def label(self) -> str:
         """The state as a person reads it: ``snapshotting 40 %``, ``failed: batch 3: ...``,
         ``source unreachable (since 2026-12-06 06:40:12 UTC, attempt 3): ...``."""
-        if self.state == "snapshotting" and self.snapshot_percent is not None:
+        if self.state == State.SNAPSHOTTING and self.snapshot_percent is not None:
             return f"snapshotting {self.snapshot_percent:.0f} %"
-        if self.state == "unreachable":
+        if self.state == State.UNREACHABLE:
             since = ("" if self.unreachable_since is None else
                      time.strftime("since %Y-%m-%d %H:%M:%S UTC, ",
                                    time.gmtime(self.unreachable_since)))
             head = f"source unreachable ({since}attempt {self.attempt or 1})"
             return f"{head}: {self.reason}" if self.reason else head
-        return f"{self.state}: {self.reason}" if self.reason else self.state
+        return TableState(State(self.state), self.reason).label()
 
     def is_stale(self, now: float) -> bool:
         """Has the job not refreshed this record for longer than expected (the job is
@@ -162,7 +177,7 @@ class AppliedTable:
     a single table's ``Pipeline`` one; joined with the source's report into the table's
     ``TableStatus``."""
 
-    state: str = "streaming"  # streaming, failed
+    state: State = State.STREAMING  # streaming, failed
     reason: str | None = None
     rows_applied: int = 0
     last_batch: int | None = None
@@ -228,24 +243,6 @@ class AppliedTable:
                 "target_snapshots": None if failed else run.snapshots_after}
 
 
-def restart_figures(reason: str | None) -> tuple[int | None, float | None]:
-    """The attempt and the delay in seconds named in a restart's reason (the job's
-    ``attempt n, next in N s: ...``, a multi-table table's ``... (attempt n, next in N s)``);
-    (None, None) when it names none."""
-    found = _ATTEMPT.search(reason or "")
-    return (None, None) if found is None else (int(found.group(1)), float(found.group(2)))
-
-
-def without_restart_figures(reason: str | None) -> str | None:
-    """A restart's reason without its ``attempt n, next in N s`` (the label says the attempt):
-    the error alone."""
-    if reason is None:
-        return None
-    text = re.sub(r"^\s*attempt \d+, next in [0-9.]+ s:\s*", "", reason)
-    text = re.sub(r"\s*\(attempt \d+, next in [0-9.]+ s\)\s*$", "", text)
-    return text or None
-
-
 def load_table_status(store: MetaStore, namespace: str) -> TableStatus | None:
     """The status a replication job last recorded for the table of ``namespace``, or ``None``
     (a query not run by ``replicate``, or a damaged record). Feed and CLI, read-only."""
@@ -278,7 +275,7 @@ class TableStatusWriter:
         self._warned = False
         #: table -> when its source stopped answering (``with_health``)
         self._down_since: dict[str, float] = {}
-        self._attempts: dict[str, tuple[int, float]] = {}
+        self._attempts: dict[str, tuple[int, float | None]] = {}
         #: called with every published batch of statuses (health applied): the metrics
         self._observers: list[Any] = []
 
@@ -292,22 +289,29 @@ class TableStatusWriter:
         """``status`` with its health: a ``restarting`` table becomes ``unreachable``, since
         the first restart of this outage, with its attempt and when the next one is due; any
         other state ends the outage."""
-        if status.state not in ("restarting", "unreachable"):
+        if status.state not in (State.RESTARTING, State.UNREACHABLE):
             self._down_since.pop(table, None)
             self._attempts.pop(table, None)
             return status
-        attempt, delay = restart_figures(status.reason)
+        # the job's restart names its figures in the reason (``attempt n, next in N s: ...``)
+        state = TableState.of(status.state, status.reason)
         since = self._down_since.setdefault(table, status.unreachable_since or now)
-        if attempt is None:
+        attempt: int | None
+        next_at: float | None
+        if state.attempt is not None:
+            attempt, next_at = state.attempt, now + (state.next_in_s or 0.0)
+        else:  # a multi-table table's (``TableStatus.of``), or unreachable already
             attempt, next_at = status.attempt, status.next_attempt_at
-        else:  # the same attempt published again keeps the time its next one is due
+        if attempt is not None and (state.attempt is not None
+                                    or status.state == State.RESTARTING):
+            # the same attempt published again keeps the time its next one is due
             known = self._attempts.get(table)
-            next_at = (known[1] if known is not None and known[0] == attempt
-                       else now + (delay or 0.0))
+            if known is not None and known[0] == attempt:
+                next_at = known[1]
             self._attempts[table] = (attempt, next_at)
         return status.model_copy(update={
-            "state": "unreachable", "unreachable_since": since, "attempt": attempt,
-            "next_attempt_at": next_at, "reason": without_restart_figures(status.reason)})
+            "state": State.UNREACHABLE, "unreachable_since": since, "attempt": attempt,
+            "next_attempt_at": next_at, "reason": state.reason})
 
     def publish(self, statuses: dict[str, TableStatus], force: bool = False
                 ) -> dict[str, TableStatus]:
@@ -336,10 +340,11 @@ class TableStatusWriter:
         ``stopped``; the job's ``record_status``), but a dropped table or one failed on its
         own keeps its state; ``running`` changes nothing (the next ``publish`` says each
         table's)."""
-        if state == "running":
+        if state == JOB_RUNNING:
             return
-        marked = {table: s.model_copy(update={"state": state, "reason": reason})
-                  for table, s in self._last.items() if s.state not in ("dropped", "failed")}
+        name = State(state)
+        marked = {table: s.model_copy(update={"state": name, "reason": reason})
+                  for table, s in self._last.items() if s.state not in FINAL}
         self.publish(marked, force=True)
 
     def _with_last_schema_change(self, table: str, status: TableStatus) -> TableStatus:
@@ -408,8 +413,9 @@ class StatusSummary:
         now = time.time() if now is None else now
         out = []
         for table, status in sorted(statuses.items()):
-            state = status.label() if status.state != "snapshotting" else "snapshotting"
-            if status.state == "unreachable":  # the attempt changes; the outage does not
+            state = (status.label() if status.state != State.SNAPSHOTTING
+                     else str(status.state))
+            if status.state == State.UNREACHABLE:  # the attempt changes; the outage does not
                 state = f"unreachable since {status.unreachable_since}"
             if self._states.get(table) != state:
                 out.append(f"table {table}: {status.label()}")
@@ -432,7 +438,7 @@ def summary_line(statuses: dict[str, TableStatus]) -> str:
     """``tables: 3 streaming, 1 unreachable; 1200 change(s) applied, 0.0 rows/s``."""
     counts: dict[str, int] = {}
     for status in statuses.values():
-        counts[status.state] = counts.get(status.state, 0) + 1
+        counts[str(status.state)] = counts.get(str(status.state), 0) + 1
     by_state = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     applied = sum(s.rows_applied for s in statuses.values())
     rate = sum(s.rows_per_second or 0.0 for s in statuses.values())

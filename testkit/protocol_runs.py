@@ -4,8 +4,8 @@ Spark's order, in this process."""
 from __future__ import annotations
 
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel import Record
+from testkit.partition_reads import read_partition
 
 
 def run_batch(proto: StreamProtocol, start: dict) -> tuple[dict, list[Record]]:

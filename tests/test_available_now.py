@@ -28,12 +28,12 @@ from connector.clients import executor_clients, tunnel_key
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.stop_rule import MAX_EMPTY_PAGES
 from connector.tunnel import FINISHED, Record
 from connector.tunnel.page import Page, PageLayout
 from tablestore_emulator.server import EmulatorServer
 from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.partition_reads import read_partition
 from testkit.protocol_runs import run_until_caught_up as run
 
 

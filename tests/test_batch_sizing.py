@@ -15,11 +15,12 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.planning.read_limits import TriggerLimits, trigger_limits
 from connector.protocol import StreamProtocol
-from connector.reader import claim_and_read, read_partition
+from connector.reader import claim_and_read
 from connector.stop_rule import record_sizes
 from connector.tunnel.page import PageLayout
 from tablestore_emulator.server import EmulatorServer
 from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.partition_reads import read_partition
 
 pytestmark = pytest.mark.store_table(channels=3, columns=[("v", "INTEGER"), ("note", "STRING")])
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from connector.multiplex import MultiTableOptions
 from connector.options import SourceOptions
+from connector.table_selection import MultiTableOptions
 from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.table_config import (

@@ -12,8 +12,8 @@ import pytest
 
 from connector.latest_offset_report import LatestOffsetReporter
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from testkit.backends import BACKEND_KINDS, Backend, WireBackend, open_backend
+from testkit.partition_reads import read_partition
 
 pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them
 

@@ -14,12 +14,14 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from connector import generic_rows
 from connector.errors import OptionError
 from connector.local import LocalTablestore
-from connector.multiplex import MultiTableOptions, MultiTableStreamReader, TableSelection
+from connector.multiplex import MultiTableStreamReader
+from connector.table_selection import MultiTableOptions, TableSelection
+from connector.table_state import State, TableState
 from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline import ApplySettings
-from tablestore_cdc.pipeline.multi_table import typed_changes
 from tablestore_cdc.pipeline.table_config import TableConfigError, load_table_config
 
 
@@ -83,7 +85,9 @@ def test_tables_join_with_their_initial_offset_and_a_dropped_one_is_frozen(
         store.drop_table("b")
         joined = reader.latestOffset(end, None)
         assert joined["tables"]["b"] == end["tables"]["b"]  # frozen
-        assert reader.table_states == {"a": "streaming", "b": "dropped", "b2": "new"}
+        assert reader.table_states == {"a": TableState(State.STREAMING),
+                                       "b": TableState(State.DROPPED),
+                                       "b2": TableState(State.NEW)}
         assert reader.partitions(end, joined) == []  # b2 joins: read from the next batch
         reader.commit(joined)
         after = reader.latestOffset(joined, None)
@@ -145,7 +149,7 @@ def test_generic_rows_are_typed_again_with_the_tables_declared_columns(tmp_path:
         end = reader.latestOffset(start, None)
         batches = [b for p in reader.partitions(start, end) for b in reader.read(p)]
         reader.stop()
-    changes, keys = typed_changes(pa.Table.from_batches(batches))
+    changes, keys = generic_rows.decode(pa.Table.from_batches(batches))
     assert keys == ("id",)
     assert changes.schema.field("id").type == pa.int64()
     assert changes.select(["id", "v", "b", "_op"]).to_pylist() == [
@@ -231,7 +235,7 @@ def test_the_query_s_own_meta_table_is_never_selected(tmp_path: Path) -> None:
     checkpoints would be changes to read in the next (found by the benchmark over the
     emulator: ``t*`` and ``tablestore_cdc_meta``)."""
     pytest.importorskip("tablestore")
-    from connector.multiplex import own_meta_table
+    from connector.table_selection import own_meta_table
     from tablestore_emulator.server import EmulatorServer
     from testkit.emulator import INSTANCE, KEY_ID, SECRET
 
@@ -297,7 +301,8 @@ def test_the_tables_are_listed_and_read_over_dynamodb_streams(
     assert checkpoint_table in h.ddb.list_tables()["TableNames"]  # there, and left out
     assert listed == ["orders", "plain", "users"]
     assert sorted(start["tables"]) == ["orders", "users"]
-    assert states["plain"].startswith("failed") and "stream" in states["plain"].lower()
+    assert states["plain"].state is State.FAILED
+    assert "stream" in (states["plain"].reason or "").lower()
     assert sorted((r["_table"], r["_key"], r["_op"]) for r in rows) == [
         ("orders", '{"id":"o1"}', "PUT"), ("orders", '{"id":"o1"}', "UPDATE"),
         ("users", '{"id":"u1"}', "PUT")]
@@ -317,7 +322,7 @@ def test_a_table_dropped_after_its_batch_was_logged_is_passed_over_on_restart(
         store.drop_table("b")
         restarted = MultiTableStreamReader(options)
         assert _tables_read(restarted.partitions(start, end)) == {"a"}
-        assert restarted.table_states["b"] == "dropped"
+        assert restarted.table_states["b"] == TableState(State.DROPPED)
         restarted.commit(end)
         restarted.stop()
 

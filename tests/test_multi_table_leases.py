@@ -13,8 +13,10 @@ import pytest
 
 import connector.multiplex as multiplex
 from connector.local import LocalTablestore
-from connector.multiplex import MultiTableOptions, MultiTableStreamReader
+from connector.multiplex import MultiTableStreamReader
 from connector.planning import lease as lease_module
+from connector.table_selection import MultiTableOptions
+from connector.table_state import State, TableState
 
 
 def _reader(path: Path) -> MultiTableStreamReader:
@@ -48,7 +50,7 @@ def test_a_table_that_joined_just_before_a_kill_is_taken_over_with_the_others(
         store.create_table("a2", [("id", "INTEGER")], [("v", "STRING")], channels=1)
         store.put_row("a2", {"id": 7}, {"v": "y"})
         joined = first.latestOffset(end, None)
-        assert first.table_states["a2"] == "new"
+        assert first.table_states["a2"] == TableState(State.NEW)
 
         owner[0] = "process-2"  # the restart: the killed process's leases are all still live
         monkeypatch.setattr(multiplex, "LEASE_RETRY_S", 0.0)
@@ -56,7 +58,8 @@ def test_a_table_that_joined_just_before_a_kill_is_taken_over_with_the_others(
         assert _read(restarted, end, joined) == []  # Spark runs the logged batch again
         restarted.commit(joined)  # a2 first: refused, then t1 proves the restart
         after = restarted.latestOffset(joined, None)
-        assert restarted.table_states == {"a2": "streaming", "t1": "streaming"}
+        assert restarted.table_states == {"a2": TableState(State.STREAMING),
+                                          "t1": TableState(State.STREAMING)}
         assert _read(restarted, joined, after) == [("a2", '{"id":7}')]
         restarted.commit(after)
         restarted.stop()
@@ -79,9 +82,11 @@ def test_a_table_held_by_another_query_waits_rather_than_fails(
     start = mine.initialOffset()  # the same generation: decided at the next call
     frozen = mine.latestOffset(start, None)
     assert frozen == start  # not read, and not failed: it waits
-    assert mine.table_states["t1"].startswith("waiting: option 'tunnel.name'")
-    assert "being read by another query" in mine.table_states["t1"]
+    waiting = mine.table_states["t1"]
+    assert waiting.state is State.WAITING and waiting.reason is not None
+    assert waiting.reason.startswith("option 'tunnel.name'")
+    assert "being read by another query" in waiting.reason
     other.stop()  # the other query stops: its lease is released
     moved = mine.latestOffset(start, None)
-    assert mine.table_states["t1"] == "streaming" and moved != start
+    assert mine.table_states["t1"] == TableState(State.STREAMING) and moved != start
     mine.stop()

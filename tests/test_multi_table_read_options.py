@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from connector.errors import OptionError, SchemaChangeError
 from connector.local import LocalTablestore
-from connector.multiplex import MultiTableOptions, MultiTableStreamReader
+from connector.multiplex import MultiTableStreamReader
+from connector.table_selection import MultiTableOptions
 from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.table_config import TableConfigError, load_table_config

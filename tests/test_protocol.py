@@ -19,11 +19,11 @@ from connector.errors import (
 )
 from connector.partition import ChannelPartition
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel import FINISHED, ChannelStatus, Record
 from meta_store import BatchState
 from testkit.fixtures import options_for as options
 from testkit.fixtures import put_rows as write
+from testkit.partition_reads import read_partition
 
 
 def run_batch(proto: StreamProtocol, start: dict, commit: bool = True

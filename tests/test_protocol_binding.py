@@ -26,11 +26,11 @@ from connector.options import SourceOptions
 from connector.planning import lease as lease_module
 from connector.planning.offsets import initial_uuid
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from meta_store import open_meta_store
 from testkit.fixtures import put_rows
+from testkit.partition_reads import read_partition
 from testkit.protocol_runs import run_batch
 
 

@@ -24,13 +24,13 @@ from connector.errors import (
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from connector.tunnel.local.values import dumps_values, key_hash
 from tablestore_cdc.commands.app import app
 from testkit.fixtures import options_for as options
 from testkit.fixtures import put_rows as write
+from testkit.partition_reads import read_partition
 
 
 def keys(records: list[Record]) -> list[tuple[str, str]]:

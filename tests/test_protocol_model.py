@@ -45,7 +45,7 @@ from connector.errors import InvalidChannelOperationError
 from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
+from testkit.partition_reads import read_partition
 
 FIRST_SEED = int(os.environ.get("PROTOCOL_MODEL_FIRST_SEED", "0"))
 SEEDS = int(os.environ.get("PROTOCOL_MODEL_SEEDS", "100"))

@@ -20,7 +20,6 @@ import pytest
 
 from connector.errors import OptionError, StartBeforeTunnelError, TrimmedDataError
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel import Checkpoint, Record, StartPosition, open_tunnel_service
 from testkit.backends import (
     BACKEND_KINDS,
@@ -29,6 +28,7 @@ from testkit.backends import (
     instant_between,
     open_backend,
 )
+from testkit.partition_reads import read_partition
 from testkit.protocol_runs import run_until_caught_up as drain
 
 pytestmark = pytest.mark.usefixtures("aws_test_credentials")  # boto3 reads them

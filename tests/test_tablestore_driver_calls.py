@@ -23,11 +23,11 @@ import pytest
 from connector.errors import TunnelAuthError
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY
 from tablestore_emulator.errors import OtsError
 from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
+from testkit.partition_reads import read_partition
 from testkit.tunnel_harnesses import EmulatorHarness
 
 CHANNELS = 8

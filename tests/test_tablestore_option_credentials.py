@@ -15,8 +15,8 @@ import pytest
 
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
-from connector.reader import read_partition
 from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.partition_reads import read_partition
 from testkit.tunnel_harnesses import EmulatorHarness
 
 ENV = ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET",

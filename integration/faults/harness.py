@@ -12,8 +12,9 @@ Where things run:
   once; a sweep then SIGKILLs any straggler that slipped out of the tree (a worker forked while
   the tree was collected), found by pid through the scenario's unique fault directory in its
   environment;
-- a duplicate read (``DuplicateRead``) runs ``connector.reader.read_partition`` in a separate
-  process (``integration.faults.duplicate``) on the very partition a Spark task is reading;
+- a duplicate read (``DuplicateRead``) runs ``testkit.partition_reads.read_partition`` in a
+  separate process (``integration.faults.duplicate``) on the very partition a Spark task is
+  reading;
 - the DynamoDB meta store of a cluster scenario is a moto server on 127.0.0.1 in a child
   process.
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from connector.table_state import READING, State
 from meta_store import EndCheckpoint, MetaStore
 from meta_store.errors import CorruptMetaRecordError
 from meta_store.signals import SignalBoard
@@ -16,7 +17,7 @@ from tablestore_cdc.feed.reading import InspectedStore, resolve_namespace, user_
 from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION, channel_tree, consumed, query_entry
 from tablestore_cdc.feed.tunnel_view import TunnelView, committed_positions, safe_channel_view
 from tablestore_cdc.query_record import load_query_status, load_spark_metrics
-from tablestore_cdc.table_status import UP_STATES, TableStatus, load_table_status
+from tablestore_cdc.table_status import TableStatus, load_table_status
 
 
 def throughput(records: Sequence[Mapping[str, Any]], window: int = 30) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | N
     fresh = table_status is not None and not table_status.is_stale(now)
     if table_status is not None and fresh and records_behind is None:
         records_behind = table_status.records_behind
-    if table_status is not None and fresh and table_status.state == "unreachable":
+    if table_status is not None and fresh and table_status.state == State.UNREACHABLE:
         state = "unreachable"
     elif job_status in ("stopped", "restarting", "failed"):
         state = job_status  # the listener saw the query end; the job restarts it or gave up
@@ -107,7 +108,7 @@ def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | N
         state = "waiting"
     elif last_heard is not None and now - last_heard <= stale_after:
         state = "live"
-    elif table_status is not None and fresh and table_status.state in UP_STATES:
+    elif table_status is not None and fresh and table_status.state in READING:
         # the job is alive: caught up (no lag measured, or none) is idle
         state = "stale" if (records_behind or 0) > 0 else "idle"
     elif table_status is not None:

@@ -12,12 +12,13 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
   ``http(s)://`` endpoint, while a TCP connection to it is refused or times out
   (``reachable``, tried at most every ``PROBE_EVERY_S`` at the command's looks): an outage
   shows within seconds, before the query's own per-call retries give up;
-  ``tablestore_cdc_table_up{table}``: 1 in a state that reads (``UP_STATES``), 0 otherwise;
-  ``tablestore_cdc_table_unreachable_since_timestamp_seconds`` while a table is unreachable
-  (0 otherwise);
-- ``tablestore_cdc_table_state{table, state}``: 1 for the table's current state (``new``,
-  ``snapshotting``, ``streaming``, ``waiting``, ``dropped``, ``failed``, ``restarting``,
-  ``unreachable``, ``stopped``), 0 for the others; ``tablestore_cdc_table_snapshot_percent``
+  ``tablestore_cdc_table_up{table}``: 1 in a state that reads (``table_state.READING``), 0
+  otherwise; ``tablestore_cdc_table_unreachable_since_timestamp_seconds`` while a table is
+  unreachable (0 otherwise);
+- ``tablestore_cdc_table_state{table, state}``: 1 for the table's current state, 0 for the
+  others (one series per ``connector.table_state.State``: ``new``, ``snapshotting``,
+  ``streaming``, ``waiting``, ``dropped``, ``failed``, ``restarting``, ``unreachable``,
+  ``stopped``); ``tablestore_cdc_table_snapshot_percent``
   while it snapshots;
 - ``tablestore_cdc_table_lag_records`` / ``..._lag_seconds``: behind the tunnel's head, as the
   source measured it for Spark's progress report (absent until measured);
@@ -47,8 +48,9 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from connector.table_state import READING, State
 from tablestore_cdc.feed.retention import DEFAULT_S, WARN_AT, headroom
-from tablestore_cdc.table_status import OP_NAMES, STATES, UP_STATES, TableStatus
+from tablestore_cdc.table_status import OP_NAMES, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
 
@@ -148,19 +150,20 @@ class TableMetrics:
         """Set every table's series from its status (a figure not known is left unset)."""
         answers = self._probe()
         if statuses or answers is not None:
-            down = any(s.state == "unreachable" for s in statuses.values()) or answers is False
+            down = (any(s.state == State.UNREACHABLE for s in statuses.values())
+                    or answers is False)
             self.source_up.labels(self.source).set(0 if down else 1)
         for table, status in statuses.items():
-            self.table_up.labels(table).set(1 if status.state in UP_STATES else 0)
+            self.table_up.labels(table).set(1 if status.state in READING else 0)
             self.down_since.labels(table).set((status.unreachable_since or 0)
-                                              if status.state == "unreachable" else 0)
+                                              if status.state == State.UNREACHABLE else 0)
             for op in OP_NAMES.values():
                 total = status.ops.get(op, 0)
                 grown_op = total - self._ops.get((table, op), 0)
                 self.changes.labels(table, op).inc(max(grown_op, 0))
                 self._ops[(table, op)] = total
-            for state in STATES:
-                self.state.labels(table, state).set(1 if state == status.state else 0)
+            for state in State:
+                self.state.labels(table, state.value).set(1 if state == status.state else 0)
             for gauge, value in ((self.lag_records, status.records_behind),
                                  (self.lag_seconds, status.seconds_behind),
                                  (self.rate, status.rows_per_second),

@@ -258,7 +258,7 @@ def _source_options(plan: JobPlan) -> Any:
     if plan.tables is None:
         assert plan.table is not None
         return SourceOptions.from_spark({**common, "table.name": plan.table})
-    from connector.multiplex import MultiTableOptions
+    from connector.table_selection import MultiTableOptions
 
     return MultiTableOptions.from_spark({**common, "tables": plan.tables,
                                          **({"exclude": plan.exclude} if plan.exclude else {})})

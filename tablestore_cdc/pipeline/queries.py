@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_common.uris import redact_uri
+from connector.table_state import State
 from tablestore_cdc.lakehouse.upkeep import MaintenancePolicy, Upkeep
 from tablestore_cdc.reconcile.source import SourceSpec
 from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
@@ -113,7 +114,7 @@ class Pipeline(TwoQueries):
         target version, last schema change). ``replicate --table`` writes it to the meta
         store for the feed and ``meta tables``; ``job``: the output directory."""
         report = self.source_report()
-        return TableStatus(table=table, job=job, selection=table, state="streaming",
+        return TableStatus(table=table, job=job, selection=table, state=State.STREAMING,
                            records_behind=report.get("recordsBehindLatest"),
                            seconds_behind=report.get("secondsBehindLatest"),
                            target=redact_uri(self.target),
