@@ -1,5 +1,6 @@
 """The replication job: run the pipeline, restart it after a retryable failure, end it with an
-exit code (driver; ``tablestore-cdc replicate`` is built on ``run_job``).
+exit code (driver; ``tablestore-cdc replicate`` holds what ``open_job`` opens and runs a
+``ReplicationJob``, through ``tablestore_cdc.commands.replicate_tables.run_job``).
 
 The loop: start the pipeline (``start_pipeline``), watch its two queries; when one fails,
 ``failures.query_failure`` says what the error is:
@@ -90,9 +91,11 @@ def open_job(output: Path, master: str, say: Callable[[str], None],
 
 
 class ReplicationJob:
-    """One table's replication with its restart policy (driver). ``start`` starts the
-    pipeline (raising on a failure at start); ``record_status`` writes the job's state where
-    the feed reads it (``query_record.record_query_status``); ``say`` prints one line."""
+    """One replication job, of one table or a selection, with its restart policy (driver).
+    ``start`` starts the pipeline (raising on a failure at start); ``record_status`` writes the
+    job's state where the feed reads it (over every table's status,
+    ``TableStatusWriter.mark_all``; one table's job also in its query record); ``say`` prints
+    one line."""
 
     def __init__(self, start: Callable[[], RunningPipeline], policy: RestartPolicy, *,
                  say: Callable[[str], None], once: bool = False,
