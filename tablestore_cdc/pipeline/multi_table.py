@@ -22,6 +22,8 @@ exactly (each target's batch marker skips what it holds). Docs: docs/multi-table
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import time
@@ -37,13 +39,47 @@ import pyarrow.parquet as pq
 from cdc_common.backoff import RestartPolicy
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
-from connector import generic_rows
 from connector.crash_hook import crash_point
-from connector.table_state import State, TableState
-from tablestore_cdc.pipeline.queries import ApplySettings, TwoQueries, checkpoint_query_id
+from tablestore_cdc.pipeline.queries import (
+    ApplySettings,
+    TwoQueries,
+    checkpoint_query_id,
+    repair_target,
+)
+from tablestore_cdc.reconcile.source import SourceSpec
+from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
 from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
+
+#: the Arrow type of each declared Tablestore type (as the single-table source outputs them)
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "INTEGER": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
+    "STRING": pa.string(), "BINARY": pa.binary(),
+}
+#: the change columns every table's rows carry beside its own (connector.schema)
+CHANGE_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
+
+
+def typed_changes(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
+    """One table's rows of a multi-table change log as that table's own change rows (its
+    declared columns typed, then the change columns), and its key columns. The declared
+    columns are those of the newest row (``_schema``; a table's declared columns do not
+    change while it exists)."""
+    declared = json.loads(rows.column("_schema")[rows.num_rows - 1].as_py())
+    keys = [json.loads(k) for k in rows.column("_key").to_pylist()]
+    images = [json.loads(r) if r is not None else {} for r in rows.column("_row").to_pylist()]
+    arrays: dict[str, pa.Array] = {}
+    for source, specs in ((keys, declared["key"]), (images, declared["columns"])):
+        for name, typ in specs:
+            values = [row.get(name) for row in source]
+            if typ == "BINARY":
+                values = [None if v is None else base64.b64decode(v) for v in values]
+            arrays[name] = pa.array(values, ARROW_TYPES[typ])
+    for name in CHANGE_COLUMNS:
+        arrays[name] = rows.column(name)
+    return pa.table(arrays), tuple(name for name, _ in declared["key"])
+
 
 @dataclass
 class MultiTableApply:
@@ -63,10 +99,37 @@ class MultiTableApply:
     per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]] | None = None
     tables: dict[str, AppliedTable] = field(default_factory=dict)
     _sinks: dict[str, Any] = field(default_factory=dict)
+    #: a table's source as the job reads it (``table_sources``), for its re-snapshots; None:
+    #: no re-snapshots (a test's apply)
+    spec_of: Callable[[str], SourceSpec] | None = None
+    #: tables whose signals are looked at even before a batch of them: those the selection
+    #: names without a glob (``named_tables``) and those the source reports
+    #: (``MultiTablePipeline.run_due_repairs``)
+    known: set[str] = field(default_factory=set)
+    #: the tables' re-snapshots (``resnapshot.hook``), made from ``spec_of``
+    repairs: RepairRunner | None = None
 
     def __post_init__(self) -> None:
         for failed in sorted(self._failed_dir.glob("*.failed")):
-            self.tables[failed.stem] = AppliedTable(State.FAILED, failed.read_text())
+            self.tables[failed.stem] = AppliedTable("failed", failed.read_text())
+        if self.spec_of is not None and self.repairs is None:
+            self.repairs = RepairRunner(self.repair_tables, self.spec_of, self.repair_target)
+
+    def repair_tables(self) -> list[str]:
+        """The tables whose re-snapshot signals a look reads: every table applied or failed
+        in this run and the ``known`` ones."""
+        return sorted(set(self.tables) | self.known)
+
+    def repair_target(self, table: str) -> RepairTarget | None:
+        """Where ``table``'s re-snapshot reads and writes: its source, its own sink, target
+        and settings; None for a failed table (its held batches come first: its signals wait
+        until it resumes) or without ``spec_of``."""
+        status = self.tables.get(table)
+        if self.spec_of is None or (status is not None and status.state == "failed"):
+            return None
+        settings, keys = self.settings_of(table)
+        return repair_target(self.sink(table), self.spec_of(table), settings, keys)
+
 
     @property
     def _failed_dir(self) -> Path:
@@ -95,9 +158,17 @@ class MultiTableApply:
         return self._sinks[table]
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        """Spark's ``foreachBatch`` call: the due re-snapshots of the tables, then the batch,
+        under the re-snapshots' lock (``resnapshot.hook``: one writer's commits in turn)."""
         from tablestore_cdc.lakehouse.sink import query_id_of
 
-        self.apply_batch(df.toArrow(), query_id_of(df, batch_id), batch_id)
+        app_id = query_id_of(df, batch_id)
+        if self.repairs is None:
+            self.apply_batch(df.toArrow(), app_id, batch_id)
+            return
+        with self.repairs.lock:
+            self.repairs.before_batch(app_id)
+            self.apply_batch(df.toArrow(), app_id, batch_id)
 
     def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
         """Apply one batch of the multi-table change log, table by table, in name order."""
@@ -107,7 +178,7 @@ class MultiTableApply:
                 crash_point("between_table_applies")  # the tables before are committed
             rows = batch.filter(pc.equal(batch.column("_table"), table))
             status = self.tables.setdefault(table, AppliedTable())
-            if status.state is State.FAILED:
+            if status.state == "failed":
                 self._hold(table, batch_id, rows)
                 continue
             try:
@@ -121,7 +192,7 @@ class MultiTableApply:
             crash_point("after_table_applies")  # the apply query's commit log not written
 
     def _apply(self, table: str, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        changes, keys = generic_rows.decode(rows)
+        changes, keys = typed_changes(rows)
         result = self.sink(table).apply(changes, app_id, batch_id,
                                         self.settings_of(table)[1] or keys)
         self.tables.setdefault(table, AppliedTable()).record(result)
@@ -132,7 +203,7 @@ class MultiTableApply:
                   "setting and restart to resume it", table, reason)
         self._failed_dir.mkdir(parents=True, exist_ok=True)
         _write_atomically(self._failed_dir / f"{table}.failed", reason.encode())
-        self.tables[table] = AppliedTable(State.FAILED, reason)
+        self.tables[table] = AppliedTable("failed", reason)
 
     def _hold(self, table: str, batch_id: int, rows: pa.Table) -> None:
         """Keep a failed table's rows of ``batch_id`` (before the batch commits; a replay
@@ -150,7 +221,7 @@ class MultiTableApply:
         the settings given now. A table whose batch is refused again stays failed. A
         retryable error (an outage) is raised with the table still failed and its batches
         still held, so the job's next start resumes it again from the same batch."""
-        for table in [t for t, s in self.tables.items() if s.state is State.FAILED]:
+        for table in [t for t, s in self.tables.items() if s.state == "failed"]:
             held = sorted((self.out / "_held" / table).glob("*.parquet"))
             if app_id is None:
                 continue
@@ -189,24 +260,31 @@ class MultiTablePipeline(TwoQueries):
         """The source's report in the change-log query's last progress (states and lag)."""
         return self.source_report()
 
+    def run_due_repairs(self) -> int:
+        """By the replication job's watch loop (driver): the tables' due re-snapshots when no
+        batch is being applied (``RepairRunner.when_idle``), a quiet table's included; the
+        tables the source reports are added to those looked at. How many ran."""
+        if self.apply.repairs is None:
+            return 0
+        self.apply.known.update(self._source_report().get("tables", {}))
+        return self.apply.repairs.when_idle(str(self.state_query.id))
+
     def applied_batch(self) -> int | None:
         """The apply query's newest batch (the replication job resets its restart count when
         it moves)."""
         progress = self.state_query.lastProgress
         return None if not progress else int(progress["batchId"])
 
-    def table_states(self) -> dict[str, TableState]:
-        """Each table's state (``connector.table_state``): the source's (new, streaming,
-        waiting, restarting after a retryable error, back to streaming once its service
-        answers, dropped, failed, read from the progress report), then the apply's failures
-        over it."""
-        states = {table: TableState.from_text(text)
-                  for table, text in self._source_report().get("tables", {}).items()}
+    def table_states(self) -> dict[str, str]:
+        """Each table's state: the source's (new, streaming, waiting: ..., restarting: ...
+        after a retryable error, back to streaming once its service answers, dropped,
+        failed: ... from the progress report), then the apply's failures over it."""
+        states: dict[str, str] = dict(self._source_report().get("tables", {}))
         for table, status in self.apply.tables.items():
-            if status.state is State.FAILED:
-                states[table] = TableState(State.FAILED, status.reason)
+            if status.state == "failed":
+                states[table] = f"failed: {status.reason}"
             else:
-                states.setdefault(table, TableState(status.state))
+                states.setdefault(table, status.state)
         return dict(sorted(states.items()))
 
     def table_statuses(self, job: str, selection: str) -> dict[str, TableStatus]:
@@ -221,9 +299,12 @@ class MultiTablePipeline(TwoQueries):
         statuses = {}
         for table, state in self.table_states().items():
             applied = self.apply.tables.get(table, AppliedTable())
+            name, _, reason = state.partition(": ")
+            if name == "streaming" and table in snapshot:
+                name = "snapshotting"
             figures = lag.get(table, {})
-            statuses[table] = TableStatus.of(
-                state, table=table, job=job, selection=selection, now=now,
+            statuses[table] = TableStatus(
+                table=table, job=job, selection=selection, state=name, reason=reason or None,
                 snapshot_percent=snapshot.get(table), records_behind=figures.get("recordsBehind"),
                 seconds_behind=figures.get("secondsBehind"),
                 target=redact_uri(self.apply.target_of(table)), **applied.status_fields(now))
@@ -235,12 +316,43 @@ def status_location(endpoint: str, tables: str, tunnel: str, options: dict[str, 
     """Where ``table``'s ``TableStatus`` is kept (``TableStatusWriter``'s ``namespace_of``):
     its meta store (URI, credentials) and namespace, from that table's options as the
     multi-table source builds them."""
-    from connector.table_selection import MultiTableOptions
+    from connector.multiplex import MultiTableOptions
 
     source = MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
                                            "tunnel.name": tunnel, **(options or {})}
                                           ).for_table(table)
     return source.meta_store, source.meta_store_credentials, source.source_identity
+
+
+def selection_options(endpoint: str, tables: str, exclude: str | None, tunnel: str,
+                      options: dict[str, str] | None) -> Any:
+    """The multi-table source's options (``MultiTableOptions``) as its query parses them."""
+    from connector.multiplex import MultiTableOptions
+
+    return MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
+                                         **({"exclude": exclude} if exclude else {}),
+                                         "tunnel.name": tunnel, **(options or {})})
+
+
+def table_sources(source: Any) -> Callable[[str], SourceSpec]:
+    """Each table's source as the multi-table ``source`` (``selection_options``) reads it (its
+    own options over the shared ones, as ``MultiTableOptions.for_table``): what its
+    re-snapshot reconciles and reads, and whose namespace holds its signals."""
+    shared = dict(source.shared)
+    endpoint, tunnel = shared.get("endpoint", ""), shared.get("tunnel.name", "")
+
+    def spec(table: str) -> SourceSpec:
+        own = source.own_options(table)
+        return SourceSpec(endpoint, table, tunnel,
+                          {**{k: v for k, v in shared.items() if k.lower() not in own}, **own})
+
+    return spec
+
+
+def named_tables(source: Any) -> set[str]:
+    """The table names the selection of ``source`` gives without a glob (and keeps)."""
+    selection = source.selection
+    return {p for p in selection.include if not set(p) & set("*?[") and selection.matches(p)}
 
 
 def check_target_template(target: str) -> None:
@@ -256,7 +368,7 @@ def check_target_template(target: str) -> None:
 def retry_options(retry: RestartPolicy) -> dict[str, str]:
     """The source options that make a multi-table query retry a table on ``retry`` (the
     job's restart policy): ``tables.retryBackoff`` and, when bounded, ``tables.maxRetries``."""
-    from connector.table_selection import MAX_RETRIES, RETRY_BACKOFF
+    from connector.multiplex import MAX_RETRIES, RETRY_BACKOFF
 
     options = {RETRY_BACKOFF: f"{retry.first_s}:{retry.max_s}"}
     if retry.max_restarts is not None:
@@ -268,7 +380,7 @@ def _max_partitions(spark: Any) -> str:
     """``tables.maxPartitions`` for the cluster the session runs on: two per core Spark
     schedules tasks on (its default parallelism: every executor's cores); when the session
     cannot tell (Spark Connect), the source's own default (two per driver core)."""
-    from connector.table_selection import default_max_partitions
+    from connector.multiplex import default_max_partitions
 
     try:
         cores = int(spark.sparkContext.defaultParallelism)
@@ -298,7 +410,7 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
         reader = reader.option("exclude", exclude)
-    from connector.table_selection import MAX_PARTITIONS, MAX_RETRIES, RETRY_BACKOFF
+    from connector.multiplex import MAX_PARTITIONS, MAX_RETRIES, RETRY_BACKOFF
 
     options = dict(options or {})
     given = {key.lower() for key in options}
@@ -309,7 +421,9 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     for key, value in options.items():
         reader = reader.option(key, value)
     changes = reader.load()
-    sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table)
+    selection = selection_options(endpoint, tables, exclude, tunnel, options)
+    sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table,
+                           spec_of=table_sources(selection), known=named_tables(selection))
     sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
     changelog_dir = out / "changelog"
     trigger: dict[str, Any] = ({"availableNow": True} if once
