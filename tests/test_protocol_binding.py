@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from connector.protocol import StreamProtocol
 from connector.tunnel import Record
 from connector.tunnel.local import LocalTunnelService
 from meta_store import open_meta_store
+from testkit.emulator import INSTANCE, SOURCE_OPTIONS
 from testkit.fixtures import put_rows
 from testkit.partition_reads import read_partition
 from testkit.protocol_runs import run_batch
@@ -100,25 +102,21 @@ def test_another_spelling_of_the_store_path_resumes_the_checkpoint(store: LocalT
 
 
 def test_the_emulator_through_localhost_resumes_a_checkpoint_of_127_0_0_1(
-        tmp_path: Path, store: LocalTablestore) -> None:
-    from tablestore_emulator.server import EmulatorServer
-
-    creds = {"instance.name": "inst", "access.key.id": "ak", "access.key.secret": "sk-1"}
-    with EmulatorServer(str(store.path), "inst", "ak", "sk-1") as emulator:
-        port = emulator.url.rsplit(":", 1)[1]
-        put_rows(store, range(15))
-        first = StreamProtocol(options(f"http://127.0.0.1:{port}", **creds))
-        end, seen = run_batch(first, first.initial_offset())
-        first.close()
-        put_rows(store, range(15, 40))
-        again = StreamProtocol(options(f"http://localhost:{port}", **creds))
-        end2, more = run_batch(again, end)
-        assert end2["source"] == end["source"] == "tablestore:inst#t#q"
-        assert len(seen + more) == len(store.change_log("t")) == 40
-        assert len({(r.channel_id, r.sequence) for r in seen + more}) == 40
-        meta = again.meta
-        assert meta.list_namespaces() == ["tablestore:inst#t#q"]  # no namespace per spelling
-        again.close()
+        tmp_path: Path, store: LocalTablestore, emulator: Any) -> None:
+    port = emulator.url.rsplit(":", 1)[1]
+    put_rows(store, range(15))
+    first = StreamProtocol(options(f"http://127.0.0.1:{port}", **SOURCE_OPTIONS))
+    end, seen = run_batch(first, first.initial_offset())
+    first.close()
+    put_rows(store, range(15, 40))
+    again = StreamProtocol(options(f"http://localhost:{port}", **SOURCE_OPTIONS))
+    end2, more = run_batch(again, end)
+    assert end2["source"] == end["source"] == f"tablestore:{INSTANCE}#t#q"
+    assert len(seen + more) == len(store.change_log("t")) == 40
+    assert len({(r.channel_id, r.sequence) for r in seen + more}) == 40
+    meta = again.meta
+    assert meta.list_namespaces() == [f"tablestore:{INSTANCE}#t#q"]  # no namespace per spelling
+    again.close()
 
 
 # --- checkpoints and namespaces written before the identity named the service -----------------
@@ -238,22 +236,18 @@ def test_a_changed_meta_store_is_named_and_no_file_is_created(tmp_path: Path,
 
 
 def test_the_default_meta_table_of_a_tablestore_endpoint_is_not_created_by_a_refusal(
-        store: LocalTablestore) -> None:
-    from tablestore_emulator.server import EmulatorServer
-
-    creds = {"instance.name": "inst", "access.key.id": "ak", "access.key.secret": "sk-2"}
-    with EmulatorServer(str(store.path), "inst", "ak", "sk-2") as emulator:
-        put_rows(store, range(5))
-        first = StreamProtocol(options(emulator.url, **creds))
-        end, _ = run_batch(first, first.initial_offset())
-        first.close()
-        with LocalTablestore(store.path) as raw:
-            tables = set(raw.list_tables())
-        elsewhere = options(emulator.url, **creds, **{"checkpoint.table": "other_meta"})
-        with pytest.raises(CheckpointMetaStoreError, match="tablestore_cdc_meta"):
-            StreamProtocol(elsewhere).latest_offset(end, None)
-        with LocalTablestore(store.path) as raw:
-            assert set(raw.list_tables()) == tables  # no other_meta table
+        store: LocalTablestore, emulator: Any) -> None:
+    put_rows(store, range(5))
+    first = StreamProtocol(options(emulator.url, **SOURCE_OPTIONS))
+    end, _ = run_batch(first, first.initial_offset())
+    first.close()
+    with LocalTablestore(store.path) as raw:
+        tables = set(raw.list_tables())
+    elsewhere = options(emulator.url, **SOURCE_OPTIONS, **{"checkpoint.table": "other_meta"})
+    with pytest.raises(CheckpointMetaStoreError, match="tablestore_cdc_meta"):
+        StreamProtocol(elsewhere).latest_offset(end, None)
+    with LocalTablestore(store.path) as raw:
+        assert set(raw.list_tables()) == tables  # no other_meta table
 
 
 # --- one live query per source -----------------------------------------------------------------
