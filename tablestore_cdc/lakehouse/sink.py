@@ -184,8 +184,10 @@ class ApplySink(ABC):
                 result = dataclasses.replace(result, maintenance=self.upkeep.after_batch(self))
             self.last_result = result
             if result.values_in_extra and options.schema_drift != IGNORE:
-                log.warning("batch %d of %s: %d value(s) fit no column of the target and were "
-                            "kept in _extra", batch_id, self, result.values_in_extra)
+                _, named, table = self.source.rpartition("#")  # ENDPOINT#TABLE, as replicate
+                log.warning("batch %d%s into %s: %d value(s) fit no column of the target and "
+                            "were kept in _extra", batch_id, f" of table {table}" if named else "",
+                            self, result.values_in_extra)
             return result
         raise AssertionError("unreachable")
 
