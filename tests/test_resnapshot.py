@@ -139,6 +139,42 @@ def test_the_repair_opens_the_target_with_the_job_s_target_options(
     assert reconcile_table(spec, uri, target_options=options).comparison.differences == []
 
 
+def test_a_multi_table_apply_repairs_each_table_with_its_own_settings(tmp_path: Path) -> None:
+    """A ``--tables`` job's runner: which tables it looks at, and each table's repair with that
+    table's source options, sink, target, soft delete column and keys; none for a failed
+    table (its held batches come first)."""
+    from tablestore_cdc.pipeline import ApplySettings
+    from tablestore_cdc.pipeline.multi_table import (
+        MultiTableApply,
+        named_tables,
+        selection_options,
+        table_sources,
+    )
+
+    store = make_store(tmp_path / "store.db")
+    endpoint = f"local://{store.path}"
+    selection = selection_options(endpoint, "t,u_*,v", "v", "replicate",
+                                  {"onDataLoss": "resnapshot"})
+
+    def own(table: str) -> tuple[ApplySettings, tuple[str, ...] | None]:
+        return ApplySettings(f"delta://{tmp_path}/own-{table}", soft_delete_column="gone"), (
+            "id",)
+
+    apply = MultiTableApply(ApplySettings(f"delta://{tmp_path}/lake/{{table}}"), endpoint,
+                            tmp_path / "out", per_table=own, spec_of=table_sources(selection),
+                            known=named_tables(selection))
+    assert apply.repairs is not None and apply.repair_tables() == ["t"]  # no glob, no v
+    repair = apply.repair_target("t")
+    assert repair is not None and repair.sink is apply.sink("t")
+    assert (repair.target_uri, repair.soft_delete_column, repair.key_columns) == (
+        f"delta://{tmp_path}/own-t", "gone", ("id",))
+    assert repair.spec.source_options().source_identity == (
+        SourceSpec(endpoint, "t").source_options().source_identity)  # resnapshot --table t's
+    assert repair.spec.options["onDataLoss"] == "resnapshot"
+    apply._fail("t", 3, ValueError("refused by its target"))
+    assert apply.repair_target("t") is None
+
+
 def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
     store = make_store(tmp_path / "store.db")
     spec = SourceSpec(f"local://{store.path}", "t")

@@ -266,7 +266,8 @@ class MultiTablePipeline(TwoQueries):
         tables the source reports are added to those looked at. How many ran."""
         if self.apply.repairs is None:
             return 0
-        self.apply.known.update(self._source_report().get("tables", {}))
+        # a new set, not an update: a batch's look may be reading the old one now
+        self.apply.known = self.apply.known | set(self.source_report().get("tables", {}))
         return self.apply.repairs.when_idle(str(self.state_query.id))
 
     def applied_batch(self) -> int | None:
