@@ -88,6 +88,26 @@ def shown_value(key: str, value: str, known_keys: Collection[str] | None = None)
 #: and stored form (the CA bundle's path of an https endpoint, ``cdc_common.tls``; whether a
 #: Tablestore client reads ahead, the ``read.prefetch`` option)
 TRANSPORT_KEYS = frozenset({"ca_bundle", "prefetch"})
+#: object stores whose URIs name the container where user info would be
+#: (``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/path``): ``redact_uri`` keeps it
+CONTAINER_AT_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
+#: an Azure Blob Storage container's name
+AZURE_CONTAINER = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+
+#: The one rule as Spark's redaction takes it (Java regexes; ``connector.spark.local_session``
+#: sets them, so the Spark UI, its REST API, the event log and ``explain()`` never show a
+#: secret). ``spark.redaction.regex`` and ``spark.sql.redaction.options.regex``: a Spark
+#: property or a data source option whose key *or value* matches is shown as
+#: ``*********(redacted)``: a key naming a secret (``SECRET_KEY``, which holds Spark's own
+#: default, ``secret|password|token|access[.]?key``) or a value that is a URL with user info
+#: (``has_user_info``); the options' regex keeps Spark's default for them too (``url``).
+SPARK_SECRET_REGEX = rf"(?i){SECRET_KEY.pattern}|://\S*@"
+SPARK_OPTIONS_REGEX = rf"{SPARK_SECRET_REGEX}|url"
+#: ``spark.sql.redaction.string.regex``: the parts of a plan's text that are cut out (a path
+#: or URI in a plan is not an option): a URL's user info and a query pair whose key names a
+#: secret, e.g. ``s3a://AKIA:pw@bucket`` -> ``s3a*********(redacted)bucket``.
+SPARK_STRING_REGEX = (rf"(?i)://[^\s/@]*@|[?&][^=&\s]*(?:{SECRET_KEY.pattern})[^=&\s]*"
+                      r"=[^&\s,;)\]]*")
 
 
 def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
@@ -109,7 +129,9 @@ def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
     except ValueError:  # e.g. an unclosed IPv6 bracket: show nothing of it
         scheme = uri.partition(":")[0]
         return f"{scheme if scheme.isalnum() else '?'}://<unparseable URI>"
-    netloc = parts.netloc.rpartition("@")[2]
+    user_info, _, netloc = parts.netloc.rpartition("@")
+    if _is_container(parts.scheme, user_info):  # abfss://CONTAINER@ACCOUNT/...: no secret
+        netloc = f"{user_info}@{netloc}"
     shown = []
     for pair in parts.query.split("&"):
         if not pair:
@@ -122,6 +144,14 @@ def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
             pair = f"{raw_key}={MASK}"
         shown.append(pair)
     return _head(uri, parts.scheme, netloc, parts.path) + (f"?{'&'.join(shown)}" if shown else "")
+
+
+def _is_container(scheme: str, user_info: str) -> bool:
+    """Is ``user_info`` the container of an Azure URI (``abfss://CONTAINER@ACCOUNT...``, also
+    ``delta+abfss://``): a scheme of ``CONTAINER_AT_SCHEMES`` and a container's name (3 to 63
+    lower-case letters, digits and ``-``), with no password?"""
+    return (scheme.rpartition("+")[2].lower() in CONTAINER_AT_SCHEMES
+            and AZURE_CONTAINER.fullmatch(user_info) is not None)
 
 
 def _head(uri: str, scheme: str, netloc: str, path: str) -> str:
