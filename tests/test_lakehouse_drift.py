@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -57,11 +56,6 @@ def change(op: str, seq: int, id_: int, **attributes: Any) -> dict[str, Any]:
 
 def batch(*rows: dict[str, Any], schema: pa.Schema = PK_ONLY) -> pa.Table:
     return pa.Table.from_pylist(list(rows), schema=schema)
-
-
-@pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
-    return request.param(tmp_path)
 
 
 # --- the lattice -------------------------------------------------------------------------------

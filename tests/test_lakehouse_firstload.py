@@ -30,11 +30,6 @@ from testkit.lakehouse import Delta, Iceberg, batch, change, string_keyed  # noq
 from testkit.processes import REPO  # noqa: E402
 
 
-@pytest.fixture(params=[Delta, Iceberg], ids=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
-    return request.param(tmp_path)
-
-
 def test_statistics_tell_a_key_is_absent_only_when_no_range_holds_it() -> None:
     keys = pa.array([5, 50, 500], pa.int64())
     assert not may_hold(keys, [], [])  # an empty table
