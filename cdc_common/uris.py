@@ -10,10 +10,14 @@ messages, exports and the meta store. What is written once here:
   ``signature`` or ``auth`` (any case) names a secret; so does the user info of a URL
   (``scheme://user:password@host``), in the URI itself or in a query value.
 - **One redaction** (``redact_uri``): the form of a URI that may be shown or stored. It drops the
-  user info and every secret query pair, and hides (``***``) a value that is a URL with user
-  info; a backend that knows its keys also hides the values of any other key. It is the
+  user info (not an Azure URI's container, ``abfss://CONTAINER@ACCOUNT``) and every secret
+  query pair, and hides (``***``) a value that is a URL with user info; a backend that knows
+  its keys also hides the values of any other key. It is the
   meta-store namespace's endpoint (``connector.options.SourceOptions.source_identity``), so its
   output for the URIs in use must never change: ``tests/test_uri_pins.py`` pins it.
+- **Spark's redaction** (``SPARK_SECRET_REGEX`` and the two beside it): the same rule as the
+  Java regexes ``connector.spark.local_session`` gives Spark, so its UI, event log and plans
+  hide what this module hides.
 - **A query validated by a pydantic model** (``UriQuery``, ``parse_query``): each backend
   declares its query keys as the fields of a ``UriQuery`` subclass; ``parse_query`` refuses
   unknown keys (with a did-you-mean), keys given twice or empty, and turns a validation error
@@ -113,7 +117,8 @@ SPARK_STRING_REGEX = (rf"(?i)://[^\s/@]*@|[?&][^=&\s]*(?:{SECRET_KEY.pattern})[^
 def redact_uri(uri: str, known_keys: Collection[str] | None = None) -> str:
     """``uri`` as it may be shown, logged or stored: ``scheme://host[:port]/path?query``.
 
-    The user info and the fragment are dropped, and so is every query pair whose key is a
+    The user info (not an Azure URI's container: ``CONTAINER_AT_SCHEMES``) and the fragment
+    are dropped, and so is every query pair whose key is a
     secret (``is_secret_key``) or says how to reach the service rather than which one it is
     (``TRANSPORT_KEYS``: moving a CA bundle must not change a namespace); a value that is a URL
     with user info becomes ``***``, and so does the value of any key outside ``known_keys`` when
