@@ -35,7 +35,6 @@ Called in the CLI's process by ``tablestore_cdc.reconcile.compare``, a page or b
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,8 +44,9 @@ from typing import Any
 import pyarrow as pa
 
 from connector.tunnel import TableSchema
-from connector.tunnel.page import to_json
+from connector.tunnel.page import TABLESTORE_TO_ARROW, to_json
 from tablestore_cdc.lakehouse import END_AT, START_AT
+from tablestore_cdc.lakehouse.changes import from_json
 from tablestore_cdc.lakehouse.plan import EXTRA_COLUMN
 from tablestore_cdc.reconcile.errors import TargetLayoutError
 from tablestore_cdc.reconcile.source import Row
@@ -54,9 +54,6 @@ from tablestore_cdc.reconcile.source import Row
 #: the compared attributes without a column of their own (canonical JSON)
 REST = "__rest"
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-#: Tablestore's declared types -> the compared Arrow types
-DECLARED_TYPES = {"INTEGER": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
-                  "STRING": pa.string(), "BINARY": pa.binary()}
 
 Key = tuple[Any, ...]
 
@@ -129,9 +126,9 @@ class CompareLayout:
                 columns[f.name] = compared_type(f.type)
         for c in source.columns:
             if c.name not in skipped and c.name not in columns:
-                columns[c.name] = DECLARED_TYPES[c.type]
+                columns[c.name] = TABLESTORE_TO_ARROW[c.type]
         return cls(key_columns=keys,
-                   key_types=tuple(DECLARED_TYPES[c.type] for c in source.primary_key),
+                   key_types=tuple(TABLESTORE_TO_ARROW[c.type] for c in source.primary_key),
                    value_columns=tuple(columns.items()),
                    target_has=frozenset(n for n in columns if n in target.names),
                    target_extra=EXTRA_COLUMN in target.names,
@@ -180,9 +177,9 @@ class CompareLayout:
                     if v is None or k in self.ignored:
                         continue
                     if k in named:
-                        from_extra.setdefault(k, {})[i] = decode_json_value(v)
+                        from_extra.setdefault(k, {})[i] = from_json(v)
                     else:
-                        rests[i][k] = decode_json_value(v)
+                        rests[i][k] = from_json(v)
         for name, typ in self.value_columns:
             if name not in self.target_has:
                 column = pa.nulls(n, typ)
@@ -214,18 +211,9 @@ def _column(values: list[Any], typ: pa.DataType, name: str,
     return pa.array(values, typ)
 
 
-def decode_json_value(value: Any) -> Any:
-    """A value of ``_extra`` JSON as the stream carried it: ``{"$binary": b64}`` is bytes."""
-    if isinstance(value, dict) and set(value) == {"$binary"}:
-        return base64.b64decode(value["$binary"])
-    if isinstance(value, dict | list):  # nested values were JSON text in the source
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return value
-
-
 def row_attributes(row: Mapping[str, Any], layout: CompareLayout) -> dict[str, Any]:
     """One laid-out row's compared attributes (non-null columns and ``__rest``), for reports."""
     out = {n: row[n] for n, _ in layout.value_columns if row.get(n) is not None}
     if row.get(REST):
-        out.update({k: decode_json_value(v) for k, v in json.loads(row[REST]).items()})
+        out.update({k: from_json(v) for k, v in json.loads(row[REST]).items()})
     return out
