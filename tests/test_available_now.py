@@ -12,7 +12,7 @@ heads) and over the embedded store (heads), with a real SQLite meta store.
   true) does not keep a run going: the reader cuts it off and says so;
 - the same wire's lag figures in ``tablestore-cdc meta lag`` and the feed.
 
-Spark's own AvailableNow runs over the emulator are in tests/test_spark_parity.py.
+Spark's own AvailableNow runs over the emulator are in tests/test_spark_triggers_and_reads.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ test moves), ``maxBytesPerTrigger`` with ``maxOffsetsPerTrigger`` and ``maxOffse
 what Trigger.AvailableNow and Trigger.Once (``ReadAllAvailable``) ignore, and replays that read
 what the manifest says whatever the options say by then. The driver protocol and the executor
 reader in Spark's order over the embedded store and the emulator's wire, a real SQLite meta
-store. (What Spark passes per trigger, and the same on a real Spark: tests/test_spark_parity.py.)
+store. (What Spark passes per trigger, and the same on a real Spark:
+tests/test_spark_triggers_and_reads.py.)
 """
 
 from __future__ import annotations

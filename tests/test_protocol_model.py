@@ -184,7 +184,7 @@ class SparkModel:
         proto = self.open()
         resume = self.offsets[keep - 1]
         if proto.meta.find_batch(proto.namespace, resume["uuid"]) is None:
-            return  # beyond retention: refused, covered by tests/test_protocol_hardening.py
+            return  # beyond retention: refused, covered by tests/test_protocol_exact_or_refused.py
         self.offsets = self.offsets[:keep]
         self.committed = keep - 1 if self.rng.random() < 0.7 else keep - 2
         self.committed = max(self.committed, 0)

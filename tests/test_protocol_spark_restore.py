@@ -4,7 +4,7 @@ Users delete the newest ``offsets/N`` and ``commits/N`` files of a checkpoint di
 process batches again (or restore the directory from a backup). The source must replay the
 batches the meta table holds after that point exactly: same batch boundaries, same records
 (docs/operations.md#restoring-a-checkpoint-directory). The protocol-level variants, without
-Spark, are in tests/test_protocol_hardening.py.
+Spark, are in tests/test_protocol_exact_or_refused.py.
 """
 
 from __future__ import annotations

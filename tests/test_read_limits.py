@@ -1,6 +1,6 @@
 """Read limits (``connector.planning.read_limits``) on hand-built inputs: backlog figures,
 waiting parents and the batch UUID that sets the rotation, without a tunnel. The protocol tests
-(tests/test_protocol_hardening.py) cover the same rules end to end over a local store."""
+(tests/test_protocol_exact_or_refused.py) cover the same rules end to end over a local store."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Protocol hardening (issue 11): situations in which the source used to lose or duplicate
-changes silently, each driven in Spark's call order without Spark (a real embedded store, a
-real SQLite meta store), as in tests/test_protocol.py.
+"""The protocol where exactly once is hardest to keep: situations in which a source can lose or
+duplicate changes silently (a tunnel recreated, a checkpoint restored behind or beyond the meta
+table, a read limit starving a channel, a push refused), each driven in Spark's call order
+without Spark (a real embedded store, a real SQLite meta store), as in tests/test_protocol.py.
 
 Each test reproduces one situation and asserts the fixed behaviour: exact delivery, or a typed
 refusal that names what happened. The figures seen before the fix are in the test docstrings.
