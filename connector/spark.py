@@ -1,4 +1,5 @@
-"""Spark environment helpers: Java check, Python worker interpreter, a local session.
+"""Spark environment helpers: Java check, Python worker interpreter, a local session that
+never shows a secret.
 
 PySpark needs a Java 17+ runtime and Python workers running *this* interpreter (with this
 package importable). ``prepare_environment`` makes both true or fails with a clear message;
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+from cdc_common.uris import SPARK_OPTIONS_REGEX, SPARK_SECRET_REGEX, SPARK_STRING_REGEX
 from connector.errors import JavaMissingError
 
 if TYPE_CHECKING:
@@ -29,6 +31,15 @@ WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_s
 #: collector (no GC threads for a 2-core box to share), class data sharing (the JDK's default,
 #: said): docs/performance.md, "A start without avoidable warm-up"
 SHORT_RUN_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+#: Spark's redaction set by the one rule of secrets (``cdc_common.uris``): a source option, a
+#: Spark property (a target's credentials given to Spark's engine among them) or a URL's user
+#: info is never shown by the UI (its environment page, its SQL tab and REST API), the event
+#: log or ``explain()``: docs/operations.md, "Secrets"
+REDACTION = {
+    "spark.redaction.regex": SPARK_SECRET_REGEX,
+    "spark.sql.redaction.options.regex": SPARK_OPTIONS_REGEX,
+    "spark.sql.redaction.string.regex": SPARK_STRING_REGEX,
+}
 JAVA_HINT = (
     "install a Java 17 (or newer) runtime, e.g. `apt-get install -y openjdk-17-jre-headless`, "
     "or set JAVA_HOME to one"
@@ -75,7 +86,9 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
     before any ``spark.executorEnv.PYTHONPATH`` given). ``short_run`` (``replicate --once``,
     tests, benchmarks' short processes): the driver JVM runs with ``SHORT_RUN_JVM_OPTIONS``
     added to its ``spark.driver.extraJavaOptions``; a long-running job keeps the JVM's
-    defaults (C2 pays back its compiles over hours). Both only when this call starts the JVM."""
+    defaults (C2 pays back its compiles over hours). Both only when this call starts the JVM.
+    Spark's redaction (``REDACTION``) is always set: no secret shows in the UI, the event log or
+    a plan; a redaction regex in ``conf`` is added to it."""
     prepare_environment()
     from pyspark.sql import SparkSession
 
@@ -91,6 +104,9 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2}",
         **(conf or {}),
     }
+    for key, regex in REDACTION.items():  # a regex the caller gives widens ours, never narrows
+        given = (conf or {}).get(key)
+        settings[key] = f"{regex}|{given}" if given and given != regex else regex
     given_path = settings.get("spark.executorEnv.PYTHONPATH")
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(
         [WORKER_SITE, *([given_path] if given_path else [])])

@@ -71,7 +71,8 @@ def open_job(output: Path, master: str, say: Callable[[str], None],
     """What a replication command holds while it runs (driver): the output directory's lock
     (``JobAlreadyRunningError`` for a second start, before anything is written), Spark's log
     sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session, with ``conf``
-    added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``);
+    added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``) and Spark's
+    redaction of secrets (``connector.spark.REDACTION``: none in its UI, event log or plans);
     ``short_run`` (``--once``): the JVM options of a short run (``connector.spark.
     local_session``: C1-only JIT, serial collector), a job that runs on keeps C2. The caller
     releases the lock; on a failure here it is released before the error goes up."""
