@@ -1,6 +1,8 @@
 """``onDataLoss=resnapshot`` (executor): a read that passes over trimmed records records a
 resnapshot signal for its table in the meta table, so the ``replicate`` job repairs its target
-from the source (``tablestore_cdc.resnapshot``; docs/resnapshot.md).
+from the source (``tablestore_cdc.resnapshot``; docs/resnapshot.md). A multi-table query's
+partition carries its table's own namespace and name (``connector.multiplex``: each table's
+protocol), so a ``--tables`` job finds the signal where a single table's would.
 
 Called by ``connector.reader.fetch_pages`` through ``resume_after_trim``'s ``on_gap``. The
 signal is added with ``meta_store.signals.SignalBoard.add``, which keeps one pending signal per
