@@ -2,11 +2,11 @@
 table, and ``meta tables --json`` shows one record shape for a ``--table`` and a ``--tables``
 job.
 
-The slow tests share two real ``tablestore-cdc replicate --once`` processes over one local
-store (module fixture ``jobs``): a multi-table job (``--tables orders,users``, ``orders`` into
-the default ``OUT/lake/orders`` Delta table, ``users`` into an Iceberg table its ``--config``
-names) and a single-table job (``--table items`` into ``OUT/items``). The fast tests need no
-job: a table no job recorded, and ``--output`` of a job older than the record.
+The slow tests share two real ``tablestore-cdc replicate --once`` processes, run side by side
+over one local store (module fixture ``jobs``): a multi-table job (``--tables orders,users``,
+``orders`` into the default ``OUT/lake/orders`` Delta table, ``users`` into an Iceberg table its
+``--config`` names) and a single-table job (``--table items`` into ``OUT/items``). The fast
+tests need no job: a table no job recorded, and ``--output`` of a job older than the record.
 """
 
 from __future__ import annotations
@@ -46,12 +46,16 @@ def make_store(path: Path, *tables: str, rows: int = 6) -> LocalTablestore:
     return store
 
 
-def replicate(store: LocalTablestore, *flags: str) -> None:
-    """One ``replicate --once`` process (exit 0 asserted)."""
-    done = subprocess.run([*CLI, "replicate", "--store", str(store.path), "--once", *flags],
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+def replicate(store: LocalTablestore, *runs: tuple[str, ...]) -> None:
+    """``replicate --once`` processes, one per run's flags, side by side (each its own Spark
+    driver, tunnel and output; exit 0 asserted)."""
+    started = [subprocess.Popen([*CLI, "replicate", "--store", str(store.path), "--once",
+                                 *flags], env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for flags in runs]
+    for process in started:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-3000:]
 
 
 def reconcile(*args: str) -> Any:
@@ -73,9 +77,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Jobs:
     warehouse = root / "wh"
     config = root / "tables.toml"
     config.write_text(f'[tables.users]\ntarget = "iceberg://{warehouse}?table=cdc.users"\n')
-    replicate(store, "--tables", "orders,users", "--config", str(config),
-              "--output", str(root / "multi"))
-    replicate(store, "--table", "items", "--output", str(root / "single"))
+    replicate(store, ("--tables", "orders,users", "--config", str(config), "--output",
+                      str(root / "multi")),
+              ("--table", "items", "--output", str(root / "single")))
     return Jobs(store, root / "multi", root / "single", warehouse)
 
 
