@@ -278,6 +278,9 @@ class TableStatusWriter:
         self._attempts: dict[str, tuple[int, float | None]] = {}
         #: called with every published batch of statuses (health applied): the metrics
         self._observers: list[Any] = []
+        #: the endpoint's probe (``pipeline.metrics.EndpointProbe``, ``TableMetrics.attach``):
+        #: a reading table is ``unreachable`` while its endpoint does not answer
+        self.probe: Any = None
 
     def observe(self, observer: Any) -> None:
         """Call ``observer(statuses)`` with each batch of statuses published (driver, the
@@ -319,6 +322,8 @@ class TableStatusWriter:
         as published (health applied, ``with_health``)."""
         now = time.time()
         published = {}
+        if self.probe is not None:  # an outage seen before the query's retries give up
+            statuses = self.probe.applied(statuses)
         for table, status in statuses.items():
             status = self.with_health(table, self._with_last_schema_change(table, status), now)
             self._last[table] = published[table] = status

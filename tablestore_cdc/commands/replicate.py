@@ -256,7 +256,7 @@ def _serve_metrics(endpoint: str, port: int | None, writer: Any) -> Any:
 
     metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint),
                            probe=endpoint)
-    writer.observe(metrics.update)
+    metrics.attach(writer)  # the metrics follow its statuses, which take the probe
     if port is not None:
         try:
             served = metrics.serve(port)

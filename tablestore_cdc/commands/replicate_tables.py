@@ -148,7 +148,7 @@ def replicate_tables(endpoint: str, tables: str, exclude: list[str] | None, outp
         summary = StatusSummary()  # a line per change of state, a summary per interval
         writer = TableStatusWriter(functools.partial(status_location, endpoint, tables,
                                                      tunnel, options))
-        writer.observe(metrics.update)  # the job's restarts too (record_status)
+        metrics.attach(writer)  # the job's restarts too (record_status); the probe
 
         def show(pipeline: Any) -> None:
             statuses = writer.publish(pipeline.table_statuses(str(output), tables))

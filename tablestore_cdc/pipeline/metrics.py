@@ -8,10 +8,11 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
 
 - ``tablestore_cdc_source_up{source}`` (the one label not ``table``): 1 while the pipeline's
   source answers, 0 while any of its tables is ``unreachable`` (the job restarts after a
-  retryable failure, or a multi-table table waits for its next attempt) or, for an
-  ``http(s)://`` endpoint, while a TCP connection to it is refused or times out
-  (``reachable``, tried at most every ``PROBE_EVERY_S`` at the command's looks): an outage
-  shows within seconds, before the query's own per-call retries give up;
+  retryable failure, or a multi-table table waits for its next attempt) or while the
+  endpoint's probe fails (``reachable``: a TCP connection to a Tablestore or DynamoDB Streams
+  endpoint, an embedded store's file opened; tried at most every ``PROBE_EVERY_S`` at the
+  command's looks): an outage shows within seconds, before the query's own per-call retries
+  give up, and in the tables' statuses too (``EndpointProbe``, ``TableMetrics.attach``);
   ``tablestore_cdc_table_up{table}``: 1 in a state that reads (``table_state.READING``), 0
   otherwise; ``tablestore_cdc_table_unreachable_since_timestamp_seconds`` while a table is
   unreachable (0 otherwise);
@@ -41,13 +42,15 @@ from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from cdc_common.uris import redact_uri
 from connector.table_state import READING, State
 from tablestore_cdc.feed.retention import DEFAULT_S, WARN_AT, headroom
 from tablestore_cdc.table_status import OP_NAMES, TableStatus
@@ -61,17 +64,80 @@ PROBE_TIMEOUT_S = 1.0
 
 
 def reachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool | None:
-    """Does an ``http(s)://`` endpoint accept a TCP connection (driver, ``TableMetrics``)?
-    None for another scheme (a local store, DynamoDB Streams: not probed)."""
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
+    """Does the source's endpoint answer (driver, ``EndpointProbe``)? What is tried is what a
+    short outage takes away first, and costs the service nothing:
+
+    - ``http(s)://`` (Tablestore, the emulator): a TCP connection to its host and port;
+    - ``dynamodb-streams://``: a TCP connection to its ``endpoint_url``, else to the region's
+      ``streams.dynamodb.REGION.amazonaws.com:443`` (the URI's ``region``, else
+      ``AWS_REGION`` / ``AWS_DEFAULT_REGION``);
+    - ``local://PATH``: the store file opens for reading (a file moved away, a mount gone, its
+      permissions taken).
+
+    None when there is nothing to try: another scheme, a DynamoDB region only a profile names
+    (the job's restart still shows that outage)."""
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+        parts = urlsplit(endpoint)
+        if parts.scheme == "local":
+            with open(unquote(parts.path), "rb"):
+                return True
+        address = _address(parts)
+        if address is None:
+            return None
+        socket.create_connection(address, timeout=timeout_s).close()
     except (OSError, ValueError):
         return False
     return True
+
+
+def _address(parts: SplitResult) -> tuple[str, int] | None:
+    """The host and port a TCP probe of the endpoint connects to, or None."""
+    if parts.scheme == "dynamodb-streams":
+        query = dict(parse_qsl(parts.query))
+        if "endpoint_url" in query:
+            parts = urlsplit(query["endpoint_url"])
+        else:
+            region = (query.get("region") or os.environ.get("AWS_REGION")
+                      or os.environ.get("AWS_DEFAULT_REGION"))
+            return (f"streams.dynamodb.{region}.amazonaws.com", 443) if region else None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class EndpointProbe:
+    """The source's endpoint probed at most every ``PROBE_EVERY_S`` (driver, at the command's
+    looks): ``answers`` for ``tablestore_cdc_source_up``, ``applied`` for the tables' statuses
+    (``TableStatusWriter.publish``, so the meta store, the feed, the dashboard and ``meta
+    tables`` show a short outage too: the query's own per-call retries hide it from the job
+    until they give up and the job restarts)."""
+
+    def __init__(self, endpoint: str, every_s: float | None = None) -> None:
+        self.endpoint = endpoint
+        self._every_s = every_s
+        self._probed: tuple[float, bool | None] = (float("-inf"), None)
+
+    @property
+    def every_s(self) -> float:
+        """How often the endpoint is probed at most (``PROBE_EVERY_S`` unless given)."""
+        return PROBE_EVERY_S if self._every_s is None else self._every_s
+
+    def answers(self) -> bool | None:
+        """The last probe's answer (a new probe when it is ``every_s`` old); None: not probed."""
+        now = time.monotonic()
+        if now - self._probed[0] >= self.every_s:
+            self._probed = (now, reachable(self.endpoint))
+        return self._probed[1]
+
+    def applied(self, statuses: dict[str, TableStatus]) -> dict[str, TableStatus]:
+        """``statuses`` with every reading table ``unreachable`` while the endpoint does not
+        answer (``TableStatusWriter.with_health`` adds since when); the others as they are."""
+        if not any(s.state in READING for s in statuses.values()) or self.answers() is not False:
+            return statuses
+        reason = f"{redact_uri(self.endpoint)} does not answer (probed every {self.every_s:g} s)"
+        return {table: (status.model_copy(update={"state": State.UNREACHABLE, "reason": reason})
+                        if status.state in READING else status)
+                for table, status in statuses.items()}
 
 
 class TableMetrics:
@@ -83,9 +149,9 @@ class TableMetrics:
         self.retention_s = retention_s
         #: the ``source`` label of ``tablestore_cdc_source_up`` (the endpoint, redacted)
         self.source = source
-        #: the endpoint ``reachable`` probes (None: none), its last answer and when
-        self.probe = probe
-        self._probed: tuple[float, bool | None] = (float("-inf"), None)
+        #: the endpoint's probe (``EndpointProbe``; None: none), shared with the statuses'
+        #: writer by ``attach``
+        self.probe = None if probe is None else EndpointProbe(probe)
         self.registry = CollectorRegistry()
         label = ["table"]
         r = self.registry
@@ -182,13 +248,14 @@ class TableMetrics:
             self._applied[table] = status.rows_applied
 
     def _probe(self) -> bool | None:
-        """The endpoint's last probe (a new one when the last is ``PROBE_EVERY_S`` old)."""
-        if self.probe is None:
-            return None
-        now = time.monotonic()
-        if now - self._probed[0] >= PROBE_EVERY_S:
-            self._probed = (now, reachable(self.probe))
-        return self._probed[1]
+        """The endpoint's last probe (``EndpointProbe.answers``), None without one."""
+        return None if self.probe is None else self.probe.answers()
+
+    def attach(self, writer: Any) -> None:
+        """Follow every batch of statuses ``writer`` (``TableStatusWriter``) publishes, and
+        give it the endpoint's probe, so its statuses show an outage the probe sees."""
+        writer.observe(self.update)
+        writer.probe = self.probe
 
     def _headroom(self, table: str, seconds_behind: float) -> None:
         """Set ``table``'s headroom gauge; log one warning line when it crosses the threshold."""
