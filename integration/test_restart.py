@@ -20,21 +20,11 @@ from connector.spark_compat import FEATURES
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import rows_by_key, verify
 from testkit.crash_points import environment as crash_environment
+from testkit.fixtures import write_changes
 from testkit.processes import kill_at_crash_point, kill_tree, start_runner
 from testkit.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def write_changes(store: LocalTablestore, start: int, n: int, keys: int = 80) -> None:
-    for i in range(start, start + n):
-        key = {"id": i % keys}
-        if i % 7 == 3:
-            store.delete_row("t", key)
-        elif i % 3 == 1:
-            store.update_row("t", key, {"qty": i})
-        else:
-            store.put_row("t", key, {"name": f"n{i}", "qty": i})
 
 
 @pytest.mark.oldest_spark
@@ -42,7 +32,7 @@ def test_sigkill_mid_batch_and_restart_is_exactly_once(tmp_path: Path) -> None:
     store = LocalTablestore(tmp_path / "store.db")
     store.create_table("t", primary_key=[("id", "INTEGER")],
                        columns=[("name", "STRING"), ("qty", "INTEGER")], channels=3)
-    write_changes(store, 0, 400)
+    write_changes(store, 400, keys=80)
     faults = tmp_path / "faults"
     faults.mkdir()
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
@@ -58,7 +48,7 @@ def test_sigkill_mid_batch_and_restart_is_exactly_once(tmp_path: Path) -> None:
         assert killed >= 2, "the driver and its Python workers should have been killed"
         (faults / f"hit-{point}").unlink()
         # more changes while the query is down, with a split
-        write_changes(store, 400 + 100 * len(list(faults.glob("fired-*"))), 100)
+        write_changes(store, 100, start=400 + 100 * len(list(faults.glob("fired-*"))), keys=80)
         if point == "mid_read":
             store.split_channel("t", store.list_channels("t")[0].channel_id)
 

@@ -14,7 +14,8 @@ moto servers).
   2 channels); a module or a test that needs another table says so with the ``store_table``
   marker (``pytestmark = pytest.mark.store_table(channels=3, columns=[("name", "STRING")])``:
   ``local_store``'s arguments). ``local_store`` builds one outside a fixture, ``put_rows``
-  writes to it and ``options_for`` gives the reader options of tunnel ``q`` on it.
+  and ``write_changes`` write to it and ``options_for`` gives the reader options of tunnel
+  ``q`` on it.
 - ``emulator``: the Tablestore emulator in this process serving ``store``, with
   ``testkit.emulator``'s instance and key pair; ``ots_emulator`` (module): one serving a store
   with no tables, for a module's tests (the Tablestore meta store's service, requests written
@@ -77,6 +78,20 @@ def put_rows(store: LocalTablestore, ids: range | list[int], v: int = 0) -> None
     """PUT rows ``ids`` of table ``t``, one transaction each; ``v`` is the id unless given."""
     for i in ids:
         store.put_row("t", {"id": i}, {"v": v or i})
+
+
+def write_changes(store: LocalTablestore, n: int, *, start: int = 0, keys: int = 40) -> None:
+    """``n`` deterministic changes to table ``t`` (columns ``name`` and ``qty``), numbered from
+    ``start`` over ``keys`` keys: change ``i`` DELETEs when ``i % 7 == 3``, else UPDATEs ``qty``
+    when ``i % 3 == 1``, else PUTs the row."""
+    for i in range(start, start + n):
+        key = {"id": i % keys}
+        if i % 7 == 3:
+            store.delete_row("t", key)
+        elif i % 3 == 1:
+            store.update_row("t", key, {"qty": i})
+        else:
+            store.put_row("t", key, {"name": f"n{i}", "qty": i})
 
 
 def options_for(store: LocalTablestore, **extra: str) -> SourceOptions:

@@ -14,25 +14,14 @@ import pytest
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from connector.local import LocalTablestore
 from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import ExactlyOnceParquetSink
 from tablestore_cdc.verify import key_of, read_delta
+from testkit.fixtures import write_changes
 from testkit.target_reads import history_mismatches, table_history
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.store_table(channels=2, columns=[("name", "STRING"), ("qty", "INTEGER")])]
-
-
-def write_changes(store: LocalTablestore, n: int, start: int = 0, keys: int = 40) -> None:
-    for i in range(start, start + n):
-        key = {"id": i % keys}
-        if i % 7 == 3:
-            store.delete_row("t", key)
-        elif i % 3 == 1:
-            store.update_row("t", key, {"qty": i})
-        else:
-            store.put_row("t", key, {"name": f"n{i}", "qty": i})
 
 
 def test_batch_then_sequence_orders_each_key_across_splits_and_merges(spark, store, tmp_path):

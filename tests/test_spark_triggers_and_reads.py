@@ -33,6 +33,7 @@ from tablestore_cdc.verify import verify
 from tablestore_emulator.server import EmulatorServer
 from tablestore_emulator.tunnel_api import wire_change_log
 from testkit.emulator import INSTANCE, KEY_ID, SECRET
+from testkit.fixtures import write_changes
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.store_table(channels=2, columns=[("name", "STRING"), ("qty", "INTEGER")]),
@@ -44,17 +45,6 @@ def writer(store: LocalTablestore) -> LocalTablestore:
     """The shared ``store`` fixture (``testkit.fixtures``: table ``t`` with ``name`` and ``qty``,
     2 channels), which the tests write into; the shared ``emulator`` serves it."""
     return store
-
-
-def write_changes(store: LocalTablestore, start: int, n: int, keys: int = 40) -> None:
-    for i in range(start, start + n):
-        key = {"id": i % keys}
-        if i % 7 == 3:
-            store.delete_row("t", key)
-        elif i % 3 == 1:
-            store.update_row("t", key, {"qty": i})
-        else:
-            store.put_row("t", key, {"name": f"n{i}", "qty": i})
 
 
 def wire_options(emulator: EmulatorServer, tmp_path: Path) -> dict[str, str]:
@@ -96,7 +86,7 @@ def test_what_spark_passes_to_latest_offset_per_trigger(spark, writer, tmp_path,
     """The source's default limit reaches ``latestOffset`` under a processing-time trigger and
     under AvailableNow (Spark calls getDefaultReadLimit for both), ``ReadAllAvailable`` under
     Trigger.Once: the limits then go into the logged offset, or not."""
-    write_changes(writer, 0, 300)
+    write_changes(writer, 300)
     checkpoint = tmp_path / "ckpt"
     counts: list[int] = []
     options = {"endpoint": f"local://{writer.path}", "table.name": "t", "tunnel.name": "q",
@@ -127,14 +117,14 @@ def test_what_spark_passes_to_latest_offset_per_trigger(spark, writer, tmp_path,
 
 def test_available_now_over_the_wire_twice_with_a_split_exactly_once(
         spark, writer, emulator, tmp_path):
-    write_changes(writer, 0, 200)
+    write_changes(writer, 200)
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     late: list[int] = []
 
     def store_and_write_late(df, batch_id):
         sink(df, batch_id)
         if not late:  # written after the run started: the next run's
-            write_changes(writer, 1000, 30)
+            write_changes(writer, 30, start=1000)
             late.append(1)
 
     def run(function) -> None:
@@ -152,7 +142,7 @@ def test_available_now_over_the_wire_twice_with_a_split_exactly_once(
 
     writer.split_channel("t", sorted(c.channel_id for c in writer.list_channels("t")
                                      if not c.closed)[0])
-    write_changes(writer, 2000, 120)
+    write_changes(writer, 120, start=2000)
     run(sink)
     result = verify(wire_change_log(writer.change_log("t")), sink.deliveries(["id"]))
     assert result.ok, f"{result.summary()} {result.examples}"
@@ -170,7 +160,7 @@ def _latest(progress: dict) -> dict | None:
 
 def test_seconds_behind_latest_rises_while_a_writer_is_ahead_then_returns_to_zero(
         spark, writer, emulator, tmp_path):
-    write_changes(writer, 0, 400)
+    write_changes(writer, 400)
     seen: list[int] = []
     query = (read_stream(spark, {**wire_options(emulator, tmp_path),
                                  "maxOffsetsPerTrigger": "40"})
@@ -207,11 +197,11 @@ def test_seconds_behind_latest_rises_while_a_writer_is_ahead_then_returns_to_zer
 
 
 def test_starting_timestamp_over_the_wire(spark, writer, emulator, tmp_path):
-    write_changes(writer, 0, 120)
+    write_changes(writer, 120)
     time.sleep(0.01)
     instant = int(time.time() * 1000)
     time.sleep(0.01)
-    write_changes(writer, 500, 150)
+    write_changes(writer, 150, start=500)
     rows: list[Any] = []
     query = (read_stream(spark, {**wire_options(emulator, tmp_path),
                                  "startingTimestamp": str(instant)})
@@ -227,16 +217,16 @@ def test_starting_timestamp_over_the_wire(spark, writer, emulator, tmp_path):
 @pytest.mark.parametrize("over", ["wire", "local"])
 def test_a_bounded_batch_read_returns_exactly_the_changes_in_range(
         spark, writer, emulator, tmp_path, over):
-    write_changes(writer, 0, 60)
+    write_changes(writer, 60)
     time.sleep(0.01)
     start = int(time.time() * 1000)
-    write_changes(writer, 100, 80)
+    write_changes(writer, 80, start=100)
     writer.split_channel("t", sorted(c.channel_id for c in writer.list_channels("t"))[0])
-    write_changes(writer, 200, 80)
+    write_changes(writer, 80, start=200)
     time.sleep(0.01)
     end = int(time.time() * 1000)
     time.sleep(0.01)
-    write_changes(writer, 300, 40)
+    write_changes(writer, 40, start=300)
     options = (wire_options(emulator, tmp_path) if over == "wire" else
                {"endpoint": f"local://{writer.path}", "table.name": "t", "tunnel.name": "q"})
     reader = spark.read.format("tablestore")
@@ -257,7 +247,7 @@ def test_a_bounded_batch_read_returns_exactly_the_changes_in_range(
 
 def test_batch_sizes_in_the_manifests_respect_min_max_bytes_and_the_delay(
         spark, writer, tmp_path):
-    write_changes(writer, 0, 400)
+    write_changes(writer, 400)
     counts: list[int] = []
     options = {"endpoint": f"local://{writer.path}", "table.name": "t", "tunnel.name": "q",
                "maxOffsetsPerTrigger": "100", "maxBytesPerTrigger": "4k",
@@ -267,7 +257,7 @@ def test_batch_sizes_in_the_manifests_respect_min_max_bytes_and_the_delay(
              .option("checkpointLocation", str(tmp_path / "ckpt"))
              .trigger(processingTime="100 milliseconds").start())
     wait_until(lambda: sum(counts) == 400, 240, query)
-    write_changes(writer, 400, 5)  # fewer than the minimum: only the delay lets them through
+    write_changes(writer, 5, start=400)  # fewer than the minimum: only the delay lets them through
     wait_until(lambda: sum(counts) == 405, 120, query)
     query.stop()
     meta = open_meta_store(f"sqlite://{Path(str(writer.path)).with_suffix('')}.meta.db")
