@@ -48,6 +48,14 @@ def batch(proto: StreamProtocol, start: dict, limit: int | None = None,
     return end, records
 
 
+def committed_query(store) -> StreamProtocol:
+    """A query (still open) that read and committed one batch of ten new rows."""
+    write(store, range(10))
+    proto = StreamProtocol(options(store))
+    batch(proto, proto.initial_offset())
+    return proto
+
+
 def drain(proto: StreamProtocol, start: dict, limit: int | None = None,
           max_batches: int = 30) -> tuple[dict, list[Record]]:
     seen: list[Record] = []
@@ -89,9 +97,7 @@ def test_a_recreated_tunnel_is_refused_with_both_ids(store):
 
 
 def test_a_deleted_tunnel_is_not_recreated_for_a_namespace_with_committed_batches(store):
-    write(store, range(10))
-    proto = StreamProtocol(options(store))
-    batch(proto, proto.initial_offset())
+    proto = committed_query(store)
     old_id = proto.tunnel_id
     proto.close()
     tunnel = LocalTunnelService(store)
@@ -104,9 +110,7 @@ def test_a_deleted_tunnel_is_not_recreated_for_a_namespace_with_committed_batche
 
 
 def test_after_a_namespace_reset_a_new_query_binds_to_the_new_tunnel(store):
-    write(store, range(10))
-    proto = StreamProtocol(options(store))
-    batch(proto, proto.initial_offset())
+    proto = committed_query(store)
     namespace = proto.namespace
     meta = proto.meta
     tunnel = LocalTunnelService(store)
