@@ -17,7 +17,7 @@ messages, exports and the meta store. What is written once here:
   output for the URIs in use must never change: ``tests/test_uri_pins.py`` pins it.
 - **Spark's redaction** (``SPARK_SECRET_REGEX`` and the two beside it): the same rule as the
   Java regexes ``connector.spark.local_session`` gives Spark, so its UI, event log and plans
-  hide what this module hides.
+  hide what this module hides (its words narrowed where Spark would hide harmless values).
 - **A query validated by a pydantic model** (``UriQuery``, ``parse_query``): each backend
   declares its query keys as the fields of a ``UriQuery`` subclass; ``parse_query`` refuses
   unknown keys (with a did-you-mean), keys given twice or empty, and turns a validation error
@@ -102,10 +102,18 @@ AZURE_CONTAINER = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 #: sets them, so the Spark UI, its REST API, the event log and ``explain()`` never show a
 #: secret). ``spark.redaction.regex`` and ``spark.sql.redaction.options.regex``: a Spark
 #: property or a data source option whose key *or value* matches is shown as
-#: ``*********(redacted)``: a key naming a secret (``SECRET_KEY``, which holds Spark's own
-#: default, ``secret|password|token|access[.]?key``) or a value that is a URL with user info
-#: (``has_user_info``); the options' regex keeps Spark's default for them too (``url``).
-SPARK_SECRET_REGEX = rf"(?i){SECRET_KEY.pattern}|://\S*@"
+#: ``*********(redacted)``: a key naming a secret (Spark's own default,
+#: ``secret|password|token|access[.]?key|credential``, is inside it) or a value that is a URL
+#: with user info (``has_user_info``); the options' regex keeps Spark's default for them too
+#: (``url``). Narrower than ``SECRET_KEY`` where its words also name harmless things: Spark
+#: matches values as well as keys, and ``SHOW TBLPROPERTIES`` -- which the Spark engine reads a
+#: target's marker with (``tablestore-cdc.key-columns``, a source path) -- is redacted the same
+#: way, so ``key``, ``session`` and ``auth`` count only in the forms that name a secret
+#: (``access.key``, ``accessKeyId``, ``account.key``, ``private.key``, ``authorization``, a
+#: session's ``token``).
+SPARK_SECRET_REGEX = (r"(?i)secret|password|passwd|token|credential|signature|authorization"
+                      r"|(?:access|account|private|api|encryption)[._-]?key|fs\.azure\.sas"
+                      r"|://[^\s/]*@")
 SPARK_OPTIONS_REGEX = rf"{SPARK_SECRET_REGEX}|url"
 #: ``spark.sql.redaction.string.regex``: the parts of a plan's text that are cut out (a path
 #: or URI in a plan is not an option): a URL's user info and a query pair whose key names a

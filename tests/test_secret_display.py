@@ -1,7 +1,8 @@
 """What a shown URI and Spark's redaction keep and hide (``cdc_common.uris``): an Azure URI's
 container is no secret and stays; the regexes ``connector.spark.local_session`` gives Spark
-follow the one rule of secrets (checked here with Python's ``re``, which reads these
-Java regexes the same way; ``test_spark_redaction`` checks Spark itself)."""
+follow the one rule of secrets and leave a target's marker readable (checked here with Python's
+``re``, which reads these Java regexes the same way; ``test_spark_redaction`` checks Spark
+itself)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from cdc_common.uris import (
     SPARK_STRING_REGEX,
     redact_uri,
 )
+from tablestore_cdc.lakehouse.ownership import JOB_PROPERTY, KEYS_PROPERTY, SOURCE_PROPERTY
 
 
 @pytest.mark.parametrize("uri, shown", [
@@ -41,8 +43,16 @@ def test_a_shown_uri_keeps_an_azure_container(uri: str, shown: str) -> None:
     ("spark.sql.catalog.lake.credential", "id:secret", True),
     ("spark.hadoop.fs.s3a.session.token", "x", True),
     ("meta.store", "dynamodb://AKIA:pw@cdc-meta", True),  # a URL with user info
+    ("spark.hadoop.fs.oss.accessKeySecret", "x", True),
+    ("spark.hadoop.fs.gs.auth.service.account.private.key", "x", True),
+    ("spark.sql.catalog.lake.header.Authorization", "Bearer x", True),
     ("endpoint", "https://inst.cn-hangzhou.ots.aliyuncs.com", False),
     ("table.name", "orders", False), ("spark.app.name", "tablestore-cdc-replicate", False),
+    ("spark.sql.session.timeZone", "UTC", False),
+    # a target's marker, which the Spark engine reads back with SHOW TBLPROPERTIES (redacted
+    # by the same regexes): a harmless word of the one rule (key, session, auth) must not hide it
+    (KEYS_PROPERTY, '["id"]', False), (SOURCE_PROPERTY, "local:///data/author/s.db#t", False),
+    (JOB_PROPERTY, "/srv/session-jobs/orders", False),
 ])
 def test_spark_hides_a_property_or_option_by_the_one_rule(key: str, value: str,
                                                           hidden: bool) -> None:
