@@ -66,6 +66,8 @@ def test_a_dynamodb_endpoint_without_an_endpoint_url_is_its_regions(
         "streams.dynamodb.eu-west-1.amazonaws.com", 443)
     # a region only a profile names: not probed (the job's restart shows that outage)
     assert reachable("dynamodb-streams://t?checkpoint_table=c&profile=p") is None
+    assert address("dynamodb-streams://t?checkpoint_table=c&region=cn-north-1") == (
+        "streams.dynamodb.cn-north-1.amazonaws.com.cn", 443)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
     assert address("dynamodb-streams://t?checkpoint_table=c") == (
         "streams.dynamodb.us-west-2.amazonaws.com", 443)

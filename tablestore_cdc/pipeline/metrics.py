@@ -99,7 +99,10 @@ def _address(parts: SplitResult) -> tuple[str, int] | None:
         else:
             region = (query.get("region") or os.environ.get("AWS_REGION")
                       or os.environ.get("AWS_DEFAULT_REGION"))
-            return (f"streams.dynamodb.{region}.amazonaws.com", 443) if region else None
+            if not region:
+                return None
+            domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+            return f"streams.dynamodb.{region}.{domain}", 443
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
