@@ -174,6 +174,19 @@ def test_a_multi_table_apply_repairs_each_table_with_its_own_settings(tmp_path: 
     apply._fail("t", 3, ValueError("refused by its target"))
     assert apply.repair_target("t") is None
 
+    def unreachable(*_: object, **__: object) -> None:
+        raise ValueError("no such bucket")
+
+    broken = MultiTableApply(ApplySettings(f"delta://{tmp_path}/lake/{{table}}"), endpoint,
+                             tmp_path / "out2", open_sink=unreachable,
+                             spec_of=table_sources(selection), known={"t"})
+    assert broken.repairs is not None
+    with open_board(SourceSpec(endpoint, "t")) as board:
+        board.add(Signal(table="t"))
+        assert broken.repairs.run_due(JOB) == 1  # a sink that does not open fails the signal,
+        failed = board.signals()[0]  # not the batch
+    assert failed.state is SignalState.FAILED and failed.note == "ValueError: no such bucket"
+
 
 def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
     store = make_store(tmp_path / "store.db")

@@ -133,9 +133,14 @@ class RepairRunner:
         ran = 0
         for table in sorted(set(self.tables() if tables is None else tables)):
             board = self.board(table)
-            if board.next_due() is None:  # the one read of a look, most of the time
+            if (due := board.next_due()) is None:  # the one read of a look, most of the time
                 continue
-            target = self.target_of(table)
+            try:
+                target = self.target_of(table)
+            except Exception as exc:  # noqa: BLE001 - its sink does not open: the signal says
+                _failed(board, due.id, exc)  # why, and the batches go on
+                ran += 1
+                continue
             if target is not None:
                 ran += self._run_table(job, board, target)
         return ran
@@ -149,10 +154,7 @@ class RepairRunner:
             try:
                 outcome = run_repair(target, job, signal, board)
             except Exception as exc:  # noqa: BLE001 - the stream goes on; the signal says why
-                reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-                log.error("resnapshot %s failed: %s", signal.id, reason)
-                board.set(signal.id, state=SignalState.FAILED, percent=None,
-                          note=f"{type(exc).__name__}: {reason}")
+                _failed(board, signal.id, exc)
             else:
                 board.set(signal.id, state=SignalState.DONE, percent=100.0,
                           counts=outcome.counts(), note=outcome.note)
@@ -160,3 +162,11 @@ class RepairRunner:
                             outcome.note)
             ran += 1
         return ran
+
+
+def _failed(board: SignalBoard, signal_id: str, exc: Exception) -> None:
+    """Mark the signal failed with the error's first line (and log it)."""
+    reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+    log.error("resnapshot %s failed: %s", signal_id, reason)
+    board.set(signal_id, state=SignalState.FAILED, percent=None,
+              note=f"{type(exc).__name__}: {reason}")
