@@ -15,8 +15,6 @@ backend reports no channel heads, so the run is bounded by the instant it was pr
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,31 +22,23 @@ import pytest
 pytest.importorskip("tablestore")
 
 from tablestore_cdc.sinks import ExactlyOnceParquetSink  # noqa: E402
-from tablestore_cdc.verify import rows_by_key, verify  # noqa: E402
 from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
 from testkit.crash_points import environment as crash_environment  # noqa: E402
 from testkit.processes import kill_tree, start_runner  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
 from testkit.wire_e2e import (  # noqa: E402
     NO_ENV_CREDENTIALS,
-    WireSetup,
+    assert_exactly_once,
     runner_args,
-    wire_scenario,
     write_changes,
 )
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[WireSetup]:
-    with wire_scenario(tmp_path) as parts:
-        yield parts
-
-
-def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_path: Path
+def test_sigkill_during_available_now_and_restart_is_exactly_once(wire_setup, tmp_path: Path
                                                                   ) -> None:
-    emulator, store, client = setup
+    emulator, store, client = wire_setup
     write_changes(client, 0, 300)
     before_first_run = {(r.channel_id, r.sequence) for r in wire_change_log(store.change_log("t"))}
     faults = tmp_path / "faults"
@@ -87,8 +77,5 @@ def test_sigkill_during_available_now_and_restart_is_exactly_once(setup, tmp_pat
         assert runner.wait(300) == 0, log.read_text()[-3000:]
     finally:
         kill_tree(runner.pid)
-    result = verify(wire_change_log(store.change_log("t")), sink.deliveries(["id"]),
-                    rows_by_key(store.scan("t")))
-    print(result.summary(), file=sys.stderr)
-    assert result.ok, f"{result.summary()} {result.examples}"
+    assert_exactly_once(store, sink)
     assert all(r["identical"] for r in sink.replays()), sink.replays()

@@ -30,7 +30,6 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,28 +49,20 @@ from testkit.wire_e2e import (  # noqa: E402
     SECRET,
     STS,
     Emulator,
-    WireSetup,
     create_source_table,
     delivered,
     finish_and_verify,
     meta_uri,
     runner_args,
     sdk_client,
-    wire_scenario,
     write_changes,
 )
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[WireSetup]:
-    with wire_scenario(tmp_path) as parts:
-        yield parts
-
-
-def test_sigkill_and_restart_over_the_wire(tmp_path: Path, setup: tuple) -> None:
-    emulator, store, client = setup
+def test_sigkill_and_restart_over_the_wire(tmp_path: Path, wire_setup: tuple) -> None:
+    emulator, store, client = wire_setup
     write_changes(client, 0, 150)
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     args, log = runner_args(tmp_path, emulator.url, sink), tmp_path / "runner.log"
@@ -98,8 +89,8 @@ def test_sigkill_and_restart_over_the_wire(tmp_path: Path, setup: tuple) -> None
     assert any(c.parent_ids for c in store.list_channels("t"))
 
 
-def test_emulator_outage_is_survived(tmp_path: Path, setup: tuple) -> None:
-    emulator, store, client = setup
+def test_emulator_outage_is_survived(tmp_path: Path, wire_setup: tuple) -> None:
+    emulator, store, client = wire_setup
     write_changes(client, 0, 120)
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     args, log = runner_args(tmp_path, emulator.url, sink), tmp_path / "runner.log"
@@ -125,8 +116,8 @@ def test_emulator_outage_is_survived(tmp_path: Path, setup: tuple) -> None:
     finish_and_verify(tmp_path, store, sink, runner, log)
 
 
-def test_no_secret_in_any_artefact(tmp_path: Path, setup: tuple) -> None:
-    emulator, store, client = setup
+def test_no_secret_in_any_artefact(tmp_path: Path, wire_setup: tuple) -> None:
+    emulator, store, client = wire_setup
     write_changes(client, 0, 60)
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     args, log = runner_args(tmp_path, emulator.url, sink), tmp_path / "runner.log"
@@ -210,11 +201,11 @@ def test_https_end_to_end(tmp_path: Path) -> None:
         store.close()
 
 
-def test_local_cluster_over_http_only(tmp_path: Path, setup: tuple) -> None:
+def test_local_cluster_over_http_only(tmp_path: Path, wire_setup: tuple) -> None:
     """``local-cluster[2,1,1024]``: separate executor JVMs and their Python workers reach the
     tunnel and the meta table over HTTP only; the filesystem carries nothing but Spark's
     checkpoint directory (and the test's own sink)."""
-    emulator, store, client = setup
+    emulator, store, client = wire_setup
     write_changes(client, 0, 120)
     sink = ExactlyOnceParquetSink(tmp_path / "sink")
     args = runner_args(tmp_path, emulator.url, sink) + ["--master", "local-cluster[2,1,1024]"]

@@ -20,6 +20,8 @@ moto servers).
   ``testkit.emulator``'s instance and key pair; ``ots_emulator`` (module): one serving a store
   with no tables, for a module's tests (the Tablestore meta store's service, requests written
   byte by byte). Both skip the test when the ``tablestore`` SDK is not installed.
+- ``wire_setup``: the wire end to end's scenario (``testkit.wire_e2e.wire_scenario``): the
+  emulator as a child process over a store with table ``t``, the store, the SDK's client.
 - ``target``: an apply sink's target table, once Delta and once Iceberg (``testkit.lakehouse``'s
   ``Delta`` and ``Iceberg`` in the test's temporary directory).
 - ``aws_env`` (session): fake AWS credentials and region for boto3, inherited by child
@@ -57,6 +59,7 @@ from testkit.emulator import INSTANCE, KEY_ID, SECRET
 if TYPE_CHECKING:
     from tablestore_emulator.server import EmulatorServer
     from testkit.lakehouse import Delta, Iceberg
+    from testkit.wire_e2e import WireSetup
 
 #: table ``t``'s key and attribute columns unless a test asks for others
 PRIMARY_KEY = (("id", "INTEGER"),)
@@ -221,3 +224,14 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
     from testkit.lakehouse import Delta, Iceberg
 
     return Delta(tmp_path) if request.param == "delta" else Iceberg(tmp_path)
+
+
+@pytest.fixture
+def wire_setup(tmp_path: Path) -> Iterator[WireSetup]:
+    """``testkit.wire_e2e.wire_scenario`` in the test's temporary directory: the emulator
+    process, the store it serves and the SDK's client, the emulator killed after the test."""
+    pytest.importorskip("tablestore")
+    from testkit.wire_e2e import wire_scenario
+
+    with wire_scenario(tmp_path) as parts:
+        yield parts

@@ -88,8 +88,8 @@ WireSetup = tuple[Emulator, LocalTablestore, OTSClient]
 def wire_scenario(tmp_path: Path) -> Iterator[WireSetup]:
     """The emulator serving ``tmp_path/store.db`` with table ``t`` created through the SDK, the
     store file opened beside it (channel splits and merges, verification) and the SDK client;
-    the emulator is killed and the store closed at the end. A test module's ``setup`` fixture
-    yields it."""
+    the emulator is killed and the store closed at the end. The shared ``wire_setup`` fixture
+    (``testkit.fixtures``) yields it."""
     store_path = tmp_path / "store.db"
     emulator = Emulator(store_path, tmp_path / "emulator.log").start()
     client = sdk_client(emulator.url)
@@ -161,8 +161,18 @@ def delivered(sink: ExactlyOnceParquetSink) -> int:
     return sum(1 for _ in sink.deliveries(["id"]))
 
 
+def assert_exactly_once(store: LocalTablestore, sink: ExactlyOnceParquetSink) -> None:
+    """The sink holds table ``t``'s change log once, each key in order, and its state."""
+    result = verify(wire_change_log(store.change_log("t")), sink.deliveries(["id"]),
+                    rows_by_key(store.scan("t")))
+    print(result.summary(), file=sys.stderr)
+    assert result.ok, f"{result.summary()} {result.examples}"
+
+
 def finish_and_verify(tmp_path: Path, store: LocalTablestore, sink: ExactlyOnceParquetSink,
                       runner: subprocess.Popen, log: Path) -> None:
+    """Wait until the query delivered every change, stop it by its stop file, then
+    ``assert_exactly_once``."""
     expected = len(store.change_log("t"))
     try:
         wait_until(f"{expected} changes delivered", lambda: delivered(sink),
@@ -171,7 +181,4 @@ def finish_and_verify(tmp_path: Path, store: LocalTablestore, sink: ExactlyOnceP
         assert runner.wait(120) == 0, log.read_text()[-3000:]
     finally:
         kill_tree(runner.pid)
-    result = verify(wire_change_log(store.change_log("t")), sink.deliveries(["id"]),
-                    rows_by_key(store.scan("t")))
-    print(result.summary(), file=sys.stderr)
-    assert result.ok, f"{result.summary()} {result.examples}"
+    assert_exactly_once(store, sink)
