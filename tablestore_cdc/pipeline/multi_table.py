@@ -328,7 +328,7 @@ def status_location(endpoint: str, tables: str, tunnel: str, options: dict[str, 
 def selection_options(endpoint: str, tables: str, exclude: str | None, tunnel: str,
                       options: dict[str, str] | None) -> Any:
     """The multi-table source's options (``MultiTableOptions``) as its query parses them."""
-    from connector.multiplex import MultiTableOptions
+    from connector.table_selection import MultiTableOptions
 
     return MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
                                          **({"exclude": exclude} if exclude else {}),
