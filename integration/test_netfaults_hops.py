@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 import uuid as uuidlib
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -55,24 +54,13 @@ ANSWERED = (Kind.RESET_AFTER_BODY, Kind.DELAY)
 #: the source's budget for one call: the client's own retries, then connector.retry's
 BUDGET_S = 30.0
 
-
-@pytest.fixture
-def emulator(tmp_path: Path) -> Iterator[tuple[EmulatorServer, LocalTablestore]]:
-    path = tmp_path / "store.db"
-    store = LocalTablestore(path)
-    store.create_table("t", primary_key=[("id", "INTEGER")],
-                       columns=[("name", "STRING"), ("qty", "INTEGER")], channels=2)
-    server = EmulatorServer(str(path), INSTANCE, KEY_ID, SECRET).start()
-    try:
-        yield server, store
-    finally:
-        server.stop()
-        store.close()
+#: the shared ``store`` (table ``t``), which the shared ``emulator`` (testkit/fixtures.py) serves
+pytestmark = pytest.mark.store_table(channels=2, columns=[("name", "STRING"), ("qty", "INTEGER")])
 
 
 @pytest.fixture
-def hop(emulator: tuple[EmulatorServer, LocalTablestore]) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(int(emulator[0].url.rsplit(":", 1)[1]), name="hop").start()
+def hop(emulator: EmulatorServer) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(int(emulator.url.rsplit(":", 1)[1]), name="hop").start()
     try:
         yield proxy
     finally:
@@ -156,10 +144,10 @@ def meta_round(meta: MetaStore) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
-def test_tunnel_hop_rides_out(kind: Kind, emulator: tuple, hop: FaultProxy) -> None:
-    _, store = emulator
+def test_tunnel_hop_rides_out(kind: Kind, emulator: EmulatorServer, store: LocalTablestore,
+                              hop: FaultProxy) -> None:
     write_some(store, 30)
-    clean = tunnel_client(emulator[0].url)
+    clean = tunnel_client(emulator.url)
     faulty = tunnel_client(hop.url)
     began = time.monotonic()
     # a write whose answer may be lost after it took effect: creating the tunnel
@@ -225,7 +213,8 @@ def test_dynamodb_meta_hop_rides_out(kind: Kind, moto_hop: FaultProxy) -> None:
 
 
 def test_tunnel_client_stall_ends_in_bounded_time(monkeypatch: pytest.MonkeyPatch,
-                                                  emulator: tuple, hop: FaultProxy) -> None:
+                                                  emulator: EmulatorServer,
+                                                  hop: FaultProxy) -> None:
     monkeypatch.setattr(transport, "READ_TIMEOUT_S", 1.0)
     client = tunnel_client(hop.url, retry_deadline_s="0.5")
     hop.add(Rule(Kind.STALL, times=1))
@@ -269,12 +258,12 @@ def test_dynamodb_meta_stall_ends_in_bounded_time(moto_hop: FaultProxy) -> None:
 # --- a response that fails validation is never used --------------------------------------------
 
 
-def test_a_corrupted_read_is_never_delivered(emulator: tuple, hop: FaultProxy) -> None:
+def test_a_corrupted_read_is_never_delivered(emulator: EmulatorServer, store: LocalTablestore,
+                                             hop: FaultProxy) -> None:
     """Every answer to a read corrupted: the client refuses them all (it never returns a
     record the service did not send), and the error names the hop and the check."""
-    _, store = emulator
     write_some(store, 10)
-    clean = tunnel_client(emulator[0].url)
+    clean = tunnel_client(emulator.url)
     info = clean.ensure_tunnel("t", "n")
     channel = clean.describe_tunnel("t", "n").channels[0].channel_id
     token = clean.get_checkpoint(info.tunnel_id, channel).token
