@@ -23,7 +23,9 @@ moto servers).
 - ``wire_setup``: the wire end to end's scenario (``testkit.wire_e2e.wire_scenario``): the
   emulator as a child process over a store with table ``t``, the store, the SDK's client.
 - ``target``: an apply sink's target table, once Delta and once Iceberg (``testkit.lakehouse``'s
-  ``Delta`` and ``Iceberg`` in the test's temporary directory).
+  ``Delta`` and ``Iceberg`` in the test's temporary directory); under the ``reconcile_target``
+  marker, ``testkit.reconcile``'s ``DeltaTarget`` and ``IcebergTarget`` (a copy the reconcile
+  and resnapshot tests damage).
 - ``aws_env`` (session): fake AWS credentials and region for boto3, inherited by child
   processes; the user's real AWS config files are hidden.
 - ``moto_endpoint`` (session): the URL of a serialized moto server on 127.0.0.1
@@ -59,6 +61,7 @@ from testkit.emulator import INSTANCE, KEY_ID, SECRET
 if TYPE_CHECKING:
     from tablestore_emulator.server import EmulatorServer
     from testkit.lakehouse import Delta, Iceberg
+    from testkit.reconcile import Target
     from testkit.wire_e2e import WireSetup
 
 #: table ``t``'s key and attribute columns unless a test asks for others
@@ -217,10 +220,15 @@ def ots_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorS
 
 
 @pytest.fixture(params=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg:
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Delta | Iceberg | Target:
     """An apply sink's target in the test's temporary directory, once a Delta table and once
-    an Iceberg table (``testkit.lakehouse``; imported here, when a test asks for it, so the
-    suite does not load deltalake and pyiceberg for every test)."""
+    an Iceberg table (``testkit.lakehouse``; with the ``reconcile_target`` marker,
+    ``testkit.reconcile``'s; imported here, when a test asks for it, so the suite does not load
+    deltalake and pyiceberg for every test)."""
+    if request.node.get_closest_marker("reconcile_target"):
+        from testkit.reconcile import DeltaTarget, IcebergTarget
+
+        return (DeltaTarget if request.param == "delta" else IcebergTarget)(tmp_path)
     from testkit.lakehouse import Delta, Iceberg
 
     return Delta(tmp_path) if request.param == "delta" else Iceberg(tmp_path)

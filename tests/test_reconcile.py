@@ -33,7 +33,6 @@ from tablestore_cdc.reconcile.layout import CompareLayout  # noqa: E402
 from tablestore_cdc.reconcile.target import open_target_table  # noqa: E402
 from testkit.reconcile import (  # noqa: E402
     DeltaTarget,
-    IcebergTarget,
     Target,
     apply_stream,
     found,
@@ -75,10 +74,8 @@ def make_store(path: Path, **kwargs: Any) -> LocalTablestore:
     return store
 
 
-@pytest.fixture(params=[DeltaTarget, IcebergTarget], ids=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    result: Target = request.param(tmp_path)
-    return result
+#: the shared ``target`` fixture gives testkit.reconcile's targets (testkit/fixtures.py)
+pytestmark = pytest.mark.reconcile_target
 
 
 def six_changes(target: Target) -> tuple[list[int], list[int], int]:

@@ -30,7 +30,7 @@ from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
 from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget  # noqa: E402
 from tablestore_cdc.resnapshot.repair import run_repair  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
-from testkit.reconcile import DeltaTarget, IcebergTarget, Target, apply_stream  # noqa: E402
+from testkit.reconcile import DeltaTarget, Target, apply_stream  # noqa: E402
 
 runner = CliRunner()
 JOB = "build-query"  # the app id apply_stream commits under: the job that owns the target
@@ -50,10 +50,8 @@ def make_store(path: Path) -> LocalTablestore:
     return store
 
 
-@pytest.fixture(params=[DeltaTarget, IcebergTarget], ids=["delta", "iceberg"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    result: Target = request.param(tmp_path)
-    return result
+#: the shared ``target`` fixture gives testkit.reconcile's targets (testkit/fixtures.py)
+pytestmark = pytest.mark.reconcile_target
 
 
 def test_the_hook_repairs_six_differences_once(tmp_path: Path, target: Target) -> None:
