@@ -32,6 +32,7 @@ from connector.errors import CdcError
 from tablestore_cdc.pipeline.failures import FailureKind, QueryFailure, error_kind, query_failure
 from tablestore_cdc.pipeline.job_lock import JobLock
 from tablestore_cdc.pipeline.job_log import spark_log_to_file
+from tablestore_cdc.pipeline.relocation import MOVED_LINE, relocate
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 
 #: how often the job looks at its queries (seconds)
@@ -69,7 +70,9 @@ def open_job(output: Path, master: str, say: Callable[[str], None],
              conf: dict[str, str] | None = None, *,
              short_run: bool = False) -> tuple[JobLock, Any]:
     """What a replication command holds while it runs (driver): the output directory's lock
-    (``JobAlreadyRunningError`` for a second start, before anything is written), Spark's log
+    (``JobAlreadyRunningError`` for a second start, before anything is written), the
+    change-log paths of an output moved or copied from elsewhere rewritten to it (``relocation.
+    relocate``, said in one line, before Spark reads them), Spark's log
     sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session, with ``conf``
     added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``) and Spark's
     redaction of secrets (``connector.spark.REDACTION``: none in its UI, event log or plans);
@@ -80,6 +83,9 @@ def open_job(output: Path, master: str, say: Callable[[str], None],
 
     lock = JobLock(output).acquire()
     try:
+        moved = relocate(output)  # a moved or copied output: its change-log paths, here
+        if moved is not None:
+            say(MOVED_LINE.format(output=output, old=moved))
         log, settings = spark_log_to_file(output)
         say(f"Spark's log: {log}")
         spark = local_session("tablestore-cdc-replicate", master=master,

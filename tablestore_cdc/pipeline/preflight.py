@@ -17,9 +17,11 @@ meta store). In order:
    a warning);
 5. the tunnel type (``--initial``, ``initial_tunnel_type``): the snapshot-then-stream tunnel
    for a new tunnel, an existing tunnel's own type kept;
-6. no live job of another output holds a table's lease in the meta store
+6. an output directory moved or copied from another one names no target under the old one
+   (``relocation.MovedTargetError``: it did not move with it);
+7. no live job of another output holds a table's lease in the meta store
    (``connector.planning.lease``): ``SourceHeldError``, exit 4, naming its host, pid and since;
-7. each table's target, read only (``ApplySink.check_target``: another job's table, a foreign
+8. each table's target, read only (``ApplySink.check_target``: another job's table, a foreign
    table without ``--adopt-target``).
 
 A Python package an extra brings that is not installed ends in ``MissingExtraError`` naming
@@ -130,6 +132,7 @@ def check_before_start(plan: JobPlan) -> Checked:
             tunnel_type, more = initial_tunnel_type(plan, _tunnel_types(tunnel, names,
                                                                         plan.tunnel))
         lines += more
+        _moved_targets(plan, template.target, names)
         options = {**{k: v for k, v in plan.options.items() if k.lower() != "tunnel.type"},
                    "tunnel.type": tunnel_type}
         _leases_free(plan, names, options)
@@ -335,6 +338,16 @@ def _leases_free(plan: JobPlan, tables: list[str], options: dict[str, str]) -> N
                 raise _held(plan, table, lease, job)
     except MetaTableMissingError:
         return
+
+
+def _moved_targets(plan: JobPlan, template: str, tables: list[str]) -> None:
+    """An output moved or copied from another directory (``relocation.moved_from``): no
+    target may still lie under the old one (``relocation.MovedTargetError``)."""
+    from tablestore_cdc.pipeline.relocation import check_targets, moved_from
+
+    old = moved_from(plan.output)
+    if old is not None:
+        check_targets(plan.output, old, [template, *(plan.apply_of(t).target for t in tables)])
 
 
 def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldError:
