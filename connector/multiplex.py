@@ -110,8 +110,6 @@ def deal(reads: Sequence[TableChannel], max_partitions: int) -> list[MultiTableP
     return [MultiTablePartition(tuple(reads[i::count])) for i in range(count)]
 
 
-
-
 class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
     """Spark's handle on a multi-table query (module docstring). Needs PySpark 4.2+ (the
     start and the read limit passed to ``latestOffset``).
