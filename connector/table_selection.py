@@ -227,7 +227,6 @@ def own_meta_table(options: SourceOptions) -> str | None:
     return meta.path.strip("/") or None
 
 
-
 def default_max_partitions() -> int:
     """``tables.maxPartitions``' default: two per core of the machine that plans (the
     driver's; in local mode the executors' too)."""
