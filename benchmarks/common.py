@@ -23,6 +23,7 @@ import psutil
 from connector.local import LocalTablestore
 from connector.tunnel.local.channels import KEY_SPACE
 from connector.tunnel.local.values import dumps_values, key_hash
+from testkit.emulator import INSTANCE, KEY_ID, SECRET  # the emulator's test instance and keys
 
 #: the row shape every Spark benchmark reads: key, a short string, an integer
 TABLE = "bench"
@@ -31,9 +32,6 @@ COLUMNS = [("name", "STRING"), ("qty", "INTEGER")]
 
 #: rows per ``batch_write`` call when pre-filling a store
 FILL_CHUNK = 2000
-
-#: the emulated instance of the benchmarks over the wire, and its throwaway key pair
-INSTANCE, KEY_ID, SECRET = "bench", "bench-key", "bench-secret"
 
 
 def machine_facts() -> dict[str, Any]:

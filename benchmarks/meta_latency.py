@@ -34,6 +34,7 @@ from contextlib import contextmanager
 
 from meta_store import open_meta_store
 from meta_store.base import EndCheckpoint, MetaStore
+from testkit.emulator import INSTANCE, KEY_ID, SECRET
 from testkit.waiting import wait_until
 
 NAMESPACE = "bench;table=orders;tunnel=t1"
@@ -116,14 +117,13 @@ def moto_uri() -> Iterator[str]:
 @contextmanager
 def tablestore_uri() -> Iterator[str]:
     """The Tablestore emulator in a child process and a URI for a fresh table on it."""
-    key_id, secret = "bench", "bench-secret"
-    os.environ["ALIBABA_CLOUD_ACCESS_KEY_ID"] = key_id  # never real credentials to a fake
-    os.environ["ALIBABA_CLOUD_ACCESS_KEY_SECRET"] = secret
+    os.environ["ALIBABA_CLOUD_ACCESS_KEY_ID"] = KEY_ID  # never real credentials to a fake
+    os.environ["ALIBABA_CLOUD_ACCESS_KEY_SECRET"] = SECRET
     os.environ.pop("ALIBABA_CLOUD_SECURITY_TOKEN", None)
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tablestore_cdc", "emulator", "--store", f"{tmp}/emu.db",
-             "--instance", "bench", "--access-key-id", key_id, "--access-key-secret", secret],
+             "--instance", INSTANCE, "--access-key-id", KEY_ID, "--access-key-secret", SECRET],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert proc.stdout is not None
@@ -131,7 +131,7 @@ def tablestore_uri() -> Iterator[str]:
             if not line.startswith("listening on "):
                 raise RuntimeError(f"the emulator did not start (printed {line!r})")
             url = line.removeprefix("listening on ")
-            yield f"tablestore://bench/cdc_bench?endpoint={url}&create_table=true"
+            yield f"tablestore://{INSTANCE}/cdc_bench?endpoint={url}&create_table=true"
         finally:
             proc.terminate()
             proc.wait(timeout=10)

@@ -70,6 +70,7 @@ from connector.local import LocalTablestore
 from connector.options import SourceOptions
 from connector.protocol import StreamProtocol
 from connector.tunnel.tablestore.client import DRIVER_CONCURRENCY, TablestoreTunnelService
+from testkit.emulator import INSTANCE, KEY_ID, SECRET, SOURCE_OPTIONS
 from testkit.partition_reads import read_partition
 
 #: by then the meta table holds all it keeps: ``metaRetentionBatches`` (default 100) committed
@@ -146,7 +147,7 @@ class _WireTunnel:
 
         profile = os.environ.get(PROFILE_ENV)  # a directory: the server's cProfile stats
         self.server = WireServerProcess(
-            path, path.with_suffix(".server.log"), "bench", "bench-key", "bench-secret",
+            path, path.with_suffix(".server.log"), INSTANCE, KEY_ID, SECRET,
             delay_ms=delay_ms,
             profile=Path(profile) / f"{path.stem}-server.prof" if profile else None)
 
@@ -155,8 +156,7 @@ class _WireTunnel:
         return dict(self.server.stats()["calls"])
 
     def options(self) -> dict[str, str]:
-        return {"endpoint": self.server.url, "instance.name": "bench",
-                "access.key.id": "bench-key", "access.key.secret": "bench-secret"}
+        return {"endpoint": self.server.url, **SOURCE_OPTIONS}
 
 
 def measure(channels: int, batches: int, warmup: int, records_per_channel: int,
