@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from tablestore_cdc.pipeline.relocation import moved_from  # noqa: E402
 CLI = [sys.executable, "-m", "tablestore_cdc"]
 
 
-def replicate(store: Path, *runs: tuple[str, ...]) -> list[str]:
+def replicate(store: str | Path, *runs: tuple[str, ...]) -> list[str]:
     """``replicate --once --scd 2`` processes side by side, one per run's flags: what each
     one said (stdout and stderr), its lines joined (Rich wraps them); exit 0 asserted."""
     started = [subprocess.Popen([*CLI, "replicate", "--store", str(store), "--once",
@@ -41,7 +42,7 @@ def replicate(store: Path, *runs: tuple[str, ...]) -> list[str]:
     return said
 
 
-def versions(target: Path) -> list[dict[str, object]]:
+def versions(target: Path) -> list[dict[str, Any]]:
     return deltalake.DeltaTable(str(target)).to_pyarrow_table().to_pylist()
 
 
