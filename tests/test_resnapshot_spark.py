@@ -79,6 +79,7 @@ def replicating(spark: Any, mode: str, store_path: Path, out: Path, target: Targ
                                         say=lambda line: running.lines.append(line)))
 
     def start() -> Any:
+        pipeline: Any
         if mode == "table":
             pipeline = start_pipeline(spark, endpoint, DEMO_TABLE, "replicate", out,
                                       ApplySettings(target.uri), options, TRIGGER_MS)
@@ -109,6 +110,21 @@ def first_rows_applied(running: RunningJob) -> None:
     pipeline.drain()
 
 
+@contextlib.contextmanager
+def orders_replicated(spark: Any, tmp_path: Path, mode: str, kind: str
+                      ) -> Iterator[tuple[Path, Target, SourceSpec, RunningJob]]:
+    """The demo's orders in a new store, replicated in ``mode`` into a ``kind`` target (delta
+    or iceberg) by a running job whose first rows are applied: (the store's path, the target,
+    the source as reconcile reads it, the job)."""
+    store_path = tmp_path / "store.db"
+    make_orders(store_path)
+    target = OrdersTarget.delta(tmp_path) if kind == "delta" else OrdersTarget.iceberg(tmp_path)
+    spec = SourceSpec(f"local://{store_path}", DEMO_TABLE)
+    with replicating(spark, mode, store_path, tmp_path / "out", target) as running:
+        first_rows_applied(running)
+        yield store_path, target, spec, running
+
+
 def finished(board: SignalBoard, signal_id: str, running: RunningJob,
              timeout: float = 180) -> Signal:
     return wait_until("the job ran the resnapshot",
@@ -124,12 +140,7 @@ DELETED, CHANGED, ADDED = [BASE + 1, BASE + 2, BASE + 3], [BASE + 5, BASE + 6], 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_a_resnapshot_during_a_write_load_repairs_six_differences(
         spark: Any, tmp_path: Path, kind: str, mode: str) -> None:
-    store_path = tmp_path / "store.db"
-    make_orders(store_path)
-    target = OrdersTarget.delta(tmp_path) if kind == "delta" else OrdersTarget.iceberg(tmp_path)
-    spec = SourceSpec(f"local://{store_path}", DEMO_TABLE)
-    with replicating(spark, mode, store_path, tmp_path / "out", target) as running:
-        first_rows_applied(running)
+    with orders_replicated(spark, tmp_path, mode, kind) as (store_path, target, spec, running):
         settle(running.pipeline, store_path)
         target.tamper(DELETED, CHANGED, ADDED)
         report = reconcile_table(spec, target.uri)
@@ -157,12 +168,7 @@ def test_a_resnapshot_of_an_idle_table_runs_without_a_write(spark: Any, tmp_path
     """No change reaches the table after the signal: the job's watch loop runs the repair
     within its look (``WATCH_EVERY_S``) and the runner's interval (``CHECK_EVERY_S``) plus the
     repair's own time, no batch needed."""
-    store_path = tmp_path / "store.db"
-    make_orders(store_path)
-    target = OrdersTarget.delta(tmp_path)
-    spec = SourceSpec(f"local://{store_path}", DEMO_TABLE)
-    with replicating(spark, mode, store_path, tmp_path / "out", target) as running:
-        first_rows_applied(running)
+    with orders_replicated(spark, tmp_path, mode, "delta") as (_, target, spec, running):
         target.tamper(DELETED, CHANGED, ADDED)
         batches = running.pipeline.applied_batch()
         with open_board(spec) as board:
