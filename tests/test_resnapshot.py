@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,15 +51,22 @@ def make_store(path: Path) -> LocalTablestore:
     return store
 
 
+def applied_copy(tmp_path: Path, target: Target) -> tuple[SourceSpec, Any]:
+    """``make_store``'s table in a new store, its change stream applied into ``target`` by the
+    real apply sink under the job ``JOB``: (the source as reconcile reads it, the sink)."""
+    store = make_store(tmp_path / "store.db")
+    spec = SourceSpec(f"local://{store.path}", "t")
+    sink = open_apply_sink(target.uri)
+    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    return spec, sink
+
+
 #: the shared ``target`` fixture gives testkit.reconcile's targets (testkit/fixtures.py)
 pytestmark = pytest.mark.reconcile_target
 
 
 def test_the_hook_repairs_six_differences_once(tmp_path: Path, target: Target) -> None:
-    store = make_store(tmp_path / "store.db")
-    spec = SourceSpec(f"local://{store.path}", "t")
-    sink = open_apply_sink(target.uri)
-    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    spec, sink = applied_copy(tmp_path, target)
     target.tamper([1, 2, 3], [5, 6], 99)
     assert len(reconcile_table(spec, target.uri).comparison.differences) == 6
     with open_board(spec) as board:
@@ -82,11 +90,8 @@ def test_an_idle_look_runs_only_between_batches(tmp_path: Path) -> None:
     """The job's watch loop (``when_idle``) leaves the signals to a batch that holds the lock
     (it looks itself), runs them once the lock is free, and looks again only after the
     interval."""
-    store = make_store(tmp_path / "store.db")
-    spec = SourceSpec(f"local://{store.path}", "t")
     target = DeltaTarget(tmp_path)
-    sink = open_apply_sink(target.uri)
-    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    spec, sink = applied_copy(tmp_path, target)
     target.tamper([1, 2, 3], [5, 6], 99)
     runner = RepairRunner.of_table(RepairTarget(spec, sink, target.uri), check_every_s=60)
     applying, applied = threading.Event(), threading.Event()
@@ -187,11 +192,8 @@ def test_a_multi_table_apply_repairs_each_table_with_its_own_settings(tmp_path: 
 
 
 def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
-    store = make_store(tmp_path / "store.db")
-    spec = SourceSpec(f"local://{store.path}", "t")
     target = DeltaTarget(tmp_path)
-    sink = open_apply_sink(target.uri)
-    apply_stream(spec.endpoint, "t", sink, app_id=JOB, tunnel_name="replicate")
+    spec, sink = applied_copy(tmp_path, target)
     target.tamper([1, 2, 30], [5, 31], 99)
     with open_board(spec) as board:
         board.add(Signal(table="t", key_from=0, key_to=10))
