@@ -10,8 +10,8 @@ and does nothing there unless a hook is installed. This module is the harness's 
   ``sitecustomize`` at every start, which calls ``install_from_environment()``: the hook is
   installed in the driver, and -- Spark passes its environment on to the Python processes it
   starts (the streaming source's planning runner, the workers; in ``local-cluster`` mode through
-  the executor JVMs; the product's own ``connector/worker_site/sitecustomize.py`` runs the one it
-  shadows) -- in every one of them;
+  the executor JVMs, given ``spark_conf(fault_dir)`` too; the product's own
+  ``connector/worker_site/sitecustomize.py`` runs the one it shadows) -- in every one of them;
 - a test in one process calls ``install(fault_dir)`` and ``uninstall()`` itself.
 
 A file ``arm-<name>`` in the fault directory arms the point (``testkit.processes.
@@ -113,6 +113,16 @@ def environment(fault_dir: Path | str, path: str | None = None) -> dict[str, str
     rest = os.environ.get("PYTHONPATH", "") if path is None else path
     return {FAULT_DIR_ENV: str(fault_dir),
             "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), *([rest] if rest else [])])}
+
+
+def spark_conf(fault_dir: Path | str) -> dict[str, str]:
+    """``environment(fault_dir)`` as Spark settings (``spark.executorEnv.*``), for executors
+    that do not inherit the driver's environment whole: a ``local-cluster`` or standalone
+    worker starts an executor with the application's ``spark.executorEnv`` over its own
+    environment, and ``connector.spark.local_session`` always sets a ``PYTHONPATH`` there (its
+    ``worker_site``, before what is given), which replaces the inherited one."""
+    return {f"spark.executorEnv.{key}": value
+            for key, value in environment(fault_dir, "").items()}
 
 
 def install_from_environment() -> bool:

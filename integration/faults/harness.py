@@ -57,6 +57,7 @@ from tablestore_cdc.verify import read_delta, table_state
 from testkit.aws import AWS_TEST_ENV, start_moto_server, stop_moto_server
 from testkit.crash_points import FAULT_DIR_ENV
 from testkit.crash_points import environment as crash_environment
+from testkit.crash_points import spark_conf as crash_spark_conf
 from testkit.flaky import FLAKY_ENV, FLAKY_LOG, FLAKY_SEED_ENV
 from testkit.flaky import environment as flaky_environment
 from testkit.processes import REPO, arm_crash_point, kill_marked, start_runner
@@ -304,8 +305,8 @@ class FaultScenarioRun(ScenarioRun):
                 args += ["--executor-write-rows", str(self.scenario.executor_write_rows)]
         for key, value in self.scenario.options:
             args += ["--option", f"{key}={value}"]
-        for key, value in self.scenario.conf:
-            args += ["--conf", f"{key}={value}"]
+        for key, value in [*self.scenario.conf, *crash_spark_conf(self.faults).items()]:
+            args += ["--conf", f"{key}={value}"]  # the crash points' hook in executors too
         if self.meta_uri:
             args += ["--meta-store", self.meta_uri]
         return args

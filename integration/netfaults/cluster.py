@@ -62,6 +62,7 @@ from integration.scenario import (
     run_and_tidy,
 )
 from testkit.crash_points import environment as crash_environment
+from testkit.crash_points import spark_conf as crash_spark_conf
 from testkit.emulator import CLI
 from testkit.processes import REPO, arm_crash_point, kill_tree
 from testkit.waiting import wait_until
@@ -178,8 +179,7 @@ class ClusterRun(ScenarioRun):
                 "spark.executor.memory": "512m", "spark.executor.cores": "1",
                 "spark.cores.max": "2", "spark.task.maxFailures": "8",
                 "spark.pyspark.python": sys.executable,
-                **{f"spark.executorEnv.{k}": v  # the crash points' hook in every worker
-                   for k, v in crash_environment(self.faults, "").items()},
+                **crash_spark_conf(self.faults),  # the crash points' hook in every worker
                 "spark.executorEnv.TABLESTORE_CDC_LOG_LEVEL": "INFO"}
         args = ["--endpoint", endpoint, "--table", TABLE, "--tunnel", "cluster",
                 "--checkpoint", str(self.dir / "checkpoint"), "--sink", str(self.sink.path),
