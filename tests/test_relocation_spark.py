@@ -4,7 +4,8 @@ real ``tablestore-cdc replicate --once`` processes over one local store: a ``--t
 (``cp -a``) and the second's moved (``mv``), both run again from their new places. Each says the
 one line, each target (SCD 2: a change applied twice would be a version too many) equals the
 source, and the second run applied only the new changes. A target named under the old
-directory is refused in one line before anything starts."""
+directory is refused in one line before anything starts, and so is a copy of a job that still
+runs (its lease: two live jobs never)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,10 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 
 from connector.local import LocalTablestore  # noqa: E402
+from connector.options import SourceOptions  # noqa: E402
+from meta_store import open_meta_store  # noqa: E402
 from tablestore_cdc.pipeline.relocation import moved_from  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
 
 CLI = [sys.executable, "-m", "tablestore_cdc"]
 
@@ -52,6 +57,16 @@ def current(target: Path) -> dict[int, int]:
 
 def source_rows(store: LocalTablestore, table: str) -> dict[int, int]:
     return {pk["id"]: cols["v"] for pk, cols in store.scan(table)}
+
+
+def lease_holder(store: LocalTablestore, table: str) -> str | None:
+    """The owner of ``table``'s live lease in the store's meta store (the job's ``--tunnel``
+    ``replicate``), or None."""
+    options = SourceOptions.from_spark({"endpoint": f"local://{store.path}",
+                                        "table.name": table, "tunnel.name": "replicate"})
+    with open_meta_store(options.meta_store, options.meta_store_credentials) as meta:
+        lease = meta.get_lease(options.source_identity)
+    return lease.owner if lease is not None and lease.live(time.time()) else None
 
 
 @dataclass(frozen=True)
@@ -122,3 +137,29 @@ def test_a_target_left_under_the_old_directory_is_refused_before_start(moved: Mo
             in said), said
     assert "Traceback" not in said
     assert moved_from(new) == old  # nothing rewritten: the logs still name the old place
+
+
+@pytest.mark.slow
+def test_a_copy_of_a_running_job_is_refused_by_its_lease(moved: Moved, tmp_path: Path) -> None:
+    live, copy = moved.root / "single-copy", tmp_path / "copy"
+    log = tmp_path / "live.txt"
+    with open(log, "w") as out:
+        job = subprocess.Popen([*CLI, "replicate", "--store", str(moved.store.path), "--scd",
+                                "2", "--table", "items", "--output", str(live)],
+                               env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+                               stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until("the running job's lease", lambda: lease_holder(moved.store, "items"),
+                   timeout=240, process=job)
+        subprocess.run(["cp", "-a", str(live), str(copy)], check=True)
+        result = subprocess.run([*CLI, "replicate", "--store", str(moved.store.path),
+                                 "--once", "--scd", "2", "--table", "items", "--output",
+                                 str(copy)], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    finally:
+        job.terminate()  # SIGTERM: the job stops at its next look
+        job.wait(timeout=120)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 4, said
+    assert "table 'items' is already replicated" in said and f"output {live})" in said, said
+    assert moved_from(copy) == live  # refused before the rewrite: the copy left as it was
