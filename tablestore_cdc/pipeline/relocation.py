@@ -28,7 +28,9 @@ id, which lives in the moved checkpoint (``lakehouse.ownership``), and the sourc
 held per source, by the planning process (``connector.planning.lease``). A copy made while the
 old job still runs is refused as before: its lock file is a new file, but the old job's lease
 is live and its process alive (``preflight.SourceHeldError``); a directory moved under a running
-job keeps the old job's lock (``flock`` follows the file). The job's record in the meta store
+job keeps the old job's lock (``flock`` follows the file). (A copy started in the seconds before
+the old job's source first binds finds no live lease: the source takes a copied checkpoint for a
+restart of its own query, so copy a stopped job.) The job's record in the meta store
 (``TableStatus.job``) is the path the job runs from: the moved job writes its new path there at
 its first status.
 
