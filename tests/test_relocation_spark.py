@@ -69,6 +69,17 @@ def lease_holder(store: LocalTablestore, table: str) -> str | None:
     return lease.owner if lease is not None and lease.live(time.time()) else None
 
 
+def recorded_job(store: LocalTablestore, table: str) -> str | None:
+    """The job (its output directory) ``table``'s status in the meta store names."""
+    from tablestore_cdc.table_status import load_table_status
+
+    options = SourceOptions.from_spark({"endpoint": f"local://{store.path}",
+                                        "table.name": table, "tunnel.name": "replicate"})
+    with open_meta_store(options.meta_store, options.meta_store_credentials) as meta:
+        status = load_table_status(meta, options.source_identity)
+    return status.job if status is not None else None
+
+
 @dataclass(frozen=True)
 class Moved:
     store: LocalTablestore
@@ -109,6 +120,7 @@ def test_a_copied_table_job_resumes_exactly(moved: Moved) -> None:
     assert len(versions(copy / "items")) == 5 + 2 + 3
     assert "delivered 6 change(s)" in moved.said[0], moved.said[0]  # the new ones only
     assert current(old / "items") == {i: i for i in range(5)}  # the original left as it was
+    assert recorded_job(moved.store, "items") == str(copy)  # meta tables, reconcile: the copy
 
 
 @pytest.mark.slow
@@ -119,6 +131,7 @@ def test_a_moved_multi_table_job_resumes_exactly(moved: Moved) -> None:
     for table in ("orders", "users"):
         assert current(new / "lake" / table) == source_rows(moved.store, table)
         assert len(versions(new / "lake" / table)) == 5 + 2 + 3, table
+        assert recorded_job(moved.store, table) == str(new)
 
 
 @pytest.mark.slow
