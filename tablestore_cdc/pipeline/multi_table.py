@@ -22,8 +22,6 @@ exactly (each target's batch marker skips what it holds). Docs: docs/multi-table
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import time
@@ -39,7 +37,9 @@ import pyarrow.parquet as pq
 from cdc_common.backoff import RestartPolicy
 from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
+from connector import generic_rows
 from connector.crash_hook import crash_point
+from connector.table_state import State, TableState
 from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     TwoQueries,
@@ -51,35 +51,6 @@ from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
 from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
-
-#: the Arrow type of each declared Tablestore type (as the single-table source outputs them)
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "INTEGER": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
-    "STRING": pa.string(), "BINARY": pa.binary(),
-}
-#: the change columns every table's rows carry beside its own (connector.schema)
-CHANGE_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
-
-
-def typed_changes(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
-    """One table's rows of a multi-table change log as that table's own change rows (its
-    declared columns typed, then the change columns), and its key columns. The declared
-    columns are those of the newest row (``_schema``; a table's declared columns do not
-    change while it exists)."""
-    declared = json.loads(rows.column("_schema")[rows.num_rows - 1].as_py())
-    keys = [json.loads(k) for k in rows.column("_key").to_pylist()]
-    images = [json.loads(r) if r is not None else {} for r in rows.column("_row").to_pylist()]
-    arrays: dict[str, pa.Array] = {}
-    for source, specs in ((keys, declared["key"]), (images, declared["columns"])):
-        for name, typ in specs:
-            values = [row.get(name) for row in source]
-            if typ == "BINARY":
-                values = [None if v is None else base64.b64decode(v) for v in values]
-            arrays[name] = pa.array(values, ARROW_TYPES[typ])
-    for name in CHANGE_COLUMNS:
-        arrays[name] = rows.column(name)
-    return pa.table(arrays), tuple(name for name, _ in declared["key"])
-
 
 @dataclass
 class MultiTableApply:
@@ -111,7 +82,7 @@ class MultiTableApply:
 
     def __post_init__(self) -> None:
         for failed in sorted(self._failed_dir.glob("*.failed")):
-            self.tables[failed.stem] = AppliedTable("failed", failed.read_text())
+            self.tables[failed.stem] = AppliedTable(State.FAILED, failed.read_text())
         if self.spec_of is not None and self.repairs is None:
             self.repairs = RepairRunner(self.repair_tables, self.spec_of, self.repair_target)
 
@@ -129,7 +100,6 @@ class MultiTableApply:
             return None
         settings, keys = self.settings_of(table)
         return repair_target(self.sink(table), self.spec_of(table), settings, keys)
-
 
     @property
     def _failed_dir(self) -> Path:
@@ -178,7 +148,7 @@ class MultiTableApply:
                 crash_point("between_table_applies")  # the tables before are committed
             rows = batch.filter(pc.equal(batch.column("_table"), table))
             status = self.tables.setdefault(table, AppliedTable())
-            if status.state == "failed":
+            if status.state is State.FAILED:
                 self._hold(table, batch_id, rows)
                 continue
             try:
@@ -192,7 +162,7 @@ class MultiTableApply:
             crash_point("after_table_applies")  # the apply query's commit log not written
 
     def _apply(self, table: str, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        changes, keys = typed_changes(rows)
+        changes, keys = generic_rows.decode(rows)
         result = self.sink(table).apply(changes, app_id, batch_id,
                                         self.settings_of(table)[1] or keys)
         self.tables.setdefault(table, AppliedTable()).record(result)
@@ -203,7 +173,7 @@ class MultiTableApply:
                   "setting and restart to resume it", table, reason)
         self._failed_dir.mkdir(parents=True, exist_ok=True)
         _write_atomically(self._failed_dir / f"{table}.failed", reason.encode())
-        self.tables[table] = AppliedTable("failed", reason)
+        self.tables[table] = AppliedTable(State.FAILED, reason)
 
     def _hold(self, table: str, batch_id: int, rows: pa.Table) -> None:
         """Keep a failed table's rows of ``batch_id`` (before the batch commits; a replay
@@ -221,7 +191,7 @@ class MultiTableApply:
         the settings given now. A table whose batch is refused again stays failed. A
         retryable error (an outage) is raised with the table still failed and its batches
         still held, so the job's next start resumes it again from the same batch."""
-        for table in [t for t, s in self.tables.items() if s.state == "failed"]:
+        for table in [t for t, s in self.tables.items() if s.state is State.FAILED]:
             held = sorted((self.out / "_held" / table).glob("*.parquet"))
             if app_id is None:
                 continue
@@ -276,16 +246,18 @@ class MultiTablePipeline(TwoQueries):
         progress = self.state_query.lastProgress
         return None if not progress else int(progress["batchId"])
 
-    def table_states(self) -> dict[str, str]:
-        """Each table's state: the source's (new, streaming, waiting: ..., restarting: ...
-        after a retryable error, back to streaming once its service answers, dropped,
-        failed: ... from the progress report), then the apply's failures over it."""
-        states: dict[str, str] = dict(self._source_report().get("tables", {}))
+    def table_states(self) -> dict[str, TableState]:
+        """Each table's state (``connector.table_state``): the source's (new, streaming,
+        waiting, restarting after a retryable error, back to streaming once its service
+        answers, dropped, failed, read from the progress report), then the apply's failures
+        over it."""
+        states = {table: TableState.from_text(text)
+                  for table, text in self._source_report().get("tables", {}).items()}
         for table, status in self.apply.tables.items():
-            if status.state == "failed":
-                states[table] = f"failed: {status.reason}"
+            if status.state is State.FAILED:
+                states[table] = TableState(State.FAILED, status.reason)
             else:
-                states.setdefault(table, status.state)
+                states.setdefault(table, TableState(status.state))
         return dict(sorted(states.items()))
 
     def table_statuses(self, job: str, selection: str) -> dict[str, TableStatus]:
@@ -300,12 +272,9 @@ class MultiTablePipeline(TwoQueries):
         statuses = {}
         for table, state in self.table_states().items():
             applied = self.apply.tables.get(table, AppliedTable())
-            name, _, reason = state.partition(": ")
-            if name == "streaming" and table in snapshot:
-                name = "snapshotting"
             figures = lag.get(table, {})
-            statuses[table] = TableStatus(
-                table=table, job=job, selection=selection, state=name, reason=reason or None,
+            statuses[table] = TableStatus.of(
+                state, table=table, job=job, selection=selection, now=now,
                 snapshot_percent=snapshot.get(table), records_behind=figures.get("recordsBehind"),
                 seconds_behind=figures.get("secondsBehind"),
                 target=redact_uri(self.apply.target_of(table)), **applied.status_fields(now))
@@ -317,7 +286,7 @@ def status_location(endpoint: str, tables: str, tunnel: str, options: dict[str, 
     """Where ``table``'s ``TableStatus`` is kept (``TableStatusWriter``'s ``namespace_of``):
     its meta store (URI, credentials) and namespace, from that table's options as the
     multi-table source builds them."""
-    from connector.multiplex import MultiTableOptions
+    from connector.table_selection import MultiTableOptions
 
     source = MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
                                            "tunnel.name": tunnel, **(options or {})}
@@ -369,7 +338,7 @@ def check_target_template(target: str) -> None:
 def retry_options(retry: RestartPolicy) -> dict[str, str]:
     """The source options that make a multi-table query retry a table on ``retry`` (the
     job's restart policy): ``tables.retryBackoff`` and, when bounded, ``tables.maxRetries``."""
-    from connector.multiplex import MAX_RETRIES, RETRY_BACKOFF
+    from connector.table_selection import MAX_RETRIES, RETRY_BACKOFF
 
     options = {RETRY_BACKOFF: f"{retry.first_s}:{retry.max_s}"}
     if retry.max_restarts is not None:
@@ -381,7 +350,7 @@ def _max_partitions(spark: Any) -> str:
     """``tables.maxPartitions`` for the cluster the session runs on: two per core Spark
     schedules tasks on (its default parallelism: every executor's cores); when the session
     cannot tell (Spark Connect), the source's own default (two per driver core)."""
-    from connector.multiplex import default_max_partitions
+    from connector.table_selection import default_max_partitions
 
     try:
         cores = int(spark.sparkContext.defaultParallelism)
@@ -411,7 +380,7 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
         reader = reader.option("exclude", exclude)
-    from connector.multiplex import MAX_PARTITIONS, MAX_RETRIES, RETRY_BACKOFF
+    from connector.table_selection import MAX_PARTITIONS, MAX_RETRIES, RETRY_BACKOFF
 
     options = dict(options or {})
     given = {key.lower() for key in options}
