@@ -96,7 +96,7 @@ class MultiTableApply:
         and settings; None for a failed table (its held batches come first: its signals wait
         until it resumes) or without ``spec_of``."""
         status = self.tables.get(table)
-        if self.spec_of is None or (status is not None and status.state == "failed"):
+        if self.spec_of is None or (status is not None and status.state is State.FAILED):
             return None
         settings, keys = self.settings_of(table)
         return repair_target(self.sink(table), self.spec_of(table), settings, keys)
