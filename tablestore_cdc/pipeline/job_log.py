@@ -37,4 +37,6 @@ def spark_log_to_file(output: Path) -> tuple[Path, dict[str, str]]:
     py4j = logging.getLogger("py4j")
     py4j.addHandler(handler)
     py4j.propagate = False
-    return log, {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{config}"}
+    # as a URI: a space in the path would split the JVM options
+    return log, {"spark.driver.extraJavaOptions":
+                 f"-Dlog4j2.configurationFile={config.resolve().as_uri()}"}
