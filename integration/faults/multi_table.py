@@ -185,9 +185,10 @@ class Replication:
 
     def start(self) -> None:
         args = ["replicate", "--store", str(self.store_path), "--tables", "t*",
-                "--output", str(self.out), "--target", f"delta://{self.lake}/{{table}}",
-                "--config", str(self.config), "--trigger-ms", "300", "--initial", "none",
-                "--option", "tables.refreshIntervalMs=1000"]
+                # the default target, delta://OUT/lake/{table} (a --target flag would win
+                # over the config's per-table targets)
+                "--output", str(self.out), "--config", str(self.config), "--trigger-ms", "300",
+                "--initial", "none", "--option", "tables.refreshIntervalMs=1000"]
         code = "from tablestore_cdc.commands.app import app; app()"
         self.starts += 1
         with open(self.log, "ab") as sink:
