@@ -13,12 +13,20 @@ with ``tablestore_cdc.query_record.record_spark_metrics`` (a companion record in
 so it works on every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join
 it to the batch with that UUID.
 
+A multi-table query (``connector.multiplex``) has one source whose offset is composite,
+``{"tables": {table: that table's own offset}}``: each table whose own offset moved in the batch
+(its UUID differs from the start's, or it joined) gets an entry in its own namespace, with
+``table`` set. Spark reports rates for the source as a whole, not per table, so every such
+entry carries the query's figures (rows, rows/s, duration) as they are.
+
 It also records whether the query is alive, for the dashboard's stale/stopped state: every
 progress report marks the namespace ``running``, ``onQueryIdle`` (Spark's no-data heartbeat)
 refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's exception
-(``tablestore_cdc.query_record.record_query_status``). ``namespaces`` limits the listener to the
-sources it was made for (``tablestore_cdc.pipeline`` passes its own), so a listener left on a shared
-session never writes another query's progress into its store.
+(``tablestore_cdc.query_record.record_query_status``); for a multi-table query, every table's
+namespace its offsets named. ``namespaces`` limits the listener to the sources it was made for
+(``tablestore_cdc.pipeline`` passes its own: a set of namespaces, or for a multi-table pipeline a
+function of (namespace, table) answering for each selected table, one created later included), so
+a listener left on a shared session never writes another query's progress into its store.
 
 Over Spark Connect (PySpark 4) the same call on a client session runs the listener in the
 *client* process: the server streams the events to it. The client then writes to the meta store
@@ -38,7 +46,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -79,41 +87,86 @@ def _offset(value: Any) -> dict[str, Any] | None:
     return None
 
 
+def _ours(offset: Any) -> bool:
+    """Is ``offset`` one table's offset of this source (``{"uuid": ..., "source": ...}``)?"""
+    return (isinstance(offset, dict) and isinstance(offset.get("uuid"), str)
+            and isinstance(offset.get("source"), str))
+
+
+def table_offsets(source: Mapping[str, Any]) -> Iterator[tuple[str | None, dict[str, Any], bool]]:
+    """``(table, end offset, moved)`` for each of our offsets in one source of a progress
+    report: a single-table source's own (table None, always moved: Spark reports a batch of
+    it), or each table's inside a multi-table source's composite offset (``{"tables": {table:
+    offset}}``, ``connector.multiplex``), moved when its UUID is not the start's."""
+    end = _offset(source.get("endOffset"))
+    if end is None:
+        return
+    if _ours(end):
+        yield None, end, True
+        return
+    tables = end.get("tables")
+    if not isinstance(tables, dict):
+        return  # another kind of source
+    starts = (_offset(source.get("startOffset")) or {}).get("tables")
+    for table, offset in sorted(tables.items()):
+        if _ours(offset):
+            before = starts.get(table) if isinstance(starts, dict) else None
+            yield str(table), offset, not (isinstance(before, dict)
+                                           and before.get("uuid") == offset["uuid"])
+
+
+def reported_namespaces(progress: Any) -> set[tuple[str, str | None]]:
+    """``(namespace, table)`` of every offset of ours a progress report names, moved or not:
+    the namespaces whose query status the listener keeps."""
+    p = _as_dict(progress)
+    return {(offset["source"], table) for source in p.get("sources") or []
+            for table, offset, _ in table_offsets(source)}
+
+
 def spark_metrics(progress: Any) -> list[tuple[str, dict[str, Any]]]:
     """Spark's metrics of the batch one progress report is about: ``(namespace, entry)`` for
-    each tablestore source of the query (what ``record`` stores with
+    each tablestore source of the query, and for a multi-table source each table whose offset
+    moved in the batch (what ``record`` stores with
     ``tablestore_cdc.query_record.record_spark_metrics``).
 
     ``entry`` holds: uuid (the batch's end offset UUID), batch_id, query_id, run_id, name,
     timestamp (Spark's ISO string), recorded_at (epoch s), num_input_rows (this source's),
-    input_rows_per_second, processed_rows_per_second, batch_duration_ms (triggerExecution).
+    input_rows_per_second, processed_rows_per_second, batch_duration_ms (triggerExecution);
+    a multi-table source's entries also ``table``, and their rows and rates are the whole
+    source's (Spark measures no table apart).
     """
     p = _as_dict(progress)
     durations = p.get("durationMs") or {}
     out = []
     for source in p.get("sources") or []:
-        end = _offset(source.get("endOffset"))
-        if not end or not isinstance(end.get("uuid"), str) or not isinstance(
-                end.get("source"), str):
-            continue  # another kind of source
-        rows = source.get("numInputRows", p.get("numInputRows"))
-        duration = _number(durations.get("triggerExecution"))
-        out.append((end["source"], {
-            "uuid": end["uuid"],
-            "batch_id": int(p["batchId"]) if p.get("batchId") is not None else None,
-            "query_id": str(p.get("id")) if p.get("id") is not None else None,
-            "run_id": str(p.get("runId")) if p.get("runId") is not None else None,
-            "name": p.get("name"),
-            "timestamp": p.get("timestamp"),
-            "recorded_at": time.time(),
-            "num_input_rows": int(rows) if rows is not None else None,
-            "input_rows_per_second": _number(source.get("inputRowsPerSecond",
-                                                        p.get("inputRowsPerSecond"))),
-            "processed_rows_per_second": _number(source.get("processedRowsPerSecond",
-                                                            p.get("processedRowsPerSecond"))),
-            "batch_duration_ms": int(duration) if duration is not None else None,
-        }))
+        for table, end, moved in table_offsets(source):
+            if moved:
+                out.append((end["source"], _entry(p, source, durations, end, table)))
     return out
+
+
+def _entry(p: dict[str, Any], source: Mapping[str, Any], durations: Mapping[str, Any],
+           end: dict[str, Any], table: str | None) -> dict[str, Any]:
+    rows = source.get("numInputRows", p.get("numInputRows"))
+    duration = _number(durations.get("triggerExecution"))
+    entry = {
+        "uuid": end["uuid"],
+        "batch_id": int(p["batchId"]) if p.get("batchId") is not None else None,
+        "query_id": str(p.get("id")) if p.get("id") is not None else None,
+        "run_id": str(p.get("runId")) if p.get("runId") is not None else None,
+        "name": p.get("name"),
+        "timestamp": p.get("timestamp"),
+        "recorded_at": time.time(),
+        "num_input_rows": int(rows) if rows is not None else None,
+        "input_rows_per_second": _number(source.get("inputRowsPerSecond",
+                                                    p.get("inputRowsPerSecond"))),
+        "processed_rows_per_second": _number(source.get("processedRowsPerSecond",
+                                                        p.get("processedRowsPerSecond"))),
+        "batch_duration_ms": int(duration) if duration is not None else None,
+    }
+    if table is not None:
+        entry["table"] = table
+    return entry
 
 
 class ProgressListener(StreamingQueryListener):
@@ -123,13 +176,18 @@ class ProgressListener(StreamingQueryListener):
     ``close()`` releases it.
     """
 
-    def __init__(self, meta_uri: str, namespaces: Iterable[str] | None = None,
+    def __init__(self, meta_uri: str,
+                 namespaces: Iterable[str] | Callable[[str, str | None], bool] | None = None,
                  credentials: Mapping[str, str] | None = None) -> None:
-        """``credentials``: for a ``tablestore://`` meta store whose credentials are not in the
-        environment (``SourceOptions.meta_store_credentials``)."""
+        """``namespaces``: the namespaces to record (None: every one), or a function of
+        (namespace, table: None for a single-table source) answering whether to record it
+        (a multi-table pipeline's, whose tables may be created later). ``credentials``: for a
+        ``tablestore://`` meta store whose credentials are not in the environment
+        (``SourceOptions.meta_store_credentials``)."""
         self.meta_uri = meta_uri
         self._credentials = dict(credentials) if credentials else None
-        self.namespaces = None if namespaces is None else frozenset(namespaces)
+        self.namespaces: frozenset[str] | Callable[[str, str | None], bool] | None = (
+            namespaces if namespaces is None or callable(namespaces) else frozenset(namespaces))
         self.errors = 0
         self.recorded = 0
         self._store: Any = None
@@ -198,17 +256,31 @@ class ProgressListener(StreamingQueryListener):
         from tablestore_cdc.query_record import record_spark_metrics
 
         entries = [(ns, e) for ns, e in spark_metrics(progress)
-                   if self.namespaces is None or ns in self.namespaces]
+                   if self._accepts(ns, e.get("table"))]
+        # every namespace the query's offsets name (a multi-table query's quiet tables too)
+        # is marked stopped with the query, not only those with an entry
+        query_id = _as_dict(progress).get("id")
+        if query_id is not None:
+            reported = {ns for ns, table in reported_namespaces(progress)
+                        if self._accepts(ns, table)}
+            if reported:
+                with self._lock:
+                    self._by_query.setdefault(str(query_id), set()).update(reported)
         if not entries:
             return 0
         with self._lock:
             store = self._open()
             for namespace, entry in entries:
                 record_spark_metrics(store, namespace, entry)
-                if entry.get("query_id"):
-                    self._by_query.setdefault(str(entry["query_id"]), set()).add(namespace)
             self.recorded += len(entries)
         return len(entries)
+
+    def _accepts(self, namespace: str, table: str | None) -> bool:
+        if self.namespaces is None:
+            return True
+        if callable(self.namespaces):
+            return bool(self.namespaces(namespace, table))
+        return namespace in self.namespaces
 
     def close(self) -> None:
         with self._lock:

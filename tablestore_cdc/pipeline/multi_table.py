@@ -43,6 +43,7 @@ from connector.table_state import State, TableState
 from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     TwoQueries,
+    _attach_listener,
     checkpoint_query_id,
     repair_target,
 )
@@ -224,7 +225,10 @@ class MultiTablePipeline(TwoQueries):
     """The two running queries of a multi-table pipeline (driver)."""
 
     apply: MultiTableApply
+    #: the ProgressListener attached by start_multi_table_pipeline (every selected table's
+    #: namespace), removed by ``stop``
     listener: Any = None
+    spark: Any = None  # the session, to detach the listener at stop
 
     def _source_report(self) -> dict[str, Any]:
         """The source's report in the change-log query's last progress (states and lag)."""
@@ -395,17 +399,22 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table,
                            spec_of=table_sources(selection), known=named_tables(selection))
     sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
+    listener = _attach_listener(spark, selection)  # each selected table's namespace
     changelog_dir = out / "changelog"
     trigger: dict[str, Any] = ({"availableNow": True} if once
                                else {"processingTime": f"{trigger_ms} milliseconds"})
-    changelog = (changes.writeStream.format("parquet").queryName("changelog")
-                 .option("path", str(changelog_dir))
-                 .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
-                 .trigger(**trigger).start())
-    if once:  # the apply query must see the whole change log of this run
-        changelog.awaitTermination()
-    state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
-                   .writeStream.queryName("apply").foreachBatch(sink)
-                   .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
-                   .trigger(**trigger).start())
-    return MultiTablePipeline(changelog, state_query, sink)
+    try:
+        changelog = (changes.writeStream.format("parquet").queryName("changelog")
+                     .option("path", str(changelog_dir))
+                     .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
+                     .trigger(**trigger).start())
+        if once:  # the apply query must see the whole change log of this run
+            changelog.awaitTermination()
+        state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
+                       .writeStream.queryName("apply").foreachBatch(sink)
+                       .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
+                       .trigger(**trigger).start())
+    except BaseException:
+        spark.streams.removeListener(listener)
+        raise
+    return MultiTablePipeline(changelog, state_query, sink, listener=listener, spark=spark)

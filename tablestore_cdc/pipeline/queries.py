@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cdc_common.errors import CdcError
 from cdc_common.uris import redact_uri
 from connector.table_state import State
 from tablestore_cdc.lakehouse.upkeep import MaintenancePolicy, Upkeep
@@ -256,16 +258,44 @@ def checkpoint_query_id(checkpoint: Path) -> str | None:
         return None
 
 
-def _attach_listener(spark: Any, source_options: dict[str, str]) -> Any:
-    """A ``ProgressListener`` for this source on ``spark`` (driver), so the dashboard, ``meta
-    show`` and ``progress`` know Spark's batch ids and rates and see the query stop."""
+def _attach_listener(spark: Any, source: Any) -> Any:
+    """A ``ProgressListener`` on ``spark`` (driver), so the dashboard, ``meta show`` and
+    ``progress`` know Spark's batch ids and rates and see the query stop: for one table's
+    source (its options, a dict) by ``start_pipeline``, or for a multi-table source (its
+    ``MultiTableOptions``) by ``multi_table.start_multi_table_pipeline``, recording each
+    selected table's namespace as ``for_table`` names it (a table created later included)."""
     from connector.options import SourceOptions
     from tablestore_cdc.listener import ProgressListener
 
-    options = SourceOptions.from_spark(source_options)
-    # (a checkpoint of an earlier version keeps the namespace it was written in)
-    listener = ProgressListener(options.meta_store,
-                                namespaces={options.source_identity, options.legacy_namespace},
+    if isinstance(source, dict):
+        options = SourceOptions.from_spark(source)
+        # (a checkpoint of an earlier version keeps the namespace it was written in)
+        namespaces: Any = {options.source_identity, options.legacy_namespace}
+    else:
+        options = source.for_table("placeholder")  # the tables share one meta store
+        namespaces = _selected_namespaces(source)
+    listener = ProgressListener(options.meta_store, namespaces=namespaces,
                                 credentials=options.meta_store_credentials)
     spark.streams.addListener(listener)
     return listener
+
+
+def _selected_namespaces(source: Any) -> Callable[[str, str | None], bool]:
+    """Whether a (namespace, table) of a multi-table query's progress is one of ``source``'s
+    (a ``MultiTableOptions``): a table it selects, in the namespace its own options name
+    (or their legacy form). Runs on the listener's thread; each table's answer is kept."""
+    known: dict[str, frozenset[str]] = {}
+
+    def accepts(namespace: str, table: str | None) -> bool:
+        if table is None:
+            return False
+        if table not in known:
+            try:
+                own = source.for_table(table) if source.selection.matches(table) else None
+            except CdcError:  # (its options do not parse: no query of it reports)
+                own = None
+            known[table] = (frozenset() if own is None
+                            else frozenset({own.source_identity, own.legacy_namespace}))
+        return namespace in known[table]
+
+    return accepts
