@@ -43,7 +43,7 @@ from connector.table_state import State, TableState
 from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     TwoQueries,
-    _attach_listener,
+    attach_listener,
     checkpoint_query_id,
     repair_target,
 )
@@ -399,7 +399,7 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table,
                            spec_of=table_sources(selection), known=named_tables(selection))
     sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
-    listener = _attach_listener(spark, selection)  # each selected table's namespace
+    listener = attach_listener(spark, selection)  # each selected table's namespace
     changelog_dir = out / "changelog"
     trigger: dict[str, Any] = ({"availableNow": True} if once
                                else {"processingTime": f"{trigger_ms} milliseconds"})

@@ -207,7 +207,7 @@ def start_pipeline(spark: Any, endpoint: str, table: str, tunnel: str, out: Path
                                adopt_target=apply.adopt_target,
                                target_options=dict(apply.target_options))
         sink.upkeep = apply.upkeep()
-    listener = _attach_listener(spark, {"endpoint": endpoint,
+    listener = attach_listener(spark, {"endpoint": endpoint,
                                         "table.name": table, "tunnel.name": tunnel,
                                         **(options or {})})
     changelog_dir = out / "changelog"
@@ -258,7 +258,7 @@ def checkpoint_query_id(checkpoint: Path) -> str | None:
         return None
 
 
-def _attach_listener(spark: Any, source: Any) -> Any:
+def attach_listener(spark: Any, source: Any) -> Any:
     """A ``ProgressListener`` on ``spark`` (driver), so the dashboard, ``meta show`` and
     ``progress`` know Spark's batch ids and rates and see the query stop: for one table's
     source (its options, a dict) by ``start_pipeline``, or for a multi-table source (its
