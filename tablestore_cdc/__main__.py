@@ -2,4 +2,5 @@
 
 from tablestore_cdc.commands.app import app
 
-app()
+if __name__ == "__main__":  # imported (a walk over the package's modules): nothing runs
+    app()
