@@ -170,7 +170,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         if now - self._listed_at >= self.options.refresh_s:
             if self._admin is None:
                 self._admin = (self._clients or Clients()).tunnel(
-                    self.options.for_table("placeholder").endpoint)
+                    self.options.common_options().endpoint)
             self._listed = self.options.selection.select(
                 [n for n in self._admin.list_tables() if n != self.options.meta_table])
             self._listed_at = now

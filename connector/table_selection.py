@@ -124,7 +124,7 @@ class MultiTableOptions:
                                     if max_partitions else default_max_partitions()),
                     retry=retry)
         # every other option is checked now, at load()
-        meta_table = own_meta_table(built.for_table("placeholder"))
+        meta_table = own_meta_table(built.common_options())
         for table, _ in built.per_table:
             built.for_table(table)  # and each table's own
         return dataclasses.replace(built, meta_table=meta_table)
@@ -137,12 +137,18 @@ class MultiTableOptions:
         """``getDefaultReadLimit``'s answer: the first limit configured, the shared options'
         first, then each table's own, so that Spark passes ``ReadAllAvailable`` only when no
         table has a limit (or for Trigger.Once)."""
-        first = compat.default_read_limit(self.for_table("placeholder"))
+        first = compat.default_read_limit(self.common_options())
         for table, _ in self.per_table:
             if not compat.passed_limit(first).all_available:
                 break
             first = compat.default_read_limit(self.for_table(table))
         return first
+
+    def common_options(self) -> SourceOptions:
+        """The options every table shares (endpoint, meta store, credentials, the shared read
+        options), as a table without options of its own in ``tables.options`` gets them: what
+        the query, its planner and its listener use where no one table is meant."""
+        return self.for_table("placeholder")
 
     def for_table(self, table: str) -> SourceOptions:
         """One table's options (``OptionError`` as a single-table query would raise it)."""

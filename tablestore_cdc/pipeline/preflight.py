@@ -275,7 +275,8 @@ def _for_table(source: Any, table: str) -> Any:
 def _tunnel_service(source: Any) -> Iterator[Any]:
     from connector.tunnel import open_tunnel_service
 
-    with open_tunnel_service(_for_table(source, "placeholder").endpoint) as tunnel:
+    common = source.common_options() if hasattr(source, "common_options") else source
+    with open_tunnel_service(common.endpoint) as tunnel:
         yield tunnel
 
 

@@ -272,7 +272,7 @@ def attach_listener(spark: Any, source: Any) -> Any:
         # (a checkpoint of an earlier version keeps the namespace it was written in)
         namespaces: Any = {options.source_identity, options.legacy_namespace}
     else:
-        options = source.for_table("placeholder")  # the tables share one meta store
+        options = source.common_options()  # the tables share one meta store
         namespaces = _selected_namespaces(source)
     listener = ProgressListener(options.meta_store, namespaces=namespaces,
                                 credentials=options.meta_store_credentials)
