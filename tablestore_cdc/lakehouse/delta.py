@@ -38,12 +38,23 @@ columns (schema drift, ``drift.py``) are added by a schema-only commit just befo
 records the change (``tablestore-cdc.schema-changes``) and the batch; a replay after a crash
 between the two finds the columns there and commits the data. delta-rs has no type widening:
 a Delta column keeps its type (``drift.no_promotions``).
+
+In an **object store** every request is retried by delta-rs itself (object_store's
+``max_retries``, ``retry_timeout``, ``backoff_config.*`` storage options: 503 SlowDown, 5xx,
+timeouts, connection errors of requests it may repeat). What gets through (``store_failure``)
+fails the attempt, not the table: the sink reopens the table and tries the batch again
+(``STORE_ATTEMPTS``), then raises the retryable ``ObjectStoreError`` (the job restarts the
+query). A commit is a conditional PUT (``If-None-Match``) that delta-rs does not repeat: when
+the store applied it but the answer was lost (a reset), delta-rs reports the request's
+failure, and the next attempt finds the batch recorded under its app transaction and skips it
+(the **ambiguous commit** is recognised, never made twice).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +63,9 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_common.backoff import RestartPolicy
 from tablestore_cdc.lakehouse import rewrite
+from tablestore_cdc.lakehouse.errors import ObjectStoreError
 from tablestore_cdc.lakehouse.layout import (
     file_groups,
     local_path,
@@ -84,6 +97,18 @@ SCHEMA_CHANGE_BATCH_KEY = "tablestore-cdc.schema-change-of-batch"
 #: the MERGE source's own columns (never written to the target)
 APPLY = "__apply"
 MERGE_KEY = "__merge_"
+#: attempts of one batch when the object store fails a request delta-rs retried (module doc);
+#: each reopens the table and checks the batch's app transaction first
+STORE_ATTEMPTS = 4
+#: the wait before the next attempt (seconds, doubling, jittered)
+STORE_BACKOFF = RestartPolicy(first_s=0.5, max_s=4.0)
+#: how delta-rs words an object store's failure inside a ``DeltaError`` (an upload of a
+#: write's file, a read of MERGE's): the request failed, not the table
+_STORE_WORDS = re.compile(r"Generic \w+ error|object.?store|error sending request|"
+                          r"non-2xx status|timed out|connection (?:reset|error|closed)",
+                          re.IGNORECASE)
+#: the terminal colours of delta-rs' error chains
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _deltalake() -> Any:
@@ -117,14 +142,20 @@ class DeltaApplySink(ApplySink):
         once per process and brought up to date with the commits since (``update_incremental``
         reads only those)."""
         deltalake = _deltalake()
-        if self._table is not None:
-            self._table.update_incremental()
-            return self._table
         try:
+            if self._table is not None:
+                self._table.update_incremental()
+                return self._table
             self._table = deltalake.DeltaTable(self.table_uri,
                                                storage_options=self.storage_options)
         except deltalake.exceptions.TableNotFoundError:
             return None
+        except Exception as exc:
+            problem = None if local_path(self.table_uri) else store_failure(exc)
+            if problem is None:
+                raise
+            self._table = None
+            raise ObjectStoreError(table=self.table_uri, attempts=1, problem=problem) from exc
         return self._table
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,6 +174,31 @@ class DeltaApplySink(ApplySink):
 
     def _apply_once(self, batch: pa.Table, app_id: str, batch_id: int,
                     options: ApplyOptions) -> ApplyResult:
+        """One batch, tried again on the table as it is when the object store failed a
+        request (module doc): a commit that landed unseen is found by its app transaction.
+        A local table's errors are raised as they are (a full or read-only disk stays so)."""
+        if local_path(self.table_uri) is not None:
+            return self._apply_attempt(batch, app_id, batch_id, options)
+        for attempt in range(1, STORE_ATTEMPTS + 1):
+            try:
+                return self._apply_attempt(batch, app_id, batch_id, options)
+            except Exception as exc:
+                problem = store_failure(exc)
+                if problem is None:
+                    raise
+                self._table = None  # reopened: a failed call may have left it half updated
+                if attempt == STORE_ATTEMPTS:
+                    raise ObjectStoreError(table=self.table_uri, attempts=attempt,
+                                           problem=problem) from exc
+                delay = STORE_BACKOFF.delay(attempt)
+                log.warning("batch %d into %s: the object store failed a request (%s); "
+                            "trying the batch again in %.1f s from where the table stands",
+                            batch_id, self.table_uri, problem, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _apply_attempt(self, batch: pa.Table, app_id: str, batch_id: int,
+                       options: ApplyOptions) -> ApplyResult:
         deltalake = _deltalake()
         from deltalake.transaction import CommitProperties, Transaction
 
@@ -218,6 +274,28 @@ class DeltaApplySink(ApplySink):
         self._after_commit()
         result = self._result(batch_id, plan, version, appended=appending)
         return dataclasses.replace(result, written_by=tuple(sorted(writers)))
+
+
+def store_failure(exc: BaseException) -> str | None:
+    """What an object store's failure of a request says, on one line (colours and the
+    error chain's arrows removed), or None for any other error: delta-rs raises an object
+    store's failure as ``OSError`` (an object that is not there, ``FileNotFoundError``, is
+    not one) or inside a ``DeltaError``'s text; a lost race (``CommitFailedError``), a table
+    that is not there, a schema or protocol refusal are the table's answers, not failures.
+    Called by the sink on the driver, after delta-rs' own retries of the request."""
+    if isinstance(exc, ObjectStoreError):
+        return str(exc.fields["problem"])
+    exceptions = _deltalake().exceptions
+    if isinstance(exc, (FileNotFoundError, exceptions.CommitFailedError,
+                        exceptions.TableNotFoundError, exceptions.DeltaProtocolError,
+                        exceptions.SchemaMismatchError)):
+        return None
+    text = str(exc)
+    if not (isinstance(exc, OSError)
+            or (isinstance(exc, exceptions.DeltaError) and _STORE_WORDS.search(text))):
+        return None
+    text = _ANSI.sub("", text).replace("\u21b3", "->")
+    return " ".join(text.split())[:500] or type(exc).__name__
 
 
 def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:

@@ -80,3 +80,15 @@ class QueryIdUnknownError(LakehouseError):
     template = ("the apply sink found no streaming query id for batch {batch_id} (Spark sets "
                 "the local property sql.streaming.queryId in foreachBatch; not over Spark "
                 "Connect): pass app_id=... to the sink")
+
+
+class ObjectStoreError(LakehouseError):
+    """The object store holding a target failed a request after the client's own retries
+    (throttled, a connection reset, a timeout): retryable. The job restarts the query and the
+    replayed batch is applied from where the table stands (its app transaction skips a commit
+    that landed unseen)."""
+
+    template = ("target {table}: the object store failed a request after {attempts} "
+                "attempt(s) of the batch, each request retried by delta-rs (storage options "
+                "max_retries, retry_timeout): {problem}")
+    retryable = True

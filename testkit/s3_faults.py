@@ -1,0 +1,205 @@
+"""A fault proxy for S3 in tests: between a job's delta-rs and moto's S3 server, loopback only.
+
+``S3FaultProxy(moto_url).start()`` listens on 127.0.0.1 on a free port; the job's
+``AWS_ENDPOINT_URL`` names its ``url``. Every request is forwarded to moto over one upstream
+connection per client connection, and a seeded share ``rate`` of them (the test's process
+decides; the job sees only the wire) misbehaves the way S3 and the network between do:
+
+=====================  ====================================================================
+``slow_down``          answered ``503 SlowDown`` with S3's XML error body, never forwarded
+                       (S3 throttling a prefix)
+``reset_before``       the client's connection reset (RST); moto never sees the request
+``reset_after_put``    a PUT forwarded, applied by moto, then the client's connection reset
+                       instead of the answer: the write landed, the client cannot know
+=====================  ====================================================================
+
+The kinds are taken in turn among those that fit the request (``reset_after_put`` fits a PUT
+only). A ``reset_after_put`` of a Delta commit (a PUT of ``_delta_log/<version>.json`` with
+``If-None-Match``) is the **ambiguous commit**, counted under ``ambiguous_commit`` as well;
+``commit_every=n`` also makes every n-th commit PUT one (a short run's few commits might
+otherwise miss it). ``counts()``: the faults by kind; ``requests``: requests seen.
+
+Runs an asyncio loop in a daemon thread of the test's process. Only 127.0.0.1 is listened on
+or connected to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import threading
+from collections import Counter
+from urllib.parse import urlsplit
+
+from testkit.fault_proxy import LOOPBACK, MAX_HEAD, _abort, _Closed, _no_delay, _read_message
+
+SLOW_DOWN = "slow_down"
+RESET_BEFORE = "reset_before"
+RESET_AFTER_PUT = "reset_after_put"
+AMBIGUOUS_COMMIT = "ambiguous_commit"
+KINDS = (SLOW_DOWN, RESET_BEFORE, RESET_AFTER_PUT)
+#: a Delta commit's object: ``<table>/_delta_log/<20 digits>.json``
+COMMIT_PATH = re.compile(r"/_delta_log/\d{20}\.json(\?|$)")
+SLOW_DOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+                  b"<Message>Please reduce your request rate.</Message>"
+                  b"<RequestId>FAULTPROXY</RequestId></Error>")
+
+
+class S3FaultProxy:
+    """The proxy (module docstring). ``start()`` returns it listening; ``stop()``."""
+
+    def __init__(self, upstream_url: str, *, rate: float = 0.05, seed: int = 0,
+                 commit_every: int | None = None) -> None:
+        parts = urlsplit(upstream_url)
+        if parts.hostname not in (LOOPBACK, "localhost") or parts.port is None:
+            raise ValueError("the S3 fault proxy only forwards to a loopback host:port")
+        self.upstream = (LOOPBACK, parts.port)
+        self.rate, self.commit_every = rate, commit_every
+        self.port = 0
+        self.requests = 0
+        self.commits = 0  # commit PUTs seen
+        self._counts: Counter[str] = Counter()
+        self._rng = random.Random(seed)
+        self._turn = 0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def counts(self) -> dict[str, int]:
+        """Faults injected by kind (every kind present, 0 when none), ``ambiguous_commit``
+        among them."""
+        with self._lock:
+            return {kind: self._counts[kind] for kind in (*KINDS, AMBIGUOUS_COMMIT)}
+
+    def clear(self) -> None:
+        """Let everything through from now on."""
+        with self._lock:
+            self.rate, self.commit_every = 0.0, None
+
+    def _decide(self, method: str, path: str, headers: dict[str, str]) -> str | None:
+        commit = (method == "PUT" and "if-none-match" in headers
+                  and COMMIT_PATH.search(path) is not None)
+        with self._lock:
+            self.requests += 1
+            kind = None
+            if commit:
+                self.commits += 1
+                if self.commit_every and self.commits % self.commit_every == 0:
+                    kind = RESET_AFTER_PUT
+            if kind is None and self.rate and self._rng.random() < self.rate:
+                fitting = KINDS if method == "PUT" else (SLOW_DOWN, RESET_BEFORE)
+                kind = fitting[self._turn % len(fitting)]
+                self._turn += 1
+            if kind is not None:
+                self._counts[kind] += 1
+                if commit and kind == RESET_AFTER_PUT:
+                    self._counts[AMBIGUOUS_COMMIT] += 1
+            return kind
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> S3FaultProxy:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._serve, LOOPBACK, 0, limit=MAX_HEAD))
+            self.port = self._server.sockets[0].getsockname()[1]
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="s3-fault-proxy", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the S3 fault proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.sleep(0)
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> S3FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- one client connection (the loop's thread) --------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        _no_delay(writer)
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                try:
+                    request = await _read_message(reader)
+                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
+                    return
+                method, path = (request.start.split(" ") + ["", ""])[:2]
+                kind = self._decide(method, path, request.headers)
+                if kind == RESET_BEFORE:
+                    _abort(writer)
+                    return
+                if kind == SLOW_DOWN:
+                    writer.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(SLOW_DOWN_BODY),
+                                                                    SLOW_DOWN_BODY))
+                    await writer.drain()
+                    continue
+                if upstream is None:
+                    upstream = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
+                    _no_delay(upstream[1])
+                up_reader, up_writer = upstream
+                up_writer.write(request.encode())
+                await up_writer.drain()
+                try:
+                    response = await _read_message(up_reader, response_to=method)
+                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
+                    _abort(writer)  # moto dropped it: so does the proxy
+                    return
+                if kind == RESET_AFTER_PUT:  # applied by moto; the client never hears
+                    _abort(writer)
+                    return
+                closing = response.headers.get("connection", "").lower() == "close"
+                writer.write(response.encode())
+                await writer.drain()
+                if closing:
+                    writer.close()
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            _abort(writer)
+        except asyncio.CancelledError:
+            _abort(writer)
+            raise
+        finally:
+            if upstream is not None:
+                upstream[1].close()
+            self._tasks.discard(task)

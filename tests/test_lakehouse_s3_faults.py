@@ -1,0 +1,89 @@
+"""The Delta sink on S3 through a fault proxy (``testkit.s3_faults``): moto's server on
+127.0.0.1 behind a proxy that answers ``503 SlowDown``, resets connections before a request
+reaches moto and resets them after a PUT was applied (every third commit PUT among them: the
+ambiguous commit). No Spark: Arrow change batches from a real embedded store's change log,
+applied with ``DeltaApplySink.apply`` as the job's driver applies them; the table is read back
+from moto directly, not through the proxy."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deltalake")
+
+from tablestore_cdc.lakehouse.delta import store_failure  # noqa: E402
+from tablestore_cdc.lakehouse.errors import ObjectStoreError  # noqa: E402
+from tablestore_cdc.pipeline.failures import query_failure  # noqa: E402
+from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
+from testkit.aws import new_s3_bucket  # noqa: E402
+from testkit.lakehouse import S3Delta, source_batches, store_with_history  # noqa: E402
+from testkit.s3_faults import AMBIGUOUS_COMMIT, KINDS, S3FaultProxy  # noqa: E402
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[S3FaultProxy]:
+    with S3FaultProxy(moto_endpoint, rate=0.05, seed=7, commit_every=3) as started:
+        yield started
+
+
+@pytest.mark.parametrize("scd", [1, 2])
+def test_a_change_log_applies_exactly_through_throttling_resets_and_ambiguous_commits(
+        proxy: S3FaultProxy, moto_endpoint: str, tmp_path: Path, scd: int,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    bucket = new_s3_bucket(moto_endpoint, monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # the sink talks to S3 through the proxy
+    store = store_with_history(tmp_path / "store.db", changes=300)
+    target = S3Delta(bucket)
+    sink = target.sink(scd=scd)
+    batches = source_batches(store, 30)
+    with caplog.at_level(logging.WARNING, "tablestore_cdc.lakehouse"):
+        results = [sink.apply(page, "query-1", batch_id)
+                   for batch_id, page in enumerate(batches)]
+    counts = proxy.counts()
+    print(f"scd {scd}: {proxy.requests} requests, {proxy.commits} commit PUTs, faults {counts}",
+          file=sys.stderr)
+    proxy.clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)  # read back from moto itself
+    table = target.table()
+    # each batch recorded once under its app transaction, its data committed once
+    assert table.transaction_version("query-1") == len(batches) - 1
+    data_commits = [c for c in table.history()
+                    if c.get("tablestore-cdc.query-id") == "query-1"]
+    assert sorted(int(c["tablestore-cdc.batch-id"]) for c in data_commits) == list(
+        range(len(batches)))
+    rows = target.rows()
+    if scd == 1:
+        ids = [r["id"] for r in rows]
+        assert len(ids) == len(set(ids)), "a key twice"
+    assert table_state(rows, ["id"]) == {k: dict(v) for k, v in
+                                         rows_by_key(store.scan("t")).items()}
+    assert all(counts[kind] for kind in (*KINDS, AMBIGUOUS_COMMIT)), counts
+    # an ambiguous commit was found applied on the next attempt: not committed a second time
+    assert any(not r.committed for r in results), results
+    assert "the object store failed a request" in caplog.text
+
+
+def test_what_an_object_store_failure_is_and_how_the_job_reads_it() -> None:
+    from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+    chain = ("Generic S3 error\n  \x1b[31m\u21b3\x1b[0m Error performing PUT "
+             "http://127.0.0.1:1/b/t/_delta_log/00000000000000000003.json - HTTP error\n"
+             "   \x1b[31m\u21b3\x1b[0m error sending request")
+    assert store_failure(OSError(chain)) == (
+        "Generic S3 error -> Error performing PUT http://127.0.0.1:1/b/t/_delta_log/"
+        "00000000000000000003.json - HTTP error -> error sending request")
+    assert store_failure(DeltaError("Failed to parse parquet: External: Generic S3 error: "
+                                    "Error performing PUT x - HTTP error")) is not None
+    for answer in (CommitFailedError("Transaction failed: version already exists"),
+                   TableNotFoundError("no log files"), FileNotFoundError("gone"),
+                   DeltaError("Schema error: no field named x"), ValueError("bad")):
+        assert store_failure(answer) is None, answer
+    error = ObjectStoreError(table="s3://b/t", attempts=4, problem=store_failure(OSError(chain)))
+    failure = query_failure(f"Traceback ...\n{type(error).__module__}.ObjectStoreError: {error}",
+                            reached_before=True)
+    assert failure.retryable and failure.error == "ObjectStoreError"
