@@ -78,10 +78,23 @@ def test_what_an_object_store_failure_is_and_how_the_job_reads_it() -> None:
         "Generic S3 error -> Error performing PUT http://127.0.0.1:1/b/t/_delta_log/"
         "00000000000000000003.json - HTTP error -> error sending request")
     assert store_failure(DeltaError("Failed to parse parquet: External: Generic S3 error: "
-                                    "Error performing PUT x - HTTP error")) is not None
+                                    "Error performing PUT x - HTTP error: error sending "
+                                    "request")) is not None
+    assert store_failure(OSError("Generic S3 error -> Error performing GET http://h/b/t/"
+                                 "_delta_log/_last_checkpoint - Server returned non-2xx status "
+                                 "code -> 503 Service Unavailable: SlowDown")) is not None
+    # the table's or the store's answers: a configuration matter, never retried
     for answer in (CommitFailedError("Transaction failed: version already exists"),
                    TableNotFoundError("no log files"), FileNotFoundError("gone"),
-                   DeltaError("Schema error: no field named x"), ValueError("bad")):
+                   DeltaError("Schema error: no field named x"), ValueError("bad"),
+                   OSError("Generic S3 error -> Error performing PUT http://h/b/t/x - Server "
+                           "returned non-2xx status code -> 403 Forbidden: AccessDenied"),
+                   OSError("Generic S3 error -> Error performing GET http://h/nope - Server "
+                           "returned non-2xx status code -> 404 Not Found: NoSuchBucket"),
+                   OSError("Generic Config error -> failed to parse \"5 parsecs\" as "
+                           "Duration (timeout)"),
+                   DeltaError("Generic DeltaTable error: Failed to parse config: "
+                              "[(\"max_retries\", \"failed to parse \\\"abc\\\" as usize\")]")):
         assert store_failure(answer) is None, answer
     error = ObjectStoreError(table="s3://b/t", attempts=4, problem=store_failure(OSError(chain)))
     failure = query_failure(f"Traceback ...\n{type(error).__module__}.ObjectStoreError: {error}",

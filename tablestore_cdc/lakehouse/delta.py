@@ -102,11 +102,16 @@ MERGE_KEY = "__merge_"
 STORE_ATTEMPTS = 4
 #: the wait before the next attempt (seconds, doubling, jittered)
 STORE_BACKOFF = RestartPolicy(first_s=0.5, max_s=4.0)
-#: how delta-rs words an object store's failure inside a ``DeltaError`` (an upload of a
-#: write's file, a read of MERGE's): the request failed, not the table
-_STORE_WORDS = re.compile(r"Generic \w+ error|object.?store|error sending request|"
-                          r"non-2xx status|timed out|connection (?:reset|error|closed)",
-                          re.IGNORECASE)
+#: an object store's failure that a later attempt may not meet (in the text of delta-rs'
+#: ``OSError`` or ``DeltaError``): throttled, a 5xx, a reset, a timeout
+_TRANSIENT = re.compile(r"error sending request|connection (?:reset|closed|error|refused)|"
+                        r"timed? ?out|\b(?:500|502|503|504|408|429) [A-Z]|SlowDown|"
+                        r"Throttl|TooManyRequests|RequestTimeout|broken pipe|"
+                        r"incomplete message|error decoding response body", re.IGNORECASE)
+#: the store's answer that is a configuration matter however often it is asked: a refused
+#: request (4xx: credentials, a missing bucket), options it cannot parse
+_REFUSED = re.compile(r"\b4(?!08|29)\d\d [A-Z]|Config error|Failed to parse config|"
+                      r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|NoSuchBucket")
 #: the terminal colours of delta-rs' error chains
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -277,25 +282,24 @@ class DeltaApplySink(ApplySink):
 
 
 def store_failure(exc: BaseException) -> str | None:
-    """What an object store's failure of a request says, on one line (colours and the
-    error chain's arrows removed), or None for any other error: delta-rs raises an object
-    store's failure as ``OSError`` (an object that is not there, ``FileNotFoundError``, is
-    not one) or inside a ``DeltaError``'s text; a lost race (``CommitFailedError``), a table
-    that is not there, a schema or protocol refusal are the table's answers, not failures.
-    Called by the sink on the driver, after delta-rs' own retries of the request."""
+    """What an object store's transient failure of a request says, on one line (colours and
+    the error chain's arrows removed), or None for any other error. delta-rs raises a failed
+    request as ``OSError`` or inside a ``DeltaError``'s text; only a failure a later attempt
+    may not meet counts (``_TRANSIENT``: throttled, a 5xx, a reset, a timeout), never a
+    refusal (``_REFUSED``: a 4xx, bad options), a lost race (``CommitFailedError``), a table
+    that is not there, a schema or protocol refusal. Called by the sink on the driver, after
+    delta-rs' own retries of the request."""
     if isinstance(exc, ObjectStoreError):
         return str(exc.fields["problem"])
     exceptions = _deltalake().exceptions
-    if isinstance(exc, (FileNotFoundError, exceptions.CommitFailedError,
-                        exceptions.TableNotFoundError, exceptions.DeltaProtocolError,
-                        exceptions.SchemaMismatchError)):
+    if not isinstance(exc, (OSError, exceptions.DeltaError)) or isinstance(exc, (
+            FileNotFoundError, exceptions.CommitFailedError, exceptions.TableNotFoundError,
+            exceptions.DeltaProtocolError, exceptions.SchemaMismatchError)):
         return None
-    text = str(exc)
-    if not (isinstance(exc, OSError)
-            or (isinstance(exc, exceptions.DeltaError) and _STORE_WORDS.search(text))):
+    text = " ".join(_ANSI.sub("", str(exc)).replace("\u21b3", "->").split())
+    if _REFUSED.search(text) or not _TRANSIENT.search(text):
         return None
-    text = _ANSI.sub("", text).replace("\u21b3", "->")
-    return " ".join(text.split())[:500] or type(exc).__name__
+    return text[:500]
 
 
 def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:
