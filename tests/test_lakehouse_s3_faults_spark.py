@@ -1,0 +1,153 @@
+"""``replicate --tables`` into ``delta+s3://`` through an S3 fault proxy
+(``testkit.s3_faults``): moto's server on 127.0.0.1 behind a proxy that answers ``503
+SlowDown``, resets connections before a request reaches moto and after a PUT was applied (the
+ambiguous commit) for about 5 % of the job's requests, every fourth commit PUT reset after it
+landed too. Two tables (an INTEGER and a STRING key) of a real embedded store, a writer going
+on while the job runs as its own process: the job never exits, and each table read back from
+moto directly (not through the proxy) equals its source row by row, no key twice. The counts
+of each fault are printed.
+
+``S3_FAULTS_WRITE_S`` (default 20) sets how long the writer goes on: the default suite's run
+takes about a minute; a long run (``S3_FAULTS_WRITE_S=600``) is the same test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deltalake")
+
+from connector.local import LocalTablestore  # noqa: E402
+from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
+from testkit.processes import REPO, kill_tree  # noqa: E402
+from testkit.s3_faults import AMBIGUOUS_COMMIT, KINDS, S3FaultProxy  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "tablestore_cdc"]
+TABLES = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
+WRITE_S = float(os.environ.get("S3_FAULTS_WRITE_S", "20"))
+
+
+def _key(table: str, i: int) -> Any:
+    return i if TABLES[table][1] == "INTEGER" else f"name-{i:05d}"
+
+
+def _write(store: LocalTablestore, start: int, count: int) -> None:
+    """Puts, then updates and deletes of earlier keys, in both tables."""
+    for table, (column, _) in TABLES.items():
+        for i in range(start, start + count):
+            store.put_row(table, {column: _key(table, i)}, {"v": i, "note": f"n{i}"})
+            if i % 5 == 0 and i > start:
+                store.update_row(table, {column: _key(table, i - 3)}, {"v": -i})
+            if i % 7 == 0 and i > start:
+                store.delete_row(table, {column: _key(table, i - 6)})
+
+
+def _table(moto: str, bucket: str, table: str) -> Any:
+    """The Delta table as moto holds it (read without the proxy)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(f"s3://{bucket}/lake/{table}", storage_options={
+        "AWS_ENDPOINT_URL": moto, "AWS_ALLOW_HTTP": "true", "aws_region": "us-east-1"})
+
+
+def _rows(moto: str, bucket: str, table: str) -> list[dict[str, Any]] | None:
+    """The table's rows, None before it exists."""
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return _table(moto, bucket, table).to_pyarrow_table().to_pylist()
+    except TableNotFoundError:
+        return None
+
+
+def _equal(store: LocalTablestore, moto: str, bucket: str, table: str) -> bool:
+    rows = _rows(moto, bucket, table)
+    column = TABLES[table][0]
+    return rows is not None and table_state(rows, [column]) == {
+        k: dict(v) for k, v in rows_by_key(store.scan(table)).items()}
+
+
+def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
+        tmp_path: Path, moto_endpoint: str) -> None:
+    import boto3
+
+    bucket = f"lake-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
+        Bucket=bucket)
+    store = LocalTablestore(tmp_path / "store.db")
+    for table, (column, kind) in TABLES.items():
+        store.create_table(table, primary_key=[(column, kind)],
+                           columns=[("v", "INTEGER"), ("note", "STRING")], channels=2)
+    _write(store, 0, 100)
+    log = tmp_path / "replicate.log"
+    with S3FaultProxy(moto_endpoint, rate=0.05, seed=11, commit_every=4) as proxy:
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AWS_ENDPOINT_URL": proxy.url}
+        command = [*CLI, "replicate", "--store", str(store.path), "--tables", "ints,names",
+                   "--output", str(tmp_path / "out"),
+                   "--target", f"delta+s3://{bucket}/lake/{{table}}",
+                   "--target-option", "aws_region=us-east-1", "--trigger-ms", "300",
+                   "--restart-backoff", "1:4"]
+        with open(log, "wb") as sink:
+            job = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        stop = threading.Event()
+
+        def writer() -> None:  # the source keeps changing while the job runs
+            start = 100
+            while not stop.wait(1.0):
+                _write(store, start, 15)
+                start += 15
+
+        thread = threading.Thread(target=writer, daemon=True)
+        try:
+            wait_until("both tables' first batches in S3",
+                       lambda: all(_rows(moto_endpoint, bucket, t) for t in TABLES),
+                       timeout=240, interval=1.0, process=job)
+            thread.start()
+            began = time.monotonic()
+            while time.monotonic() - began < WRITE_S:
+                assert job.poll() is None, log.read_text()[-3000:]
+                time.sleep(1.0)
+            stop.set()
+            thread.join()
+            wait_until("every table equal to its source",
+                       lambda: all(_equal(store, moto_endpoint, bucket, t) for t in TABLES),
+                       timeout=240, interval=2.0, process=job)
+            assert job.poll() is None, log.read_text()[-3000:]
+        finally:
+            stop.set()
+            kill_tree(job.pid)
+        counts = proxy.counts()
+        print(f"S3 fault proxy: {proxy.requests} requests, {proxy.commits} commit PUTs, "
+              f"faults {counts}", file=sys.stderr)
+    text = log.read_text()
+    retried = text.count("the object store failed a request")
+    restarts = sum(line.startswith("restarting (") for line in text.splitlines())
+    print(f"batches tried again in the sink: {retried}, job restarts: {restarts}",
+          file=sys.stderr)
+    assert "Traceback" not in text, text[-3000:]
+    assert not any(f"table {t}: failed" in text for t in TABLES), text[-3000:]
+    for table, (column, _) in TABLES.items():
+        rows = _rows(moto_endpoint, bucket, table)
+        assert rows is not None
+        keys = [r[column] for r in rows]
+        assert len(keys) == len(set(keys)), f"{table}: a key twice"
+        assert _equal(store, moto_endpoint, bucket, table), table
+        # every batch's data committed once: an ambiguous commit was never made again
+        batches = [c["tablestore-cdc.batch-id"] for c in _table(moto_endpoint, bucket,
+                                                                  table).history()
+                   if "tablestore-cdc.batch-id" in c]
+        assert len(batches) == len(set(batches)), f"{table}: a batch committed twice"
+    assert all(counts[kind] for kind in (*KINDS, AMBIGUOUS_COMMIT)), counts
