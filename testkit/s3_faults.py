@@ -17,7 +17,9 @@ The kinds are taken in turn among those that fit the request (``reset_after_put`
 only). A ``reset_after_put`` of a Delta commit (a PUT of ``_delta_log/<version>.json`` with
 ``If-None-Match``) is the **ambiguous commit**, counted under ``ambiguous_commit`` as well;
 ``commit_every=n`` also makes every n-th commit PUT one (a short run's few commits might
-otherwise miss it). ``counts()``: the faults by kind; ``requests``: requests seen.
+otherwise miss it). ``down(seconds)``: every request is reset before it is forwarded for that
+long (an outage longer than the client's retries of a commit). ``counts()``: the faults by
+kind; ``requests``: requests seen.
 
 Runs an asyncio loop in a daemon thread of the test's process. Only 127.0.0.1 is listened on
 or connected to.
@@ -29,6 +31,7 @@ import asyncio
 import random
 import re
 import threading
+import time
 from collections import Counter
 from urllib.parse import urlsplit
 
@@ -62,6 +65,7 @@ class S3FaultProxy:
         self._counts: Counter[str] = Counter()
         self._rng = random.Random(seed)
         self._turn = 0
+        self._down_until = 0.0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -81,17 +85,23 @@ class S3FaultProxy:
     def clear(self) -> None:
         """Let everything through from now on."""
         with self._lock:
-            self.rate, self.commit_every = 0.0, None
+            self.rate, self.commit_every, self._down_until = 0.0, None, 0.0
+
+    def down(self, seconds: float) -> None:
+        """Reset every request before it is forwarded for the next ``seconds``."""
+        with self._lock:
+            self._down_until = time.monotonic() + seconds
 
     def _decide(self, method: str, path: str, headers: dict[str, str]) -> str | None:
         commit = (method == "PUT" and "if-none-match" in headers
                   and COMMIT_PATH.search(path) is not None)
         with self._lock:
             self.requests += 1
-            kind = None
+            kind = RESET_BEFORE if time.monotonic() < self._down_until else None
             if commit:
                 self.commits += 1
-                if self.commit_every and self.commits % self.commit_every == 0:
+                if (kind is None and self.commit_every
+                        and self.commits % self.commit_every == 0):
                     kind = RESET_AFTER_PUT
             if kind is None and self.rate and self._rng.random() < self.rate:
                 fitting = KINDS if method == "PUT" else (SLOW_DOWN, RESET_BEFORE)

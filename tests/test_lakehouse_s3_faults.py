@@ -16,8 +16,12 @@ import pytest
 
 pytest.importorskip("deltalake")
 
-from tablestore_cdc.lakehouse.delta import store_failure  # noqa: E402
-from tablestore_cdc.lakehouse.errors import ObjectStoreError  # noqa: E402
+from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
+from tablestore_cdc.lakehouse.delta import store_failure, store_refusal  # noqa: E402
+from tablestore_cdc.lakehouse.errors import (  # noqa: E402
+    ObjectStoreError,
+    TargetStoreRefusedError,
+)
 from tablestore_cdc.pipeline.failures import query_failure  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
@@ -84,19 +88,41 @@ def test_what_an_object_store_failure_is_and_how_the_job_reads_it() -> None:
                                  "_delta_log/_last_checkpoint - Server returned non-2xx status "
                                  "code -> 503 Service Unavailable: SlowDown")) is not None
     # the table's or the store's answers: a configuration matter, never retried
-    for answer in (CommitFailedError("Transaction failed: version already exists"),
-                   TableNotFoundError("no log files"), FileNotFoundError("gone"),
-                   DeltaError("Schema error: no field named x"), ValueError("bad"),
-                   OSError("Generic S3 error -> Error performing PUT http://h/b/t/x - Server "
+    refusals = (OSError("Generic S3 error -> Error performing PUT http://h/b/t/x - Server "
                            "returned non-2xx status code -> 403 Forbidden: AccessDenied"),
                    OSError("Generic S3 error -> Error performing GET http://h/nope - Server "
                            "returned non-2xx status code -> 404 Not Found: NoSuchBucket"),
                    OSError("Generic Config error -> failed to parse \"5 parsecs\" as "
                            "Duration (timeout)"),
                    DeltaError("Generic DeltaTable error: Failed to parse config: "
-                              "[(\"max_retries\", \"failed to parse \\\"abc\\\" as usize\")]")):
+                              "[(\"max_retries\", \"failed to parse \\\"abc\\\" as usize\")]"))
+    for answer in (CommitFailedError("Transaction failed: version already exists"),
+                   TableNotFoundError("no log files"), FileNotFoundError("gone"),
+                   DeltaError("Schema error: no field named x"), ValueError("bad"), *refusals):
         assert store_failure(answer) is None, answer
+    assert all(store_refusal(answer) for answer in refusals)
     error = ObjectStoreError(table="s3://b/t", attempts=4, problem=store_failure(OSError(chain)))
     failure = query_failure(f"Traceback ...\n{type(error).__module__}.ObjectStoreError: {error}",
                             reached_before=True)
     assert failure.retryable and failure.error == "ObjectStoreError"
+
+
+def test_a_missing_bucket_is_a_configuration_error_tried_once(
+        moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """moto answers 404 NoSuchBucket: the job's check before it starts and a batch both end in
+    ``TargetStoreRefusedError`` (the job ends with one line), not a retry or a traceback."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    sink = open_apply_sink("delta+s3://no-such-bucket-here/lake/t", key_columns=["id"])
+    with pytest.raises(TargetStoreRefusedError, match="NoSuchBucket|404"):
+        sink.check_target(None)
+    page = source_batches(store_with_history(tmp_path / "store.db", changes=20), 20)[0]
+    with caplog.at_level(logging.WARNING, "tablestore_cdc.lakehouse"), pytest.raises(
+            TargetStoreRefusedError, match="NoSuchBucket|404"):
+        sink.apply(page, "query-1", 0)
+    assert "the object store failed a request" not in caplog.text  # not tried again
+    failure = query_failure(f"{TargetStoreRefusedError.__module__}.TargetStoreRefusedError: "
+                            "target s3://no-such-bucket-here/lake/t: the object store refused",
+                            reached_before=True)
+    assert not failure.retryable and failure.error == "TargetStoreRefusedError"

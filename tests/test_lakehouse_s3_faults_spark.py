@@ -37,6 +37,8 @@ pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "tablestore_cdc"]
 TABLES = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
 WRITE_S = float(os.environ.get("S3_FAULTS_WRITE_S", "20"))
+#: an outage of S3 (every request reset) in the middle of the writes (seconds; 0: none)
+OUTAGE_S = float(os.environ.get("S3_FAULTS_OUTAGE_S", "0"))
 
 
 def _key(table: str, i: int) -> Any:
@@ -120,6 +122,10 @@ def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
             while time.monotonic() - began < WRITE_S:
                 assert job.poll() is None, log.read_text()[-3000:]
                 time.sleep(1.0)
+            if OUTAGE_S:
+                proxy.down(OUTAGE_S)
+                time.sleep(OUTAGE_S)
+                assert job.poll() is None, log.read_text()[-3000:]
             stop.set()
             thread.join()
             wait_until("every table equal to its source",

@@ -65,7 +65,7 @@ import pyarrow.compute as pc
 
 from cdc_common.backoff import RestartPolicy
 from tablestore_cdc.lakehouse import rewrite
-from tablestore_cdc.lakehouse.errors import ObjectStoreError
+from tablestore_cdc.lakehouse.errors import ObjectStoreError, TargetStoreRefusedError
 from tablestore_cdc.lakehouse.layout import (
     file_groups,
     local_path,
@@ -156,11 +156,17 @@ class DeltaApplySink(ApplySink):
         except deltalake.exceptions.TableNotFoundError:
             return None
         except Exception as exc:
-            problem = None if local_path(self.table_uri) else store_failure(exc)
-            if problem is None:
+            if local_path(self.table_uri) is not None:
                 raise
             self._table = None
-            raise ObjectStoreError(table=self.table_uri, attempts=1, problem=problem) from exc
+            problem = store_failure(exc)
+            if problem is not None:
+                raise ObjectStoreError(table=self.table_uri, attempts=1,
+                                       problem=problem) from exc
+            refused = store_refusal(exc)
+            if refused is not None:
+                raise TargetStoreRefusedError(table=self.table_uri, problem=refused) from exc
+            raise
         return self._table
 
     def __getstate__(self) -> dict[str, Any]:
@@ -190,7 +196,11 @@ class DeltaApplySink(ApplySink):
             except Exception as exc:
                 problem = store_failure(exc)
                 if problem is None:
-                    raise
+                    refused = store_refusal(exc)
+                    if refused is None:
+                        raise
+                    raise TargetStoreRefusedError(table=self.table_uri,
+                                                  problem=refused) from exc
                 self._table = None  # reopened: a failed call may have left it half updated
                 if attempt == STORE_ATTEMPTS:
                     raise ObjectStoreError(table=self.table_uri, attempts=attempt,
@@ -286,20 +296,33 @@ def store_failure(exc: BaseException) -> str | None:
     the error chain's arrows removed), or None for any other error. delta-rs raises a failed
     request as ``OSError`` or inside a ``DeltaError``'s text; only a failure a later attempt
     may not meet counts (``_TRANSIENT``: throttled, a 5xx, a reset, a timeout), never a
-    refusal (``_REFUSED``: a 4xx, bad options), a lost race (``CommitFailedError``), a table
-    that is not there, a schema or protocol refusal. Called by the sink on the driver, after
-    delta-rs' own retries of the request."""
+    refusal (``store_refusal``), a lost race (``CommitFailedError``), a table that is not
+    there, a schema or protocol refusal. Called by the sink on the driver, after delta-rs' own
+    retries of the request."""
     if isinstance(exc, ObjectStoreError):
         return str(exc.fields["problem"])
+    text = _store_text(exc)
+    if text is None or _REFUSED.search(text) or not _TRANSIENT.search(text):
+        return None
+    return text
+
+
+def store_refusal(exc: BaseException) -> str | None:
+    """What an object store's refusal of a request says, on one line (``_REFUSED``: a 4xx,
+    storage options delta-rs cannot parse), or None for any other error."""
+    text = _store_text(exc)
+    return text if text is not None and _REFUSED.search(text) else None
+
+
+def _store_text(exc: BaseException) -> str | None:
+    """The text of delta-rs' error about a request to the store (``OSError``, ``DeltaError``
+    but the table's own answers), colours and the chain's arrows removed; None otherwise."""
     exceptions = _deltalake().exceptions
     if not isinstance(exc, (OSError, exceptions.DeltaError)) or isinstance(exc, (
             FileNotFoundError, exceptions.CommitFailedError, exceptions.TableNotFoundError,
             exceptions.DeltaProtocolError, exceptions.SchemaMismatchError)):
         return None
-    text = " ".join(_ANSI.sub("", str(exc)).replace("\u21b3", "->").split())
-    if _REFUSED.search(text) or not _TRANSIENT.search(text):
-        return None
-    return text[:500]
+    return " ".join(_ANSI.sub("", str(exc)).replace("\u21b3", "->").split())[:500]
 
 
 def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:

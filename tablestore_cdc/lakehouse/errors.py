@@ -92,3 +92,11 @@ class ObjectStoreError(LakehouseError):
                 "attempt(s) of the batch, each request retried by delta-rs (storage options "
                 "max_retries, retry_timeout): {problem}")
     retryable = True
+
+
+class TargetStoreRefusedError(LakehouseError):
+    """The object store holding a target refused a request (a 4xx: credentials, a missing
+    bucket; a storage option delta-rs cannot parse): asked again it answers the same."""
+
+    template = ("target {table}: the object store refused: {problem}; check the bucket, the "
+                "credentials and the --target-option values")
