@@ -7,8 +7,11 @@ on while the job runs as its own process: the job never exits, and each table re
 moto directly (not through the proxy) equals its source row by row, no key twice. The counts
 of each fault are printed.
 
-``S3_FAULTS_WRITE_S`` (default 20) sets how long the writer goes on: the default suite's run
-takes about a minute; a long run (``S3_FAULTS_WRITE_S=600``) is the same test.
+The default suite's run writes for 20 s (about 70 s in all). The long run (marker
+``faults_full``: ``python -m pytest -m faults_full tests/test_lakehouse_s3_faults_spark.py``)
+writes for ``S3_FAULTS_WRITE_S`` (300) seconds with an outage of S3 of ``S3_FAULTS_OUTAGE_S``
+(30) seconds in the middle, every request reset: longer than delta-rs' retries and the sink's
+attempts of a commit, so the job restarts its query (``ObjectStoreError``) and goes on.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "tablestore_cdc"]
 TABLES = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
-WRITE_S = float(os.environ.get("S3_FAULTS_WRITE_S", "20"))
-#: an outage of S3 (every request reset) in the middle of the writes (seconds; 0: none)
-OUTAGE_S = float(os.environ.get("S3_FAULTS_OUTAGE_S", "0"))
+#: the long run's writes and its outage of S3 (seconds)
+LONG_WRITE_S = float(os.environ.get("S3_FAULTS_WRITE_S", "300"))
+LONG_OUTAGE_S = float(os.environ.get("S3_FAULTS_OUTAGE_S", "30"))
 
 
 def _key(table: str, i: int) -> Any:
@@ -83,6 +86,21 @@ def _equal(store: LocalTablestore, moto: str, bucket: str, table: str) -> bool:
 
 def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
         tmp_path: Path, moto_endpoint: str) -> None:
+    _replicate_through_faults(tmp_path, moto_endpoint, write_s=20.0, outage_s=0.0)
+
+
+@pytest.mark.faults_full
+def test_replicate_into_s3_through_faults_and_an_outage_long(tmp_path: Path,
+                                                            moto_endpoint: str) -> None:
+    restarts = _replicate_through_faults(tmp_path, moto_endpoint, write_s=LONG_WRITE_S / 2,
+                                         outage_s=LONG_OUTAGE_S, after_s=LONG_WRITE_S / 2)
+    assert restarts >= 1  # the outage outlasted the sink's attempts: the query restarted
+
+
+def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: float,
+                              outage_s: float, after_s: float = 0.0) -> int:
+    """The job through the proxy: writes for ``write_s``, an outage of ``outage_s`` (0: none),
+    writes for ``after_s`` more; every check of the module doc. Returns the job's restarts."""
     import boto3
 
     bucket = f"lake-{uuid.uuid4().hex[:12]}"
@@ -118,14 +136,13 @@ def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
                        lambda: all(_rows(moto_endpoint, bucket, t) for t in TABLES),
                        timeout=240, interval=1.0, process=job)
             thread.start()
-            began = time.monotonic()
-            while time.monotonic() - began < WRITE_S:
-                assert job.poll() is None, log.read_text()[-3000:]
-                time.sleep(1.0)
-            if OUTAGE_S:
-                proxy.down(OUTAGE_S)
-                time.sleep(OUTAGE_S)
-                assert job.poll() is None, log.read_text()[-3000:]
+            for seconds, down in ((write_s, 0.0), (outage_s, outage_s), (after_s, 0.0)):
+                if down:
+                    proxy.down(down)
+                began = time.monotonic()
+                while time.monotonic() - began < seconds:
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    time.sleep(1.0)
             stop.set()
             thread.join()
             wait_until("every table equal to its source",
@@ -157,3 +174,4 @@ def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
                    if "tablestore-cdc.batch-id" in c]
         assert len(batches) == len(set(batches)), f"{table}: a batch committed twice"
     assert all(counts[kind] for kind in (*KINDS, AMBIGUOUS_COMMIT)), counts
+    return restarts
