@@ -11,13 +11,17 @@ decides; the job sees only the wire) misbehaves the way S3 and the network betwe
 ``reset_before``       the client's connection reset (RST); moto never sees the request
 ``reset_after_put``    a PUT forwarded, applied by moto, then the client's connection reset
                        instead of the answer: the write landed, the client cannot know
+``stall_after_put``    a PUT forwarded, applied by moto, then no answer until the client
+                       gives up (its ``timeout``) or ``STALL_S`` passed; only as the
+                       ``commit_every`` fault (``commit_fault``)
 =====================  ====================================================================
 
 The kinds are taken in turn among those that fit the request (``reset_after_put`` fits a PUT
 only). A ``reset_after_put`` of a Delta commit (a PUT of ``_delta_log/<version>.json`` with
 ``If-None-Match``) is the **ambiguous commit**, counted under ``ambiguous_commit`` as well;
 ``commit_every=n`` also makes every n-th commit PUT one (a short run's few commits might
-otherwise miss it). ``down(seconds)``: every request is reset before it is forwarded for that
+otherwise miss it), or a ``stall_after_put`` with ``commit_fault=STALL_AFTER_PUT`` (also an
+ambiguous commit). ``down(seconds)``: every request is reset before it is forwarded for that
 long (an outage longer than the client's retries of a commit). ``counts()``: the faults by
 kind; ``requests``: requests seen.
 
@@ -40,8 +44,11 @@ from testkit.fault_proxy import LOOPBACK, MAX_HEAD, _abort, _Closed, _no_delay, 
 SLOW_DOWN = "slow_down"
 RESET_BEFORE = "reset_before"
 RESET_AFTER_PUT = "reset_after_put"
+STALL_AFTER_PUT = "stall_after_put"
 AMBIGUOUS_COMMIT = "ambiguous_commit"
 KINDS = (SLOW_DOWN, RESET_BEFORE, RESET_AFTER_PUT)
+#: how long a stalled answer is held at most when the client never gives up (seconds)
+STALL_S = 120.0
 #: a Delta commit's object: ``<table>/_delta_log/<20 digits>.json``
 COMMIT_PATH = re.compile(r"/_delta_log/\d{20}\.json(\?|$)")
 SLOW_DOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -53,12 +60,15 @@ class S3FaultProxy:
     """The proxy (module docstring). ``start()`` returns it listening; ``stop()``."""
 
     def __init__(self, upstream_url: str, *, rate: float = 0.05, seed: int = 0,
-                 commit_every: int | None = None) -> None:
+                 commit_every: int | None = None,
+                 commit_fault: str = RESET_AFTER_PUT) -> None:
+        if commit_fault not in (RESET_AFTER_PUT, STALL_AFTER_PUT):
+            raise ValueError(f"commit_fault: {RESET_AFTER_PUT} or {STALL_AFTER_PUT}")
         parts = urlsplit(upstream_url)
         if parts.hostname not in (LOOPBACK, "localhost") or parts.port is None:
             raise ValueError("the S3 fault proxy only forwards to a loopback host:port")
         self.upstream = (LOOPBACK, parts.port)
-        self.rate, self.commit_every = rate, commit_every
+        self.rate, self.commit_every, self.commit_fault = rate, commit_every, commit_fault
         self.port = 0
         self.requests = 0
         self.commits = 0  # commit PUTs seen
@@ -80,7 +90,8 @@ class S3FaultProxy:
         """Faults injected by kind (every kind present, 0 when none), ``ambiguous_commit``
         among them."""
         with self._lock:
-            return {kind: self._counts[kind] for kind in (*KINDS, AMBIGUOUS_COMMIT)}
+            return {kind: self._counts[kind]
+                    for kind in (*KINDS, STALL_AFTER_PUT, AMBIGUOUS_COMMIT)}
 
     def clear(self) -> None:
         """Let everything through from now on."""
@@ -102,14 +113,14 @@ class S3FaultProxy:
                 self.commits += 1
                 if (kind is None and self.commit_every
                         and self.commits % self.commit_every == 0):
-                    kind = RESET_AFTER_PUT
+                    kind = self.commit_fault
             if kind is None and self.rate and self._rng.random() < self.rate:
                 fitting = KINDS if method == "PUT" else (SLOW_DOWN, RESET_BEFORE)
                 kind = fitting[self._turn % len(fitting)]
                 self._turn += 1
             if kind is not None:
                 self._counts[kind] += 1
-                if commit and kind == RESET_AFTER_PUT:
+                if commit and kind in (RESET_AFTER_PUT, STALL_AFTER_PUT):
                     self._counts[AMBIGUOUS_COMMIT] += 1
             return kind
 
@@ -196,6 +207,13 @@ class S3FaultProxy:
                     _abort(writer)  # moto dropped it: so does the proxy
                     return
                 if kind == RESET_AFTER_PUT:  # applied by moto; the client never hears
+                    _abort(writer)
+                    return
+                if kind == STALL_AFTER_PUT:  # applied; silent until the client gives up
+                    try:
+                        await asyncio.wait_for(reader.read(1), STALL_S)
+                    except (TimeoutError, ConnectionError):
+                        pass
                     _abort(writer)
                     return
                 closing = response.headers.get("connection", "").lower() == "close"

@@ -26,7 +26,12 @@ from tablestore_cdc.pipeline.failures import query_failure  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import S3Delta, source_batches, store_with_history  # noqa: E402
-from testkit.s3_faults import AMBIGUOUS_COMMIT, KINDS, S3FaultProxy  # noqa: E402
+from testkit.s3_faults import (  # noqa: E402
+    AMBIGUOUS_COMMIT,
+    KINDS,
+    STALL_AFTER_PUT,
+    S3FaultProxy,
+)
 
 
 @pytest.fixture
@@ -70,6 +75,31 @@ def test_a_change_log_applies_exactly_through_throttling_resets_and_ambiguous_co
     # an ambiguous commit was found applied on the next attempt: not committed a second time
     assert any(not r.committed for r in results), results
     assert "the object store failed a request" in caplog.text
+
+
+def test_a_commit_whose_answer_never_comes_is_found_applied_after_the_timeout(
+        moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every second commit PUT is applied by moto and never answered: delta-rs gives up after
+    the ``timeout`` storage option (1 s here, ``--target-option timeout=1s``), and the next
+    attempt finds the batch recorded."""
+    bucket = new_s3_bucket(moto_endpoint, monkeypatch)
+    store = store_with_history(tmp_path / "store.db", changes=120)
+    with S3FaultProxy(moto_endpoint, rate=0.0, commit_every=2,
+                      commit_fault=STALL_AFTER_PUT) as stalling:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", stalling.url)
+        target = S3Delta(bucket)
+        sink = open_apply_sink(target.uri, key_columns=["id"],
+                               target_options={"timeout": "1s", "max_retries": "2"})
+        results = [sink.apply(page, "query-1", batch_id)
+                   for batch_id, page in enumerate(source_batches(store, 40))]
+        counts = stalling.counts()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    print(f"stalled commits: {counts}", file=sys.stderr)
+    assert counts[STALL_AFTER_PUT] >= 1 and counts[AMBIGUOUS_COMMIT] == counts[STALL_AFTER_PUT]
+    assert any(not r.committed for r in results)
+    assert target.table().transaction_version("query-1") == len(results) - 1
+    assert table_state(target.rows(), ["id"]) == {k: dict(v) for k, v in
+                                                  rows_by_key(store.scan("t")).items()}
 
 
 def test_what_an_object_store_failure_is_and_how_the_job_reads_it() -> None:
