@@ -10,13 +10,36 @@ SPEC: ``{"warehouse": DIR, "runs": [{"format", "target", "app_id", "key_columns"
 Each run's batches are applied in order (a batch id given twice is a replay); ``out`` receives
 the table's rows. The last stdout line is JSON: per run, per batch ``{"committed", "version"}``
 or ``{"error": class name, "message"}``.
+
+A SPEC with ``"pipeline"`` instead runs the multi-table pipeline (``replicate --tables``) with
+the Spark engine (Delta) on an embedded store, on a PySpark of 4.2 or later
+(``SPARK_MERGE_TABLES_PYTHON``): ``{"pipeline": {"store", "out", "tables", "target",
+"phases": [[[table, "put"|"update"|"delete", pk, columns], ...], ...], "replay": bool}}``.
+Each phase's writes are made, then the pipeline runs once (``Trigger.AvailableNow``) to its
+end; with ``replay``, the apply query's last commit is then removed and the pipeline run once
+more, so Spark replays that batch under its id. The last stdout line is JSON: per run, per
+table, what the apply recorded (``last_batch``, ``rows_applied``, ``version``, ``state``).
+A value ``{"base64": TEXT}`` in a write is bytes (a BINARY column).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
+
+#: the project's root, where the runner is started (``python -m testkit.spark_merge_run``)
+ROOT = Path(__file__).resolve().parent.parent
+#: the interpreter of the venv make's jar step prepares (or the environment's choice)
+SPARK_MERGE_PYTHON = os.environ.get(
+    "TABLESTORE_CDC_SPARK_MERGE_PYTHON", str(ROOT / ".venv-spark-merge" / "bin" / "python"))
+#: the same for the ``pipeline`` form: the multi-table source needs PySpark 4.2+, which only
+#: delta-spark is released for (make's ``.venv-spark-merge-tables``)
+SPARK_MERGE_TABLES_PYTHON = os.environ.get(
+    "TABLESTORE_CDC_SPARK_MERGE_TABLES_PYTHON",
+    str(ROOT / ".venv-spark-merge-tables" / "bin" / "python"))
 
 
 def main(spec_path: str) -> int:
@@ -28,6 +51,9 @@ def main(spec_path: str) -> int:
 
     with open(spec_path) as f:
         spec = json.load(f)
+    if "pipeline" in spec:
+        print(json.dumps(run_pipeline(spec["pipeline"])))
+        return 0
     conf = {"spark.master": "local[2]", "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "1",
             # batches of a few rows: one task per stage, no Delta snapshot spread over 50
@@ -63,6 +89,76 @@ def main(spec_path: str) -> int:
         spark.stop()
     print(json.dumps(report))
     return 0
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"base64"}:
+        import base64
+
+        return base64.b64decode(value["base64"])
+    return value
+
+
+def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
+    """The ``pipeline`` form of SPEC (module docstring): the Spark engine in the multi-table
+    pipeline, phase by phase, then a replayed batch."""
+    import time
+
+    import pyspark
+
+    from connector.local import LocalTablestore
+    from connector.spark import local_session
+    from tablestore_cdc.lakehouse.spark_merge import DELTA, session_conf
+    from tablestore_cdc.pipeline import ApplySettings, multi_table
+
+    start = getattr(multi_table, "start_pipeline", None) or getattr(  # noqa: B009
+        multi_table, "start_multi_table_pipeline")
+    out = Path(spec["out"])
+    conf = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
+            "spark.databricks.delta.snapshotPartitions": "1",
+            **session_conf([DELTA], pyspark.__version__)}
+    began = time.monotonic()
+    spark = local_session("tablestore-cdc-spark-merge-tables", master="local[2]", conf=conf,
+                          short_run=True)
+    print(f"session: {time.monotonic() - began:.1f} s", file=sys.stderr)
+    apply = ApplySettings(spec["target"], engine="spark")
+    endpoint = f"local://{spec['store']}"
+    report: list[dict[str, dict[str, Any]]] = []
+
+    def run_once() -> None:
+        began = time.monotonic()
+        pipeline = start(spark, endpoint, spec["tables"], "replicate", out, apply, once=True)
+        try:
+            pipeline.state_query.awaitTermination()
+            pipeline.check()
+        finally:
+            pipeline.stop()
+        report.append({table: {"last_batch": status.last_batch,
+                               "rows_applied": status.rows_applied, "version": status.version,
+                               "state": getattr(status.state, "value", status.state)}
+                       for table, status in sorted(pipeline.apply.tables.items())})
+        print(f"run {len(report)}: {time.monotonic() - began:.1f} s", file=sys.stderr)
+
+    try:
+        for writes in spec["phases"]:
+            with LocalTablestore(spec["store"]) as store:
+                for table, op, pk, columns in writes:
+                    values = {k: _value(v) for k, v in (columns or {}).items()}
+                    if op == "delete":
+                        store.delete_row(table, pk)
+                    else:
+                        getattr(store, f"{op}_row")(table, pk, values)
+            run_once()
+        if spec.get("replay"):  # as if the job died after its commits, before Spark's
+            commits = out / "_checkpoints" / "apply" / "commits"
+            last = max((p for p in commits.iterdir() if p.name.isdigit()),
+                       key=lambda p: int(p.name))
+            last.unlink()
+            (commits / f".{last.name}.crc").unlink(missing_ok=True)  # (its checksum too)
+            run_once()
+    finally:
+        spark.stop()
+    return report
 
 
 if __name__ == "__main__":

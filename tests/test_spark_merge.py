@@ -10,7 +10,6 @@ the suite's shared ``spark`` session must not get."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +28,7 @@ from tablestore_cdc.lakehouse.spark_merge import (
     session_conf,
 )
 from testkit.lakehouse import SCHEMA, Delta, Iceberg, batch, change
-
-ROOT = Path(__file__).resolve().parent.parent
-#: the interpreter of the venv make's jar step prepares (or the environment's choice)
-SPARK_MERGE_PYTHON = os.environ.get(
-    "TABLESTORE_CDC_SPARK_MERGE_PYTHON", str(ROOT / ".venv-spark-merge" / "bin" / "python"))
+from testkit.spark_merge_run import ROOT, SPARK_MERGE_PYTHON
 
 
 def _with_colour(*rows: dict[str, Any]) -> pa.Table:

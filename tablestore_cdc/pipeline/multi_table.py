@@ -59,7 +59,14 @@ class MultiTableApply:
 
     ``settings.target`` is a template holding ``{table}``; ``source``: the endpoint as shown,
     each table's target marker names ``<source>#<table>``; ``out``: where failed tables and
-    their held batches are kept."""
+    their held batches are kept.
+
+    ``settings.engine`` ``spark`` (``replicate --engine spark``): the batch is not collected;
+    each table's rows are typed by Spark (``lakehouse.spark_rows``) and merged by Spark's own
+    MERGE (``lakehouse.spark_merge``) on the executors, the driver collecting only the batch's
+    distinct (``_table``, ``_schema``) pairs. A table whose own settings (``per_table``) say
+    ``embedded`` is collected and applied by the embedded sink. A failed table's rows are
+    collected to be held, and its held batches are merged again by Spark when it resumes."""
 
     settings: ApplySettings
     source: str
@@ -100,6 +107,8 @@ class MultiTableApply:
         if self.spec_of is None or (status is not None and status.state is State.FAILED):
             return None
         settings, keys = self.settings_of(table)
+        if settings.engine == "spark":  # re-snapshots write through the embedded sink
+            return None
         return repair_target(self.sink(table), self.spec_of(table), settings, keys)
 
     @property
@@ -113,12 +122,23 @@ class MultiTableApply:
     def target_of(self, table: str) -> str:
         return self.settings_of(table)[0].target.replace("{table}", table)
 
-    def sink(self, table: str) -> Any:
+    def sink(self, table: str, key_columns: tuple[str, ...] | None = None) -> Any:
+        """``table``'s apply sink, opened at its first use (driver). The Spark engine's
+        (``spark_merge.open_spark_merge_sink``) takes its key columns when opened: the
+        table's override, else ``key_columns`` (its declared key, ``spark_rows.decode``)."""
         if table not in self._sinks:
             from tablestore_cdc.lakehouse import open_apply_sink
 
             opener = self.open_sink or open_apply_sink
             s, keys = self.settings_of(table)
+            if s.engine == "spark":
+                from tablestore_cdc.lakehouse.spark_merge import open_spark_merge_sink
+
+                self._sinks[table] = open_spark_merge_sink(
+                    self.target_of(table), key_columns=keys or key_columns, scd=s.scd,
+                    soft_delete_column=s.soft_delete_column, source=f"{self.source}#{table}",
+                    adopt_target=s.adopt_target)
+                return self._sinks[table]  # (this engine runs no maintenance)
             self._sinks[table] = opener(self.target_of(table), key_columns=keys, scd=s.scd,
                                         schema_drift=s.schema_drift,
                                         soft_delete_column=s.soft_delete_column,
@@ -135,19 +155,46 @@ class MultiTableApply:
 
         app_id = query_id_of(df, batch_id)
         if self.repairs is None:
-            self.apply_batch(df.toArrow(), app_id, batch_id)
+            self._apply_frame(df, app_id, batch_id)
             return
         with self.repairs.lock:
             self.repairs.before_batch(app_id)
+            self._apply_frame(df, app_id, batch_id)
+
+    def _apply_frame(self, df: Any, app_id: str, batch_id: int) -> None:
+        """One batch as Spark gives it: collected and applied by the embedded sinks, or with
+        the Spark engine (class docstring) each table's rows filtered, typed and merged by
+        Spark; the batch is cached on the executors while its tables are applied."""
+        if self.settings.engine != "spark":
             self.apply_batch(df.toArrow(), app_id, batch_id)
+            return
+        from pyspark.sql import functions as F
+
+        from tablestore_cdc.lakehouse.spark_rows import declared_schemas
+
+        df = df.persist()
+        try:
+            declared = declared_schemas(df)
+            self._apply_tables(sorted(declared),
+                               lambda t: _SparkRows(df.where(F.col("_table") == t), declared[t]),
+                               app_id, batch_id)
+        finally:
+            df.unpersist()
 
     def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
         """Apply one batch of the multi-table change log, table by table, in name order."""
         tables = sorted(set(batch.column("_table").to_pylist()))
+        self._apply_tables(tables, lambda t: batch.filter(pc.equal(batch.column("_table"), t)),
+                           app_id, batch_id)
+
+    def _apply_tables(self, tables: list[str], rows_of: Callable[[str], Any], app_id: str,
+                      batch_id: int) -> None:
+        """``tables`` in order, each one's rows (``rows_of``: Arrow, or ``_SparkRows``)
+        applied, or held when the table is failed or fails now."""
         for n, table in enumerate(tables):
             if n:
                 crash_point("between_table_applies")  # the tables before are committed
-            rows = batch.filter(pc.equal(batch.column("_table"), table))
+            rows = rows_of(table)
             status = self.tables.setdefault(table, AppliedTable())
             if status.state is State.FAILED:
                 self._hold(table, batch_id, rows)
@@ -162,10 +209,27 @@ class MultiTableApply:
         if tables:
             crash_point("after_table_applies")  # the apply query's commit log not written
 
-    def _apply(self, table: str, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        changes, keys = generic_rows.decode(rows)
-        result = self.sink(table).apply(changes, app_id, batch_id,
-                                        self.settings_of(table)[1] or keys)
+    def _apply(self, table: str, rows: pa.Table | _SparkRows, app_id: str,
+               batch_id: int) -> None:
+        """One table's generic rows of one batch into its target: by the embedded sink
+        (decoded on the driver) or by the Spark engine (decoded by Spark; a held batch, read
+        back as Arrow, is given to Spark first)."""
+        if self.settings_of(table)[0].engine == "spark":
+            from tablestore_cdc.lakehouse.spark_rows import decode
+
+            if isinstance(rows, pa.Table):  # a held batch (resume_held): small, one table
+                from pyspark.sql import SparkSession
+
+                frame = SparkSession.active().createDataFrame(rows)
+                rows = _SparkRows(frame, rows.column("_schema")[rows.num_rows - 1].as_py())
+            changes, keys = decode(rows.frame, rows.declared)
+            result = self.sink(table, keys).apply(changes, app_id, batch_id)
+        else:
+            if isinstance(rows, _SparkRows):
+                rows = rows.frame.toArrow()
+            changes, keys = generic_rows.decode(rows)
+            result = self.sink(table).apply(changes, app_id, batch_id,
+                                            self.settings_of(table)[1] or keys)
         self.tables.setdefault(table, AppliedTable()).record(result)
 
     def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
@@ -176,9 +240,12 @@ class MultiTableApply:
         _write_atomically(self._failed_dir / f"{table}.failed", reason.encode())
         self.tables[table] = AppliedTable(State.FAILED, reason)
 
-    def _hold(self, table: str, batch_id: int, rows: pa.Table) -> None:
+    def _hold(self, table: str, batch_id: int, rows: pa.Table | _SparkRows) -> None:
         """Keep a failed table's rows of ``batch_id`` (before the batch commits; a replay
-        writes the same file again)."""
+        writes the same file again). The Spark engine's rows are collected to the driver
+        for this: one failed table's rows of one batch."""
+        if isinstance(rows, _SparkRows):
+            rows = rows.frame.toArrow()
         held = self.out / "_held" / table
         held.mkdir(parents=True, exist_ok=True)
         target = held / f"{batch_id:012d}.parquet"
@@ -212,6 +279,15 @@ class MultiTableApply:
             else:
                 (self._failed_dir / f"{table}.failed").unlink(missing_ok=True)
                 log.info("table %s resumed: %d held batch(es) applied", table, len(held))
+
+
+@dataclass(frozen=True)
+class _SparkRows:
+    """One table's generic rows of a batch as a Spark DataFrame (not collected) and the
+    table's declared columns (``_schema``), for the Spark engine (``MultiTableApply``)."""
+
+    frame: Any
+    declared: str
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
