@@ -302,7 +302,7 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
     when its schema changed); a row opens that table's page, whose target card shows the
     target's version and its last schema change."""
     from tablestore_cdc.pipeline import ApplySettings
-    from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
+    from tablestore_cdc.pipeline.multi_table import start_pipeline, status_location
     from tablestore_cdc.table_status import TableStatusWriter
 
     store_path, out = tmp_path / "store.db", tmp_path / "out"
@@ -317,7 +317,7 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
         return ApplySettings(target, schema_drift="exception" if table == "t_drifts"
                              else "lenient"), None
 
-    pipeline = start_multi_table_pipeline(
+    pipeline = start_pipeline(
         spark, f"local://{store_path}", "t_*", "tables", out, ApplySettings(target),
         options={"tables.refreshIntervalMs": "500"}, trigger_ms=300, per_table=settings)
     writer = TableStatusWriter(lambda table: status_location(

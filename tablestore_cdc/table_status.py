@@ -5,7 +5,7 @@ progress (new, snapshotting, streaming, waiting for its lease, restarting after 
 error -- streaming again by itself once its service answers --, dropped, failed on the source
 side by a configuration or data error, and its lag) and
 the apply (``AppliedTable``: a target that refused a batch, changes applied, the target's
-version, its last schema change). ``MultiTablePipeline.table_statuses`` (``replicate
+version, its last schema change). ``Pipeline.table_statuses`` (``replicate
 --tables``) joins them into one ``TableStatus`` per table, and ``Pipeline.table_status``
 (``replicate --table``) into the one of its table, in the driver, every couple of seconds;
 from there:
@@ -413,8 +413,10 @@ class StatusSummary:
         self._summarised_at: float | None = None
         self._started = time.time()
 
-    def lines(self, statuses: dict[str, TableStatus], now: float | None = None) -> list[str]:
-        """The lines to print for this look at ``statuses``."""
+    def lines(self, statuses: dict[str, TableStatus], now: float | None = None, *,
+              final: bool = False) -> list[str]:
+        """The lines to print for this look at ``statuses``; ``final``: the last look of a run
+        (``--once``), whose summary line is printed whatever the interval."""
         now = time.time() if now is None else now
         out = []
         for table, status in sorted(statuses.items()):
@@ -433,7 +435,8 @@ class StatusSummary:
                 out.append(f"table {table}: schema change of the target: {change} (target "
                            f"version {status.last_schema_change_version})")
                 self._schema_changes[table] = change
-        if statuses and (self._summarised_at is None or now - self._summarised_at >= self.every_s):
+        if statuses and (final or self._summarised_at is None
+                         or now - self._summarised_at >= self.every_s):
             out.append(summary_line(statuses))
             self._summarised_at = now
         return out

@@ -7,7 +7,6 @@ the console's summary instead of a line per table per batch."""
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -23,7 +22,6 @@ from meta_store.errors import TransientMetaStoreError
 from tablestore_cdc.feed.snapshot import activity, sources_summary
 from tablestore_cdc.lakehouse.sink import ApplyResult, op_counts
 from tablestore_cdc.pipeline import job as job_module
-from tablestore_cdc.pipeline import metrics as metrics_module
 from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
 from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.table_status import (
@@ -247,69 +245,7 @@ def test_the_console_summarises_instead_of_a_line_per_table_per_batch() -> None:
     later = summary.lines({"a": status("a", rows_applied=400, last_schema_change=(
         "batch 9: add column colour string"))}, now=t0 + 31)
     assert later == ["tables: 1 streaming; 400 change(s) applied, 0.0 rows/s"]
-
-
-class _OneTablePipeline:
-    """What one table's replicate looks at each time (``queries.Pipeline``'s surface)."""
-
-    def __init__(self) -> None:
-        self.delivered = 0
-        self.applied = AppliedTable()
-        self.active = True
-
-    @property
-    def queries(self) -> tuple[Any, Any]:
-        query = type("Q", (), {"isActive": self.active})()
-        return query, query
-
-    def poll(self) -> tuple[int, int]:
-        return self.delivered, self.delivered // 10
-
-    def applied_batch(self) -> int:
-        return self.delivered // 10
-
-    def table_status(self, table: str, job: str) -> TableStatus:
-        return TableStatus(table=table, job=job, selection=table, state="streaming",
-                           **self.applied.status_fields(time.time()))
-
-
-def test_one_tables_replicate_prints_its_figures_per_interval_and_serves_metrics(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tablestore_cdc.commands.replicate import _progress_printer, _serve_metrics
-
-    writer = TableStatusWriter(lambda table: ("sqlite:///nonexistent/dir/meta.db", None, NS))
-    service = socket.create_server(("127.0.0.1", 0))  # the source's endpoint, answering
-    endpoint = f"http://127.0.0.1:{service.getsockname()[1]}"
-    metrics = _serve_metrics(endpoint, 0, writer)
-    try:
-        show = _progress_printer(writer, "orders", "/out")
-        pipeline = _OneTablePipeline()
-        for _ in range(50):  # 50 looks, a batch applied at each
-            pipeline.delivered += 10
-            pipeline.applied.record(ApplyResult(batch_id=pipeline.delivered // 10,
-                                                committed=True, changes=10,
-                                                ops=(("PUT", 10),)))
-            show(pipeline)
-        pipeline.active = False  # --once: the run's last figures are said
-        show(pipeline)
-        err = capsys.readouterr().err
-        port = metrics.server.server_port
-        text = _scrape(port)
-        service.close()  # the endpoint goes away: down at the next look, before any restart
-        monkeypatch.setattr(metrics_module, "PROBE_EVERY_S", 0.0)
-        show(pipeline)
-        down = _scrape(port)
-    finally:
-        service.close()
-        metrics.close()
-        writer.close()
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines == [f"metrics on http://127.0.0.1:{port}/metrics",
-                     "delivered 10 change(s) in 1 batch(es); target at apply batch 1",
-                     "table orders: streaming",
-                     "delivered 500 change(s) in 50 batch(es); target at apply batch 50"]
-    assert _value(text, f'tablestore_cdc_source_up{{source="{endpoint}"}}') == 1.0
-    assert _value(down, f'tablestore_cdc_source_up{{source="{endpoint}"}}') == 0.0
-    assert _value(down, 'tablestore_cdc_table_up{table="orders"}') == 0.0  # the probe's outage
-    assert _value(text, 'tablestore_cdc_table_changes_applied_total{op="inserts",'
-                  'table="orders"}') == 500
+    # the last look of a --once run says the run's figures, whatever the interval
+    assert summary.lines({"a": status("a", rows_applied=410)}, now=t0 + 32) == []
+    assert summary.lines({"a": status("a", rows_applied=410)}, now=t0 + 32, final=True) == [
+        "tables: 1 streaming; 410 change(s) applied, 0.0 rows/s"]

@@ -24,6 +24,7 @@ from meta_store import open_meta_store
 from tablestore_cdc.lakehouse import DeltaApplySink
 from tablestore_cdc.sinks import deliveries_from_rows
 from tablestore_cdc.verify import key_of, read_delta, rows_by_key, table_state, verify
+from testkit.changelogs import changelog_rows
 from testkit.processes import kill_tree
 from testkit.waiting import wait_until
 
@@ -115,8 +116,8 @@ def test_replicate_stops_on_ctrl_c_and_sigterm_and_resumes_exactly(tmp_path):
             assert "SourceInUseError" not in output  # the previous run's lease was released
             # its progress lines and the planning process's log lines each keep a line
             lines = output.splitlines()
-            progress = [line for line in lines if "change(s) in" in line]
-            assert progress and all(line.startswith("delivered ") and "\r" not in line
+            progress = [line for line in lines if "change(s) applied" in line]
+            assert progress and all(line.startswith("tables: ") and "\r" not in line
                                     and "connector." not in line for line in progress)
             assert any("connector.protocol" in line for line in lines)  # logs are there too
             # released, not left to expire (120 s): the planning process may end a few
@@ -135,7 +136,7 @@ def test_replicate_stops_on_ctrl_c_and_sigterm_and_resumes_exactly(tmp_path):
     write(store, 500, 200)
     run_until_caught_up(signal.SIGTERM)
 
-    rows = pq.read_table(out / "changelog").to_pylist()
+    rows = changelog_rows(out, "t")
     result = verify(store.change_log("t"), deliveries_from_rows(rows, ["id"]), check_order=False)
     assert (result.lost, result.duplicated, result.expected) == (0, 0, 700), result.examples
 
@@ -194,7 +195,7 @@ def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path):
         if run_number == 1:  # writes between the runs, and a split
             store.split_channel("t", store.list_channels("t")[0].channel_id)
             write(store, 250, 150)
-    rows = pq.read_table(out / "changelog").to_pylist()
+    rows = changelog_rows(out, "t")
     result = verify(store.change_log("t"), deliveries_from_rows(rows, ["id"]), check_order=False)
     assert (result.lost, result.duplicated, result.expected) == (0, 0, 400), result.examples
 

@@ -1,7 +1,7 @@
 """The progress listener on a multi-table query: its composite offset (``connector.multiplex``,
 a real reader over a real store file, no Spark) gives one entry per table whose offset moved,
 each in its own namespace, and the query's stop is recorded in every table's namespace it
-reported (``tablestore_cdc.listener``, the filter ``start_multi_table_pipeline`` attaches)."""
+reported (``tablestore_cdc.listener``, the filter ``start_pipeline`` attaches)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from connector.local import LocalTablestore
 from meta_store import open_meta_store
 from tablestore_cdc.feed.polling import feed_records
 from tablestore_cdc.pipeline import ApplySettings
-from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline, status_location
+from tablestore_cdc.pipeline.multi_table import start_pipeline, status_location
 from tablestore_cdc.query_record import load_query_status
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def test_each_table_of_a_multi_table_run_gets_spark_metrics_and_its_stop(
             store.create_table(name, [("id", "INTEGER")], [("v", "STRING")], channels=1)
             for i in range(5):
                 store.put_row(name, {"id": i}, {"v": f"{name}-{i}"})
-    pipeline = start_multi_table_pipeline(
+    pipeline = start_pipeline(
         spark, endpoint, "t*", "replicate", out, ApplySettings(f"delta://{out}/lake/{{table}}"),
         once=True)
     listener = pipeline.listener

@@ -41,7 +41,7 @@ from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.pipeline.multi_table import (
     MultiTableApply,
-    MultiTablePipeline,
+    Pipeline,
     retry_options,
 )
 from tablestore_cdc.pipeline.restarts import RestartPolicy, restart_policy
@@ -337,7 +337,7 @@ def test_the_job_s_restart_policy_is_the_one_a_table_is_retried_on(
 
 
 class _Progress:
-    """Spark's query as ``MultiTablePipeline`` reads it: its last progress, with the source's
+    """Spark's query as ``Pipeline`` reads it: its last progress, with the source's
     report (``reportLatestOffset``) as Spark puts it there."""
 
     def __init__(self, report: dict | None = None) -> None:
@@ -355,7 +355,7 @@ def test_the_table_status_and_the_metrics_show_restarting_then_streaming_again(
     metrics = TableMetrics()
 
     def statuses() -> dict[str, tuple[str, str | None, int | None]]:
-        pipeline = MultiTablePipeline(_Progress(run.reader.reportLatestOffset()), _Progress(),
+        pipeline = Pipeline(_Progress(run.reader.reportLatestOffset()), _Progress(),
                                       apply)
         shown = pipeline.table_statuses(str(tmp_path / "out"), "*")
         metrics.update(shown)

@@ -18,8 +18,8 @@ from connector.table_state import State, TableState
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.metrics import TableMetrics
 from tablestore_cdc.pipeline.multi_table import (
-    MultiTablePipeline,
-    start_multi_table_pipeline,
+    Pipeline,
+    start_pipeline,
 )
 from testkit.waiting import wait_until
 
@@ -48,7 +48,7 @@ def _write(store: LocalTablestore, table: str, first: int, count: int) -> None:
         store.delete_row(table, {"id": i})
 
 
-def _applied(pipeline: MultiTablePipeline, table: str, store_path: Path, out: Path) -> bool:
+def _applied(pipeline: Pipeline, table: str, store_path: Path, out: Path) -> bool:
     """Is every row of ``table`` in its target?"""
     target = out / "lake" / table
     if not (target / "_delta_log").exists():
@@ -58,7 +58,7 @@ def _applied(pipeline: MultiTablePipeline, table: str, store_path: Path, out: Pa
     return _target_rows(target, ("id",), ("v", "n")) == expected
 
 
-def _scrape(pipeline: MultiTablePipeline) -> str:
+def _scrape(pipeline: Pipeline) -> str:
     metrics = TableMetrics()
     metrics.update(pipeline.table_statuses("out", "t*,other"))
     port = metrics.serve(0)
@@ -70,8 +70,8 @@ def _scrape(pipeline: MultiTablePipeline) -> str:
 
 
 def _start(spark: Any, store_path: Path, out: Path, drift: str = "lenient",
-           options: dict[str, str] | None = None) -> MultiTablePipeline:
-    return start_multi_table_pipeline(
+           options: dict[str, str] | None = None) -> Pipeline:
+    return start_pipeline(
         spark, f"local://{store_path}", "t*,other", "replicate", out,
         ApplySettings(f"delta://{out}/lake/{{table}}", schema_drift=drift), exclude="tx*",
         options={"tables.refreshIntervalMs": "1000", **(options or {})}, trigger_ms=300)
@@ -194,6 +194,6 @@ def test_a_table_refused_by_its_target_fails_alone_and_resumes_after_a_fixed_res
 
 
 def _state(states: dict[str, TableState], table: str) -> State | None:
-    """``table``'s state's name in ``MultiTablePipeline.table_states`` (None: not there)."""
+    """``table``'s state's name in ``Pipeline.table_states`` (None: not there)."""
     known = states.get(table)
     return None if known is None else known.state

@@ -118,7 +118,7 @@ def test_a_copied_table_job_resumes_exactly(moved: Moved) -> None:
     assert current(copy / "items") == source_rows(moved.store, "items")
     # SCD 2: 5 rows, then 2 updates (a closed version each), 3 inserts, 1 delete (closed)
     assert len(versions(copy / "items")) == 5 + 2 + 3
-    assert "delivered 6 change(s)" in moved.said[0], moved.said[0]  # the new ones only
+    assert "; 6 change(s) applied" in moved.said[0], moved.said[0]  # the new ones only
     assert current(old / "items") == {i: i for i in range(5)}  # the original left as it was
     assert recorded_job(moved.store, "items") == str(copy)  # meta tables, reconcile: the copy
 

@@ -292,5 +292,5 @@ def test_a_tunnel_type_option_in_any_case_is_the_one_the_source_gets(
         store: Path, tmp_path: Path) -> None:
     checked = check_before_start(JobPlan(
         f"local://{store}", tmp_path / "out", "replicate", {"Tunnel.Type": "Stream"},
-        lambda t: ApplySettings(f"delta:///lake/{t}"), table="t1"))
+        lambda t: ApplySettings(f"delta:///lake/{t}"), tables="t1", one_table=True))
     assert checked.options == {"tunnel.type": "Stream"} and checked.lines == [NONE_WARNING]

@@ -2,7 +2,7 @@
 on the real job (``pipeline.job.ReplicationJob``: its watch loop, restarts and idle looks) over
 a real local Spark, the embedded store, Delta or Iceberg, in both modes: one table (``replicate
 --table orders``: ``start_pipeline``) and a selection of it (``replicate --tables orders``:
-``start_multi_table_pipeline``, the table's target set by its own settings, as a ``--config``
+``start_pipeline``, the table's target set by its own settings, as a ``--config``
 table's is). The same steps run for both (``mode``):
 
 - under a write load: three rows deleted, two changed and one added in the target behind the
@@ -35,7 +35,6 @@ from meta_store.signals import Signal, SignalBoard, SignalState  # noqa: E402
 from tablestore_cdc.demo.writer import DEMO_TABLE, DemoWriter  # noqa: E402
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline  # noqa: E402
 from tablestore_cdc.pipeline.job import WATCH_EVERY_S, JobExit, ReplicationJob  # noqa: E402
-from tablestore_cdc.pipeline.multi_table import start_multi_table_pipeline  # noqa: E402
 from tablestore_cdc.pipeline.restarts import RestartPolicy  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
@@ -84,7 +83,7 @@ def replicating(spark: Any, mode: str, store_path: Path, out: Path, target: Targ
             pipeline = start_pipeline(spark, endpoint, DEMO_TABLE, "replicate", out,
                                       ApplySettings(target.uri), options, TRIGGER_MS)
         else:  # the table's own target, as --config gives it (the template's is unused)
-            pipeline = start_multi_table_pipeline(
+            pipeline = start_pipeline(
                 spark, endpoint, DEMO_TABLE, "replicate", out,
                 ApplySettings(f"delta://{out}/lake/{{table}}"), options=options,
                 trigger_ms=TRIGGER_MS, per_table=lambda _: (ApplySettings(target.uri), None))

@@ -47,6 +47,7 @@ from tablestore_cdc.commands.app import app as cli_app  # noqa: E402
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties  # noqa: E402
 from tablestore_cdc.verify import read_delta, table_state  # noqa: E402
 from tablestore_emulator.tunnel_api import wire_change_log  # noqa: E402
+from testkit.changelogs import changelog_rows  # noqa: E402
 from testkit.crash_points import environment as crash_environment  # noqa: E402
 from testkit.processes import REPO, arm_crash_point, kill_tree  # noqa: E402
 from testkit.target_reads import (  # noqa: E402
@@ -364,8 +365,6 @@ def test_a_kill_at_an_iceberg_schema_change_is_exact(tmp_path: Path) -> None:
 
 @pytest.mark.extended  # the embedded store's run is in the default suite (test_snapshot_op_spark)
 def test_snapshot_rows_arrive_as_reads_then_the_stream(tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
-
     with wire_scenario(tmp_path) as (emulator, _store, client):
         write_integers(client)  # before the tunnel: its base data
         target = Target("delta", tmp_path)
@@ -378,8 +377,7 @@ def test_snapshot_rows_arrive_as_reads_then_the_stream(tmp_path: Path) -> None:
             client.put_row("t", Row([("id", 30)], [("qty", 30)]), IGNORE)
             wait_equal(client, target, job, "the stream after the snapshot applied")
             assert job.stop() == 0, job.tail()
-        log = pq.read_table(tmp_path / "out" / "changelog",
-                            columns=["id", "_op", "_sequence"]).to_pylist()
+        log = changelog_rows(tmp_path / "out", "t")
         reads = sorted(r["id"] for r in log if r["_op"] == "READ")
         assert reads == [k for k in range(KEYS) if k != KEYS - 1]  # the rows the table held
         assert all(r["_sequence"].startswith("!") for r in log if r["_op"] == "READ")

@@ -113,7 +113,7 @@ def _shown_by_a_running_pipeline(tmp: Path, target: str) -> dict[str, str]:
     """Start the pipeline over an emulator with the UI and an event log (this process's own
     JVM), wait for an applied batch, and collect what Spark shows."""
     from connector.spark import local_session
-    from tablestore_cdc.pipeline.queries import ApplySettings, start_pipeline
+    from tablestore_cdc.pipeline import ApplySettings, start_pipeline
     from tablestore_emulator.server import EmulatorServer
     from testkit.fixtures import local_store, put_rows
     from testkit.waiting import wait_until

@@ -1,15 +1,22 @@
 """``tablestore-cdc replicate`` and ``tablestore-cdc demo``: the commands that run the pipeline.
 
 Mounted by ``commands/app.py``. Thin over the pipeline library (``tablestore_cdc.pipeline``)
-and the demo (``tablestore_cdc.demo``): flags in, one line per change of the figures out, Ctrl-C
-(or SIGTERM) stops cleanly; errors end in one ``error: ...`` line and exit code 2.
+and the demo (``tablestore_cdc.demo``). ``replicate`` has one path: ``--table T`` is a
+selection of one (``--tables T`` whose default target is ``delta://OUTPUT/T``), run by the
+replication job (``tablestore_cdc.pipeline.job``: restarts with backoff, one job per output
+directory, Spark's log in a file): one line per change of a table's state or of its target's
+schema, a summary of the tables every 30 s (``table_status.StatusSummary``; each table's
+``TableStatus``, also written to the meta store for the dashboard and ``meta tables`` and set in
+the Prometheus metrics), Ctrl-C (or SIGTERM) stops cleanly; errors end in one ``error: ...``
+line and exit code 2.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import functools
+import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +28,17 @@ from tablestore_cdc.commands.errors import fail, reported_errors
 from tablestore_cdc.commands.source_flags import flags_named, reader_options, source_endpoint
 from tablestore_cdc.demo.run import run_demo
 from tablestore_cdc.pipeline import ApplySettings, start_pipeline
-from tablestore_cdc.pipeline.table_config import catalog_option, column_types
+from tablestore_cdc.pipeline.job import JobExit, ReplicationJob, open_job
+from tablestore_cdc.pipeline.multi_table import (
+    is_one_table,
+    selection_options,
+    status_location,
+    table_sources,
+)
+from tablestore_cdc.pipeline.restarts import RestartPolicy
+from tablestore_cdc.pipeline.table_config import TableConfig, column_types, load_table_config
+from tablestore_cdc.pipeline.upgrade import upgrade_output
+from tablestore_cdc.table_status import StatusSummary, TableStatusWriter
 
 console = Console(stderr=True)
 
@@ -50,9 +67,12 @@ def demo(
 
 def replicate(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option(help="Change log and checkpoints (and the default "
-                                         "target).")],
-    table: Annotated[str | None, typer.Option(help="The table to replicate.")] = None,
+    output: Annotated[str, typer.Option(help="A local (or mounted) directory: the change log, "
+                                        "Spark's checkpoints, the job's log (and the default "
+                                        "target).")],
+    table: Annotated[str | None, typer.Option(
+        help="One table: short for --tables TABLE, its target by default delta://OUTPUT/TABLE."
+        )] = None,
     tables: Annotated[str | None, typer.Option(
         help="Several tables in one application: comma-separated names or globs "
         "(orders_*,users); tables created later that match are picked up. The target is a "
@@ -60,7 +80,7 @@ def replicate(
     exclude: Annotated[list[str] | None, typer.Option(
         help="With --tables: leave out tables matching this glob (repeatable).")] = None,
     config: Annotated[Path | None, typer.Option(
-        help="With --tables: per-table settings from a TOML file ([defaults], [tables.NAME]: "
+        help="Per-table settings from a TOML file ([defaults], [tables.NAME]: "
         "scd, schema_drift, soft_delete_column, target, keys, snapshot_op, columns, "
         "maintenance, read limits); flags given here override it.")]
     = None,
@@ -77,7 +97,8 @@ def replicate(
     target: Annotated[str | None, typer.Option(
         help="Where changes are applied: delta:///abs/path, delta+s3://bucket/prefix, "
         "iceberg:///abs/warehouse?table=namespace.table or iceberg://catalog/namespace.table "
-        "(default: delta://OUTPUT/TABLE; docs/lakehouse.md).")]
+        "(default: delta://OUTPUT/TABLE with --table, delta://OUTPUT/lake/{table} with "
+        "--tables; docs/lakehouse.md).")]
     = None,
     scd: Annotated[int, typer.Option(
         min=1, max=2, help="1: the current state; 2: one row per version with __START_AT and "
@@ -136,134 +157,217 @@ def replicate(
     = None,
     engine: Annotated[str, typer.Option(
         help="Who applies each batch: embedded (the driver: delta-rs or pyiceberg) or spark "
-        "(Spark's own MERGE by delta-spark on the executors, into a local Delta target; its "
+        "(Spark's own MERGE on the executors, by delta-spark into local Delta targets; its "
         "jars come from Maven Central; docs/lakehouse.md).")] = "embedded",
 ) -> None:
-    """Replicate a table into a Delta or Iceberg table until stopped (Ctrl-C, SIGTERM), or
-    with --once until caught up; a restart resumes exactly. Retryable failures restart the
-    pipeline with backoff. With --tables, many tables in one application
-    (docs/multi-table.md). Exit codes: 0 stopped or done, 1 failed (see the log), 2 a
-    configuration error, 3 gave up after --max-restarts, 4 already running."""
-    from tablestore_cdc.pipeline.job import ReplicationJob
-    from tablestore_cdc.pipeline.preflight import INITIAL_CHOICES, JobPlan, check_before_start
+    """Replicate a table (--table) or a selection of tables (--tables) into Delta or Iceberg
+    tables until stopped (Ctrl-C, SIGTERM), or with --once until caught up; a restart resumes
+    exactly. Retryable failures restart the pipeline with backoff (docs/multi-table.md). Exit
+    codes: 0 stopped or done, 1 failed (see the log), 2 a configuration error, 3 gave up after
+    --max-restarts, 4 already running."""
+    from tablestore_cdc.pipeline.preflight import INITIAL_CHOICES
     from tablestore_cdc.pipeline.restarts import restart_policy
 
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
-    output = output.resolve()
+    out = _local_output(output)
     if engine not in ("embedded", "spark"):
         fail(f"option '--engine': got {engine!r}; allowed: embedded or spark")
-    if engine == "spark" and tables is not None:
-        fail("--engine spark goes with --table (one table)")
-    with reported_errors():
-        from tablestore_cdc.lakehouse.target import parse_target_options
-
-        target_options = tuple(parse_target_options(target_option).items())
-        from tablestore_cdc.lakehouse.upkeep import policy_of
-
-        upkeep = policy_of(maintenance, maintenance_setting)
     if initial not in INITIAL_CHOICES:
         fail(f"option '--initial': got {initial!r}; allowed: {' or '.join(INITIAL_CHOICES)}")
-    initial_given = _on_command_line(ctx, "initial")
-    if tables is not None:
-        if table is not None:
-            fail("--table and --tables: give one of them")
-        with reported_errors():
-            columns = column_types(column)
-        from tablestore_cdc.commands.replicate_tables import replicate_tables
-
-        apply = ApplySettings(target or f"delta://{output}/lake/{{table}}", scd, schema_drift,
-                              soft_delete_column, adopt_target, target_options, upkeep)
-        given = frozenset(name for name in ("target", "scd", "schema_drift",
-                                            "soft_delete_column", "adopt_target")
-                          if _on_command_line(ctx, name)) | (
-                              {"target_options"} if target_options else set()) | (
-                              {"maintenance"} if _on_command_line(ctx, "maintenance")
-                              or maintenance_setting else set())
-        with reported_errors():
-            policy = restart_policy(restart_backoff, max_restarts)
-        code = replicate_tables(endpoint, tables, exclude, output, apply, tunnel, extra,
-                                trigger_ms, master, metrics_port, config, given, policy, once,
-                                initial=initial, initial_given=initial_given,
-                                allow_empty=allow_empty, columns=columns)
-        raise typer.Exit(int(code))
-    if table is None:
-        fail("--table (one table) or --tables (a selection) is required")
-    if allow_empty:
-        fail("--allow-empty goes with --tables")
-    # one policy for the source and the target (Flink CDC's schema.change.behavior), unless an
-    # --option names the reader's own (--tables: per table, TableConfig.source_options)
-    if "schema.change.behavior" not in {key.lower() for key in extra}:
-        extra["schema.change.behavior"] = schema_drift
+    if (table is None) == (tables is None):
+        fail("--table (one table) or --tables (a selection): give one of them")
+    if table is not None:
+        if not table or not is_one_table(table):
+            fail(f"option '--table': got {table!r}: one table's name; a list or a pattern "
+                 "goes in --tables")
+        for flag, given_flag in (("--allow-empty", allow_empty), ("--exclude", exclude)):
+            if given_flag:
+                fail(f"{flag} goes with --tables")
     with reported_errors():
-        typed = column_types(column, table).get(table)
-    if typed:
-        if "catalog" in {key.lower() for key in extra}:
-            fail("--column and --option catalog=...: give one of them")
-        extra["catalog"] = catalog_option(typed)
-    apply = ApplySettings(target or f"delta://{output / table}", scd, schema_drift,
-                          soft_delete_column, adopt_target, target_options, upkeep)
-    with reported_errors(), flags_named():
+        from tablestore_cdc.lakehouse.target import parse_target_options
+        from tablestore_cdc.lakehouse.upkeep import policy_of
+
+        target_options = tuple(parse_target_options(target_option).items())
+        upkeep = policy_of(maintenance, maintenance_setting)
+        columns = column_types(column, table)
         policy = restart_policy(restart_backoff, max_restarts)
-        # a bad target, option or endpoint, a missing table, a target or table of another
-        # job: refused here, read-only, before the lock and Spark (the same checks as --tables)
-        checked = check_before_start(JobPlan(endpoint, output, tunnel, extra, lambda _: apply,
-                                             table=table, initial=initial,
-                                             initial_given=initial_given))
-    extra = checked.options
-    for line in checked.lines:
-        console.print(line, soft_wrap=True)
-    from tablestore_cdc.commands.replicate_tables import run_job, say_job_end, start_job
-
-    engine_conf = None
-    if engine == "spark":  # the jars for this PySpark and a target it writes, before Spark
-        from tablestore_cdc.lakehouse.spark_merge import replicate_conf
-
-        with reported_errors():
-            engine_conf = replicate_conf(apply.target)
-        apply = dataclasses.replace(apply, engine=engine)
-    # a second start ends here (exit 4); --once: a short run's JVM options
-    lock, spark = start_job(output, master, engine_conf, short_run=once)
-    try:
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        console.print(f"replicating {table} from {redact_uri(endpoint)} into {apply.target} "
-                      f"(SCD {scd}, schema drift {schema_drift}"
-                      f"{', once' if once else ''}) — Ctrl-C to stop")
-        writer = _status_writer(endpoint, table, tunnel, extra)
-        metrics = _serve_metrics(endpoint, metrics_port, writer)
-        job = ReplicationJob(
-            lambda: start_pipeline(spark, endpoint, table, tunnel, output, apply, extra,
-                                   trigger_ms, once=once),
-            policy, say=lambda line: console.print(line, soft_wrap=True), once=once,
-            record_status=_status_recorder(endpoint, table, tunnel, extra, writer),
-            on_progress=_progress_printer(writer, table, str(output)))
-        try:
-            code = run_job(job, spark, writer)
-        finally:
-            metrics.close()
-    finally:
-        lock.release()
-    say_job_end(code, once)
+    default_target = (f"delta://{out}/{{table}}" if table is not None
+                      else f"delta://{out}/lake/{{table}}")
+    apply = ApplySettings(target or default_target, scd, schema_drift, soft_delete_column,
+                          adopt_target, target_options, upkeep, engine)
+    given = frozenset(name for name in ("target", "scd", "schema_drift",
+                                        "soft_delete_column", "adopt_target")
+                      if _on_command_line(ctx, name)) | (
+                          {"target_options"} if target_options else set()) | (
+                          {"maintenance"} if _on_command_line(ctx, "maintenance")
+                          or maintenance_setting else set())
+    code = replicate_selection(
+        endpoint, table or tables or "", exclude, out, apply, tunnel, extra, trigger_ms, master,
+        metrics_port, config, given, policy, once, initial=initial,
+        initial_given=_on_command_line(ctx, "initial"), allow_empty=allow_empty,
+        columns=columns, one_table=table is not None)
     raise typer.Exit(int(code))
 
 
-def _serve_metrics(endpoint: str, port: int | None, writer: Any) -> Any:
-    """The table's Prometheus metrics (``pipeline.metrics.TableMetrics``), set from every
-    status ``writer`` publishes (the job's restarts included), served on 127.0.0.1:``port``
-    when given (a port in use: one line, exit 2). The caller closes them."""
+def _local_output(output: str) -> Path:
+    """``--output`` as an absolute local path; a URI (``s3://...``) is refused in one line
+    rather than becoming a directory named ``s3:`` (the job's state is kept on a local or
+    mounted file system; its targets may be in object storage)."""
+    if "://" in output:
+        fail(f"option '--output': got {output!r}: the change log and Spark's checkpoints are "
+             "kept in a local or mounted directory; give a path (the targets may be in object "
+             "storage: --target 'delta+s3://BUCKET/PREFIX/{table}')")
+    return Path(output).resolve()
+
+
+def start_job(output: Path, master: str, conf: dict[str, str] | None = None, *,
+              short_run: bool = False) -> tuple[Any, Any]:
+    """``job.open_job`` for ``replicate`` (one table or ``--tables``; CLI process): a second
+    start ends in one line (exit 4), having written nothing; Ctrl-C while Spark starts ends in
+    one line (exit 0) instead of the traceback of the Py4J call it interrupted. ``conf``: the
+    session's added settings (``--engine spark``); ``short_run``: ``--once``'s JVM options."""
+    try:
+        with reported_errors():
+            return open_job(output, master, console.print, conf, short_run=short_run)
+    except KeyboardInterrupt:
+        _end_children()
+        console.print("stopped while Spark was starting; nothing was read or written")
+        raise typer.Exit(int(JobExit.DONE)) from None
+
+
+def run_job(job: ReplicationJob, spark: Any, writer: TableStatusWriter) -> JobExit:
+    """The tail of ``replicate`` (one table or ``--tables``; CLI process, driver): run ``job``
+    until it ends, stop Spark, mark every table "stopped" on a clean end and close the status
+    ``writer``. The caller releases the output lock and closes the metrics."""
+    code = job.run()
+    spark.stop()
+    if code is JobExit.DONE:
+        writer.mark_all("stopped", None)
+    writer.close()
+    return code
+
+
+def say_job_end(code: JobExit, once: bool) -> None:
+    """The last line of ``replicate`` (one table or ``--tables``) after a clean end."""
+    if code is JobExit.DONE:
+        console.print("caught up; run the same command again to go on" if once
+                      else "stopped cleanly; run the same command again to resume")
+
+
+def _end_children() -> None:
+    """SIGTERM to this process's children (Linux ``/proc``; elsewhere nothing): after Ctrl-C
+    inside Spark's start they are its JVM alone, which PySpark had not handed over yet and
+    which would outlive this process (it ignores SIGINT)."""
+    me = os.getpid()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGTERM)
+
+
+def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
+                        apply: ApplySettings, tunnel: str, options: dict[str, str],
+                        trigger_ms: int, master: str, metrics_port: int | None = None,
+                        config: Path | None = None, given: frozenset[str] = frozenset(),
+                        policy: RestartPolicy | None = None, once: bool = False, *,
+                        initial: str = "snapshot", initial_given: bool = False,
+                        allow_empty: bool = False,
+                        columns: dict[str, dict[str, str]] | None = None,
+                        one_table: bool = False) -> JobExit:
+    """Run the pipeline of the selection ``tables`` until stopped (CLI process, driver), under
+    the replication job's restart policy, output lock and log file
+    (``tablestore_cdc.pipeline.job``). ``one_table``: ``--table`` (the table must exist now);
+    ``metrics_port``: serve the per-table metrics for Prometheus on 127.0.0.1
+    (``tablestore_cdc.pipeline.metrics``); ``config``: per-table settings
+    (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
+    given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow);
+    ``initial``, ``initial_given``, ``allow_empty``: ``--initial`` (and whether it was given)
+    and ``--allow-empty``, for the checks before the start (``pipeline.preflight``);
+    ``columns``: ``--column`` types per table (``table_config.column_types``), each table's
+    ``catalog``. Returns the job's exit code."""
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
+    from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
 
+    excluded = ",".join(exclude) if exclude else None
+    per_table = None
+    engine_conf = None
+    with reported_errors(), flags_named():
+        if config is not None:
+            table_config = load_table_config(config)
+            per_table = functools.partial(table_config.for_table, base=apply, given=given)
+        else:
+            table_config = TableConfig()
+        # each table's schema_drift is its source's policy too, and snapshot_op its
+        # snapshot.op, unless --option names them
+        options = table_config.source_options(options, apply, given, columns)
+        settings_of = per_table
+        # a bad target, option or endpoint, a missing table, a target or table of another
+        # job: refused here, read-only, before the lock and Spark
+        checked = check_before_start(JobPlan(
+            endpoint, output, tunnel, options,
+            lambda table: settings_of(table)[0] if settings_of is not None else apply,
+            tables=tables, exclude=excluded, initial=initial, initial_given=initial_given,
+            allow_empty=allow_empty, one_table=one_table))
+        if apply.engine == "spark":  # the jars for this PySpark, before Spark starts
+            from tablestore_cdc.lakehouse.spark_merge import replicate_conf
+
+            engine_conf = replicate_conf(apply.target)
+    options = checked.options
+    for line in checked.lines:
+        console.print(line, soft_wrap=True)
+    if not one_table:
+        console.print(f"capturing {len(checked.tables)} table(s) now: "
+                      f"{', '.join(checked.tables) or '(none yet)'}", soft_wrap=True)
     metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint),
                            probe=endpoint)
-    metrics.attach(writer)  # the metrics follow its statuses, which take the probe
-    if port is not None:
-        try:
-            served = metrics.serve(port)
-        except OSError as exc:
-            fail(f"option '--metrics-port': cannot listen on 127.0.0.1:{port}: {exc}")
-        console.print(f"metrics on http://127.0.0.1:{served}/metrics")
-    return metrics
+    # a second start ends here (exit 4); --once: a short run's JVM options
+    lock, spark = start_job(output, master, engine_conf, short_run=once)
+    try:
+        with reported_errors():
+            if one_table:  # an earlier version's single-table output: upgraded in place
+                upgraded = upgrade_output(output, table_sources(selection_options(
+                    endpoint, tables, excluded, tunnel, options))(tables))
+                if upgraded is not None:
+                    console.print(upgraded, soft_wrap=True)
+            if metrics_port is not None:
+                port = metrics.serve(metrics_port)
+                console.print(f"metrics on http://127.0.0.1:{port}/metrics")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        what = tables if one_table else f"tables {tables}"
+        into = apply.target.replace("{table}", tables) if one_table else apply.target
+        console.print(f"replicating {what}{f' except {excluded}' if excluded else ''} from "
+                      f"{redact_uri(endpoint)} into {into} (SCD {apply.scd}, schema drift "
+                      f"{apply.schema_drift}{', once' if once else ''}) — Ctrl-C to stop",
+                      soft_wrap=True)
+        summary = StatusSummary()  # a line per change of state, a summary per interval
+        writer = TableStatusWriter(functools.partial(status_location, endpoint, tables,
+                                                     tunnel, options))
+        metrics.attach(writer)  # the job's restarts too (record_status); the probe
+
+        def show(pipeline: Any) -> None:
+            statuses = writer.publish(pipeline.table_statuses(str(output), tables))
+            ended = not any(query.isActive for query in pipeline.queries)  # --once: done
+            for line in summary.lines(statuses, final=ended):
+                console.print(line, soft_wrap=True)
+
+        job = ReplicationJob(
+            lambda: start_pipeline(spark, endpoint, tables, tunnel, output, apply, options,
+                                   trigger_ms, exclude=excluded, per_table=per_table,
+                                   once=once, retry=policy),
+            policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
+            record_status=writer.mark_all, on_progress=show, once=once)
+        code = run_job(job, spark, writer)
+    finally:
+        metrics.close()
+        lock.release()
+    say_job_end(code, once)
+    return code
 
 
 def _on_command_line(ctx: typer.Context, name: str) -> bool:
@@ -272,84 +376,3 @@ def _on_command_line(ctx: typer.Context, name: str) -> bool:
     ``click.core.ParameterSource``."""
     source = ctx.get_parameter_source(name)
     return getattr(source, "name", None) == "COMMANDLINE"
-
-
-def _progress_printer(writer: Any, table: str, job: str) -> Callable[[Any], None]:
-    """The figures in one line at the first look, then at most once per ``SUMMARY_EVERY_S``
-    when they changed (and at the end of a ``--once`` run), never a line per batch nor one
-    rewritten in place: the planning process logs to the same terminal, and a line it writes
-    must not land in ours. Each look also publishes the table's ``TableStatus`` (``writer``:
-    the feed, the dashboard, ``meta tables`` and the metrics read it), says a change of the
-    table's state at once (``StatusSummary``) and a new schema change of the target in a line
-    of its own."""
-    import time
-
-    from tablestore_cdc.table_status import SUMMARY_EVERY_S, StatusSummary
-
-    shown: list[tuple[int, int, int | None]] = []
-    shown_at = [float("-inf")]
-    summary = StatusSummary(every_s=float("inf"))  # the figures line is the summary here
-    schema_change: list[str | None] = [None]
-
-    def show(pipeline: Any) -> None:
-        delivered, batches = pipeline.poll()
-        applied = pipeline.applied_batch()
-        now = time.monotonic()
-        ended = not any(q.isActive for q in pipeline.queries)
-        if (not shown or shown[-1] != (delivered, batches, applied)) and (
-                ended or now - shown_at[0] >= SUMMARY_EVERY_S):
-            console.print(f"delivered {delivered} change(s) in {batches} batch(es); target "
-                          f"at apply batch {'-' if applied is None else applied}",
-                          soft_wrap=True)
-            shown[:] = [(delivered, batches, applied)]
-            shown_at[0] = now
-        status = writer.publish({table: pipeline.table_status(table, job)})[table]
-        for line in summary.lines({table: status}):
-            if ": schema change of the target: " not in line and not line.startswith(
-                    "tables: "):  # said below, and the figures line above
-                console.print(line, soft_wrap=True)
-        change = pipeline.applied.last_schema_change
-        if change is not None and change != schema_change[0]:
-            console.print(f"schema change of the target: {change} (target version "
-                          f"{status.last_schema_change_version})", soft_wrap=True)
-            schema_change[0] = change
-
-    return show
-
-
-def _source_options(endpoint: str, table: str, tunnel: str, extra: dict[str, str]) -> Any:
-    from connector.options import SourceOptions
-
-    return SourceOptions.from_spark({"endpoint": endpoint, "table.name": table,
-                                     "tunnel.name": tunnel, **extra})
-
-
-def _status_writer(endpoint: str, table: str, tunnel: str, extra: dict[str, str]) -> Any:
-    """The ``TableStatusWriter`` of the table's status, in its own namespace's companion
-    (``tablestore_cdc.table_status``), as a multi-table pipeline writes each table's."""
-    from tablestore_cdc.table_status import TableStatusWriter
-
-    options = _source_options(endpoint, table, tunnel, extra)
-    return TableStatusWriter(lambda _table: (options.meta_store, options.meta_store_credentials,
-                                             options.source_identity))
-
-
-def _status_recorder(endpoint: str, table: str, tunnel: str, extra: dict[str, str],
-                     writer: Any) -> Callable[[str, str | None], None]:
-    """Record the job's state (restarting, failed, running) where the feed reads a query's
-    status (``query_record``) and over the table's status (``writer``); a meta store that does
-    not answer (the outage itself) is skipped: the job's log line says it all the same."""
-    from meta_store import open_meta_store
-    from tablestore_cdc.query_record import record_query_status
-
-    options = _source_options(endpoint, table, tunnel, extra)
-
-    def record(status: str, reason: str | None) -> None:
-        writer.mark_all(status, reason)
-        try:
-            with open_meta_store(options.meta_store, options.meta_store_credentials) as meta:
-                record_query_status(meta, options.source_identity, status, reason=reason)
-        except Exception:  # noqa: BLE001 - best effort during an outage
-            pass
-
-    return record

@@ -140,6 +140,7 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
     not through the sink) with the store's table row by row; print where the table is."""
     import pyarrow.parquet as pq
 
+    from connector import generic_rows
     from tablestore_cdc.sinks import deliveries_from_rows
     from tablestore_cdc.verify import read_delta, table_state
 
@@ -151,10 +152,11 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
             change_log = wire_change_log(change_log)
         source = rows_by_key(store.scan(DEMO_TABLE))
         channels = store.list_channels(DEMO_TABLE)
-    rows = pq.read_table(pipeline.changelog_dir).to_pylist()
-    result = verify(change_log, deliveries_from_rows(rows, ["order_id"]), check_order=False)
-    table_path = pipeline.target.removeprefix("delta://")
-    state = table_state(read_delta(table_path), pipeline.key_columns)
+    changes, keys = generic_rows.decode(pq.read_table(pipeline.changelog_dir))
+    result = verify(change_log, deliveries_from_rows(changes.to_pylist(), list(keys)),
+                    check_order=False)
+    table_path = pipeline.apply.target_of(DEMO_TABLE).removeprefix("delta://")
+    state = table_state(read_delta(table_path), keys)
     state_ok = {k: dict(v) for k, v in source.items()} == state
     _, batches = pipeline.poll()
     _print_where(table_path)

@@ -1,6 +1,6 @@
 """The replication job: run the pipeline, restart it after a retryable failure, end it with an
 exit code (driver; ``tablestore-cdc replicate`` holds what ``open_job`` opens and runs a
-``ReplicationJob``, through ``tablestore_cdc.commands.replicate_tables.run_job``).
+``ReplicationJob``, through ``tablestore_cdc.commands.replicate.run_job``).
 
 The loop: start the pipeline (``start_pipeline``), watch its two queries; when one fails,
 ``failures.query_failure`` says what the error is:
@@ -40,9 +40,9 @@ WATCH_EVERY_S = 2.0
 
 
 class RunningPipeline(Protocol):
-    """What the job watches: ``queries.Pipeline`` (one table) and
-    ``multi_table.MultiTablePipeline`` (many). Both also have ``run_due_repairs()``, which the
-    job calls at each look (``_run_due_repairs``: the re-snapshots of an idle stream)."""
+    """What the job watches: ``multi_table.Pipeline`` (a selection of tables, one table
+    included), which also has ``run_due_repairs()``, called at each look
+    (``_run_due_repairs``: the re-snapshots of an idle stream)."""
 
     @property
     def queries(self) -> tuple[Any, Any]: ...

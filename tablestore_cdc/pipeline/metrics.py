@@ -3,7 +3,7 @@
 ``TableMetrics`` holds its own ``prometheus_client`` registry (never the process-wide one, so
 two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.1 by default;
 ``update`` is called by the command's loop (driver) with each table's ``TableStatus``
-(``MultiTablePipeline.table_statuses``: the same records the feed and ``meta tables`` read
+(``Pipeline.table_statuses``: the same records the feed and ``meta tables`` read
 from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``table`` label:
 
 - ``tablestore_cdc_source_up{source}`` (the one label not ``table``): 1 while the pipeline's

@@ -1,8 +1,9 @@
-"""Many tables in one application: one multi-table source query, one apply per table (driver).
+"""The replication pipeline of a selection of tables (one table is a selection of one):
+one source query over the selection, one apply per table (driver).
 
-``start_multi_table_pipeline`` starts the same two queries as a single table's pipeline
-(``queries.py``), over a multi-table source (``connector.multiplex``): the change-log query
-writes every selected table's changes into one Parquet change log, and the apply query's
+``start_pipeline`` starts two queries over a multi-table source (``connector.multiplex``): the
+change-log query writes every selected table's changes into one Parquet change log
+(``<out>/changelog``, generic rows: ``connector.generic_rows``), and the apply query's
 ``foreachBatch`` (``MultiTableApply``) splits each micro-batch by ``_table`` and applies each
 table's rows into its own target, named by a template (``delta:///lake/{table}``): one commit
 per table per batch, each carrying the apply query's (query id, batch id) pair, so a replayed
@@ -83,7 +84,7 @@ class MultiTableApply:
     spec_of: Callable[[str], SourceSpec] | None = None
     #: tables whose signals are looked at even before a batch of them: those the selection
     #: names without a glob (``named_tables``) and those the source reports
-    #: (``MultiTablePipeline.run_due_repairs``)
+    #: (``Pipeline.run_due_repairs``)
     known: set[str] = field(default_factory=set)
     #: the tables' re-snapshots (``resnapshot.hook``), made from ``spec_of``
     repairs: RepairRunner | None = None
@@ -297,14 +298,28 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 @dataclass
-class MultiTablePipeline(TwoQueries):
-    """The two running queries of a multi-table pipeline (driver)."""
+class Pipeline(TwoQueries):
+    """The two running queries of a replication of a selection of tables (driver), returned
+    by ``start_pipeline``; the replication job (``pipeline.job``) watches it."""
 
     apply: MultiTableApply
-    #: the ProgressListener attached by start_multi_table_pipeline (every selected table's
-    #: namespace), removed by ``stop``
+    #: the ProgressListener attached by start_pipeline (every selected table's namespace),
+    #: removed by ``stop``
     listener: Any = None
     spark: Any = None  # the session, to detach the listener at stop
+    #: the change-log query's input rows by batch id (``poll``)
+    delivered_by_batch: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def changelog_dir(self) -> Path:
+        return self.apply.out / "changelog"
+
+    def poll(self) -> tuple[int, int]:
+        """(changes delivered to the change log by this run, its batches) from the change-log
+        query's progress (the demo's figures)."""
+        for progress in self.changelog.recentProgress:
+            self.delivered_by_batch[progress["batchId"]] = progress["numInputRows"]
+        return sum(self.delivered_by_batch.values()), len(self.delivered_by_batch)
 
     def _source_report(self) -> dict[str, Any]:
         """The source's report in the change-log query's last progress (states and lag)."""
@@ -405,14 +420,21 @@ def named_tables(source: Any) -> set[str]:
     return {p for p in selection.include if not set(p) & set("*?[") and selection.matches(p)}
 
 
-def check_target_template(target: str) -> None:
-    """Refuse a multi-table target that does not name each table (``ApplyOptionError``)."""
+def check_target_template(target: str, tables: str | None = None) -> None:
+    """Refuse a target that does not name each table (``ApplyOptionError``): a template with
+    ``{table}``, or one literal target when ``tables`` names one table without a glob."""
     from tablestore_cdc.lakehouse.errors import ApplyOptionError
 
-    if "{table}" not in target:
-        raise ApplyOptionError(option="target", value=target,
-                               problem="names no {table} for the tables it holds",
-                               allowed="a template such as delta:///lake/{table}")
+    if "{table}" in target or (tables is not None and is_one_table(tables)):
+        return
+    raise ApplyOptionError(option="target", value=target,
+                           problem="names no {table} for the tables it holds",
+                           allowed="a template such as delta:///lake/{table}")
+
+
+def is_one_table(tables: str) -> bool:
+    """Does the selection ``tables`` name exactly one table, without a glob?"""
+    return "," not in tables and not set(tables) & set("*?[")
 
 
 def retry_options(retry: RestartPolicy) -> dict[str, str]:
@@ -439,23 +461,26 @@ def _max_partitions(spark: Any) -> str:
     return str(2 * max(1, cores))
 
 
-def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
-                               apply: ApplySettings, exclude: str | None = None,
-                               options: dict[str, str] | None = None,
-                               trigger_ms: int = 0, per_table: Callable[
-                                   [str], tuple[ApplySettings, tuple[str, ...] | None]]
-                               | None = None, *, once: bool = False,
-                               retry: RestartPolicy | None = None) -> MultiTablePipeline:
-    """Start the multi-table change-log and apply queries (driver): every table of
-    ``endpoint`` matching ``tables`` (comma-separated globs) and none of ``exclude``, into
-    ``apply.target`` with ``{table}`` replaced by each table's name. A failed table's held
-    batches are applied first (``MultiTableApply.resume_held``). ``once``: Trigger.AvailableNow,
-    as ``start_pipeline`` (the change log of every table is read to its bound, then applied,
-    and both queries end). ``retry``: the job's restart policy, which a table failing with a
-    retryable error is retried on inside the query (``tables.retryBackoff``,
-    ``tables.maxRetries``, unless ``options`` sets them); None: the source's default (1 s to
-    60 s, forever)."""
-    check_target_template(apply.target)
+def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
+                   apply: ApplySettings, options: dict[str, str] | None = None,
+                   trigger_ms: int = 0, *, exclude: str | None = None,
+                   per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]]
+                   | None = None, once: bool = False,
+                   retry: RestartPolicy | None = None) -> Pipeline:
+    """Start the change-log and apply queries (driver) on any ``endpoint`` the source reads
+    (``local://``, the emulator's or a service's ``http(s)://``, ``dynamodb-streams://``):
+    every table of ``endpoint`` matching ``tables`` (comma-separated names and globs; one
+    name is a selection of one) and none of ``exclude``, into ``apply.target`` with
+    ``{table}`` replaced by each table's name (one named table may have a literal target).
+    ``per_table``: a table's own settings and key override (``table_config``). A failed
+    table's held batches are applied first (``MultiTableApply.resume_held``). ``once``:
+    Trigger.AvailableNow: the change-log query reads what the source has now and ends (waited
+    for here, so its error is raised here), then the apply query applies the whole change log
+    and ends; ``Pipeline.queries`` are then inactive when it is done. ``retry``: the job's
+    restart policy, which a table failing with a retryable error is retried on inside the
+    query (``tables.retryBackoff``, ``tables.maxRetries``, unless ``options`` sets them);
+    None: the source's default (1 s to 60 s, forever)."""
+    check_target_template(apply.target, tables)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
@@ -493,4 +518,4 @@ def start_multi_table_pipeline(spark: Any, endpoint: str, tables: str, tunnel: s
     except BaseException:
         spark.streams.removeListener(listener)
         raise
-    return MultiTablePipeline(changelog, state_query, sink, listener=listener, spark=spark)
+    return Pipeline(changelog, state_query, sink, listener=listener, spark=spark)

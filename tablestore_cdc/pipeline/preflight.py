@@ -1,16 +1,16 @@
 """What ``replicate`` checks before its first batch (CLI process, driver, before Spark starts).
 
-``check_before_start`` is called by both paths of ``tablestore-cdc replicate`` (one table,
-``commands/replicate.py``; ``--tables``, ``commands/replicate_tables.py``), so
-both refuse the same things the same way: each refusal is a typed error the CLI prints as one
+``check_before_start`` is called by ``tablestore-cdc replicate`` (``commands/replicate.py``,
+``--table`` and ``--tables`` alike): each refusal is a typed error the CLI prints as one
 ``error:`` line, and nothing has been written anywhere (no output directory, no tunnel, no
 meta store). In order:
 
 1. the output directory is not another running job's (its lock, read only:
-   ``job_lock.JobAlreadyRunningError``, exit 4);
-2. the target's URI (a scheme it knows, an absolute path, an Iceberg ``?table=``) and, with
-   ``--tables``, its ``{table}``;
-3. the reader's options (``SourceOptions`` / ``MultiTableOptions``);
+   ``job_lock.JobAlreadyRunningError``, exit 4), nor, for ``--tables``, an earlier version's
+   single-table output (``upgrade.SingleTableOutputError``: ``--table`` upgrades it);
+2. the target's URI (a scheme it knows, an absolute path, an Iceberg ``?table=``) and its
+   ``{table}`` (one literal target for ``--table``);
+3. the reader's options (``MultiTableOptions``);
 4. the endpoint, once, under the first-contact rule (``cdc_common.first_contact``): a wrong
    host, port or scheme is a configuration error here, not an outage retried for ever; the
    table exists, or the selection matches a table now (``NoTablesError``; ``allow_empty``:
@@ -46,6 +46,7 @@ from cdc_common.uris import redact_uri
 from connector.errors import OptionError, UnknownTunnelError
 from tablestore_cdc.lease_holder import holder_alive
 from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id
+from tablestore_cdc.pipeline.upgrade import SingleTableOutputError, single_table_layout
 
 #: ``--initial``: what a new job delivers first
 INITIAL_SNAPSHOT, INITIAL_NONE = "snapshot", "none"
@@ -93,11 +94,13 @@ class JobPlan:
     tunnel: str
     #: the reader's options (``--option`` and those the flags set)
     options: dict[str, str]
-    #: a table's apply settings, its target still a template with ``{table}`` for --tables
+    #: a table's apply settings, its target still a template with ``{table}``
     apply_of: Callable[[str], ApplySettings]
-    table: str | None = None
-    tables: str | None = None
+    #: the selection (``--tables``, or the one table of ``--table``)
+    tables: str
     exclude: str | None = None
+    #: ``--table``: the one table must exist now (``UnknownTableError``)
+    one_table: bool = False
     initial: str = INITIAL_SNAPSHOT
     #: was ``--initial`` given on the command line (else its default)?
     initial_given: bool = False
@@ -119,13 +122,14 @@ def check_before_start(plan: JobPlan) -> Checked:
     lock and Spark); raises the first refusal, having written nothing."""
     with named_extras():
         _output_not_running(plan.output)
+        if not plan.one_table and single_table_layout(plan.output):
+            raise SingleTableOutputError(output=str(plan.output))
         template = plan.apply_of("{table}")
         check_target_uri(template.target, dict(template.target_options))
         _open_target(plan, template, "{table}")  # the apply flags (ApplyOptionError)
-        if plan.tables is not None:
-            from tablestore_cdc.pipeline.multi_table import check_target_template
+        from tablestore_cdc.pipeline.multi_table import check_target_template
 
-            check_target_template(template.target)
+        check_target_template(template.target, plan.tables)
         source = _source_options(plan)
         with query_start(), _tunnel_service(source) as tunnel:
             names, lines = _tables(plan, source, tunnel)
@@ -253,39 +257,29 @@ def _lock_holder(text: str) -> dict[str, str]:
 
 
 def _source_options(plan: JobPlan) -> Any:
-    """The reader's options validated (``OptionError``); with ``--tables`` the
+    """The reader's options validated (``OptionError``): the selection's
     ``MultiTableOptions``."""
-    from connector.options import SourceOptions
-
     common = {"endpoint": plan.endpoint, "tunnel.name": plan.tunnel, **plan.options}
-    if plan.tables is None:
-        assert plan.table is not None
-        return SourceOptions.from_spark({**common, "table.name": plan.table})
     from connector.table_selection import MultiTableOptions
 
     return MultiTableOptions.from_spark({**common, "tables": plan.tables,
                                          **({"exclude": plan.exclude} if plan.exclude else {})})
 
 
-def _for_table(source: Any, table: str) -> Any:
-    return source.for_table(table) if hasattr(source, "for_table") else source
-
-
 @contextmanager
 def _tunnel_service(source: Any) -> Iterator[Any]:
     from connector.tunnel import open_tunnel_service
 
-    common = source.common_options() if hasattr(source, "common_options") else source
+    common = source.common_options()
     with open_tunnel_service(common.endpoint) as tunnel:
         yield tunnel
 
 
 def _tables(plan: JobPlan, source: Any, tunnel: Any) -> tuple[list[str], list[str]]:
     """The tables the job captures now (the endpoint's first answer), and a warning line."""
-    if plan.tables is None:
-        assert plan.table is not None
-        tunnel.table_schema(plan.table)  # UnknownTableError
-        return [plan.table], []
+    if plan.one_table:
+        tunnel.table_schema(plan.tables)  # UnknownTableError
+        return [plan.tables], []
     present = [n for n in tunnel.list_tables() if n != source.meta_table]
     names = source.selection.select(present)
     if names:
@@ -322,12 +316,12 @@ def _leases_free(plan: JobPlan, tables: list[str], options: dict[str, str]) -> N
     if not tables:
         return
     source = _source_options(dataclasses.replace(plan, options=options))
-    first = _for_table(source, tables[0])
+    first = source.for_table(tables[0])
     try:
         with query_start(), open_meta_store(first.meta_store, first.meta_store_credentials,
                                             create=False) as meta:
             for table in tables:
-                identity = _for_table(source, table).source_identity
+                identity = source.for_table(table).source_identity
                 lease = meta.get_lease(identity)
                 if (lease is None or not lease.live(time.time())
                         or holder_alive(lease.owner) is False):  # dead on this host
