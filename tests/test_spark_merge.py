@@ -221,6 +221,26 @@ def test_spark_merge_sink_refuses_options_it_cannot_honour(options: dict[str, An
     assert caught.value.fields["option"] == option
 
 
+def test_a_selections_delta_template_is_a_target_of_the_spark_engine() -> None:
+    """``replicate --tables --engine spark``: the template is checked before Spark starts and
+    each table's sink opened with its name in it; an Iceberg template is refused."""
+    from tablestore_cdc.lakehouse.errors import TargetUriError
+    from tablestore_cdc.lakehouse.spark_merge import open_spark_merge_sink, replicate_conf
+
+    sink = open_spark_merge_sink("delta:///lake/{table}", key_columns=["id"])
+    assert sink.target == "/lake/{table}" and sink.format == "delta"
+    assert open_spark_merge_sink("delta:///lake/t1").target == "/lake/t1"
+    with pytest.raises(TargetUriError) as caught:
+        replicate_conf("iceberg:///w?table=cdc.{table}")
+    assert "delta:///abs/path/{table}" in str(caught.value)
+    try:
+        conf = replicate_conf("delta:///lake/{table}")
+    except SparkEngineError as exc:  # the installed PySpark has no jar: not the template
+        assert "has no delta jar released" in str(exc)
+    else:
+        assert conf["spark.jars.packages"].startswith("io.delta:delta-spark_2.13:")
+
+
 def test_fetch_names_a_format_with_no_jar_for_the_installed_pyspark() -> None:
     """On a PySpark no jar is released for (the suite's 4.3) the fetch says so and starts no
     Spark."""

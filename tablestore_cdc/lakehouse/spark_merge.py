@@ -384,11 +384,13 @@ class SparkMergeSink:
 
 
 def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
-    """The Spark engine's sink for a ``replicate --target`` (driver, before Spark starts):
-    a local Delta table, ``delta:///abs/path`` (``TargetUriError`` for another form: an
-    Iceberg table is written through a Spark catalog the session names, ``SparkMergeSink``
-    with ``format="iceberg"``). ``options``: ``key_columns``, ``scd``,
-    ``soft_delete_column``, ``source``, ``adopt_target``."""
+    """The Spark engine's sink for a ``replicate --target`` (driver): a local Delta table,
+    ``delta:///abs/path`` (``TargetUriError`` for another form: an Iceberg table is written
+    through a Spark catalog the session names, ``SparkMergeSink`` with ``format="iceberg"``).
+    Opened by ``replicate_conf`` before Spark starts, to check the form (a selection's
+    template ``delta:///abs/lake/{table}`` included), and by ``pipeline.multi_table.
+    MultiTableApply`` for each table at its first batch, ``{table}`` replaced. ``options``:
+    ``key_columns``, ``scd``, ``soft_delete_column``, ``source``, ``adopt_target``."""
     from urllib.parse import urlsplit
 
     from tablestore_cdc.lakehouse.errors import TargetUriError
@@ -396,14 +398,17 @@ def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
     parts = urlsplit(uri)
     if parts.scheme != "delta" or parts.netloc or not parts.path.startswith("/") or parts.query:
         raise TargetUriError(uri=uri, problem="the Spark engine of replicate writes a local "
-                             "Delta table", allowed="delta:///abs/path with --engine spark")
+                             "Delta table", allowed="delta:///abs/path (--tables: "
+                             "delta:///abs/path/{table}) with --engine spark")
     return SparkMergeSink(parts.path, format=DELTA, **options)
 
 
 def replicate_conf(uri: str) -> dict[str, str]:
     """The settings ``replicate --engine spark`` starts its session with (driver, before
     Spark starts): ``SparkEngineError`` in one line when no jar is released for the installed
-    PySpark, ``TargetUriError`` for a target this engine does not write."""
+    PySpark, ``TargetUriError`` for a target this engine does not write. ``uri``: a table's
+    target or a selection's template (``delta:///abs/lake/{table}``); a selection whose
+    tables have targets of their own (``replicate --config``) checks each."""
     import pyspark
 
     open_spark_merge_sink(uri, key_columns=["<key>"])
