@@ -3,8 +3,8 @@ batches): small files compacted, old Iceberg snapshots expired, unreferenced fil
 so a job left running for a month keeps its tables healthy without ``lake optimize``.
 
 Who calls what, where: ``replicate`` gives each apply sink an ``Upkeep`` of its
-``MaintenancePolicy`` (``ApplySettings.maintenance``; ``queries.start_pipeline`` for
-``--table``, ``multi_table.MultiTableApply.sink`` for each table of ``--tables``). The sink's
+``MaintenancePolicy`` (``ApplySettings.maintenance``; ``multi_table.MultiTableApply.sink``
+for each table of the selection). The sink's
 ``apply`` (``sink.ApplySink.apply``, in the apply query's ``foreachBatch`` on the driver)
 calls ``Upkeep.after_batch`` after each batch it committed, so maintenance never runs while
 the job's own batch of that table is in flight: it cannot race the job's commits, only

@@ -101,7 +101,7 @@ class ReplicationJob:
     """One replication job, of one table or a selection, with its restart policy (driver).
     ``start`` starts the pipeline (raising on a failure at start); ``record_status`` writes the
     job's state where the feed reads it (over every table's status,
-    ``TableStatusWriter.mark_all``; one table's job also in its query record); ``say`` prints
+    ``TableStatusWriter.mark_all``); ``say`` prints
     one line."""
 
     def __init__(self, start: Callable[[], RunningPipeline], policy: RestartPolicy, *,

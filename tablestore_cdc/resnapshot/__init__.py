@@ -1,5 +1,5 @@
 """``tablestore-cdc resnapshot``: the running replication job repairs a table's target from the
-source between two of its batches, one table's job or a ``--tables`` one (docs/resnapshot.md).
+source between two of its batches, whatever its selection of tables (docs/resnapshot.md).
 
 - ``repair``: one signal's repair of one table: reconcile's comparison, the source's rows of
   the differences, one idempotent commit through the job's apply sink of the table;

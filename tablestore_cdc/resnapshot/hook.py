@@ -1,9 +1,8 @@
 """Re-snapshots between a replication job's batches, and on an idle stream (driver).
 
-``RepairRunner`` runs the due signals of the tables one apply query writes: one table
-(``tablestore_cdc.pipeline.queries.start_pipeline``) or each table of a multi-table pipeline
-(``tablestore_cdc.pipeline.multi_table.MultiTableApply``), the same code for both. It knows
-nothing of the modes: ``tables()`` says which tables to look at, ``source_of(table)`` a
+``RepairRunner`` runs the due signals of the tables one apply query writes (each table of the
+pipeline's selection, ``tablestore_cdc.pipeline.multi_table.MultiTableApply``; one table is a
+selection of one): ``tables()`` says which tables to look at, ``source_of(table)`` a
 table's source as the job reads it (whose namespace holds its signals), ``target_of(table)``,
 asked only when a signal of the table is due, where its repair reads and writes
 (``repair.RepairTarget``: the source, the job's own apply sink of the table, its target URI and
@@ -78,7 +77,7 @@ class RepairRunner:
 
     @classmethod
     def of_table(cls, target: RepairTarget, **kwargs: Any) -> RepairRunner:
-        """The runner of a single table's job."""
+        """The runner of one table's repairs alone (a repair run by hand, the tests)."""
         return cls(lambda: (target.spec.table,), lambda _table: target.spec,
                    lambda _table: target, **kwargs)
 
