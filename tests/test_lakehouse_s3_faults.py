@@ -21,7 +21,9 @@ from tablestore_cdc.lakehouse.delta import store_failure, store_refusal  # noqa:
 from tablestore_cdc.lakehouse.errors import (  # noqa: E402
     ObjectStoreError,
     TargetStoreRefusedError,
+    TargetUriError,
 )
+from tablestore_cdc.lakehouse.target import storage_options  # noqa: E402
 from tablestore_cdc.pipeline.failures import query_failure  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
@@ -156,3 +158,15 @@ def test_a_missing_bucket_is_a_configuration_error_tried_once(
                             "target s3://no-such-bucket-here/lake/t: the object store refused",
                             reached_before=True)
     assert not failure.retryable and failure.error == "TargetStoreRefusedError"
+
+
+def test_the_retry_options_are_checked_before_anything_starts() -> None:
+    given = {"max_retries": "20", "retry_timeout": "5min", "timeout": "1m 30s",
+             "connect_timeout": "500ms", "backoff_config.base": "1.5",
+             "Backoff_Config.Max_Backoff": "30 s"}
+    assert storage_options("delta+s3://b/t", "s3", given, environ={}) == given
+    for key, value in (("max_retries", "abc"), ("max_retries", "-1"), ("retry_timeout", "30"),
+                       ("timeout", "soon"), ("backoff_config.base", "x"),
+                       ("backoff_config.base", "0")):
+        with pytest.raises(TargetUriError, match=f"target option {key}={value!r} is not"):
+            storage_options("delta+s3://b/t", "s3", {key: value}, environ={})

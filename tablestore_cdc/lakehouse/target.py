@@ -22,12 +22,15 @@ catalog properties of an Iceberg catalog (they override its configuration). Cred
 from the environment, a profile or a file the user names; an option whose key names a secret is
 never shown (``shown_options``). ``AWS_S3_ALLOW_UNSAFE_RENAME`` is refused: delta-rs commits to
 S3 with a conditional put (``If-None-Match``), so a second writer's commit is refused, not
-overwritten, and the unsafe rename would give that up.
+overwritten, and the unsafe rename would give that up. delta-rs' retry and timeout options
+(``max_retries``, ``retry_timeout``, ``timeout``, ``connect_timeout``, ``backoff_config.*``)
+are checked here, so a value delta-rs would not parse is refused before anything starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -42,6 +45,15 @@ FORMS = ("delta:///abs/path, delta+s3://bucket/prefix, iceberg:///abs/warehouse?
 DELTA_OBJECT_STORES = ("s3", "s3a", "gs", "abfss", "az")
 #: storage options that are never passed: they give up the safe commit (module doc)
 REFUSED_OPTIONS = frozenset({"aws_s3_allow_unsafe_rename"})
+#: delta-rs' (object_store's) retry and timeout options, checked here so that a bad value is
+#: refused before the job starts, naming the option (docs/lakehouse.md, "Faults of the object
+#: store"): a count, durations (``500ms``, ``30s``, ``2min``, ``1m 30s``), a factor
+COUNT_OPTIONS = frozenset({"max_retries"})
+DURATION_OPTIONS = frozenset({"retry_timeout", "timeout", "connect_timeout",
+                              "pool_idle_timeout", "backoff_config.init_backoff",
+                              "backoff_config.max_backoff"})
+FACTOR_OPTIONS = frozenset({"backoff_config.base"})
+_DURATION = re.compile(r"(?:\s*\d+(?:\.\d+)?\s*[A-Za-z\u00b5]+)+\s*")
 
 
 def open_apply_sink(uri: str, *, target_options: Mapping[str, str] | None = None,
@@ -131,6 +143,8 @@ def storage_options(shown: str, store: str, given: Mapping[str, str],
             raise TargetUriError(uri=shown, problem=f"target option {key!r} is refused: "
                                  "delta-rs' conditional put keeps a second writer's commit, "
                                  "an unsafe rename would overwrite it", allowed=FORMS)
+    for key, value in given.items():
+        _check_retry_option(shown, key.lower(), value)
     found = dict(given)
     lowered = {k.lower(): v for k, v in given.items()}
     if store in ("s3", "s3a") and "aws_allow_http" not in lowered:
@@ -141,6 +155,27 @@ def storage_options(shown: str, store: str, given: Mapping[str, str],
         if endpoint.lower().startswith("http://"):
             found["AWS_ALLOW_HTTP"] = "true"
     return found or None
+
+
+def _check_retry_option(shown: str, key: str, value: str) -> None:
+    """``TargetUriError`` for a retry or timeout option (``COUNT_OPTIONS``, ...) whose value
+    delta-rs would not parse; other options are delta-rs' to check."""
+    text = value.strip()
+    if key in COUNT_OPTIONS:
+        ok, allowed = text.isdigit(), "a whole number, 0 or more"
+    elif key in DURATION_OPTIONS:
+        ok, allowed = bool(_DURATION.fullmatch(text)), "a duration such as 500ms, 30s, 2min"
+    elif key in FACTOR_OPTIONS:
+        try:
+            ok = float(text) > 0
+        except ValueError:
+            ok = False
+        allowed = "a number above 0"
+    else:
+        return
+    if not ok:
+        raise TargetUriError(uri=shown, problem=f"target option {key}={value!r} is not "
+                             f"{allowed}", allowed=FORMS)
 
 
 def _iceberg_catalog(shown: str, catalog: str, path: str, query: dict[str, str],
