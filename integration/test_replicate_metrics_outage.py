@@ -45,16 +45,18 @@ def _source_up(port: int) -> float | None:
     return None if found is None else float(found.group(1))
 
 
+@pytest.mark.parametrize("selection", ["--table", "--tables"])
 def test_the_metrics_page_shows_the_source_down_during_an_outage_and_up_after(
-        tmp_path: Path) -> None:
+        tmp_path: Path, selection: str) -> None:
+    """The same for ``--table t`` and ``--tables t`` (one path: a selection of one)."""
     with wire_scenario(tmp_path) as (emulator, store, client):
         write_changes(client, 0, 100)
         out = tmp_path / "out"
         log = tmp_path / "replicate.log"
-        job = replicate_process(emulator.url, ["--table", "t"], out, log,
+        job = replicate_process(emulator.url, [selection, "t"], out, log,
                                 "--restart-backoff", "1:4", "--trigger-ms", str(TRIGGER_MS),
                                 "--metrics-port", "0")
-        target = out / "t"
+        target = out / "t" if selection == "--table" else out / "lake" / "t"
 
         def equal() -> bool:
             return delta_equals_source(store, "t", target)

@@ -141,9 +141,10 @@ def test_replicate_stops_on_ctrl_c_and_sigterm_and_resumes_exactly(tmp_path):
     assert (result.lost, result.duplicated, result.expected) == (0, 0, 700), result.examples
 
 
-def _state_equals_store(out, store) -> bool:
-    return ((out / "t" / "_delta_log").exists()
-            and table_state(read_delta(str(out / "t")), ["id"])
+def _state_equals_store(target, store) -> bool:
+    """Does the Delta table at ``target`` (the job's table of ``t``) equal the store's ``t``?"""
+    return ((target / "_delta_log").exists()
+            and table_state(read_delta(str(target)), ["id"])
             == {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()})
 
 
@@ -160,7 +161,7 @@ def test_replicate_started_twice_refuses_the_second_and_the_first_goes_on(tmp_pa
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        wait_until("the first job's Delta table", lambda: _state_equals_store(out, store),
+        wait_until("the first job's Delta table", lambda: _state_equals_store(out / "t", store),
                    timeout=300, process=first)
         before = sorted(p.relative_to(out) for p in out.rglob("*"))
         second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
@@ -169,7 +170,7 @@ def test_replicate_started_twice_refuses_the_second_and_the_first_goes_on(tmp_pa
         assert f"pid {first.pid}" in second.stderr
         write(store, 200, 200)  # the first is not disturbed: it delivers these too
         wait_until("the first job delivering after the refusal",
-                   lambda: _state_equals_store(out, store), timeout=300, process=first)
+                   lambda: _state_equals_store(out / "t", store), timeout=300, process=first)
         assert first.poll() is None
         created = {p.relative_to(out) for p in out.rglob("*")} - set(before)
         assert all(p.parts[0] in ("t", "changelog", "_checkpoints", "logs") for p in created)
@@ -178,20 +179,24 @@ def test_replicate_started_twice_refuses_the_second_and_the_first_goes_on(tmp_pa
 
 
 @pytest.mark.slow
-def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path):
+@pytest.mark.parametrize("selection", ["--table", "--tables"])
+def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path, selection):
+    """The same for ``--table t`` and ``--tables t`` (one path: a selection of one); only the
+    default target differs (``OUT/t``, ``OUT/lake/t``)."""
     store = LocalTablestore(tmp_path / "store.db")
     store.create_table("t", primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")],
                        channels=2)
     out = tmp_path / "out"
-    command = [*CLI, "replicate", "--store", str(store.path), "--table", "t",
+    command = [*CLI, "replicate", "--store", str(store.path), selection, "t",
                "--output", str(out), "--initial", "none", "--once"]
+    target = out / "t" if selection == "--table" else out / "lake" / "t"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     write(store, 0, 250)
     for run_number in (1, 2):
         run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         assert "caught up" in run.stderr and "Traceback" not in run.stderr
-        assert _state_equals_store(out, store)
+        assert _state_equals_store(target, store)
         if run_number == 1:  # writes between the runs, and a split
             store.split_channel("t", store.list_channels("t")[0].channel_id)
             write(store, 250, 150)
