@@ -14,11 +14,12 @@ or ``{"error": class name, "message"}``.
 A SPEC with ``"pipeline"`` instead runs the multi-table pipeline (``replicate --tables``) with
 the Spark engine (Delta) on an embedded store, on a PySpark of 4.2 or later
 (``SPARK_MERGE_TABLES_PYTHON``): ``{"pipeline": {"store", "out", "tables", "target",
-"phases": [[[table, "put"|"update"|"delete", pk, columns], ...], ...], "replay": bool}}``.
-Each phase's writes are made, then the pipeline runs once (``Trigger.AvailableNow``) to its
-end; with ``replay``, the apply query's last commit is then removed and the pipeline run once
-more, so Spark replays that batch under its id. The last stdout line is JSON: per run, per
-table, what the apply recorded (``last_batch``, ``rows_applied``, ``version``, ``state``).
+"phases": [{"writes": [[table, "put"|"update"|"delete", pk, columns], ...],
+"adopt_target": bool}, ...], "replay": bool}}``. Each phase's writes are made, then the
+pipeline runs once (``Trigger.AvailableNow``) to its end, with the phase's ``adopt_target``;
+with ``replay``, the apply query's last commit is then removed and the pipeline run once more,
+so Spark replays that batch under its id. The last stdout line is JSON: per run, per table,
+what the apply recorded (``last_batch``, ``rows_applied``, ``version``, ``state``).
 A value ``{"base64": TEXT}`` in a write is bytes (a BINARY column).
 """
 
@@ -121,12 +122,12 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
     spark = local_session("tablestore-cdc-spark-merge-tables", master="local[2]", conf=conf,
                           short_run=True)
     print(f"session: {time.monotonic() - began:.1f} s", file=sys.stderr)
-    apply = ApplySettings(spec["target"], engine="spark")
     endpoint = f"local://{spec['store']}"
     report: list[dict[str, dict[str, Any]]] = []
 
-    def run_once() -> None:
+    def run_once(adopt_target: bool = False) -> None:
         began = time.monotonic()
+        apply = ApplySettings(spec["target"], engine="spark", adopt_target=adopt_target)
         pipeline = start(spark, endpoint, spec["tables"], "replicate", out, apply, once=True)
         try:
             pipeline.state_query.awaitTermination()
@@ -140,15 +141,15 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
         print(f"run {len(report)}: {time.monotonic() - began:.1f} s", file=sys.stderr)
 
     try:
-        for writes in spec["phases"]:
+        for phase in spec["phases"]:
             with LocalTablestore(spec["store"]) as store:
-                for table, op, pk, columns in writes:
+                for table, op, pk, columns in phase["writes"]:
                     values = {k: _value(v) for k, v in (columns or {}).items()}
                     if op == "delete":
                         store.delete_row(table, pk)
                     else:
                         getattr(store, f"{op}_row")(table, pk, values)
-            run_once()
+            run_once(phase.get("adopt_target", False))
         if spec.get("replay"):  # as if the job died after its commits, before Spark's
             commits = out / "_checkpoints" / "apply" / "commits"
             last = max((p for p in commits.iterdir() if p.name.isdigit()),

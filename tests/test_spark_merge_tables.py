@@ -1,8 +1,9 @@
 """The Spark engine on a selection of tables (``replicate --tables --engine spark``): the
 multi-table pipeline's generic rows typed by Spark (lakehouse/spark_rows.py) and merged by
 delta-spark (lakehouse/spark_merge.py), two tables of an embedded store, two batches and a
-replayed one; each Delta table equal to the source and to the embedded engine's table row for
-row.
+replayed one, a table refused by its target (another job's) held and resumed by Spark after a
+restart that adopts it; each Delta table equal to the source and to the embedded engine's
+table row for row.
 
 The pipeline runs in a process of its own (testkit/spark_merge_run.py), as tests/
 test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge-tables``: the multi-table
@@ -18,12 +19,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from connector.generic_rows import MULTI_TABLE_SCHEMA
 from connector.local import LocalTablestore
 from connector.spark_compat import arrow_schema
+from tablestore_cdc.lakehouse.ownership import JOB_PROPERTY, Marker
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.multi_table import MultiTableApply
 from testkit.spark_merge_run import ROOT, SPARK_MERGE_TABLES_PYTHON
@@ -40,7 +43,7 @@ def _b64(value: bytes) -> dict[str, str]:
 
 #: batch 0: new rows; batch 1: updates of some columns, deletes, a key deleted and put again,
 #: a delete of a key never written, new keys
-PHASES = [
+WRITES = [
     [["t1", "put", {"id": i}, {"s": f"s{i} ✓", "d": i * 0.5, "b": i % 2 == 0,
                                "bin": _b64(bytes([i, 255 - i]))}] for i in range(12)]
     + [["t2", "put", {"region": r, "n": n}, {"v": f"{r}{n}"}] for r in ("eu", "us")
@@ -53,6 +56,10 @@ PHASES = [
        ["t2", "update", {"region": "us", "n": 0}, {"v": None}],
        ["t2", "put", {"region": "ap", "n": 7}, {"v": "ap7"}]],
 ]
+
+
+#: t2's target is another job's at first: its batch 0 is held; the restart adopts it
+PHASES = [{"writes": WRITES[0]}, {"writes": WRITES[1], "adopt_target": True}]
 
 
 def _rows(path: Path, table: str) -> list[dict[str, Any]]:
@@ -83,6 +90,11 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
                            channels=2)
         store.create_table("t2", [("region", "STRING"), ("n", "INTEGER")], [("v", "STRING")],
                            channels=1)
+    foreign = Marker("local://elsewhere#t2", "another-job", ("region", "n"))
+    deltalake.DeltaTable.create(
+        str(out / "lake" / "t2"), pa.schema([("region", pa.string()), ("n", pa.int64()),
+                                             ("v", pa.string())]),
+        configuration=foreign.properties(), raise_if_key_not_exists=False)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"pipeline": {
         "store": str(store_path), "out": str(out), "tables": "t1,t2",
@@ -91,17 +103,22 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     first, second, replay = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first["t1"]["state"] == "streaming" and first["t1"]["last_batch"] == 0
+    assert first["t1"]["rows_applied"] > 0
+    assert first["t2"]["state"] == "failed" and first["t2"]["rows_applied"] == 0
+    assert list((out / "_held" / "t2").iterdir()) == []  # applied by the restart, removed
     for table in TABLES:
-        assert first[table]["state"] == second[table]["state"] == "streaming"
-        assert (first[table]["last_batch"], second[table]["last_batch"]) == (0, 1)
-        assert first[table]["rows_applied"] > 0 and second[table]["rows_applied"] > 0
+        assert second[table]["state"] == "streaming" and second[table]["last_batch"] == 1
+        assert second[table]["rows_applied"] > 0
         # the replayed batch 1 is skipped by the table's own record (Delta's txn)
         assert replay[table]["last_batch"] == 1 and replay[table]["rows_applied"] == 0
         target = out / "lake" / table
         assert deltalake.DeltaTable(str(target)).version() == second[table]["version"]
         assert deltalake.DeltaTable(str(target)).transaction_version(
             _apply_query_id(out)) == 1
-    assert not (out / "_tables").exists()  # no table failed
+    assert list((out / "_tables").iterdir()) == []  # t2 failed no longer
+    assert deltalake.DeltaTable(str(out / "lake" / "t2")).metadata().configuration[
+        JOB_PROPERTY] == _apply_query_id(out)  # adopted
     # the embedded engine on the same change log (every batch as one) gives the same tables
     log = pq.read_table(out / "changelog")
     log = log.select(MULTI_TABLE_SCHEMA.fieldNames()).cast(arrow_schema(MULTI_TABLE_SCHEMA))
