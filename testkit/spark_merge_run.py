@@ -11,7 +11,7 @@ Each run's batches are applied in order (a batch id given twice is a replay); ``
 the table's rows. The last stdout line is JSON: per run, per batch ``{"committed", "version"}``
 or ``{"error": class name, "message"}``.
 
-A SPEC with ``"pipeline"`` instead runs the multi-table pipeline (``replicate --tables``) with
+A SPEC with ``"pipeline"`` instead runs the replication pipeline (``replicate --tables``) with
 the Spark engine (Delta) on an embedded store, on a PySpark of 4.2 or later
 (``SPARK_MERGE_TABLES_PYTHON``): ``{"pipeline": {"store", "out", "tables", "target",
 "phases": [{"writes": [[table, "put"|"update"|"delete", pk, columns], ...],
@@ -110,10 +110,8 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
     from connector.local import LocalTablestore
     from connector.spark import local_session
     from tablestore_cdc.lakehouse.spark_merge import DELTA, session_conf
-    from tablestore_cdc.pipeline import ApplySettings, multi_table
-
-    start = getattr(multi_table, "start_pipeline", None) or getattr(  # noqa: B009
-        multi_table, "start_multi_table_pipeline")
+    from tablestore_cdc.pipeline import ApplySettings
+    from tablestore_cdc.pipeline.multi_table import start_pipeline
     out = Path(spec["out"])
     conf = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
             "spark.databricks.delta.snapshotPartitions": "1",
@@ -128,7 +126,8 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
     def run_once(adopt_target: bool = False) -> None:
         began = time.monotonic()
         apply = ApplySettings(spec["target"], engine="spark", adopt_target=adopt_target)
-        pipeline = start(spark, endpoint, spec["tables"], "replicate", out, apply, once=True)
+        pipeline = start_pipeline(spark, endpoint, spec["tables"], "replicate", out, apply,
+                                  once=True)
         try:
             pipeline.state_query.awaitTermination()
             pipeline.check()
