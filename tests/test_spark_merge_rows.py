@@ -5,7 +5,7 @@ same, on the suite's real Spark; only the (_table, _schema) pairs reach the driv
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -22,7 +22,7 @@ from tablestore_cdc.lakehouse.spark_rows import declared_schemas, decode
 KEY = (ColumnSpec("id", "INTEGER"), ColumnSpec("part.name", "STRING"))
 COLUMNS = (ColumnSpec("d", "DOUBLE"), ColumnSpec("b", "BOOLEAN"), ColumnSpec("s", "STRING"),
            ColumnSpec("bin", "BINARY"), ColumnSpec("n", "INTEGER"))
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _change(i: int, op: str, **values: Any) -> dict[str, Any]:
@@ -58,10 +58,9 @@ def test_the_spark_type_table_is_the_embedded_decodes() -> None:
 def test_spark_decodes_generic_rows_as_the_embedded_decode(spark: Any) -> None:
     batch = pa.Table.from_batches([_generic("t1", ROWS, COLUMNS)])
     # another table, and t1 again with fewer declared columns at an older commit time
-    older = pa.Table.from_batches([_generic("t1", [{**_change(6, "PUT", d=2.0),
-                                                    "_commit_ts": datetime(2025, 1, 1,
-                                                                           tzinfo=timezone.utc)}],
-                                            COLUMNS[:1])])
+    older = pa.Table.from_batches([_generic(
+        "t1", [{**_change(6, "PUT", d=2.0), "_commit_ts": datetime(2025, 1, 1, tzinfo=UTC)}],
+        COLUMNS[:1])])
     other = pa.Table.from_batches([_generic("t2", [_change(7, "PUT", s="x")], COLUMNS)])
     frame = spark.createDataFrame(pa.concat_tables([older, batch, other]))
     declared = declared_schemas(frame)
