@@ -112,6 +112,7 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
     from tablestore_cdc.lakehouse.spark_merge import DELTA, session_conf
     from tablestore_cdc.pipeline import ApplySettings
     from tablestore_cdc.pipeline.multi_table import start_pipeline
+
     out = Path(spec["out"])
     conf = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
             "spark.databricks.delta.snapshotPartitions": "1",
