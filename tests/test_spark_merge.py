@@ -241,6 +241,23 @@ def test_a_selections_delta_template_is_a_target_of_the_spark_engine() -> None:
         assert conf["spark.jars.packages"].startswith("io.delta:delta-spark_2.13:")
 
 
+@pytest.mark.parametrize(("version", "expected"), [
+    ("4.1.4", "the Spark engine of replicate needs PySpark 4.2 or later (its source reads tables "
+              "as a selection; found 4.1.4): run it on a PySpark of 4.2, or SparkMergeSink in a "
+              "query of your own"),
+    ("4.3.0", "the Spark engine has no delta jar released for Spark 4.3: run it on a PySpark "
+              "of 4.2, or use --engine embedded")])
+def test_replicate_conf_names_the_pyspark_replicate_runs_the_engine_on(version: str,
+                                                                       expected: str) -> None:
+    from tablestore_cdc.lakehouse.spark_merge import replicate_conf
+
+    with pytest.raises(SparkEngineError) as caught:
+        replicate_conf("delta:///lake/{table}", version)
+    assert str(caught.value) == expected
+    assert replicate_conf("delta:///lake/{table}", "4.2.1")["spark.jars.packages"] == \
+        "io.delta:delta-spark_2.13:4.4.0"
+
+
 def test_fetch_names_a_format_with_no_jar_for_the_installed_pyspark() -> None:
     """On a PySpark no jar is released for (the suite's 4.3) the fetch says so and starts no
     Spark."""
@@ -305,5 +322,5 @@ def test_replicate_engine_spark_on_a_pyspark_with_no_jar_names_the_ones_that_hav
     assert code == 2, err
     assert err.strip().splitlines()[-1] == (
         "error: the Spark engine has no delta jar released for Spark 4.3: run it on a PySpark "
-        "of 4.0, 4.1, 4.2, or use --engine embedded")
+        "of 4.2, or use --engine embedded")
     assert not (tmp_path / "out" / "logs").exists()  # Spark never started
