@@ -111,8 +111,10 @@ def deal(reads: Sequence[TableChannel], max_partitions: int) -> list[MultiTableP
 
 
 class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvailableNow):
-    """Spark's handle on a multi-table query (module docstring). Needs PySpark 4.2+ (the
-    start and the read limit passed to ``latestOffset``).
+    """Spark's handle on a multi-table query (module docstring). PySpark 4.2+ passes the
+    start and the read limit to ``latestOffset``; on 4.0 and 4.1 the start is taken from
+    Spark's own calls (``spark_compat.BatchStartTracker``, as the one-table source does) and
+    the limits are the configured ones.
 
     ``clients``: the seam that opens every table's clients in the planning process (its
     fault hook, and its clock, by which a restarting table's next try is timed); None: the
@@ -121,6 +123,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     def __init__(self, options: MultiTableOptions, clients: Clients | None = None) -> None:
         self.options = options
         self._clients = clients
+        #: where the next batch starts on a PySpark that does not pass it (4.0, 4.1)
+        self._starts = (None if compat.FEATURES.admission_control
+                        else compat.BatchStartTracker(compat.FEATURES.version))
         self._protocols: dict[str, Any] = {}
         self._schemas: dict[str, TableSchema] = {}
         self._admin: Any = None  # the tunnel client that lists tables (planning process)
@@ -319,10 +324,12 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         if start is None:
-            raise OptionError(option=TABLES, value=",".join(self.options.selection.include),
-                              problem="needs PySpark 4.2 or later (found "
-                              f"{compat.FEATURES.version})",
-                              allowed="one query per table (table.name) on this PySpark")
+            if self._starts is None:  # (4.2+ always passes it)
+                raise OptionError(option=TABLES, value=",".join(self.options.selection.include),
+                                  problem="Spark asked for a batch without its start",
+                                  allowed="a PySpark of 4.0 to 4.3")
+            compat.log_degradations_once(log)
+            start = self._starts.start(self.initialOffset)
         passed = compat.passed_limit(limit)
         listed = set(self.listed_tables())
         ends: dict[str, dict] = {}
@@ -405,6 +412,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             self._snapshot_percent[table] = round(100.0 * done / len(base), 1)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        if self._starts is not None:
+            self._starts.planned(start, end)
         starts = _tables_of(start)
         reads: list[TableChannel] = []
         for table, end_offset in sorted(_tables_of(end).items()):

@@ -197,7 +197,8 @@ def log_degradations_once(log: logging.Logger, features: SparkFeatures = FEATURE
 
 
 def _uuid(offset: Any) -> Any:
-    return offset.get("uuid") if isinstance(offset, dict) else offset
+    """What identifies an offset: a table's UUID, or a selection's whole offset (per table)."""
+    return offset.get("uuid", offset) if isinstance(offset, dict) else offset
 
 
 class BatchStartTracker:
