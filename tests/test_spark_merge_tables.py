@@ -6,9 +6,9 @@ restart that adopts it; each Delta table equal to the source and to the embedded
 table row for row.
 
 The pipeline runs in a process of its own (testkit/spark_merge_run.py), as tests/
-test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge-tables``: the multi-table
-source needs PySpark 4.2+, for which delta-spark is released and Iceberg's runtime is not yet,
-so this path is tested on Delta only. The embedded engine's tables are written here from the
+test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge-tables``: 4.2, whose
+Trigger.AvailableNow the runs use, for which delta-spark is released and Iceberg's runtime is
+not yet, so this path is tested on Delta only. The embedded engine's tables are written here from the
 same change log, without Spark."""
 
 from __future__ import annotations

@@ -75,12 +75,6 @@ PACKAGES: dict[tuple[int, int], Released] = {
     (4, 3): Released(delta=None, iceberg=None),
 }
 
-#: the oldest Spark minor ``replicate``'s source runs on: it reads tables as a selection
-#: (``connector.multiplex``), which needs the start offset PySpark 4.2 passes to
-#: ``latestOffset``; so ``replicate --engine spark`` writes Delta only (no Iceberg runtime for
-#: 4.2 yet)
-REPLICATE_SPARK = (4, 2)
-
 #: column names Iceberg's Spark runtime reserves for metadata columns: a table with one of
 #: them cannot be read by Spark ("Table column names conflict with names reserved")
 ICEBERG_RESERVED = ("_file", "_pos", "_deleted", "_spec_id", "_partition", "_row_id",
@@ -412,8 +406,8 @@ def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
 def replicate_conf(uri: str, spark_version: str | None = None) -> dict[str, str]:
     """The settings ``replicate --engine spark`` starts its session with (driver, before
     Spark starts): ``SparkEngineError`` in one line when the installed PySpark (or
-    ``spark_version``) has no delta jar released or is older than replicate's source needs
-    (``REPLICATE_SPARK``), ``TargetUriError`` for a target this engine does not write.
+    ``spark_version``) has no delta jar released, ``TargetUriError`` for a target this engine
+    does not write.
     ``uri``: a table's target or a selection's template (``delta:///abs/lake/{table}``); a
     selection whose tables have targets of their own (``replicate --config``) checks each."""
     if spark_version is None:
@@ -422,13 +416,7 @@ def replicate_conf(uri: str, spark_version: str | None = None) -> dict[str, str]
         spark_version = pyspark.__version__
     open_spark_merge_sink(uri, key_columns=["<key>"])
     minor = _minor(spark_version)
-    have = ", ".join(f"{a}.{b}" for (a, b), r in sorted(PACKAGES.items())
-                     if (a, b) >= REPLICATE_SPARK and r.delta)
-    if minor < REPLICATE_SPARK:
-        raise SparkEngineError(
-            problem=f"of replicate needs PySpark {REPLICATE_SPARK[0]}.{REPLICATE_SPARK[1]} or "
-                    f"later (its source reads tables as a selection; found {spark_version})",
-            remedy=f"run it on a PySpark of {have}, or SparkMergeSink in a query of your own")
+    have = ", ".join(f"{a}.{b}" for (a, b), r in sorted(PACKAGES.items()) if r.delta)
     if PACKAGES.get(minor, Released(None, None)).delta is None:
         raise SparkEngineError(
             problem=f"has no delta jar released for Spark {minor[0]}.{minor[1]}",
