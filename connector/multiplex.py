@@ -253,7 +253,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         else:
             state = (TableState(State.DROPPED)
                      if isinstance(reason, UnknownTableError) or reason is State.DROPPED
-                     else TableState(State.FAILED, str(reason)))
+                     else TableState(State.FAILED, f"{type(reason).__name__}: {reason}"))
         if self.table_states.get(table) != state:
             log.warning("table %s stopped (%s); the other tables go on", table,
                         state.label())

@@ -21,7 +21,7 @@ import pytest
 from connector.errors import DataLossError, OptionError, SourceInUseError
 from meta_store.errors import TransientMetaStoreError
 from tablestore_cdc.lakehouse.errors import ApplyOptionError
-from tablestore_cdc.pipeline.failures import FailureKind, query_failure
+from tablestore_cdc.pipeline.failures import FailureKind, query_failure, table_failure
 from tablestore_cdc.pipeline.job import JobExit, ReplicationJob
 from tablestore_cdc.pipeline.job_lock import JobAlreadyRunningError, JobLock
 from tablestore_cdc.pipeline.restarts import RestartPolicy, restart_policy
@@ -87,6 +87,18 @@ def test_failures_are_classified_by_the_products_error_class() -> None:
     died = query_failure("org.apache.spark.SparkException: Python worker exited unexpectedly "
                          "(crashed)", reached_before=True)
     assert died.kind is FailureKind.RETRYABLE
+
+
+def test_a_failed_tables_reason_is_classified_by_its_error_class() -> None:
+    """Every table of a named selection failed: the job ends as the reason's error would end
+    it (``multi_table.Pipeline.selection_failure``), the source's reason and the apply's."""
+    refused = table_failure("batch 3: ApplyOptionError: option 'scd': got 3\nmore")
+    assert (refused.kind, refused.error) == (FailureKind.CONFIGURATION, "ApplyOptionError")
+    assert refused.line() == "ApplyOptionError: option 'scd': got 3"
+    lost = table_failure("DataLossError: records trimmed")
+    assert (lost.kind, lost.error) == (FailureKind.FATAL, "DataLossError")
+    unknown = table_failure("batch 1: KeyError: 'k'")
+    assert unknown.kind is FailureKind.FATAL and unknown.error is None
 
 
 # --- the job's loop ------------------------------------------------------------------------------

@@ -66,11 +66,12 @@ def test_a_stream_restarted_after_its_tunnel_expired(spark: Any, tmp_path: Path,
                               ApplySettings(target.uri),
                               options={**options, "onDataLoss": policy}, trigger_ms=500)
     try:
-        if policy == "fail":
-            error = wait_until("the query to stop on the expired tunnel",
-                               pipeline.changelog.exception, lambda e: e is not None,
-                               timeout=180)
-            assert "TunnelExpiredError" in str(error) and "OTSTunnelExpired" in str(error)
+        if policy == "fail":  # the table fails, and with it the job of this one table
+            failure = wait_until("the table to fail on the expired tunnel",
+                                 pipeline.selection_failure, lambda f: f is not None,
+                                 timeout=180, query=pipeline.changelog)
+            assert failure.error == "TunnelExpiredError", failure
+            assert "OTSTunnelExpired" in failure.message, failure
             return
         with open_board(spec) as board:
             signal = wait_until("the source to record a resnapshot for the expiry",

@@ -54,6 +54,8 @@ _FATAL: tuple[type[CdcError], ...] = (DataLossError, ReplayDivergedError,
 #: a traceback's last line: ``package.module.Name: message`` (the error a frame raised)
 _RAISED = re.compile(r"^(?P<module>[a-z_][\w]*(?:\.[a-z_][\w]*)+)\.(?P<name>[A-Z]\w*)"
                      r"(?::\s?(?P<message>.*))?$", re.MULTILINE)
+#: a failed table's reason: ``[batch N: ]ErrorName: message``
+_TABLE_REASON = re.compile(r"^(?:batch \d+: )?(?P<name>[A-Z]\w*): (?P<message>.*)$", re.DOTALL)
 #: Spark's words for a Python worker that died under it (killed, out of memory)
 _WORKER_DIED = ("Python worker exited unexpectedly", "Python worker failed to connect back")
 
@@ -88,6 +90,30 @@ def query_failure(text: str, *, reached_before: bool) -> QueryFailure:
         return QueryFailure(FailureKind.FATAL, None, first)
     cls, message = found
     return QueryFailure(error_kind(cls, reached_before=reached_before), cls.__name__, message)
+
+
+def table_failure(reason: str) -> QueryFailure:
+    """The failure a failed table's reason describes (``connector.table_state``: the source's
+    ``ErrorName: message``, the apply's ``batch N: ErrorName: message``), for a job whose every
+    table failed (``multi_table.Pipeline.selection_failure``); an error that is not the
+    product's is fatal."""
+    found = _TABLE_REASON.match(reason)
+    cls = None if found is None else _product_class_named(found.group("name"))
+    if found is None or cls is None:
+        return QueryFailure(FailureKind.FATAL, None, _first_line(reason))
+    return QueryFailure(error_kind(cls, reached_before=True), cls.__name__,
+                        _first_line(found.group("message")))
+
+
+def _product_class_named(name: str, root: type[CdcError] = CdcError) -> type[CdcError] | None:
+    """The imported ``CdcError`` subclass called ``name`` (the class itself included)."""
+    if root.__name__ == name:
+        return root
+    for sub in root.__subclasses__():
+        found = _product_class_named(name, sub)
+        if found is not None:
+            return found
+    return None
 
 
 def error_kind(cls: type[CdcError], *, reached_before: bool) -> FailureKind:

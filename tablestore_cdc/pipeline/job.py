@@ -180,6 +180,10 @@ class ReplicationJob:
                 if text is not None:
                     pipeline.stop()
                     return query_failure(text, reached_before=True), None
+                failed = _selection_failure(pipeline)
+                if failed is not None:  # every table it names failed: nothing left to do
+                    pipeline.stop()
+                    return failed, None
                 if self._once and not any(q.isActive for q in pipeline.queries):
                     _run_due_repairs(pipeline)  # a signal of a run that had no batch
                     self._on_progress(pipeline)  # the figures of the run's last batches
@@ -236,6 +240,13 @@ def _run_due_repairs(pipeline: RunningPipeline) -> None:
     run = getattr(pipeline, "run_due_repairs", None)
     if run is not None:
         run()
+
+
+def _selection_failure(pipeline: RunningPipeline) -> QueryFailure | None:
+    """The failure of a pipeline whose every named table failed (``multi_table.Pipeline.
+    selection_failure``); None while one goes on, or for a test's stand-in without it."""
+    failure = getattr(pipeline, "selection_failure", None)
+    return None if failure is None else failure()
 
 
 def _failure_text(pipeline: RunningPipeline) -> str | None:

@@ -41,6 +41,7 @@ from cdc_common.uris import redact_uri
 from connector import generic_rows
 from connector.crash_hook import crash_point
 from connector.table_state import State, TableState
+from tablestore_cdc.pipeline.failures import QueryFailure, table_failure
 from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     TwoQueries,
@@ -88,6 +89,8 @@ class MultiTableApply:
     known: set[str] = field(default_factory=set)
     #: the tables' re-snapshots (``resnapshot.hook``), made from ``spec_of``
     repairs: RepairRunner | None = None
+    #: the newest batch this run applied (Spark calls ``foreachBatch`` for batches with data)
+    applied_batch_id: int | None = None
 
     def __post_init__(self) -> None:
         for failed in sorted(self._failed_dir.glob("*.failed")):
@@ -157,10 +160,11 @@ class MultiTableApply:
         app_id = query_id_of(df, batch_id)
         if self.repairs is None:
             self._apply_frame(df, app_id, batch_id)
-            return
-        with self.repairs.lock:
-            self.repairs.before_batch(app_id)
-            self._apply_frame(df, app_id, batch_id)
+        else:
+            with self.repairs.lock:
+                self.repairs.before_batch(app_id)
+                self._apply_frame(df, app_id, batch_id)
+        self.applied_batch_id = batch_id
 
     def _apply_frame(self, df: Any, app_id: str, batch_id: int) -> None:
         """One batch as Spark gives it: collected and applied by the embedded sinks, or with
@@ -234,7 +238,7 @@ class MultiTableApply:
         self.tables.setdefault(table, AppliedTable()).record(result)
 
     def _fail(self, table: str, batch_id: int, exc: Exception) -> None:
-        reason = f"batch {batch_id}: {exc}"
+        reason = f"batch {batch_id}: {type(exc).__name__}: {exc}"
         log.error("table %s failed (%s); its rows are held, the other tables go on; fix its "
                   "setting and restart to resume it", table, reason)
         self._failed_dir.mkdir(parents=True, exist_ok=True)
@@ -309,6 +313,22 @@ class Pipeline(TwoQueries):
     spark: Any = None  # the session, to detach the listener at stop
     #: the change-log query's input rows by batch id (``poll``)
     delivered_by_batch: dict[int, int] = field(default_factory=dict)
+    #: the tables of a selection that names them all without a glob (``--table T``, ``--tables
+    #: a,b``), which cannot grow; empty for a selection with a glob
+    named: frozenset[str] = frozenset()
+
+    def selection_failure(self) -> QueryFailure | None:
+        """By the replication job's watch loop (driver): when every table of a ``named``
+        selection has failed (its source or its target refused it: ``table_states``),
+        nothing is left to replicate and the job ends with the first table's failure, as
+        the query's own failure would end it; None otherwise (a selection with a glob goes on:
+        tables may be created)."""
+        if not self.named:
+            return None
+        states = self.table_states()
+        if not all(t in states and states[t].state is State.FAILED for t in self.named):
+            return None
+        return table_failure(states[min(self.named)].reason or "")
 
     @property
     def changelog_dir(self) -> Path:
@@ -336,10 +356,9 @@ class Pipeline(TwoQueries):
         return self.apply.repairs.when_idle(str(self.state_query.id))
 
     def applied_batch(self) -> int | None:
-        """The apply query's newest batch (the replication job resets its restart count when
-        it moves)."""
-        progress = self.state_query.lastProgress
-        return None if not progress else int(progress["batchId"])
+        """The newest batch the apply query applied in this run, None before its first (the
+        replication job resets its restart count when it moves; tests wait for it)."""
+        return self.apply.applied_batch_id
 
     def table_states(self) -> dict[str, TableState]:
         """Each table's state (``connector.table_state``): the source's (new, streaming,
@@ -518,4 +537,7 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Pat
     except BaseException:
         spark.streams.removeListener(listener)
         raise
-    return Pipeline(changelog, state_query, sink, listener=listener, spark=spark)
+    named = named_tables(selection)
+    return Pipeline(changelog, state_query, sink, listener=listener, spark=spark,
+                    named=frozenset(named) if len(named) == len(selection.selection.include)
+                    else frozenset())
