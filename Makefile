@@ -51,25 +51,8 @@ $(JARS_STAMP): $(SPARK_MERGE)/.installed-stamp tablestore_cdc/lakehouse/spark_me
 	$(SPARK_MERGE)/bin/python -m tablestore_cdc.lakehouse.spark_merge fetch
 	touch $@
 
-# ... and on a selection of tables (replicate --tables --engine spark), whose multi-table source
-# needs PySpark 4.2+: the newest 4.x minor delta-spark is released for (Delta only: no Iceberg
-# runtime for 4.2 yet)
-SPARK_MERGE_TABLES_PYSPARK := 4.2.1
-SPARK_MERGE_TABLES         := .venv-spark-merge-tables
-TABLES_JARS_STAMP          := $(SPARK_MERGE_TABLES)/.jars-stamp
-
-$(SPARK_MERGE_TABLES)/.installed-stamp: pyproject.toml
-	test -x $(SPARK_MERGE_TABLES)/bin/python || $(PYTHON) -m venv $(SPARK_MERGE_TABLES)
-	$(SPARK_MERGE_TABLES)/bin/python -m pip install --quiet --upgrade pip
-	$(SPARK_MERGE_TABLES)/bin/python -m pip install --quiet -e '.[lakehouse]' 'pyspark==$(SPARK_MERGE_TABLES_PYSPARK)'
-	touch $@
-
-$(TABLES_JARS_STAMP): $(SPARK_MERGE_TABLES)/.installed-stamp tablestore_cdc/lakehouse/spark_merge.py | java-check
-	$(SPARK_MERGE_TABLES)/bin/python -m tablestore_cdc.lakehouse.spark_merge fetch delta
-	touch $@
-
-## make spark-merge-jars: the Spark engine's venvs and jars (a part of make test)
-spark-merge-jars: $(JARS_STAMP) $(TABLES_JARS_STAMP)
+## make spark-merge-jars: the Spark engine's venv and jars (a part of make test)
+spark-merge-jars: $(JARS_STAMP)
 
 java-check:
 	@if [ -n "$$JAVA_HOME" ] && [ -x "$$JAVA_HOME/bin/java" ]; then exit 0; fi; \
@@ -84,7 +67,7 @@ demo: $(STAMP) java-check
 
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
 ## then the oldest_spark tests on the oldest supported PySpark, then the user's install
-test: $(STAMP) java-check $(JARS_STAMP) $(TABLES_JARS_STAMP)
+test: $(STAMP) java-check $(JARS_STAMP)
 	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not extended and not user_install" -n 2 --dist loadgroup --durations=30 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
 	$(MAKE) --no-print-directory test-install
@@ -104,7 +87,7 @@ test-install: $(STAMP) java-check
 ## make test-extended: what the default suite leaves out for its time: the other format's,
 ## backend's or crash point's run of a test it runs once, and the benchmarks' smoke run
 ## (about 10 minutes)
-test-extended: $(STAMP) java-check $(JARS_STAMP) $(TABLES_JARS_STAMP)
+test-extended: $(STAMP) java-check $(JARS_STAMP)
 	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
@@ -144,4 +127,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(INSTALLS) $(SPARK_MERGE) $(SPARK_MERGE_TABLES) build tablestore-cdc-demo .pytest_cache
+	rm -rf $(VENV) $(OLDEST) $(INSTALLS) $(SPARK_MERGE) build tablestore-cdc-demo .pytest_cache

@@ -12,8 +12,8 @@ the table's rows. The last stdout line is JSON: per run, per batch ``{"committed
 or ``{"error": class name, "message"}``.
 
 A SPEC with ``"pipeline"`` instead runs the replication pipeline (``replicate --tables``) with
-the Spark engine (Delta) on an embedded store, on PySpark 4.2
-(``SPARK_MERGE_TABLES_PYTHON``): ``{"pipeline": {"store", "out", "tables", "target",
+the Spark engine (Delta) on an embedded store (``SPARK_MERGE_PYTHON``):
+``{"pipeline": {"store", "out", "tables", "target",
 "phases": [{"writes": [[table, "put"|"update"|"delete", pk, columns], ...],
 "adopt_target": bool}, ...], "replay": bool}}``. Each phase's writes are made, then the
 pipeline runs once (``Trigger.AvailableNow``) to its end, with the phase's ``adopt_target``;
@@ -36,11 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the interpreter of the venv make's jar step prepares (or the environment's choice)
 SPARK_MERGE_PYTHON = os.environ.get(
     "TABLESTORE_CDC_SPARK_MERGE_PYTHON", str(ROOT / ".venv-spark-merge" / "bin" / "python"))
-#: the same for the ``pipeline`` form, run on PySpark 4.2 (its Trigger.AvailableNow for Python
-#: sources), which only delta-spark is released for (make's ``.venv-spark-merge-tables``)
-SPARK_MERGE_TABLES_PYTHON = os.environ.get(
-    "TABLESTORE_CDC_SPARK_MERGE_TABLES_PYTHON",
-    str(ROOT / ".venv-spark-merge-tables" / "bin" / "python"))
 
 
 def main(spec_path: str) -> int:

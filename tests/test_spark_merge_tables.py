@@ -6,10 +6,9 @@ restart that adopts it; each Delta table equal to the source and to the embedded
 table row for row.
 
 The pipeline runs in a process of its own (testkit/spark_merge_run.py), as tests/
-test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge-tables``: 4.2, whose
-Trigger.AvailableNow the runs use, for which delta-spark is released and Iceberg's runtime is
-not yet, so this path is tested on Delta only. The embedded engine's tables are written here from the
-same change log, without Spark."""
+test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge`` (4.1: both jars, but
+replicate's Spark engine writes Delta targets only, so this path is tested on Delta). The
+embedded engine's tables are written here from the same change log, without Spark."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from connector.spark_compat import arrow_schema
 from tablestore_cdc.lakehouse.ownership import JOB_PROPERTY, Marker
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.multi_table import MultiTableApply
-from testkit.spark_merge_run import ROOT, SPARK_MERGE_TABLES_PYTHON
+from testkit.spark_merge_run import ROOT, SPARK_MERGE_PYTHON
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -80,8 +79,8 @@ def _source(store_path: Path, table: str) -> list[dict[str, Any]]:
 @pytest.mark.xdist_group("spark_merge")
 def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
         tmp_path: Path) -> None:
-    if not Path(SPARK_MERGE_TABLES_PYTHON).exists():
-        pytest.skip(f"no {SPARK_MERGE_TABLES_PYTHON}: make .venv-spark-merge-tables/.jars-stamp "
+    if not Path(SPARK_MERGE_PYTHON).exists():
+        pytest.skip(f"no {SPARK_MERGE_PYTHON}: make .venv-spark-merge/.jars-stamp "
                     "prepares it")
     store_path, out = tmp_path / "store.db", tmp_path / "out"
     with LocalTablestore(store_path) as store:
@@ -99,7 +98,7 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
     spec.write_text(json.dumps({"pipeline": {
         "store": str(store_path), "out": str(out), "tables": "t1,t2",
         "target": f"delta://{out}/lake/{{table}}", "phases": PHASES, "replay": True}}))
-    proc = subprocess.run([SPARK_MERGE_TABLES_PYTHON, "-m", "testkit.spark_merge_run", str(spec)],
+    proc = subprocess.run([SPARK_MERGE_PYTHON, "-m", "testkit.spark_merge_run", str(spec)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     first, second, replay = json.loads(proc.stdout.strip().splitlines()[-1])
