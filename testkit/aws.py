@@ -97,14 +97,17 @@ def threaded_moto_server() -> Iterator[str]:
         server.stop()
 
 
-def new_s3_bucket(endpoint: str, monkeypatch: Any) -> str:
-    """A new bucket (a name of its own) on the moto server at ``endpoint``, and the test's
-    environment naming that endpoint and region (``monkeypatch``: pytest's, undone after the
-    test), as a user's ``AWS_ENDPOINT_URL`` would; the fake credentials are ``aws_env``'s."""
+def new_s3_bucket(endpoint: str, monkeypatch: Any = None) -> str:
+    """A new bucket (a name of its own) on the moto server at ``endpoint``, and, given
+    ``monkeypatch`` (pytest's, undone after the test), the test's environment naming that
+    endpoint and region, as a user's ``AWS_ENDPOINT_URL`` would; the fake credentials are
+    ``aws_env``'s."""
     import boto3
 
     name = f"lake-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    if monkeypatch is None:
+        return name
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     return name

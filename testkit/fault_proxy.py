@@ -52,6 +52,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Self
 
 LOOPBACK = "127.0.0.1"
 #: how long a ``stall`` holds an answer at most if the client never gives up (seconds)
@@ -222,16 +223,88 @@ def _bad_signature(message: _Message) -> _Message | None:
     return None
 
 
-class FaultProxy:
+class LoopbackServer:
+    """An asyncio server on 127.0.0.1 in a thread of its own, for the tests' proxies
+    (``FaultProxy`` here, ``testkit.s3_faults.S3FaultProxy``): ``start()`` returns it listening
+    (port 0: a free one, in ``port``), ``stop()`` closes it and cancels its connections; a
+    subclass serves each connection in ``_serve`` and names its thread ``thread_name``."""
+
+    thread_name = "loopback-server"
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def start(self, port: int = 0) -> Self:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(self._serve, LOOPBACK, port, limit=MAX_HEAD))
+                self.port = self._server.sockets[0].getsockname()[1]
+            except BaseException as exc:  # reported to start()
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError(f"{self.thread_name} did not start")
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.sleep(0)
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FaultProxy(LoopbackServer):
     """One hop's proxy (module docstring). ``start()`` returns it listening; ``stop()``."""
 
     def __init__(self, upstream_port: int, *, upstream_host: str = LOOPBACK,
                  name: str = "hop") -> None:
         if upstream_host not in (LOOPBACK, "localhost"):
             raise ValueError("the fault proxy only forwards to loopback addresses")
+        super().__init__()
         self.upstream = (upstream_host, upstream_port)
         self.name = name
-        self.port = 0
+        self.thread_name = f"fault-proxy-{name}"
         self.requests = 0
         self.injected: list[Injected] = []
         self._rules: list[Rule] = []
@@ -240,10 +313,6 @@ class FaultProxy:
         self._turn = 0
         self._rng = random.Random(0)
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- the plan (any thread) -------------------------------------------------------------
 
@@ -301,59 +370,6 @@ class FaultProxy:
                 self.injected.append(Injected(ordinal, now, target or path, kind))
                 return None, kind, ordinal
             return None, None, ordinal
-
-    # --- lifecycle ----------------------------------------------------------------------------
-
-    def start(self, port: int = 0) -> FaultProxy:
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                self._server = loop.run_until_complete(
-                    asyncio.start_server(self._serve, LOOPBACK, port, limit=MAX_HEAD))
-                self.port = self._server.sockets[0].getsockname()[1]
-            except BaseException as exc:  # reported to start()
-                failure.append(exc)
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name=f"fault-proxy-{self.name}", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        loop = self._loop
-        if loop is None or self._thread is None:
-            return
-
-        async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.sleep(0)
-            loop.stop()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), loop)
-        self._thread.join(10)
-        self._loop = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # --- one client connection (the loop's thread) --------------------------------------------
 

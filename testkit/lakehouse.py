@@ -271,3 +271,34 @@ def source_batches(store: LocalTablestore, size: int) -> list[pa.Table]:
         random.Random(start).shuffle(order)
         pages.append(table.take(order))
     return pages
+
+
+#: two tables of a store, one with an INTEGER key and one with a STRING key (the object-store
+#: tests: ``{table: (key column, type)}``)
+TWO_KEYS = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
+
+
+def two_keys_key(table: str, i: int) -> Any:
+    """Key ``i`` of ``TWO_KEYS``'s ``table``."""
+    return i if TWO_KEYS[table][1] == "INTEGER" else f"name-{i:05d}"
+
+
+def write_two_keys(store: LocalTablestore, start: int, count: int) -> None:
+    """Puts of keys ``start``.., then updates and deletes of earlier keys, in both tables."""
+    for table, (column, _) in TWO_KEYS.items():
+        for i in range(start, start + count):
+            store.put_row(table, {column: two_keys_key(table, i)}, {"v": i, "note": f"n{i}"})
+            if i % 5 == 0 and i > start:
+                store.update_row(table, {column: two_keys_key(table, i - 3)}, {"v": -i})
+            if i % 7 == 0 and i > start:
+                store.delete_row(table, {column: two_keys_key(table, i - 6)})
+
+
+def two_keys_store(path: Path) -> LocalTablestore:
+    """An embedded store at ``path`` with ``TWO_KEYS``'s tables (columns ``v``, ``note``; two
+    channels each), empty."""
+    store = LocalTablestore(path)
+    for table, (column, kind) in TWO_KEYS.items():
+        store.create_table(table, primary_key=[(column, kind)],
+                           columns=[("v", "INTEGER"), ("note", "STRING")], channels=2)
+    return store

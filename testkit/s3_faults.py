@@ -39,7 +39,15 @@ import time
 from collections import Counter
 from urllib.parse import urlsplit
 
-from testkit.fault_proxy import LOOPBACK, MAX_HEAD, _abort, _Closed, _no_delay, _read_message
+from testkit.fault_proxy import (
+    LOOPBACK,
+    MAX_HEAD,
+    LoopbackServer,
+    _abort,
+    _Closed,
+    _no_delay,
+    _read_message,
+)
 
 SLOW_DOWN = "slow_down"
 RESET_BEFORE = "reset_before"
@@ -56,8 +64,10 @@ SLOW_DOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDow
                   b"<RequestId>FAULTPROXY</RequestId></Error>")
 
 
-class S3FaultProxy:
+class S3FaultProxy(LoopbackServer):
     """The proxy (module docstring). ``start()`` returns it listening; ``stop()``."""
+
+    thread_name = "s3-fault-proxy"
 
     def __init__(self, upstream_url: str, *, rate: float = 0.05, seed: int = 0,
                  commit_every: int | None = None,
@@ -67,9 +77,9 @@ class S3FaultProxy:
         parts = urlsplit(upstream_url)
         if parts.hostname not in (LOOPBACK, "localhost") or parts.port is None:
             raise ValueError("the S3 fault proxy only forwards to a loopback host:port")
+        super().__init__()
         self.upstream = (LOOPBACK, parts.port)
         self.rate, self.commit_every, self.commit_fault = rate, commit_every, commit_fault
-        self.port = 0
         self.requests = 0
         self.commits = 0  # commit PUTs seen
         self._counts: Counter[str] = Counter()
@@ -77,10 +87,6 @@ class S3FaultProxy:
         self._turn = 0
         self._down_until = 0.0
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -125,50 +131,6 @@ class S3FaultProxy:
             return kind
 
     # --- lifecycle ----------------------------------------------------------------------------
-
-    def start(self) -> S3FaultProxy:
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            self._server = loop.run_until_complete(
-                asyncio.start_server(self._serve, LOOPBACK, 0, limit=MAX_HEAD))
-            self.port = self._server.sockets[0].getsockname()[1]
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="s3-fault-proxy", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the S3 fault proxy did not start")
-        return self
-
-    def stop(self) -> None:
-        loop = self._loop
-        if loop is None or self._thread is None:
-            return
-
-        async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.sleep(0)
-            loop.stop()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), loop)
-        self._thread.join(10)
-        self._loop = None
-
-    def __enter__(self) -> S3FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # --- one client connection (the loop's thread) --------------------------------------------
 

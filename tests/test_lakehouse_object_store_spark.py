@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,27 +15,13 @@ import pytest
 
 pytest.importorskip("deltalake")
 
-from connector.local import LocalTablestore  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
+from testkit.aws import new_s3_bucket  # noqa: E402
+from testkit.lakehouse import TWO_KEYS, two_keys_store, write_two_keys  # noqa: E402
 from testkit.processes import REPO, kill_tree  # noqa: E402
 
 CLI = [sys.executable, "-m", "tablestore_cdc"]
-TABLES = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
-
-
-def _key(table: str, i: int) -> Any:
-    return i if TABLES[table][1] == "INTEGER" else f"name-{i:05d}"
-
-
-def _write(store: LocalTablestore, start: int, count: int) -> None:
-    """Puts, then updates and deletes of earlier keys, in both tables."""
-    for table, (column, _) in TABLES.items():
-        for i in range(start, start + count):
-            store.put_row(table, {column: _key(table, i)}, {"v": i, "note": f"n{i}"})
-            if i % 5 == 0 and i > start:
-                store.update_row(table, {column: _key(table, i - 3)}, {"v": -i})
-            if i % 7 == 0 and i > start:
-                store.delete_row(table, {column: _key(table, i - 6)})
+TABLES = TWO_KEYS
 
 
 def _s3_rows(bucket: str, table: str) -> list[dict[str, Any]] | None:
@@ -53,18 +38,9 @@ def _s3_rows(bucket: str, table: str) -> list[dict[str, Any]] | None:
 @pytest.mark.slow
 def test_replicate_tables_into_s3_survives_a_sigkill_and_each_table_equals_its_source(
         tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import boto3
-
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)  # this process reads the tables too
-
-    bucket = f"lake-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
-        Bucket=bucket)
-    store = LocalTablestore(tmp_path / "store.db")
-    for table, (column, kind) in TABLES.items():
-        store.create_table(table, primary_key=[(column, kind)],
-                           columns=[("v", "INTEGER"), ("note", "STRING")], channels=2)
-    _write(store, 0, 150)
+    bucket = new_s3_bucket(moto_endpoint, monkeypatch)  # this process reads the tables too
+    store = two_keys_store(tmp_path / "store.db")
+    write_two_keys(store, 0, 150)
     out = tmp_path / "out"
     command = [*CLI, "replicate", "--store", str(store.path), "--tables", "ints,names",
                "--output", str(out), "--target", f"delta+s3://{bucket}/lake/{{table}}",
@@ -80,11 +56,11 @@ def test_replicate_tables_into_s3_survives_a_sigkill_and_each_table_equals_its_s
             assert first.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(1)
-        _write(store, 150, 60)  # more changes while it runs, then the kill
+        write_two_keys(store, 150, 60)  # more changes while it runs, then the kill
         time.sleep(2)
     finally:
         kill_tree(first.pid)
-    _write(store, 210, 40)
+    write_two_keys(store, 210, 40)
     again = subprocess.run([*command, "--once"], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]

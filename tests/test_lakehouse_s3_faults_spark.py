@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,8 @@ pytest.importorskip("deltalake")
 
 from connector.local import LocalTablestore  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
+from testkit.aws import new_s3_bucket  # noqa: E402
+from testkit.lakehouse import TWO_KEYS, two_keys_store, write_two_keys  # noqa: E402
 from testkit.processes import REPO, kill_tree  # noqa: E402
 from testkit.s3_faults import AMBIGUOUS_COMMIT, KINDS, S3FaultProxy  # noqa: E402
 from testkit.waiting import wait_until  # noqa: E402
@@ -38,25 +39,10 @@ from testkit.waiting import wait_until  # noqa: E402
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "tablestore_cdc"]
-TABLES = {"ints": ("id", "INTEGER"), "names": ("k", "STRING")}
+TABLES = TWO_KEYS
 #: the long run's writes and its outage of S3 (seconds)
 LONG_WRITE_S = float(os.environ.get("S3_FAULTS_WRITE_S", "300"))
 LONG_OUTAGE_S = float(os.environ.get("S3_FAULTS_OUTAGE_S", "30"))
-
-
-def _key(table: str, i: int) -> Any:
-    return i if TABLES[table][1] == "INTEGER" else f"name-{i:05d}"
-
-
-def _write(store: LocalTablestore, start: int, count: int) -> None:
-    """Puts, then updates and deletes of earlier keys, in both tables."""
-    for table, (column, _) in TABLES.items():
-        for i in range(start, start + count):
-            store.put_row(table, {column: _key(table, i)}, {"v": i, "note": f"n{i}"})
-            if i % 5 == 0 and i > start:
-                store.update_row(table, {column: _key(table, i - 3)}, {"v": -i})
-            if i % 7 == 0 and i > start:
-                store.delete_row(table, {column: _key(table, i - 6)})
 
 
 def _table(moto: str, bucket: str, table: str) -> Any:
@@ -101,16 +87,9 @@ def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: fl
                               outage_s: float, after_s: float = 0.0) -> int:
     """The job through the proxy: writes for ``write_s``, an outage of ``outage_s`` (0: none),
     writes for ``after_s`` more; every check of the module doc. Returns the job's restarts."""
-    import boto3
-
-    bucket = f"lake-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
-        Bucket=bucket)
-    store = LocalTablestore(tmp_path / "store.db")
-    for table, (column, kind) in TABLES.items():
-        store.create_table(table, primary_key=[(column, kind)],
-                           columns=[("v", "INTEGER"), ("note", "STRING")], channels=2)
-    _write(store, 0, 100)
+    bucket = new_s3_bucket(moto_endpoint)  # the job's environment is the proxy's, not moto's
+    store = two_keys_store(tmp_path / "store.db")
+    write_two_keys(store, 0, 100)
     log = tmp_path / "replicate.log"
     with S3FaultProxy(moto_endpoint, rate=0.05, seed=11, commit_every=4) as proxy:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AWS_ENDPOINT_URL": proxy.url}
@@ -127,7 +106,7 @@ def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: fl
         def writer() -> None:  # the source keeps changing while the job runs
             start = 100
             while not stop.wait(1.0):
-                _write(store, start, 15)
+                write_two_keys(store, start, 15)
                 start += 15
 
         thread = threading.Thread(target=writer, daemon=True)
