@@ -39,6 +39,16 @@ Only a configuration or data error leaves a table ``failed``. ``table_states`` s
 table is doing (``connector.table_state.TableState``; in Spark's progress report as its text,
 ``reportLatestOffset``).
 
+Idle cost: a round of ``latestOffset`` asks every table's protocol (its meta-store reads), so
+a query whose tables are all idle would ask them all at every trigger (Spark's default trigger
+plans again ~10 ms after an empty round). When a round finds nothing new in any table and no
+table joins, the next rounds answer the start unchanged without asking any table for a while
+that doubles from ``IDLE_BACKOFF_FIRST_S`` up to ``IDLE_BACKOFF_MAX_S``; the first round that
+finds a change resets it, so a query under writes plans as often as before. An answer equal to
+the start is "nothing new" to Spark: offsets, plans and commits keep their meaning. A table's
+lag (``reportLatestOffset``) is measured again only when its position moved (its start, or
+what its latest offset found); an unmoved table's last figures are reported again.
+
 Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is called;
 ``MultiTableStreamReader`` in Spark's planning process (driver); its ``read`` on executors.
 """
@@ -73,6 +83,11 @@ log = logging.getLogger("connector.multiplex")
 
 #: a table whose lease another process holds is tried again after this long (seconds)
 LEASE_RETRY_S = 10.0
+#: after an empty round, the tables are not asked again for this long, doubled after each
+#: further empty round up to the cap (seconds): the longest a write waits for its batch when
+#: every table was idle, against the planning loop's cost at rest (module docstring)
+IDLE_BACKOFF_FIRST_S = 0.05
+IDLE_BACKOFF_MAX_S = 1.0
 
 @dataclass(frozen=True)
 class TableChannel:
@@ -118,10 +133,16 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
 
     ``clients``: the seam that opens every table's clients in the planning process (its
     fault hook, and its clock, by which a restarting table's next try is timed); None: the
-    environment's, as in production. Executors read through their own pool."""
+    environment's, as in production. Executors read through their own pool.
+    ``idle_backoff_max_s``: the idle backoff's cap (``connector.source`` passes
+    ``IDLE_BACKOFF_MAX_S``; 0, the default, turns it off)."""
 
-    def __init__(self, options: MultiTableOptions, clients: Clients | None = None) -> None:
+    def __init__(self, options: MultiTableOptions, clients: Clients | None = None, *,
+                 idle_backoff_max_s: float = 0.0) -> None:
         self.options = options
+        #: the idle backoff's cap (module docstring); 0: every round asks every table (a
+        #: test's reader, driven call by call); Spark's reader takes ``IDLE_BACKOFF_MAX_S``
+        self.idle_backoff_max_s = idle_backoff_max_s
         self._clients = clients
         #: where the next batch starts on a PySpark that does not pass it (4.0, 4.1)
         self._starts = (None if compat.FEATURES.admission_control
@@ -153,12 +174,20 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         #: table -> the share of its base data read, while it snapshots (planning process)
         self._snapshot_percent: dict[str, float] = {}
         self._snapshot_done: set[str] = set()
+        #: the idle backoff (module docstring): the current wait, and until when (``_now``)
+        #: the tables are not asked; ``rounds``: the rounds that asked them (planning process)
+        self.idle_wait = 0.0
+        self._idle_until = float("-inf")
+        self.rounds = 0
+        #: tables whose position moved in the last round, and each table's last lag figures
+        self._moved: set[str] = set()
+        self._lag: dict[str, dict[str, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # live clients never travel to executors
         state.update(_protocols={}, _admin=None, _reporters={}, _lease_retry_at={},
-                     _clients=None, _retry_at={})
+                     _clients=None, _retry_at={}, _moved=set(), _lag={})
         return state
 
     def _now(self) -> float:
@@ -330,8 +359,14 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                                   allowed="a PySpark of 4.0 to 4.3")
             compat.log_degradations_once(log)
             start = self._starts.start(self.initialOffset)
+        if not self._available_now and self._now() < self._idle_until:
+            # backing off after an empty round: nothing new, no table asked
+            self._moved = set()
+            return {"tables": dict(sorted(_tables_of(start).items()))}
+        self.rounds += 1
         passed = compat.passed_limit(limit)
         listed = set(self.listed_tables())
+        moved: set[str] = set()
         ends: dict[str, dict] = {}
         asked = 0  # tables whose latest_offset ran (a crash point between two of them)
         for table, offset in sorted(_tables_of(start).items()):
@@ -351,7 +386,10 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 # is default_read_limit's, made from these same options
                 ends[table] = protocol.latest_offset(offset, trigger_limits(
                     protocol.options, all_available=passed.all_available))
-                self._last_starts[table] = protocol.uuid_of(offset)
+                start_uuid = protocol.uuid_of(offset)
+                if ends[table] != offset or self._last_starts.get(table) != start_uuid:
+                    moved.add(table)
+                self._last_starts[table] = start_uuid
                 self._answered(table)
             except CdcError as exc:
                 self._stop(table, exc)
@@ -361,7 +399,21 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 ends[table] = initial
                 self.table_states[table] = TableState(State.NEW)
                 log.info("table %s joins the query", table)
+                moved.add(table)
+        self._moved = moved
+        self._back_off(found=any(ends[t] != o for t, o in _tables_of(start).items())
+                       or len(ends) != len(_tables_of(start)))
         return {"tables": ends}
+
+    def _back_off(self, found: bool) -> None:
+        """After a round that asked the tables: a change found (or a table joined) resets the
+        idle backoff; an empty round doubles it, up to ``idle_backoff_max_s``."""
+        if found or self.idle_backoff_max_s <= 0:
+            self.idle_wait, self._idle_until = 0.0, float("-inf")
+            return
+        self.idle_wait = min(self.idle_backoff_max_s, max(IDLE_BACKOFF_FIRST_S,
+                                                           2 * self.idle_wait))
+        self._idle_until = self._now() + self.idle_wait
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
         """Each table's state and its lag (records and seconds behind the head; ``exact``
@@ -369,12 +421,18 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         base data read while it snapshots (``snapshot``), in
         ``lastProgress.sources[0].latestOffset``. Each table's lag is measured as a
         single-table query's (``connector.latest_offset_report``: again when its batch start
-        moved, else cached for a while; never failing the query)."""
+        moved, else cached for a while; never failing the query), and only for a table whose
+        position moved in the last round: an unmoved one's last figures are kept."""
         from connector.latest_offset_report import LatestOffsetReporter
 
         lag: dict[str, dict[str, Any]] = {}
         snapshots: dict[str, float] = {}
         for table, protocol in sorted(self._protocols.items()):
+            if table in self._lag and table not in self._moved and table in self._reporters:
+                lag[table] = self._lag[table]  # not moved: nothing new to measure
+                if table in self._snapshot_percent:
+                    snapshots[table] = self._snapshot_percent[table]
+                continue
             if table not in self._reporters:
                 self._reporters[table] = LatestOffsetReporter(protocol)
             reporter = self._reporters[table]
@@ -383,6 +441,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             lag[table] = {"recordsBehind": report.get("recordsBehindLatest"),
                           "secondsBehind": report.get("secondsBehindLatest"),
                           "exact": report.get("lagExact", False)}
+            if report:
+                self._lag[table] = lag[table]
             if reporter.measurements != measured and table not in self._snapshot_done:
                 self._measure_snapshot(table, protocol)  # as often as the lag
             if table in self._snapshot_percent:

@@ -43,7 +43,7 @@ from cdc_common.first_contact import query_start
 from connector.clients import Clients
 from connector.errors import OptionError
 from connector.generic_rows import MULTI_TABLE_SCHEMA
-from connector.multiplex import MultiTableStreamReader
+from connector.multiplex import IDLE_BACKOFF_MAX_S, MultiTableStreamReader
 from connector.options import SourceOptions
 from connector.partition import ChannelPartition
 from connector.planning.read_limits import TriggerLimits, trigger_limits
@@ -83,7 +83,7 @@ class TablestoreDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self.multi_table is not None:
-            return MultiTableStreamReader(self.multi_table)
+            return MultiTableStreamReader(self.multi_table, idle_backoff_max_s=IDLE_BACKOFF_MAX_S)
         self.source_options.check_for_stream()
         return TablestoreStreamReader(self.source_options, schema)
 
