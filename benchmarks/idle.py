@@ -6,7 +6,9 @@ write per table was delivered; then nothing is written for ``--seconds`` and the
 of this process's tree (the driver, its JVM, the planning process and the Python workers:
 ``common.tree_cpu_s``) over that window are printed, with the cores they amount to and the
 triggers Spark ran. Afterwards one write's delivery time is taken (``--probes`` of them, a
-second apart): the idle backoff must not make a write wait much longer than its cap.
+second apart): the idle backoff must not make a write wait much longer than its cap. Last,
+``--rate`` writes a second spread over the tables for ``--load-seconds``, each write's time to
+its batch taken (the issue's freshness load: 10 writes/s over 100 tables).
 Figures are this run's on this machine (docs/performance.md, "Idle cost").
 """
 
@@ -26,7 +28,8 @@ from connector.local import LocalTablestore
 from connector.spark import local_session
 
 
-def run(tables: int, seconds: float, probes: int, workdir: Path) -> dict[str, Any]:
+def run(tables: int, seconds: float, probes: int, rate: float, load_seconds: float,
+        workdir: Path) -> dict[str, Any]:
     """Start the query, wait for it to settle, measure the idle window and the probes."""
     path = workdir / f"idle-{uuid.uuid4().hex[:8]}.db"
     names = [f"idle_{i:04d}" for i in range(tables)]
@@ -35,13 +38,15 @@ def run(tables: int, seconds: float, probes: int, workdir: Path) -> dict[str, An
             store.create_table(name, [("id", "INTEGER")], [("stamp", "DOUBLE")], channels=1)
     store = LocalTablestore(path)
     seen: list[float] = []
+    arrived: dict[int, float] = {}
     lock = threading.Lock()
 
     def sink(df: Any, batch_id: int) -> None:
-        rows = df.count()  # the generic rows: their arrival is what counts
+        keys = [r._key for r in df.select("_key").collect()]  # the generic rows' key JSON
         now = time.time()
         with lock:
-            seen.extend([now] * rows)
+            seen.extend([now] * len(keys))
+            arrived.update((json.loads(k)["id"], now) for k in keys)
 
     spark = local_session("benchmark-idle", short_run=True)
     query = (spark.readStream.format("tablestore").option("endpoint", f"local://{path}")
@@ -68,6 +73,14 @@ def run(tables: int, seconds: float, probes: int, workdir: Path) -> dict[str, An
             store.put_row(names[i % tables], {"id": -1 - i}, {"stamp": written})
             _wait(lambda before=before: len(seen) > before, 60, query)
             delays.append((seen[-1] - written) * 1000)
+        written_at: dict[int, float] = {}
+        for i in range(int(rate * load_seconds)):
+            key = 1_000_000 + i
+            written_at[key] = time.time()
+            store.put_row(names[(i * 7) % tables], {"id": key}, {"stamp": written_at[key]})
+            time.sleep(max(0.0, written_at[key] + 1.0 / rate - time.time()))
+        _wait(lambda: set(written_at) <= set(arrived), 120, query)
+        load = [(arrived[k] - t) * 1000 for k, t in written_at.items()]
     finally:
         query.stop()
         store.close()
@@ -76,7 +89,11 @@ def run(tables: int, seconds: float, probes: int, workdir: Path) -> dict[str, An
             "cores": round(cpu / wall, 3), "batches_while_idle": idle_batches,
             "progress_events_before": triggers,
             "write_to_batch_ms": {"p50": round(percentile(delays, 0.5), 1),
-                                  "max": round(max(delays), 1), "probes": len(delays)}}
+                                  "max": round(max(delays), 1), "probes": len(delays)},
+            "under_load_ms": {"writes_per_second": rate, "writes": len(load),
+                              "p50": round(percentile(load, 0.5), 1),
+                              "p99": round(percentile(load, 0.99), 1),
+                              "max": round(max(load), 1)}}
 
 
 def _wait(done: Any, timeout: float, query: Any) -> None:
@@ -95,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--probes", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=10.0, help="writes/s of the load phase")
+    parser.add_argument("--load-seconds", type=float, default=20.0)
     args = parser.parse_args(argv)
     with TemporaryDirectory() as tmp:
-        print(json.dumps(run(args.tables, args.seconds, args.probes, Path(tmp)), indent=2))
+        print(json.dumps(run(args.tables, args.seconds, args.probes, args.rate,
+                                   args.load_seconds, Path(tmp)), indent=2))
     return 0
 
 
