@@ -44,10 +44,14 @@ a query whose tables are all idle would ask them all at every trigger (Spark's d
 plans again ~10 ms after an empty round). When a round finds nothing new in any table and no
 table joins, the next rounds answer the start unchanged without asking any table for a while
 that doubles from ``IDLE_BACKOFF_FIRST_S`` up to ``IDLE_BACKOFF_MAX_S``; the first round that
-finds a change resets it, so a query under writes plans as often as before. An answer equal to
-the start is "nothing new" to Spark: offsets, plans and commits keep their meaning. A table's
-lag (``reportLatestOffset``) is measured again only when its position moved (its start, or
-what its latest offset found); an unmoved table's last figures are reported again.
+finds a change resets it, so a query under writes plans as often as before. Where the
+backend answers one question for every table (the local store's ``change_mark``), that mark
+is read at most every ``IDLE_BACKOFF_FIRST_S`` while waiting and a changed one ends the wait
+at once (the cap is then ``IDLE_MARKED_MAX_S``): a write waits no longer than before. An
+answer equal to the start is "nothing new" to Spark: offsets, plans and commits keep their
+meaning. A table's lag (``reportLatestOffset``) is measured again only when its position
+moved (its start, or what its latest offset found); an unmoved table's last figures are
+reported again.
 
 Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is called;
 ``MultiTableStreamReader`` in Spark's planning process (driver); its ``read`` on executors.
@@ -88,6 +92,10 @@ LEASE_RETRY_S = 10.0
 #: every table was idle, against the planning loop's cost at rest (module docstring)
 IDLE_BACKOFF_FIRST_S = 0.05
 IDLE_BACKOFF_MAX_S = 1.0
+#: the cap where the backend answers one question for every table (``change_mark``, the local
+#: store: one SQLite query, asked at most every ``IDLE_BACKOFF_FIRST_S``): a changed mark ends
+#: the wait at once, so the wait only bounds how late a trim or a lost lease is noticed
+IDLE_MARKED_MAX_S = 10.0
 
 @dataclass(frozen=True)
 class TableChannel:
@@ -179,6 +187,10 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self.idle_wait = 0.0
         self._idle_until = float("-inf")
         self.rounds = 0
+        #: the store's change mark at the last round that asked the tables (None: the backend
+        #: has none), and when it is read next while waiting
+        self._idle_mark: Any = None
+        self._mark_at = float("-inf")
         #: tables whose position moved in the last round, and each table's last lag figures
         self._moved: set[str] = set()
         self._lag: dict[str, dict[str, Any]] = {}
@@ -359,10 +371,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                                   allowed="a PySpark of 4.0 to 4.3")
             compat.log_degradations_once(log)
             start = self._starts.start(self.initialOffset)
-        if not self._available_now and self._now() < self._idle_until:
+        if not self._available_now and self._waiting():
             # backing off after an empty round: nothing new, no table asked
             self._moved = set()
             return {"tables": dict(sorted(_tables_of(start).items()))}
+        mark = self._change_mark() if self.idle_backoff_max_s > 0 else None
         self.rounds += 1
         passed = compat.passed_limit(limit)
         listed = set(self.listed_tables())
@@ -402,18 +415,43 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 moved.add(table)
         self._moved = moved
         self._back_off(found=any(ends[t] != o for t, o in _tables_of(start).items())
-                       or len(ends) != len(_tables_of(start)))
+                       or len(ends) != len(_tables_of(start)), mark=mark)
         return {"tables": ends}
 
-    def _back_off(self, found: bool) -> None:
-        """After a round that asked the tables: a change found (or a table joined) resets the
-        idle backoff; an empty round doubles it, up to ``idle_backoff_max_s``."""
+    def _waiting(self) -> bool:
+        """Within the idle backoff's wait, and (where the backend has one) the store's change
+        mark not moved since the last round that asked the tables."""
+        now = self._now()
+        if now >= self._idle_until:
+            return False
+        if self._idle_mark is None or now < self._mark_at:
+            return True
+        self._mark_at = now + IDLE_BACKOFF_FIRST_S
+        return self._change_mark() == self._idle_mark
+
+    def _change_mark(self) -> Any:
+        """The backend's one answer for every table (``change_mark``); None where it has
+        none or the question failed (the wait is then only the backoff's)."""
+        ask = getattr(self._admin, "change_mark", None)
+        if ask is None:
+            return None
+        try:
+            return ask()
+        except Exception as exc:  # noqa: BLE001 - the rounds ask the tables themselves
+            log.debug("cannot read the store's change mark: %s", exc)
+            return None
+
+    def _back_off(self, found: bool, mark: Any) -> None:
+        """After a round that asked the tables (``mark``: the store's change mark read before
+        it): a change found (or a table joined) resets the idle backoff; an empty round
+        doubles it, up to ``idle_backoff_max_s`` (``IDLE_MARKED_MAX_S`` with a mark)."""
         if found or self.idle_backoff_max_s <= 0:
-            self.idle_wait, self._idle_until = 0.0, float("-inf")
+            self.idle_wait, self._idle_until, self._idle_mark = 0.0, float("-inf"), None
             return
-        self.idle_wait = min(self.idle_backoff_max_s, max(IDLE_BACKOFF_FIRST_S,
-                                                           2 * self.idle_wait))
+        cap = self.idle_backoff_max_s if mark is None else IDLE_MARKED_MAX_S
+        self.idle_wait = min(cap, max(IDLE_BACKOFF_FIRST_S, 2 * self.idle_wait))
         self._idle_until = self._now() + self.idle_wait
+        self._idle_mark, self._mark_at = mark, self._now() + IDLE_BACKOFF_FIRST_S
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
         """Each table's state and its lag (records and seconds behind the head; ``exact``

@@ -1,7 +1,8 @@
 """A multi-table query at rest costs little (connector.multiplex): after an empty planning round
 the tables are not asked again for a while that doubles up to the cap, the first change found
-resets it, and a table's lag is measured again only when its position moved. Over a real
-local store, without Spark; the backoff on the seam's fake clock."""
+resets it, or at once where the store's one question for every table says something changed,
+and a table's lag is measured again only when its position moved. Over a real local store,
+without Spark; the backoff on the seam's fake clock."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from connector import latest_offset_report
 from connector.clients import ClientHooks, Clients
 from connector.local import LocalTablestore
-from connector.multiplex import IDLE_BACKOFF_FIRST_S, MultiTableStreamReader
+from connector.multiplex import IDLE_BACKOFF_FIRST_S, IDLE_MARKED_MAX_S, MultiTableStreamReader
 from connector.table_selection import MultiTableOptions
 from connector.tunnel.local.service import LocalTunnelService
 from testkit.clock import FakeClock
@@ -47,7 +48,9 @@ def _batch(reader: MultiTableStreamReader, start: dict) -> dict:
     return end
 
 
-def test_the_idle_backoff_doubles_up_to_its_cap_and_a_change_resets_it(tmp_path: Path) -> None:
+def test_the_idle_backoff_doubles_up_to_its_cap_and_a_change_resets_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(LocalTunnelService, "change_mark")  # a backend without one question
     clock = FakeClock(start=1000.0)
     with _store(tmp_path / "s.db", 3) as store:
         reader = _reader(tmp_path / "s.db", clock, backoff=0.4)
@@ -72,6 +75,30 @@ def test_the_idle_backoff_doubles_up_to_its_cap_and_a_change_resets_it(tmp_path:
         assert reader.idle_wait == 0.0
         assert _batch(reader, moved) == moved  # asked at once: the batch's own round
         assert reader.idle_wait == IDLE_BACKOFF_FIRST_S
+        reader.stop()
+
+
+def test_a_changed_store_mark_ends_the_wait_at_once(tmp_path: Path) -> None:
+    clock = FakeClock(start=1000.0)
+    with _store(tmp_path / "s.db", 3) as store:
+        reader = _reader(tmp_path / "s.db", clock, backoff=0.4)
+        start = _batch(reader, reader.initialOffset())
+        waits = [reader.idle_wait]
+        for _ in range(12):
+            clock.now += reader.idle_wait
+            assert _batch(reader, start) == start
+            waits.append(reader.idle_wait)
+        assert waits[:4] == [IDLE_BACKOFF_FIRST_S, 0.1, 0.2, 0.4]
+        assert waits[-1] == IDLE_MARKED_MAX_S  # the mark wakes it: the cap may be long
+        rounds = reader.rounds
+        clock.now += 1.0  # well within the wait; the mark is read again
+        assert _batch(reader, start) == start and reader.rounds == rounds  # unchanged
+        store.put_row("t2", {"id": 1}, {"v": "x"})
+        assert _batch(reader, start) == start and reader.rounds == rounds  # read once per
+        clock.now += IDLE_BACKOFF_FIRST_S  # ... IDLE_BACKOFF_FIRST_S at most
+        moved = _batch(reader, start)
+        assert reader.rounds == rounds + 1
+        assert moved["tables"]["t2"] != start["tables"]["t2"] and reader.idle_wait == 0.0
         reader.stop()
 
 

@@ -487,6 +487,15 @@ class LocalTunnelService(TunnelService):
             for c in channels.values()))
         return description, consumed
 
+    def change_mark(self) -> tuple[float, ...]:
+        """One question for every table of the store, asked by the multi-table source's idle
+        rounds (``connector.multiplex``, planning process): a value that changes whenever any
+        table's channel gets a record, splits, closes or is trimmed."""
+        with self.store.transaction() as conn:
+            row = conn.execute("SELECT count(*), total(head_seq), total(closed), "
+                               "total(trimmed_upto) FROM cdc_channels").fetchone()
+        return tuple(row)
+
     def lag(self, tunnel_id: str, positions: Mapping[str, str]) -> dict[str, ChannelLag]:
         """Per channel not TERMINATED: records behind the head and the age of the oldest
         unread change (0.0 when caught up). Position = ``positions`` or the stored one."""
