@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,14 +143,20 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
     fault hook, and its clock, by which a restarting table's next try is timed); None: the
     environment's, as in production. Executors read through their own pool.
     ``idle_backoff_max_s``: the idle backoff's cap (``connector.source`` passes
-    ``IDLE_BACKOFF_MAX_S``; 0, the default, turns it off)."""
+    ``IDLE_BACKOFF_MAX_S``; 0, the default, turns it off); ``idle_pause``: how a waiting round
+    sleeps (``time.sleep`` there; None: it answers at once)."""
 
     def __init__(self, options: MultiTableOptions, clients: Clients | None = None, *,
-                 idle_backoff_max_s: float = 0.0) -> None:
+                 idle_backoff_max_s: float = 0.0,
+                 idle_pause: Callable[[float], None] | None = None) -> None:
         self.options = options
         #: the idle backoff's cap (module docstring); 0: every round asks every table (a
         #: test's reader, driven call by call); Spark's reader takes ``IDLE_BACKOFF_MAX_S``
         self.idle_backoff_max_s = idle_backoff_max_s
+        #: sleeps within a waiting round (``time.sleep`` in Spark's reader): Spark asks again
+        #: ~10 ms after an empty answer, so each answer waits up to ``IDLE_BACKOFF_FIRST_S``
+        #: (no longer than the wait, nor than the next read of the change mark) instead
+        self._idle_pause = idle_pause
         self._clients = clients
         #: where the next batch starts on a PySpark that does not pass it (4.0, 4.1)
         self._starts = (None if compat.FEATURES.admission_control
@@ -199,7 +205,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         state = dict(self.__dict__)
         # live clients never travel to executors
         state.update(_protocols={}, _admin=None, _reporters={}, _lease_retry_at={},
-                     _clients=None, _retry_at={}, _moved=set(), _lag={})
+                     _clients=None, _retry_at={}, _moved=set(), _lag={}, _idle_pause=None)
         return state
 
     def _now(self) -> float:
@@ -374,6 +380,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         if not self._available_now and self._waiting():
             # backing off after an empty round: nothing new, no table asked
             self._moved = set()
+            if self._idle_pause is not None:
+                until = min(self._idle_until, self._mark_at, self._now() + IDLE_BACKOFF_FIRST_S)
+                self._idle_pause(max(0.0, until - self._now()))
             return {"tables": dict(sorted(_tables_of(start).items()))}
         mark = self._change_mark() if self.idle_backoff_max_s > 0 else None
         self.rounds += 1

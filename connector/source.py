@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -83,7 +84,8 @@ class TablestoreDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self.multi_table is not None:
-            return MultiTableStreamReader(self.multi_table, idle_backoff_max_s=IDLE_BACKOFF_MAX_S)
+            return MultiTableStreamReader(self.multi_table, idle_backoff_max_s=IDLE_BACKOFF_MAX_S,
+                                          idle_pause=time.sleep)
         self.source_options.check_for_stream()
         return TablestoreStreamReader(self.source_options, schema)
 

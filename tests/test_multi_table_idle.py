@@ -159,3 +159,25 @@ def test_the_lag_is_measured_again_only_for_tables_whose_position_moved(
         reader.reportLatestOffset()
         assert asked == []
         reader.stop()
+
+
+def test_a_waiting_round_sleeps_until_the_next_mark_read_instead_of_answering_at_once(
+        tmp_path: Path) -> None:
+    clock = FakeClock(start=1000.0)
+    with _store(tmp_path / "s.db", 2) as store:
+        reader = MultiTableStreamReader(MultiTableOptions.from_spark({
+            "endpoint": f"local://{tmp_path / 's.db'}", "tables": "t*", "tunnel.name": "idle"}),
+            Clients(ClientHooks(clock=clock.monotonic)), idle_backoff_max_s=1.0,
+            idle_pause=clock.sleep)
+        start = _batch(reader, reader.initialOffset())
+        rounds = reader.rounds
+        for _ in range(20):  # Spark's polls while every table is idle
+            assert _batch(reader, start) == start
+        assert clock.sleeps and max(clock.sleeps) <= IDLE_BACKOFF_FIRST_S
+        assert clock.now - 1000.0 >= 0.5 and reader.rounds - rounds <= 5  # waited, not asked
+        store.put_row("t0", {"id": 1}, {"v": "x"})
+        polls = 0
+        while _batch(reader, start) == start:
+            polls += 1
+        assert polls <= 1  # the next mark read, at most one pause later, finds it
+        reader.stop()
