@@ -31,7 +31,9 @@ from testkit.wire_e2e import (  # noqa: E402
     write_changes,
 )
 
-pytestmark = pytest.mark.slow
+# one table's run of the outage test_multi_table_outage gives the default suite through the
+# same pipeline (one table is a selection of one): make test-extended runs it
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 OUTAGE_S = 60
 
