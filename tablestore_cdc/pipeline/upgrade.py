@@ -105,13 +105,9 @@ def _logged_paths(log: Path) -> set[str]:
 
 def _signal_resnapshot(spec: SourceSpec) -> None:
     """A pending re-snapshot signal of ``spec``'s table, where ``tablestore-cdc resnapshot``
-    adds one (its source identity's signals in the meta store)."""
-    from connector.clients import Clients
-    from meta_store.signals import Signal, SignalBoard
+    adds one (``resnapshot.repair.open_board``)."""
+    from meta_store.signals import Signal
+    from tablestore_cdc.resnapshot.repair import open_board
 
-    options = spec.source_options()
-    store = Clients().meta_store(options.meta_store, options.meta_store_credentials)
-    try:
-        SignalBoard(store, options.source_identity).add(Signal(table=spec.table))
-    finally:
-        store.close()
+    with open_board(spec) as board:
+        board.add(Signal(table=spec.table))

@@ -15,8 +15,6 @@ the signals kept and their state. Bad flags: one ``error:`` line, exit 2.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -32,22 +30,10 @@ from tablestore_cdc.reconcile.errors import JobRecordMissingError
 from tablestore_cdc.reconcile.job_target import job_target
 from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.source import SourceSpec, declared_schema
+from tablestore_cdc.resnapshot.repair import open_board
 
 #: seconds between two reads of the signal while ``--wait`` follows it
 POLL_S = 1.0
-
-
-@contextmanager
-def open_board(spec: SourceSpec) -> Iterator[SignalBoard]:
-    """The signals of ``spec``'s source identity in its meta table (``OptionError`` for bad
-    options, ``MetaTableMissingError`` when the stream never ran)."""
-    options = spec.source_options()
-    store = Clients().meta_store(options.meta_store, options.meta_store_credentials,
-                                 create=False)
-    try:
-        yield SignalBoard(store, options.source_identity)
-    finally:
-        store.close()
 
 
 def key_range(spec: SourceSpec, key_from: str | None, key_to: str | None) -> KeyRange | None:

@@ -33,12 +33,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from connector.clients import Clients
 from connector.crash_hook import crash_point
 from connector.tunnel import Op, Record
 from connector.tunnel.page import PageLayout, records_to_page
@@ -57,6 +59,20 @@ REPAIR_CHANNEL = "resnapshot"
 #: least seconds between two progress writes into the signal
 PROGRESS_EVERY_S = 2.0
 
+
+
+@contextmanager
+def open_board(spec: SourceSpec) -> Iterator[SignalBoard]:
+    """The signals of ``spec``'s source identity in its meta table (``OptionError`` for bad
+    options, ``MetaTableMissingError`` when the stream never ran): where
+    ``tablestore-cdc resnapshot`` and an upgraded output (``pipeline.upgrade``) add one."""
+    options = spec.source_options()
+    store = Clients().meta_store(options.meta_store, options.meta_store_credentials,
+                                 create=False)
+    try:
+        yield SignalBoard(store, options.source_identity)
+    finally:
+        store.close()
 
 @dataclass(frozen=True)
 class RepairOutcome:
