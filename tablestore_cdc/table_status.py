@@ -327,17 +327,20 @@ class TableStatusWriter:
         for table, status in statuses.items():
             status = self.with_health(table, self._with_last_schema_change(table, status), now)
             self._last[table] = published[table] = status
+        # the observers (the metrics) first: during an outage of a meta store kept on the
+        # source's service, each write below waits out its client's retries
+        for observer in self._observers:
+            try:
+                observer(published)
+            except Exception as exc:  # noqa: BLE001 - monitoring must never stop the pipeline
+                log.debug("a status observer failed: %s", exc)
+        for table, status in published.items():
             figures = status.figures()
             written = self._written.get(table)
             if not force and written and written[0] == figures and now - written[1] < HEARTBEAT_S:
                 continue
             if self._write(table, status.model_copy(update={"at": now})):
                 self._written[table] = (figures, now)
-        for observer in self._observers:
-            try:
-                observer(published)
-            except Exception as exc:  # noqa: BLE001 - monitoring must never stop the pipeline
-                log.debug("a status observer failed: %s", exc)
         return published
 
     def mark_all(self, state: str, reason: str | None) -> None:
