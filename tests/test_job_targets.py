@@ -84,6 +84,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Jobs:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("job_targets_jobs")  # one worker builds the module's `jobs`
 def test_reconcile_finds_each_jobs_delta_and_iceberg_targets_from_the_source_alone(
         jobs: Jobs) -> None:
     result = reconcile("--store", str(jobs.store.path), "--table", "orders", "--table", "users",
@@ -109,6 +110,7 @@ def test_reconcile_finds_each_jobs_delta_and_iceberg_targets_from_the_source_alo
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("job_targets_jobs")  # one worker builds the module's `jobs`
 def test_target_overrides_the_record_and_output_must_name_the_job(jobs: Jobs) -> None:
     base = ["--store", str(jobs.store.path), "--table", "orders"]
     other = f"delta://{jobs.single}/items"  # same columns, another table's copy
@@ -125,6 +127,7 @@ def test_target_overrides_the_record_and_output_must_name_the_job(jobs: Jobs) ->
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("job_targets_jobs")  # one worker builds the module's `jobs`
 def test_resnapshot_names_the_job_that_repairs_the_table(jobs: Jobs) -> None:
     result = runner.invoke(app, ["resnapshot", "--store", str(jobs.store.path), "--table",
                                  "users"])
@@ -135,6 +138,7 @@ def test_resnapshot_names_the_job_that_repairs_the_table(jobs: Jobs) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("job_targets_jobs")  # one worker builds the module's `jobs`
 def test_meta_tables_json_has_the_same_fields_for_a_table_and_a_tables_job(jobs: Jobs) -> None:
     meta = f"sqlite:///{Path(jobs.store.path).with_suffix('.meta.db')}"
     result = runner.invoke(app, ["meta", "tables", "--meta", meta, "--json"])

@@ -169,6 +169,7 @@ def real_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_namespaces_lists_the_source(real_run: RealRun) -> None:
     data = cli_json("meta", "namespaces", "--meta", real_run.meta)
     assert [n["namespace"] for n in data["namespaces"]] == [real_run.namespace]
@@ -182,6 +183,7 @@ def test_namespaces_lists_the_source(real_run: RealRun) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_batches_in_chain_order_with_spark_ids_and_records(real_run: RealRun) -> None:
     data = cli_json("meta", "batches", "--meta", real_run.meta)
     rows = data["batches"]
@@ -212,6 +214,7 @@ def _batches(run: RealRun) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_show_gives_per_channel_start_end_and_attempt(real_run: RealRun) -> None:
     rows = _batches(real_run)
     with_children = next(r for r in rows if r["children_added"])
@@ -237,6 +240,7 @@ def test_show_gives_per_channel_start_end_and_attempt(real_run: RealRun) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_show_unknown_uuid_is_a_clear_error(real_run: RealRun) -> None:
     for args in (("--json",), ()):
         result = cli("meta", "show", "0000dead-beef", "--meta", real_run.meta, *args)
@@ -247,6 +251,7 @@ def test_show_unknown_uuid_is_a_clear_error(real_run: RealRun) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_diff_counts_records_and_sequence_progress(real_run: RealRun) -> None:
     rows = _batches(real_run)
     first, last = rows[1], rows[-1]
@@ -272,6 +277,7 @@ def test_diff_counts_records_and_sequence_progress(real_run: RealRun) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_channels_tree_status_lineage_and_waiting(real_run: RealRun) -> None:
     data = cli_json("meta", "channels", "--meta", real_run.meta)
     by_id = {c["channel_id"]: c for c in data["channels"]}
@@ -301,6 +307,7 @@ def test_channels_tree_status_lineage_and_waiting(real_run: RealRun) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_lag_from_the_latest_committed_batch(real_run: RealRun) -> None:
     data = cli_json("meta", "lag", "--meta", real_run.meta)
     latest = _batches(real_run)[-1]
@@ -329,6 +336,7 @@ def test_lag_from_the_latest_committed_batch(real_run: RealRun) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_gc_dry_run_then_delete_on_a_copy(real_run: RealRun, tmp_path: Path) -> None:
     meta = f"sqlite://{copy_sqlite(real_run.meta_path, tmp_path / 'copy.db')}"
     before = [r["uuid"] for r in cli_json("meta", "batches", "--meta", meta)["batches"]]
@@ -350,6 +358,7 @@ def test_gc_dry_run_then_delete_on_a_copy(real_run: RealRun, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_export_is_the_whole_namespace(real_run: RealRun, tmp_path: Path) -> None:
     data = cli_json("meta", "export", "--meta", real_run.meta)
     assert data["format"] == "tablestore-cdc-meta-export" and data["version"] == 1
@@ -370,6 +379,7 @@ def test_export_is_the_whole_namespace(real_run: RealRun, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_progress_feed_validates_against_the_schema(real_run: RealRun,
                                                     schema: dict[str, Any]) -> None:
     result = cli("progress", "--meta", real_run.meta)
@@ -421,6 +431,7 @@ def _get(url: str) -> tuple[int, str, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("meta_cli_real_run")  # one worker builds the module's `real_run`
 def test_dashboard_api_progress_over_http(real_run: RealRun, dashboard_url: str,
                                           schema: dict[str, Any]) -> None:
     status, content_type, body = _get(dashboard_url + "/api/progress")

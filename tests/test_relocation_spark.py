@@ -111,6 +111,7 @@ def moved(tmp_path_factory: pytest.TempPathFactory) -> Moved:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("relocation_moved")  # one worker builds the module's `moved`
 def test_a_copied_table_job_resumes_exactly(moved: Moved) -> None:
     copy, old = moved.root / "single-copy", moved.root / "single"
     assert (f"{copy} was moved from {old}; its change-log paths now point here"
@@ -124,6 +125,7 @@ def test_a_copied_table_job_resumes_exactly(moved: Moved) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("relocation_moved")  # one worker builds the module's `moved`
 def test_a_moved_multi_table_job_resumes_exactly(moved: Moved) -> None:
     new, old = moved.root / "elsewhere" / "multi", moved.root / "multi"
     assert (f"{new} was moved from {old}; its change-log paths now point here"
@@ -135,6 +137,7 @@ def test_a_moved_multi_table_job_resumes_exactly(moved: Moved) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("relocation_moved")  # one worker builds the module's `moved`
 def test_a_target_left_under_the_old_directory_is_refused_before_start(moved: Moved,
                                                                         tmp_path: Path) -> None:
     old, new = moved.root / "single-copy", tmp_path / "single-moved"
@@ -153,6 +156,7 @@ def test_a_target_left_under_the_old_directory_is_refused_before_start(moved: Mo
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("relocation_moved")  # one worker builds the module's `moved`
 def test_a_copy_of_a_running_job_is_refused_by_its_lease(moved: Moved, tmp_path: Path) -> None:
     live, copy = moved.root / "single-copy", tmp_path / "copy"
     log = tmp_path / "live.txt"
