@@ -121,3 +121,26 @@ def test_a_table_that_does_not_read_keeps_its_state(tmp_path: Path) -> None:
                 "b": TableStatus(table="b", job="j", selection="*", state=State.WAITING)}
     shown = probe.applied(statuses)
     assert (shown["a"].state, shown["b"].state) == (State.FAILED, State.UNREACHABLE)
+
+
+def test_the_metrics_show_an_outage_before_the_status_write_waits_on_it(
+        tmp_path: Path) -> None:
+    """A meta store kept on the source's service is down with it: its write waits out the
+    client's retries. The metrics are told first, so the page shows the outage meanwhile."""
+    store = tmp_path / "store.db"
+    store.write_bytes(b"SQLite format 3\x00")
+    seen_while_writing: list[float | None] = []
+    metrics = TableMetrics(source="src", probe=f"local://{store}")
+
+    def namespace_of(table: str) -> tuple[str, None, str]:  # each meta-store access's first step
+        seen_while_writing.append(metrics.registry.get_sample_value(
+            "tablestore_cdc_source_up", {"source": "src"}))
+        return f"sqlite:///{tmp_path / 'meta.db'}", None, NS
+
+    writer = TableStatusWriter(namespace_of)
+    metrics.attach(writer)
+    metrics.probe = writer.probe = EndpointProbe(f"local://{store}", every_s=0)
+    status = TableStatus(table="orders", job="j", selection="orders", state=State.STREAMING)
+    store.rename(tmp_path / "away.db")
+    assert writer.publish({"orders": status}, force=True)["orders"].state == State.UNREACHABLE
+    assert seen_while_writing[-1] == 0  # the write (the last access) came after the metrics
