@@ -223,11 +223,41 @@ def _bad_signature(message: _Message) -> _Message | None:
     return None
 
 
+class Upstream:
+    """The service end of one proxied client connection, opened at its first forwarded
+    request (the loop's thread)."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def forward(self, request: _Message, method: str) -> _Message | None:
+        """The service's response to ``request``; None: the service dropped the connection."""
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(*self.address, limit=MAX_HEAD)
+            _no_delay(self._streams[1])
+        up_reader, up_writer = self._streams
+        up_writer.write(request.encode())
+        await up_writer.drain()
+        try:
+            response = await _read_message(up_reader, response_to=method)
+        except (_Closed, asyncio.IncompleteReadError, ConnectionError):
+            return None
+        if response.headers.get("connection", "").lower() == "close":
+            self.close()
+        return response
+
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+
 class LoopbackServer:
     """An asyncio server on 127.0.0.1 in a thread of its own, for the tests' proxies
     (``FaultProxy`` here, ``testkit.s3_faults.S3FaultProxy``): ``start()`` returns it listening
     (port 0: a free one, in ``port``), ``stop()`` closes it and cancels its connections; a
-    subclass serves each connection in ``_serve`` and names its thread ``thread_name``."""
+    subclass answers each request in ``_answer`` and names its thread ``thread_name``."""
 
     thread_name = "loopback-server"
 
@@ -238,8 +268,38 @@ class LoopbackServer:
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    #: the (host, port) a subclass forwards its clients' requests to
+    upstream: tuple[str, int]
+
+    async def _answer(self, request: _Message, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, upstream: Upstream) -> bool:
+        """Answer one client request (the loop's thread); False: the connection is over."""
         raise NotImplementedError
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One client connection (the loop's thread): its requests in turn, each answered by
+        ``_answer``; a connection error aborts it, ``stop()`` cancels it."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        _no_delay(writer)
+        upstream = Upstream(self.upstream)
+        try:
+            while True:
+                try:
+                    request = await _read_message(reader)
+                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
+                    return
+                if not await self._answer(request, reader, writer, upstream):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            _abort(writer)
+        except asyncio.CancelledError:
+            _abort(writer)
+            raise
+        finally:
+            upstream.close()
+            self._tasks.discard(task)
 
     def start(self, port: int = 0) -> Self:
         ready = threading.Event()
@@ -373,87 +433,56 @@ class FaultProxy(LoopbackServer):
 
     # --- one client connection (the loop's thread) --------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
-        _no_delay(writer)
-        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        try:
-            while True:
-                try:
-                    request = await _read_message(reader)
-                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
-                    return
-                method, path = (request.start.split(" ") + ["", ""])[:2]
-                rule, kind, _ = self._decide(path, request.headers.get("x-amz-target", ""))
-                if kind is Kind.RESET_BEFORE:
-                    _abort(writer)
-                    return
-                if kind in (Kind.BARE_500, Kind.BARE_503):
-                    status, reason = ((500, b"Internal Server Error") if kind is Kind.BARE_500
-                                      else (503, b"Service Temporarily Unavailable"))
-                    body = BARE_BODY % (status, reason)
-                    writer.write(b"HTTP/1.1 %d %s\r\nServer: lb\r\nContent-Type: text/html\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (status, reason, len(body),
-                                                                    body))
-                    await writer.drain()
-                    continue
-                if kind is Kind.DELAY:
-                    await asyncio.sleep(rule.delay_s if rule else DELAY_S)
-                if upstream is None:
-                    upstream = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
-                    _no_delay(upstream[1])
-                up_reader, up_writer = upstream
-                up_writer.write(request.encode())
-                await up_writer.drain()
-                try:
-                    response = await _read_message(up_reader, response_to=method)
-                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
-                    _abort(writer)  # the service dropped it: so does the hop
-                    return
-                if response.headers.get("connection", "").lower() == "close":
-                    up_writer.close()
-                    upstream = None
-                if kind is Kind.RESET_AFTER:
-                    _abort(writer)
-                    return
-                if kind is Kind.STALL:
-                    try:  # until the client gives up (EOF) or the stall's bound
-                        await asyncio.wait_for(reader.read(1),
-                                               rule.stall_s if rule else STALL_S)
-                    except (TimeoutError, ConnectionError):
-                        pass
-                    _abort(writer)
-                    return
-                if kind is Kind.TRUNCATE:
-                    # an empty body is cut too: it announces one byte it never sends
-                    writer.write(response.encode(response.body[:len(response.body) // 2],
-                                                 length=max(1, len(response.body))))
-                    await writer.drain()
-                    writer.close()
-                    return
-                if kind is Kind.CORRUPT_BODY:
-                    response = _Message(response.head, response.headers,
-                                        _flip_middle(response.body))
-                if kind is Kind.BAD_SIGNATURE:
-                    response = _bad_signature(response) or _Message(
-                        response.head, response.headers, _flip_middle(response.body))
-                writer.write(response.encode())
-                await writer.drain()
-                if kind is Kind.RESET_AFTER_BODY:
-                    await asyncio.sleep(0.05)  # let the answer leave before the RST
-                    _abort(writer)
-                    return
-                if upstream is None and response.headers.get("connection", "") == "close":
-                    writer.close()
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+    async def _answer(self, request: _Message, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, upstream: Upstream) -> bool:
+        method, path = (request.start.split(" ") + ["", ""])[:2]
+        rule, kind, _ = self._decide(path, request.headers.get("x-amz-target", ""))
+        if kind is Kind.RESET_BEFORE:
             _abort(writer)
-        except asyncio.CancelledError:
+            return False
+        if kind in (Kind.BARE_500, Kind.BARE_503):
+            status, reason = ((500, b"Internal Server Error") if kind is Kind.BARE_500
+                              else (503, b"Service Temporarily Unavailable"))
+            body = BARE_BODY % (status, reason)
+            writer.write(b"HTTP/1.1 %d %s\r\nServer: lb\r\nContent-Type: text/html\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (status, reason, len(body), body))
+            await writer.drain()
+            return True
+        if kind is Kind.DELAY:
+            await asyncio.sleep(rule.delay_s if rule else DELAY_S)
+        response = await upstream.forward(request, method)
+        if response is None:
+            _abort(writer)  # the service dropped it: so does the hop
+            return False
+        if kind is Kind.RESET_AFTER:
             _abort(writer)
-            raise
-        finally:
-            if upstream is not None:
-                upstream[1].close()
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            return False
+        if kind is Kind.STALL:
+            try:  # until the client gives up (EOF) or the stall's bound
+                await asyncio.wait_for(reader.read(1), rule.stall_s if rule else STALL_S)
+            except (TimeoutError, ConnectionError):
+                pass
+            _abort(writer)
+            return False
+        if kind is Kind.TRUNCATE:
+            # an empty body is cut too: it announces one byte it never sends
+            writer.write(response.encode(response.body[:len(response.body) // 2],
+                                         length=max(1, len(response.body))))
+            await writer.drain()
+            writer.close()
+            return False
+        if kind is Kind.CORRUPT_BODY:
+            response = _Message(response.head, response.headers, _flip_middle(response.body))
+        if kind is Kind.BAD_SIGNATURE:
+            response = _bad_signature(response) or _Message(
+                response.head, response.headers, _flip_middle(response.body))
+        writer.write(response.encode())
+        await writer.drain()
+        if kind is Kind.RESET_AFTER_BODY:
+            await asyncio.sleep(0.05)  # let the answer leave before the RST
+            _abort(writer)
+            return False
+        if response.headers.get("connection", "").lower() == "close":
+            writer.close()
+            return False
+        return True

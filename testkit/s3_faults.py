@@ -39,15 +39,7 @@ import time
 from collections import Counter
 from urllib.parse import urlsplit
 
-from testkit.fault_proxy import (
-    LOOPBACK,
-    MAX_HEAD,
-    LoopbackServer,
-    _abort,
-    _Closed,
-    _no_delay,
-    _read_message,
-)
+from testkit.fault_proxy import LOOPBACK, LoopbackServer, Upstream, _abort, _Message
 
 SLOW_DOWN = "slow_down"
 RESET_BEFORE = "reset_before"
@@ -130,66 +122,37 @@ class S3FaultProxy(LoopbackServer):
                     self._counts[AMBIGUOUS_COMMIT] += 1
             return kind
 
-    # --- lifecycle ----------------------------------------------------------------------------
-
     # --- one client connection (the loop's thread) --------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        _no_delay(writer)
-        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        try:
-            while True:
-                try:
-                    request = await _read_message(reader)
-                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
-                    return
-                method, path = (request.start.split(" ") + ["", ""])[:2]
-                kind = self._decide(method, path, request.headers)
-                if kind == RESET_BEFORE:
-                    _abort(writer)
-                    return
-                if kind == SLOW_DOWN:
-                    writer.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(SLOW_DOWN_BODY),
-                                                                    SLOW_DOWN_BODY))
-                    await writer.drain()
-                    continue
-                if upstream is None:
-                    upstream = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
-                    _no_delay(upstream[1])
-                up_reader, up_writer = upstream
-                up_writer.write(request.encode())
-                await up_writer.drain()
-                try:
-                    response = await _read_message(up_reader, response_to=method)
-                except (_Closed, asyncio.IncompleteReadError, ConnectionError):
-                    _abort(writer)  # moto dropped it: so does the proxy
-                    return
-                if kind == RESET_AFTER_PUT:  # applied by moto; the client never hears
-                    _abort(writer)
-                    return
-                if kind == STALL_AFTER_PUT:  # applied; silent until the client gives up
-                    try:
-                        await asyncio.wait_for(reader.read(1), STALL_S)
-                    except (TimeoutError, ConnectionError):
-                        pass
-                    _abort(writer)
-                    return
-                closing = response.headers.get("connection", "").lower() == "close"
-                writer.write(response.encode())
-                await writer.drain()
-                if closing:
-                    writer.close()
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+    async def _answer(self, request: _Message, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, upstream: Upstream) -> bool:
+        method, path = (request.start.split(" ") + ["", ""])[:2]
+        kind = self._decide(method, path, request.headers)
+        if kind == RESET_BEFORE:
             _abort(writer)
-        except asyncio.CancelledError:
+            return False
+        if kind == SLOW_DOWN:
+            writer.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(SLOW_DOWN_BODY), SLOW_DOWN_BODY))
+            await writer.drain()
+            return True
+        response = await upstream.forward(request, method)
+        if response is None:
+            _abort(writer)  # moto dropped it: so does the proxy
+            return False
+        if kind == RESET_AFTER_PUT:  # applied by moto; the client never hears
             _abort(writer)
-            raise
-        finally:
-            if upstream is not None:
-                upstream[1].close()
-            self._tasks.discard(task)
+            return False
+        if kind == STALL_AFTER_PUT:  # applied; silent until the client gives up
+            try:
+                await asyncio.wait_for(reader.read(1), STALL_S)
+            except (TimeoutError, ConnectionError):
+                pass
+            _abort(writer)
+            return False
+        writer.write(response.encode())
+        await writer.drain()
+        if response.headers.get("connection", "").lower() == "close":
+            writer.close()
+            return False
+        return True
