@@ -279,7 +279,7 @@ def test_source_report_reads_what_spark_shows_as_latest_offset(latest: object,
                                                                report: dict) -> None:
     from types import SimpleNamespace
 
-    from tablestore_cdc.pipeline.queries import TwoQueries
+    from tablestore_cdc.pipeline.multi_table import Pipeline
 
     changelog = SimpleNamespace(lastProgress={"sources": [{"latestOffset": latest}]})
-    assert TwoQueries(changelog, state_query=None).source_report() == report
+    assert Pipeline(changelog, state_query=None, apply=None).source_report() == report

@@ -23,6 +23,7 @@ exactly (each target's batch marker skips what it holds). Docs: docs/multi-table
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -44,7 +45,6 @@ from connector.table_state import State, TableState
 from tablestore_cdc.pipeline.failures import QueryFailure, table_failure
 from tablestore_cdc.pipeline.queries import (
     ApplySettings,
-    TwoQueries,
     attach_listener,
     checkpoint_query_id,
     repair_target,
@@ -302,10 +302,13 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 @dataclass
-class Pipeline(TwoQueries):
+class Pipeline:
     """The two running queries of a replication of a selection of tables (driver), returned
-    by ``start_pipeline``; the replication job (``pipeline.job``) watches it."""
+    by ``start_pipeline``: the change-log query and the apply query, watched, drained and
+    stopped together; the replication job (``pipeline.job``) watches it."""
 
+    changelog: Any
+    state_query: Any
     apply: MultiTableApply
     #: the ProgressListener attached by start_pipeline (every selected table's namespace),
     #: removed by ``stop``
@@ -316,6 +319,49 @@ class Pipeline(TwoQueries):
     #: the tables of a selection that names them all without a glob (``--table T``, ``--tables
     #: a,b``), which cannot grow; empty for a selection with a glob
     named: frozenset[str] = frozenset()
+    #: a table's lag measured now from its committed positions (``lag_from_commits``), asked
+    #: once the change-log query has ended; None: the report's figures stay
+    measure_lag: Callable[[str], dict[str, Any] | None] | None = None
+    #: each table's lag as measured when the change-log query had ended (``_lag``)
+    ended_lag: dict[str, dict[str, Any]] | None = None
+
+    @property
+    def queries(self) -> tuple[Any, Any]:
+        return (self.changelog, self.state_query)
+
+    def check(self) -> None:
+        for query in self.queries:
+            if query.exception() is not None:
+                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+
+    def drain(self) -> None:
+        self.check()
+        self.changelog.processAllAvailable()
+        self.state_query.processAllAvailable()
+
+    def stop(self) -> None:
+        for query in self.queries:
+            query.stop()
+        if self.listener is not None:  # the dashboard shows "stopped" only once it is recorded
+            self.listener.wait_terminated(timeout=10)
+            if self.spark is not None:  # a restarted pipeline attaches a listener of its own
+                self.spark.streams.removeListener(self.listener)
+                self.listener = None
+
+    def source_report(self) -> dict[str, Any]:
+        """The source's report in the change-log query's last progress (its
+        ``reportLatestOffset``: each table's state and lag), or {}."""
+        progress = self.changelog.lastProgress
+        if progress and progress.get("sources"):
+            latest = progress["sources"][0].get("latestOffset")
+            if isinstance(latest, str):
+                try:  # PySpark before 4.2 shows the end offset here, not always as JSON
+                    latest = json.loads(latest)
+                except ValueError:
+                    return {}
+            if isinstance(latest, dict):
+                return latest
+        return {}
 
     def selection_failure(self) -> QueryFailure | None:
         """By the replication job's watch loop (driver): when every table of a ``named``
@@ -341,10 +387,6 @@ class Pipeline(TwoQueries):
             self.delivered_by_batch[progress["batchId"]] = progress["numInputRows"]
         return sum(self.delivered_by_batch.values()), len(self.delivered_by_batch)
 
-    def _source_report(self) -> dict[str, Any]:
-        """The source's report in the change-log query's last progress (states and lag)."""
-        return self.source_report()
-
     def run_due_repairs(self) -> int:
         """By the replication job's watch loop (driver): the tables' due re-snapshots when no
         batch is being applied (``RepairRunner.when_idle``), a quiet table's included; the
@@ -366,7 +408,7 @@ class Pipeline(TwoQueries):
         answers, dropped, failed, read from the progress report), then the apply's failures
         over it."""
         states = {table: TableState.from_text(text)
-                  for table, text in self._source_report().get("tables", {}).items()}
+                  for table, text in self.source_report().get("tables", {}).items()}
         for table, status in self.apply.tables.items():
             if status.state is State.FAILED:
                 states[table] = TableState(State.FAILED, status.reason)
@@ -380,8 +422,8 @@ class Pipeline(TwoQueries):
         batch, changes applied, rows/s, last commit, target version) are joined. The command
         writes them to the meta store for the feed and ``meta tables`` and sets the metrics
         from them. ``job``: the output directory; ``selection``: the ``--tables`` patterns."""
-        report = self._source_report()
-        lag, snapshot = report.get("lag", {}), report.get("snapshot", {})
+        report = self.source_report()
+        lag, snapshot = self._lag(report), report.get("snapshot", {})
         now = time.time()
         statuses = {}
         for table, state in self.table_states().items():
@@ -393,6 +435,51 @@ class Pipeline(TwoQueries):
                 seconds_behind=figures.get("secondsBehind"),
                 target=redact_uri(self.apply.target_of(table)), **applied.status_fields(now))
         return statuses
+
+    def _lag(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Each table's lag (``recordsBehind``, ``secondsBehind``): the source's report, which
+        Spark's last progress holds as measured where that batch *started* (what the batch
+        read included); a running query's next trigger reports it again. Once the change-log
+        query has ended without an error (``--once`` caught up: Trigger.AvailableNow reports
+        no trigger after its last batch), each table's lag is measured once more from its
+        committed positions (``measure_lag``), else a caught-up run would show its last
+        batch's records as behind until its next run."""
+        lag: dict[str, Any] = report.get("lag", {})
+        if self.measure_lag is None or self.changelog.isActive \
+                or self.changelog.exception() is not None:
+            return lag
+        if self.ended_lag is None:
+            measured = {table: self.measure_lag(table) for table in report.get("tables", {})}
+            self.ended_lag = {**lag, **{t: m for t, m in measured.items() if m is not None}}
+        return self.ended_lag
+
+
+def lag_from_commits(endpoint: str, tables: str, tunnel: str, options: dict[str, str] | None
+                     ) -> Callable[[str], dict[str, Any] | None]:
+    """``Pipeline.measure_lag`` (driver): a table's lag in the source report's terms,
+    measured now from the positions after its latest committed batch, as the dashboard's
+    channel view measures it (``feed.tunnel_view``); None when the meta store or the tunnel
+    does not tell (the report's figure stays)."""
+
+    def measure(table: str) -> dict[str, Any] | None:
+        from meta_store import open_meta_store
+        from tablestore_cdc.feed.tunnel_view import channel_view
+
+        uri, credentials, namespace = status_location(endpoint, tables, tunnel, options, table)
+        try:
+            with open_meta_store(uri, credentials, create=False) as store:
+                lag = channel_view(store, namespace, endpoint).lag
+        except (CdcError, OSError, KeyError) as exc:  # monitoring never fails the job
+            log.info("cannot measure the lag of table %s after the run: %s", table, exc)
+            return None
+        if lag is None:
+            return None
+        return {"recordsBehind": sum(v["records_behind"] for v in lag.values()),
+                "secondsBehind": round(max((v["seconds_behind"] for v in lag.values()),
+                                           default=0.0), 3),
+                "exact": all(v["exact"] for v in lag.values())}
+
+    return measure
 
 
 def status_location(endpoint: str, tables: str, tunnel: str, options: dict[str, str] | None,
@@ -540,4 +627,5 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Pat
     named = named_tables(selection)
     return Pipeline(changelog, state_query, sink, listener=listener, spark=spark,
                     named=frozenset(named) if len(named) == len(selection.selection.include)
-                    else frozenset())
+                    else frozenset(),
+                    measure_lag=lag_from_commits(endpoint, tables, tunnel, options))

@@ -1,10 +1,10 @@
-"""What a pipeline's queries share (driver): the apply settings, the two queries watched and
-stopped together, the progress listener, the re-snapshot target of a table.
+"""What a pipeline's queries share (driver): the apply settings, the checkpoint's query id,
+the progress listener, the re-snapshot target of a table.
 
 ``multi_table.start_pipeline`` starts the change-log query and the apply query of a selection
-of tables (one table is a selection of one); ``TwoQueries`` is the part of its ``Pipeline`` that
-watches, drains and stops them; ``attach_listener`` puts a ``ProgressListener`` on the session
-so the dashboard and ``tablestore-cdc meta`` know Spark's batch ids and see the queries stop.
+of tables (one table is a selection of one); ``attach_listener`` puts a ``ProgressListener`` on
+the session so the dashboard and ``tablestore-cdc meta`` know Spark's batch ids and see the
+queries stop.
 """
 
 from __future__ import annotations
@@ -19,55 +19,6 @@ from cdc_common.errors import CdcError
 from tablestore_cdc.lakehouse.upkeep import MaintenancePolicy, Upkeep
 from tablestore_cdc.reconcile.source import SourceSpec
 from tablestore_cdc.resnapshot.hook import RepairTarget
-
-
-@dataclass
-class TwoQueries:
-    """The change-log query and the apply query of a pipeline, watched and stopped together
-    (driver); the base of ``multi_table.Pipeline``."""
-
-    changelog: Any
-    state_query: Any
-
-    def check(self) -> None:
-        for query in (self.changelog, self.state_query):
-            if query.exception() is not None:
-                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
-
-    def drain(self) -> None:
-        self.check()
-        self.changelog.processAllAvailable()
-        self.state_query.processAllAvailable()
-
-    @property
-    def queries(self) -> tuple[Any, Any]:
-        return (self.changelog, self.state_query)
-
-    def source_report(self) -> dict[str, Any]:
-        """The source's report in the change-log query's last progress (its
-        ``reportLatestOffset``: lag, and a multi-table source's table states), or {}."""
-        progress = self.changelog.lastProgress
-        if progress and progress.get("sources"):
-            latest = progress["sources"][0].get("latestOffset")
-            if isinstance(latest, str):
-                try:  # PySpark before 4.2 shows the end offset here, not always as JSON
-                    latest = json.loads(latest)
-                except ValueError:
-                    return {}
-            if isinstance(latest, dict):
-                return latest
-        return {}
-
-    def stop(self) -> None:
-        for query in (self.changelog, self.state_query):
-            query.stop()
-        listener = getattr(self, "listener", None)
-        if listener is not None:  # the dashboard shows "stopped" only once it is recorded
-            listener.wait_terminated(timeout=10)
-            spark = getattr(self, "spark", None)
-            if spark is not None:  # a restarted pipeline attaches a listener of its own
-                spark.streams.removeListener(listener)
-                self.listener = None  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
