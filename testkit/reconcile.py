@@ -10,7 +10,7 @@ tunnel of its own, parents before children (a channel read to its end is checkpo
 ``DeltaTarget`` and ``IcebergTarget`` are a target URI and how to change its table behind the
 product's back (rows deleted, changed, added); ``OrdersTarget`` the same on the demo's
 ``orders`` table (the Spark tests of reconcile and resnapshot); ``found`` sorts a report's
-differences by label.
+differences by label; ``table_runner`` runs one table's re-snapshot signals alone.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from connector.tunnel import FINISHED, ChannelStatus, Checkpoint, Record, open_tunnel_service
 from connector.tunnel.page import PageLayout, records_to_page
+from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
 
 
 def apply_stream(tunnel_uri: str, table: str, sink: Any, *, tunnel_name: str | None = None,
@@ -262,3 +263,9 @@ class _Orders(Target):
         schema = inner.table().schema().as_arrow()
         row = {f.name: None for f in schema} | {"order_id": added, "status": "by hand"}
         inner.table().append(pa.Table.from_pylist([row], schema=schema))
+
+
+def table_runner(target: RepairTarget, **kwargs: Any) -> RepairRunner:
+    """A ``RepairRunner`` of one table's signals alone, each repaired into ``target``."""
+    return RepairRunner(lambda: (target.spec.table,), lambda _table: target.spec,
+                        lambda _table: target, **kwargs)

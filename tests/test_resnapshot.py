@@ -28,10 +28,10 @@ from tablestore_cdc.lakehouse import open_apply_sink  # noqa: E402
 from tablestore_cdc.reconcile import SourceSpec, reconcile_table  # noqa: E402
 from tablestore_cdc.reconcile.keyrange import KeyRange, KeyRangeError  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
-from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget  # noqa: E402
+from tablestore_cdc.resnapshot.hook import RepairTarget  # noqa: E402
 from tablestore_cdc.resnapshot.repair import run_repair  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
-from testkit.reconcile import DeltaTarget, Target, apply_stream  # noqa: E402
+from testkit.reconcile import DeltaTarget, Target, apply_stream, table_runner  # noqa: E402
 
 runner = CliRunner()
 JOB = "build-query"  # the app id apply_stream commits under: the job that owns the target
@@ -72,7 +72,7 @@ def test_the_hook_repairs_six_differences_once(tmp_path: Path, target: Target) -
     with open_board(spec) as board:
         signal = board.add(Signal(table="t"))
         repair = RepairTarget(spec, sink, target.uri)
-        hook = RepairRunner.of_table(repair)
+        hook = table_runner(repair)
         assert hook.run_due(JOB) == 1
         done = board.signals()[0]
         assert done.state is SignalState.DONE, done
@@ -93,7 +93,7 @@ def test_an_idle_look_runs_only_between_batches(tmp_path: Path) -> None:
     target = DeltaTarget(tmp_path)
     spec, sink = applied_copy(tmp_path, target)
     target.tamper([1, 2, 3], [5, 6], 99)
-    runner = RepairRunner.of_table(RepairTarget(spec, sink, target.uri), check_every_s=60)
+    runner = table_runner(RepairTarget(spec, sink, target.uri), check_every_s=60)
     applying, applied = threading.Event(), threading.Event()
 
     def batch() -> None:  # the apply's foreachBatch, holding the lock for its batch
@@ -135,7 +135,7 @@ def test_the_repair_opens_the_target_with_the_job_s_target_options(
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     with open_board(spec) as board:
         board.add(Signal(table="t"))
-        runner = RepairRunner.of_table(RepairTarget(spec, sink, uri, target_options=options))
+        runner = table_runner(RepairTarget(spec, sink, uri, target_options=options))
         assert runner.run_due(JOB) == 1
         done = board.signals()[0]
     assert done.state is SignalState.DONE and done.counts["upserts"] == 1, done
@@ -197,7 +197,7 @@ def test_a_key_range_limits_the_repair(tmp_path: Path) -> None:
     target.tamper([1, 2, 30], [5, 31], 99)
     with open_board(spec) as board:
         board.add(Signal(table="t", key_from=0, key_to=10))
-        RepairRunner.of_table(RepairTarget(spec, sink, target.uri)).run_due(JOB)
+        table_runner(RepairTarget(spec, sink, target.uri)).run_due(JOB)
         assert board.signals()[0].counts["upserts"] == 3  # 1, 2 and 5; not 30, 31 or 99
     left = {d.key[0] for d in reconcile_table(spec, target.uri).comparison.differences}
     assert left == {30, 31, 99}
@@ -209,7 +209,7 @@ def test_a_repair_that_cannot_run_marks_the_signal_failed(tmp_path: Path) -> Non
     uri = f"delta://{tmp_path}/never-written"
     with open_board(spec) as board:
         board.add(Signal(table="t"))
-        RepairRunner.of_table(RepairTarget(spec, open_apply_sink(uri), uri)).run_due(JOB)
+        table_runner(RepairTarget(spec, open_apply_sink(uri), uri)).run_due(JOB)
         failed = board.signals()[0]
     assert failed.state is SignalState.FAILED
     assert failed.note.startswith("TargetMissingError: target ") and "no table" in failed.note

@@ -29,8 +29,8 @@ from tablestore_cdc.reconcile.keyrange import KeyRange  # noqa: E402
 from tablestore_cdc.reconcile.source import open_source_table  # noqa: E402
 from tablestore_cdc.reconcile.target import open_target_table  # noqa: E402
 from tablestore_cdc.resnapshot.command import open_board  # noqa: E402
-from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget  # noqa: E402
-from testkit.reconcile import DeltaTarget, apply_stream  # noqa: E402
+from tablestore_cdc.resnapshot.hook import RepairTarget  # noqa: E402
+from testkit.reconcile import DeltaTarget, apply_stream, table_runner  # noqa: E402
 
 ROWS = 2000
 JOB = "build-query"
@@ -188,7 +188,7 @@ def test_a_ranged_repair_reads_only_the_range_of_the_source(tmp_path: Path,
     monkeypatch.setattr(LocalTablestore, "scan_pages", counted)
     with open_board(spec) as board:
         board.add(Signal(table="t", key_from=100, key_to=120))
-        RepairRunner.of_table(RepairTarget(spec, sink, target.uri)).run_due(JOB)
+        table_runner(RepairTarget(spec, sink, target.uri)).run_due(JOB)
         done = board.signals()[0]
     assert done.counts == {"upserts": 3, "deletes": 1, "in_flight": 0, "differences": 4}, done
     # the comparison's two passes and the repair's read: 20 rows each, not 2000

@@ -75,12 +75,6 @@ class RepairRunner:
         self._boards: dict[str, SignalBoard] = {}
         self._next_check = 0.0
 
-    @classmethod
-    def of_table(cls, target: RepairTarget, **kwargs: Any) -> RepairRunner:
-        """The runner of one table's repairs alone (a repair run by hand, the tests)."""
-        return cls(lambda: (target.spec.table,), lambda _table: target.spec,
-                   lambda _table: target, **kwargs)
-
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "lock": None, "_stores": {}, "_boards": {}}
 
