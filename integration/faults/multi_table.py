@@ -1,5 +1,6 @@
-"""The multi-table application under fault: ``tablestore-cdc replicate --tables`` killed with
-SIGKILL and restarted, the writers changing its tables meanwhile, and the checks after the run.
+"""The replication application under fault: ``tablestore-cdc replicate --tables`` (or
+``--table T``, the selection of one) killed with SIGKILL and restarted, the writers changing its
+tables meanwhile, and the checks after the run.
 
 Where things run: ``Replication`` starts the command in its own process tree (the driver, its
 JVM, the planning process, Python workers) with ``testkit.crash_points.environment`` naming
@@ -16,7 +17,8 @@ every multi-table fault run ends with: each target equals its source row by row 
 with ``deltalake`` / ``pyiceberg``), an SCD 2 target's versions equal its change log's, the
 committed change log holds each table's change log exactly once and in order per key, and no
 target holds a batch twice. Used by ``integration/test_multi_table_kill.py`` (kills at
-arbitrary moments) and ``integration/test_multi_table_crash_points.py``.
+arbitrary moments), ``integration/test_multi_table_crash_points.py`` and
+``integration/test_replicate_kill.py`` (one table, as ``--table T`` and as ``--tables T``).
 """
 
 from __future__ import annotations
@@ -152,17 +154,21 @@ class Targets:
 
 
 class Replication:
-    """The application under test (``tablestore-cdc replicate --tables 't*'`` in its own
-    process group, with the run's fault directory) and what it writes: ``out/changelog`` and
-    the targets (Delta under ``out/lake``; the ``iceberg`` tables in ``warehouse``; the
-    ``scd2`` ones SCD type 2, set by ``--config``)."""
+    """The application under test (``tablestore-cdc replicate`` of ``selection``, by default
+    ``--tables 't*'``, in its own process group, with the run's fault directory) and what it
+    writes: ``out/changelog`` (in both modes) and the targets (Delta at the default target:
+    under ``out/lake`` with ``--tables``, ``out/T`` with ``--table T``; the ``iceberg`` tables in
+    ``warehouse``; the ``scd2`` ones SCD type 2, set by ``--config``)."""
 
-    def __init__(self, tmp: Path, iceberg: Sequence[str] = (), scd2: Sequence[str] = ()
-                 ) -> None:
+    def __init__(self, tmp: Path, iceberg: Sequence[str] = (), scd2: Sequence[str] = (),
+                 selection: Sequence[str] = ("--tables", "t*")) -> None:
         self.tmp = tmp
         self.iceberg, self.scd2 = tuple(iceberg), tuple(scd2)
+        self.selection = tuple(selection)
         self.store_path, self.out = tmp / "store.db", tmp / "out"
-        self.lake, self.warehouse = self.out / "lake", tmp / "warehouse"
+        # the default targets: delta://OUT/T with --table T, delta://OUT/lake/{table} with --tables
+        self.lake = self.out if self.selection[0] == "--table" else self.out / "lake"
+        self.warehouse = tmp / "warehouse"
         self.targets = Targets(self.lake, self.warehouse, self.iceberg)
         self.log = tmp / "replicate.log"
         self.faults = tmp / "faults"
@@ -184,9 +190,9 @@ class Replication:
         self.starts = 0
 
     def start(self) -> None:
-        args = ["replicate", "--store", str(self.store_path), "--tables", "t*",
-                # the default target, delta://OUT/lake/{table} (a --target flag would win
-                # over the config's per-table targets)
+        args = ["replicate", "--store", str(self.store_path), *self.selection,
+                # the default target (a --target flag would win over the config's per-table
+                # targets)
                 "--output", str(self.out), "--config", str(self.config), "--trigger-ms", "300",
                 "--initial", "none", "--option", "tables.refreshIntervalMs=1000"]
         code = "from tablestore_cdc.commands.app import app; app()"
@@ -214,12 +220,13 @@ class Replication:
     def unfinished_apply_batch(self) -> int | None:
         """The apply query's batch in its offset log but not in its commit log (None: none),
         read from its checkpoint."""
-        pending = sorted(set(self._apply_log("offsets")) - set(self._apply_log("commits")))
+        pending = sorted(set(self._checkpoint_log("offsets"))
+                         - set(self._checkpoint_log("commits")))
         return pending[-1] if pending else None
 
     def last_applied_batch(self) -> int:
         """The apply query's newest batch in its commit log (-1: none yet)."""
-        return max(self._apply_log("commits"), default=-1)
+        return max(self._checkpoint_log("commits"), default=-1)
 
     def apply_batch_tables(self, batch: int) -> tuple[str, ...]:
         """The tables the apply query's ``batch`` carries: the ``_table`` of the change-log
@@ -235,8 +242,12 @@ class Replication:
         return tuple(sorted({t for f in files
                              for t in pq.read_table(f, columns=["_table"])["_table"].to_pylist()}))
 
-    def _apply_log(self, name: str) -> list[int]:
-        return [int(p.name) for p in (self.out / "_checkpoints" / "apply" / name).glob("[0-9]*")]
+    def last_read_batch(self) -> int:
+        """The change-log query's newest batch in its commit log (-1: none yet)."""
+        return max(self._checkpoint_log("commits", query="changelog"), default=-1)
+
+    def _checkpoint_log(self, name: str, query: str = "apply") -> list[int]:
+        return [int(p.name) for p in (self.out / "_checkpoints" / query / name).glob("[0-9]*")]
 
     def change_log(self) -> dict[str, list[Delivered]]:
         """table -> the changes of the committed change log, in batch order: the files each
