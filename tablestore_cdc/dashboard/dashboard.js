@@ -264,10 +264,12 @@ const SELECTED = new URLSearchParams(window.location.search).get("namespace");
 
 function sourceLink(ns) { return "?namespace=" + encodeURIComponent(ns); }
 
+function sourcesText(n) { return `${n} source${n === 1 ? "" : "s"}`; }
+
 function renderSources(doc) {
   document.body.dataset.view = "sources";
   document.body.dataset.sourceCount = String(doc.sources.length);
-  $("source").textContent = `${doc.sources.length} sources · meta ${doc.meta_uri}`;
+  $("source").textContent = `${sourcesText(doc.sources.length)} · meta ${doc.meta_uri}`;
   const body = $("sources").querySelector("tbody");
   body.replaceChildren(...doc.sources.map(src => {
     const a = src.activity || { state: "waiting" };
@@ -282,8 +284,9 @@ function renderSources(doc) {
   }));
 }
 
-// Each table of a multi-table pipeline as its driver recorded it (table_status of
-// /api/sources: the record `tablestore-cdc meta tables` and the Prometheus metrics show too).
+// Each table a replicate job (--table or --tables) runs, as its driver recorded it
+// (table_status of /api/sources: the record `tablestore-cdc meta tables` and the Prometheus
+// metrics show too).
 function renderTables(doc) {
   const rows = doc.sources.filter(src => src.table_status)
     .sort((a, b) => (a.table_status.job + "\0" + a.table_status.table)
@@ -325,7 +328,9 @@ async function poll() {
   try {
     if (!SELECTED) {
       const doc = await getJson("api/sources");
-      if (doc.sources.length > 1) {
+      // the list first when there are several sources, or a table a replicate job records
+      // (one too: --table T is a selection of one, and the list shows its table's status)
+      if (doc.sources.length > 1 || doc.sources.some(src => src.table_status)) {
         showView("sources");
         renderSources(doc);
         renderTables(doc);
@@ -334,7 +339,7 @@ async function poll() {
         const failing = doc.sources.filter(src => ["stale", "stopped", "restarting", "failed",
           "unreachable"].includes(src.table_status && src.table_status.stale ? "stale"
           : (src.table_status || src.activity || {}).state)).length;
-        setStatus(failing ? "stale" : "live", `${doc.sources.length} sources` +
+        setStatus(failing ? "stale" : "live", sourcesText(doc.sources.length) +
           (failing ? ` · ${failing} not running` : "") + " · page updated " + fmtTime(doc.generated_at));
         showError("");
         return;
