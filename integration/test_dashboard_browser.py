@@ -377,3 +377,70 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
         server.shutdown()
         server.server_close()
         app.close()
+
+
+@pytest.mark.parametrize("selection", [
+    pytest.param(["--table", TABLE], id="table"),
+    pytest.param(["--tables", TABLE], id="tables", marks=pytest.mark.extended),
+])
+def test_dashboard_shows_the_table_of_a_replicate_job_in_either_mode(
+        browser: Any, tmp_path: Path, selection: list[str]) -> None:
+    """``replicate --table orders`` and ``replicate --tables orders`` (the real CLI, ``--once``)
+    over a store whose table has rows, an update and a delete: the same page for both (one
+    path, one status record). The table is listed with its state, 0 records behind, the age of
+    its last commit, the version of its target (as the target itself reports it) and its
+    selection and job; its row opens the table's page, whose target card shows that version."""
+    from deltalake import DeltaTable
+
+    from tablestore_cdc.table_status import load_table_status
+
+    store_path, out = tmp_path / "store.db", tmp_path / "out"
+    meta_uri = f"sqlite://{tmp_path / 'store.meta.db'}"  # the local endpoint's default
+    store = LocalTablestore(store_path)
+    store.create_table(TABLE, [("id", "INTEGER")], [("v", "STRING")], channels=2)
+    _write(store, range(0, 20))
+    store.put_row(TABLE, {"id": 3}, {"v": "updated"})
+    store.delete_row(TABLE, {"id": 4})
+    store.close()
+    run = subprocess.run(
+        [sys.executable, "-m", "tablestore_cdc", "replicate", "--store", str(store_path),
+         *selection, "--output", str(out), "--initial", "none", "--once"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open_meta_store(meta_uri) as meta:
+        (namespace,) = user_namespaces(meta)
+        status = load_table_status(meta, namespace)
+    assert status is not None and status.target is not None
+    version = DeltaTable(status.target.removeprefix("delta://")).version()
+
+    app = DashboardApp.open(meta_uri, cache_s=0.2)
+    server = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.wait_for_function("document.body.dataset.view === 'sources' "
+                               "&& Number(document.body.dataset.polls) >= 1", timeout=15_000)
+        rows = page.locator("#tables tbody tr[data-table]")
+        assert rows.evaluate_all("rs => rs.map(r => [r.dataset.table, r.dataset.state])") == [
+            [TABLE, "stopped"]]
+        cells = page.locator(f'#tables tr[data-table="{TABLE}"] td').all_inner_texts()
+        assert cells[2] == "0"  # records behind: a number, caught up
+        assert cells[5].endswith(" ago"), cells  # last commit
+        assert cells[6] == str(version)  # the target's own version
+        assert cells[7] == f"{TABLE} → {out}"  # the selection and the job (its output)
+        assert page.locator("#error").is_hidden()
+        page.locator("#tables a", has_text=TABLE).click()
+        page.wait_for_function("document.body.dataset.view === 'detail' "
+                               "&& Number(document.body.dataset.polls) >= 1", timeout=15_000)
+        assert TABLE in page.locator("#source").inner_text()
+        assert page.locator("#target-version").inner_text() == f"version {version}"
+        assert page.locator("#schema-change").inner_text() == "no schema change yet"
+        assert page_errors == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        app.close()
