@@ -311,30 +311,6 @@ def json_value(value: Any) -> Any:
     return value
 
 
-def page_to_records(batch: pa.RecordBatch, table: TableSchema, channel_id: str) -> list[Record]:
-    """Records back from a page batch (tests and the fault harness only; never the read path).
-
-    ``primary_key`` is the declared key; ``columns`` is the after image (for an UPDATE the
-    whole row after the change, not only the changed columns); ``before`` is decoded JSON.
-    """
-    keys = [c.name for c in table.primary_key]
-    names = [n for n in batch.schema.names if n not in PAGE_METADATA_NAMES]
-    out = []
-    for row in batch.to_pylist():
-        op = Op(row["_op"])
-        extra = json.loads(row["_extra"]) if row["_extra"] is not None else {}
-        after = {n: row[n] for n in names if n not in keys and row[n] is not None}
-        after.update({k: json_value(v) for k, v in extra.items()})
-        before = None
-        if row["_before"] is not None:
-            before = {k: json_value(v) for k, v in json.loads(row["_before"]).items()}
-        ts = row["_commit_ts"]
-        micros = (int(ts.timestamp()) * 1_000_000 + ts.microsecond) if ts is not None else 0
-        out.append(Record(op, {k: row[k] for k in keys}, {} if op is Op.DELETE else after,
-                          before, row["_sequence"], micros, channel_id))
-    return out
-
-
 __all__ = [
     "ENCODE_JSON",
     "EncodedBatch",
@@ -347,7 +323,6 @@ __all__ = [
     "json_value",
     "layout_arrays",
     "page_schema",
-    "page_to_records",
     "records_to_page",
     "to_json",
 ]

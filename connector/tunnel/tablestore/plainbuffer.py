@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -520,11 +519,6 @@ def decode_row(data: bytes, *, header: bool = True, allow_empty_pk: bool = False
                marker, None if seq is None else SequenceInfo(*seq))
 
 
-def encode_values(primary_key: Sequence[tuple[str, Any]]) -> bytes:
-    """A key-only row (used for base-data token positions)."""
-    return encode_row(Row(tuple(primary_key)))
-
-
 __all__ = [
     "CRC8_TABLE",
     "MAX_CELL_TIMESTAMP_MS",
@@ -540,5 +534,4 @@ __all__ = [
     "decode_raw",
     "decode_row",
     "encode_row",
-    "encode_values",
 ]
