@@ -38,13 +38,6 @@ def comparable(typ: pa.DataType) -> bool:
             or pa.types.is_binary(typ))
 
 
-def may_hold(keys: pa.Array, lows: Sequence[Any] | pa.Array,
-             highs: Sequence[Any] | pa.Array) -> bool:
-    """Whether any of ``keys`` may lie in a file whose first key column spans [low, high]
-    (a None bound: the file's statistics are unknown, it may hold any key)."""
-    return bool(np.any(candidates(keys, lows, highs)))
-
-
 def candidates(keys: pa.Array, lows: Sequence[Any] | pa.Array,
                highs: Sequence[Any] | pa.Array) -> np.ndarray:
     """Per file: whether its [low, high] range may hold one of ``keys`` (the bounds as Python
