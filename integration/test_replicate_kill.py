@@ -12,8 +12,10 @@ restart (``integration/faults/multi_table.py``'s checks):
   ``_spark_metadata`` log lists) holds every change of the table's change log exactly once, in
   order per key, and the target holds no batch twice.
 
-The default suite runs ``--table`` (about 50 s on 2 cores: three starts of Spark);
-``--tables`` runs under ``extended`` (``test_multi_table_kill.py`` kills it over many tables).
+The default suite runs ``--table``; ``--tables`` runs under ``extended``
+(``test_multi_table_kill.py`` kills it over many tables). Each is three starts of Spark: 124 to
+244 s on 2 cores shared with other Spark runs (load 7 to 14), most of it each start's JVM,
+queries and first batch.
 """
 
 from __future__ import annotations
