@@ -59,7 +59,7 @@ class OptionSpec(NamedTuple):
     allowed (errors show it, and docs/options.md); ``meaning``: one line for docs/options.md.
     ``type`` and ``default`` as docs/options.md shows them, only where the field's annotation
     and default do not say it (URIs; defaults derived from other options). The reference table
-    is generated from these and the fields (``connector/options_reference.py``)."""
+    is generated from these and the fields (``testkit/options_reference.py``)."""
 
     field: str
     allowed: str

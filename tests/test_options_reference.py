@@ -1,6 +1,6 @@
 """docs/options.md's option table and error samples are what the code says.
 
-Both are generated (``connector/options_reference.py``) from the option definitions and from
+Both are generated (``testkit/options_reference.py``) from the option definitions and from
 really raising each error; this test fails when the file differs from what they render now, as
 tests/test_layering.py fails on an import that goes the wrong way.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from connector.options import OPTIONS, SourceOptions
-from connector.options_reference import WRITE_COMMAND, main, option_table, render
+from testkit.options_reference import WRITE_COMMAND, main, option_table, render
 
 OPTIONS_MD = Path(__file__).resolve().parent.parent / "docs" / "options.md"
 

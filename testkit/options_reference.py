@@ -6,11 +6,11 @@ what it means), the error samples from really raising each error and rendering i
 Each generated part sits in docs/options.md between ``<!-- BEGIN generated: NAME -->`` and
 ``<!-- END generated: NAME -->``; everything around them is hand-written and kept as it is.
 
-    python -m connector.options_reference --write docs/options.md   # rewrite the parts
-    python -m connector.options_reference --check docs/options.md   # exit 1 if they differ
+    python -m testkit.options_reference --write docs/options.md   # rewrite the parts
+    python -m testkit.options_reference --check docs/options.md   # exit 1 if they differ
 
 tests/test_options_reference.py fails when the file differs from what this renders. Run by
-developers, never by the source at run time.
+developers and that test, never by the source: test support, not installed with the product.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from connector.errors import CdcError
 from connector.options import OPTIONS, SourceOptions
 
 #: the command that rewrites the generated parts (named by the drift test's failure)
-WRITE_COMMAND = "python -m connector.options_reference --write docs/options.md"
+WRITE_COMMAND = "python -m testkit.options_reference --write docs/options.md"
 #: where a temporary directory stands in the rendered samples (the real one differs per run)
 SAMPLE_DIR = "/data"
 _TYPE_NAMES = {str: "string", int: "integer", bool: "boolean"}
