@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import enum
-import hashlib
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, NamedTuple
@@ -511,11 +510,6 @@ class SourceOptions(BaseModel):
         """The namespace earlier versions gave this query (``endpoint#table#tunnel`` with the
         endpoint's shown form), still used where their rows are (``connector.identity``)."""
         return legacy_namespace(self.safe_endpoint, self.table_name, self.named_tunnel)
-
-    @property
-    def source_digest(self) -> str:
-        """Short stable fingerprint of ``source_identity``."""
-        return hashlib.sha256(self.source_identity.encode()).hexdigest()[:16]
 
 
 def _check_combinations(built: SourceOptions, given: set[str]) -> None:

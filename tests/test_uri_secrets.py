@@ -100,7 +100,7 @@ def driver_forms(options: dict[str, str], open_backends: bool = True) -> list[st
         opts = SourceOptions.from_spark({"table.name": "orders", "tunnel.name": "t1", **options})
     except CdcError as exc:
         return error_texts(exc)
-    texts = [opts.safe_endpoint, opts.source_identity, repr(opts), str(opts), opts.source_digest]
+    texts = [opts.safe_endpoint, opts.source_identity, repr(opts), str(opts)]
     if not open_backends:
         return texts
     try:
