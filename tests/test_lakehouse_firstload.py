@@ -213,7 +213,7 @@ def test_lake_optimize_compacts_beside_the_stream_and_never_fails_a_batch(tmp_pa
     before = len(DeltaTable(target.path).file_uris())
     result = optimize(f"delta://{target.path}", vacuum_hours=0)
     assert result.compacted and result.files_after < before == result.files_before
-    assert result.vacuumed >= before - 1  # the compacted files, no longer referenced
+    assert result.files_removed >= before - 1  # the compacted files, no longer referenced
     assert table_state(target.rows(), ["id"]) == rows
     raced: list[object] = []
     sink._before_commit = lambda: raced or raced.append(  # type: ignore[method-assign]
@@ -301,7 +301,7 @@ def test_lake_optimize_vacuums_the_unreferenced_files_of_an_iceberg_table(tmp_pa
         shutil.copy(referenced[0], orphan)
     os.utime(old, (time.time() - 3 * 3600, time.time() - 3 * 3600))
     result = optimize(uri, vacuum_hours=2)
-    assert result.vacuumed == 1 and not old.exists() and young.exists()
+    assert result.files_removed == 1 and not old.exists() and young.exists()
     assert all(p.exists() for p in referenced)  # the replaced files: an old snapshot's
     assert table_state(target.rows(), ["id"]) == rows
     assert describe(result).endswith("1 unreferenced file(s) removed")

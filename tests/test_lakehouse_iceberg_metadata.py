@@ -218,7 +218,7 @@ def test_expiry_keeps_the_snapshots_the_batch_marker_needs(tmp_path: Path) -> No
     target = Iceberg(tmp_path)
     expected = run(target, batches=6)
     result = optimize(uri_of(tmp_path), expire_hours=0)
-    assert (result.expired, result.snapshots_left) == (6, 1)
+    assert (result.snapshots_expired, result.snapshots_after) == (6, 1)
     assert describe(result).startswith("Iceberg (no compaction in pyiceberg 0.12): 6 "
                                        "snapshot(s) expired, 1 kept; 0 unreferenced")
     assert not replay(target, 6) and target.commits() == 1
@@ -229,11 +229,13 @@ def test_expiry_keeps_the_snapshots_the_batch_marker_needs(tmp_path: Path) -> No
     target.other_writer(batch(change("PUT", "o", 2, 2, 902, "other", 9)), scd=1)
     expected[key(902)] = {"name": "other", "qty": 9}
     result = optimize(uri_of(tmp_path), expire_hours=0)
-    assert (result.expired, result.snapshots_left) == (2, 2)  # the owner's newest, current
+    # the owner's newest, the current
+    assert (result.snapshots_expired, result.snapshots_after) == (2, 2)
     assert not target.sink().apply(batch(change("PUT", "x", 500, 50, 901, "n", 1)), "q",
                                    7).committed
     assert table_state(target.rows(), ["id"]) == expected
-    assert optimize(uri_of(tmp_path), expire_hours=1).expired == 0  # none is an hour old
+    # none is an hour old
+    assert optimize(uri_of(tmp_path), expire_hours=1).snapshots_expired == 0
 
 
 def test_expiry_keeps_a_tagged_snapshot(tmp_path: Path) -> None:
@@ -247,7 +249,7 @@ def test_expiry_keeps_a_tagged_snapshot(tmp_path: Path) -> None:
     first = table.metadata.snapshots[0].snapshot_id
     table.manage_snapshots().create_tag(first, "loaded").commit()
     result = optimize(uri_of(tmp_path), expire_hours=0)
-    assert (result.expired, result.snapshots_left) == (2, 2)
+    assert (result.snapshots_expired, result.snapshots_after) == (2, 2)
     table, _ = current_manifests(target)
     assert first in {s.snapshot_id for s in table.metadata.snapshots}
 
@@ -264,7 +266,7 @@ def test_a_batch_committing_across_an_expiry_commits_once(tmp_path: Path) -> Non
 
     def expire_first() -> None:
         if not expiries:
-            expiries.append(optimize(uri_of(tmp_path), expire_hours=0).expired)
+            expiries.append(optimize(uri_of(tmp_path), expire_hours=0).snapshots_expired)
 
     sink._before_commit = expire_first  # type: ignore[method-assign]
     assert sink.apply(batch(change("UPDATE", "x", 900, 90, 1, "one", 1)), "q", 4).committed
@@ -302,7 +304,7 @@ def test_a_stream_beside_expiries_in_a_loop_applies_every_batch_once(tmp_path: P
         expirer.join()
     assert table_state(target.rows(), ["id"]) == expected
     assert target.sink().committed_batch("q") == 24
-    assert sum(o.expired for o in outcomes) > 0
+    assert sum(o.snapshots_expired or 0 for o in outcomes) > 0
 
 
 def test_vacuum_after_expiry_removes_the_files_only_expired_snapshots_referred_to(
@@ -322,9 +324,9 @@ def test_vacuum_after_expiry_removes_the_files_only_expired_snapshots_referred_t
 
     before = files()
     result = optimize(uri_of(tmp_path), expire_hours=0, vacuum_hours=0)
-    assert result.expired == 6 and result.vacuumed > 0
+    assert result.snapshots_expired == 6 and result.files_removed > 0
     after = files()
-    assert len(before) + 1 - len(after) == result.vacuumed  # + the expiry's metadata file
+    assert len(before) + 1 - len(after) == result.files_removed  # + the expiry's metadata file
     table, _ = current_manifests(target)
     assert after == _referenced_files(table)
     assert any(p.endswith(".parquet") for p in before - after)  # replaced data files

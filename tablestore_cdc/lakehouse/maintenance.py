@@ -1,6 +1,8 @@
 """Maintenance of a target table beside the running stream (``tablestore-cdc lake optimize``;
 driver or a separate process): small files compacted, old Iceberg snapshots expired,
-unreferenced files removed.
+unreferenced files removed. A run is the replication job's own (``upkeep.delta_run``,
+``upkeep.iceberg_run``, which use this module's Iceberg expiry and vacuum) with what was asked
+instead of the job's thresholds; ``describe`` is its line.
 
 Delta: ``optimize.z_order`` on the first key column (a sort of the table's rows by key, in files
 of delta-rs's target size: the key clustering that keeps batches cheap, docs/lakehouse.md
@@ -37,110 +39,49 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tablestore_cdc.lakehouse.errors import TargetUriError
 from tablestore_cdc.lakehouse.layout import local_path
-from tablestore_cdc.lakehouse.ownership import Marker
 from tablestore_cdc.lakehouse.target import FORMS, open_apply_sink
-
-
-@dataclass(frozen=True)
-class Optimized:
-    """What ``optimize`` did."""
-
-    files_before: int
-    files_after: int
-    #: False when a batch committed meanwhile and the compaction was dropped (run it again),
-    #: or the format has none (Iceberg)
-    compacted: bool
-    vacuumed: int = 0
-    #: "delta" or "iceberg"
-    table_format: str = "delta"
-    #: Iceberg: the snapshots expired (None: not asked), and those left
-    expired: int | None = None
-    snapshots_left: int = 0
-    #: Iceberg: False when the expiry was refused because another commit changed the
-    #: snapshots meanwhile (run it again)
-    expiry_done: bool = True
+from tablestore_cdc.lakehouse.upkeep import MaintenanceRun, delta_run, iceberg_run, owner_marker
 
 
 def optimize(uri: str, vacuum_hours: int | None = None,
              expire_hours: float | None = None,
-             target_options: Mapping[str, str] | None = None) -> Optimized:
+             target_options: Mapping[str, str] | None = None) -> MaintenanceRun:
     """Compact the Delta table at ``uri`` (a ``--target`` URI, local or in an object store,
     with replicate's ``--target-option``s as ``target_options``) and vacuum it if asked;
-    expire an Iceberg table's old snapshots and vacuum it, as asked (module doc)."""
-    from tablestore_cdc.lakehouse.delta import DeltaApplySink
+    expire an Iceberg table's old snapshots and vacuum it, as asked (module doc). The run is
+    the job's own (``upkeep.delta_run``, ``upkeep.iceberg_run``) with what was asked."""
     from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
 
-    sink = open_apply_sink(uri, target_options=target_options)
-    if isinstance(sink, IcebergApplySink):
-        return _optimize_iceberg(uri, sink, vacuum_hours, expire_hours)
-    assert isinstance(sink, DeltaApplySink)
-    if expire_hours is not None:
-        raise TargetUriError(uri=uri, problem="--expire-hours expires Iceberg snapshots; a "
-                             "Delta table's log is checkpointed (its batches do not slow down "
-                             "with its versions), and --vacuum-hours removes its old files",
-                             allowed=FORMS)
-    from deltalake.exceptions import CommitFailedError
-
-    table = sink.table()
-    marker = _owner(uri, None if table is None else dict(table.metadata().configuration))
-    assert table is not None  # _owner refused a missing table
-    before = len(table.file_uris())
-    compacted = True
-    try:
-        table.optimize.z_order([marker.key_columns[0]])
-    except CommitFailedError:
-        compacted = False  # a batch committed meanwhile: the stream wins
-    table = sink.table()
-    assert table is not None
-    vacuumed = 0
-    if vacuum_hours is not None:
-        vacuumed = len(table.vacuum(retention_hours=vacuum_hours, dry_run=False,
-                                    enforce_retention_duration=False))
-    return Optimized(before, len(table.file_uris()), compacted, vacuumed)
-
-
-def _owner(uri: str, properties: Mapping[str, str] | None) -> Marker:
-    """The marker of the table at ``uri`` (its properties; None: no table yet), which names
-    its job and key columns: a table the sink did not create is left alone."""
-    if properties is None:
-        raise TargetUriError(uri=uri, problem="there is no table there yet", allowed=FORMS)
-    marker = Marker.of(properties)
-    if marker is None or not marker.key_columns:
-        raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc "
-                             "(its key columns are unknown)", allowed=FORMS)
-    return marker
-
-
-def _optimize_iceberg(uri: str, sink: Any, vacuum_hours: int | None,
-                      expire_hours: float | None) -> Optimized:
-    """Expire the old snapshots of an Iceberg table of the sink, then vacuum it, as asked
-    (module doc)."""
-    if vacuum_hours is None and expire_hours is None:
+    sink: Any = open_apply_sink(uri, target_options=target_options)  # Delta or Iceberg
+    iceberg = isinstance(sink, IcebergApplySink)
+    if iceberg and vacuum_hours is None and expire_hours is None:
         raise TargetUriError(uri=uri, problem="an Iceberg table is not compacted (pyiceberg "
                              "0.12 has no compaction): give --expire-hours N to expire its old "
                              "snapshots, --vacuum-hours N to remove its unreferenced files",
                              allowed=FORMS)
+    if not iceberg and expire_hours is not None:
+        raise TargetUriError(uri=uri, problem="--expire-hours expires Iceberg snapshots; a "
+                             "Delta table's log is checkpointed (its batches do not slow down "
+                             "with its versions), and --vacuum-hours removes its old files",
+                             allowed=FORMS)
     table = sink.table()
-    marker = _owner(uri, None if table is None else table.properties)
-    assert table is not None  # _owner refused a missing table
-    expired: int | None = None
-    done = True
-    if expire_hours is not None:
-        expired, done = _expire_iceberg(table, marker.job, expire_hours)
-        table = sink.table()
-    vacuumed = 0
-    if vacuum_hours is not None:
-        vacuumed = _vacuum_iceberg(uri, table, vacuum_hours)
-    live = len(list(table.scan().plan_files()))  # the current snapshot's data files
-    return Optimized(live, live, compacted=False, vacuumed=vacuumed, table_format="iceberg",
-                     expired=expired, snapshots_left=len(table.metadata.snapshots),
-                     expiry_done=done)
+    if table is None:
+        raise TargetUriError(uri=uri, problem="there is no table there yet", allowed=FORMS)
+    marker = owner_marker(sink, table)
+    if marker is None:
+        raise TargetUriError(uri=uri, problem="the table carries no marker of tablestore-cdc "
+                             "(its key columns are unknown)", allowed=FORMS)
+    if iceberg:
+        return iceberg_run(sink, table, marker, time.time(), compaction=None,
+                           expire_hours=expire_hours, keep_newest=None,
+                           vacuum_hours=vacuum_hours)
+    return delta_run(sink, table, marker.key_columns[0], time.time(),
+                     compact=lambda _sizes: True, vacuum_hours=vacuum_hours)
 
 
 def _expire_iceberg(table: Any, job: str, expire_hours: float,
@@ -263,16 +204,18 @@ def _referenced_files(table: Any) -> set[str]:
             for f in files | manifests}
 
 
-def describe(result: Optimized) -> str:
+def describe(result: MaintenanceRun) -> str:
+    """What ``lake optimize`` did, in one line."""
     if result.table_format == "iceberg":
-        expiry = ("" if result.expired is None
-                  else f"{result.expired} snapshot(s) expired, {result.snapshots_left} kept; "
+        expiry = ("" if result.snapshots_expired is None
+                  else f"{result.snapshots_expired} snapshot(s) expired, "
+                  f"{result.snapshots_after} kept; "
                   if result.expiry_done else "a commit changed the snapshots meanwhile: none "
                   "expired, run it again; ")
         return (f"Iceberg (no compaction in pyiceberg 0.12): {expiry}"
-                f"{result.vacuumed} unreferenced file(s) removed")
-    outcome: Any = (f"{result.files_before} file(s) compacted into {result.files_after}"
-                    if result.compacted else "a batch committed meanwhile: nothing compacted, "
-                    "run it again")
-    return outcome + (f"; {result.vacuumed} unreferenced file(s) removed"
-                      if result.vacuumed else "")
+                f"{result.files_removed} unreferenced file(s) removed")
+    outcome = (f"{result.files_before} file(s) compacted into {result.files_after}"
+               if result.compacted else "a batch committed meanwhile: nothing compacted, "
+               "run it again")
+    return outcome + (f"; {result.files_removed} unreferenced file(s) removed"
+                      if result.files_removed else "")

@@ -14,7 +14,8 @@ table's ``AppliedTable`` and from there into its ``TableStatus`` (feed, ``meta t
 dashboard) and the Prometheus gauges.
 
 A run is due after ``every_minutes`` since the table's last run, or after ``every_batches``
-committed batches, whichever comes first. It then does only what is past its threshold:
+committed batches, whichever comes first. It then does only what is past its threshold
+(``delta_run``, ``iceberg_run``: the runs ``lake optimize`` makes too, with what it is asked):
 
 - **Delta**: compaction (``optimize.z_order`` on the first key column, as ``lake optimize``:
   the rows sorted by key into files of delta-rs's target size, 100 MiB, so the key clustering
@@ -46,9 +47,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.errors import CdcError
+
+if TYPE_CHECKING:
+    from tablestore_cdc.lakehouse.ownership import Marker
 
 log = logging.getLogger("tablestore_cdc.lakehouse")
 
@@ -109,6 +113,12 @@ class MaintenancePolicy:
                 raise MaintenanceSettingError(setting=setting, value=value,
                                               problem=f"must be a number of at least {low}")
 
+    def compacts(self, sizes: list[int]) -> bool:
+        """Whether a table whose current data files have these sizes is due for compaction:
+        more than ``compact_files`` of them smaller than ``small_file_bytes``."""
+        return bool(self.compact_files) and sum(
+            1 for size in sizes if size < self.small_file_bytes) > self.compact_files
+
     @classmethod
     def off(cls) -> MaintenancePolicy:
         """``replicate --maintenance off``."""
@@ -165,10 +175,13 @@ class MaintenanceRun:
     files_before: int
     files_after: int
     compacted: bool = False
-    #: Iceberg: snapshots kept before and after, and how many were expired
+    #: Iceberg: snapshots kept before and after, and how many were expired (None: no expiry
+    #: asked, ``lake optimize`` without ``--expire-hours``); False when another commit that
+    #: changed the snapshots meanwhile refused the expiry
     snapshots_before: int | None = None
     snapshots_after: int | None = None
-    snapshots_expired: int = 0
+    snapshots_expired: int | None = 0
+    expiry_done: bool = True
     #: unreferenced files removed (vacuum; 0 when none was due)
     files_removed: int = 0
     #: why the run failed (one line), None when it did not
@@ -246,45 +259,57 @@ def maintain(sink: Any, policy: MaintenancePolicy, *, vacuum: bool = True,
     Raises what the format raised."""
     started = time.time() if now is None else now
     clock = time.monotonic()
-    if _format(sink) == "iceberg":
-        run = _maintain_iceberg(sink, policy, vacuum, started)
-    else:
-        run = _maintain_delta(sink, policy, vacuum, started)
-    if run is None:
+    table = sink.table()
+    marker = None if table is None else owner_marker(sink, table)
+    if marker is None:
         return None
+    vacuum_hours = policy.vacuum_hours if vacuum else None
+    if _format(sink) == "iceberg":
+        run = iceberg_run(sink, table, marker, started, compaction=policy,
+                          expire_hours=policy.expire_hours, keep_newest=policy.keep_snapshots,
+                          vacuum_hours=vacuum_hours)
+    else:
+        run = delta_run(sink, table, marker.key_columns[0], started, compact=policy.compacts,
+                        vacuum_hours=vacuum_hours)
     return MaintenanceRun(**{**run.__dict__, "seconds": round(time.monotonic() - clock, 3)})
 
 
-def _maintain_delta(sink: Any, policy: MaintenancePolicy, vacuum: bool,
-                    now: float) -> MaintenanceRun | None:
-    from deltalake.exceptions import CommitFailedError
-
+def owner_marker(sink: Any, table: Any) -> Marker | None:
+    """The marker of ``sink``'s ``table`` (``ownership.Marker``: its job and key columns), or
+    None for a table the sink did not create, which maintenance leaves alone."""
     from tablestore_cdc.lakehouse.ownership import Marker
 
-    table = sink.table()
-    if table is None:
-        return None
-    marker = Marker.of(dict(table.metadata().configuration))
-    if marker is None or not marker.key_columns:
-        return None
+    properties = (table.properties if _format(sink) == "iceberg"
+                  else dict(table.metadata().configuration))
+    marker = Marker.of(properties)
+    return marker if marker is not None and marker.key_columns else None
+
+
+def delta_run(sink: Any, table: Any, key: str, now: float, *,
+              compact: Callable[[list[int]], bool],
+              vacuum_hours: float | None) -> MaintenanceRun:
+    """One run over ``sink``'s Delta ``table`` (the job's, ``maintain``, and ``lake optimize``'s):
+    compacted, sorted by ``key``, when ``compact`` says so of its current files' sizes (a
+    compaction another commit got in first is dropped: it wins); then, with ``vacuum_hours``,
+    a full vacuum: the files no version of the last that many hours references, and those no
+    commit ever named (a batch killed before its commit) once older than that."""
+    from deltalake.exceptions import CommitFailedError
+
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
-    before = len(sizes)
-    small = sum(1 for size in sizes if size < policy.small_file_bytes)
     compacted = False
-    if policy.compact_files and small > policy.compact_files:
+    if compact(sizes):
         try:
-            _compact_delta(table, marker.key_columns[0])
+            _compact_delta(table, key)
             compacted = True
         except CommitFailedError:  # another writer committed meanwhile: it wins
             log.info("table %s: compaction refused (another commit meanwhile), retried at its "
                      "next run", sink)
         table = sink.table()
     removed = 0
-    if vacuum:
-        # full: also the files no commit ever named (a batch killed before its commit)
-        removed = len(table.vacuum(retention_hours=math.ceil(policy.vacuum_hours),
-                                   dry_run=False, enforce_retention_duration=False, full=True))
-    return MaintenanceRun(at=now, seconds=0.0, table_format="delta", files_before=before,
+    if vacuum_hours is not None:
+        removed = len(table.vacuum(retention_hours=math.ceil(vacuum_hours), dry_run=False,
+                                   enforce_retention_duration=False, full=True))
+    return MaintenanceRun(at=now, seconds=0.0, table_format="delta", files_before=len(sizes),
                           files_after=len(table.file_uris()), compacted=compacted,
                           files_removed=removed)
 
@@ -294,47 +319,45 @@ def _compact_delta(table: Any, key: str) -> None:
     table.optimize.z_order([key])
 
 
-def _maintain_iceberg(sink: Any, policy: MaintenancePolicy, vacuum: bool,
-                      now: float) -> MaintenanceRun | None:
+def iceberg_run(sink: Any, table: Any, marker: Marker, now: float, *,
+                compaction: MaintenancePolicy | None, expire_hours: float | None,
+                keep_newest: int | None, vacuum_hours: float | None) -> MaintenanceRun:
+    """One run over ``sink``'s Iceberg ``table`` whose owner's ``marker`` is given (the job's,
+    ``maintain``, and ``lake optimize``'s): its small files compacted as ``compaction`` says
+    (None: none); with ``expire_hours``, the snapshots older than that, or beyond the newest
+    ``keep_newest``, expired (``maintenance._expire_iceberg``: never those the sink's exactly
+    once needs); with ``vacuum_hours``, the files no snapshot references removed
+    (``maintenance._vacuum_iceberg``). A compaction or expiry another commit got in first is
+    dropped."""
     from pyiceberg.exceptions import CommitFailedException
 
     from tablestore_cdc.lakehouse.maintenance import _expire_iceberg, _vacuum_iceberg
-    from tablestore_cdc.lakehouse.ownership import Marker
 
-    table = sink.table()
-    if table is None:
-        return None
-    marker = Marker.of(table.properties)
-    if marker is None or not marker.key_columns:
-        return None
     tasks = list(table.scan().plan_files())
-    files = len(tasks)
     compacted = False
-    if policy.compact_files and sum(1 for task in tasks if task.file.file_size_in_bytes
-                                    < policy.small_file_bytes) > policy.compact_files:
+    if compaction is not None and compaction.compacts([t.file.file_size_in_bytes
+                                                       for t in tasks]):
         try:
-            compacted = _compact_iceberg(table, tasks, marker.key_columns[0], policy)
+            compacted = _compact_iceberg(table, tasks, marker.key_columns[0], compaction)
         except CommitFailedException:  # another writer committed meanwhile: it wins
             log.info("table %s: compaction refused (another commit meanwhile), retried at its "
                      "next run", sink)
         table = sink.table()
-    files_after = len(list(table.scan().plan_files())) if compacted else files
-    snapshots = table.metadata.snapshots
-    before = len(snapshots)
-    expired = 0
-    oldest_ms = min((s.timestamp_ms for s in snapshots), default=now * 1000)
-    if before > policy.keep_snapshots or oldest_ms < (now - policy.expire_hours * 3600) * 1000:
-        expired, done = _expire_iceberg(table, marker.job, policy.expire_hours,
-                                        keep_newest=policy.keep_snapshots)
+    files_after = len(list(table.scan().plan_files())) if compacted else len(tasks)
+    before = len(table.metadata.snapshots)
+    expired: int | None = None
+    done = True
+    if expire_hours is not None:
+        expired, done = _expire_iceberg(table, marker.job, expire_hours, keep_newest=keep_newest)
         if not done:
             log.info("table %s: snapshot expiry refused (another commit meanwhile), retried "
                      "at its next run", sink)
         table = sink.table()
-    removed = _vacuum_iceberg(str(sink), table, policy.vacuum_hours) if vacuum else 0
-    return MaintenanceRun(at=now, seconds=0.0, table_format="iceberg", files_before=files,
+    removed = 0 if vacuum_hours is None else _vacuum_iceberg(str(sink), table, vacuum_hours)
+    return MaintenanceRun(at=now, seconds=0.0, table_format="iceberg", files_before=len(tasks),
                           files_after=files_after, compacted=compacted, snapshots_before=before,
                           snapshots_after=len(table.metadata.snapshots),
-                          snapshots_expired=expired, files_removed=removed)
+                          snapshots_expired=expired, expiry_done=done, files_removed=removed)
 
 
 #: the summary property of a compaction's snapshot (its files replaced, no rows changed)
