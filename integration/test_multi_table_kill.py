@@ -1,7 +1,12 @@
-"""``tablestore-cdc replicate --tables`` SIGKILLed three times mid-run while a writer changes
-each table: 6 tables (4 at the start, 2 created while it runs, 1 dropped), two splits and a
-merge in each of two tables, Delta and Iceberg targets, SCD 1 and SCD 2 (per-table settings
-from ``--config``). After the last restart (docs/multi-table.md):
+"""``tablestore-cdc replicate --tables`` SIGKILLed mid-run while a writer changes each table,
+with either apply (``--engine embedded``, the default, and ``--engine spark``: Spark's own MERGE
+by delta-spark). The full size: 6 tables (4 at the start, 2 created while it runs, 1 dropped),
+three SIGKILLs, two splits and a merge in each of two tables, SCD 1 and SCD 2 (per-table
+settings from ``--config``), Delta and, with the embedded apply, Iceberg targets (the Spark
+engine of ``replicate`` writes local Delta tables only: its Iceberg tables are Delta there). The
+small size, the Spark engine's in the default suite: 2 tables (one SCD 1 that splits twice and
+merges, one SCD 2), two SIGKILLs. After the last restart (docs/multi-table.md,
+docs/lakehouse.md):
 
 - every target equals its source table row by row, read back with ``deltalake`` /
   ``pyiceberg`` (never through the apply's code), and an SCD 2 target's versions equal the
@@ -9,15 +14,19 @@ from ``--config``). After the last restart (docs/multi-table.md):
 - the change log the application committed (the Parquet files its ``_spark_metadata`` log
   lists) holds every change of every table's change log exactly once, in order per key;
 - the dropped table's target and change log hold what its source held at the drop;
-- no target holds a batch twice.
+- no target holds a batch twice (the embedded apply's commit infos name each batch; the Spark
+  engine's ``txn`` actions do).
 
 The application, the writers and the checks are ``integration/faults/multi_table.py``'s,
-shared with the kills at crash points (``test_multi_table_crash_points.py``).
+shared with the kills at crash points (``test_multi_table_crash_points.py``). The Spark engine
+runs on the PySpark of ``.venv-spark-merge`` (``make test`` prepares it; without it its runs
+are skipped).
 
-Not in the default suite (marker ``faults_full``, 2 to 3 minutes on 2 cores): run it with
-``python -m pytest -m faults_full integration/test_multi_table_kill.py``. It once timed out
-waiting for every table's first apply after a kill (2 runs of 7): the table created just
-before the kill had no batch of its own to prove the restart by, so its lease refused the
+The full size is not in the default suite (marker ``faults_full``, 2 to 3 minutes on 2 cores
+with the embedded apply): run it with ``python -m pytest -m faults_full
+integration/test_multi_table_kill.py`` (``-k spark`` or ``-k embedded`` for one engine). It once
+timed out waiting for every table's first apply after a kill (2 runs of 7): the table created
+just before the kill had no batch of its own to prove the restart by, so its lease refused the
 restarted process and the table stayed failed; a restart now takes such a lease over with the
 others (``connector.planning.lease._predecessors``), and a table refused a lease waits
 instead."""
@@ -25,6 +34,7 @@ instead."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,67 +53,102 @@ from integration.faults.multi_table import (
     source_of,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults_full]
+pytestmark = [pytest.mark.slow]
 pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
-AT_START = ("t1", "t2", "t3", "t4")
-CREATED = ("t5", "t6")  # t5 before the first kill, t6 between the second and the third
-DROPPED = "t3"
-#: two splits and a merge in each (one of them a table created while the application runs)
-RESHAPED = ("t1", "t5")
-ICEBERG = ("t2", "t6")
-SCD2 = ("t4", "t6")
-KILLS = 3
+
+@dataclass(frozen=True)
+class Size:
+    """One run's tables and kills."""
+
+    at_start: tuple[str, ...]
+    #: two splits and a merge in each (a table created while the application runs may be one)
+    reshaped: tuple[str, ...]
+    scd2: tuple[str, ...]
+    #: Iceberg targets (the embedded apply only)
+    iceberg: tuple[str, ...] = ()
+    kills: int = 3
+    #: kill number -> the table created just before it (it may not even be listed yet)
+    created_before_kill: tuple[tuple[int, str], ...] = ()
+    #: kill number -> the table created after its restart (read from the restart on)
+    created_after_kill: tuple[tuple[int, str], ...] = ()
+    #: the table whose writer stops at the first kill, dropped once its target caught up
+    dropped: str | None = None
+
+    @property
+    def tables(self) -> set[str]:
+        return {*self.at_start, *(t for _, t in self.created_before_kill),
+                *(t for _, t in self.created_after_kill)}
 
 
-def test_replicate_tables_killed_three_times_every_target_equals_its_source(
-        tmp_path: Path) -> None:
-    app = Replication(tmp_path, iceberg=ICEBERG, scd2=SCD2)
+FULL = Size(at_start=("t1", "t2", "t3", "t4"), reshaped=("t1", "t5"), scd2=("t4", "t6"),
+            iceberg=("t2", "t6"), created_before_kill=((0, "t5"),),
+            created_after_kill=((1, "t6"),), dropped="t3")
+SMALL = Size(at_start=("t1", "t2"), reshaped=("t1",), scd2=("t2",), kills=2)
+
+
+@pytest.mark.parametrize(("engine", "size"), [
+    pytest.param("embedded", FULL, marks=pytest.mark.faults_full, id="embedded-full"),
+    pytest.param("spark", FULL, marks=pytest.mark.faults_full, id="spark-full"),
+    pytest.param("spark", SMALL, marks=pytest.mark.extended, id="spark-small"),
+])
+def test_replicate_tables_killed_mid_run_every_target_equals_its_source(
+        tmp_path: Path, engine: str, size: Size) -> None:
+    began = time.monotonic()
+    app = Replication(tmp_path, iceberg=size.iceberg if engine == "embedded" else (),
+                      scd2=size.scd2, engine=engine)
     with LocalTablestore(app.store_path) as store:
-        for name in AT_START:
+        for name in size.at_start:
             store.create_table(name, KEY, COLUMNS, channels=2)
-    writers = {t: TableWriter(app.store_path, t, reshape=t in RESHAPED) for t in AT_START}
+    writers = {t: TableWriter(app.store_path, t, reshape=t in size.reshaped)
+               for t in size.at_start}
     for writer in writers.values():
         writer.start()
-    live = list(AT_START)
+    live = list(size.at_start)
     dropped_rows: dict[str, Any] = {}
     dropped_log: list[Record] = []
+    before_kill, after_kill = dict(size.created_before_kill), dict(size.created_after_kill)
+    dropped = size.dropped or ""
+
+    def create(table: str) -> None:
+        create_with_rows(app.store_path, table)
+        writers[table] = TableWriter(app.store_path, table, reshape=table in size.reshaped)
+        writers[table].start()
+        live.append(table)
+
     app.start()
     try:
-        for kill in range(KILLS):
+        for kill in range(size.kills):
             app.wait(f"every table applied once before kill {kill + 1}",
                      lambda: [t for t in live if app.targets.state(t) is None], lambda m: not m)
-            if kill == 0:  # created just before a kill: it may not even be listed yet
-                create_with_rows(app.store_path, "t5")
-                writers["t5"] = TableWriter(app.store_path, "t5", reshape=True)
-                writers["t5"].start()
-                live.append("t5")
+            if kill in before_kill:
+                create(before_kill[kill])
             time.sleep(2)  # mid-run: writers busy, batches in flight
             app.kill()
-            if kill == 0:  # the dropped table's last change, then what its source holds
-                writers[DROPPED].stop()
-                dropped_rows, dropped_log = source_of(app.store_path, DROPPED)
+            if kill == 0 and dropped:  # its last change, then what its source holds
+                writers[dropped].stop()
+                dropped_rows, dropped_log = source_of(app.store_path, dropped)
             app.start()
-            if kill == 0:  # dropped while the application runs, once its target caught up
-                app.wait(f"{DROPPED} caught up", lambda: app.targets.state(DROPPED),
+            if kill == 0 and dropped:  # dropped while it runs, once its target caught up
+                app.wait(f"{dropped} caught up", lambda: app.targets.state(dropped),
                          lambda state, rows=dropped_rows: state == rows)
                 with LocalTablestore(app.store_path) as store:
-                    store.drop_table(DROPPED)
-                live.remove(DROPPED)
-            if kill == 1:  # created while it runs, read from the restart on
-                create_with_rows(app.store_path, "t6")
-                writers["t6"] = TableWriter(app.store_path, "t6")
-                writers["t6"].start()
-                live.append("t6")
-        assert sorted(w.table for w in writers.values() if w.reshape) == sorted(RESHAPED)
+                    store.drop_table(dropped)
+                live.remove(dropped)
+            if kill in after_kill:
+                create(after_kill[kill])
+        assert sorted(w.table for w in writers.values() if w.reshape) == sorted(size.reshaped)
         sources = drain(app, writers, live)
     finally:
         for writer in writers.values():
             writer.stopping.set()
         app.kill()
 
-    sources[DROPPED] = (dropped_rows, dropped_log)
-    assert app.targets.state(DROPPED) == dropped_rows  # its target kept what it had
-    assert set(sources) == {*AT_START, *CREATED}
+    if dropped:
+        sources[dropped] = (dropped_rows, dropped_log)
+        assert app.targets.state(dropped) == dropped_rows  # its target kept what it had
+    assert set(sources) == size.tables
     check_exactly_once(app, sources)
+    print(f"{engine}: {size.kills} kills, {app.starts} starts, "
+          f"{time.monotonic() - began:.0f} s")

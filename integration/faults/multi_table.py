@@ -19,6 +19,12 @@ committed change log holds each table's change log exactly once and in order per
 target holds a batch twice. Used by ``integration/test_multi_table_kill.py`` (kills at
 arbitrary moments), ``integration/test_multi_table_crash_points.py`` and
 ``integration/test_replicate_kill.py`` (one table, as ``--table T`` and as ``--tables T``).
+
+``Replication(engine="spark")`` runs ``replicate --engine spark`` (Spark's own MERGE by
+delta-spark, ``tablestore_cdc.lakehouse.spark_merge``) on the interpreter of the Spark engine's
+venv (``testkit.spark_merge_run.SPARK_MERGE_PYTHON``: a PySpark that delta-spark is released
+for, its jars in Spark's Ivy cache); that engine writes local Delta targets only, so such a run
+has no Iceberg tables.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from testkit.crash_points import FAULT_DIR_ENV
 from testkit.crash_points import environment as crash_environment
 from testkit.file_sink_log import committed_rows
 from testkit.processes import REPO, arm_crash_point, kill_marked, kill_tree
+from testkit.spark_merge_run import SPARK_MERGE_PYTHON
 from testkit.target_reads import (
     delta_batches,
     history_mismatches,
@@ -63,6 +70,8 @@ COLUMNS = [("v", "STRING"), ("n", "DOUBLE")]
 RESHAPE_ROUNDS = (2, 4, 6)
 #: the crash points of the apply side: Spark replays the apply query's batch they cut
 APPLY_POINTS = ("between_table_applies", "after_table_applies")
+#: ``replicate --engine``: the embedded apply (delta-rs, pyiceberg) or Spark's own MERGE
+ENGINES = ("embedded", "spark")
 
 
 class TableWriter(threading.Thread):
@@ -124,6 +133,9 @@ class Targets:
     lake: Path
     warehouse: Path
     iceberg: tuple[str, ...] = ()
+    #: who wrote the Delta targets (``ENGINES``): the Spark engine names a batch by its
+    #: ``txn`` action alone, not by the embedded sink's commit infos
+    engine: str = "embedded"
 
     def state(self, table: str) -> dict[str, dict[str, Any]] | None:
         """key -> attributes of the target's live rows; None before its first commit."""
@@ -136,7 +148,8 @@ class Targets:
     def batches(self, table: str) -> list[tuple[str, int]]:
         """(query id, batch id) of each batch committed into ``table``'s target, oldest first
         (empty before its first commit)."""
-        return self._read(table, delta_batches, iceberg_batches) or []
+        delta = delta_txn_batches if self.engine == "spark" else delta_batches
+        return self._read(table, delta, iceberg_batches) or []
 
     def _read(self, table: str, delta: Any, iceberg: Any) -> Any:
         if table in self.iceberg:
@@ -148,9 +161,35 @@ class Targets:
                 if type(exc).__name__.startswith("NoSuch"):
                     return None
                 raise
-        if not (self.lake / table / "_delta_log").exists():
+        # (delta-spark makes _delta_log before its first commit's file)
+        if not any((self.lake / table / "_delta_log").glob("[0-9]*.json")):
             return None
         return delta(str(self.lake / table))
+
+
+def delta_txn_batches(path: str) -> list[tuple[str, int]]:
+    """(query id, batch id) of every ``txn`` action in the Delta log at ``path``, oldest first:
+    the batches a writer that records nothing else (delta-spark's MERGE under ``txnAppId`` /
+    ``txnVersion``, the Spark engine) committed; a batch committed twice shows twice. Read from
+    the commit files, which Delta keeps beside its checkpoints."""
+    batches = []
+    for commit in sorted(Path(path, "_delta_log").glob("[0-9]*.json")):
+        for line in commit.read_text().splitlines():
+            txn = json.loads(line).get("txn") if line.strip() else None
+            if txn is not None:
+                batches.append((str(txn["appId"]), int(txn["version"])))
+    return batches
+
+
+def spark_engine_python() -> str:
+    """The interpreter ``replicate --engine spark`` runs on (``SPARK_MERGE_PYTHON``); the
+    calling test is skipped, with the reason, when that venv is missing."""
+    if not Path(SPARK_MERGE_PYTHON).exists():
+        import pytest
+
+        pytest.skip(f"no {SPARK_MERGE_PYTHON} for replicate --engine spark: "
+                    "make .venv-spark-merge/.jars-stamp prepares it")
+    return SPARK_MERGE_PYTHON
 
 
 class Replication:
@@ -158,10 +197,18 @@ class Replication:
     ``--tables 't*'``, in its own process group, with the run's fault directory) and what it
     writes: ``out/changelog`` (in both modes) and the targets (Delta at the default target:
     under ``out/lake`` with ``--tables``, ``out/T`` with ``--table T``; the ``iceberg`` tables in
-    ``warehouse``; the ``scd2`` ones SCD type 2, set by ``--config``)."""
+    ``warehouse``; the ``scd2`` ones SCD type 2, set by ``--config``). ``engine``: ``replicate
+    --engine`` (``ENGINES``); ``spark`` runs on ``spark_engine_python()`` and writes Delta
+    targets only."""
 
     def __init__(self, tmp: Path, iceberg: Sequence[str] = (), scd2: Sequence[str] = (),
-                 selection: Sequence[str] = ("--tables", "t*")) -> None:
+                 selection: Sequence[str] = ("--tables", "t*"),
+                 engine: str = "embedded") -> None:
+        assert engine in ENGINES, engine
+        assert engine == "embedded" or not iceberg, \
+            "replicate --engine spark writes local Delta targets only"
+        self.engine = engine
+        self.python = spark_engine_python() if engine == "spark" else sys.executable
         self.tmp = tmp
         self.iceberg, self.scd2 = tuple(iceberg), tuple(scd2)
         self.selection = tuple(selection)
@@ -169,7 +216,7 @@ class Replication:
         # the default targets: delta://OUT/T with --table T, delta://OUT/lake/{table} with --tables
         self.lake = self.out if self.selection[0] == "--table" else self.out / "lake"
         self.warehouse = tmp / "warehouse"
-        self.targets = Targets(self.lake, self.warehouse, self.iceberg)
+        self.targets = Targets(self.lake, self.warehouse, self.iceberg, engine)
         self.log = tmp / "replicate.log"
         self.faults = tmp / "faults"
         self.faults.mkdir(exist_ok=True)
@@ -184,8 +231,10 @@ class Replication:
         # of committed files (which would merge the batches' entries into one)
         self.spark_conf = tmp / "spark-conf"
         self.spark_conf.mkdir(exist_ok=True)
-        (self.spark_conf / "spark-defaults.conf").write_text(
-            "spark.sql.streaming.fileSink.log.compactInterval 1000000\n")
+        defaults = "spark.sql.streaming.fileSink.log.compactInterval 1000000\n"
+        if engine == "spark":  # tables of 60 keys: a Delta snapshot read in one task, not 50
+            defaults += "spark.databricks.delta.snapshotPartitions 1\n"
+        (self.spark_conf / "spark-defaults.conf").write_text(defaults)
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -194,16 +243,17 @@ class Replication:
                 # the default target (a --target flag would win over the config's per-table
                 # targets)
                 "--output", str(self.out), "--config", str(self.config), "--trigger-ms", "300",
-                "--initial", "none", "--option", "tables.refreshIntervalMs=1000"]
+                "--initial", "none", "--option", "tables.refreshIntervalMs=1000",
+                "--engine", self.engine]
         code = "from tablestore_cdc.commands.app import app; app()"
         self.starts += 1
         with open(self.log, "ab") as sink:
             sink.write(f"--- start {self.starts}\n".encode())
             sink.flush()
             self.process = subprocess.Popen(
-                [sys.executable, "-c", code, *args], cwd=REPO, stdout=sink,
+                [self.python, "-c", code, *args], cwd=REPO, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                env={**os.environ, "PYSPARK_PYTHON": self.python,
                      "SPARK_CONF_DIR": str(self.spark_conf), **crash_environment(self.faults)})
 
     def kill(self) -> None:
