@@ -312,7 +312,8 @@ def test_vacuum_after_expiry_removes_the_files_only_expired_snapshots_referred_t
     """Expired, then vacuumed with the stream stopped: the data files, manifests and manifest
     lists only the expired snapshots referred to are gone, every file left is one the table
     refers to, and the table reads right and takes the next batch."""
-    from tablestore_cdc.lakehouse.maintenance import _referenced_files, optimize
+    from tablestore_cdc.lakehouse.maintenance import optimize
+    from tablestore_cdc.lakehouse.upkeep import _referenced_files
 
     target = Iceberg(tmp_path)
     expected = run(target, batches=6)

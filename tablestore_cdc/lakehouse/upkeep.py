@@ -27,10 +27,10 @@ committed batches, whichever comes first. It then does only what is past its thr
   the small files' rows sorted by key and cut as a batch's rewrite cuts them, in one snapshot
   of the sink's writer) on the same threshold; snapshots expired beyond the newest
   ``keep_snapshots`` or older than ``expire_hours``, except those the sink's exactly once
-  needs (``maintenance._expire_iceberg``: the current snapshot and its ancestors down to the
+  needs (``_expire_iceberg``: the current snapshot and its ancestors down to the
   job's newest batch marker, branch and tag heads); then, at most every
   ``vacuum_every_minutes``, the files no snapshot references and older than ``vacuum_hours``
-  removed (``maintenance._vacuum_iceberg``).
+  removed (``_vacuum_iceberg``).
 
 Never removed: a file of the current version or snapshot, or of any Delta version younger than
 ``vacuum_hours``, or any file younger than that (``vacuum_hours`` is at least
@@ -47,9 +47,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from connector.errors import CdcError
+from tablestore_cdc.lakehouse.errors import TargetUriError
+from tablestore_cdc.lakehouse.layout import local_path
 
 if TYPE_CHECKING:
     from tablestore_cdc.lakehouse.ownership import Marker
@@ -325,13 +328,11 @@ def iceberg_run(sink: Any, table: Any, marker: Marker, now: float, *,
     """One run over ``sink``'s Iceberg ``table`` whose owner's ``marker`` is given (the job's,
     ``maintain``, and ``lake optimize``'s): its small files compacted as ``compaction`` says
     (None: none); with ``expire_hours``, the snapshots older than that, or beyond the newest
-    ``keep_newest``, expired (``maintenance._expire_iceberg``: never those the sink's exactly
+    ``keep_newest``, expired (``_expire_iceberg``: never those the sink's exactly
     once needs); with ``vacuum_hours``, the files no snapshot references removed
-    (``maintenance._vacuum_iceberg``). A compaction or expiry another commit got in first is
+    (``_vacuum_iceberg``). A compaction or expiry another commit got in first is
     dropped."""
     from pyiceberg.exceptions import CommitFailedException
-
-    from tablestore_cdc.lakehouse.maintenance import _expire_iceberg, _vacuum_iceberg
 
     tasks = list(table.scan().plan_files())
     compacted = False
@@ -396,3 +397,125 @@ def _compact_iceberg(table: Any, tasks: list[Any], key: str, policy: Maintenance
                  {COMPACTION_PROPERTY: f"{len(chosen)} file(s)"})
     transaction.commit_transaction()
     return True
+
+
+def _expire_iceberg(table: Any, job: str, expire_hours: float,
+                    keep_newest: int | None = None) -> tuple[int, bool]:
+    """Expire the snapshots of ``table`` older than ``expire_hours`` (and, with
+    ``keep_newest``, those beyond the newest that many: the job's automatic maintenance,
+    ``iceberg_run``) but those the batch marker
+    of ``job`` (the table's owner) needs: the current snapshot's ancestors down to the newest
+    snapshot of ``job`` (all of them if it has none there: nothing the walk could reach is cut
+    off from it), nor branch and tag heads (pyiceberg refuses those). Returns how many were
+    expired, and False when a commit that changed the snapshots meanwhile refused it."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table.snapshots import ancestors_of
+
+    from tablestore_cdc.lakehouse.iceberg import QUERY_ID_PROPERTY
+
+    needed = {ref.snapshot_id for ref in table.metadata.refs.values()}  # pyiceberg refuses them
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        needed.add(snapshot.snapshot_id)
+        if snapshot.summary is not None and snapshot.summary.get(QUERY_ID_PROPERTY) == job:
+            break
+    cutoff_ms = (time.time() - expire_hours * 3600) * 1000
+    newest: set[int] | None = None
+    if keep_newest is not None:
+        by_age = sorted(table.metadata.snapshots, key=lambda s: (s.timestamp_ms,
+                                                                 s.sequence_number or 0))
+        newest = {s.snapshot_id for s in by_age[max(0, len(by_age) - max(keep_newest, 1)):]}
+    old = [s.snapshot_id for s in table.metadata.snapshots
+           if s.snapshot_id not in needed
+           and (s.timestamp_ms < cutoff_ms or (newest is not None and s.snapshot_id not in newest))]
+    if not old:
+        return 0, True
+    try:
+        table.maintenance.expire_snapshots().by_ids(old).commit()
+    except (CommitFailedException, ValueError):  # another commit changed the snapshots first
+        return 0, False
+    return len(old), True
+
+
+def _vacuum_iceberg(uri: str, table: Any, vacuum_hours: float) -> int:
+    """Remove the files of an Iceberg table that no snapshot references and that are older
+    than ``vacuum_hours`` (module doc); returns how many."""
+    referenced = _referenced_files(table)
+    cutoff = time.time() - vacuum_hours * 3600
+    removed = 0
+    for path, modified in _table_files(uri, table):
+        if path not in referenced and modified < cutoff:
+            if local_path(path) is not None:
+                Path(path).unlink()
+            else:
+                table.io.delete(path)
+            removed += 1
+    return removed
+
+
+#: the files a vacuum looks at, under the table's location
+_VACUUMED = ("data/**/*.parquet", "metadata/*.avro", "metadata/*.metadata.json")
+
+
+def _table_files(uri: str, table: Any) -> list[tuple[str, float]]:
+    """Every data, manifest, manifest-list and metadata file under the table's location, as
+    ``_referenced_files`` names them (a local path, or the object store's URI), with its
+    modification time (seconds). An object store is listed with the pyarrow file system of
+    the table's FileIO (its properties: endpoint, region, credentials); another FileIO is
+    refused (``TargetUriError``)."""
+    location = table.location().rstrip("/")
+    root = local_path(location)
+    if root is not None:
+        return [(str(path), path.stat().st_mtime) for pattern in _VACUUMED
+                for path in sorted(Path(root).glob(pattern))]
+    import pyarrow.fs as pafs
+
+    from tablestore_cdc.lakehouse.target import FORMS
+
+    filesystem = getattr(table.io, "fs_by_scheme", None)
+    parse = getattr(table.io, "parse_location", None)
+    if filesystem is None or parse is None:
+        raise TargetUriError(uri=uri, problem="the table's FileIO cannot list its files "
+                             "(unreferenced files are removed through pyiceberg's pyarrow "
+                             "FileIO: py-io-impl=pyiceberg.io.pyarrow.PyArrowFileIO)",
+                             allowed=FORMS)
+    scheme, netloc, path = parse(location)
+    infos = filesystem(scheme, netloc).get_file_info(
+        pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    found = []
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(path):].lstrip("/")
+        if _vacuumed(relative):
+            modified = info.mtime.timestamp() if info.mtime is not None else time.time()
+            found.append((f"{scheme}://{info.path}", modified))
+    return found
+
+
+def _vacuumed(relative: str) -> bool:
+    """Whether a file at ``relative`` (to the table's location) is one ``_VACUUMED`` names."""
+    folder, _, name = relative.rpartition("/")
+    if folder == "data" or folder.startswith("data/"):
+        return name.endswith(".parquet")
+    return folder == "metadata" and (name.endswith(".avro")
+                                     or name.endswith(".metadata.json"))
+
+
+def _referenced_files(table: Any) -> set[str]:
+    """The files the table's metadata refers to (local paths, or the object store's URIs as
+    the metadata names them): the current metadata
+    file and those of its log, every snapshot's manifest list, manifests, and data and delete
+    files (time travel reads the old ones)."""
+    io = table.io
+    files = {table.metadata_location, *(log.metadata_file for log in table.metadata.metadata_log)}
+    manifests: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        files.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(io):
+            if manifest.manifest_path in manifests:
+                continue
+            manifests.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+                files.add(entry.data_file.file_path)
+    return {f if local_path(f) is None else str(Path(str(local_path(f))))
+            for f in files | manifests}
