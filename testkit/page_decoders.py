@@ -8,10 +8,14 @@ client's ``read_page`` path), and asserts every outcome is the same: the same ba
 their bits, ``_before`` / ``_extra`` byte for byte) or the same ``MalformedRecordError`` -- and
 never another error. Used by tests/test_decoders.py and the decoders' fuzz target
 (tests/fuzz/test_fuzz_decoders.py).
+
+``compiled_required``: ``TABLESTORE_CDC_REQUIRE_COMPILED_DECODER=1`` (set by ``make test``)
+makes tests/test_decoders.py fail when the extension is missing, so CI tests the compiled one.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -24,6 +28,14 @@ from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore.columnar import RawRecords, decode_compiled
 from connector.tunnel.tablestore.read_answer import read_answer
 from connector.tunnel.tablestore.records import decode_columns, decode_columns_python
+
+#: set to 1 where the compiled decoder must be there (``make test``, CI)
+REQUIRE_COMPILED_ENV = "TABLESTORE_CDC_REQUIRE_COMPILED_DECODER"
+
+
+def compiled_required() -> bool:
+    """Whether this run must test the compiled decoder (``REQUIRE_COMPILED_ENV`` set)."""
+    return os.environ.get(REQUIRE_COMPILED_ENV, "") not in ("", "0")
 
 
 def canonical(batch: pa.RecordBatch) -> tuple[Any, ...]:

@@ -32,12 +32,7 @@ from hypothesis import strategies as st
 from connector.errors import MalformedRecordError
 from connector.tunnel.page import PageLayout, json_value
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.columnar import (
-    REQUIRE_COMPILED_ENV,
-    compiled_available,
-    compiled_required,
-    decode_compiled,
-)
+from connector.tunnel.tablestore.columnar import compiled_available, decode_compiled
 from connector.tunnel.tablestore.plainbuffer import (
     Cell,
     CellOp,
@@ -51,7 +46,7 @@ from connector.tunnel.tablestore.records import (
     decode_columns_python,
     decode_page,
 )
-from testkit.page_decoders import assert_same
+from testkit.page_decoders import REQUIRE_COMPILED_ENV, assert_same, compiled_required
 
 REPO = Path(__file__).resolve().parents[1]
 TS_US = 1_750_000_000_000_000

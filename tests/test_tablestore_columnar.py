@@ -25,15 +25,12 @@ from connector.tunnel.base import FINISHED, ChannelStatus, TunnelService, Tunnel
 from connector.tunnel.page import PageLayout, records_to_page
 from connector.tunnel.tablestore import messages as m
 from connector.tunnel.tablestore import records as records_module
-from connector.tunnel.tablestore.columnar import (
-    compiled_available,
-    compiled_required,
-    decode_compiled,
-)
+from connector.tunnel.tablestore.columnar import compiled_available, decode_compiled
 from connector.tunnel.tablestore.plainbuffer import Cell, CellOp, Row, SequenceInfo, encode_row
 from connector.tunnel.tablestore.records import decode_columns, decode_page
 from tablestore_emulator.server import EmulatorServer
 from testkit.emulator import INSTANCE, KEY_ID, SECRET, service_uri
+from testkit.page_decoders import compiled_required
 
 TS_US = 1_750_000_000_000_000
 TS_MS = TS_US // 1000

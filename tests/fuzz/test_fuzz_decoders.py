@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from connector.errors import MalformedRecordError
 from connector.tunnel.page import PageLayout
 from connector.tunnel.tablestore import messages as m
-from connector.tunnel.tablestore.columnar import compiled_available, compiled_required
+from connector.tunnel.tablestore.columnar import compiled_available
 from connector.tunnel.tablestore.plainbuffer import (
     MAX_CELL_TIMESTAMP_MS,
     Cell,
@@ -37,7 +37,7 @@ from connector.tunnel.tablestore.plainbuffer import (
 from connector.tunnel.tablestore.read_answer import read_answer
 from connector.tunnel.tablestore.records import decode_page
 from testkit.fuzzing import fuzz_settings, mostly, mutated
-from testkit.page_decoders import assert_same
+from testkit.page_decoders import assert_same, compiled_required
 
 pytestmark = [
     pytest.mark.fuzz,

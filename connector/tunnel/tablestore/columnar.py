@@ -19,16 +19,12 @@ and errors.
   float64 column): the Python path decides whether it fits without loss
   (``connector.tunnel.column_values``: converted, or a ``MalformedRecordError`` naming the
   record and the column), so both decoders agree by construction.
-
-``TABLESTORE_CDC_REQUIRE_COMPILED_DECODER=1`` (set by ``make test``) makes
-tests/test_decoders.py fail when the extension is missing, so CI tests the compiled one.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,9 +41,6 @@ except ImportError:  # built without a C compiler: the pure-Python decoder serve
 
 log = logging.getLogger("connector.tunnel.tablestore")
 
-#: set to 1 where the compiled decoder must be there (``make test``, CI)
-REQUIRE_COMPILED_ENV = "TABLESTORE_CDC_REQUIRE_COMPILED_DECODER"
-
 #: Arrow type of a layout column -> the kind byte ``_columnar.decode_page`` takes
 KINDS: dict[pa.DataType, int] = {
     pa.int64(): 0, pa.float64(): 1, pa.bool_(): 2, pa.string(): 3, pa.binary(): 4,
@@ -59,10 +52,6 @@ _fallback_noted = False
 def compiled_available() -> bool:
     """Whether the C extension is installed."""
     return _columnar is not None
-
-
-def compiled_required() -> bool:
-    return os.environ.get(REQUIRE_COMPILED_ENV, "") not in ("", "0")
 
 
 def _note_fallback() -> None:
@@ -144,5 +133,4 @@ def decode_compiled(records: Sequence[Any], channel_id: str, token: str,
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-__all__ = ["KINDS", "REQUIRE_COMPILED_ENV", "RawRecords", "compiled_available",
-           "compiled_required", "decode_compiled"]
+__all__ = ["KINDS", "RawRecords", "compiled_available", "decode_compiled"]
