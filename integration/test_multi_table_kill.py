@@ -4,9 +4,12 @@ by delta-spark). The full size: 6 tables (4 at the start, 2 created while it run
 three SIGKILLs, two splits and a merge in each of two tables, SCD 1 and SCD 2 (per-table
 settings from ``--config``), Delta and, with the embedded apply, Iceberg targets (the Spark
 engine of ``replicate`` writes local Delta tables only: its Iceberg tables are Delta there). The
-small size, the Spark engine's in the default suite: 2 tables (one SCD 1 that splits twice and
-merges, one SCD 2), two SIGKILLs. After the last restart (docs/multi-table.md,
-docs/lakehouse.md):
+small size, the Spark engine's (``make test-extended``: 6 to 7 minutes on 2 cores shared with
+other work, its first MERGE in each JVM taking 15 to 60 s): 2 tables (one SCD 1 that splits
+twice and merges, one SCD 2), two SIGKILLs aimed inside the apply (``kill_in_apply``): the first
+while a batch's first MERGE runs, the second parked at the crash point after the batch's first
+table committed it and before the second (the replay must skip the first by its ``txn`` and
+merge the second). After the last restart (docs/multi-table.md, docs/lakehouse.md):
 
 - every target equals its source table row by row, read back with ``deltalake`` /
   ``pyiceberg`` (never through the apply's code), and an SCD 2 target's versions equal the
@@ -52,6 +55,7 @@ from integration.faults.multi_table import (
     drain,
     source_of,
 )
+from testkit.processes import arm_crash_point
 
 pytestmark = [pytest.mark.slow]
 pytest.importorskip("deltalake")
@@ -75,6 +79,8 @@ class Size:
     created_after_kill: tuple[tuple[int, str], ...] = ()
     #: the table whose writer stops at the first kill, dropped once its target caught up
     dropped: str | None = None
+    #: kills aimed inside an apply batch (``kill_in_apply``) instead of 2 s after one
+    aimed: bool = False
 
     @property
     def tables(self) -> set[str]:
@@ -85,7 +91,43 @@ class Size:
 FULL = Size(at_start=("t1", "t2", "t3", "t4"), reshaped=("t1", "t5"), scd2=("t4", "t6"),
             iceberg=("t2", "t6"), created_before_kill=((0, "t5"),),
             created_after_kill=((1, "t6"),), dropped="t3")
-SMALL = Size(at_start=("t1", "t2"), reshaped=("t1",), scd2=("t2",), kills=2)
+SMALL = Size(at_start=("t1", "t2"), reshaped=("t1",), scd2=("t2",), kills=2, aimed=True)
+BETWEEN = "between_table_applies"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An aimed kill: the apply batch it cut (None: none was in flight), the tables that batch
+    carries and those whose target held it at the kill."""
+
+    between_tables: bool
+    batch: int | None
+    carried: tuple[str, ...]
+    held: tuple[str, ...]
+
+
+def kill_in_apply(app: Replication, tables: list[str], between_tables: bool) -> Cut:
+    """SIGKILL the application inside an apply batch: as soon as one is in flight (in the
+    apply query's offset log, not in its commit log: its first table's MERGE under way), or
+    parked at the crash point after one table's commit and before the next's. What the batch
+    carried and which targets held it are read after the kill."""
+    hit = app.faults / f"hit-{BETWEEN}"
+    if between_tables:
+        arm_crash_point(app.faults, BETWEEN)
+        app.wait("the apply parked between two tables' commits", hit.exists, timeout=240)
+    else:
+        app.wait("an apply batch in flight", app.unfinished_apply_batch,
+                 lambda batch: batch is not None)
+    app.kill()
+    hit.unlink(missing_ok=True)
+    batch = app.unfinished_apply_batch()
+    if batch is None:
+        return Cut(between_tables, None, (), ())
+    return Cut(between_tables, batch, app.apply_batch_tables(batch), _holding(app, tables, batch))
+
+
+def _holding(app: Replication, tables: list[str], batch: int) -> tuple[str, ...]:
+    return tuple(t for t in sorted(tables) if any(b == batch for _, b in app.targets.batches(t)))
 
 
 @pytest.mark.parametrize(("engine", "size"), [
@@ -110,6 +152,7 @@ def test_replicate_tables_killed_mid_run_every_target_equals_its_source(
     dropped_log: list[Record] = []
     before_kill, after_kill = dict(size.created_before_kill), dict(size.created_after_kill)
     dropped = size.dropped or ""
+    cuts: list[Cut] = []
 
     def create(table: str) -> None:
         create_with_rows(app.store_path, table)
@@ -118,14 +161,23 @@ def test_replicate_tables_killed_mid_run_every_target_equals_its_source(
         live.append(table)
 
     app.start()
+    applied = -1  # the apply query's newest batch at the last kill
     try:
         for kill in range(size.kills):
-            app.wait(f"every table applied once before kill {kill + 1}",
-                     lambda: [t for t in live if app.targets.state(t) is None], lambda m: not m)
+            # each start applies a batch, and every table holds one, before it is killed (a
+            # table the Spark engine created holds none until its first MERGE)
+            app.wait(f"a batch applied by start {app.starts} before kill {kill + 1}",
+                     app.last_applied_batch, lambda newest, a=applied: newest > a)
+            app.wait(f"every table holding a batch before kill {kill + 1}",
+                     lambda: [t for t in live if not app.targets.batches(t)], lambda m: not m)
             if kill in before_kill:
                 create(before_kill[kill])
-            time.sleep(2)  # mid-run: writers busy, batches in flight
-            app.kill()
+            if size.aimed:  # the first inside a table's MERGE, the next between two tables'
+                cuts.append(kill_in_apply(app, live, between_tables=kill % 2 == 1))
+            else:
+                time.sleep(2)  # mid-run: writers busy, batches in flight
+                app.kill()
+            applied = app.last_applied_batch()
             if kill == 0 and dropped:  # its last change, then what its source holds
                 writers[dropped].stop()
                 dropped_rows, dropped_log = source_of(app.store_path, dropped)
@@ -150,5 +202,12 @@ def test_replicate_tables_killed_mid_run_every_target_equals_its_source(
         assert app.targets.state(dropped) == dropped_rows  # its target kept what it had
     assert set(sources) == size.tables
     check_exactly_once(app, sources)
+    for cut in cuts:  # each cut batch replayed: every table it carries holds it (once)
+        print(f"killed inside apply batch {cut.batch} of {cut.carried}, held by {cut.held}")
+        assert cut.batch is not None, f"no apply batch was in flight at the kill: {cut}"
+        assert _holding(app, live, cut.batch) == cut.carried, cut
+        if cut.between_tables:
+            assert cut.held and len(cut.held) < len(cut.carried), (
+                f"the kill did not fall between two tables' commits: {cut}")
     print(f"{engine}: {size.kills} kills, {app.starts} starts, "
           f"{time.monotonic() - began:.0f} s")
