@@ -85,8 +85,8 @@ test-install: $(STAMP) java-check
 	$(BIN)/python -m pytest -m user_install integration/test_user_install.py $(PYTEST_ARGS)
 
 ## make test-extended: what the default suite leaves out for its time: the other format's,
-## backend's or crash point's run of a test it runs once, and the benchmarks' smoke run
-## (about 10 minutes)
+## backend's, crash point's or selection's run of a test it runs once, the million-record read,
+## and the benchmarks' smoke run (about 15 minutes)
 test-extended: $(STAMP) java-check $(JARS_STAMP)
 	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 

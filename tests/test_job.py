@@ -179,7 +179,8 @@ def test_replicate_started_twice_refuses_the_second_and_the_first_goes_on(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("selection", ["--table", "--tables"])
+@pytest.mark.parametrize("selection", [  # one path: --tables in make test-extended (and the
+    "--table", pytest.param("--tables", marks=pytest.mark.extended)])  # next test's tables)
 def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path, selection):
     """The same for ``--table t`` and ``--tables t`` (one path: a selection of one); only the
     default target differs (``OUT/t``, ``OUT/lake/t``)."""

@@ -294,6 +294,7 @@ def test_a_starting_timestamp_skips_the_older_records_and_the_claim_starts_after
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a minute of writing and reading: make test-extended
 def test_a_million_record_partition(tmp_path):
     """One channel of 1,000,000 changes read in one batch through the source's ``read()``:
     every row once, in sequence order, and the claimed end says so."""

@@ -135,8 +135,12 @@ def finished(board: SignalBoard, signal_id: str, running: RunningJob,
 DELETED, CHANGED, ADDED = [BASE + 1, BASE + 2, BASE + 3], [BASE + 5, BASE + 6], BASE + 99
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+@pytest.mark.parametrize(("kind", "mode"), [
+    ("delta", "table"), ("iceberg", "tables"),
+    # the same path with the other format (make test-extended)
+    pytest.param("delta", "tables", marks=pytest.mark.extended),
+    pytest.param("iceberg", "table", marks=pytest.mark.extended)],
+    ids=["delta-table", "iceberg-tables", "delta-tables", "iceberg-table"])
 def test_a_resnapshot_during_a_write_load_repairs_six_differences(
         spark: Any, tmp_path: Path, kind: str, mode: str) -> None:
     with orders_replicated(spark, tmp_path, mode, kind) as (store_path, target, spec, running):
