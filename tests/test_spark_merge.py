@@ -223,16 +223,39 @@ def test_spark_merge_sink_refuses_options_it_cannot_honour(options: dict[str, An
 
 def test_a_selections_delta_template_is_a_target_of_the_spark_engine() -> None:
     """``replicate --tables --engine spark``: the template is checked before Spark starts and
-    each table's sink opened with its name in it; an Iceberg template is refused."""
+    each table's sink opened with its name in it; an Iceberg template of the embedded SQLite
+    catalog is the same table in Spark's JDBC catalog; a catalog pyiceberg configures, an
+    object store, or two Iceberg warehouses in one job are refused in one line."""
     from tablestore_cdc.lakehouse.errors import TargetUriError
-    from tablestore_cdc.lakehouse.spark_merge import open_spark_merge_sink, replicate_conf
+    from tablestore_cdc.lakehouse.spark_merge import (
+        ICEBERG_CATALOG,
+        open_spark_merge_sink,
+        replicate_conf,
+    )
 
     sink = open_spark_merge_sink("delta:///lake/{table}", key_columns=["id"])
     assert sink.target == "/lake/{table}" and sink.format == "delta"
     assert open_spark_merge_sink("delta:///lake/t1").target == "/lake/t1"
-    with pytest.raises(TargetUriError) as caught:
-        replicate_conf("iceberg:///w?table=cdc.{table}")
-    assert "delta:///abs/path/{table}" in str(caught.value)
+    iceberg = open_spark_merge_sink("iceberg:///w?table=cdc.t1&catalog_db=/c.db")
+    assert (iceberg.target, iceberg.format) == (f"{ICEBERG_CATALOG}.cdc.t1", "iceberg")
+    assert iceberg.catalog_conf[f"spark.sql.catalog.{ICEBERG_CATALOG}.uri"] == \
+        "jdbc:sqlite:/c.db"
+    for uri in ("iceberg://glue/cdc.{table}", "iceberg:///w?table={table}",
+                "delta+s3://bucket/{table}", "iceberg:///w?table=cdc.t&x=1"):
+        with pytest.raises(TargetUriError) as caught:
+            replicate_conf(uri)
+        assert "iceberg:///abs/warehouse?table=NAMESPACE.TABLE" in str(caught.value)
+    with pytest.raises(SparkEngineError, match="one Iceberg warehouse per job"):
+        replicate_conf(["iceberg:///a?table=cdc.{table}", "iceberg:///b?table=cdc.t"],
+                       "4.1.4")
+    conf = replicate_conf(["delta:///lake/{table}", "iceberg:///w?table=cdc.t"], "4.1.4")
+    assert conf["spark.jars.packages"].split(",") == [
+        "io.delta:delta-spark_2.13:4.3.1",
+        "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0",
+        "org.xerial:sqlite-jdbc:3.54.1.0"]
+    assert conf[f"spark.sql.catalog.{ICEBERG_CATALOG}.warehouse"] == "file:///w"
+    with pytest.raises(SparkEngineError, match="has no iceberg jar released for Spark 4.2"):
+        replicate_conf("iceberg:///w?table=cdc.{table}", "4.2.1")
     try:
         conf = replicate_conf("delta:///lake/{table}")
     except SparkEngineError as exc:  # the installed PySpark has no jar: not the template
@@ -297,8 +320,9 @@ def _replicate(store: Path, out: Path, *flags: str) -> tuple[int, str]:
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--engine", "distributed"], "option '--engine': got 'distributed'; allowed: embedded or "
                                   "spark"),
-    (["--engine", "spark", "--target", "iceberg:///w?table=ns.t"],
-     "the Spark engine of replicate writes a local Delta table"),
+    (["--engine", "spark", "--target", "iceberg:///w?table=ns.t&catalog_db=rel.db"],
+     "the Spark engine of replicate writes a local Delta table or an Iceberg table of the "
+     "embedded SQLite catalog"),
 ])
 def test_replicate_refuses_an_engine_setting_in_one_line_before_spark(
         store_file: Path, tmp_path: Path, flags: list[str], expected: str) -> None:
@@ -307,6 +331,21 @@ def test_replicate_refuses_an_engine_setting_in_one_line_before_spark(
     [line] = err.strip().splitlines()[-1:]
     assert line.startswith("error: ") and expected in line
     assert "Traceback" not in err
+
+
+def test_replicate_engine_spark_checks_each_tables_own_target_before_spark(
+        store_file: Path, tmp_path: Path) -> None:
+    """A table's ``target`` in ``--config`` is checked as the template is: two Iceberg
+    warehouses in one job are refused in one line, exit 2, before Spark starts."""
+    config = tmp_path / "tables.toml"
+    config.write_text('[tables.t1]\ntarget = "iceberg:///a?table=cdc.t1"\n'
+                      '[tables.t2]\ntarget = "iceberg:///b?table=cdc.t2"\n')
+    code, err = _replicate(store_file, tmp_path / "out", "--engine", "spark", "--config",
+                           str(config))
+    assert code == 2, err
+    [line] = err.strip().splitlines()[-1:]
+    assert line.startswith("error: the Spark engine writes one Iceberg warehouse per job, and "
+                           "the targets name 2 (file:///a, file:///b)"), line
 
 
 def test_replicate_engine_spark_on_a_pyspark_with_no_jar_names_the_ones_that_have(

@@ -157,8 +157,9 @@ def replicate(
     = None,
     engine: Annotated[str, typer.Option(
         help="Who applies each batch: embedded (the driver: delta-rs or pyiceberg) or spark "
-        "(Spark's own MERGE on the executors, by delta-spark into local Delta targets; its "
-        "jars come from Maven Central; docs/lakehouse.md).")] = "embedded",
+        "(Spark's own MERGE on the executors, by delta-spark or Iceberg's runtime into local "
+        "Delta targets or iceberg:///WAREHOUSE?table= targets; its jars come from Maven "
+        "Central; docs/lakehouse.md).")] = "embedded",
 ) -> None:
     """Replicate a table (--table) or a selection of tables (--tables) into Delta or Iceberg
     tables until stopped (Ctrl-C, SIGTERM), or with --once until caught up; a restart resumes
@@ -317,7 +318,9 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
         if apply.engine == "spark":  # the jars for this PySpark, before Spark starts
             from tablestore_cdc.lakehouse.spark_merge import replicate_conf
 
-            engine_conf = replicate_conf(apply.target)
+            # every target a table may get: the template (under [defaults]), each named one's
+            engine_conf = replicate_conf([apply.target] if per_table is None else [
+                per_table(t)[0].target for t in ("", *table_config.tables)])
     options = checked.options
     for line in checked.lines:
         console.print(line, soft_wrap=True)

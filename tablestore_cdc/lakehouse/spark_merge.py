@@ -24,6 +24,11 @@ snapshot summary's ``tablestore-cdc.query-id`` / ``tablestore-cdc.batch-id`` (se
 ``spark.sql.iceberg.snapshot-property.*``), checked before the MERGE. The table carries the same
 ownership marker (ownership.py) in its properties, checked before every batch.
 
+``replicate --engine spark`` (``open_spark_merge_sink``, ``replicate_conf``) writes local Delta
+tables and the embedded sink's Iceberg tables, ``iceberg:///WAREHOUSE?table=NS.TABLE``: the
+same SQLite catalog file, opened by Iceberg's ``JdbcCatalog`` as Spark catalog
+``tablestore_cdc`` (``sqlite_catalog_conf``), so either engine reads the other's tables.
+
 The jars: ``spark_packages`` names the delta-spark or Iceberg runtime released for the running
 Spark's minor (``PACKAGES``); ``session_conf`` gives the settings a session needs (``spark.jars.
 packages``, resolved by Spark's Ivy and cached); ``check_engine`` refuses, with one line, a
@@ -55,6 +60,11 @@ META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_ex
 DELTA_TXN_APP = "spark.databricks.delta.write.txnAppId"
 DELTA_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 ICEBERG_SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
+#: the JDBC driver Iceberg's ``JdbcCatalog`` opens an ``iceberg:///WAREHOUSE`` catalog with
+SQLITE_JDBC = "org.xerial:sqlite-jdbc:3.54.1.0"
+#: the Spark catalog of ``iceberg:///WAREHOUSE?table=`` targets, named as the embedded sink's
+#: pyiceberg SQL catalog: ``JdbcCatalog`` reads the rows (``catalog_name``) of its own name
+ICEBERG_CATALOG = "tablestore_cdc"
 
 
 @dataclass(frozen=True)
@@ -151,17 +161,35 @@ def check_engine(spark: Any, fmt: str) -> None:
                     f"{EXTENSIONS[fmt]})", remedy=f"--packages {wanted}") from exc
 
 
+def sqlite_catalog_conf(warehouse: str, catalog_db: str | None = None) -> dict[str, str]:
+    """The Spark settings of catalog ``ICEBERG_CATALOG``: Iceberg's ``JdbcCatalog`` on the
+    SQLite file the embedded sink's pyiceberg SQL catalog keeps (``iceberg.
+    sqlite_catalog_properties``: ``<warehouse>/catalog.db`` unless ``catalog_db``), so both
+    engines read and write the same tables of an ``iceberg:///WAREHOUSE?table=`` target.
+    Schema version V1: Spark looks a missing table up as a view too, which the catalog's
+    first schema refuses; V1 adds a column ``iceberg_type`` pyiceberg leaves alone."""
+    db = catalog_db or f"{warehouse.rstrip('/')}/catalog.db"
+    prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
+    return {prefix: "org.apache.iceberg.spark.SparkCatalog",
+            f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            f"{prefix}.jdbc.schema-version": "V1",
+            f"{prefix}.uri": f"jdbc:sqlite:{db}", f"{prefix}.warehouse": f"file://{warehouse}"}
+
+
 class SparkMergeSink:
     """The ``foreachBatch`` function of the Spark engine (driver; the MERGE runs on the
     executors). ``target``: a Delta table's path or URI, or an Iceberg table as
     ``catalog.namespace.table`` in the session's ``SparkCatalog``. Options as the embedded
     sinks' (sink.py): ``key_columns``, ``scd`` (1), ``soft_delete_column``, ``app_id``,
-    ``source``, ``adopt_target``."""
+    ``source``, ``adopt_target``; ``catalog_conf``: the Spark settings of the Iceberg
+    table's catalog (``sqlite_catalog_conf``), set on each batch's session where it has none
+    (a session holding other values for them is refused: one warehouse per session)."""
 
     def __init__(self, target: str, *, format: str = DELTA,
                  key_columns: Sequence[str] | None = None, scd: int = 1,
                  soft_delete_column: str | None = None, app_id: str | None = None,
-                 source: str | None = None, adopt_target: bool = False) -> None:
+                 source: str | None = None, adopt_target: bool = False,
+                 catalog_conf: dict[str, str] | None = None) -> None:
         if format not in FORMATS:
             raise ApplyOptionError(option="format", value=format, problem="unknown format",
                                    allowed="delta or iceberg")
@@ -187,6 +215,7 @@ class SparkMergeSink:
         self.key_columns = tuple(key_columns) if key_columns else None
         self.soft_delete_column = soft_delete_column
         self.app_id, self.source, self.adopt_target = app_id, source or "", adopt_target
+        self.catalog_conf = dict(catalog_conf or {})
         self.last_result: ApplyResult | None = None
         self._checked = False
         #: the session of the last batch (``committed_batch`` of an Iceberg table reads it)
@@ -208,7 +237,8 @@ class SparkMergeSink:
         spark = self._spark = df.sparkSession
         if not self._checked:
             check_engine(spark, self.format)
-            self._checked = True
+        self._use_catalog(spark)  # each batch: a restarted query's session is a new copy
+        self._checked = True
         keys = self.key_columns or tuple(
             f.name for f in df.schema.fields if not f.nullable and f.name not in META_COLUMNS)
         if not keys:
@@ -251,6 +281,31 @@ class SparkMergeSink:
         self.last_result = result
         return result
 
+    def _use_catalog(self, spark: Any) -> None:
+        """The Iceberg catalog's settings on the batch's session (``catalog_conf``; driver)."""
+        for key, value in self.catalog_conf.items():
+            have = spark.conf.get(key, None)
+            if have is None:
+                spark.conf.set(key, value)
+            elif have != value:
+                raise SparkEngineError(
+                    problem=f"writes one Iceberg warehouse per session, and {key} is {have} "
+                            f"(not {value}, for {self.target})",
+                    remedy="give the job's Iceberg targets one iceberg:///WAREHOUSE")
+        if self.catalog_conf and not self._checked:
+            import os
+
+            uri = self.catalog_conf[f"spark.sql.catalog.{ICEBERG_CATALOG}.uri"]
+            # the SQLite file's directory (the embedded sink makes it too)
+            os.makedirs(os.path.dirname(uri.removeprefix("jdbc:sqlite:")), exist_ok=True)
+            try:  # else Iceberg fails in the MERGE: "No suitable driver found"
+                spark._jvm.org.apache.spark.util.Utils.classForName("org.sqlite.JDBC", True,
+                                                                    False)
+            except Exception as exc:
+                raise SparkEngineError(problem=f"needs {SQLITE_JDBC} for {self.target} "
+                                       "(class not found org.sqlite.JDBC)",
+                                       remedy=f"--packages {SQLITE_JDBC}") from exc
+
     def _table_sql(self) -> str:
         if self.format == DELTA:
             return f"delta.`{self.target}`"
@@ -272,6 +327,10 @@ class SparkMergeSink:
             props = ", ".join(f"'{k}' = '{_literal(v)}'" for k, v in
                               marker.properties().items())
             using = "delta" if self.format == DELTA else "iceberg"
+            namespace = self.target.split(".")[:-1]
+            if self.format == ICEBERG and len(namespace) > 1:  # catalog.namespace: made once
+                spark.sql("CREATE NAMESPACE IF NOT EXISTS "
+                          + ".".join(_quote(p) for p in namespace))
             spark.sql(f"CREATE TABLE IF NOT EXISTS {self._table_sql()} ({', '.join(columns)}) "
                       f"USING {using} TBLPROPERTIES ({props})")
             return False
@@ -385,43 +444,66 @@ class SparkMergeSink:
 
 def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
     """The Spark engine's sink for a ``replicate --target`` (driver): a local Delta table,
-    ``delta:///abs/path`` (``TargetUriError`` for another form: an Iceberg table is written
-    through a Spark catalog the session names, ``SparkMergeSink`` with ``format="iceberg"``).
-    Opened by ``replicate_conf`` before Spark starts, to check the form (a selection's
-    template ``delta:///abs/lake/{table}`` included), and by ``pipeline.multi_table.
-    MultiTableApply`` for each table at its first batch, ``{table}`` replaced. ``options``:
-    ``key_columns``, ``scd``, ``soft_delete_column``, ``source``, ``adopt_target``."""
-    from urllib.parse import urlsplit
+    ``delta:///abs/path``, or an Iceberg table of the embedded SQLite catalog,
+    ``iceberg:///abs/warehouse?table=NAMESPACE.TABLE[&catalog_db=/abs/catalog.db]`` (the
+    embedded sink's form and table, through ``sqlite_catalog_conf``); ``TargetUriError`` for
+    another form (an object store, a catalog pyiceberg configures). Opened by
+    ``replicate_conf`` before Spark starts, to check the form (a selection's template
+    ``delta:///abs/lake/{table}`` included), and by ``pipeline.multi_table.MultiTableApply``
+    for each table at its first batch, ``{table}`` replaced. ``options``: ``key_columns``,
+    ``scd``, ``soft_delete_column``, ``source``, ``adopt_target``."""
+    from urllib.parse import parse_qs, urlsplit
 
     from tablestore_cdc.lakehouse.errors import TargetUriError
 
     parts = urlsplit(uri)
-    if parts.scheme != "delta" or parts.netloc or not parts.path.startswith("/") or parts.query:
-        raise TargetUriError(uri=uri, problem="the Spark engine of replicate writes a local "
-                             "Delta table", allowed="delta:///abs/path (--tables: "
-                             "delta:///abs/path/{table}) with --engine spark")
-    return SparkMergeSink(parts.path, format=DELTA, **options)
+    local = not parts.netloc and parts.path.startswith("/")
+    if parts.scheme == "delta" and local and not parts.query:
+        return SparkMergeSink(parts.path, format=DELTA, **options)
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    table, catalog_db = query.pop("table", ""), query.pop("catalog_db", None)
+    names = table.split(".")
+    if (parts.scheme == "iceberg" and local and not query and len(names) > 1 and all(names)
+            and (catalog_db is None or catalog_db.startswith("/"))):
+        return SparkMergeSink(f"{ICEBERG_CATALOG}.{table}", format=ICEBERG,
+                              catalog_conf=sqlite_catalog_conf(parts.path, catalog_db),
+                              **options)
+    raise TargetUriError(uri=uri, problem="the Spark engine of replicate writes a local "
+                         "Delta table or an Iceberg table of the embedded SQLite catalog",
+                         allowed="delta:///abs/path or iceberg:///abs/warehouse?table="
+                         "NAMESPACE.TABLE (--tables: delta:///abs/path/{table}, table=NS."
+                         "{table}) with --engine spark")
 
 
-def replicate_conf(uri: str, spark_version: str | None = None) -> dict[str, str]:
+def replicate_conf(uris: str | Sequence[str], spark_version: str | None = None
+                   ) -> dict[str, str]:
     """The settings ``replicate --engine spark`` starts its session with (driver, before
-    Spark starts): ``SparkEngineError`` in one line when the installed PySpark (or
-    ``spark_version``) has no delta jar released, ``TargetUriError`` for a target this engine
-    does not write.
-    ``uri``: a table's target or a selection's template (``delta:///abs/lake/{table}``); a
-    selection whose tables have targets of their own (``replicate --config``) checks each."""
+    Spark starts): the jars of the formats its targets need (and the SQLite JDBC driver and
+    catalog ``ICEBERG_CATALOG`` for Iceberg ones). ``SparkEngineError`` in one line when the
+    installed PySpark (or ``spark_version``) has no jar of a needed format released, or the
+    Iceberg targets name more than one warehouse; ``TargetUriError`` for a target this engine
+    does not write. ``uris``: the job's target or a selection's template (``delta:///abs/
+    lake/{table}``), and each target a table's own settings give (``replicate --config``)."""
     if spark_version is None:
         import pyspark
 
         spark_version = pyspark.__version__
-    open_spark_merge_sink(uri, key_columns=["<key>"])
-    minor = _minor(spark_version)
-    have = ", ".join(f"{a}.{b}" for (a, b), r in sorted(PACKAGES.items()) if r.delta)
-    if PACKAGES.get(minor, Released(None, None)).delta is None:
-        raise SparkEngineError(
-            problem=f"has no delta jar released for Spark {minor[0]}.{minor[1]}",
-            remedy=f"run it on a PySpark of {have}, or use --engine embedded")
-    return session_conf([DELTA], spark_version)
+    sinks = [open_spark_merge_sink(uri, key_columns=["<key>"])
+             for uri in ([uris] if isinstance(uris, str) else uris)]
+    formats = [f for f in FORMATS if any(s.format == f for s in sinks)]
+    catalogs = sorted({tuple(sorted(s.catalog_conf.items())) for s in sinks if s.catalog_conf})
+    if len(catalogs) > 1:
+        warehouses = ", ".join(dict(c)[f"spark.sql.catalog.{ICEBERG_CATALOG}.warehouse"]
+                               for c in catalogs)
+        raise SparkEngineError(problem=f"writes one Iceberg warehouse per job, and the "
+                               f"targets name {len(catalogs)} ({warehouses})",
+                               remedy="give the Iceberg targets one iceberg:///WAREHOUSE "
+                               "(and catalog_db), or use --engine embedded")
+    conf = session_conf(formats, spark_version, catalog=ICEBERG_CATALOG)
+    if catalogs:
+        conf["spark.jars.packages"] += "," + SQLITE_JDBC
+        conf.update(dict(catalogs[0]))
+    return conf
 
 
 def _last_changes(df: Any, keys: Sequence[str], values: Sequence[str],
