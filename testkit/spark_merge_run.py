@@ -12,10 +12,13 @@ the table's rows. The last stdout line is JSON: per run, per batch ``{"committed
 or ``{"error": class name, "message"}``.
 
 A SPEC with ``"pipeline"`` instead runs the replication pipeline (``replicate --tables``) with
-the Spark engine (Delta) on an embedded store (``SPARK_MERGE_PYTHON``):
-``{"pipeline": {"store", "out", "tables", "target",
+the Spark engine on an embedded store (``SPARK_MERGE_PYTHON``):
+``{"pipeline": {"store", "out", "tables", "target", "config": {table: {setting: value}},
 "phases": [{"writes": [[table, "put"|"update"|"delete", pk, columns], ...],
-"adopt_target": bool}, ...], "replay": bool}}``. Each phase's writes are made, then the
+"adopt_target": bool}, ...], "replay": bool}}``. ``config``: the tables' own settings, as
+``replicate --config``'s ``[tables.NAME]`` (a table's ``target``: an Iceberg one beside the
+Delta template); the session gets what ``replicate`` gives it (``spark_merge.
+replicate_conf`` of every target). Each phase's writes are made, then the
 pipeline runs once (``Trigger.AvailableNow``) to its end, with the phase's ``adopt_target``;
 with ``replay``, the apply query's last commit is then removed and the pipeline run once more,
 so Spark replays that batch under its id. The last stdout line is JSON: per run, per table,
@@ -98,20 +101,22 @@ def _value(value: Any) -> Any:
 def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
     """The ``pipeline`` form of SPEC (module docstring): the Spark engine in the multi-table
     pipeline, phase by phase, then a replayed batch."""
+    import functools
     import time
-
-    import pyspark
 
     from connector.local import LocalTablestore
     from connector.spark import local_session
-    from tablestore_cdc.lakehouse.spark_merge import DELTA, session_conf
+    from tablestore_cdc.lakehouse.spark_merge import replicate_conf
     from tablestore_cdc.pipeline import ApplySettings
     from tablestore_cdc.pipeline.multi_table import start_pipeline
+    from tablestore_cdc.pipeline.table_config import TableConfig
 
     out = Path(spec["out"])
+    config = TableConfig.model_validate({"tables": spec.get("config", {})})
+    base = ApplySettings(spec["target"], engine="spark")
+    targets = [config.for_table(t, base)[0].target for t in ("", *config.tables)]
     conf = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
-            "spark.databricks.delta.snapshotPartitions": "1",
-            **session_conf([DELTA], pyspark.__version__)}
+            "spark.databricks.delta.snapshotPartitions": "1", **replicate_conf(targets)}
     began = time.monotonic()
     spark = local_session("tablestore-cdc-spark-merge-tables", master="local[2]", conf=conf,
                           short_run=True)
@@ -123,7 +128,8 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
         began = time.monotonic()
         apply = ApplySettings(spec["target"], engine="spark", adopt_target=adopt_target)
         pipeline = start_pipeline(spark, endpoint, spec["tables"], "replicate", out, apply,
-                                  once=True)
+                                  once=True, per_table=functools.partial(config.for_table,
+                                                                         base=apply))
         try:
             pipeline.state_query.awaitTermination()
             pipeline.check()

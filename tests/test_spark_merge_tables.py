@@ -1,14 +1,16 @@
 """The Spark engine on a selection of tables (``replicate --tables --engine spark``): the
 multi-table pipeline's generic rows typed by Spark (lakehouse/spark_rows.py) and merged by
-delta-spark (lakehouse/spark_merge.py), two tables of an embedded store, two batches and a
-replayed one, a table refused by its target (another job's) held and resumed by Spark after a
-restart that adopts it; each Delta table equal to the source and to the embedded engine's
-table row for row.
+delta-spark or Iceberg's runtime (lakehouse/spark_merge.py), three tables of an embedded store
+(two into the Delta template, one into an ``iceberg:///WAREHOUSE?table=cdc.{table}`` target of
+its own, as ``--config`` gives it), two batches and a replayed one, a table refused by its
+target (another job's) held and resumed by Spark after a restart that adopts it; each table
+equal to the source and to the embedded engine's table row for row, the Iceberg ones read back
+by pyiceberg from the SQLite catalog both engines share.
 
 The pipeline runs in a process of its own (testkit/spark_merge_run.py), as tests/
-test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge`` (4.1: both jars, but
-replicate's Spark engine writes Delta targets only, so this path is tested on Delta). The
-embedded engine's tables are written here from the same change log, without Spark."""
+test_spark_merge.py explains, on the PySpark of ``.venv-spark-merge`` (4.1: both jars, one
+session). The embedded engine's tables are written here from the same change log, without
+Spark."""
 
 from __future__ import annotations
 
@@ -31,9 +33,13 @@ from tablestore_cdc.pipeline.multi_table import MultiTableApply
 from testkit.spark_merge_run import ROOT, SPARK_MERGE_PYTHON
 
 deltalake = pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
 
 #: each table's key and declared columns
-TABLES = {"t1": (("id",), ("s", "d", "b", "bin")), "t2": (("region", "n"), ("v",))}
+TABLES = {"t1": (("id",), ("s", "d", "b", "bin")), "t2": (("region", "n"), ("v",)),
+          "t3": (("k",), ("s", "x"))}
+#: the table whose target is Iceberg (``[tables.t3] target``), the others Delta
+ICEBERG_TABLE = "t3"
 
 
 def _b64(value: bytes) -> dict[str, str]:
@@ -53,17 +59,34 @@ WRITES = [
        ["t1", "put", {"id": 20}, {"s": "new", "b": True, "bin": _b64(b"")}],
        ["t2", "delete", {"region": "eu", "n": 2}, None],
        ["t2", "update", {"region": "us", "n": 0}, {"v": None}],
-       ["t2", "put", {"region": "ap", "n": 7}, {"v": "ap7"}]],
+       ["t2", "put", {"region": "ap", "n": 7}, {"v": "ap7"}]]
+    + [["t3", "update", {"k": f"k{i}"}, {"x": i * 10.0}] for i in (0, 3)]
+    + [["t3", "delete", {"k": k}, None] for k in ("k1", "k4", "nope")]
+    + [["t3", "put", {"k": "k4"}, {"s": "again"}], ["t3", "put", {"k": "k9"}, {"x": -0.5}]],
 ]
+WRITES[0] += [["t3", "put", {"k": f"k{i}"}, {"s": f"v{i}", "x": i / 4}] for i in range(6)]
 
 
 #: t2's target is another job's at first: its batch 0 is held; the restart adopts it
 PHASES = [{"writes": WRITES[0]}, {"writes": WRITES[1], "adopt_target": True}]
 
 
+def _iceberg(warehouse: Path, table: str) -> Any:
+    """``table`` in the SQLite catalog of ``iceberg:///WAREHOUSE`` (pyiceberg's own SQL
+    catalog, named as the embedded sink's and the Spark engine's: ``tablestore_cdc``)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("tablestore_cdc", uri=f"sqlite:///{warehouse}/catalog.db",
+                         warehouse=f"file://{warehouse}")
+    return catalog.load_table(f"cdc.{table}")
+
+
 def _rows(path: Path, table: str) -> list[dict[str, Any]]:
+    """``table``'s rows: the Delta table at ``path``, or the Iceberg one of warehouse
+    ``path``."""
     keys, columns = TABLES[table]
-    rows = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = (_iceberg(path, table).scan().to_arrow() if table == ICEBERG_TABLE
+            else deltalake.DeltaTable(str(path)).to_pyarrow_table()).to_pylist()
     return sorted(({c: r.get(c) for c in (*keys, *columns)} for r in rows),
                   key=lambda r: tuple(r[k] for k in keys))
 
@@ -89,6 +112,8 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
                            channels=2)
         store.create_table("t2", [("region", "STRING"), ("n", "INTEGER")], [("v", "STRING")],
                            channels=1)
+        store.create_table("t3", [("k", "STRING")], [("s", "STRING"), ("x", "DOUBLE")],
+                           channels=2)
     foreign = Marker("local://elsewhere#t2", "another-job", ("region", "n"))
     deltalake.DeltaTable.create(
         str(out / "lake" / "t2"), pa.schema([("region", pa.string()), ("n", pa.int64()),
@@ -96,8 +121,9 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
         configuration=foreign.properties(), raise_if_key_not_exists=False)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"pipeline": {
-        "store": str(store_path), "out": str(out), "tables": "t1,t2",
-        "target": f"delta://{out}/lake/{{table}}", "phases": PHASES, "replay": True}}))
+        "store": str(store_path), "out": str(out), "tables": "t1,t2,t3",
+        "target": f"delta://{out}/lake/{{table}}", "phases": PHASES, "replay": True,
+        "config": {ICEBERG_TABLE: {"target": f"iceberg://{out}/wh?table=cdc.{{table}}"}}}}))
     proc = subprocess.run([SPARK_MERGE_PYTHON, "-m", "testkit.spark_merge_run", str(spec)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -106,11 +132,20 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
     assert first["t1"]["rows_applied"] > 0
     assert first["t2"]["state"] == "failed" and first["t2"]["rows_applied"] == 0
     assert list((out / "_held" / "t2").iterdir()) == []  # applied by the restart, removed
+    query_id = _apply_query_id(out)
     for table in TABLES:
         assert second[table]["state"] == "streaming" and second[table]["last_batch"] == 1
         assert second[table]["rows_applied"] > 0
-        # the replayed batch 1 is skipped by the table's own record (Delta's txn)
+        # the replayed batch 1 is skipped by the table's own record (Delta's txn, Iceberg's
+        # snapshot summary)
         assert replay[table]["last_batch"] == 1 and replay[table]["rows_applied"] == 0
+        if table == ICEBERG_TABLE:
+            snapshots = _iceberg(out / "wh", table).snapshots()
+            assert second[table]["version"] == snapshots[-1].snapshot_id
+            marked = [s.summary.additional_properties for s in snapshots]
+            assert [int(m["tablestore-cdc.batch-id"]) for m in marked
+                    if m.get("tablestore-cdc.query-id") == query_id] == [0, 1]
+            continue
         target = out / "lake" / table
         assert deltalake.DeltaTable(str(target)).version() == second[table]["version"]
         assert deltalake.DeltaTable(str(target)).transaction_version(
@@ -121,17 +156,27 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
     # the embedded engine on the same change log (every batch as one) gives the same tables
     log = pq.read_table(out / "changelog")
     log = log.select(MULTI_TABLE_SCHEMA.fieldNames()).cast(arrow_schema(MULTI_TABLE_SCHEMA))
-    embedded = MultiTableApply(ApplySettings(f"delta://{tmp_path}/embedded/{{table}}"),
-                               "local://store", tmp_path / "embedded")
+    settings = ApplySettings(f"delta://{tmp_path}/embedded/{{table}}")
+    iceberg = ApplySettings(f"iceberg://{tmp_path}/embedded/wh?table=cdc.{{table}}")
+    embedded = MultiTableApply(settings, "local://store", tmp_path / "embedded",
+                               per_table=lambda t: (iceberg if t == ICEBERG_TABLE
+                                                    else settings, None))
     embedded.apply_batch(log, "embedded", 0)
     for table in TABLES:
-        merged = _rows(out / "lake" / table, table)
+        iceberg_table = table == ICEBERG_TABLE
+        merged = _rows(out / "wh" if iceberg_table else out / "lake" / table, table)
         assert merged == _source(store_path, table)
-        assert merged == _rows(tmp_path / "embedded" / table, table)
+        assert merged == _rows(tmp_path / "embedded" / ("wh" if iceberg_table else table),
+                               table)
     t1 = {r["id"]: r for r in _rows(out / "lake" / "t1", "t1")}
     assert 1 not in t1 and t1[5]["s"] == "back" and t1[5]["bin"] is None
     assert t1[3]["s"] == "updated 3" and t1[3]["bin"] is None and t1[3]["d"] == 1.5
     assert t1[4]["bin"] == bytes([4, 251]) and t1[20]["bin"] == b""
+    t3 = {r["k"]: r for r in _rows(out / "wh", "t3")}
+    assert sorted(t3) == ["k0", "k2", "k3", "k4", "k5", "k9"]
+    assert t3["k3"] == {"k": "k3", "s": "v3", "x": 30.0}
+    assert t3["k4"] == {"k": "k4", "s": "again", "x": None}
+    assert _iceberg(out / "wh", "t3").properties[JOB_PROPERTY] == query_id
 
 
 def _apply_query_id(out: Path) -> str:
