@@ -4,7 +4,7 @@ by delta-spark). The full size: 6 tables (4 at the start, 2 created while it run
 three SIGKILLs, two splits and a merge in each of two tables, SCD 1 and SCD 2 (per-table
 settings from ``--config``), Delta and, with the embedded apply, Iceberg targets (the Spark
 engine of ``replicate`` writes local Delta tables only: its Iceberg tables are Delta there). The
-small size, the Spark engine's (``make test-extended``: 6 to 7 minutes on 2 cores shared with
+small size, the Spark engine's (``make test-extended``: 4 to 7 minutes on 2 cores shared with
 other work, its first MERGE in each JVM taking 15 to 60 s): 2 tables (one SCD 1 that splits
 twice and merges, one SCD 2), two SIGKILLs aimed inside the apply (``kill_in_apply``): the first
 while a batch's first MERGE runs, the second parked at the crash point after the batch's first
