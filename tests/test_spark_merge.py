@@ -241,7 +241,8 @@ def test_a_selections_delta_template_is_a_target_of_the_spark_engine() -> None:
     assert iceberg.catalog_conf[f"spark.sql.catalog.{ICEBERG_CATALOG}.uri"] == \
         "jdbc:sqlite:/c.db"
     for uri in ("iceberg://glue/cdc.{table}", "iceberg:///w?table={table}",
-                "delta+s3://bucket/{table}", "iceberg:///w?table=cdc.t&x=1"):
+                "delta+s3://bucket/{table}", "iceberg:///w?table=cdc.t&x=1",
+                "iceberg:///w/{table}?table=cdc.{table}"):
         with pytest.raises(TargetUriError) as caught:
             replicate_conf(uri)
         assert "iceberg:///abs/warehouse?table=NAMESPACE.TABLE" in str(caught.value)

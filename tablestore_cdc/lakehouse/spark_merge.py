@@ -463,7 +463,9 @@ def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     table, catalog_db = query.pop("table", ""), query.pop("catalog_db", None)
     names = table.split(".")
+    # one warehouse for every table of a template (replicate_conf checks one per job)
     if (parts.scheme == "iceberg" and local and not query and len(names) > 1 and all(names)
+            and "{table}" not in parts.path + (catalog_db or "")
             and (catalog_db is None or catalog_db.startswith("/"))):
         return SparkMergeSink(f"{ICEBERG_CATALOG}.{table}", format=ICEBERG,
                               catalog_conf=sqlite_catalog_conf(parts.path, catalog_db),
