@@ -590,7 +590,8 @@ def _literal(value: str) -> str:
 
 def fetch(formats: Sequence[str] = FORMATS) -> None:
     """Resolve the jars of ``formats`` for the installed PySpark into Spark's Ivy cache (a local
-    session started and stopped; the jars are downloaded on the first run only). A format with
+    session started and stopped; the jars are downloaded on the first run only; Iceberg's
+    with the SQLite JDBC driver, ``SQLITE_JDBC``). A format with
     no jar released for this Spark is named and left out."""
     import pyspark
     from pyspark.sql import SparkSession
@@ -605,6 +606,8 @@ def fetch(formats: Sequence[str] = FORMATS) -> None:
     if not available:
         return
     conf = session_conf(available, pyspark.__version__)
+    if ICEBERG in available:  # replicate's iceberg:/// targets open their catalog with it
+        conf["spark.jars.packages"] += "," + SQLITE_JDBC
     builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
     for key, value in conf.items():
         builder = builder.config(key, value)
