@@ -1,15 +1,15 @@
-"""``tablestore-cdc replicate --tables`` SIGKILLed mid-run while a writer changes each table,
-with either apply (``--engine embedded``, the default, and ``--engine spark``: Spark's own MERGE
-by delta-spark). The full size: 6 tables (4 at the start, 2 created while it runs, 1 dropped),
-three SIGKILLs, two splits and a merge in each of two tables, SCD 1 and SCD 2 (per-table
-settings from ``--config``), Delta and, with the embedded apply, Iceberg targets (the Spark
-engine of ``replicate`` writes local Delta tables only: its Iceberg tables are Delta there). The
-small size, the Spark engine's (``make test-extended``: 4 to 7 minutes on 2 cores shared with
-other work, its first MERGE in each JVM taking 15 to 60 s): 2 tables (one SCD 1 that splits
-twice and merges, one SCD 2), two SIGKILLs aimed inside the apply (``kill_in_apply``): the first
+"""``tablestore-cdc replicate --tables`` SIGKILLed mid-run while a writer changes each table, with
+either apply (``--engine embedded``, the default, and ``--engine spark``: Spark's own MERGE by
+delta-spark or Iceberg's runtime). The full size: 6 tables (4 at the start, 2 created while it
+runs, 1 dropped), three SIGKILLs, two splits and a merge in each of two tables, SCD 1 and SCD 2
+(per-table settings from ``--config``), Delta and Iceberg targets. The small size, the Spark
+engine's (``make test-extended``: 4 to 7 minutes on 2 cores shared with other work, its first
+MERGE in each JVM taking 15 to 60 s): 2 tables (an Iceberg one, SCD 1, that splits twice and
+merges, a Delta one, SCD 2), two SIGKILLs aimed inside the apply (``kill_in_apply``): the first
 while a batch's first MERGE runs, the second parked at the crash point after the batch's first
-table committed it and before the second (the replay must skip the first by its ``txn`` and
-merge the second). After the last restart (docs/multi-table.md, docs/lakehouse.md):
+table (the Iceberg one) committed it and before the second (the replay must skip the first by
+its snapshot summary's record and merge the second). After the last restart
+(docs/multi-table.md, docs/lakehouse.md):
 
 - every target equals its source table row by row, read back with ``deltalake`` /
   ``pyiceberg`` (never through the apply's code), and an SCD 2 target's versions equal the
@@ -17,8 +17,8 @@ merge the second). After the last restart (docs/multi-table.md, docs/lakehouse.m
 - the change log the application committed (the Parquet files its ``_spark_metadata`` log
   lists) holds every change of every table's change log exactly once, in order per key;
 - the dropped table's target and change log hold what its source held at the drop;
-- no target holds a batch twice (the embedded apply's commit infos name each batch; the Spark
-  engine's ``txn`` actions do).
+- no target holds a batch twice (an Iceberg snapshot's summary names its batch; a Delta commit's
+  info does with the embedded apply, its ``txn`` action with the Spark engine).
 
 The application, the writers and the checks are ``integration/faults/multi_table.py``'s,
 shared with the kills at crash points (``test_multi_table_crash_points.py``). The Spark engine
@@ -70,7 +70,7 @@ class Size:
     #: two splits and a merge in each (a table created while the application runs may be one)
     reshaped: tuple[str, ...]
     scd2: tuple[str, ...]
-    #: Iceberg targets (the embedded apply only)
+    #: Iceberg targets (the others Delta)
     iceberg: tuple[str, ...] = ()
     kills: int = 3
     #: kill number -> the table created just before it (it may not even be listed yet)
@@ -91,7 +91,8 @@ class Size:
 FULL = Size(at_start=("t1", "t2", "t3", "t4"), reshaped=("t1", "t5"), scd2=("t4", "t6"),
             iceberg=("t2", "t6"), created_before_kill=((0, "t5"),),
             created_after_kill=((1, "t6"),), dropped="t3")
-SMALL = Size(at_start=("t1", "t2"), reshaped=("t1",), scd2=("t2",), kills=2, aimed=True)
+SMALL = Size(at_start=("t1", "t2"), reshaped=("t1",), scd2=("t2",), iceberg=("t1",), kills=2,
+             aimed=True)
 BETWEEN = "between_table_applies"
 
 
@@ -138,8 +139,7 @@ def _holding(app: Replication, tables: list[str], batch: int) -> tuple[str, ...]
 def test_replicate_tables_killed_mid_run_every_target_equals_its_source(
         tmp_path: Path, engine: str, size: Size) -> None:
     began = time.monotonic()
-    app = Replication(tmp_path, iceberg=size.iceberg if engine == "embedded" else (),
-                      scd2=size.scd2, engine=engine)
+    app = Replication(tmp_path, iceberg=size.iceberg, scd2=size.scd2, engine=engine)
     with LocalTablestore(app.store_path) as store:
         for name in size.at_start:
             store.create_table(name, KEY, COLUMNS, channels=2)
