@@ -15,6 +15,7 @@ docs/dashboard.png is made).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -101,6 +102,25 @@ def _committed_batches(meta_uri: str) -> int:
                    if b.prev_uuid is not None and b.committed_at is not None)
 
 
+@contextlib.contextmanager
+def dashboard_page(browser: Any, meta_uri: str) -> Iterator[tuple[Any, list[str]]]:
+    """The dashboard over ``meta_uri``, served from a thread of this process, and a new page of
+    the browser opened on it: ``(page, page_errors)``, the page's script errors collected."""
+    app = DashboardApp.open(meta_uri, cache_s=0.2)
+    server = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        yield page, page_errors
+    finally:
+        server.shutdown()
+        server.server_close()
+        app.close()
+
+
 @pytest.fixture
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
@@ -127,98 +147,83 @@ def test_dashboard_follows_a_running_query(browser: Any, tmp_path: Path) -> None
          str(tmp_path / "checkpoint"), str(tmp_path / "sink"), str(stop_file)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)})
-    server = None
-    app = None
     try:
         wait_until("the query's first committed batch", lambda: _committed_batches(meta_uri),
                    lambda n: n >= 1, timeout=120, process=proc)
-        app = DashboardApp.open(meta_uri, cache_s=0.2)
-        server = make_server(app, "127.0.0.1", 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        with dashboard_page(browser, meta_uri) as (page, page_errors):
+            page.wait_for_function("Number(document.body.dataset.polls) >= 1", timeout=15_000)
+            rows = page.locator("#channels tbody tr[data-channel]")
+            assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.channel)")) == [
+                first, second, third]
+            assert page.locator(f'#channels tr[data-channel="{first}"]').get_attribute(
+                "data-status") == "OPEN"
+            assert "live" in page.locator("#status-text").inner_text()
+            batches_before = int(page.evaluate("document.body.dataset.batchCount"))
+            polls_before = int(page.evaluate("document.body.dataset.polls"))
 
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page_errors: list[str] = []
-        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-        page.goto(url)
-        page.wait_for_function("Number(document.body.dataset.polls) >= 1", timeout=15_000)
-        rows = page.locator("#channels tbody tr[data-channel]")
-        assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.channel)")) == [
-            first, second, third]
-        assert page.locator(f'#channels tr[data-channel="{first}"]').get_attribute(
-            "data-status") == "OPEN"
-        assert "live" in page.locator("#status-text").inner_text()
-        batches_before = int(page.evaluate("document.body.dataset.batchCount"))
-        polls_before = int(page.evaluate("document.body.dataset.polls"))
+            # more data, in several writes, and a split: the page must follow without a reload
+            children = store.split_channel(TABLE, first)
+            for start in range(30, 90, 10):
+                _write(store, range(start, start + 10))
+                page.wait_for_timeout(600)
+            page.wait_for_function(
+                """([before, kids]) => Number(document.body.dataset.batchCount) > before + 1
+                     && kids.every(k => document.querySelector(`#tree li[data-channel="${k}"]`))
+                     && [...document.querySelectorAll('#channels tr[data-channel]')]
+                          .reduce((n, r) => n + Number(r.dataset.consumed || 0), 0) === 90""",
+                arg=[batches_before, list(children)], timeout=90_000)
+            assert int(page.evaluate("document.body.dataset.polls")) > polls_before + 2
+            parent_row = page.locator(f'#channels tr[data-channel="{first}"]')
+            assert parent_row.get_attribute("data-status") == "TERMINATED"
+            for child in children:  # nested under their parent in the tree
+                assert page.locator(f'#tree li[data-channel="{first}"] li[data-channel="{child}"]'
+                                    ).count() == 1
+            page.wait_for_function(
+                "document.getElementById('spark-rate').textContent.includes('processed/s')",
+                timeout=90_000)  # the ProgressListener's numbers reached the page
+            assert page.locator("#throughput-chart rect.bar").count() >= 2
+            # the throughput figure is the caption's rows divided by the caption's seconds
+            figure = page.locator("#rows-per-second").inner_text()
+            caption = page.locator("#window").inner_text()
+            rate = float(figure.split()[0].replace(",", ""))
+            rows_text, _, rest = caption.partition(" rows / ")
+            seconds = float(rest.split()[0].replace(",", ""))
+            assert rate == pytest.approx(float(rows_text.replace(",", "")) / seconds, rel=0.02,
+                                         abs=0.1), (figure, caption)
+            assert page.locator("#batches tbody tr").count() >= 3
 
-        # more data, in several writes, and a split: the page must follow without a reload
-        children = store.split_channel(TABLE, first)
-        for start in range(30, 90, 10):
-            _write(store, range(start, start + 10))
-            page.wait_for_timeout(600)
-        page.wait_for_function(
-            """([before, kids]) => Number(document.body.dataset.batchCount) > before + 1
-                 && kids.every(k => document.querySelector(`#tree li[data-channel="${k}"]`))
-                 && [...document.querySelectorAll('#channels tr[data-channel]')]
-                      .reduce((n, r) => n + Number(r.dataset.consumed || 0), 0) === 90""",
-            arg=[batches_before, list(children)], timeout=90_000)
-        assert int(page.evaluate("document.body.dataset.polls")) > polls_before + 2
-        parent_row = page.locator(f'#channels tr[data-channel="{first}"]')
-        assert parent_row.get_attribute("data-status") == "TERMINATED"
-        for child in children:  # nested under their parent in the tree
-            assert page.locator(f'#tree li[data-channel="{first}"] li[data-channel="{child}"]'
-                                ).count() == 1
-        page.wait_for_function(
-            "document.getElementById('spark-rate').textContent.includes('processed/s')",
-            timeout=90_000)  # the ProgressListener's numbers reached the page
-        assert page.locator("#throughput-chart rect.bar").count() >= 2
-        # the throughput figure is the caption's rows divided by the caption's seconds
-        figure = page.locator("#rows-per-second").inner_text()
-        caption = page.locator("#window").inner_text()
-        rate = float(figure.split()[0].replace(",", ""))
-        rows_text, _, rest = caption.partition(" rows / ")
-        seconds = float(rest.split()[0].replace(",", ""))
-        assert rate == pytest.approx(float(rows_text.replace(",", "")) / seconds, rel=0.02,
-                                     abs=0.1), (figure, caption)
-        assert page.locator("#batches tbody tr").count() >= 3
+            # stop the query; new writes are lag, a split leaves children waiting for a parent
+            stop_file.touch()
+            proc.wait(timeout=90)
+            assert proc.returncode == 0, (tmp_path / "query.log").read_text()[-3000:]
+            _write(store, range(90, 97))
+            waiting = store.split_channel(TABLE, second)
+            page.wait_for_function(
+                """([kids, parent]) => kids.every(k => {
+                     const row = document.querySelector(`#channels tr[data-channel="${k}"]`);
+                     return row && row.dataset.status === 'WAIT'
+                       && row.textContent.includes(parent); })
+                   && document.getElementById('total-lag').textContent === '7'""",
+                arg=[list(waiting), second], timeout=30_000)
+            # stopped, not live: the state, the age of the last commit, the frozen figures
+            page.wait_for_function("document.body.dataset.queryState === 'stopped'",
+                                   timeout=30_000)
+            status = page.locator("#status-text").inner_text()
+            assert "query stopped" in status and "last commit" in status, status
+            assert "live" not in status
+            assert "when last running" in page.locator("#window").inner_text()
+            assert "nobody is reading" in page.locator("#lag-sub").inner_text()
+            tree_text = page.locator(f'#tree li[data-channel="{waiting[0]}"]').inner_text()
+            assert f"waiting for {second}" in tree_text
+            assert page_errors == []
 
-        # stop the query; new writes are lag, a split leaves children waiting for a parent
-        stop_file.touch()
-        proc.wait(timeout=90)
-        assert proc.returncode == 0, (tmp_path / "query.log").read_text()[-3000:]
-        _write(store, range(90, 97))
-        waiting = store.split_channel(TABLE, second)
-        page.wait_for_function(
-            """([kids, parent]) => kids.every(k => {
-                 const row = document.querySelector(`#channels tr[data-channel="${k}"]`);
-                 return row && row.dataset.status === 'WAIT'
-                   && row.textContent.includes(parent); })
-               && document.getElementById('total-lag').textContent === '7'""",
-            arg=[list(waiting), second], timeout=30_000)
-        # stopped, not live: the state, the age of the last commit, the frozen figures
-        page.wait_for_function("document.body.dataset.queryState === 'stopped'",
-                               timeout=30_000)
-        status = page.locator("#status-text").inner_text()
-        assert "query stopped" in status and "last commit" in status, status
-        assert "live" not in status
-        assert "when last running" in page.locator("#window").inner_text()
-        assert "nobody is reading" in page.locator("#lag-sub").inner_text()
-        tree_text = page.locator(f'#tree li[data-channel="{waiting[0]}"]').inner_text()
-        assert f"waiting for {second}" in tree_text
-        assert page_errors == []
-
-        shot = tmp_path / "dashboard.png"
-        page.screenshot(path=str(shot), full_page=True)
-        assert shot.stat().st_size > 10_000
-        keep = os.environ.get("TABLESTORE_CDC_SCREENSHOT")
-        if keep:
-            shutil.copyfile(shot, keep)
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            keep = os.environ.get("TABLESTORE_CDC_SCREENSHOT")
+            if keep:
+                shutil.copyfile(shot, keep)
     finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if app is not None:
-            app.close()
         if proc.poll() is None:
             stop_file.touch()
             try:
@@ -260,15 +265,7 @@ def test_dashboard_with_two_sources_lists_them_then_shows_one(browser: Any, spar
         record_query_status(meta, orders_ns, "restarting",
                             reason="attempt 2, next in 4.0 s: TransientTunnelError: down")
 
-    app = DashboardApp.open(meta_uri, cache_s=0.2)
-    server = make_server(app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page_errors: list[str] = []
-        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-        page.goto(url)
+    with dashboard_page(browser, meta_uri) as (page, page_errors):
         page.wait_for_function("document.body.dataset.view === 'sources'", timeout=15_000)
         rows = page.locator("#sources tbody tr[data-namespace]")
         assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.namespace)")) == namespaces
@@ -287,10 +284,6 @@ def test_dashboard_with_two_sources_lists_them_then_shows_one(browser: Any, spar
         page.locator("#all-sources").click()
         page.wait_for_function("document.body.dataset.view === 'sources'", timeout=15_000)
         assert page_errors == []
-    finally:
-        server.shutdown()
-        server.server_close()
-        app.close()
 
 
 def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spark: Any,
@@ -340,14 +333,7 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
         writer.close()
         store.close()
 
-    app = DashboardApp.open(meta_uri, cache_s=0.2)
-    server = make_server(app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page_errors: list[str] = []
-        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+    with dashboard_page(browser, meta_uri) as (page, page_errors):
         page.wait_for_function("document.body.dataset.view === 'sources'", timeout=15_000)
         rows = page.locator("#tables tbody tr[data-table]")
         assert rows.evaluate_all("rs => rs.map(r => [r.dataset.table, r.dataset.state])") == [
@@ -373,10 +359,6 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
         assert "add column size" in card and card.endswith(
             f" ago · version {change.last_schema_change_version}")
         assert page_errors == []
-    finally:
-        server.shutdown()
-        server.server_close()
-        app.close()
 
 
 @pytest.mark.parametrize("selection", [
@@ -414,14 +396,7 @@ def test_dashboard_shows_the_table_of_a_replicate_job_in_either_mode(
     assert status is not None and status.target is not None
     version = DeltaTable(status.target.removeprefix("delta://")).version()
 
-    app = DashboardApp.open(meta_uri, cache_s=0.2)
-    server = make_server(app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page_errors: list[str] = []
-        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+    with dashboard_page(browser, meta_uri) as (page, page_errors):
         page.wait_for_function("document.body.dataset.view === 'sources' "
                                "&& Number(document.body.dataset.polls) >= 1", timeout=15_000)
         rows = page.locator("#tables tbody tr[data-table]")
@@ -440,7 +415,3 @@ def test_dashboard_shows_the_table_of_a_replicate_job_in_either_mode(
         assert page.locator("#target-version").inner_text() == f"version {version}"
         assert page.locator("#schema-change").inner_text() == "no schema change yet"
         assert page_errors == []
-    finally:
-        server.shutdown()
-        server.server_close()
-        app.close()
