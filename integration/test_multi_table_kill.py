@@ -26,12 +26,12 @@ runs on the PySpark of ``.venv-spark-merge`` (``make test`` prepares it; without
 are skipped).
 
 The full size is not in the default suite (marker ``faults_full``, 2 to 3 minutes on 2 cores
-with the embedded apply, 8 with the Spark engine): run it with ``python -m pytest -m faults_full
-integration/test_multi_table_kill.py`` (``-k spark`` or ``-k embedded`` for one engine). It once
-timed out waiting for every table's first apply after a kill (2 runs of 7): the table created
-just before the kill had no batch of its own to prove the restart by, so its lease refused the
-restarted process and the table stayed failed; a restart now takes such a lease over with the
-others (``connector.planning.lease._predecessors``), and a table refused a lease waits
+with the embedded apply, 7 to 8 with the Spark engine): run it with ``python -m pytest -m
+faults_full integration/test_multi_table_kill.py`` (``-k spark`` or ``-k embedded`` for one
+engine). It once timed out waiting for every table's first apply after a kill (2 runs of 7): the
+table created just before the kill had no batch of its own to prove the restart by, so its lease
+refused the restarted process and the table stayed failed; a restart now takes such a lease over
+with the others (``connector.planning.lease._predecessors``), and a table refused a lease waits
 instead."""
 
 from __future__ import annotations
