@@ -426,6 +426,7 @@ def run_crash_points(tmp: Path, points: Sequence[str], tables: Sequence[str] = (
             record = CrashRecord(point)
             if point in APPLY_POINTS:  # parked in the apply: its batch is cut
                 record.batch = app.unfinished_apply_batch()
+                assert record.batch is not None, f"parked at {point} with no batch begun"
                 record.held_at_kill = _holding(app, tables, record.batch)
                 record.carried = app.apply_batch_tables(record.batch)
             app.kill()
