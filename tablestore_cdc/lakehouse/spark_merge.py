@@ -38,6 +38,7 @@ spark_merge fetch`` resolves them once (``make``'s jar step).
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -293,8 +294,6 @@ class SparkMergeSink:
                             f"(not {value}, for {self.target})",
                     remedy="give the job's Iceberg targets one iceberg:///WAREHOUSE")
         if self.catalog_conf and not self._checked:
-            import os
-
             uri = self.catalog_conf[f"spark.sql.catalog.{ICEBERG_CATALOG}.uri"]
             # the SQLite file's directory (the embedded sink makes it too)
             os.makedirs(os.path.dirname(uri.removeprefix("jdbc:sqlite:")), exist_ok=True)

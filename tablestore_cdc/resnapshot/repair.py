@@ -60,7 +60,6 @@ REPAIR_CHANNEL = "resnapshot"
 PROGRESS_EVERY_S = 2.0
 
 
-
 @contextmanager
 def open_board(spec: SourceSpec) -> Iterator[SignalBoard]:
     """The signals of ``spec``'s source identity in its meta table (``OptionError`` for bad
@@ -73,6 +72,7 @@ def open_board(spec: SourceSpec) -> Iterator[SignalBoard]:
         yield SignalBoard(store, options.source_identity)
     finally:
         store.close()
+
 
 @dataclass(frozen=True)
 class RepairOutcome:
