@@ -419,7 +419,8 @@ class StatusSummary:
     def lines(self, statuses: dict[str, TableStatus], now: float | None = None, *,
               final: bool = False) -> list[str]:
         """The lines to print for this look at ``statuses``; ``final``: the last look of a run
-        (``--once``), whose summary line is printed whatever the interval."""
+        (``--once`` caught up, or the job stopping), whose summary line is printed whatever
+        the interval."""
         now = time.time() if now is None else now
         out = []
         for table, status in sorted(statuses.items()):

@@ -198,6 +198,23 @@ def test_a_stop_signal_ends_the_job_at_its_next_look_not_inside_a_call(
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_stopped_job_takes_a_last_look_before_it_stops_the_pipeline() -> None:
+    """The job stopping (Ctrl-C, SIGTERM: its stop flag) looks at its pipeline once more
+    before it stops it, so the command prints the figures where it stopped (its summary line)
+    even when the stop comes before the interval's next one."""
+    pipeline = _SlowPipeline()
+    looks: list[tuple[bool, int]] = []  # each look: stopping yet, pipeline stops so far
+
+    def look(_pipeline: object) -> None:
+        looks.append((job.stopping.is_set(), pipeline.stops))
+        job.stopping.set()  # the stop arrives between this look and the next
+
+    job = ReplicationJob(lambda: pipeline, RestartPolicy(), say=lambda _line: None,
+                         on_progress=look)
+    assert job.run() is JobExit.DONE
+    assert looks == [(False, 0), (True, 0)] and pipeline.stops == 1
+
+
 def test_a_second_stop_signal_interrupts_a_start_that_does_not_return() -> None:
     """A start that hangs (``--once`` catches up inside its start): the first Ctrl-C only asks
     the job to stop, a second one interrupts it, and the job still ends with DONE."""

@@ -355,7 +355,9 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
 
         def show(pipeline: Any) -> None:
             statuses = writer.publish(pipeline.table_statuses(str(output), tables))
-            ended = not any(query.isActive for query in pipeline.queries)  # --once: done
+            # the last look (--once done, or the job stopping): its summary line whatever
+            # the interval
+            ended = job.stopping.is_set() or not any(q.isActive for q in pipeline.queries)
             for line in summary.lines(statuses, final=ended):
                 console.print(line, soft_wrap=True)
 

@@ -194,6 +194,7 @@ class ReplicationJob:
                 _run_due_repairs(pipeline)
                 self._on_progress(pipeline)
                 self.stopping.wait(WATCH_EVERY_S)
+            self._on_progress(pipeline)  # stopped: the figures where it stopped
         except Exception as exc:  # noqa: BLE001 - a query's error raised while watching it
             pipeline.stop()
             return query_failure(str(exc), reached_before=True), None
