@@ -101,7 +101,6 @@ class TunnelAdministration(TunnelClient):
     """Tunnels on a table and the table's schema (driver: binding, range-read planning;
     the inspection CLI and the feed)."""
 
-    @abstractmethod
     def create_tunnel(
         self,
         table: str,
@@ -110,7 +109,8 @@ class TunnelAdministration(TunnelClient):
         start_position: StartPosition = StartPosition.EARLIEST,
         start_at_us: int | None = None,
     ) -> TunnelInfo:
-        """Create a tunnel; ``TunnelExistsError`` if the name is taken on that table.
+        """Create a tunnel; ``TunnelExistsError`` if the name is taken on that table. The
+        enums may come as their values; the backend's ``_create_tunnel`` gets them typed.
 
         ``start_at_us`` (a Stream tunnel; microseconds since the epoch, instead of
         ``start_position``): every channel starts at its first change committed at or after
@@ -120,6 +120,13 @@ class TunnelAdministration(TunnelClient):
         (``connector.planning.starting``). Where changes at or after the instant may already be
         trimmed, the channel starts before the trimmed records, so the first read reports the
         loss (``TrimmedDataError``)."""
+        return self._create_tunnel(table, tunnel_name, TunnelType(tunnel_type),
+                                   StartPosition(start_position), start_at_us)
+
+    @abstractmethod
+    def _create_tunnel(self, table: str, tunnel_name: str, tunnel_type: TunnelType,
+                       start_position: StartPosition, start_at_us: int | None) -> TunnelInfo:
+        """The backend's create, called by ``create_tunnel`` (driver or CLI)."""
 
     @abstractmethod
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
@@ -147,10 +154,7 @@ class TunnelAdministration(TunnelClient):
         except UnknownTunnelError:
             pass
         try:
-            if start_at_us is not None:
-                return self.create_tunnel(table, tunnel_name, tunnel_type, start_position,
-                                          start_at_us=start_at_us)
-            return self.create_tunnel(table, tunnel_name, tunnel_type, start_position)
+            return self.create_tunnel(table, tunnel_name, tunnel_type, start_position, start_at_us)
         except TunnelExistsError:  # created concurrently by another driver
             return self.describe_tunnel(table, tunnel_name).tunnel
 

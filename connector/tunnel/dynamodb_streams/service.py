@@ -243,21 +243,15 @@ class DynamoDbStreamsTunnelService(TunnelService):
 
     # --- tunnels (driver) -----------------------------------------------------------------
 
-    def create_tunnel(
-        self,
-        table: str,
-        tunnel_name: str,
-        tunnel_type: TunnelType = TunnelType.STREAM,
-        start_position: StartPosition = StartPosition.EARLIEST,
-        start_at_us: int | None = None,
-    ) -> TunnelInfo:
+    def _create_tunnel(self, table: str, tunnel_name: str, tunnel_type: TunnelType,
+                       start_position: StartPosition, start_at_us: int | None) -> TunnelInfo:
         """Create a tunnel (driver). A LATEST tunnel's start is fixed here: see the module
         docstring. BaseAndStream is refused: DynamoDB Streams has no base data.
         ``start_at_us``: Streams has no iterator at a time (``AT_TIMESTAMP`` is Kinesis'), so
         the tunnel starts EARLIEST and the reader passes over the records whose approximate
         creation time is before the instant."""
         self._check_table(table)
-        if TunnelType(tunnel_type) is not TunnelType.STREAM:
+        if tunnel_type is not TunnelType.STREAM:
             raise OptionError(option="tunnel.type", value=str(tunnel_type),
                               problem="DynamoDB Streams has no base data to snapshot",
                               allowed="Stream")
@@ -265,7 +259,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
         if self.checkpoints.tunnel_by_name(table, tunnel_name) is not None:
             raise TunnelExistsError(tunnel=tunnel_name, table=table)
         info = TunnelInfo(uuid.uuid4().hex, tunnel_name, table, TunnelType.STREAM,
-                          StartPosition(start_position), time.time())
+                          start_position, time.time())
         if info.start_position is StartPosition.LATEST:
             # pins first, under the new id: a crash before the tunnel row leaves only
             # unreachable rows behind

@@ -175,19 +175,12 @@ class LocalTunnelService(TunnelService):
 
     # --- tunnels (driver) ---------------------------------------------------------------------
 
-    def create_tunnel(
-        self,
-        table: str,
-        tunnel_name: str,
-        tunnel_type: TunnelType = TunnelType.STREAM,
-        start_position: StartPosition = StartPosition.EARLIEST,
-        start_at_us: int | None = None,
-    ) -> TunnelInfo:
+    def _create_tunnel(self, table: str, tunnel_name: str, tunnel_type: TunnelType,
+                       start_position: StartPosition, start_at_us: int | None) -> TunnelInfo:
         """Create a tunnel (driver or CLI). For BaseAndStream, snapshot the table in the same
         write transaction. ``TunnelExistsError`` if the name is taken on ``table``.
         ``start_at_us``: each channel starts before its first change committed at or after
         that instant (``tunnels.start_at``)."""
-        tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
         check_new_tunnel_name(tunnel_name, table)
         if start_at_us is not None and tunnel_type is not TunnelType.STREAM:
             raise ValueError("a start instant applies to a Stream tunnel")

@@ -142,17 +142,10 @@ class TablestoreAdministration(TablestoreCalls, TunnelAdministration):
                           t.create_time / 1e9 if t.HasField("create_time") else 0.0,
                           expired=t.HasField("expired") and t.expired)
 
-    def create_tunnel(
-        self,
-        table: str,
-        tunnel_name: str,
-        tunnel_type: TunnelType = TunnelType.STREAM,
-        start_position: StartPosition = StartPosition.EARLIEST,
-        start_at_us: int | None = None,
-    ) -> TunnelInfo:
+    def _create_tunnel(self, table: str, tunnel_name: str, tunnel_type: TunnelType,
+                       start_position: StartPosition, start_at_us: int | None) -> TunnelInfo:
         """CreateTunnel. ``start_at_us`` becomes ``StreamTunnelConfig.startOffset``
         (nanoseconds, sent instead of the flag, as both SDKs do)."""
-        tunnel_type, start_position = TunnelType(tunnel_type), StartPosition(start_position)
         request = m.CreateTunnelRequest()
         t = request.tunnel
         t.table_name, t.tunnel_name = table, tunnel_name
