@@ -46,7 +46,7 @@ class JobLock:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock_file.seek(0)
-            holder = _holder(lock_file.read())
+            holder = lock_holder(lock_file.read())
             lock_file.close()
             raise JobAlreadyRunningError(output=str(self.path.parent), **holder) from None
         lock_file.seek(0)
@@ -69,11 +69,12 @@ class JobLock:
         self.release()
 
 
-def _holder(text: str) -> dict[str, Any]:
+def lock_holder(text: str) -> dict[str, Any]:
+    """Who a lock file's ``text`` says holds it (host, pid, since; ``unknown`` where it does
+    not say): here and by ``preflight``'s read-only look."""
     try:
         data = json.loads(text)
     except ValueError:
         data = {}
-    if not isinstance(data, dict):
-        data = {}
+    data = data if isinstance(data, dict) else {}
     return {key: str(data.get(key, "unknown")) for key in ("host", "pid", "since")}

@@ -31,7 +31,6 @@ the extra, whichever step imported it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -232,7 +231,7 @@ def _output_not_running(output: Path) -> None:
     is taken, and the directory created, after every check)."""
     import fcntl
 
-    from tablestore_cdc.pipeline.job_lock import LOCK_NAME, JobAlreadyRunningError
+    from tablestore_cdc.pipeline.job_lock import LOCK_NAME, JobAlreadyRunningError, lock_holder
 
     path = output / LOCK_NAME
     try:
@@ -243,17 +242,8 @@ def _output_not_running(output: Path) -> None:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise JobAlreadyRunningError(output=str(output), **_lock_holder(handle.read())
+            raise JobAlreadyRunningError(output=str(output), **lock_holder(handle.read())
                                          ) from None
-
-
-def _lock_holder(text: str) -> dict[str, str]:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = {}
-    data = data if isinstance(data, dict) else {}
-    return {key: str(data.get(key, "unknown")) for key in ("host", "pid", "since")}
 
 
 def _source_options(plan: JobPlan) -> Any:
@@ -349,7 +339,7 @@ def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldE
     """The refusal naming the holder: the other job's own lock (host, pid, since) when its
     output directory is readable here, else the lease's owner (its planning process) and the
     lease's last renewal."""
-    from tablestore_cdc.pipeline.job_lock import LOCK_NAME
+    from tablestore_cdc.pipeline.job_lock import LOCK_NAME, lock_holder
 
     host, _, rest = lease.owner.partition("/")
     renewed = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(lease.renewed_at))
@@ -357,7 +347,7 @@ def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldE
               "since": f"at least {renewed}, its lease's last renewal"}
     if job is not None:
         with suppress(OSError):
-            holder = _lock_holder((Path(job) / LOCK_NAME).read_text(encoding="utf-8"))
+            holder = lock_holder((Path(job) / LOCK_NAME).read_text(encoding="utf-8"))
     return SourceHeldError(table=table, tunnel=plan.tunnel, where=f", output {job}" if job
                            else "", **holder)
 
