@@ -14,32 +14,16 @@ this module. Nothing here imports pyspark or an SDK.
 from __future__ import annotations
 
 from cdc_common.errors import CdcError as CdcError  # the root: the bottom layer
-from meta_store.errors import (  # the meta store's errors, one layer down
-    CorruptMetaRecordError as CorruptMetaRecordError,
-)
-from meta_store.errors import (
-    EndCheckpointConflictError as EndCheckpointConflictError,
-)
-from meta_store.errors import (
-    MetaStoreAbsentError as MetaStoreAbsentError,
-)
-from meta_store.errors import (
-    MetaStoreError as MetaStoreError,
-)
-from meta_store.errors import (
-    MetaStoreRequestError as MetaStoreRequestError,
-)
-from meta_store.errors import (
-    MetaStoreUriError as MetaStoreUriError,
-)
-from meta_store.errors import (
-    MetaTableMissingError as MetaTableMissingError,
-)
-from meta_store.errors import (
-    TransientMetaStoreError as TransientMetaStoreError,
-)
-from meta_store.errors import (
-    UnknownBatchError as UnknownBatchError,
+from meta_store.errors import (  # noqa: F401 - the meta store's errors, one layer down
+    CorruptMetaRecordError,
+    EndCheckpointConflictError,
+    MetaStoreAbsentError,
+    MetaStoreError,
+    MetaStoreRequestError,
+    MetaStoreUriError,
+    MetaTableMissingError,
+    TransientMetaStoreError,
+    UnknownBatchError,
 )
 
 # --- options and source identity (driver) -------------------------------------------------
