@@ -418,7 +418,7 @@ def _held_files(table: Any, plan: ApplyPlan, key: str) -> tuple[list[Any], pa.Ta
 
     if table.current_snapshot() is None:
         return [], None
-    e = _expressions()
+    e = expressions()
     keys = plan.touched_keys(key)
     if not len(keys):
         return [], None
@@ -443,7 +443,7 @@ def _held_files(table: Any, plan: ApplyPlan, key: str) -> tuple[list[Any], pa.Ta
     return held, current
 
 
-def _expressions() -> Any:
+def expressions() -> Any:
     """``pyiceberg.expressions`` (its classes take positional terms at run time; typed as Any
     because their pydantic signatures say otherwise)."""
     import pyiceberg.expressions

@@ -21,9 +21,8 @@ position of the change stream.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,11 +34,6 @@ from tablestore_cdc.reconcile.errors import TargetMissingError
 
 if TYPE_CHECKING:
     from tablestore_cdc.reconcile.keyrange import KeyRange
-
-#: target format -> "module:class" of its reader (this package)
-_READERS = {"delta": "tablestore_cdc.reconcile.target_delta:DeltaTargetTable",
-            "iceberg": "tablestore_cdc.reconcile.target_iceberg:IcebergTargetTable"}
-
 
 #: the app id prefix of a re-snapshot's repair commit (``tablestore_cdc.resnapshot``): such a
 #: commit is not a batch of the stream, and how far the stream applied is read past it
@@ -61,6 +55,22 @@ class AppliedBatch:
     committed_at: float
     #: when the same query's previous batch was committed (None: this is its first)
     previous_committed_at: float | None
+
+
+def newest_applied(commits: Iterable[tuple[object, object, float]],
+                   whole: bool = True) -> AppliedBatch | None:
+    """From ``(app id, batch id, commit time)`` of commits, newest first: the newest apply batch
+    and its query's previous one. None when there is none, or (``whole`` False: more history
+    exists) when the previous one may be further back."""
+    newest: tuple[str, int, float] | None = None
+    for app_id, batch, at in commits:
+        if app_id is None or batch is None or is_repair(app_id):
+            continue
+        if newest is None:
+            newest = (str(app_id), int(str(batch)), at)
+        elif app_id == newest[0] and int(str(batch)) < newest[1]:
+            return AppliedBatch(*newest, at)
+    return AppliedBatch(*newest, None) if newest is not None and whole else None
 
 
 class TargetTable(ABC):
@@ -108,14 +118,13 @@ def open_target_table(uri: str, soft_delete_column: str | None = None,
     replicate's ``--target-option``s as ``target_options``). ``TargetUriError`` for a bad URI,
     ``TargetMissingError`` when no table is there."""
     from tablestore_cdc.lakehouse.iceberg import IcebergApplySink
+    from tablestore_cdc.reconcile.target_delta import DeltaTargetTable
+    from tablestore_cdc.reconcile.target_iceberg import IcebergTargetTable
 
     # parses the URI (one place for its forms) and opens the table
     sink = open_apply_sink(uri, target_options=target_options)
     table = sink.table()  # type: ignore[attr-defined]
     if table is None:
         raise TargetMissingError(target=redact_uri(uri))
-    kind = "iceberg" if isinstance(sink, IcebergApplySink) else "delta"
-    module, _, name = _READERS[kind].partition(":")
-    reader: TargetTable = getattr(importlib.import_module(module), name)(
-        uri, table, soft_delete_column)
-    return reader
+    reader = IcebergTargetTable if isinstance(sink, IcebergApplySink) else DeltaTargetTable
+    return reader(uri, table, soft_delete_column)

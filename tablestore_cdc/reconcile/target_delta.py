@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from tablestore_cdc.lakehouse import END_AT
 from tablestore_cdc.lakehouse.delta import BATCH_ID_KEY, QUERY_ID_KEY
-from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
+from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, newest_applied
 
 if TYPE_CHECKING:
     from tablestore_cdc.reconcile.keyrange import KeyRange
@@ -80,7 +80,8 @@ class DeltaTargetTable(TargetTable):
         while True:
             history = self._table.history(limit=limit)
             whole = len(history) < limit
-            found = newest_two(history, whole)
+            found = newest_applied(((c.get(QUERY_ID_KEY), c.get(BATCH_ID_KEY),
+                                     float(c["timestamp"]) / 1000) for c in history), whole)
             if found is not None or whole:
                 break
             limit *= 4
@@ -89,21 +90,3 @@ class DeltaTargetTable(TargetTable):
         self._schema = pa.schema(self._table.schema().to_arrow())
         return found
 
-
-def newest_two(history: list[dict[str, Any]], whole: bool) -> AppliedBatch | None:
-    """From commit infos, newest first: the newest apply batch and its query's previous one.
-    None when there is none, or (``whole`` False: more history exists) when the previous one
-    may be further back."""
-    newest: tuple[str, int, float] | None = None
-    for commit in history:
-        app_id, batch = commit.get(QUERY_ID_KEY), commit.get(BATCH_ID_KEY)
-        if app_id is None or batch is None or is_repair(app_id):
-            continue
-        at = float(commit["timestamp"]) / 1000
-        if newest is None:
-            newest = (str(app_id), int(batch), at)
-        elif app_id == newest[0] and int(batch) < newest[1]:
-            return AppliedBatch(newest[0], newest[1], newest[2], at)
-    if newest is None or not whole:
-        return None
-    return AppliedBatch(newest[0], newest[1], newest[2], None)

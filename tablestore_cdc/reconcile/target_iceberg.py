@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tablestore_cdc.lakehouse import END_AT
-from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
-from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, is_repair
+from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, expressions
+from tablestore_cdc.reconcile.target import AppliedBatch, TargetTable, newest_applied
 
 if TYPE_CHECKING:
     from tablestore_cdc.reconcile.keyrange import KeyRange
@@ -32,11 +32,7 @@ class IcebergTargetTable(TargetTable):
         return self._schema
 
     def _filter(self, span: KeyRange | None) -> Any:
-        import pyiceberg.expressions
-
-        # typed as Any: the classes take positional terms at run time, not as their
-        # pydantic signatures say
-        e: Any = pyiceberg.expressions
+        e = expressions()
         keep: Any = e.AlwaysTrue()
         if span is not None and span.key_from is not None:
             keep = e.And(keep, e.GreaterThanOrEqual(span.column, span.key_from))
@@ -67,16 +63,7 @@ class IcebergTargetTable(TargetTable):
     def applied(self) -> AppliedBatch | None:
         from pyiceberg.table.snapshots import ancestors_of
 
-        newest: tuple[str, int, float] | None = None
-        for snapshot in ancestors_of(self._snapshot, self._table.metadata):
-            summary = snapshot.summary
-            app_id = summary.get(QUERY_ID_PROPERTY) if summary is not None else None
-            if app_id is None or summary is None or is_repair(app_id):
-                continue
-            batch = int(str(summary.get(BATCH_ID_PROPERTY)))
-            at = snapshot.timestamp_ms / 1000
-            if newest is None:
-                newest = (app_id, batch, at)
-            elif app_id == newest[0] and batch < newest[1]:
-                return AppliedBatch(newest[0], newest[1], newest[2], at)
-        return None if newest is None else AppliedBatch(newest[0], newest[1], newest[2], None)
+        return newest_applied(
+            (s.summary.get(QUERY_ID_PROPERTY), s.summary.get(BATCH_ID_PROPERTY),
+             s.timestamp_ms / 1000)
+            for s in ancestors_of(self._snapshot, self._table.metadata) if s.summary is not None)
