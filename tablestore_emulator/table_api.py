@@ -40,6 +40,7 @@ from connector.errors import (
     UnknownTableError,
 )
 from connector.tunnel.base import TableSchema
+from connector.tunnel.tablestore.plainbuffer import CellOp, Special
 from connector.tunnel.tablestore.proto_text import invalid_string_field
 from tablestore_emulator import column_filter
 from tablestore_emulator import plainbuffer as plb
@@ -151,10 +152,10 @@ def _key(
     for (name, value), spec in zip(pk, declared, strict=True):
         if name != spec.name:
             raise parameter_invalid(f"Validate PK name fail. Input: {name}, Meta: {spec.name}.")
-        if value is plb.INF_MIN or value is plb.INF_MAX:
+        if value is Special.INF_MIN or value is Special.INF_MAX:
             if not bounds:
                 raise parameter_invalid("INF_MIN or INF_MAX is only allowed in a range bound.")
-        elif value is plb.AUTO_INCREMENT:
+        elif value is Special.AUTO_INCREMENT:
             raise unsupported_operation("Auto-increment primary key columns are not supported.")
         else:
             ok = {
@@ -351,7 +352,7 @@ def _put(ctx: EmulatorContext, table: str, row_bytes: bytes, condition: Any) -> 
         raise parameter_invalid(f"The number of columns exceeds {MAX_COLUMNS_PER_WRITE}.")
     columns: dict[str, Any] = {}
     for cell in row.cells:
-        if cell.op is not None or cell.value is None:
+        if cell.op is not CellOp.PUT:
             raise parameter_invalid(f"Column '{cell.name}' of a PutRow has no value.")
         _check_attribute(cell.name, cell.value)
         columns[cell.name] = cell.value
@@ -382,19 +383,17 @@ def _update(
         _check_condition(condition, current)
         changes: dict[str, Any] = {}
         for cell in row.cells:
-            if cell.op in (plb.DELETE_ALL_VERSION, plb.DELETE_ONE_VERSION):
+            if cell.op in (CellOp.DELETE_ALL_VERSION, CellOp.DELETE_ONE_VERSION):
                 changes[cell.name] = None
-            elif cell.op == plb.INCREMENT:
+            elif cell.op is CellOp.INCREMENT:
                 old = (current or {}).get(cell.name, 0)
                 if not isinstance(cell.value, int) or isinstance(cell.value, bool) or (
                     not isinstance(old, int) or isinstance(old, bool)
                 ):
                     raise parameter_invalid(f"Increment of column '{cell.name}' needs integers.")
                 changes[cell.name] = old + cell.value
-            elif cell.op is None and cell.value is not None:
+            else:  # a put: the decoder refuses a put without a value
                 changes[cell.name] = cell.value
-            else:
-                raise parameter_invalid(f"Invalid update of column '{cell.name}'.")
             size += len(cell.name) + _value_size(changes[cell.name])
         _store_call(ctx.store.update_row, table, key, changes)
     return schema, key, size
@@ -468,7 +467,7 @@ def _order_key(schema: TableSchema, key: Mapping[str, Any]) -> tuple[tuple[Any, 
     out = []
     for c in schema.primary_key:
         v = key[c.name]
-        out.append((0,) if v is plb.INF_MIN else (2,) if v is plb.INF_MAX else (1, v))
+        out.append((0,) if v is Special.INF_MIN else (2,) if v is Special.INF_MAX else (1, v))
     return tuple(out)
 
 
