@@ -45,19 +45,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tablestore_cdc.lakehouse.changes import META_COLUMNS, NO_TIME
 from tablestore_cdc.lakehouse.errors import ApplyOptionError, ChangeBatchError, LakehouseError
+from tablestore_cdc.lakehouse.iceberg import BATCH_ID_PROPERTY as ICEBERG_BATCH_ID
+from tablestore_cdc.lakehouse.iceberg import QUERY_ID_PROPERTY as ICEBERG_QUERY_ID
 from tablestore_cdc.lakehouse.ownership import Marker, claim
-from tablestore_cdc.lakehouse.plan import END_AT, START_AT
+from tablestore_cdc.lakehouse.plan import END_AT, START_AT, ApplyOptions, key_columns_of
 from tablestore_cdc.lakehouse.sink import ApplyResult, query_id_of
 
 DELTA, ICEBERG = "delta", "iceberg"
 FORMATS = (DELTA, ICEBERG)
-#: the summary keys of the embedded Iceberg sink (iceberg.py), written here too
-ICEBERG_QUERY_ID = "tablestore-cdc.query-id"
-ICEBERG_BATCH_ID = "tablestore-cdc.batch-id"
-#: a null commit time sorts first (changes.NO_TIME)
-NO_TIME = -(2 ** 63)
-META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
 DELTA_TXN_APP = "spark.databricks.delta.write.txnAppId"
 DELTA_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 ICEBERG_SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
@@ -194,19 +191,9 @@ class SparkMergeSink:
         if format not in FORMATS:
             raise ApplyOptionError(option="format", value=format, problem="unknown format",
                                    allowed="delta or iceberg")
-        if scd not in (1, 2):
-            raise ApplyOptionError(option="scd", value=scd, problem="unknown SCD type",
-                                   allowed="1 or 2")
-        if scd == 2 and soft_delete_column is not None:
-            raise ApplyOptionError(option="soft_delete_column", value=soft_delete_column,
-                                   problem="SCD type 2 already keeps deleted rows (a delete "
-                                   "ends the current version)", allowed="no soft-delete column "
-                                   "with scd=2")
-        reserved = {*(key_columns or ()), *META_COLUMNS}
-        if soft_delete_column is not None and soft_delete_column in reserved:
-            raise ApplyOptionError(option="soft_delete_column", value=soft_delete_column,
-                                   problem="the name is taken by a key or system column",
-                                   allowed="a new column name, e.g. is_deleted")
+        # the embedded sinks' checks of scd and soft_delete_column (keys come with the batch)
+        ApplyOptions(key_columns=tuple(key_columns or ("<key>",)), scd=scd,
+                     soft_delete_column=soft_delete_column)
         if format == ICEBERG and soft_delete_column in ICEBERG_RESERVED:
             raise ApplyOptionError(option="soft_delete_column", value=soft_delete_column,
                                    problem="Iceberg's Spark runtime reserves the name for a "
@@ -240,8 +227,7 @@ class SparkMergeSink:
             check_engine(spark, self.format)
         self._use_catalog(spark)  # each batch: a restarted query's session is a new copy
         self._checked = True
-        keys = self.key_columns or tuple(
-            f.name for f in df.schema.fields if not f.nullable and f.name not in META_COLUMNS)
+        keys = self.key_columns or key_columns_of(df.schema)
         if not keys:
             raise ApplyOptionError(option="key_columns", value=None,
                                    problem="the batch's schema marks no key column",
@@ -317,14 +303,13 @@ class SparkMergeSink:
         properties = self.target_properties(spark)
         types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
         flag = [self.soft_delete_column] if self.soft_delete_column else []
+        props = ", ".join(f"'{k}' = '{_literal(v)}'" for k, v in marker.properties().items())
         if properties is None:
             columns = [f"{_quote(k)} {types[k]} NOT NULL" for k in keys]
             columns += [f"{_quote(v)} {types[v]}" for v in values]
             columns += [f"{_quote(c)} boolean" for c in flag]
             if self.scd == 2:
                 columns += [f"{_quote(START_AT)} timestamp", f"{_quote(END_AT)} timestamp"]
-            props = ", ".join(f"'{k}' = '{_literal(v)}'" for k, v in
-                              marker.properties().items())
             using = "delta" if self.format == DELTA else "iceberg"
             namespace = self.target.split(".")[:-1]
             if self.format == ICEBERG and len(namespace) > 1:  # catalog.namespace: made once
@@ -338,8 +323,6 @@ class SparkMergeSink:
 
         if claim(self.target, properties, pa.schema([]), pa.schema([]), marker,
                  self.adopt_target, written):
-            props = ", ".join(f"'{k}' = '{_literal(v)}'" for k, v in
-                              marker.properties().items())
             spark.sql(f"ALTER TABLE {self._table_sql()} SET TBLPROPERTIES ({props})")
         have = set(spark.table(self._table_sql()).columns)
         missing = [c for c in (*values, *flag) if c not in have]
@@ -507,6 +490,19 @@ def replicate_conf(uris: str | Sequence[str], spark_version: str | None = None
     return conf
 
 
+def _channel_times(df: Any, keys: Sequence[str]) -> Any:
+    """``df`` with ``__first`` and ``__last``: the commit times of the first and last change
+    of each key's channel (the order of a key's channels, plan.py)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ts = F.coalesce(F.unix_micros(F.col("_commit_ts")), F.lit(NO_TIME))
+    per_channel = Window.partitionBy(*keys, "_channel_id")
+    return (df.withColumn("__ts", ts)
+            .withColumn("__first", F.min_by("__ts", "_sequence").over(per_channel))
+            .withColumn("__last", F.max_by("__ts", "_sequence").over(per_channel)))
+
+
 def _last_changes(df: Any, keys: Sequence[str], values: Sequence[str],
                   flag: str | None) -> Any:
     """Each key's last change of the batch as one source row of the MERGE, with ``__action``:
@@ -515,11 +511,7 @@ def _last_changes(df: Any, keys: Sequence[str], values: Sequence[str],
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    ts = F.coalesce(F.unix_micros(F.col("_commit_ts")), F.lit(NO_TIME))
-    per_channel = Window.partitionBy(*keys, "_channel_id")
-    ranked = (df.withColumn("__ts", ts)
-              .withColumn("__first", F.min_by("__ts", "_sequence").over(per_channel))
-              .withColumn("__last", F.max_by("__ts", "_sequence").over(per_channel)))
+    ranked = _channel_times(df, keys)
     order = F.struct("__first", "__last", "_channel_id", "_sequence")
     per_key = Window.partitionBy(*keys)
     live = F.col("_op") != "DELETE"
@@ -548,12 +540,8 @@ def _versions(df: Any, keys: Sequence[str], values: Sequence[str]) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    ts = F.coalesce(F.unix_micros(F.col("_commit_ts")), F.lit(NO_TIME))
-    per_channel = Window.partitionBy(*keys, "_channel_id")
     ordered = Window.partitionBy(*keys).orderBy("__first", "__last", "_channel_id", "_sequence")
-    rows = (df.withColumn("__ts", ts)
-            .withColumn("__first", F.min_by("__ts", "_sequence").over(per_channel))
-            .withColumn("__last", F.max_by("__ts", "_sequence").over(per_channel))
+    rows = (_channel_times(df, keys)
             .withColumn("__rank", F.row_number().over(ordered))
             .withColumn("__next", F.lead("_commit_ts").over(ordered)))
     versions = rows.where(F.col("_op") != "DELETE").select(

@@ -23,9 +23,7 @@ from typing import Any
 
 from connector.generic_rows import CHANGE_COLUMNS
 from connector.schema import TABLESTORE_TO_SPARK
-
-#: a null commit time sorts first (as ``spark_merge.NO_TIME``)
-_NO_TIME = -(2 ** 63)
+from tablestore_cdc.lakehouse.changes import NO_TIME
 
 
 def declared_schemas(batch: Any) -> dict[str, str]:
@@ -35,7 +33,7 @@ def declared_schemas(batch: Any) -> dict[str, str]:
     sequence), as ``generic_rows.decode`` takes its newest row's."""
     from pyspark.sql import functions as F
 
-    newest = F.struct(F.coalesce(F.unix_micros("_commit_ts"), F.lit(_NO_TIME)), "_sequence")
+    newest = F.struct(F.coalesce(F.unix_micros("_commit_ts"), F.lit(NO_TIME)), "_sequence")
     pairs = (batch.groupBy("_table", "_schema").agg(F.max(newest).alias("__newest"))
              .collect())
     chosen: dict[str, tuple[Any, str]] = {}
