@@ -15,11 +15,12 @@ from __future__ import annotations
 import difflib
 import enum
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core.core_schema import ValidationInfo
 
 from cdc_common.credentials import (
     ALIBABA_ACCESS_KEY_ID,
@@ -205,6 +206,11 @@ _BY_LOWER = {name.lower(): name for name in OPTIONS}
 _INT_MAX = 2**31 - 1
 _LONG_MAX = 2**63 - 1
 _FIELD_TO_OPTION = {spec.field: name for name, spec in OPTIONS.items()}
+#: the fields whose option text a parser of ``connector.option_values`` reads
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "catalog": parse_catalog, "starting_timestamp": parse_timestamp_ms,
+    "ending_timestamp": parse_timestamp_ms, "max_trigger_delay_ms": parse_duration_ms,
+    "max_bytes_per_trigger": parse_bytes}
 
 
 class SourceOptions(BaseModel):
@@ -300,13 +306,6 @@ class SourceOptions(BaseModel):
     def _uppercase_word(cls, value: Any) -> Any:
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("catalog", mode="before")
-    @classmethod
-    def _catalog(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        return parse_catalog(value)
-
     @field_validator("schema_change_behavior", mode="before")
     @classmethod
     def _policy(cls, value: Any) -> Any:
@@ -322,20 +321,10 @@ class SourceOptions(BaseModel):
     def _bools(cls, value: Any) -> Any:
         return parse_bool(value)
 
-    @field_validator("starting_timestamp", "ending_timestamp", mode="before")
+    @field_validator(*_PARSERS, mode="before")
     @classmethod
-    def _timestamp(cls, value: Any) -> Any:
-        return parse_timestamp_ms(value) if isinstance(value, str) else value
-
-    @field_validator("max_trigger_delay_ms", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> Any:
-        return parse_duration_ms(value) if isinstance(value, str) else value
-
-    @field_validator("max_bytes_per_trigger", mode="before")
-    @classmethod
-    def _bytes(cls, value: Any) -> Any:
-        return parse_bytes(value) if isinstance(value, str) else value
+    def _parsed(cls, value: Any, info: ValidationInfo) -> Any:
+        return _PARSERS[str(info.field_name)](value) if isinstance(value, str) else value
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # ``endpoint`` stays out (repr=False); ``meta.store`` is shown redacted, as a URI with
