@@ -127,7 +127,7 @@ def cut_key_space(conn: sqlite3.Connection, table: str, count: int, now: float) 
     step = KEY_SPACE // count
     for i in range(count):
         hi = KEY_SPACE if i == count - 1 else (i + 1) * step
-        _insert_channel(conn, table, i, (), i * step, hi, now)
+        _new_channel(conn, table, (), i * step, hi, now, no=i)
 
 
 def split_channel(
@@ -211,24 +211,6 @@ def trim_history(
     return deleted
 
 
-def _insert_channel(
-    conn: sqlite3.Connection,
-    table: str,
-    no: int,
-    parents: tuple[str, ...],
-    lo: int,
-    hi: int,
-    now: float,
-) -> str:
-    channel_id = f"ch-{no:04d}"
-    conn.execute(
-        "INSERT INTO cdc_channels (table_name, channel_id, channel_no, parent_ids, range_lo, "
-        "range_hi, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (table, channel_id, no, json.dumps(list(parents)), lo, hi, now),
-    )
-    return channel_id
-
-
 def _new_channel(
     conn: sqlite3.Connection,
     table: str,
@@ -236,13 +218,22 @@ def _new_channel(
     lo: int,
     hi: int,
     now: float,
+    no: int | None = None,
 ) -> str:
-    (no,) = conn.execute(
-        "UPDATE cdc_tables SET next_channel_no = next_channel_no + 1 WHERE name = ? "
-        "RETURNING next_channel_no - 1",
-        (table,),
-    ).fetchone()
-    return _insert_channel(conn, table, no, parents, lo, hi, now)
+    """Insert a channel numbered ``no`` (None: the table's next number) and return its id."""
+    if no is None:
+        (no,) = conn.execute(
+            "UPDATE cdc_tables SET next_channel_no = next_channel_no + 1 WHERE name = ? "
+            "RETURNING next_channel_no - 1",
+            (table,),
+        ).fetchone()
+    channel_id = f"ch-{no:04d}"
+    conn.execute(
+        "INSERT INTO cdc_channels (table_name, channel_id, channel_no, parent_ids, range_lo, "
+        "range_hi, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (table, channel_id, no, json.dumps(list(parents)), lo, hi, now),
+    )
+    return channel_id
 
 
 def _open_channel(conn: sqlite3.Connection, table: str, channel_id: str) -> ChannelRow:
