@@ -267,14 +267,11 @@ def decode_value(value: Mapping[str, Any], mode: NumberMode = "double",
     ``AttributeValueError`` (naming ``path``) for anything that is not a typed value.
     """
     tag, inner = _tagged(value, path)
-    if tag == "S":
-        _want(inner, str, tag, "a string", path)
-        return inner
     if tag == "N":
         return _number(inner, mode, path)
     if tag == "B":
         return _bytes(inner, path)
-    if tag in ("BOOL", "NULL"):
+    if tag in ("S", "BOOL", "NULL"):
         return _plain(value, path, 0)
     return _JSON(_plain(value, path, 0))
 
