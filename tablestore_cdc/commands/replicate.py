@@ -222,40 +222,6 @@ def _local_output(output: str) -> Path:
     return Path(output).resolve()
 
 
-def start_job(output: Path, master: str, conf: dict[str, str] | None = None, *,
-              short_run: bool = False) -> tuple[Any, Any]:
-    """``job.open_job`` for ``replicate`` (one table or ``--tables``; CLI process): a second
-    start ends in one line (exit 4), having written nothing; Ctrl-C while Spark starts ends in
-    one line (exit 0) instead of the traceback of the Py4J call it interrupted. ``conf``: the
-    session's added settings (``--engine spark``); ``short_run``: ``--once``'s JVM options."""
-    try:
-        with reported_errors():
-            return open_job(output, master, console.print, conf, short_run=short_run)
-    except KeyboardInterrupt:
-        _end_children()
-        console.print("stopped while Spark was starting; nothing was read or written")
-        raise typer.Exit(int(JobExit.DONE)) from None
-
-
-def run_job(job: ReplicationJob, spark: Any, writer: TableStatusWriter) -> JobExit:
-    """The tail of ``replicate`` (one table or ``--tables``; CLI process, driver): run ``job``
-    until it ends, stop Spark, mark every table "stopped" on a clean end and close the status
-    ``writer``. The caller releases the output lock and closes the metrics."""
-    code = job.run()
-    spark.stop()
-    if code is JobExit.DONE:
-        writer.mark_all("stopped", None)
-    writer.close()
-    return code
-
-
-def say_job_end(code: JobExit, once: bool) -> None:
-    """The last line of ``replicate`` (one table or ``--tables``) after a clean end."""
-    if code is JobExit.DONE:
-        console.print("caught up; run the same command again to go on" if once
-                      else "stopped cleanly; run the same command again to resume")
-
-
 def _end_children() -> None:
     """SIGTERM to this process's children (Linux ``/proc``; elsewhere nothing): after Ctrl-C
     inside Spark's start they are its JVM alone, which PySpark had not handed over yet and
@@ -329,8 +295,13 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
                       f"{', '.join(checked.tables) or '(none yet)'}", soft_wrap=True)
     metrics = TableMetrics(default_retention_s(endpoint), source=redact_uri(endpoint),
                            probe=endpoint)
-    # a second start ends here (exit 4); --once: a short run's JVM options
-    lock, spark = start_job(output, master, engine_conf, short_run=once)
+    try:  # a second start ends here (exit 4); --once: a short run's JVM options
+        with reported_errors():
+            lock, spark = open_job(output, master, console.print, engine_conf, short_run=once)
+    except KeyboardInterrupt:  # in Spark's start: one line, not the Py4J call's traceback
+        _end_children()
+        console.print("stopped while Spark was starting; nothing was read or written")
+        return JobExit.DONE
     try:
         with reported_errors():
             if one_table:  # an earlier version's single-table output: upgraded in place
@@ -367,11 +338,17 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
                                    once=once, retry=policy),
             policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
             record_status=writer.mark_all, on_progress=show, once=once)
-        code = run_job(job, spark, writer)
+        code = job.run()
+        spark.stop()
+        if code is JobExit.DONE:
+            writer.mark_all("stopped", None)
+        writer.close()
     finally:
         metrics.close()
         lock.release()
-    say_job_end(code, once)
+    if code is JobExit.DONE:
+        console.print("caught up; run the same command again to go on" if once
+                      else "stopped cleanly; run the same command again to resume")
     return code
 
 
