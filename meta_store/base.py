@@ -29,12 +29,13 @@ retention, conflict detection) live here once. Every backend passes
 from __future__ import annotations
 
 import enum
+import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
 from meta_store.errors import (
@@ -190,7 +191,10 @@ def validation_reason(exc: ValidationError) -> str:
     return f"{where}: {msg}" if where else msg
 
 
-def parse_record(model: type[_Frozen], raw: str | bytes, *, store: str, key: str) -> _Frozen:
+R = TypeVar("R", bound=_Frozen)
+
+
+def parse_record(model: type[R], raw: str | bytes, *, store: str, key: str) -> R:
     """Decode a stored JSON row; a row that is not ours raises ``CorruptMetaRecordError``
     naming the row and the field (a non-finite time included; nesting is bounded by pydantic's
     parser at 200 levels)."""
@@ -215,17 +219,48 @@ def stored_manifest_json(store: str, uuid: str, manifest: Manifest) -> str:
     return raw
 
 
-def oversized_manifest(stored: str | bytes) -> str | None:
-    """Why a stored manifest cell is too large to parse (``MAX_MANIFEST_JSON_BYTES``), or
-    None: checked before parsing, by length (a character is at least one byte)."""
+def parse_manifest(store: str, key: str, stored: str | bytes) -> Manifest:
+    """A stored manifest cell of the batch row ``key`` (every backend's reader): its size is
+    checked by length before parsing (a character is at least one byte), so a cell past
+    ``MAX_MANIFEST_JSON_BYTES`` is a ``CorruptMetaRecordError`` that costs no parse."""
     size = len(stored)
     if size <= MAX_MANIFEST_JSON_BYTES and isinstance(stored, str) \
             and size * 4 > MAX_MANIFEST_JSON_BYTES:
         size = len(stored.encode("utf-8", "surrogatepass"))
     if size > MAX_MANIFEST_JSON_BYTES:
-        return (f"the manifest is {'at least ' if isinstance(stored, str) else ''}{size} bytes "
-                f"of JSON, over the {MAX_MANIFEST_JSON_BYTES} any meta store writes")
-    return None
+        raise CorruptMetaRecordError(
+            store=store, key=key + "/manifest",
+            reason=f"the manifest is {'at least ' if isinstance(stored, str) else ''}{size} "
+            f"bytes of JSON, over the {MAX_MANIFEST_JSON_BYTES} any meta store writes")
+    return parse_record(Manifest, stored, store=store, key=key + "/manifest")
+
+
+def with_manifest(batch: BatchRecord, manifest: Manifest) -> BatchRecord:
+    """``batch`` once its manifest is set (``_set_manifest_if_absent``): planned if minted."""
+    state = BatchState.PLANNED if batch.state is BatchState.MINTED else batch.state
+    return batch.model_copy(update={"manifest": manifest, "state": state})
+
+
+def first_times(batch: BatchRecord, state: BatchState, at: Any,
+                spark_batch_id: int | None) -> dict[str, Any]:
+    """The fields moving ``batch`` to ``state`` sets, each only the first time
+    (``_advance_state`` of every backend)."""
+    changes: dict[str, Any] = {}
+    if state.rank >= BatchState.COMMITTED.rank and batch.committed_at is None:
+        changes["committed_at"] = at
+    if state is BatchState.PUSHED and batch.pushed_at is None:
+        changes["pushed_at"] = at
+    if spark_batch_id is not None and batch.spark_batch_id is None:
+        changes["spark_batch_id"] = spark_batch_id
+    return changes
+
+
+_NAMESPACE_INFO = TypeAdapter(dict[str, str])
+
+
+def namespace_info_json(info: dict[str, str]) -> str:
+    """A namespace's description as stored: a JSON object of strings with sorted keys."""
+    return json.dumps(_NAMESPACE_INFO.validate_python(dict(info)), sort_keys=True)
 
 
 #: compare-and-set rounds of ``take_lease`` before it gives up (each lost to another writer)
@@ -351,9 +386,18 @@ class MetaStore(ABC):
             return value
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise CorruptMetaRecordError(store=self.uri, key=f"namespace {shown}",
-                                     reason=f"the namespace cell holds {type(value).__name__}, "
-                                     "not text")
+        raise self._corrupt(f"namespace {shown}",
+                            f"the namespace cell holds {type(value).__name__}, not text")
+
+    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
+        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
+
+    def _parse_namespace_info(self, key: str, raw: Any) -> dict[str, str]:
+        """A stored description (``namespace_info_json``); ``CorruptMetaRecordError`` if not."""
+        try:
+            return _NAMESPACE_INFO.validate_json(raw)
+        except ValidationError as exc:
+            raise self._corrupt(key, str(exc).splitlines()[0]) from None
 
     def _sorted_namespaces(self, cells: Iterable[Any]) -> list[str]:
         """``list_namespaces``' answer: the distinct names among the namespace ``cells`` a
@@ -558,11 +602,8 @@ class MetaStore(ABC):
         return self._parse_lease(key, self._get_lease_json(key))
 
     def _parse_lease(self, key: str, raw: str | None) -> Lease | None:
-        if raw is None:
-            return None
-        parsed = parse_record(Lease, raw, store=self.uri, key=f"{key}/lease")
-        assert isinstance(parsed, Lease)
-        return parsed
+        return None if raw is None else parse_record(Lease, raw, store=self.uri,
+                                                     key=f"{key}/lease")
 
     def take_lease(self, key: str, owner: str, ttl_s: float, *, namespace: str,
                    tip: str | None = None, now: float | None = None,
@@ -615,3 +656,8 @@ class MetaStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(uri={self.uri!r})"
+
+    __str__ = __repr__

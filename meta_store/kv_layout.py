@@ -46,7 +46,6 @@ the driver's planning process, executors' ``read()`` and the CLI, like every met
 
 from __future__ import annotations
 
-import json
 import random
 import time
 import zlib
@@ -63,8 +62,10 @@ from meta_store.base import (
     EndCheckpoint,
     Manifest,
     MetaStore,
-    oversized_manifest,
+    namespace_info_json,
+    parse_manifest,
     parse_record,
+    stored_manifest_json,
     validation_reason,
 )
 from meta_store.errors import CorruptMetaRecordError, MetaStoreRequestError, TransientMetaStoreError
@@ -78,12 +79,8 @@ PENDING_SK = "N#pending"
 
 #: the fields of a batch kept in their own columns, not in its ``doc``
 BATCH_STATE_FIELDS = ("manifest", "state", "committed_at", "pushed_at", "spark_batch_id")
-_NAMESPACE_INFO = TypeAdapter(dict[str, str])
 #: a batch row's ``doc``: a JSON object (pydantic's parser: nesting bounded at 200 levels)
 _DOC = TypeAdapter(dict[str, Any])
-#: ``MAX_MANIFEST_JSON_BYTES`` (``meta_store.base``): checked when written; a compressed cell is
-#: inflated at most this far when read, so a cell that inflates further (a few hundred KB can
-#: inflate to hundreds of MB) is refused as corrupt without allocating it.
 #: put-if-absent: attempts when the stored row vanishes (gc) between the put and the read
 _PUT_ROUNDS = 3
 
@@ -176,19 +173,10 @@ class KeyValueMetaStore(MetaStore):
 
     # --- codecs ------------------------------------------------------------------------------
 
-    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
-        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
-
     def _manifest_cells(self, uuid: str, manifest: Manifest) -> PlainRow:
         """The manifest's one column: its JSON, or compressed when over the threshold."""
         storage = self.manifest_storage
-        raw = manifest.model_dump_json().encode()
-        if len(raw) > MAX_MANIFEST_JSON_BYTES:
-            raise MetaStoreRequestError(
-                store=self.uri, operation="put_manifest",
-                reason=f"batch {uuid!r}: the manifest of {len(manifest.channels)} channels is "
-                f"{len(raw)} bytes of JSON, over the {MAX_MANIFEST_JSON_BYTES} a meta store "
-                "reads back (read fewer channels per tunnel)")
+        raw = stored_manifest_json(self.uri, uuid, manifest).encode()
         if len(raw) <= storage.compress_over:
             return {"manifest": raw.decode()}
         packed = zlib.compress(raw, 6)
@@ -231,16 +219,9 @@ class KeyValueMetaStore(MetaStore):
                 if name in row:
                     fields[name] = row[name]
             stored = row.get(self.manifest_storage.compressed_column, row.get("manifest"))
-            manifest: Manifest | None = None
             if stored is not None:
                 raw = self._inflate(key, stored) if isinstance(stored, bytes) else stored
-                too_large = oversized_manifest(raw)
-                if too_large is not None:
-                    raise self._corrupt(key, too_large)
-                parsed = parse_record(Manifest, raw, store=self.uri, key=key + "/manifest")
-                assert isinstance(parsed, Manifest)
-                manifest = parsed
-            fields["manifest"] = manifest
+                fields["manifest"] = parse_manifest(self.uri, key, raw)
             batch = BatchRecord.model_validate(fields)
         except CorruptMetaRecordError:
             raise
@@ -256,8 +237,9 @@ class KeyValueMetaStore(MetaStore):
 
     def _inflate(self, key: str, stored: bytes) -> bytes:
         """A compressed manifest cell's JSON, inflated at most ``MAX_MANIFEST_JSON_BYTES``
-        (one more byte tells it is over): ``CorruptMetaRecordError`` past that, for a stream
-        cut short, or for bytes after its end."""
+        (one more byte tells it is over; a few hundred KB can inflate to hundreds of MB):
+        ``CorruptMetaRecordError`` past that, for a stream cut short, or for bytes after its
+        end."""
         inflater = zlib.decompressobj()
         raw = inflater.decompress(stored, MAX_MANIFEST_JSON_BYTES + 1)
         if len(raw) > MAX_MANIFEST_JSON_BYTES or inflater.unconsumed_tail:
@@ -279,7 +261,6 @@ class KeyValueMetaStore(MetaStore):
         if not isinstance(doc, str):
             raise self._corrupt(key, f"{self.cell} 'doc' (a JSON string) is missing")
         end = parse_record(EndCheckpoint, doc, store=self.uri, key=key)
-        assert isinstance(end, EndCheckpoint)
         if sk != self._end_sk(uuid, end.channel_id):
             raise self._corrupt(key, f"the row holds channel {end.channel_id!r}")
         return end
@@ -352,17 +333,13 @@ class KeyValueMetaStore(MetaStore):
         self._delete_rows(namespace, [batch_sk(u) for u in unique])
 
     def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
-        payload = json.dumps(_NAMESPACE_INFO.validate_python(dict(info)), sort_keys=True)
-        self._put_row("set_namespace_info", namespace, INFO_SK, {"info": payload})
+        self._put_row("set_namespace_info", namespace, INFO_SK,
+                      {"info": namespace_info_json(info)})
 
     def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
         row = self._get_row("get_namespace_info", namespace, INFO_SK)
-        if row is None:
-            return None
-        try:
-            return _NAMESPACE_INFO.validate_json(row["info"])
-        except (KeyError, ValidationError) as exc:
-            raise self._corrupt(f"{namespace}/{INFO_SK}", str(exc).splitlines()[0]) from None
+        return None if row is None else self._parse_namespace_info(f"{namespace}/{INFO_SK}",
+                                                                   row.get("info"))
 
     def _get_lease_json(self, key: str) -> str | None:
         row = self._get_row("get_lease", key, LEASE_SK)
@@ -381,8 +358,3 @@ class KeyValueMetaStore(MetaStore):
         except ConditionFailed:
             return False
         return True
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(uri={self.uri!r})"
-
-    __str__ = __repr__

@@ -39,7 +39,6 @@ schema) is refused at open with ``MetaStoreUriError``; a row that does not decod
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sqlite3
@@ -49,7 +48,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import unquote, urlencode, urlsplit
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field
 
 from cdc_common.uris import UriQuery, parse_query, redact_uri
 from meta_store.base import (
@@ -59,9 +58,12 @@ from meta_store.base import (
     EndCheckpoint,
     Manifest,
     MetaStore,
-    oversized_manifest,
+    first_times,
+    namespace_info_json,
+    parse_manifest,
     parse_record,
     stored_manifest_json,
+    with_manifest,
 )
 from meta_store.errors import (
     CorruptMetaRecordError,
@@ -72,6 +74,7 @@ from meta_store.errors import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R", bound=BatchRecord | EndCheckpoint)
 
 #: Marker and version of our schema; a file with another product or a newer version is refused.
 PRODUCT = "tablestore-cdc-meta"
@@ -104,7 +107,6 @@ _LEASE_TABLE = "CREATE TABLE IF NOT EXISTS cdc_leases (key TEXT PRIMARY KEY, lea
 _DEFAULTS = {"busy_timeout_ms": 10_000, "lock_retries": 3}
 #: SQLite result codes (primary, low byte) meaning "another connection holds the lock"
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
-_INFO = TypeAdapter(dict[str, str])
 #: rows per ``IN (...)`` list when deleting (well under SQLite's variable limit)
 _DELETE_CHUNK = 500
 
@@ -296,34 +298,26 @@ class SqliteMetaStore(MetaStore):
 
     # --- row decoding ---------------------------------------------------------------------
 
-    def _corrupt(self, key: str, reason: str) -> CorruptMetaRecordError:
-        return CorruptMetaRecordError(store=self.uri, key=key, reason=reason)
+    def _parse(self, model: type[R], key: str, record: Any) -> R:
+        if not isinstance(record, str | bytes):
+            raise self._corrupt(key, f"record column holds {type(record).__name__}, not JSON")
+        return parse_record(model, record, store=self.uri, key=key)
 
     def _decode_batch(self, namespace: str, uuid: str, record: Any,
                       manifest: Any) -> BatchRecord:
         key = f"{namespace}/batch/{uuid}"
-        if not isinstance(record, str | bytes):
-            raise self._corrupt(key, f"record column holds {type(record).__name__}, not JSON")
-        batch = parse_record(BatchRecord, record, store=self.uri, key=key)
-        assert isinstance(batch, BatchRecord)
+        batch = self._parse(BatchRecord, key, record)
         if batch.uuid != uuid:
             raise self._corrupt(key, f"the row holds batch {batch.uuid!r}")
         if manifest is not None:
             if not isinstance(manifest, str | bytes):
                 raise self._corrupt(key, f"manifest column holds {type(manifest).__name__}")
-            too_large = oversized_manifest(manifest)
-            if too_large is not None:
-                raise self._corrupt(key + "/manifest", too_large)
-            parsed = parse_record(Manifest, manifest, store=self.uri, key=key + "/manifest")
-            batch = batch.model_copy(update={"manifest": parsed})
+            batch = batch.model_copy(update={"manifest": parse_manifest(self.uri, key, manifest)})
         return batch
 
     def _decode_end(self, namespace: str, uuid: str, channel_id: str, record: Any) -> EndCheckpoint:
         key = f"{namespace}/end/{uuid}/{channel_id}"
-        if not isinstance(record, str | bytes):
-            raise self._corrupt(key, f"record column holds {type(record).__name__}, not JSON")
-        end = parse_record(EndCheckpoint, record, store=self.uri, key=key)
-        assert isinstance(end, EndCheckpoint)
+        end = self._parse(EndCheckpoint, key, record)
         if end.channel_id != channel_id:
             raise self._corrupt(key, f"the row holds channel {end.channel_id!r}")
         return end
@@ -374,13 +368,11 @@ class SqliteMetaStore(MetaStore):
                 raise UnknownBatchError(uuid=uuid, namespace=namespace)
             if stored.manifest is not None:
                 return stored
-            state = BatchState.PLANNED if stored.state is BatchState.MINTED else stored.state
-            updated = stored.model_copy(update={"manifest": manifest, "state": state})
+            updated = with_manifest(stored, manifest)
             conn.execute(
                 "UPDATE cdc_batches SET record = ?, manifest = ?, state_rank = ?"
                 " WHERE ns = ? AND uuid = ? AND manifest IS NULL",
-                (self._batch_json(updated), stored_json, state.rank,
-                 namespace, uuid),
+                (self._batch_json(updated), stored_json, updated.state.rank, namespace, uuid),
             )
             return updated
 
@@ -394,14 +386,8 @@ class SqliteMetaStore(MetaStore):
             stored = self._select_batch(conn, namespace, uuid)
             if stored is None or stored.state.rank >= state.rank:
                 return
-            update: dict[str, Any] = {"state": state}
-            if state.rank >= BatchState.COMMITTED.rank and stored.committed_at is None:
-                update["committed_at"] = at
-            if state is BatchState.PUSHED and stored.pushed_at is None:
-                update["pushed_at"] = at
-            if spark_batch_id is not None and stored.spark_batch_id is None:
-                update["spark_batch_id"] = spark_batch_id
-            updated = stored.model_copy(update=update)
+            updated = stored.model_copy(
+                update={"state": state, **first_times(stored, state, at, spark_batch_id)})
             conn.execute(
                 "UPDATE cdc_batches SET record = ?, state_rank = ?"
                 " WHERE ns = ? AND uuid = ? AND state_rank < ?",
@@ -410,6 +396,14 @@ class SqliteMetaStore(MetaStore):
 
         self._write(f"mark {state.value}", advance)
 
+    def _select_end(self, conn: sqlite3.Connection, namespace: str, uuid: str,
+                    channel_id: str) -> EndCheckpoint | None:
+        row = conn.execute(
+            "SELECT record FROM cdc_end_checkpoints WHERE ns = ? AND uuid = ? AND channel_id = ?",
+            (namespace, uuid, channel_id),
+        ).fetchone()
+        return None if row is None else self._decode_end(namespace, uuid, channel_id, row[0])
+
     def _put_end_if_absent(self, namespace: str, uuid: str, end: EndCheckpoint) -> EndCheckpoint:
         def put(conn: sqlite3.Connection) -> EndCheckpoint:
             conn.execute(
@@ -417,23 +411,15 @@ class SqliteMetaStore(MetaStore):
                 " VALUES (?, ?, ?, ?)",
                 (namespace, uuid, end.channel_id, end.model_dump_json()),
             )
-            row = conn.execute(
-                "SELECT record FROM cdc_end_checkpoints WHERE ns = ? AND uuid = ?"
-                " AND channel_id = ?", (namespace, uuid, end.channel_id),
-            ).fetchone()
-            return self._decode_end(namespace, uuid, end.channel_id, row[0])
+            stored = self._select_end(conn, namespace, uuid, end.channel_id)
+            assert stored is not None
+            return stored
 
         return self._write("put_end_checkpoint", put)
 
     def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
-        def get(conn: sqlite3.Connection) -> EndCheckpoint | None:
-            row = conn.execute(
-                "SELECT record FROM cdc_end_checkpoints WHERE ns = ? AND uuid = ?"
-                " AND channel_id = ?", (namespace, uuid, channel_id),
-            ).fetchone()
-            return None if row is None else self._decode_end(namespace, uuid, channel_id, row[0])
-
-        return self._run("get_end_checkpoint", get)
+        return self._run("get_end_checkpoint",
+                         lambda conn: self._select_end(conn, namespace, uuid, channel_id))
 
     def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]:
         rows = self._run("get_end_checkpoints", lambda conn: conn.execute(
@@ -442,30 +428,30 @@ class SqliteMetaStore(MetaStore):
         ).fetchall())
         return [self._decode_end(namespace, uuid, channel, record) for channel, record in rows]
 
-    def _list_batches(self, namespace: str) -> list[BatchRecord]:
+    def _select_batches(self, namespace: str, where: str = "", *params: Any,
+                        unread: bool = False) -> list[BatchRecord]:
+        """The namespace's batches (``where``: more conditions), oldest first; ``unread``: a
+        planned batch's manifest is not read, ``UNREAD_MANIFEST`` stands for it."""
+        column = "manifest IS NOT NULL" if unread else "manifest"
         rows = self._run("list_batches", lambda conn: conn.execute(
-            "SELECT uuid, record, manifest FROM cdc_batches WHERE ns = ?"
-            " ORDER BY created_at, uuid", (namespace,),
+            f"SELECT uuid, record, {column} FROM cdc_batches WHERE ns = ?{where}"
+            " ORDER BY created_at, uuid", (namespace, *params),
         ).fetchall())
-        return [self._decode_batch(namespace, uuid, record, manifest)
-                for uuid, record, manifest in rows]
+        batches = []
+        for uuid, record, cell in rows:
+            batch = self._decode_batch(namespace, uuid, record, None if unread else cell)
+            batches.append(batch.model_copy(update={"manifest": UNREAD_MANIFEST})
+                           if unread and cell else batch)
+        return batches
+
+    def _list_batches(self, namespace: str) -> list[BatchRecord]:
+        return self._select_batches(namespace)
 
     def _list_batches_for_retention(self, namespace: str) -> list[BatchRecord]:
-        rows = self._run("list_batches", lambda conn: conn.execute(
-            "SELECT uuid, record, manifest IS NOT NULL FROM cdc_batches WHERE ns = ?"
-            " ORDER BY created_at, uuid", (namespace,),
-        ).fetchall())
-        batches = [self._decode_batch(namespace, uuid, record, None) for uuid, record, _ in rows]
-        return [b.model_copy(update={"manifest": UNREAD_MANIFEST}) if planned else b
-                for b, (_, _, planned) in zip(batches, rows, strict=True)]
+        return self._select_batches(namespace, unread=True)
 
     def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
-        rows = self._run("list_batches", lambda conn: conn.execute(
-            "SELECT uuid, record, manifest FROM cdc_batches WHERE ns = ? AND state_rank = ?"
-            " ORDER BY created_at, uuid", (namespace, state.rank),
-        ).fetchall())
-        return [self._decode_batch(namespace, uuid, record, manifest)
-                for uuid, record, manifest in rows]
+        return self._select_batches(namespace, " AND state_rank = ?", state.rank)
 
     def _list_ends_of(self, namespace: str, uuids: Sequence[str]
                       ) -> dict[str, list[EndCheckpoint]]:
@@ -506,7 +492,7 @@ class SqliteMetaStore(MetaStore):
         return self._sorted_namespaces(row[0] for row in rows)
 
     def set_namespace_info(self, namespace: str, info: dict[str, str]) -> None:
-        payload = json.dumps(_INFO.validate_python(dict(info)), sort_keys=True)
+        payload = namespace_info_json(info)
         self._write("set_namespace_info", lambda conn: conn.execute(
             "INSERT INTO cdc_namespaces (ns, info) VALUES (?, ?)"
             " ON CONFLICT (ns) DO UPDATE SET info = excluded.info", (namespace, payload),
@@ -515,12 +501,7 @@ class SqliteMetaStore(MetaStore):
     def get_namespace_info(self, namespace: str) -> dict[str, str] | None:
         row = self._run("get_namespace_info", lambda conn: conn.execute(
             "SELECT info FROM cdc_namespaces WHERE ns = ?", (namespace,)).fetchone())
-        if row is None:
-            return None
-        try:
-            return _INFO.validate_json(row[0])
-        except (ValidationError, TypeError) as exc:
-            raise self._corrupt(f"{namespace}/info", str(exc).splitlines()[0]) from None
+        return None if row is None else self._parse_namespace_info(f"{namespace}/info", row[0])
 
     def _get_lease_json(self, key: str) -> str | None:
         row = self._run("get_lease", lambda conn: conn.execute(
@@ -544,8 +525,3 @@ class SqliteMetaStore(MetaStore):
             conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-
-    def __repr__(self) -> str:
-        return f"SqliteMetaStore(uri={self.uri!r})"
-
-    __str__ = __repr__
