@@ -115,15 +115,10 @@ class EndpointProbe:
     tables`` show a short outage too: the query's own per-call retries hide it from the job
     until they give up and the job restarts)."""
 
-    def __init__(self, endpoint: str, every_s: float | None = None) -> None:
+    def __init__(self, endpoint: str, every_s: float = PROBE_EVERY_S) -> None:
         self.endpoint = endpoint
-        self._every_s = every_s
+        self.every_s = every_s
         self._probed: tuple[float, bool | None] = (float("-inf"), None)
-
-    @property
-    def every_s(self) -> float:
-        """How often the endpoint is probed at most (``PROBE_EVERY_S`` unless given)."""
-        return PROBE_EVERY_S if self._every_s is None else self._every_s
 
     def answers(self) -> bool | None:
         """The last probe's answer (a new probe when it is ``every_s`` old); None: not probed."""
@@ -156,50 +151,46 @@ class TableMetrics:
         #: writer by ``attach``
         self.probe = None if probe is None else EndpointProbe(probe)
         self.registry = CollectorRegistry()
-        label = ["table"]
-        r = self.registry
-        self.state = Gauge("tablestore_cdc_table_state", "1 for the table's current state",
-                           ["table", "state"], registry=r)
-        self.lag_records = Gauge("tablestore_cdc_table_lag_records",
-                                 "records behind the tunnel's head", label, registry=r)
-        self.lag_seconds = Gauge("tablestore_cdc_table_lag_seconds",
-                                 "seconds behind the tunnel's head", label, registry=r)
-        self.headroom = Gauge("tablestore_cdc_table_retention_headroom_seconds",
-                              "the service's retention minus the seconds behind its head",
-                              label, registry=r)
         self._warned: set[str] = set()
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ("table",)) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry)
+
+        self.state = gauge("tablestore_cdc_table_state", "1 for the table's current state",
+                           ("table", "state"))
+        self.lag_records = gauge("tablestore_cdc_table_lag_records",
+                                 "records behind the tunnel's head")
+        self.lag_seconds = gauge("tablestore_cdc_table_lag_seconds",
+                                 "seconds behind the tunnel's head")
+        self.headroom = gauge("tablestore_cdc_table_retention_headroom_seconds",
+                              "the service's retention minus the seconds behind its head")
         self.rows_applied = Counter("tablestore_cdc_table_rows_applied",
-                                    "changes applied into the table's target", label, registry=r)
-        self.last_commit = Gauge("tablestore_cdc_table_last_commit_timestamp_seconds",
-                                 "when the table's target last committed", label, registry=r)
-        self.rate = Gauge("tablestore_cdc_table_rows_per_second",
-                          "changes applied per second over the last 30 s", label, registry=r)
-        self.snapshot = Gauge("tablestore_cdc_table_snapshot_percent",
-                              "how much of the table's base data is read", label, registry=r)
-        self.version = Gauge("tablestore_cdc_table_target_version",
-                             "the target's version (Delta) or snapshot id (Iceberg)", label,
-                             registry=r)
-        self.files = Gauge("tablestore_cdc_table_target_files",
-                           "the target's data files in its current version (last maintenance)",
-                           label, registry=r)
-        self.snapshots = Gauge("tablestore_cdc_table_target_snapshots",
-                               "the Iceberg target's snapshots kept (last maintenance)", label,
-                               registry=r)
-        self.maintained = Gauge("tablestore_cdc_table_last_maintenance_timestamp_seconds",
-                                "when the job last maintained the table's target", label,
-                                registry=r)
-        self.source_up = Gauge("tablestore_cdc_source_up",
+                                    "changes applied into the table's target", ["table"],
+                                    registry=self.registry)
+        self.last_commit = gauge("tablestore_cdc_table_last_commit_timestamp_seconds",
+                                 "when the table's target last committed")
+        self.rate = gauge("tablestore_cdc_table_rows_per_second",
+                          "changes applied per second over the last 30 s")
+        self.snapshot = gauge("tablestore_cdc_table_snapshot_percent",
+                              "how much of the table's base data is read")
+        self.version = gauge("tablestore_cdc_table_target_version",
+                             "the target's version (Delta) or snapshot id (Iceberg)")
+        self.files = gauge("tablestore_cdc_table_target_files",
+                           "the target's data files in its current version (last maintenance)")
+        self.snapshots = gauge("tablestore_cdc_table_target_snapshots",
+                               "the Iceberg target's snapshots kept (last maintenance)")
+        self.maintained = gauge("tablestore_cdc_table_last_maintenance_timestamp_seconds",
+                                "when the job last maintained the table's target")
+        self.source_up = gauge("tablestore_cdc_source_up",
                                "1 while the source answers, 0 while a table cannot reach it",
-                               ["source"], registry=r)
-        self.table_up = Gauge("tablestore_cdc_table_up",
-                              "1 while the table reads (new, snapshotting, streaming, waiting)",
-                              label, registry=r)
-        self.down_since = Gauge("tablestore_cdc_table_unreachable_since_timestamp_seconds",
-                                "when the table's source stopped answering (0: it answers)",
-                                label, registry=r)
+                               ("source",))
+        self.table_up = gauge("tablestore_cdc_table_up",
+                              "1 while the table reads (new, snapshotting, streaming, waiting)")
+        self.down_since = gauge("tablestore_cdc_table_unreachable_since_timestamp_seconds",
+                                "when the table's source stopped answering (0: it answers)")
         self.changes = Counter("tablestore_cdc_table_changes_applied",
                                "changes applied into the table's target, by operation",
-                               ["table", "op"], registry=r)
+                               ["table", "op"], registry=self.registry)
         self._applied: dict[str, int] = {}
         self._ops: dict[tuple[str, str], int] = {}
         self.server: Any = None
@@ -217,7 +208,7 @@ class TableMetrics:
 
     def update(self, statuses: dict[str, TableStatus]) -> None:
         """Set every table's series from its status (a figure not known is left unset)."""
-        answers = self._probe()
+        answers = None if self.probe is None else self.probe.answers()
         if statuses or answers is not None:
             down = (any(s.state == State.UNREACHABLE for s in statuses.values())
                     or answers is False)
@@ -249,10 +240,6 @@ class TableMetrics:
             grown = status.rows_applied - self._applied.get(table, 0)
             self.rows_applied.labels(table).inc(max(grown, 0))
             self._applied[table] = status.rows_applied
-
-    def _probe(self) -> bool | None:
-        """The endpoint's last probe (``EndpointProbe.answers``), None without one."""
-        return None if self.probe is None else self.probe.answers()
 
     def attach(self, writer: Any) -> None:
         """Follow every batch of statuses ``writer`` (``TableStatusWriter``) publishes, and
