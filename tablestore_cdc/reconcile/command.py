@@ -35,6 +35,7 @@ from rich.progress import (
 from tablestore_cdc.commands.errors import fail, reported_errors
 from tablestore_cdc.commands.source_flags import reader_options, source_endpoint
 from tablestore_cdc.lakehouse.target import parse_target_options
+from tablestore_cdc.reconcile import compare
 from tablestore_cdc.reconcile.errors import JobOutputError, JobRecordMissingError
 from tablestore_cdc.reconcile.job_target import job_target, output_target
 from tablestore_cdc.reconcile.run import TableReport, as_json, json_value, reconcile_table
@@ -43,7 +44,7 @@ from tablestore_cdc.reconcile.source import SourceSpec
 TABLE_PLACEHOLDER = "{table}"
 
 
-class BarProgress:
+class BarProgress(compare.Progress):
     """``compare.Progress`` as a rich progress bar (one line per step, on stderr)."""
 
     def __init__(self, progress: Progress, table: str) -> None:

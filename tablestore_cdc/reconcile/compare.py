@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,17 +51,10 @@ KEY_SEED, ROW_SEED = 0x7ABE5, 0xC0FFEE
 HASH = "__row_hash"
 
 
-class Progress(Protocol):
-    """Where the comparison reports its progress (the CLI's progress bar; or nothing)."""
+class Progress:
+    """Where the comparison reports its progress: nothing here; the CLI's progress bar
+    (``command.BarProgress``) and a repair's signal (``resnapshot.repair.SignalProgress``)."""
 
-    def begin(self, what: str, total: int | None) -> None: ...
-
-    def advance(self, rows: int) -> None: ...
-
-    def end(self) -> None: ...
-
-
-class NoProgress:
     def begin(self, what: str, total: int | None) -> None:
         pass
 
@@ -126,7 +119,7 @@ def compare(source: SourceTable, target: TargetTable, layout: CompareLayout,
             span: KeyRange | None = None) -> Comparison:
     """Pass 1, then pass 2 where buckets differ (module docstring); only ``span``'s rows when
     given (the tables' row counts are then no progress total)."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     whole = span is None
     sides: list[tuple[str, Callable[[], Iterator[pa.RecordBatch]], int | None]] = [
         ("source", lambda: (layout.from_source(p) for p in source.pages(page_rows, span)),

@@ -39,7 +39,7 @@ from connector.planning.positions import Position, positions_after_batch
 from connector.tunnel import FINISHED, ChannelStatus, TunnelService
 from meta_store import BatchRecord, BatchState, MetaStore
 from meta_store.errors import MetaTableMissingError
-from tablestore_cdc.reconcile.compare import NoProgress, Progress
+from tablestore_cdc.reconcile.compare import Progress
 from tablestore_cdc.reconcile.layout import Key
 from tablestore_cdc.reconcile.target import AppliedBatch
 
@@ -78,7 +78,7 @@ def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: I
         return InFlight(False, f"no meta table ({redact_uri(options.meta_store)}): the "
                         "stream has not run")
     try:
-        return _in_flight(options, meta, applied, wanted, progress or NoProgress())
+        return _in_flight(options, meta, applied, wanted, progress or Progress())
     except MetaTableMissingError:
         return InFlight(False, "the meta table does not exist: the stream has not run")
     finally:

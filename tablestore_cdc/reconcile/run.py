@@ -94,7 +94,8 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
 def as_json(report: TableReport, limit: int) -> dict[str, Any]:
     """The report as ``--json`` prints it (the first ``limit`` differences listed)."""
     c = report.comparison
-    listed = sorted(c.differences, key=lambda d: (d.in_flight, d.kind, _order(d.key)))[:limit]
+    listed = sorted(c.differences,
+                    key=lambda d: (d.in_flight, d.kind, tuple(map(repr, d.key))))[:limit]
     return {
         "table": report.table, "source": report.source, "target": report.target,
         "target_version": report.target_version, "scd": report.scd, "ok": report.ok,
@@ -112,10 +113,6 @@ def as_json(report: TableReport, limit: int) -> dict[str, Any]:
                     **({"note": d.note} if d.note else {})} for d in listed],
         "seconds": round(report.seconds, 3),
     }
-
-
-def _order(key: tuple[Any, ...]) -> tuple[str, ...]:
-    return tuple(repr(v) for v in key)
 
 
 def json_value(value: Any) -> Any:

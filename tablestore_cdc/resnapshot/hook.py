@@ -81,22 +81,19 @@ class RepairRunner:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, lock=threading.RLock())
 
-    def before_batch(self, job: str) -> int:
-        """By the apply's ``foreachBatch``, holding ``lock``, before it applies a batch: the
-        due repairs when a look is due; how many ran."""
-        return self._look(job)
-
     def when_idle(self, job: str) -> int:
         """By the job's watch loop: the due repairs when a look is due and no batch is being
         applied (else that batch looks); how many ran."""
         if time.monotonic() < self._next_check or not self.lock.acquire(blocking=False):
             return 0
         try:
-            return self._look(job)
+            return self.before_batch(job)
         finally:
             self.lock.release()
 
-    def _look(self, job: str) -> int:
+    def before_batch(self, job: str) -> int:
+        """By the apply's ``foreachBatch``, holding ``lock``, before it applies a batch (and by
+        ``when_idle``): the due repairs when a look is due; how many ran."""
         now = time.monotonic()
         if now < self._next_check:
             return 0

@@ -45,7 +45,7 @@ from connector.crash_hook import crash_point
 from connector.tunnel import Op, Record
 from connector.tunnel.page import PageLayout, records_to_page
 from meta_store.signals import Signal, SignalBoard
-from tablestore_cdc.reconcile.compare import PAGE_ROWS
+from tablestore_cdc.reconcile.compare import PAGE_ROWS, Progress
 from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.layout import Key
 from tablestore_cdc.reconcile.run import reconcile_table
@@ -106,11 +106,7 @@ class RepairTarget:
     key_columns: tuple[str, ...] | None = None
 
 
-def repair_app_id(signal: Signal) -> str:
-    return f"{REPAIR_APP_PREFIX}{signal.id}"
-
-
-class SignalProgress:
+class SignalProgress(Progress):
     """``reconcile.compare.Progress`` written into the signal (``running n %``), at most every
     ``PROGRESS_EVERY_S``; the comparison reads each side up to twice, so each step is a
     share of the whole."""
@@ -143,7 +139,7 @@ def run_repair(target: RepairTarget, job: str, signal: Signal,
     """Repair ``target`` (through its sink, the running apply query ``job``'s) for ``signal``
     (module docstring)."""
     spec, sink = target.spec, target.sink
-    app_id = repair_app_id(signal)
+    app_id = f"{REPAIR_APP_PREFIX}{signal.id}"
     if sink.committed_batch(app_id) is not None:
         return RepairOutcome(already=True, note="the repair was committed before a restart")
     report = reconcile_table(spec, target.target_uri,
