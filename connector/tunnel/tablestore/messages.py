@@ -215,39 +215,15 @@ def _build() -> dict[str, Any]:
 
 _CLASSES = _build()
 
-StreamTunnelConfig: Any = _CLASSES["StreamTunnelConfig"]
-Tunnel: Any = _CLASSES["Tunnel"]
-TunnelInfo: Any = _CLASSES["TunnelInfo"]
-ChannelInfo: Any = _CLASSES["ChannelInfo"]
-Channel: Any = _CLASSES["Channel"]
-ClientConfig: Any = _CLASSES["ClientConfig"]
-Record: Any = _CLASSES["Record"]
-Token: Any = _CLASSES["Token"]
-TokenContent: Any = _CLASSES["TokenContent"]
-TokenContentV2: Any = _CLASSES["TokenContentV2"]
-Error: Any = _CLASSES["Error"]
-CreateTunnelRequest: Any = _CLASSES["CreateTunnelRequest"]
-CreateTunnelResponse: Any = _CLASSES["CreateTunnelResponse"]
-ListTunnelRequest: Any = _CLASSES["ListTunnelRequest"]
-ListTunnelResponse: Any = _CLASSES["ListTunnelResponse"]
-DescribeTunnelRequest: Any = _CLASSES["DescribeTunnelRequest"]
-DescribeTunnelResponse: Any = _CLASSES["DescribeTunnelResponse"]
-DeleteTunnelRequest: Any = _CLASSES["DeleteTunnelRequest"]
-DeleteTunnelResponse: Any = _CLASSES["DeleteTunnelResponse"]
-ConnectRequest: Any = _CLASSES["ConnectRequest"]
-ConnectResponse: Any = _CLASSES["ConnectResponse"]
-HeartbeatRequest: Any = _CLASSES["HeartbeatRequest"]
-HeartbeatResponse: Any = _CLASSES["HeartbeatResponse"]
-ShutdownRequest: Any = _CLASSES["ShutdownRequest"]
-ShutdownResponse: Any = _CLASSES["ShutdownResponse"]
-GetCheckpointRequest: Any = _CLASSES["GetCheckpointRequest"]
-GetCheckpointResponse: Any = _CLASSES["GetCheckpointResponse"]
-ReadRecordsRequest: Any = _CLASSES["ReadRecordsRequest"]
-ReadRecordsResponse: Any = _CLASSES["ReadRecordsResponse"]
-CheckpointRequest: Any = _CLASSES["CheckpointRequest"]
-CheckpointResponse: Any = _CLASSES["CheckpointResponse"]
-GetRpoRequest: Any = _CLASSES["GetRpoRequest"]
-GetRpoResponse: Any = _CLASSES["GetRpoResponse"]
+
+def __getattr__(name: str) -> Any:
+    """The message classes (and enums) by name, ``m.ReadRecordsRequest``: built once, at
+    import, from ``_MESSAGES`` and ``_ENUMS``."""
+    try:
+        return _CLASSES[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
 
 #: enum numbers
 TUNNEL_TYPE = {"BaseData": 1, "Stream": 2, "BaseAndStream": 3}
