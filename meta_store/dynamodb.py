@@ -51,10 +51,8 @@ on ``sk = "N#info"``; deletes use ``BatchWriteItem`` and resend ``UnprocessedIte
 from __future__ import annotations
 
 import logging
-import random
 import re
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlencode, urlsplit
@@ -84,6 +82,7 @@ from meta_store.kv_layout import (
     KeyValueMetaStore,
     ManifestStorage,
     PlainRow,
+    backoff,
     batch_sk,
 )
 
@@ -235,7 +234,6 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         with _sessions_lock:  # creating clients from one session is not thread-safe
             self._client: Any = refuse_damaged_responses(
                 session.client("dynamodb", endpoint_url=endpoint_url, config=config))
-        self._closed = False
         if create_table:
             self._ensure_table()
 
@@ -322,9 +320,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         """One DynamoDB request; botocore retries transient failures itself (backoff with
         jitter). What still fails is mapped to our errors; a false condition raises
         ``ConditionFailed`` with the stored row when DynamoDB returned it."""
-        if self._closed:
-            raise MetaStoreRequestError(store=self.uri, operation=operation,
-                                        reason="the store is closed")
+        self._check_open(operation)
         try:
             return getattr(self._client, method)(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -523,7 +519,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
                     raise TransientMetaStoreError(
                         detail=f"{self.uri}: DynamoDB {operation} left keys unprocessed after "
                         f"{_UNPROCESSED_ROUNDS} rounds")
-                time.sleep(min(1.0, 0.05 * 2 ** attempt) * random.random())
+                backoff(attempt)
         return found
 
     def _list_batches_in_state(self, namespace: str, state: BatchState) -> list[BatchRecord]:
@@ -576,8 +572,5 @@ class DynamoDbMetaStore(KeyValueMetaStore):
                 return self._sorted_namespaces(cells)
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def close(self) -> None:
-        """Close the client's connection pool (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self._client.close()
+    def _close_client(self) -> None:
+        self._client.close()

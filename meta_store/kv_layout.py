@@ -93,6 +93,12 @@ def batch_sk(uuid: str) -> str:
     return f"{BATCH_PREFIX}{uuid}"
 
 
+def backoff(attempt: int) -> None:
+    """The pause before a request is sent again (what the service left undone, or an answer
+    that never came): jittered, exponential from 50 ms, at most 2 s."""
+    time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
+
+
 @dataclass(frozen=True)
 class ManifestStorage:
     """How a backend stores a manifest: its JSON up to ``compress_over`` bytes, above that
@@ -128,6 +134,7 @@ class KeyValueMetaStore(MetaStore):
     max_deletes_per_request: ClassVar[int]
     #: batched delete requests sent for the same rows before giving up
     delete_rounds: int
+    _closed = False
 
     # --- row primitives each backend implements ----------------------------------------------
 
@@ -159,6 +166,19 @@ class KeyValueMetaStore(MetaStore):
     def _delete_some(self, namespace: str, sort_keys: Sequence[str]) -> list[str]:
         """One batched delete of at most ``max_deletes_per_request`` rows (missing ones are
         ignored): the sort keys the service left undeleted (throttled), to send again."""
+
+    def _close_client(self) -> None:
+        """Close the service client's connections (``close``, once)."""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_client()
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            raise MetaStoreRequestError(store=self.uri, operation=operation,
+                                        reason="the store is closed")
 
     # --- sort keys ---------------------------------------------------------------------------
 
@@ -318,7 +338,7 @@ class KeyValueMetaStore(MetaStore):
                 pending = self._delete_some(namespace, pending)
                 if not pending:
                     break
-                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** round_)))
+                backoff(round_)
             else:
                 raise TransientMetaStoreError(
                     detail=f"{self.uri}: gc: {len(pending)} deletes still not done after "

@@ -58,9 +58,7 @@ Reads are strongly consistent (as Tablestore's always are).
 from __future__ import annotations
 
 import logging
-import random
 import re
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlencode, urlsplit
@@ -103,7 +101,7 @@ from cdc_common.uris import (
     parse_query,
     redact_uri,
 )
-from meta_store.base import BatchRecord, BatchState, Manifest
+from meta_store.base import BatchRecord, BatchState, Manifest, first_times, with_manifest
 from meta_store.errors import (
     MetaStoreRequestError,
     MetaStoreUriError,
@@ -117,6 +115,7 @@ from meta_store.kv_layout import (
     KeyValueMetaStore,
     ManifestStorage,
     PlainRow,
+    backoff,
     batch_sk,
 )
 
@@ -199,6 +198,13 @@ class TablestoreUriQuery(UriQuery):
     ca_bundle: str | None = Field(None, description="the path of a PEM file of CA certificates")
 
 
+def _if_equal(column: str, value: Any) -> Condition:
+    """The row exists and holds ``value`` in ``column``."""
+    return Condition(RowExistenceExpectation.EXPECT_EXIST,
+                     SingleColumnCondition(column, value, ComparatorType.EQUAL,
+                                           pass_if_missing=False))
+
+
 def _prefix_end(prefix: str) -> str:
     """The smallest string above every string starting with ``prefix``."""
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
@@ -278,7 +284,6 @@ class TablestoreMetaStore(KeyValueMetaStore):
             if problem:
                 raise MetaStoreUriError(uri=self.uri, reason=f"ca_bundle: {problem}")
             _trust_ca(self._client, bundle)
-        self._closed = False
         #: has the endpoint answered a request (``cdc_common.first_contact``)?
         self._answered = False
         if create_table:
@@ -369,9 +374,12 @@ class TablestoreMetaStore(KeyValueMetaStore):
         """One SDK call, mapped to our errors. The SDK retries service errors itself (its
         policy, ``max_attempts``); network errors, which it does not retry, are retried here.
         A false row condition raises ``ConditionFailed``."""
-        if self._closed:
-            raise MetaStoreRequestError(store=self.uri, operation=operation,
-                                        reason="the store is closed")
+        self._check_open(operation)
+
+        def refused(reason: str) -> MetaStoreRequestError:
+            return MetaStoreRequestError(store=self.uri, operation=f"Tablestore {operation}",
+                                         reason=reason)
+
         for attempt in range(1, self.max_attempts + 1):
             try:
                 result = fn(*args, **kwargs)
@@ -380,6 +388,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
             except OTSServiceError as exc:
                 self._answered = True
                 code, status = exc.get_error_code(), exc.get_http_status()
+                said = f"{code} (HTTP {status}): {exc.get_error_message()}"
                 if code == "OTSConditionCheckFail":
                     raise ConditionFailed() from None
                 if code == "OTSObjectNotExist":
@@ -387,34 +396,21 @@ class TablestoreMetaStore(KeyValueMetaStore):
                         table=self.table, location=f"instance {self.instance} at {self.endpoint}"
                     ) from None
                 if code in _AUTH_CODES:
-                    raise MetaStoreRequestError(
-                        store=self.uri, operation=f"Tablestore {operation}",
-                        reason=f"{code} (HTTP {status}): {exc.get_error_message()}; "
-                        + _credentials_hint(code),
-                    ) from None
+                    raise refused(f"{said}; {_credentials_hint(code)}") from None
                 if code in _TRANSIENT_CODES or (status or 0) >= 500:
                     raise TransientMetaStoreError(
-                        detail=f"{self.uri}: Tablestore {operation} failed with {code} "
-                        f"(HTTP {status}): {exc.get_error_message()}",
-                    ) from None
-                raise MetaStoreRequestError(
-                    store=self.uri, operation=f"Tablestore {operation}",
-                    reason=f"{code} (HTTP {status}): {exc.get_error_message()}",
-                ) from None
+                        detail=f"{self.uri}: Tablestore {operation} failed with {said}") from None
+                raise refused(said) from None
             except OTSClientError as exc:
                 status = exc.get_http_status()
                 if status is None:  # raised before sending: a bad argument, not transient
-                    raise MetaStoreRequestError(
-                        store=self.uri, operation=f"Tablestore {operation}", reason=str(exc),
-                    ) from None
+                    raise refused(str(exc)) from None
                 if str(exc).startswith(_SDK_BARE_ERROR):
                     # an error status whose body is no service error: a 5xx of that kind is
                     # what a load balancer or proxy sends, and the SDK does not retry it; the
                     # service may not have seen the request. Any other is a real refusal.
                     if status < 500:
-                        raise MetaStoreRequestError(
-                            store=self.uri, operation=f"Tablestore {operation}",
-                            reason=str(exc)) from None
+                        raise refused(str(exc)) from None
                     if attempt == self.max_attempts:
                         raise TransientMetaStoreError(
                             detail=f"{self.uri}: Tablestore {operation} failed at "
@@ -424,26 +420,20 @@ class TablestoreMetaStore(KeyValueMetaStore):
                     # the answer failed the SDK's checks (MD5, signature, headers, date): it is
                     # never used; the request may have taken effect, and every write is safe
                     # to repeat, so it is sent again; always failing is not transient
-                    raise MetaStoreRequestError(
-                        store=self.uri, operation=f"Tablestore {operation}",
-                        reason=f"every answer from {self.endpoint} failed validation "
-                        f"({attempt} attempt(s)): {exc}",
-                    ) from None
-                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
+                    raise refused(f"every answer from {self.endpoint} failed validation "
+                                  f"({attempt} attempt(s)): {exc}") from None
             except Exception as exc:  # urllib3/socket errors: the request may not have arrived
                 problem = tls.tls_problem(exc, self.endpoint)
                 if problem is None and at_query_start() and not self._answered:
                     problem = unreachable_problem(exc, self.endpoint, "meta.store endpoint")
                 if problem is not None:  # a configuration error: retrying cannot fix it
-                    raise MetaStoreRequestError(
-                        store=self.uri, operation=f"Tablestore {operation}", reason=problem,
-                    ) from None
+                    raise refused(problem) from None
                 if attempt == self.max_attempts:
                     raise TransientMetaStoreError(
                         detail=f"{self.uri}: Tablestore {operation} could not reach "
                         f"{self.endpoint} after {attempt} attempt(s): {exc}",
                     ) from None
-                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
+            backoff(attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --- rows: the primitives of meta_store.kv_layout -------------------------------------
@@ -476,25 +466,21 @@ class TablestoreMetaStore(KeyValueMetaStore):
             for row in rows:
                 yield _row(dict(row.primary_key)["sk"], row)
 
-    def _insert_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+    def _put(self, operation: str, namespace: str, sk: str, row: PlainRow,
+             condition: Condition) -> None:
         self._call(operation, self._client.put_row, self.table,
-                   Row(self._pk(namespace, sk), _columns(row)),
-                   Condition(RowExistenceExpectation.EXPECT_NOT_EXIST))
+                   Row(self._pk(namespace, sk), _columns(row)), condition)
+
+    def _insert_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+        self._put(operation, namespace, sk, row,
+                  Condition(RowExistenceExpectation.EXPECT_NOT_EXIST))
 
     def _put_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
-        self._call(operation, self._client.put_row, self.table,
-                   Row(self._pk(namespace, sk), _columns(row)),
-                   Condition(RowExistenceExpectation.IGNORE))
+        self._put(operation, namespace, sk, row, Condition(RowExistenceExpectation.IGNORE))
 
     def _replace_row_if(self, operation: str, namespace: str, sk: str, column: str,
                         expected: str, row: PlainRow) -> None:
-        condition = Condition(
-            RowExistenceExpectation.EXPECT_EXIST,
-            SingleColumnCondition(column, expected, ComparatorType.EQUAL,
-                                  pass_if_missing=False),
-        )
-        self._call(operation, self._client.put_row, self.table,
-                   Row(self._pk(namespace, sk), _columns(row)), condition)
+        self._put(operation, namespace, sk, row, _if_equal(column, expected))
 
     # --- writes that change a batch row: optimistic, on its version -----------------------
 
@@ -513,16 +499,11 @@ class TablestoreMetaStore(KeyValueMetaStore):
     def _update_if_version(self, operation: str, namespace: str, uuid: str, version: int,
                            row: PlainRow) -> bool:
         """UpdateRow conditioned on the row's ``version``; False when another writer won."""
-        condition = Condition(
-            RowExistenceExpectation.EXPECT_EXIST,
-            SingleColumnCondition("version", version, ComparatorType.EQUAL,
-                                  pass_if_missing=False),
-        )
         try:
             self._call(operation, self._client.update_row, self.table,
                        Row(self._pk(namespace, batch_sk(uuid)),
                            {"put": [*_columns(row), ("version", version + 1)]}),
-                       condition)
+                       _if_equal("version", version))
             return True
         except ConditionFailed:
             return False
@@ -539,11 +520,9 @@ class TablestoreMetaStore(KeyValueMetaStore):
             if batch.manifest is not None:
                 return batch
             changes = dict(encoded)
-            updated = batch.model_copy(update={"manifest": manifest})
-            if batch.state is BatchState.MINTED:
-                changes |= {"state": BatchState.PLANNED.value,
-                            "state_rank": BatchState.PLANNED.rank}
-                updated = updated.model_copy(update={"state": BatchState.PLANNED})
+            updated = with_manifest(batch, manifest)
+            if updated.state is not batch.state:
+                changes |= {"state": updated.state.value, "state_rank": updated.state.rank}
             if self._update_if_version("put_manifest", namespace, uuid, version, changes):
                 return updated
         raise TransientMetaStoreError(
@@ -561,13 +540,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
             batch, version = read
             if batch.state.rank >= state.rank:
                 return  # never backward
-            changes: PlainRow = {"state": state.value, "state_rank": state.rank}
-            if state.rank >= BatchState.COMMITTED.rank and batch.committed_at is None:
-                changes["committed_at"] = float(at)
-            if state is BatchState.PUSHED and batch.pushed_at is None:
-                changes["pushed_at"] = float(at)
-            if spark_batch_id is not None and batch.spark_batch_id is None:
-                changes["spark_batch_id"] = spark_batch_id
+            changes = {"state": state.value, "state_rank": state.rank,
+                       **first_times(batch, state, float(at), spark_batch_id)}
             if self._update_if_version(f"mark {state.value}", namespace, uuid, version, changes):
                 return
         raise TransientMetaStoreError(
@@ -602,11 +576,8 @@ class TablestoreMetaStore(KeyValueMetaStore):
                     cells.append(pk.get("ns"))
         return self._sorted_namespaces(cells)
 
-    def close(self) -> None:
-        """Close the client's connection pool (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            try:
-                self._client.connection.pool.clear()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+    def _close_client(self) -> None:
+        try:
+            self._client.connection.pool.clear()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
