@@ -150,12 +150,10 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                  idle_backoff_max_s: float = 0.0,
                  idle_pause: Callable[[float], None] | None = None) -> None:
         self.options = options
-        #: the idle backoff's cap (module docstring); 0: every round asks every table (a
-        #: test's reader, driven call by call); Spark's reader takes ``IDLE_BACKOFF_MAX_S``
+        #: 0 (a test's reader, driven call by call): every round asks every table
         self.idle_backoff_max_s = idle_backoff_max_s
-        #: sleeps within a waiting round (``time.sleep`` in Spark's reader): Spark asks again
-        #: ~10 ms after an empty answer, so each answer waits up to ``IDLE_BACKOFF_FIRST_S``
-        #: (no longer than the wait, nor than the next read of the change mark) instead
+        #: Spark asks again ~10 ms after an empty answer, so each answer waits up to
+        #: ``IDLE_BACKOFF_FIRST_S`` (no longer than the wait, nor the next change-mark read)
         self._idle_pause = idle_pause
         self._clients = clients
         #: where the next batch starts on a PySpark that does not pass it (4.0, 4.1)
@@ -277,12 +275,12 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         job's restart policy takes over)."""
         from connector.errors import EndpointUnreachableError, UnknownTableError
 
+        self._close(table, self._protocols.pop(table, None))
+        self._reporters.pop(table, None)
         if isinstance(reason, CdcError) and (reason.retryable or (
                 self._reached and isinstance(reason, EndpointUnreachableError))):
             attempt = self._attempts.get(table, 0) + 1
             self._attempts[table] = attempt
-            self._close(table, self._protocols.pop(table, None))
-            self._reporters.pop(table, None)
             if self.options.retry.gives_up(attempt):
                 log.warning("table %s: %d retryable failures in a row (tables.maxRetries): "
                             "the query fails", table, attempt)
@@ -305,8 +303,6 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             log.warning("table %s stopped (%s); the other tables go on", table,
                         state.label())
         self.table_states[table] = state
-        self._close(table, self._protocols.pop(table, None))
-        self._reporters.pop(table, None)
 
     @staticmethod
     def _close(table: str, protocol: Any) -> None:
@@ -473,12 +469,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         from connector.latest_offset_report import LatestOffsetReporter
 
         lag: dict[str, dict[str, Any]] = {}
-        snapshots: dict[str, float] = {}
         for table, protocol in sorted(self._protocols.items()):
             if table in self._lag and table not in self._moved and table in self._reporters:
                 lag[table] = self._lag[table]  # not moved: nothing new to measure
-                if table in self._snapshot_percent:
-                    snapshots[table] = self._snapshot_percent[table]
                 continue
             if table not in self._reporters:
                 self._reporters[table] = LatestOffsetReporter(protocol)
@@ -492,8 +485,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                 self._lag[table] = lag[table]
             if reporter.measurements != measured and table not in self._snapshot_done:
                 self._measure_snapshot(table, protocol)  # as often as the lag
-            if table in self._snapshot_percent:
-                snapshots[table] = self._snapshot_percent[table]
+        snapshots = {table: self._snapshot_percent[table] for table in sorted(self._protocols)
+                     if table in self._snapshot_percent}
         return {"tables": {table: state.to_text()
                            for table, state in sorted(self.table_states.items())}, "lag": lag,
                 "snapshot": snapshots}
