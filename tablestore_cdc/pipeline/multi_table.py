@@ -242,7 +242,9 @@ class MultiTableApply:
         log.error("table %s failed (%s); its rows are held, the other tables go on; fix its "
                   "setting and restart to resume it", table, reason)
         self._failed_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self._failed_dir / f"{table}.failed", reason.encode())
+        tmp = self._failed_dir / f"{table}.failed.tmp"
+        tmp.write_bytes(reason.encode())
+        os.replace(tmp, tmp.with_suffix(""))
         self.tables[table] = AppliedTable(State.FAILED, reason)
 
     def _hold(self, table: str, batch_id: int, rows: pa.Table | _SparkRows) -> None:
@@ -264,10 +266,10 @@ class MultiTableApply:
         the settings given now. A table whose batch is refused again stays failed. A
         retryable error (an outage) is raised with the table still failed and its batches
         still held, so the job's next start resumes it again from the same batch."""
+        if app_id is None:
+            return
         for table in [t for t, s in self.tables.items() if s.state is State.FAILED]:
             held = sorted((self.out / "_held" / table).glob("*.parquet"))
-            if app_id is None:
-                continue
             failed = self.tables[table]
             self.tables[table] = AppliedTable()
             for path in held:
@@ -293,12 +295,6 @@ class _SparkRows:
 
     frame: Any
     declared: str
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -487,11 +483,7 @@ def status_location(endpoint: str, tables: str, tunnel: str, options: dict[str, 
     """Where ``table``'s ``TableStatus`` is kept (``TableStatusWriter``'s ``namespace_of``):
     its meta store (URI, credentials) and namespace, from that table's options as the
     multi-table source builds them."""
-    from connector.table_selection import MultiTableOptions
-
-    source = MultiTableOptions.from_spark({"endpoint": endpoint, "tables": tables,
-                                           "tunnel.name": tunnel, **(options or {})}
-                                          ).for_table(table)
+    source = selection_options(endpoint, tables, None, tunnel, options).for_table(table)
     return source.meta_store, source.meta_store_credentials, source.source_identity
 
 
