@@ -52,7 +52,6 @@ failure, and the next attempt finds the batch recorded under its app transaction
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -287,8 +286,7 @@ class DeltaApplySink(ApplySink):
                 merge(table, plan, options, commit)
                 version, writers = table.version(), set()  # MERGE brings the table up to date
         self._after_commit()
-        result = self._result(batch_id, plan, version, appended=appending)
-        return dataclasses.replace(result, written_by=tuple(sorted(writers)))
+        return self._result(batch_id, plan, version, appended=appending, written_by=writers)
 
 
 def store_failure(exc: BaseException) -> str | None:

@@ -33,7 +33,6 @@ accepts can be passed as properties.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,7 +69,7 @@ MANIFEST_MERGING = {"commit.manifest-merge.enabled": "true",
                     "commit.manifest.min-count-to-merge": "8"}
 
 #: the table properties that keep a stream's metadata files few, set by the sink on the tables
-#: it writes where they are absent (``_metadata_cleanup``): every commit writes the table's
+#: it writes where they are absent (in a batch's own commit): every commit writes the table's
 #: whole metadata as a new JSON file (about 0.8 KB a snapshot kept), and Iceberg keeps every
 #: earlier file unless told otherwise, so a stream's metadata grew with the square of its
 #: batches (92 MB after 450 batches; tens of GB a day at a batch every 10 s). Iceberg's own
@@ -191,7 +190,8 @@ class IcebergApplySink(ApplySink):
         if marking:  # an adopted table (or one of this job from before markers)
             log.info("table %s: marked as written by %s", self.identifier, marker.describe())
             transaction.set_properties({NO_LIBRARY_RETRY: "0", **marker.properties()})
-        if cleanup := _metadata_cleanup(table.properties):  # a table from before the setting
+        # a table from before the setting (one that has its own value keeps it)
+        if cleanup := {k: v for k, v in METADATA_CLEANUP.items() if k not in table.properties}:
             log.info("table %s: old metadata files deleted after each commit (%s)",
                      self.identifier, ", ".join(f"{k}={v}" for k, v in cleanup.items()))
             transaction.set_properties(cleanup)
@@ -221,10 +221,8 @@ class IcebergApplySink(ApplySink):
         table = transaction.commit_transaction()
         self._after_commit()
         snapshot = table.current_snapshot()
-        result = self._result(batch_id, plan,
-                              None if snapshot is None else snapshot.snapshot_id,
-                              appended=appending)
-        return dataclasses.replace(result, written_by=tuple(sorted(writers)))
+        return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id,
+                            appended=appending, written_by=writers)
 
 
 def _transaction(table: Any) -> Any:
@@ -264,12 +262,6 @@ def _metadata_once_transaction() -> Any:
             return cached[1]
 
     return MetadataOnceTransaction
-
-
-def _metadata_cleanup(properties: Mapping[str, str]) -> dict[str, str]:
-    """The ``METADATA_CLEANUP`` properties the table lacks: set in the batch's own commit
-    (a table that has its own value keeps it)."""
-    return {k: v for k, v in METADATA_CLEANUP.items() if k not in properties}
 
 
 def _change_schema(transaction: Any, plan: ApplyPlan) -> None:

@@ -1,35 +1,24 @@
 """Maintenance of a target table beside the running stream (``tablestore-cdc lake optimize``;
 driver or a separate process): small files compacted, old Iceberg snapshots expired,
 unreferenced files removed. A run is the replication job's own (``upkeep.delta_run``,
-``upkeep.iceberg_run``) with what was asked instead of the job's thresholds; ``describe`` is
-its line.
+``upkeep.iceberg_run``; what each does: upkeep.py) with what was asked instead of the job's
+thresholds; ``describe`` is its line.
 
-Delta: ``optimize.z_order`` on the first key column (a sort of the table's rows by key, in files
-of delta-rs's target size: the key clustering that keeps batches cheap, docs/lakehouse.md
-"Table layout", is kept), then, if asked, ``vacuum`` of the files no version newer than the
-retention references (among them the files of a batch killed before its commit). The key
-column comes from the table's marker (ownership.py): a table this sink did not create is left
-alone.
+Delta: ``optimize.z_order`` on the first key column (the key clustering that keeps batches
+cheap, docs/lakehouse.md "Table layout", is kept), then, if asked, ``vacuum``. The key column
+comes from the table's marker (ownership.py): a table this sink did not create is left alone.
 
 It never makes the stream fail: both are optimistic writers of the table. If a batch commits
 while the compaction runs, the compaction's commit is refused (the files it rewrote changed)
 and nothing of it is kept; if the compaction commits first, the batch's commit is refused and
 the sink re-plans and retries it (``sink.COMMIT_ATTEMPTS``), exactly once as for any lost race.
 
-Iceberg: pyiceberg 0.12 has no compaction, and no removal of orphan files. With
-``--expire-hours`` the snapshots older than that are expired (``upkeep._expire_iceberg``,
-pyiceberg's ``expire_snapshots``: a commit of the table's metadata alone) except those the
-sink's exactly once needs: the current one and every snapshot between it and the newest of the
-job the table's marker names (the batch marker its restart looks for, walking back from the
-current snapshot; iceberg.committed_batch). Every Iceberg commit rewrites the whole metadata,
-so a stream's batches slow down with the snapshots kept (docs/lakehouse.md, "Limits"). With
-``--vacuum-hours`` the files under the table's location (a local directory, or an object
-store listed through the table's own FileIO, pyiceberg's pyarrow file system) that no snapshot
-in its metadata references and that are older than the retention are removed
-(``upkeep._vacuum_iceberg``, as Iceberg's ``DeleteOrphanFiles`` does): data files (those of
-batches killed before their commit, their executors' among them, and those only expired
-snapshots referenced), and in ``metadata/`` the manifests, manifest lists and metadata files
-nothing refers to any more.
+Iceberg: pyiceberg 0.12 has no compaction, and no removal of orphan files. ``--expire-hours``
+expires the snapshots older than that but those the sink's exactly once needs
+(``upkeep._expire_iceberg``): every Iceberg commit rewrites the whole metadata, so a stream's
+batches slow down with the snapshots kept (docs/lakehouse.md, "Limits"). ``--vacuum-hours``
+removes the files under the table's location that no snapshot references and that are older
+than the retention (``upkeep._vacuum_iceberg``, as Iceberg's ``DeleteOrphanFiles`` does).
 
 A retention shorter than a batch (``--vacuum-hours 0``) may remove the files of a batch in
 flight, which then commits files that are gone: use it only with the stream stopped.

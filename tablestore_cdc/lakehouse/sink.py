@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,10 +246,10 @@ class ApplySink(ABC):
         crash_point("after_target_commit")
 
     @staticmethod
-    def _result(batch_id: int, plan: ApplyPlan, version: int | None,
-                appended: bool = False) -> ApplyResult:
+    def _result(batch_id: int, plan: ApplyPlan, version: int | None, appended: bool = False,
+                written_by: Iterable[int] = ()) -> ApplyResult:
         return ApplyResult(batch_id=batch_id, committed=True, changes=plan.changes,
-                           appended=appended,
+                           appended=appended, written_by=tuple(sorted(written_by)),
                            upserts=plan.upsert_table.num_rows,
                            deletes=plan.delete_keys.num_rows + plan.close_table.num_rows,
                            version=version,

@@ -218,16 +218,11 @@ def _no_options(shown: str, given: Mapping[str, str], what: str) -> None:
                              f"(got {shown_options(given)})", allowed=FORMS)
 
 
-def is_secret_option(key: str) -> bool:
-    """Whether a target option's key names a secret (``aws_secret_access_key``, anything
-    with ``secret``, ``token``, ``password`` or another of ``cdc_common.uris``' words)."""
-    return is_secret_key(key)
-
-
 def shown_options(given: Mapping[str, str]) -> str:
     """Target options as they may be shown or logged: ``KEY=VALUE, ...`` with the value of
-    every secret key ``***``."""
-    return ", ".join(f"{k}={MASK if is_secret_option(k) else v}" for k, v in given.items())
+    every secret key (``cdc_common.uris.is_secret_key``: ``aws_secret_access_key``, any key
+    with ``secret``, ``token``, ``password``, ...) ``***``."""
+    return ", ".join(f"{k}={MASK if is_secret_key(k) else v}" for k, v in given.items())
 
 
 def parse_target_options(pairs: list[str] | None) -> dict[str, str]:

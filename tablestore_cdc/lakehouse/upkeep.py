@@ -42,6 +42,7 @@ with its error; the batch is not failed, and the next due run tries again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -103,14 +104,10 @@ class MaintenancePolicy:
     vacuum_every_minutes: float = VACUUM_EVERY_MINUTES
 
     def __post_init__(self) -> None:
-        for setting, value, low in (("every_minutes", self.every_minutes, 0),
-                                    ("every_batches", self.every_batches, 1),
-                                    ("compact_files", self.compact_files, 0),
-                                    ("small_file_bytes", self.small_file_bytes, 1),
-                                    ("keep_snapshots", self.keep_snapshots, 1),
-                                    ("expire_hours", self.expire_hours, 0),
-                                    ("vacuum_hours", self.vacuum_hours, MIN_VACUUM_HOURS),
-                                    ("vacuum_every_minutes", self.vacuum_every_minutes, 0)):
+        lows = {"every_batches": 1, "small_file_bytes": 1, "keep_snapshots": 1,
+                "vacuum_hours": MIN_VACUUM_HOURS}
+        for setting in [f.name for f in dataclasses.fields(self) if f.name != "enabled"]:
+            value, low = getattr(self, setting), lows.get(setting, 0)
             if (not isinstance(value, int | float) or isinstance(value, bool)
                     or not math.isfinite(value) or value < low):
                 raise MaintenanceSettingError(setting=setting, value=value,
@@ -291,11 +288,10 @@ def owner_marker(sink: Any, table: Any) -> Marker | None:
 def delta_run(sink: Any, table: Any, key: str, now: float, *,
               compact: Callable[[list[int]], bool],
               vacuum_hours: float | None) -> MaintenanceRun:
-    """One run over ``sink``'s Delta ``table`` (the job's, ``maintain``, and ``lake optimize``'s):
-    compacted, sorted by ``key``, when ``compact`` says so of its current files' sizes (a
-    compaction another commit got in first is dropped: it wins); then, with ``vacuum_hours``,
-    a full vacuum: the files no version of the last that many hours references, and those no
-    commit ever named (a batch killed before its commit) once older than that."""
+    """One run over ``sink``'s Delta ``table`` (the job's, ``maintain``, and ``lake optimize``'s;
+    module doc): compacted by ``key`` when ``compact`` says so of its current files' sizes
+    (a compaction another commit got in first is dropped), then, with ``vacuum_hours``, a full
+    vacuum."""
     from deltalake.exceptions import CommitFailedError
 
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
@@ -325,13 +321,11 @@ def _compact_delta(table: Any, key: str) -> None:
 def iceberg_run(sink: Any, table: Any, marker: Marker, now: float, *,
                 compaction: MaintenancePolicy | None, expire_hours: float | None,
                 keep_newest: int | None, vacuum_hours: float | None) -> MaintenanceRun:
-    """One run over ``sink``'s Iceberg ``table`` whose owner's ``marker`` is given (the job's,
-    ``maintain``, and ``lake optimize``'s): its small files compacted as ``compaction`` says
-    (None: none); with ``expire_hours``, the snapshots older than that, or beyond the newest
-    ``keep_newest``, expired (``_expire_iceberg``: never those the sink's exactly
-    once needs); with ``vacuum_hours``, the files no snapshot references removed
-    (``_vacuum_iceberg``). A compaction or expiry another commit got in first is
-    dropped."""
+    """One run over ``sink``'s Iceberg ``table`` of the owner ``marker`` (the job's,
+    ``maintain``, and ``lake optimize``'s; module doc): small files compacted as ``compaction``
+    says (None: none), snapshots expired with ``expire_hours`` (``_expire_iceberg``), files
+    removed with ``vacuum_hours`` (``_vacuum_iceberg``). A compaction or expiry another commit
+    got in first is dropped."""
     from pyiceberg.exceptions import CommitFailedException
 
     tasks = list(table.scan().plan_files())
@@ -402,12 +396,11 @@ def _compact_iceberg(table: Any, tasks: list[Any], key: str, policy: Maintenance
 def _expire_iceberg(table: Any, job: str, expire_hours: float,
                     keep_newest: int | None = None) -> tuple[int, bool]:
     """Expire the snapshots of ``table`` older than ``expire_hours`` (and, with
-    ``keep_newest``, those beyond the newest that many: the job's automatic maintenance,
-    ``iceberg_run``) but those the batch marker
-    of ``job`` (the table's owner) needs: the current snapshot's ancestors down to the newest
-    snapshot of ``job`` (all of them if it has none there: nothing the walk could reach is cut
-    off from it), nor branch and tag heads (pyiceberg refuses those). Returns how many were
-    expired, and False when a commit that changed the snapshots meanwhile refused it."""
+    ``keep_newest``, those beyond the newest that many) but those the batch marker of ``job``
+    (the table's owner) needs: the current snapshot's ancestors down to the newest snapshot of
+    ``job`` (all of them if it has none there), nor branch and tag heads (pyiceberg refuses
+    those). Returns how many were expired, and False when a commit that changed the snapshots
+    meanwhile refused it."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.snapshots import ancestors_of
 
@@ -452,10 +445,6 @@ def _vacuum_iceberg(uri: str, table: Any, vacuum_hours: float) -> int:
     return removed
 
 
-#: the files a vacuum looks at, under the table's location
-_VACUUMED = ("data/**/*.parquet", "metadata/*.avro", "metadata/*.metadata.json")
-
-
 def _table_files(uri: str, table: Any) -> list[tuple[str, float]]:
     """Every data, manifest, manifest-list and metadata file under the table's location, as
     ``_referenced_files`` names them (a local path, or the object store's URI), with its
@@ -465,8 +454,8 @@ def _table_files(uri: str, table: Any) -> list[tuple[str, float]]:
     location = table.location().rstrip("/")
     root = local_path(location)
     if root is not None:
-        return [(str(path), path.stat().st_mtime) for pattern in _VACUUMED
-                for path in sorted(Path(root).glob(pattern))]
+        return [(str(path), path.stat().st_mtime) for path in sorted(Path(root).rglob("*"))
+                if path.is_file() and _vacuumed(path.relative_to(root).as_posix())]
     import pyarrow.fs as pafs
 
     from tablestore_cdc.lakehouse.target import FORMS
@@ -493,7 +482,8 @@ def _table_files(uri: str, table: Any) -> list[tuple[str, float]]:
 
 
 def _vacuumed(relative: str) -> bool:
-    """Whether a file at ``relative`` (to the table's location) is one ``_VACUUMED`` names."""
+    """Whether a file at ``relative`` (to the table's location) is one a vacuum looks at:
+    ``data/**/*.parquet``, ``metadata/*.avro``, ``metadata/*.metadata.json``."""
     folder, _, name = relative.rpartition("/")
     if folder == "data" or folder.startswith("data/"):
         return name.endswith(".parquet")
@@ -503,9 +493,9 @@ def _vacuumed(relative: str) -> bool:
 
 def _referenced_files(table: Any) -> set[str]:
     """The files the table's metadata refers to (local paths, or the object store's URIs as
-    the metadata names them): the current metadata
-    file and those of its log, every snapshot's manifest list, manifests, and data and delete
-    files (time travel reads the old ones)."""
+    the metadata names them): the current metadata file and those of its log, every
+    snapshot's manifest list, manifests, and data and delete files (time travel reads the old
+    ones)."""
     io = table.io
     files = {table.metadata_location, *(log.metadata_file for log in table.metadata.metadata_log)}
     manifests: set[str] = set()
