@@ -73,7 +73,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from cdc_common.first_contact import at_query_start, unreachable_problem
 from cdc_common.tls import tls_problem
@@ -395,8 +394,3 @@ class PendingCall:
         if conn is not None:
             conn.close()
             self._pool.give_back(conn)
-
-
-def describe(obj: Any) -> str:
-    """A short, secret-free description of a transport for logs."""
-    return f"{obj.endpoint} (instance {obj.instance})"
