@@ -34,14 +34,17 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import SplitResult, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
+from cdc_common.uris import UriQuery, redact_uri
 from meta_store.errors import (
     CorruptMetaRecordError,
     EndCheckpointConflictError,
     MetaStoreRequestError,
+    MetaStoreUriError,
     TransientMetaStoreError,
     UnknownBatchError,
 )
@@ -261,6 +264,36 @@ _NAMESPACE_INFO = TypeAdapter(dict[str, str])
 def namespace_info_json(info: dict[str, str]) -> str:
     """A namespace's description as stored: a JSON object of strings with sorted keys."""
     return json.dumps(_NAMESPACE_INFO.validate_python(dict(info)), sort_keys=True)
+
+
+def split_store_uri(uri: str, scheme: str, query: type[UriQuery], *, user_info: bool = False
+                    ) -> tuple[SplitResult, Callable[[str], MetaStoreUriError]]:
+    """The first steps of each backend's ``from_uri`` (driver, executors, CLI): ``uri`` split,
+    its scheme checked and (unless ``user_info``: the backend refuses a host itself) no
+    credentials before ``@``; with ``refuse(reason)``, the error naming ``uri`` with its
+    secrets hidden."""
+    shown = redact_uri(uri, query.model_fields)
+
+    def refuse(reason: str) -> MetaStoreUriError:
+        return MetaStoreUriError(uri=shown, reason=reason)
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    if parts.scheme != scheme:
+        raise refuse(f"not a {scheme}:// URI")
+    if "@" in parts.netloc and not user_info:
+        raise refuse(f"credentials are not accepted in the URI; {query.credentials_hint}")
+    return parts, refuse
+
+
+def query_text(query: UriQuery) -> str:
+    """The parameters of ``query`` that are not their defaults, as a store's ``uri`` shows
+    them after its ``?`` (none: no ``?``)."""
+    given = {name: "true" if value is True else value for name, value in query
+             if value != type(query).model_fields[name].default}
+    return "?" + urlencode(given, safe="/:") if given else ""
 
 
 #: compare-and-set rounds of ``take_lease`` before it gives up (each lost to another writer)

@@ -55,7 +55,6 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlencode, urlsplit
 
 import boto3
 import botocore.exceptions
@@ -65,8 +64,8 @@ from pydantic import Field
 from cdc_common.aws_errors import is_transient
 from cdc_common.aws_responses import refuse_damaged_responses
 from cdc_common.credentials import AWS_CREDENTIAL_CHAIN, AWS_DEFAULT_REGION
-from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query, redact_uri
-from meta_store.base import BatchRecord, BatchState, Manifest
+from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query
+from meta_store.base import BatchRecord, BatchState, Manifest, query_text, split_store_uri
 from meta_store.errors import (
     MetaStoreRequestError,
     MetaStoreUriError,
@@ -181,38 +180,14 @@ class DynamoDbMetaStore(KeyValueMetaStore):
     max_deletes_per_request = 25
     delete_rounds = _UNPROCESSED_ROUNDS
 
-    def __init__(
-        self,
-        table: str,
-        *,
-        region: str | None = None,
-        endpoint_url: str | None = None,
-        profile: str | None = None,
-        create_table: bool = False,
-        retry_mode: str = "standard",
-        max_attempts: int = 8,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 20.0,
-        page_size: int | None = None,
-        uri: str | None = None,
-    ) -> None:
-        given = {"region": region, "endpoint_url": endpoint_url, "profile": profile,
-                 "create_table": "true" if create_table else None,
-                 "retry_mode": retry_mode if retry_mode != "standard" else None,
-                 "max_attempts": max_attempts if max_attempts != 8 else None,
-                 "connect_timeout": connect_timeout if connect_timeout != 5.0 else None,
-                 "read_timeout": read_timeout if read_timeout != 20.0 else None,
-                 "page_size": page_size}
-        query = urlencode({k: v for k, v in given.items() if v is not None}, safe="/:")
-        self.uri = uri or f"dynamodb://{table}" + (f"?{query}" if query else "")
-        self.table = table
-        self.endpoint_url = endpoint_url
-        self.page_size = page_size
+    def __init__(self, table: str, query: DynamoDbUriQuery) -> None:
+        self.uri = f"dynamodb://{table}{query_text(query)}"
+        self.table, self.endpoint_url, self.page_size = table, query.endpoint_url, query.page_size
         try:
-            session = _session(profile)
+            session = _session(query.profile)
         except botocore.exceptions.ProfileNotFound as exc:
             raise MetaStoreUriError(uri=self.uri, reason=f"profile: {exc}") from None
-        self.region = region or session.region_name
+        self.region = query.region or session.region_name
         if not self.region:
             raise MetaStoreUriError(
                 uri=self.uri, reason="no AWS region: pass region=... in the URI or set "
@@ -220,9 +195,9 @@ class DynamoDbMetaStore(KeyValueMetaStore):
             )
         settings: dict[str, Any] = {
             "region_name": self.region,
-            "retries": {"mode": retry_mode, "total_max_attempts": max_attempts},
-            "connect_timeout": connect_timeout,
-            "read_timeout": read_timeout,
+            "retries": {"mode": query.retry_mode, "total_max_attempts": query.max_attempts},
+            "connect_timeout": query.connect_timeout,
+            "read_timeout": query.read_timeout,
             "user_agent_extra": "tablestore-cdc-meta",
         }
         try:
@@ -233,8 +208,8 @@ class DynamoDbMetaStore(KeyValueMetaStore):
             config = Config(**settings)
         with _sessions_lock:  # creating clients from one session is not thread-safe
             self._client: Any = refuse_damaged_responses(
-                session.client("dynamodb", endpoint_url=endpoint_url, config=config))
-        if create_table:
+                session.client("dynamodb", endpoint_url=self.endpoint_url, config=config))
+        if query.create_table:
             self._ensure_table()
 
     # --- opening --------------------------------------------------------------------------
@@ -242,35 +217,16 @@ class DynamoDbMetaStore(KeyValueMetaStore):
     @classmethod
     def from_uri(cls, uri: str) -> DynamoDbMetaStore:
         """Open ``dynamodb://TABLE?...`` (driver, executors, CLI); see the module docstring."""
-        shown = redact_uri(uri, DynamoDbUriQuery.model_fields)
-        try:
-            parts = urlsplit(uri)
-        except ValueError as exc:
-            raise MetaStoreUriError(uri=shown, reason=str(exc)) from None
-        if parts.scheme != "dynamodb":
-            raise MetaStoreUriError(uri=shown, reason="not a dynamodb:// URI")
-        if "@" in parts.netloc:
-            raise MetaStoreUriError(
-                uri=shown, reason=f"credentials are not accepted in the URI; use "
-                f"{AWS_CREDENTIAL_CHAIN}",
-            )
+        parts, refuse = split_store_uri(uri, "dynamodb", DynamoDbUriQuery)
         table = parts.netloc
         if not table:
-            raise MetaStoreUriError(
-                uri=shown, reason="no table name: use dynamodb://TABLE?region=...",
-            )
+            raise refuse("no table name: use dynamodb://TABLE?region=...")
         if not _TABLE_NAME.match(table):
-            raise MetaStoreUriError(
-                uri=shown, reason=f"table name {table!r} is not valid (3-255 characters of "
-                "A-Z a-z 0-9 _ . -)",
-            )
+            raise refuse(f"table name {table!r} is not valid (3-255 characters of "
+                         "A-Z a-z 0-9 _ . -)")
         if parts.path not in ("", "/") or parts.fragment:
-            raise MetaStoreUriError(
-                uri=shown, reason="nothing may follow the table name but ?parameters",
-            )
-        query = parse_query(parts.query, DynamoDbUriQuery,
-                            lambda reason: MetaStoreUriError(uri=shown, reason=reason))
-        return cls(table, **query.model_dump())
+            raise refuse("nothing may follow the table name but ?parameters")
+        return cls(table, parse_query(parts.query, DynamoDbUriQuery, refuse))
 
     def _ensure_table(self) -> None:
         """``create_table=true``: create the table when missing, wait until active, and check

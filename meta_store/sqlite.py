@@ -46,11 +46,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import unquote, urlencode, urlsplit
+from urllib.parse import unquote
 
 from pydantic import Field
 
-from cdc_common.uris import UriQuery, parse_query, redact_uri
+from cdc_common.uris import UriQuery, parse_query
 from meta_store.base import (
     UNREAD_MANIFEST,
     BatchRecord,
@@ -62,6 +62,8 @@ from meta_store.base import (
     namespace_info_json,
     parse_manifest,
     parse_record,
+    query_text,
+    split_store_uri,
     stored_manifest_json,
     with_manifest,
 )
@@ -104,7 +106,6 @@ _STATE_INDEX = ("CREATE INDEX IF NOT EXISTS cdc_batches_state ON cdc_batches (ns
 #: sources' leases (added after the schema version: created when missing, like the index)
 _LEASE_TABLE = "CREATE TABLE IF NOT EXISTS cdc_leases (key TEXT PRIMARY KEY, lease TEXT NOT NULL)"
 
-_DEFAULTS = {"busy_timeout_ms": 10_000, "lock_retries": 3}
 #: SQLite result codes (primary, low byte) meaning "another connection holds the lock"
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 #: rows per ``IN (...)`` list when deleting (well under SQLite's variable limit)
@@ -124,9 +125,9 @@ class SqliteUriQuery(UriQuery):
 
     credentials_hint: ClassVar[str] = "a SQLite file takes no credentials"
 
-    busy_timeout_ms: int = Field(_DEFAULTS["busy_timeout_ms"], ge=1, le=600_000,
+    busy_timeout_ms: int = Field(10_000, ge=1, le=600_000,
                                  description="an integer from 1 to 600000")
-    lock_retries: int = Field(_DEFAULTS["lock_retries"], ge=0, le=100,
+    lock_retries: int = Field(3, ge=0, le=100,
                               description="an integer from 0 to 100")
 
 
@@ -135,19 +136,16 @@ class SqliteMetaStore(MetaStore):
     concurrency rules). Open with ``from_uri`` or ``meta_store.open_meta_store``; one instance
     per process, usable from several threads of that process (calls are serialized)."""
 
-    def __init__(self, path: str, *, busy_timeout_ms: int = 10_000, lock_retries: int = 3,
-                 uri: str | None = None) -> None:
+    def __init__(self, path: str, query: SqliteUriQuery) -> None:
         self.path = path
-        self.busy_timeout_ms = busy_timeout_ms
-        self.lock_retries = lock_retries
-        query = {k: v for k, v in (("busy_timeout_ms", busy_timeout_ms),
-                                   ("lock_retries", lock_retries)) if v != _DEFAULTS[k]}
-        self.uri = uri or ("sqlite://" + path + (f"?{urlencode(query)}" if query else ""))
+        self.busy_timeout_ms = query.busy_timeout_ms
+        self.lock_retries = query.lock_retries
+        self.uri = "sqlite://" + path + query_text(query)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         try:
             self._conn = sqlite3.connect(
-                path, timeout=busy_timeout_ms / 1000.0, isolation_level=None,
+                path, timeout=self.busy_timeout_ms / 1000.0, isolation_level=None,
                 check_same_thread=False,
             )
             self._run("open", self._init_schema)
@@ -165,33 +163,22 @@ class SqliteMetaStore(MetaStore):
     def from_uri(cls, uri: str) -> SqliteMetaStore:
         """Open ``sqlite:///abs/path/meta.db[?busy_timeout_ms=..&lock_retries=..]``
         (driver, executors, CLI). Creates the file and schema when absent."""
-        shown = redact_uri(uri, SqliteUriQuery.model_fields)
-        parts = urlsplit(uri)
-        if parts.scheme != "sqlite":
-            raise MetaStoreUriError(uri=shown, reason="not a sqlite:// URI")
+        parts, refuse = split_store_uri(uri, "sqlite", SqliteUriQuery, user_info=True)
         if parts.netloc:
-            raise MetaStoreUriError(
-                uri=shown, reason=f"the path must be absolute: sqlite:///abs/path/meta.db (three "
-                f"slashes); {parts.netloc.rpartition('@')[2]!r} was read as a host name",
-            )
+            raise refuse("the path must be absolute: sqlite:///abs/path/meta.db (three slashes); "
+                         f"{parts.netloc.rpartition('@')[2]!r} was read as a host name")
         path = unquote(parts.path)
         if not path or not os.path.isabs(path) or path.endswith("/"):
-            raise MetaStoreUriError(
-                uri=shown, reason="the path must be an absolute file path, as in "
-                "sqlite:///abs/path/meta.db",
-            )
+            raise refuse("the path must be an absolute file path, as in sqlite:///abs/path/meta.db")
         if parts.fragment:
-            raise MetaStoreUriError(uri=shown, reason="a fragment (#...) is not allowed")
-        query = parse_query(parts.query, SqliteUriQuery,
-                            lambda reason: MetaStoreUriError(uri=shown, reason=reason))
+            raise refuse("a fragment (#...) is not allowed")
+        query = parse_query(parts.query, SqliteUriQuery, refuse)
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
-            raise MetaStoreUriError(
-                uri=shown, reason=f"directory {directory!r} does not exist; create it first",
-            )
+            raise refuse(f"directory {directory!r} does not exist; create it first")
         if os.path.isdir(path):
-            raise MetaStoreUriError(uri=shown, reason=f"{path!r} is a directory, not a file")
-        return cls(path, busy_timeout_ms=query.busy_timeout_ms, lock_retries=query.lock_retries)
+            raise refuse(f"{path!r} is a directory, not a file")
+        return cls(path, query)
 
     def _init_schema(self, conn: sqlite3.Connection) -> None:
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]

@@ -61,7 +61,6 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
-from urllib.parse import urlencode, urlsplit
 
 from pydantic import Field
 from tablestore import (
@@ -99,9 +98,16 @@ from cdc_common.uris import (
     UriBool,
     UriQuery,
     parse_query,
-    redact_uri,
 )
-from meta_store.base import BatchRecord, BatchState, Manifest, first_times, with_manifest
+from meta_store.base import (
+    BatchRecord,
+    BatchState,
+    Manifest,
+    first_times,
+    query_text,
+    split_store_uri,
+    with_manifest,
+)
 from meta_store.errors import (
     MetaStoreRequestError,
     MetaStoreUriError,
@@ -233,31 +239,13 @@ class TablestoreMetaStore(KeyValueMetaStore):
     new_batch_columns = {"version": 0}
     max_deletes_per_request = BATCH_WRITE_MAX
 
-    def __init__(
-        self,
-        instance: str,
-        table: str,
-        *,
-        endpoint: str,
-        create_table: bool = False,
-        max_attempts: int = 8,
-        socket_timeout: float = 20.0,
-        page_size: int | None = None,
-        ca_bundle: str | None = None,
-        access_key_id: str | None = None,
-        access_key_secret: str | None = None,
-        security_token: str | None = None,
-        uri: str | None = None,
-    ) -> None:
-        given = {"endpoint": endpoint, "create_table": "true" if create_table else None,
-                 "max_attempts": max_attempts if max_attempts != 8 else None,
-                 "socket_timeout": socket_timeout if socket_timeout != 20.0 else None,
-                 "page_size": page_size, "ca_bundle": ca_bundle}
-        query = urlencode({k: v for k, v in given.items() if v is not None}, safe="/:")
-        self.uri = uri or f"tablestore://{instance}/{table}?{query}"
-        self.instance, self.table, self.endpoint = instance, table, endpoint
-        self.page_size = page_size
-        self.max_attempts = self.delete_rounds = max_attempts
+    def __init__(self, instance: str, table: str, query: TablestoreUriQuery,
+                 access_key_id: str | None = None, access_key_secret: str | None = None,
+                 security_token: str | None = None) -> None:
+        self.uri = f"tablestore://{instance}/{table}{query_text(query)}"
+        self.instance, self.table, self.endpoint = instance, table, query.endpoint
+        self.page_size = query.page_size
+        self.max_attempts = self.delete_rounds = query.max_attempts
         creds = alibaba_credentials(access_key_id, access_key_secret, security_token)
         if not creds.complete:
             raise MetaStoreRequestError(
@@ -271,14 +259,14 @@ class TablestoreMetaStore(KeyValueMetaStore):
             sdk_log.setLevel(logging.CRITICAL)  # our typed errors carry what it would log
         try:
             self._client = OTSClient(
-                endpoint, creds.access_key_id, creds.access_key_secret, instance,
-                sts_token=creds.security_token,
-                socket_timeout=socket_timeout, retry_policy=_RetryPolicy(max_attempts),
+                self.endpoint, creds.access_key_id, creds.access_key_secret, instance,
+                sts_token=creds.security_token, socket_timeout=query.socket_timeout,
+                retry_policy=_RetryPolicy(self.max_attempts),
                 logger_name=SDK_LOGGER,
             )
         except OTSClientError as exc:
             raise MetaStoreUriError(uri=self.uri, reason=str(exc)) from None
-        bundle = tls.ca_bundle(ca_bundle) if endpoint.startswith("https://") else None
+        bundle = tls.ca_bundle(query.ca_bundle) if self.endpoint.startswith("https://") else None
         if bundle:
             problem = tls.ca_bundle_problem(bundle)
             if problem:
@@ -286,7 +274,7 @@ class TablestoreMetaStore(KeyValueMetaStore):
             _trust_ca(self._client, bundle)
         #: has the endpoint answered a request (``cdc_common.first_contact``)?
         self._answered = False
-        if create_table:
+        if query.create_table:
             self._ensure_table()
 
     # --- opening --------------------------------------------------------------------------
@@ -302,42 +290,21 @@ class TablestoreMetaStore(KeyValueMetaStore):
     ) -> TablestoreMetaStore:
         """Open ``tablestore://INSTANCE/TABLE?endpoint=...`` (driver, executors, CLI);
         credentials as keyword arguments or from the environment (module docstring)."""
-        shown = redact_uri(uri, TablestoreUriQuery.model_fields)
-        try:
-            parts = urlsplit(uri)
-        except ValueError as exc:
-            raise MetaStoreUriError(uri=shown, reason=str(exc)) from None
-        if parts.scheme != "tablestore":
-            raise MetaStoreUriError(uri=shown, reason="not a tablestore:// URI")
-        if "@" in parts.netloc:
-            raise MetaStoreUriError(
-                uri=shown, reason=f"credentials are not accepted in the URI; {_CREDENTIALS}",
-            )
+        parts, refuse = split_store_uri(uri, "tablestore", TablestoreUriQuery)
         instance, table = parts.netloc, parts.path.removeprefix("/")
         if not instance or not table:
-            raise MetaStoreUriError(
-                uri=shown, reason="use tablestore://INSTANCE/TABLE?endpoint=https://...",
-            )
+            raise refuse("use tablestore://INSTANCE/TABLE?endpoint=https://...")
         if not TABLESTORE_INSTANCE.match(instance):
-            raise MetaStoreUriError(
-                uri=shown, reason=f"instance name {instance!r} is not valid (a letter, then "
-                "letters, digits or -)",
-            )
+            raise refuse(f"instance name {instance!r} is not valid (a letter, then letters, "
+                         "digits or -)")
         if not _TABLE_NAME.match(table):
-            raise MetaStoreUriError(
-                uri=shown, reason=f"table name {table!r} is not valid (a letter or _, then up "
-                "to 254 letters, digits or _)",
-            )
+            raise refuse(f"table name {table!r} is not valid (a letter or _, then up to 254 "
+                         "letters, digits or _)")
         if parts.fragment:
-            raise MetaStoreUriError(uri=shown, reason="a URI fragment (#...) is not allowed")
-        query = parse_query(parts.query, TablestoreUriQuery,
-                            lambda reason: MetaStoreUriError(uri=shown, reason=reason))
-        return cls(instance, table, endpoint=query.endpoint.rstrip("/"),
-                   create_table=query.create_table, max_attempts=query.max_attempts,
-                   socket_timeout=query.socket_timeout, page_size=query.page_size,
-                   ca_bundle=query.ca_bundle,
-                   access_key_id=access_key_id, access_key_secret=access_key_secret,
-                   security_token=security_token)
+            raise refuse("a URI fragment (#...) is not allowed")
+        query = parse_query(parts.query, TablestoreUriQuery, refuse)
+        query = query.model_copy(update={"endpoint": query.endpoint.rstrip("/")})
+        return cls(instance, table, query, access_key_id, access_key_secret, security_token)
 
     def _ensure_table(self) -> None:
         """``create_table=true``: create the table when missing; check an existing table's key."""
