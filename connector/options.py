@@ -206,11 +206,36 @@ _BY_LOWER = {name.lower(): name for name in OPTIONS}
 _INT_MAX = 2**31 - 1
 _LONG_MAX = 2**63 - 1
 _FIELD_TO_OPTION = {spec.field: name for name, spec in OPTIONS.items()}
-#: the fields whose option text a parser of ``connector.option_values`` reads
+
+
+def _tunnel_type(text: str) -> Any:
+    return next((t for t in TunnelType if t.value.lower() == text.strip().lower()), text)
+
+
+def _policy(text: str) -> str:
+    policy = policy_named(text)
+    if policy is None:
+        raise ValueError("unknown policy")
+    return policy
+
+
+def _lower(text: str) -> str:
+    return text.strip().lower()
+
+
+def _upper(text: str) -> str:
+    return text.strip().upper()
+
+
+#: how the option text of a field becomes its value (``SourceOptions._parsed``); a value that
+#: is not text (a test's typed one) is taken as it is
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "catalog": parse_catalog, "starting_timestamp": parse_timestamp_ms,
     "ending_timestamp": parse_timestamp_ms, "max_trigger_delay_ms": parse_duration_ms,
-    "max_bytes_per_trigger": parse_bytes}
+    "max_bytes_per_trigger": parse_bytes, "tunnel_type": _tunnel_type,
+    "schema_change_behavior": _policy, "on_data_loss": _lower, "before_format": _lower,
+    "starting_position": _upper, "snapshot_op": _upper, "fail_on_data_loss": parse_bool,
+    "skip_empty_batches": parse_bool, "read_prefetch": parse_bool}
 
 
 class SourceOptions(BaseModel):
@@ -286,40 +311,6 @@ class SourceOptions(BaseModel):
             raise ValueError("is not a Tablestore instance name (a letter, then letters, digits "
                              "or -)")
         return value
-
-    @field_validator("tunnel_type", mode="before")
-    @classmethod
-    def _tunnel_type(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            for member in TunnelType:
-                if member.value.lower() == value.strip().lower():
-                    return member
-        return value
-
-    @field_validator("on_data_loss", "before_format", mode="before")
-    @classmethod
-    def _lowercase_word(cls, value: Any) -> Any:
-        return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("starting_position", "snapshot_op", mode="before")
-    @classmethod
-    def _uppercase_word(cls, value: Any) -> Any:
-        return value.strip().upper() if isinstance(value, str) else value
-
-    @field_validator("schema_change_behavior", mode="before")
-    @classmethod
-    def _policy(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            policy = policy_named(value)
-            if policy is None:
-                raise ValueError("unknown policy")
-            return policy
-        return value
-
-    @field_validator("fail_on_data_loss", "skip_empty_batches", "read_prefetch", mode="before")
-    @classmethod
-    def _bools(cls, value: Any) -> Any:
-        return parse_bool(value)
 
     @field_validator(*_PARSERS, mode="before")
     @classmethod
