@@ -21,6 +21,7 @@ from connector.local import LocalTablestore
 from connector.tunnel.page import PageLayout, records_to_page
 from tablestore_cdc.lakehouse import DeltaApplySink, IcebergApplySink
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+from tablestore_cdc.lakehouse.plan import CLOSE_AT, ApplyPlan
 from tablestore_cdc.verify import read_delta
 from testkit.target_reads import read_iceberg
 
@@ -302,3 +303,19 @@ def two_keys_store(path: Path) -> LocalTablestore:
         store.create_table(table, primary_key=[(column, kind)],
                            columns=[("v", "INTEGER"), ("note", "STRING")], channels=2)
     return store
+
+
+def upserts(plan: ApplyPlan) -> list[dict[str, Any]]:
+    """A plan's upserted rows as Python values."""
+    return plan.upsert_table.to_pylist()
+
+
+def deletes(plan: ApplyPlan) -> list[tuple[Any, ...]]:
+    """A plan's deleted (or, soft deletes, only flagged) keys as Python values."""
+    return [tuple(row.values()) for row in plan.delete_keys.to_pylist()]
+
+
+def closes(plan: ApplyPlan) -> dict[tuple[Any, ...], dt.datetime]:
+    """A plan's (SCD 2) touched keys and the time their open version ends."""
+    return {tuple(v for k, v in row.items() if k != CLOSE_AT): row[CLOSE_AT]
+            for row in plan.close_table.to_pylist()}

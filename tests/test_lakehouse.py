@@ -40,8 +40,11 @@ from testkit.lakehouse import (  # noqa: E402
     Iceberg,
     batch,
     change,
+    closes,
+    deletes,
     source_batches,
     store_with_history,
+    upserts,
 )
 from testkit.target_reads import history_mismatches, source_history, table_history  # noqa: E402
 
@@ -97,9 +100,9 @@ def test_scd1_keeps_each_keys_final_image_or_its_delete() -> None:
         change("DELETE", "c", 5, 5, 3),
         change("PUT", "c", 6, 6, 3, "c", 3),
     ), None, ApplyOptions(("id",)), "t")
-    assert sorted(plan.upserts, key=lambda r: r["id"]) == [
+    assert sorted(upserts(plan), key=lambda r: r["id"]) == [
         {"id": 1, "name": "a", "qty": 2}, {"id": 3, "name": "c", "qty": 3}]
-    assert plan.deletes == [(2,)]
+    assert deletes(plan) == [(2,)]
 
 
 def test_soft_delete_keeps_the_last_image_flagged() -> None:
@@ -108,8 +111,8 @@ def test_soft_delete_keeps_the_last_image_flagged() -> None:
         change("DELETE", "c", 2, 2, 1),
         change("DELETE", "c", 3, 3, 2),  # its image is in the table, not in this batch
     ), None, ApplyOptions(("id",), soft_delete_column="_deleted"), "t")
-    assert plan.upserts == [{"id": 1, "name": "a", "qty": 1, "_deleted": True}]
-    assert plan.deletes == [(2,)]
+    assert upserts(plan) == [{"id": 1, "name": "a", "qty": 1, "_deleted": True}]
+    assert deletes(plan) == [(2,)]
 
 
 def test_scd2_makes_one_version_per_change_and_a_delete_ends_the_current_one() -> None:
@@ -119,9 +122,9 @@ def test_scd2_makes_one_version_per_change_and_a_delete_ends_the_current_one() -
         change("DELETE", "c", 3, 12, 1),
         change("PUT", "c", 4, 13, 1, "c"),
     ), None, ApplyOptions(("id",), scd=2), "t")
-    assert [(r["name"], r["__START_AT"], r["__END_AT"]) for r in plan.upserts] == [
+    assert [(r["name"], r["__START_AT"], r["__END_AT"]) for r in upserts(plan)] == [
         ("a", ts(10), ts(11)), ("b", ts(11), ts(12)), ("c", ts(13), None)]
-    assert plan.closes == {(1,): ts(10)}  # the table's open version of key 1 ends here
+    assert closes(plan) == {(1,): ts(10)}  # the table's open version of key 1 ends here
 
 
 def test_options_are_checked() -> None:

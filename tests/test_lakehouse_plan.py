@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from connector.schema import to_json
 from tablestore_cdc.lakehouse.errors import LakehouseError
 from tablestore_cdc.lakehouse.plan import ApplyOptions, ApplyPlan, plan_batch
+from testkit.lakehouse import closes, deletes, upserts
 from tests import lakehouse_reference as reference
 
 SCHEMA = pa.schema([
@@ -115,7 +116,7 @@ def test_the_columnar_plan_equals_the_per_change_plan(batch: pa.Table, scd: int,
     layout = plan.layout
     assert (layout.schema, layout.added, layout.promoted) == (
         expected.layout.schema, expected.layout.added, expected.layout.promoted)
-    assert as_rows(plan.upserts, layout.schema) == as_rows(expected.upserts, layout.schema)
-    assert sorted(plan.deletes) == sorted(expected.deletes)
-    assert plan.closes == expected.closes
+    assert as_rows(upserts(plan), layout.schema) == as_rows(expected.upserts, layout.schema)
+    assert sorted(deletes(plan)) == sorted(expected.deletes)
+    assert closes(plan) == expected.closes
     assert (plan.changes, plan.values_in_extra) == (expected.changes, expected.values_in_extra)

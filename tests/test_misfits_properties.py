@@ -35,6 +35,7 @@ from connector.tunnel.page import json_value, records_to_page
 from connector.tunnel.types import Op, Record
 from tablestore_cdc.lakehouse.errors import LakehouseError
 from tablestore_cdc.lakehouse.plan import ApplyOptions, plan_batch
+from testkit.lakehouse import upserts
 
 #: a value of each of the SDK's five types
 VALUES = {
@@ -178,7 +179,7 @@ def test_every_value_reaches_the_target_or_a_typed_error(
     except LakehouseError:
         assert apply_policy in ("evolve", "exception")
         return
-    rows = {row["id"]: row for row in plan.upserts}
+    rows = {row["id"]: row for row in upserts(plan)}
     assert len(rows) == len(changes)
     for i, change in enumerate(changes):
         row = rows[i]

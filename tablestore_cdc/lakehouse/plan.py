@@ -28,7 +28,6 @@ tables) into one commit of their format. Three steps:
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +59,6 @@ REQUIRED_META = ("_op", "_channel_id", "_sequence", "_commit_ts")
 #: SCD type 2 validity columns, named as Spark's auto-CDC flows (``create_auto_cdc_flow``) name them
 START_AT = "__START_AT"
 END_AT = "__END_AT"
-
-Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -151,8 +148,7 @@ class ApplyPlan:
     flag when that option is on); ``delete_keys`` keys to remove, or, with a soft-delete column,
     keys whose row is only flagged (their last image is not in this batch). SCD 2:
     ``upsert_table`` holds the new versions; ``close_table`` each touched key and the time its
-    open version ends (its first change here, ``CLOSE_AT``). ``upserts``, ``deletes`` and
-    ``closes`` show the same as Python values (for tests and logs, not for the commit path)."""
+    open version ends (its first change here, ``CLOSE_AT``)."""
 
     layout: TargetLayout
     changes: int
@@ -163,19 +159,6 @@ class ApplyPlan:
     values_in_extra: int = 0
     #: the channel each row of ``upsert_table`` came from (how appended rows are laid out)
     upsert_channels: pa.Array | None = None
-
-    @property
-    def upserts(self) -> list[dict[str, Any]]:
-        return self.upsert_table.to_pylist()
-
-    @property
-    def deletes(self) -> list[Key]:
-        return [tuple(row.values()) for row in self.delete_keys.to_pylist()]
-
-    @property
-    def closes(self) -> dict[Key, dt.datetime]:
-        return {tuple(v for k, v in row.items() if k != CLOSE_AT): row[CLOSE_AT]
-                for row in self.close_table.to_pylist()}
 
     def touched_keys(self, key_column: str) -> pa.Array:
         """Every key the batch touches (its upserts, deletes and closes), one key column."""

@@ -74,22 +74,17 @@ def compared_type(typ: pa.DataType) -> pa.DataType:
     return typ
 
 
+#: compared column type -> the Python types of the values it takes (the module's rules)
+_FITTING: dict[pa.DataType, tuple[type, ...]] = {
+    pa.int64(): (int,), pa.float64(): (float, int), pa.bool_(): (bool,), pa.string(): (str,),
+    pa.binary(): (bytes,)}
+
+
 def fits(value: Any, typ: pa.DataType) -> bool:
     """Whether ``value`` goes into a compared column of ``typ`` (the module's rules)."""
-    kind = type(value)
-    if typ == pa.int64():
-        return kind is int
-    if typ == pa.float64():
-        return kind is float or kind is int
-    if typ == pa.bool_():
-        return kind is bool
-    if typ == pa.string():
-        return kind is str
-    if typ == pa.binary():
-        return kind is bytes
     if typ == TIMESTAMP:
         return isinstance(value, dt.datetime)
-    return False
+    return type(value) in _FITTING.get(typ, ())
 
 
 @dataclass(frozen=True)
