@@ -129,15 +129,10 @@ def batches(
         fmt, caption = _clock([r[k] for r in rows for k in ("planned_at", "committed_at")])
         table = compact_table(f"batches of {ns}",
                               caption + "; --json has every field (pushed at, ...)")
-        table.add_column("#", justify="right", no_wrap=True)
-        table.add_column("uuid", no_wrap=True)
-        table.add_column("spark", justify="right", no_wrap=True)
-        table.add_column("state", no_wrap=True)
-        table.add_column("planned", no_wrap=True)
-        table.add_column("committed", no_wrap=True)
-        table.add_column("chan", justify="right", no_wrap=True)
-        table.add_column("records", justify="right", no_wrap=True)
-        table.add_column("children added")
+        for col in ("#", "uuid", "spark", "state", "planned", "committed", "chan", "records",
+                    "children added"):
+            table.add_column(col, justify="right" if col in ("#", "spark", "chan", "records")
+                             else "left", no_wrap=col != "children added")
         for r in rows:
             spark = "-" if r["spark_batch_id"] is None else str(r["spark_batch_id"])
             table.add_row(
@@ -195,15 +190,10 @@ def show(
         shown = record["channels"][:MAX_SHOWN_CHANNELS]
         fmt, caption = _clock([c["written_at"] for c in shown])
         table = compact_table("channels", caption + "; --json shows whole tokens")
-        table.add_column("channel", no_wrap=True)
-        table.add_column("parents")
-        table.add_column("start token (tail)", no_wrap=True)
-        table.add_column("start", justify="right", no_wrap=True)
-        table.add_column("end token (tail)", no_wrap=True)
-        table.add_column("end", justify="right", no_wrap=True)
-        table.add_column("records", justify="right", no_wrap=True)
-        table.add_column("attempt")
-        table.add_column("written", no_wrap=True)
+        for col in ("channel", "parents", "start token (tail)", "start", "end token (tail)",
+                    "end", "records", "attempt", "written"):
+            table.add_column(col, justify="right" if col in ("start", "end", "records")
+                             else "left", no_wrap=col not in ("parents", "attempt"))
         for c in shown:
             start, end = c["start"], c["end"]
             table.add_row(
