@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from connector.errors import (
+    CdcError,
     InvalidRowError,
     UnknownChannelError,
     UnknownTableError,
@@ -72,43 +73,40 @@ def name_problem(value: Any) -> str | None:
     return f"it holds {what} U+{ord(char):04X} at position {bad.start()}"
 
 
+def _refuse(name: Any, error: type[CdcError], **fields: Any) -> None:
+    """Raise ``error`` (with ``fields`` and the reason) if ``name`` is not a name."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise error(reason=problem, **fields)
+
+
 def check_new_name(field: str, value: Any) -> str:
     """``value`` if it may name a new ``field`` (``"table name"``, ``"column name"``,
     ``"tunnel name"``), else ``InvalidNameError``."""
-    problem = name_problem(value)
-    if problem is not None:
-        raise InvalidNameError(field=field, value=value, reason=problem)
+    _refuse(value, InvalidNameError, field=field, value=value)
     return str(value)
 
 
 def check_new_tunnel_name(name: Any, table: str) -> str:
     """``name`` if it may name a new tunnel on ``table``, else ``InvalidTunnelNameError``."""
-    problem = name_problem(name)
-    if problem is not None:
-        raise InvalidTunnelNameError(field="tunnel name", value=name, reason=problem,
-                                     tunnel=name, table=table)
+    _refuse(name, InvalidTunnelNameError, field="tunnel name", value=name, tunnel=name,
+            table=table)
     return str(name)
 
 
 def check_table(table: Any, endpoint: str) -> None:
     """A table name being looked up: ``InvalidTableNameError`` if it cannot name one."""
-    problem = name_problem(table)
-    if problem is not None:
-        raise InvalidTableNameError(table=table, endpoint=endpoint, reason=problem)
+    _refuse(table, InvalidTableNameError, table=table, endpoint=endpoint)
 
 
 def check_tunnel(tunnel: Any, table: str = "(any table)") -> None:
     """A tunnel id or name being looked up: ``InvalidTunnelIdError`` if it cannot name one."""
-    problem = name_problem(tunnel)
-    if problem is not None:
-        raise InvalidTunnelIdError(tunnel=tunnel, table=table, reason=problem)
+    _refuse(tunnel, InvalidTunnelIdError, tunnel=tunnel, table=table)
 
 
 def check_channel(channel_id: Any, tunnel_id: str) -> None:
     """A channel id being looked up: ``InvalidChannelIdError`` if it cannot name one."""
-    problem = name_problem(channel_id)
-    if problem is not None:
-        raise InvalidChannelIdError(channel_id=channel_id, tunnel_id=tunnel_id, reason=problem)
+    _refuse(channel_id, InvalidChannelIdError, channel_id=channel_id, tunnel_id=tunnel_id)
 
 
 __all__ = ["InvalidChannelIdError", "InvalidNameError", "InvalidTableNameError",
