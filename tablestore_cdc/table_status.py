@@ -1,14 +1,10 @@
 """Each replicated table's status: the one record the feed, the CLI and the metrics all read.
 
 A replication job knows each table's state from two places: the source's report in Spark's
-progress (new, snapshotting, streaming, waiting for its lease, restarting after a retryable
-error -- streaming again by itself once its service answers --, dropped, failed on the source
-side by a configuration or data error, and its lag) and
-the apply (``AppliedTable``: a target that refused a batch, changes applied, the target's
-version, its last schema change). ``Pipeline.table_statuses`` (``replicate
---tables``) joins them into one ``TableStatus`` per table, and ``Pipeline.table_status``
-(``replicate --table``) into the one of its table, in the driver, every couple of seconds;
-from there:
+progress (its ``connector.table_state`` and its lag) and the apply (``AppliedTable``: a target
+that refused a batch, changes applied, the target's version, its last schema change).
+``Pipeline.table_statuses`` joins them into one ``TableStatus`` per table, in the driver, every
+couple of seconds; from there:
 
 - ``TableStatusWriter`` stores each table's record in the meta store, beside the table's own
   namespace (the companion namespace ``"table-status#" + namespace``, as ``query_record`` keeps
@@ -24,8 +20,7 @@ The replication job's own states (``restarting`` after a retryable failure, ``fa
 gave up, ``stopped`` after a clean stop) are written over every table's record by
 ``TableStatusWriter.mark_all``. A damaged record reads as none.
 
-A table's state is ``connector.table_state``'s (``State``, with its reason: ``TableState``),
-stored as the string it names.
+A table's state is stored as the string its ``State`` names.
 
 Health (``TableStatusWriter``, ``with_health``): a table the job restarts after a retryable
 failure (the whole job's restart, or one multi-table table restarting on its own, with its
@@ -41,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,9 +168,8 @@ RATE_WINDOW_S = 30.0
 
 @dataclass
 class AppliedTable:
-    """What the apply knows of one table (driver): ``MultiTableApply`` keeps one per table,
-    a single table's ``Pipeline`` one; joined with the source's report into the table's
-    ``TableStatus``."""
+    """What the apply knows of one table (driver): ``MultiTableApply`` keeps one per table;
+    joined with the source's report into the table's ``TableStatus``."""
 
     state: State = State.STREAMING  # streaming, failed
     reason: str | None = None
@@ -448,9 +442,7 @@ class StatusSummary:
 
 def summary_line(statuses: dict[str, TableStatus]) -> str:
     """``tables: 3 streaming, 1 unreachable; 1200 change(s) applied, 0.0 rows/s``."""
-    counts: dict[str, int] = {}
-    for status in statuses.values():
-        counts[str(status.state)] = counts.get(str(status.state), 0) + 1
+    counts = Counter(str(status.state) for status in statuses.values())
     by_state = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     applied = sum(s.rows_applied for s in statuses.values())
     rate = sum(s.rows_per_second or 0.0 for s in statuses.values())
