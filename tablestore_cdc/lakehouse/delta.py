@@ -55,7 +55,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -63,6 +62,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_common.backoff import RestartPolicy
+from connector.crash_hook import crash_point
 from tablestore_cdc.lakehouse import rewrite
 from tablestore_cdc.lakehouse.errors import ObjectStoreError, TargetStoreRefusedError
 from tablestore_cdc.lakehouse.layout import (
@@ -251,42 +251,71 @@ class DeltaApplySink(ApplySink):
                     raise
                 raise TableCreatedMeanwhile(str(exc)) from exc
             appending = True
-            version, writers = _append(self.table(), plan, options, commit,
-                                       self.storage_options, self._executors_for(plan),
-                                       self._before_commit)
+            version, writers = self._append(self.table(), plan, options, commit)
         else:
             if plan.layout.added:  # its own commit, before the data's: a replay finds it done
                 self._log_schema_changes(self.table_uri, batch_id, plan)
                 fields = deltalake.Schema.from_arrow(pa.schema(plan.layout.added)).fields
                 table.alter.add_columns(fields, commit_properties=CommitProperties(
                     custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
-                self._after_schema_change()  # the new columns are in, the data not yet
+                crash_point("after_schema_change")  # the new columns are in, the data not yet
             key = options.key_columns[0]
             local = _rewritable(table, self.storage_options)
             held = None if local is None else _held_files(table, local, plan, key)
-            if local is not None and held is not None and _rewrite_fits(held):
-                appending = not held.num_rows  # else copy-on-write of the files held
-                if appending:
-                    groups = file_groups(plan.upsert_table, plan.upsert_channels, key)
-                else:
-                    current = _read_files(local, held, pa.schema(table.schema().to_arrow()))
-                    groups = rewrite_groups(rewritten(current, plan, options), key)
-                version, writers = _commit_files(table, local, groups, _removes(held),
-                                                 options, commit, self._executors_for(plan),
-                                                 self._before_commit)
-            elif held is None and not _may_hold(table, plan, key):  # every key is new
-                appending = True
-                version, writers = _append(table, plan, options, commit,
-                                           self.storage_options, self._executors_for(plan),
-                                           self._before_commit)
+            # every key is new: appended
+            appending = not held.num_rows if held is not None else not _may_hold(table, plan, key)
+            if appending:
+                version, writers = self._append(table, plan, options, commit)
+            elif local is not None and held is not None and _rewrite_fits(held):
+                current = _read_files(local, held, pa.schema(table.schema().to_arrow()))
+                groups = rewrite_groups(rewritten(current, plan, options), key)  # copy-on-write
+                version, writers = self._commit_files(table, local, groups, _removes(held),
+                                                      plan, options, commit)
             else:  # delta-rs' MERGE: not the sink's to rewrite, or too many rows for it
-                appending = False
                 self._before_commit()
                 merge = _scd2_merge if options.scd == 2 else _scd1_merge
                 merge(table, plan, options, commit)
                 version, writers = table.version(), set()  # MERGE brings the table up to date
-        self._after_commit()
+        crash_point("after_target_commit")
         return self._result(batch_id, plan, version, appended=appending, written_by=writers)
+
+    def _append(self, table: Any, plan: ApplyPlan, options: ApplyOptions,
+                commit: Any) -> tuple[int, set[int]]:
+        """Append the batch's rows in one commit: as key-clustered files (layout.py,
+        ``_commit_files``) when the sink may write the table's files itself (``_rewritable``),
+        else with ``write_deltalake``. Returns the table's version the commit made and the ids
+        of the executor processes that wrote files."""
+        import deltalake
+
+        local = _rewritable(table, self.storage_options)
+        if local is None:
+            self._before_commit()
+            deltalake.write_deltalake(table, plan.upsert_table, mode="append",
+                                      commit_properties=commit)
+            return table.version(), set()
+        groups = file_groups(plan.upsert_table, plan.upsert_channels, options.key_columns[0])
+        return self._commit_files(table, local, groups, [], plan, options, commit)
+
+    def _commit_files(self, table: Any, local: str, groups: list[pa.Table], removed: list[Any],
+                      plan: ApplyPlan, options: ApplyOptions, commit: Any) -> tuple[int, set[int]]:
+        """One commit on the version ``table`` holds: a file per group added (written by Spark's
+        executors when the batch is large enough, ``_executors_for``), the ``removed`` files
+        (``RemoveAction``s) removed. Returns the version the commit made (the next one:
+        ``commit`` allows delta-rs no retry onto a later version) and the ids of the executor
+        processes that wrote files."""
+        schema = pa.schema(table.schema().to_arrow())
+        writers: set[int] = set()
+        spark_context = self._executors_for(plan)
+        if spark_context is not None and groups:
+            pieces = split(groups, spark_context.defaultParallelism)
+            actions, writers = write_delta_files_on_executors(spark_context, local, pieces,
+                                                              schema, options.key_columns)
+        else:
+            actions = write_delta_files(local, groups, schema, options.key_columns)
+        self._before_commit()  # the files are written (unreferenced until the commit)
+        table.create_write_transaction([*removed, *actions], "append", schema,
+                                       commit_properties=commit)
+        return table.version() + 1, writers
 
 
 def store_failure(exc: BaseException) -> str | None:
@@ -351,48 +380,6 @@ def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:
     except pa.ArrowNotImplementedError:
         column = dataset.to_table(columns=[key]).column(key)
     return bool(pc.any(pc.is_in(column.cast(keys.type), value_set=keys)).as_py())
-
-
-def _append(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any,
-            storage_options: dict[str, str] | None, spark_context: Any,
-            before_commit: Callable[[], None]) -> tuple[int, set[int]]:
-    """Append the batch's rows in one commit: as key-clustered files (layout.py,
-    ``_commit_files``) when the sink may write the table's files itself (``_rewritable``),
-    else with ``write_deltalake``. Returns the table's version the commit made and the ids of
-    the executor processes that wrote files."""
-    import deltalake
-
-    local = _rewritable(table, storage_options)
-    if local is None:
-        before_commit()
-        deltalake.write_deltalake(table, plan.upsert_table, mode="append",
-                                  commit_properties=commit)
-        return table.version(), set()
-    groups = file_groups(plan.upsert_table, plan.upsert_channels, options.key_columns[0])
-    return _commit_files(table, local, groups, [], options, commit, spark_context,
-                         before_commit)
-
-
-def _commit_files(table: Any, local: str, groups: list[pa.Table], removed: list[Any],
-                  options: ApplyOptions, commit: Any, spark_context: Any,
-                  before_commit: Callable[[], None]) -> tuple[int, set[int]]:
-    """One commit on the version ``table`` holds: a file per group added (written by Spark's
-    executors when ``spark_context`` is given), the ``removed`` files (``RemoveAction``s)
-    removed. ``before_commit`` runs once the files are written. Returns the version the
-    commit made (the next one: ``commit`` allows delta-rs no retry onto a later version)
-    and the ids of the executor processes that wrote files."""
-    schema = pa.schema(table.schema().to_arrow())
-    writers: set[int] = set()
-    if spark_context is not None and groups:
-        pieces = split(groups, spark_context.defaultParallelism)
-        actions, writers = write_delta_files_on_executors(spark_context, local, pieces, schema,
-                                                          options.key_columns)
-    else:
-        actions = write_delta_files(local, groups, schema, options.key_columns)
-    before_commit()  # the files are written (unreferenced until the commit)
-    table.create_write_transaction([*removed, *actions], "append", schema,
-                                   commit_properties=commit)
-    return table.version() + 1, writers
 
 
 #: writer features whose rules (constraints, generated values) only a writer that enforces

@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connector.crash_hook import crash_point
 from tablestore_cdc.lakehouse.drift import iceberg_promotions
 from tablestore_cdc.lakehouse.errors import TargetDependencyError, TargetUriError
 from tablestore_cdc.lakehouse.layout import file_groups, from_ipc, split, to_ipc
@@ -199,7 +200,7 @@ class IcebergApplySink(ApplySink):
             self._log_schema_changes(self.identifier, batch_id, plan)
             summary[SCHEMA_CHANGES_PROPERTY] = "; ".join(plan.layout.schema_changes())
             _change_schema(transaction, plan)
-            self._after_schema_change()  # staged: the table is unchanged until the commit
+            crash_point("after_schema_change")  # staged: the table is unchanged until commit
         schema = transaction.table_metadata.schema().as_arrow()
         reuse_entries(table)  # manifests read once, not by the scan plan and again to commit
         replaced, current = _held_files(table, plan, options.key_columns[0])
@@ -219,7 +220,7 @@ class IcebergApplySink(ApplySink):
                                    self._executors_for(plan))
         self._before_commit()  # data files written, the catalog not yet pointed at them
         table = transaction.commit_transaction()
-        self._after_commit()
+        crash_point("after_target_commit")
         snapshot = table.current_snapshot()
         return self._result(batch_id, plan, None if snapshot is None else snapshot.snapshot_id,
                             appended=appending, written_by=writers)

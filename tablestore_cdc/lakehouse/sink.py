@@ -234,16 +234,10 @@ class ApplySink(ABC):
               Marker(self.source, app_id or "(a new query)", ()), self.adopt_target, written)
 
     @staticmethod
-    def _after_schema_change() -> None:
-        crash_point("after_schema_change")
-
-    @staticmethod
     def _before_commit() -> None:
+        """The crash point once a batch's files are written, before its commit (a test may
+        make another writer commit here)."""
         crash_point("before_target_commit")
-
-    @staticmethod
-    def _after_commit() -> None:
-        crash_point("after_target_commit")
 
     @staticmethod
     def _result(batch_id: int, plan: ApplyPlan, version: int | None, appended: bool = False,

@@ -97,12 +97,6 @@ class Comparison:
     differences: list[Difference] = field(default_factory=list)
 
 
-@dataclass
-class _Buckets:
-    sums: np.ndarray = field(default_factory=lambda: np.zeros(BUCKETS, np.uint64))
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(BUCKETS, np.int64))
-
-
 def hashes(batch: pa.RecordBatch, layout: CompareLayout) -> tuple[np.ndarray, np.ndarray]:
     """(bucket, row hash) of every row of a laid-out batch."""
     import polars as pl
@@ -129,22 +123,19 @@ def compare(source: SourceTable, target: TargetTable, layout: CompareLayout,
          target.estimated_rows() if whole else None),
     ]
     result = Comparison()
-    buckets = []
-    for name, batches, total in sides:
+    sums, counts = np.zeros((2, BUCKETS), np.uint64), np.zeros((2, BUCKETS), np.int64)
+    for side, (name, batches, total) in enumerate(sides):  # a bucket's rows and hash sum
         progress.begin(f"{name}: hashing rows", total)
-        found = _Buckets()
         for batch in batches():
             bucket, row_hash = hashes(batch, layout)
-            np.add.at(found.sums, bucket, row_hash)
-            found.counts += np.bincount(bucket, minlength=BUCKETS)
+            np.add.at(sums[side], bucket, row_hash)
+            counts[side] += np.bincount(bucket, minlength=BUCKETS)
             progress.advance(batch.num_rows)
         progress.end()
-        buckets.append(found)
-    src, tgt = buckets
-    result.source_rows, result.target_rows = int(src.counts.sum()), int(tgt.counts.sum())
-    unequal = np.flatnonzero((src.sums != tgt.sums) | (src.counts != tgt.counts))
+    result.source_rows, result.target_rows = (int(n) for n in counts.sum(axis=1))
+    unequal = np.flatnonzero((sums[0] != sums[1]) | (counts[0] != counts[1]))
     result.unequal_buckets = len(unequal)
-    for chosen in _rounds(unequal, np.maximum(src.counts, tgt.counts)):
+    for chosen in _rounds(unequal, counts.max(axis=0)):
         mask = np.zeros(BUCKETS, bool)
         mask[chosen] = True
         kept = []
