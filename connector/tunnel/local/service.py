@@ -213,17 +213,18 @@ class LocalTunnelService(TunnelService):
     def describe_tunnel(self, table: str, tunnel_name: str) -> TunnelDescription:
         """The tunnel and every channel (closed ones too) with its status for this tunnel."""
         with self.store.transaction() as conn:
-            tunnel = self._tunnel_by_name(conn, table, tunnel_name)
-            channels = tunnels.tunnel_channels(conn, tunnel)
-            stored = tunnels.stored_checkpoints(conn, tunnel.tunnel_id)
-        return TunnelDescription(
-            tunnel.info(),
-            tuple(
-                ChannelInfo(c.channel_id, tunnels.channel_status(c, stored), c.channel_type,
-                            c.parent_ids)
-                for c in channels.values()
-            ),
-        )
+            return self._described(conn, table, tunnel_name)[0]
+
+    def _described(self, conn: Any, table: str, tunnel_name: str) -> tuple[
+            TunnelDescription, TunnelRow, dict[str, TunnelChannel], dict[str, Checkpoint]]:
+        """The description, with the tunnel, its channels and stored checkpoints it is from."""
+        tunnel = self._tunnel_by_name(conn, table, tunnel_name)
+        channels = tunnels.tunnel_channels(conn, tunnel)
+        stored = tunnels.stored_checkpoints(conn, tunnel.tunnel_id)
+        return TunnelDescription(tunnel.info(), tuple(
+            ChannelInfo(c.channel_id, tunnels.channel_status(c, stored), c.channel_type,
+                        c.parent_ids)
+            for c in channels.values())), tunnel, channels, stored
 
     def list_tunnels(self, table: str | None = None) -> list[TunnelInfo]:
         with self.store.transaction() as conn:
@@ -462,9 +463,7 @@ class LocalTunnelService(TunnelService):
         emulator's DescribeTunnel answer (its progress fields) comes from it."""
         counts: dict[str, int] = {}
         with self.store.transaction() as conn:
-            tunnel = self._tunnel_by_name(conn, table, tunnel_name)
-            channels = tunnels.tunnel_channels(conn, tunnel)
-            stored = tunnels.stored_checkpoints(conn, tunnel.tunnel_id)
+            description, tunnel, channels, stored = self._described(conn, table, tunnel_name)
             for ch in channels.values():
                 cp = stored.get(ch.channel_id)  # none stored: at the channel's start
                 counts[ch.channel_id] = (0 if cp is None else ch.head_seq if cp.finished
@@ -472,13 +471,7 @@ class LocalTunnelService(TunnelService):
             last_us = commit_times(conn, tunnel.table, {
                 ch.channel_id: counts[ch.channel_id] for ch in channels.values()
                 if ch.channel_type is ChannelType.STREAM and counts[ch.channel_id] > 0})
-        consumed: dict[str, tuple[int, int | None]] = {
-            c: (count, last_us.get(c)) for c, count in counts.items()}
-        description = TunnelDescription(tunnel.info(), tuple(
-            ChannelInfo(c.channel_id, tunnels.channel_status(c, stored), c.channel_type,
-                        c.parent_ids)
-            for c in channels.values()))
-        return description, consumed
+        return description, {c: (count, last_us.get(c)) for c, count in counts.items()}
 
     def change_mark(self) -> tuple[float, ...]:
         """One question for every table of the store, asked by the multi-table source's idle
