@@ -24,6 +24,7 @@ Read filters (``column_filter`` of GetRow/GetRange/BatchGetRow) are not supporte
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -40,7 +41,7 @@ from connector.errors import (
     UnknownTableError,
 )
 from connector.tunnel.base import TableSchema
-from connector.tunnel.tablestore.plainbuffer import CellOp, Special
+from connector.tunnel.tablestore.plainbuffer import CellOp, Row, Special
 from connector.tunnel.tablestore.proto_text import invalid_string_field
 from tablestore_emulator import column_filter
 from tablestore_emulator import plainbuffer as plb
@@ -344,10 +345,7 @@ def delete_table(ctx: EmulatorContext, body: bytes) -> bytes:
 # --- single-row writes and reads ------------------------------------------------------------
 
 
-def _put(ctx: EmulatorContext, table: str, row_bytes: bytes, condition: Any) -> tuple[Any, ...]:
-    schema = _schema(ctx, table)
-    row = plb.read_row(row_bytes)
-    key = _key(schema, row.primary_key)
+def _put(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row, condition: Any) -> int:
     if len(row.cells) > MAX_COLUMNS_PER_WRITE:
         raise parameter_invalid(f"The number of columns exceeds {MAX_COLUMNS_PER_WRITE}.")
     columns: dict[str, Any] = {}
@@ -362,15 +360,11 @@ def _put(ctx: EmulatorContext, table: str, row_bytes: bytes, condition: Any) -> 
     with ctx.write_lock:
         _check_condition(condition, _store_call(ctx.store.get_row, table, key))
         _store_call(ctx.store.put_row, table, key, columns)
-    return schema, key, size
+    return size
 
 
-def _update(
-    ctx: EmulatorContext, table: str, row_bytes: bytes, condition: Any
-) -> tuple[Any, ...]:
-    schema = _schema(ctx, table)
-    row = plb.read_row(row_bytes)
-    key = _key(schema, row.primary_key)
+def _update(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row,
+            condition: Any) -> int:
     if not row.cells:
         raise parameter_invalid("No attribute column is specified in UpdateRow.")
     if len(row.cells) > MAX_COLUMNS_PER_WRITE:
@@ -396,63 +390,64 @@ def _update(
                 changes[cell.name] = cell.value
             size += len(cell.name) + _value_size(changes[cell.name])
         _store_call(ctx.store.update_row, table, key, changes)
-    return schema, key, size
+    return size
 
 
-def _delete(
-    ctx: EmulatorContext, table: str, row_bytes: bytes, condition: Any
-) -> tuple[Any, ...]:
-    schema = _schema(ctx, table)
-    row = plb.read_row(row_bytes)
-    key = _key(schema, row.primary_key)
+def _delete(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row,
+            condition: Any) -> int:
     if condition.row_existence == pb.EXPECT_NOT_EXIST:
         raise parameter_invalid("Invalid condition: EXPECT_NOT_EXIST while deleting row.")
     with ctx.write_lock:
         _check_condition(condition, _store_call(ctx.store.get_row, table, key))
         _store_call(ctx.store.delete_row, table, key)
-    return schema, key, sum(_value_size(v) for v in key.values())
+    return sum(_value_size(v) for v in key.values())
 
 
-def put_row(ctx: EmulatorContext, body: bytes) -> bytes:
-    req = _parse(pb.PutRowRequest(), body)
-    schema, key, size = _put(ctx, req.table_name, req.row, req.condition)
-    resp = pb.PutRowResponse(consumed=_consumed(write_bytes=size))
-    resp.row = _return_pk(schema, key, req.return_content)
-    return resp.SerializeToString()  # type: ignore[no-any-return]
+def _write(ctx: EmulatorContext, write: Callable[..., int], table: str, row_bytes: bytes,
+           condition: Any, return_content: Any) -> tuple[bytes, Any]:
+    """One row write (``_put``, ``_update`` or ``_delete``), alone or in a batch: the key read
+    and checked against the table's first; returns the answer's row and consumed capacity."""
+    schema = _schema(ctx, table)
+    row = plb.read_row(row_bytes)
+    key = _key(schema, row.primary_key)
+    size = write(ctx, table, key, row, condition)
+    return _return_pk(schema, key, return_content), _consumed(write_bytes=size)
 
 
-def update_row(ctx: EmulatorContext, body: bytes) -> bytes:
-    req = _parse(pb.UpdateRowRequest(), body)
-    schema, key, size = _update(ctx, req.table_name, req.row_change, req.condition)
-    resp = pb.UpdateRowResponse(consumed=_consumed(write_bytes=size))
-    resp.row = _return_pk(schema, key, req.return_content)
-    return resp.SerializeToString()  # type: ignore[no-any-return]
+def _write_route(request: Any, response: Any, write: Callable[..., int], field: str) -> Handler:
+    """The route of one single-row write: the request's ``field`` holds the row."""
+
+    def route(ctx: EmulatorContext, body: bytes) -> bytes:
+        req = _parse(request(), body)
+        row, consumed = _write(ctx, write, req.table_name, getattr(req, field), req.condition,
+                               req.return_content)
+        return bytes(response(consumed=consumed, row=row).SerializeToString())
+
+    return route
 
 
-def delete_row(ctx: EmulatorContext, body: bytes) -> bytes:
-    req = _parse(pb.DeleteRowRequest(), body)
-    schema, key, size = _delete(ctx, req.table_name, req.primary_key, req.condition)
-    resp = pb.DeleteRowResponse(consumed=_consumed(write_bytes=size))
-    resp.row = _return_pk(schema, key, req.return_content)
-    return resp.SerializeToString()  # type: ignore[no-any-return]
+put_row = _write_route(pb.PutRowRequest, pb.PutRowResponse, _put, "row")
+update_row = _write_route(pb.UpdateRowRequest, pb.UpdateRowResponse, _update, "row_change")
+delete_row = _write_route(pb.DeleteRowRequest, pb.DeleteRowResponse, _delete, "primary_key")
 
 
 def _get(
     ctx: EmulatorContext, table: str, pk_bytes: bytes, columns_to_get: Sequence[str]
-) -> bytes:
+) -> tuple[bytes, Any]:
+    """One row read, alone or in a batch: the answer's row and consumed capacity."""
     schema = _schema(ctx, table)
     key = _key(schema, plb.read_row(pk_bytes).primary_key)
     attrs = _store_call(ctx.store.get_row, table, key)
-    return b"" if attrs is None else _row_bytes(schema, key, attrs, columns_to_get)
+    row = b"" if attrs is None else _row_bytes(schema, key, attrs, columns_to_get)
+    return row, _consumed(read_bytes=max(len(row), 1))
 
 
 def get_row(ctx: EmulatorContext, body: bytes) -> bytes:
     req = _parse(pb.GetRowRequest(), body)
     if req.HasField("filter") and req.filter:
         raise unsupported_operation("Filters are not supported.")
-    row = _get(ctx, req.table_name, req.primary_key, list(req.columns_to_get))
-    resp = pb.GetRowResponse(consumed=_consumed(read_bytes=max(len(row), 1)), row=row)
-    return resp.SerializeToString()  # type: ignore[no-any-return]
+    row, consumed = _get(ctx, req.table_name, req.primary_key, list(req.columns_to_get))
+    return bytes(pb.GetRowResponse(consumed=consumed, row=row).SerializeToString())
 
 
 # --- range reads ----------------------------------------------------------------------------
@@ -544,8 +539,20 @@ def get_range(ctx: EmulatorContext, body: bytes) -> bytes:
 # --- batches --------------------------------------------------------------------------------
 
 
-def _error_proto(exc: OtsError) -> Any:
-    return pb.Error(code=exc.code, message=exc.message)
+def _batch_item(item: Any, answer: Callable[[], tuple[bytes, Any]]) -> None:
+    """One row of a batch, answered on its own: its row and consumed capacity, or the 4xx
+    error it met (a 5xx fails the whole batch)."""
+    try:
+        row, consumed = answer()
+    except OtsError as exc:
+        if exc.http_status >= 500:
+            raise
+        item.is_ok = False
+        item.error.CopyFrom(pb.Error(code=exc.code, message=exc.message))
+        return
+    item.is_ok = True
+    item.consumed.CopyFrom(consumed)
+    item.row = row
 
 
 def batch_write_row(ctx: EmulatorContext, body: bytes) -> bytes:
@@ -564,19 +571,9 @@ def batch_write_row(ctx: EmulatorContext, body: bytes) -> bytes:
     for table in req.tables:
         out = resp.tables.add(table_name=table.table_name)
         for row in table.rows:
-            item = out.rows.add()
-            try:
-                schema, key, size = ops[row.type](ctx, table.table_name, row.row_change,
-                                                  row.condition)
-            except OtsError as exc:
-                if exc.http_status >= 500:
-                    raise
-                item.is_ok = False
-                item.error.CopyFrom(_error_proto(exc))
-                continue
-            item.is_ok = True
-            item.consumed.CopyFrom(_consumed(write_bytes=size))
-            item.row = _return_pk(schema, key, row.return_content)
+            _batch_item(out.rows.add(), functools.partial(
+                _write, ctx, ops[row.type], table.table_name, row.row_change, row.condition,
+                row.return_content))
     return resp.SerializeToString()  # type: ignore[no-any-return]
 
 
@@ -592,18 +589,8 @@ def batch_get_row(ctx: EmulatorContext, body: bytes) -> bytes:
         out = resp.tables.add(table_name=table.table_name)
         columns = list(table.columns_to_get)
         for pk_bytes in table.primary_key:
-            item = out.rows.add()
-            try:
-                row = _get(ctx, table.table_name, pk_bytes, columns)
-            except OtsError as exc:
-                if exc.http_status >= 500:
-                    raise
-                item.is_ok = False
-                item.error.CopyFrom(_error_proto(exc))
-                continue
-            item.is_ok = True
-            item.consumed.CopyFrom(_consumed(read_bytes=max(len(row), 1)))
-            item.row = row
+            _batch_item(out.rows.add(),
+                        functools.partial(_get, ctx, table.table_name, pk_bytes, columns))
     return resp.SerializeToString()  # type: ignore[no-any-return]
 
 
