@@ -164,10 +164,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         self._admin: Any = None  # the tunnel client that lists tables (planning process)
         self._listed: list[str] = []
         self._listed_at = float("-inf")
-        #: table -> its state (``connector.table_state``): new, streaming, dropped, failed
-        #: with the reason, waiting with the reason (its lease held by another process: tried
-        #: again, ``LEASE_RETRY_S``), restarting with the reason, the attempt and the delay (a
-        #: retryable error: tried again on ``options.retry``'s backoff) (planning process)
+        #: table -> its state (``connector.table_state``; ``_stop`` says which a failure
+        #: gives) (planning process)
         self.table_states: dict[str, TableState] = {}
         self._lease_retry_at: dict[str, float] = {}
         #: a restarting table's retryable failures in a row, and when (``_now``) it is tried
@@ -266,13 +264,11 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         return None if known is None else known.state
 
     def _stop(self, table: str, reason: BaseException | State) -> None:
-        """Stop reading ``table``: its offset stays frozen, the other tables go on. A lease
-        held by another process (``SourceInUseError``) only pauses it: it is tried again
-        after ``LEASE_RETRY_S`` (the holder may be this query's own killed process, taken
-        over once another table proves it, or a lease about to expire). A retryable error
-        only pauses it too (``restarting``): it is tried again on ``options.retry``'s
-        backoff; when the policy gives up, the error is raised (the query fails, and the
-        job's restart policy takes over)."""
+        """Stop reading ``table`` (its offset frozen, the other tables go on; module docstring),
+        or only pause it: ``waiting`` for a lease another process holds (``SourceInUseError``,
+        tried again after ``LEASE_RETRY_S``: the holder may be this query's own killed process,
+        or a lease about to expire), ``restarting`` after a retryable error (tried again on
+        ``options.retry``'s backoff, the error raised once that gives up)."""
         from connector.errors import EndpointUnreachableError, UnknownTableError
 
         self._close(table, self._protocols.pop(table, None))
