@@ -14,11 +14,11 @@ the ``pip install`` line that brings it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from collections.abc import Callable, Mapping
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from cdc_common.registry import Backend, BackendRegistry
-from cdc_common.uris import redact_uri
+from cdc_common.uris import UriQuery, redact_uri
 from meta_store.base import (
     BatchRecord,
     BatchState,
@@ -87,6 +87,36 @@ def _without_creating(uri: str) -> str:
                  if k != "create_table"]
         uri = urlunsplit(parts._replace(query=urlencode(query)))
     return uri
+
+
+def split_store_uri(uri: str, scheme: str, query: type[UriQuery], *, user_info: bool = False
+                    ) -> tuple[SplitResult, Callable[[str], MetaStoreUriError]]:
+    """The first steps of each backend's ``from_uri`` (driver, executors, CLI): ``uri`` split,
+    its scheme checked and (unless ``user_info``: the backend refuses a host itself) no
+    credentials before ``@``; with ``refuse(reason)``, the error naming ``uri`` with its
+    secrets hidden."""
+    shown = redact_uri(uri, query.model_fields)
+
+    def refuse(reason: str) -> MetaStoreUriError:
+        return MetaStoreUriError(uri=shown, reason=reason)
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    if parts.scheme != scheme:
+        raise refuse(f"not a {scheme}:// URI")
+    if "@" in parts.netloc and not user_info:
+        raise refuse(f"credentials are not accepted in the URI; {query.credentials_hint}")
+    return parts, refuse
+
+
+def query_text(query: UriQuery) -> str:
+    """The parameters of ``query`` that are not their defaults, as a store's ``uri`` shows
+    them after its ``?`` (none: no ``?``)."""
+    given = {name: "true" if value is True else value for name, value in query
+             if value != type(query).model_fields[name].default}
+    return "?" + urlencode(given, safe="/:") if given else ""
 
 
 __all__ = [

@@ -12,7 +12,7 @@ Data model:
   idempotent, a different one raises ``EndCheckpointConflictError`` carrying the stored value.
 
 Who calls what:
-- driver (planning process): ``create_batch``, ``put_manifest``, ``get_batch``,
+- driver (planning process): ``create_batch``, ``put_manifest``, ``find_batch``,
   ``get_end_checkpoints``, ``mark_committed``, ``committed_not_pushed``, ``mark_pushed``, ``gc``;
 - executors: ``get_end_checkpoint`` and ``put_end_checkpoint`` (the claim), on a store opened
   inside ``read()``;
@@ -34,17 +34,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import SplitResult, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from cdc_common.tokens import FINISHED as FINISHED  # a channel read to its end
-from cdc_common.uris import UriQuery, redact_uri
 from meta_store.errors import (
     CorruptMetaRecordError,
     EndCheckpointConflictError,
     MetaStoreRequestError,
-    MetaStoreUriError,
     TransientMetaStoreError,
     UnknownBatchError,
 )
@@ -58,11 +55,7 @@ class BatchState(str, enum.Enum):  # noqa: UP042 - keep str() as is for callers
 
     @property
     def rank(self) -> int:
-        return _STATE_RANK[self]
-
-
-_STATE_RANK = {BatchState.MINTED: 0, BatchState.PLANNED: 1, BatchState.COMMITTED: 2,
-               BatchState.PUSHED: 3}
+        return list(BatchState).index(self)
 
 
 class _Frozen(BaseModel):
@@ -176,9 +169,8 @@ class EndCheckpoint(_Frozen):
 
 
 #: the largest manifest JSON a meta store writes or reads back, compressed or not (16 MiB: tens
-#: of thousands of channels). Checked when written (``MetaStoreRequestError``); a stored
-#: manifest past it is a corrupt row (``CorruptMetaRecordError``) and is not parsed, so a
-#: reader's time and memory stay bounded whatever another writer left in the table.
+#: of thousands of channels): refused when written (``stored_manifest_json``), a corrupt row
+#: when read (``parse_manifest``), so a reader's time and memory stay bounded.
 MAX_MANIFEST_JSON_BYTES = 16 * 1024 * 1024
 
 
@@ -266,36 +258,6 @@ def namespace_info_json(info: dict[str, str]) -> str:
     return json.dumps(_NAMESPACE_INFO.validate_python(dict(info)), sort_keys=True)
 
 
-def split_store_uri(uri: str, scheme: str, query: type[UriQuery], *, user_info: bool = False
-                    ) -> tuple[SplitResult, Callable[[str], MetaStoreUriError]]:
-    """The first steps of each backend's ``from_uri`` (driver, executors, CLI): ``uri`` split,
-    its scheme checked and (unless ``user_info``: the backend refuses a host itself) no
-    credentials before ``@``; with ``refuse(reason)``, the error naming ``uri`` with its
-    secrets hidden."""
-    shown = redact_uri(uri, query.model_fields)
-
-    def refuse(reason: str) -> MetaStoreUriError:
-        return MetaStoreUriError(uri=shown, reason=reason)
-
-    try:
-        parts = urlsplit(uri)
-    except ValueError as exc:
-        raise refuse(str(exc)) from None
-    if parts.scheme != scheme:
-        raise refuse(f"not a {scheme}:// URI")
-    if "@" in parts.netloc and not user_info:
-        raise refuse(f"credentials are not accepted in the URI; {query.credentials_hint}")
-    return parts, refuse
-
-
-def query_text(query: UriQuery) -> str:
-    """The parameters of ``query`` that are not their defaults, as a store's ``uri`` shows
-    them after its ``?`` (none: no ``?``)."""
-    given = {name: "true" if value is True else value for name, value in query
-             if value != type(query).model_fields[name].default}
-    return "?" + urlencode(given, safe="/:") if given else ""
-
-
 #: compare-and-set rounds of ``take_lease`` before it gives up (each lost to another writer)
 _LEASE_ROUNDS = 10
 
@@ -354,7 +316,8 @@ class MetaStore(ABC):
         """Write ``record`` unless a row for its UUID exists; return the stored row."""
 
     @abstractmethod
-    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None: ...
+    def find_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
+        """The batch ``uuid``, or None (driver; ``get_batch`` when it must exist)."""
 
     @abstractmethod
     def _set_manifest_if_absent(
@@ -376,7 +339,9 @@ class MetaStore(ABC):
         """Write ``end`` unless (uuid, channel) has one; return the stored one."""
 
     @abstractmethod
-    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None: ...
+    def get_end_checkpoint(self, namespace: str, uuid: str,
+                           channel_id: str) -> EndCheckpoint | None:
+        """The end claimed for (``uuid``, ``channel_id``), or None (an executor's claim)."""
 
     @abstractmethod
     def _list_ends(self, namespace: str, uuid: str) -> list[EndCheckpoint]: ...
@@ -395,9 +360,8 @@ class MetaStore(ABC):
         return {u: self._list_ends(namespace, u) for u in uuids}
 
     def _list_batches_for_retention(self, namespace: str) -> list[BatchRecord]:
-        """``_list_batches`` for the retention rule, which needs whether a batch has a
-        manifest, not the manifest: a backend may return ``UNREAD_MANIFEST`` in its place
-        (SQLite does: decoding every retained manifest is what retention would cost)."""
+        """``_list_batches`` for the retention rule, which needs only whether a batch has a
+        manifest: SQLite returns ``UNREAD_MANIFEST`` for one, not decoding it."""
         return self._list_batches(namespace)
 
     @abstractmethod
@@ -411,8 +375,7 @@ class MetaStore(ABC):
         checked by ``_decode_namespace`` (the inspection tools skip a corrupt one)."""
 
     def _decode_namespace(self, value: Any) -> str:
-        """One namespace name as a backend's listing read it: ``CorruptMetaRecordError`` for a
-        cell that is not text (NULL, a BLOB, a number: a row this product did not write).
+        """One namespace cell a listing read: ``CorruptMetaRecordError`` unless it is text.
         One cell per call, like ``_decode_batch``: ``tablestore_cdc.feed.reading.InspectedStore``
         wraps it to skip and name such a row."""
         if isinstance(value, str):
@@ -433,9 +396,8 @@ class MetaStore(ABC):
             raise self._corrupt(key, str(exc).splitlines()[0]) from None
 
     def _sorted_namespaces(self, cells: Iterable[Any]) -> list[str]:
-        """``list_namespaces``' answer: the distinct names among the namespace ``cells`` a
-        backend read, each checked by ``_decode_namespace``, sorted (what a decoder wrapped
-        for inspection gives instead of a name is left out)."""
+        """``list_namespaces``' answer: the distinct ``cells`` that ``_decode_namespace``
+        takes for names, sorted."""
         names = {self._decode_namespace(cell) for cell in cells}
         return sorted(name for name in names if isinstance(name, str))
 
@@ -479,11 +441,8 @@ class MetaStore(ABC):
         )
         return self._put_batch_if_absent(namespace, record)
 
-    def find_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
-        return self._get_batch(namespace, uuid)
-
     def get_batch(self, namespace: str, uuid: str) -> BatchRecord:
-        batch = self._get_batch(namespace, uuid)
+        batch = self.find_batch(namespace, uuid)
         if batch is None:
             raise UnknownBatchError(uuid=uuid, namespace=namespace)
         return batch
@@ -518,11 +477,6 @@ class MetaStore(ABC):
             )
         return stored
 
-    def get_end_checkpoint(
-        self, namespace: str, uuid: str, channel_id: str
-    ) -> EndCheckpoint | None:
-        return self._get_end(namespace, uuid, channel_id)
-
     def get_end_checkpoints(self, namespace: str, uuid: str) -> dict[str, EndCheckpoint]:
         return {e.channel_id: e for e in self._list_ends(namespace, uuid)}
 
@@ -544,13 +498,13 @@ class MetaStore(ABC):
         at = time.time() if now is None else now
         newly: list[str] = []
         visited: set[str] = set()  # a corrupt prev cycle must not loop forever
-        current = self._get_batch(namespace, uuid)
+        current = self.find_batch(namespace, uuid)
         while (current is not None and current.uuid not in visited
                and current.state.rank < BatchState.COMMITTED.rank):
             visited.add(current.uuid)
             if current.manifest is not None or current.uuid == uuid:
                 newly.append(current.uuid)
-            current = self._get_batch(namespace, current.prev_uuid) if current.prev_uuid else None
+            current = self.find_batch(namespace, current.prev_uuid) if current.prev_uuid else None
         # oldest first: a crash half-way leaves a committed prefix, and the next call (which
         # walks back to the first committed ancestor) still finds the rest
         for u in reversed(newly):

@@ -65,7 +65,8 @@ from cdc_common.aws_errors import is_transient
 from cdc_common.aws_responses import refuse_damaged_responses
 from cdc_common.credentials import AWS_CREDENTIAL_CHAIN, AWS_DEFAULT_REGION
 from cdc_common.uris import HttpEndpoint, UriBool, UriQuery, parse_query
-from meta_store.base import BatchRecord, BatchState, Manifest, query_text, split_store_uri
+from meta_store import query_text, split_store_uri
+from meta_store.base import BatchRecord, BatchState, Manifest
 from meta_store.errors import (
     MetaStoreRequestError,
     MetaStoreUriError,

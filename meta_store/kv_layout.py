@@ -306,7 +306,7 @@ class KeyValueMetaStore(MetaStore):
                                      self._batch_row(record))
         return record if stored is None else self._decode_batch(namespace, stored)
 
-    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
+    def find_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
         row = self._get_row("get_batch", namespace, batch_sk(uuid))
         return None if row is None else self._decode_batch(namespace, row)
 
@@ -320,7 +320,8 @@ class KeyValueMetaStore(MetaStore):
                                      {"doc": end.model_dump_json()})
         return end if stored is None else self._decode_end(namespace, uuid, stored)
 
-    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
+    def get_end_checkpoint(self, namespace: str, uuid: str,
+                           channel_id: str) -> EndCheckpoint | None:
         row = self._get_row("get_end_checkpoint", namespace, self._end_sk(uuid, channel_id))
         return None if row is None else self._decode_end(namespace, uuid, row)
 

@@ -51,6 +51,7 @@ from urllib.parse import unquote
 from pydantic import Field
 
 from cdc_common.uris import UriQuery, parse_query
+from meta_store import query_text, split_store_uri
 from meta_store.base import (
     UNREAD_MANIFEST,
     BatchRecord,
@@ -62,8 +63,6 @@ from meta_store.base import (
     namespace_info_json,
     parse_manifest,
     parse_record,
-    query_text,
-    split_store_uri,
     stored_manifest_json,
     with_manifest,
 )
@@ -341,7 +340,7 @@ class SqliteMetaStore(MetaStore):
 
         return self._write("create_batch", put)
 
-    def _get_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
+    def find_batch(self, namespace: str, uuid: str) -> BatchRecord | None:
         return self._run("get_batch", lambda conn: self._select_batch(conn, namespace, uuid))
 
     def _set_manifest_if_absent(
@@ -404,7 +403,8 @@ class SqliteMetaStore(MetaStore):
 
         return self._write("put_end_checkpoint", put)
 
-    def _get_end(self, namespace: str, uuid: str, channel_id: str) -> EndCheckpoint | None:
+    def get_end_checkpoint(self, namespace: str, uuid: str,
+                           channel_id: str) -> EndCheckpoint | None:
         return self._run("get_end_checkpoint",
                          lambda conn: self._select_end(conn, namespace, uuid, channel_id))
 

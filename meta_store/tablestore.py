@@ -99,13 +99,12 @@ from cdc_common.uris import (
     UriQuery,
     parse_query,
 )
+from meta_store import query_text, split_store_uri
 from meta_store.base import (
     BatchRecord,
     BatchState,
     Manifest,
     first_times,
-    query_text,
-    split_store_uri,
     with_manifest,
 )
 from meta_store.errors import (
