@@ -9,15 +9,7 @@ import typer
 
 from meta_store import BatchRecord, BatchState, MetaStore
 from tablestore_cdc.commands.errors import reported_errors
-from tablestore_cdc.commands.meta.common import (
-    JsonOpt,
-    MetaOpt,
-    NamespaceOpt,
-    compact_table,
-    inspected_store,
-    print_json,
-    stdout_console,
-)
+from tablestore_cdc.commands.meta import common
 from tablestore_cdc.feed.reading import (
     InspectedStore,
     InspectionError,
@@ -109,12 +101,12 @@ def _batch_summary(store: MetaStore | InspectedStore, namespace: str, batch: Bat
 
 
 def batches(
-    meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None, as_json: common.JsonOpt = False,
     limit: Annotated[int | None, typer.Option(min=0, help="Only the newest N batches.")] = None,
 ) -> None:
     """Batches in chain order (oldest first; unused UUIDs last) with state, times, records.
     A corrupt row is listed as corrupt (and named on stderr); the others are shown."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         all_batches = store.list_batches(ns)
         metrics = load_spark_metrics(store, ns)
@@ -122,13 +114,13 @@ def batches(
         rows = every if limit is None else every[-limit:] if limit > 0 else []
         corrupt = _corrupt_batches(store, ns)
         if as_json:
-            print_json({"namespace": ns, "batches": rows, "total_batches": len(every),
-                         "total_records": sum(r["records"] for r in every),
-                         "corrupt": store.corrupt_records()})
+            common.print_json({"namespace": ns, "batches": rows, "total_batches": len(every),
+                                "total_records": sum(r["records"] for r in every),
+                                "corrupt": store.corrupt_records()})
             return
         fmt, caption = _clock([r[k] for r in rows for k in ("planned_at", "committed_at")])
-        table = compact_table(f"batches of {ns}",
-                              caption + "; --json has every field (pushed at, ...)")
+        table = common.compact_table(f"batches of {ns}",
+                                     caption + "; --json has every field (pushed at, ...)")
         for col in ("#", "uuid", "spark", "state", "planned", "committed", "chan", "records",
                     "children added"):
             table.add_column(col, justify="right" if col in ("#", "spark", "chan", "records")
@@ -144,7 +136,7 @@ def batches(
         for key in corrupt:
             table.add_row("?", key, "-", "[red]CORRUPT[/red]", "-", "-", "-", "-",
                           "see stderr")
-        console = stdout_console()
+        console = common.stdout_console()
         console.print(table)
         shown = sum(r["records"] for r in rows)
         if len(rows) == len(every):
@@ -159,18 +151,18 @@ def batches(
 
 def show(
     uuid: Annotated[str, typer.Argument(help="Batch UUID (or a unique prefix of 4+ chars).")],
-    meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None, as_json: common.JsonOpt = False,
 ) -> None:
     """One batch: per channel its start (manifest), end checkpoint, records, writing attempt."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batch = find_batch(store, ns, uuid)
         record = batch_record(ns, batch, store.get_end_checkpoints(ns, batch.uuid),
                               query=load_spark_metrics(store, ns).get(batch.uuid))
         if as_json:
-            print_json(record)
+            common.print_json(record)
             return
-        console = stdout_console()
+        console = common.stdout_console()
         t = record["times"]
         console.print(f"[bold]batch {batch.uuid}[/bold]  state={batch.state.value}"
                       f"{' (initial offset)' if record['initial'] else ''}  "
@@ -189,7 +181,7 @@ def show(
             console.print("no manifest: this UUID was minted but never planned")
         shown = record["channels"][:MAX_SHOWN_CHANNELS]
         fmt, caption = _clock([c["written_at"] for c in shown])
-        table = compact_table("channels", caption + "; --json shows whole tokens")
+        table = common.compact_table("channels", caption + "; --json shows whole tokens")
         for col in ("channel", "parents", "start token (tail)", "start", "end token (tail)",
                     "end", "records", "attempt", "written"):
             table.add_column(col, justify="right" if col in ("start", "end", "records")
@@ -224,10 +216,10 @@ def _refuse_unplanned(batch: BatchRecord) -> None:
 def diff(
     uuid1: Annotated[str, typer.Argument(help="The older batch (UUID or prefix).")],
     uuid2: Annotated[str, typer.Argument(help="The newer batch (UUID or prefix).")],
-    meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None, as_json: common.JsonOpt = False,
 ) -> None:
     """Per-channel progress from the end of UUID1 to the end of UUID2."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         a, b = find_batch(store, ns, uuid1), find_batch(store, ns, uuid2)
         for batch in (a, b):
@@ -265,13 +257,13 @@ def diff(
             "channels": channels,
         }
         if as_json:
-            print_json(result)
+            common.print_json(result)
             return
-        console = stdout_console()
+        console = common.stdout_console()
         console.print(f"from {a.uuid} to {b.uuid}: " + (
             f"{result['batches_between']} batch(es), {result['records']} record(s)"
             if between is not None else "UUID2 is not after UUID1 on the batch chain"))
-        table = compact_table()
+        table = common.compact_table()
         for col in ("channel", "from seq", "to seq", "Δ seq", "records", "note"):
             table.add_column(col, justify="left" if col in ("channel", "note") else "right")
         for c in channels:
@@ -292,15 +284,15 @@ def diff(
 
 def gc(
     keep: Annotated[int, typer.Option("--keep", min=1, help="Committed batches to keep.")],
-    meta: MetaOpt, namespace: NamespaceOpt = None,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None,
     minted_older_than: Annotated[float, typer.Option(
         help="Delete unused (minted, never planned) UUIDs older than this many seconds.")
     ] = 3600.0,
     yes: Annotated[bool, typer.Option("--yes", help="Delete (default: dry run).")] = False,
-    as_json: JsonOpt = False,
+    as_json: common.JsonOpt = False,
 ) -> None:
     """Retention: list what would be deleted (dry run), or delete it with --yes."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         victims = store.retention_victims(ns, keep, minted_older_than)
         deleted = store.gc(ns, keep, minted_older_than) if yes else []
@@ -308,14 +300,14 @@ def gc(
             {"uuid": b.uuid, "state": b.state.value, "created_at": b.created_at,
              "committed_at": b.committed_at} for b in victims]
         if as_json:
-            print_json({"namespace": ns, "dry_run": not yes, "keep": keep,
-                         "minted_older_than_s": minted_older_than, "victims": rows,
-                         "deleted": deleted})
+            common.print_json({"namespace": ns, "dry_run": not yes, "keep": keep,
+                                "minted_older_than_s": minted_older_than, "victims": rows,
+                                "deleted": deleted})
             return
-        console = stdout_console()
+        console = common.stdout_console()
         fmt, caption = _clock([r[k] for r in rows for k in ("created_at", "committed_at")])
-        table = compact_table("deleted" if yes else "would delete (dry run; --yes deletes)",
-                       caption if rows else None)
+        table = common.compact_table("deleted" if yes else "would delete (dry run; --yes deletes)",
+                              caption if rows else None)
         for col in ("uuid", "state", "created", "committed"):
             table.add_column(col, no_wrap=True)
         for r in rows:

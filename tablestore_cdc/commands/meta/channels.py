@@ -10,16 +10,7 @@ from rich.tree import Tree
 
 from connector.option_values import parse_duration_ms
 from tablestore_cdc.commands.errors import fail, reported_errors
-from tablestore_cdc.commands.meta.common import (
-    EndpointOpt,
-    JsonOpt,
-    MetaOpt,
-    NamespaceOpt,
-    compact_table,
-    inspected_store,
-    print_json,
-    stdout_console,
-)
+from tablestore_cdc.commands.meta import common
 from tablestore_cdc.feed.reading import resolve_namespace
 from tablestore_cdc.feed.retention import default_retention_s, headroom
 from tablestore_cdc.feed.shapes import channel_tree
@@ -33,18 +24,18 @@ from tablestore_cdc.query_record import load_spark_metrics
 
 
 def channels(
-    meta: MetaOpt, namespace: NamespaceOpt = None, endpoint: EndpointOpt = None,
-    as_json: JsonOpt = False,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None,
+    endpoint: common.EndpointOpt = None, as_json: common.JsonOpt = False,
 ) -> None:
     """The tunnel's channel tree: lineage, status, pushed checkpoint, waiting-for-parent."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         info = store.get_namespace_info(ns) or {}
         view = channel_view(store, ns, endpoint)
         tree = channel_tree(view.channels)
         if as_json:
-            print_json({"namespace": ns, "tunnel": info, "channels": view.channels,
-                         "tree": tree})
+            common.print_json({"namespace": ns, "tunnel": info, "channels": view.channels,
+                                "tree": tree})
             return
         by_id = {c["channel_id"]: c for c in view.channels}
         root = Tree(f"[bold]{info.get('table')}[/bold] / tunnel {info.get('tunnel')} "
@@ -76,12 +67,12 @@ def channels(
 
         for node in tree:
             add(root, node)
-        stdout_console().print(root)
+        common.stdout_console().print(root)
 
 
 def lag(
-    meta: MetaOpt, namespace: NamespaceOpt = None, endpoint: EndpointOpt = None,
-    as_json: JsonOpt = False,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None,
+    endpoint: common.EndpointOpt = None, as_json: common.JsonOpt = False,
     retention: Annotated[str | None, typer.Option(
         help="What the service keeps of a channel's history (15m, 24h, 7d; default: 7d, "
         "DynamoDB Streams 24h): the headroom is it minus the oldest unread change's age.")]
@@ -89,7 +80,7 @@ def lag(
 ) -> None:
     """Per channel, records and seconds behind the head from the latest committed batch, and
     the retention headroom (a warning once the oldest unread change passes 80 % of it)."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         from connector.tunnel import open_tunnel_service
 
         ns = resolve_namespace(store, namespace)
@@ -126,13 +117,13 @@ def lag(
             "reason": None if raw is not None else "the tunnel backend cannot report lag",
         }
         if as_json:
-            print_json(result)
+            common.print_json(result)
             return
-        console = stdout_console()
+        console = common.stdout_console()
         if rows is None:
             console.print(f"lag unknown: {result['reason']}")
             return
-        table = compact_table(f"lag from batch {result['batch']}")
+        table = common.compact_table(f"lag from batch {result['batch']}")
         for col in ("channel", "records behind", "seconds behind", "headroom", "position from"):
             table.add_column(col, justify="right" if "behind" in col else "left")
         for r in rows:

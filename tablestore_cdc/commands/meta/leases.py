@@ -17,26 +17,19 @@ import time
 import typer
 
 from meta_store import Lease
-from tablestore_cdc.commands.meta.common import (
-    JsonOpt,
-    MetaOpt,
-    NamespaceOpt,
-    inspected_store,
-    print_json,
-    stdout_console,
-)
+from tablestore_cdc.commands.meta import common
 from tablestore_cdc.feed.reading import InspectionError, resolve_namespace
 from tablestore_cdc.lease_holder import holder_alive
 
 
 def break_lease(
-    meta: MetaOpt, namespace: NamespaceOpt = None,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None,
     force: bool = typer.Option(False, "--force", help="Break a lease whose holder runs on "
                                "another host (it cannot be checked from here)."),
-    as_json: JsonOpt = False,
+    as_json: common.JsonOpt = False,
 ) -> None:
     """End the lease of a source's query whose process is dead, so a new query starts now."""
-    with inspected_store(meta) as store:
+    with common.inspected_store(meta) as store:
         ns = resolve_namespace(store, namespace)
         lease: Lease | None = store.store.get_lease(ns)
         now = time.time()
@@ -55,7 +48,7 @@ def break_lease(
             store.store.release_lease(ns, lease.owner, now=now)
             outcome = f"lease of {lease.owner} broken: a query can start now"
         if as_json:
-            print_json({"namespace": ns, "holder": lease.owner if lease else None,
-                        "outcome": outcome})
+            common.print_json({"namespace": ns, "holder": lease.owner if lease else None,
+                               "outcome": outcome})
         else:
-            stdout_console().print(f"{ns}: {outcome}")
+            common.stdout_console().print(f"{ns}: {outcome}")

@@ -10,15 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from tablestore_cdc.commands.errors import fail, reported_errors
-from tablestore_cdc.commands.meta.common import (
-    JsonOpt,
-    MetaOpt,
-    NamespaceOpt,
-    compact_table,
-    inspected_store,
-    print_json,
-    stdout_console,
-)
+from tablestore_cdc.commands.meta import common
 from tablestore_cdc.feed.reading import resolve_namespace, user_namespaces
 from tablestore_cdc.feed.shapes import FEED_SCHEMA_VERSION
 from tablestore_cdc.query_record import load_spark_metrics
@@ -57,9 +49,9 @@ def meta_uri(
     typer.echo(uri)
 
 
-def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
+def namespaces(meta: common.MetaOpt, as_json: common.JsonOpt = False) -> None:
     """List the sources (namespaces) the meta store holds."""
-    with inspected_store(meta) as store:
+    with common.inspected_store(meta) as store:
         rows: list[dict[str, Any]] = []
         for ns in user_namespaces(store):
             info = store.get_namespace_info(ns) or {}
@@ -73,10 +65,10 @@ def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
                 "query_progress": bool(load_spark_metrics(store, ns)),
             })
         if as_json:
-            print_json({"meta_uri": store.uri, "namespaces": rows})
+            common.print_json({"meta_uri": store.uri, "namespaces": rows})
             return
-        table = compact_table(f"namespaces in {store.uri}",
-                       "--json has the tunnel id and whole UUIDs" if rows else None)
+        table = common.compact_table(f"namespaces in {store.uri}",
+                              "--json has the tunnel id and whole UUIDs" if rows else None)
         for col in ("namespace", "table", "tunnel", "batches", "latest committed"):
             # the namespace never wraps (it is what --namespace takes); the rest may fold
             table.add_column(col, overflow="fold", no_wrap=col == "namespace",
@@ -85,28 +77,29 @@ def namespaces(meta: MetaOpt, as_json: JsonOpt = False) -> None:
             latest = r["latest_committed"]
             table.add_row(r["namespace"], r["table"] or "-", r["tunnel"] or "-",
                           str(r["batches"]), latest[:8] + "…" if latest else "-")
-        stdout_console().print(
+        common.stdout_console().print(
             table if rows else "no namespaces (no query has run against this store)")
 
 
 def reset(
-    meta: MetaOpt, namespace: NamespaceOpt = None,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Delete (default: dry run).")] = False,
-    as_json: JsonOpt = False,
+    as_json: common.JsonOpt = False,
 ) -> None:
     """Forget a namespace's batches and its tunnel binding (after its tunnel was deleted or
     re-created): the next query, in a new checkpoint location, binds to the tunnel as it is.
     Dry run unless --yes. A checkpoint location that used the namespace cannot resume after."""
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         info = store.get_namespace_info(ns) or {}
         batches = len(store.list_batches(ns))
         deleted = store.reset_namespace(ns) if yes else 0
         if as_json:
-            print_json({"namespace": ns, "dry_run": not yes, "tunnel_id": info.get("tunnel_id"),
-                         "batches": batches, "deleted": deleted})
+            common.print_json({"namespace": ns, "dry_run": not yes,
+                               "tunnel_id": info.get("tunnel_id"), "batches": batches,
+                               "deleted": deleted})
             return
-        console = stdout_console()
+        console = common.stdout_console()
         if yes:
             console.print(f"{ns}: {deleted} batch(es) deleted, tunnel binding "
                           f"{info.get('tunnel_id')!r} cleared")
@@ -116,14 +109,14 @@ def reset(
 
 
 def export(
-    meta: MetaOpt, namespace: NamespaceOpt = None, as_json: JsonOpt = False,
+    meta: common.MetaOpt, namespace: common.NamespaceOpt = None, as_json: common.JsonOpt = False,
     output: Annotated[Path | None, typer.Option("--output", "-o",
                                                 help="Write to FILE instead of stdout.")] = None,
 ) -> None:
     """The whole namespace as JSON: info, batches with manifests and end checkpoints."""
     if output is not None and not output.parent.is_dir():
         fail(f"cannot write {output}: directory {output.parent} does not exist")
-    with inspected_store(meta) as store, reported_errors():
+    with common.inspected_store(meta) as store, reported_errors():
         ns = resolve_namespace(store, namespace)
         batches_out = []
         ends_total = 0
@@ -147,13 +140,13 @@ def export(
             typer.echo(f"{len(document['corrupt'])} corrupt record(s) skipped in the export: "
                        + ", ".join(c["key"] for c in document["corrupt"]), err=True)
         if output is None:
-            print_json(document)
+            common.print_json(document)
             return
         output.write_text(json.dumps(document, indent=2) + "\n")
         summary = {"path": str(output), "namespace": ns, "batches": len(batches_out),
                    "end_checkpoints": ends_total}
         if as_json:
-            print_json(summary)
+            common.print_json(summary)
         else:
-            stdout_console().print(f"exported {len(batches_out)} batch(es) and {ends_total} end "
-                             f"checkpoint(s) of {ns} to {output}")
+            common.stdout_console().print(f"exported {len(batches_out)} batch(es) and "
+                                          f"{ends_total} end checkpoint(s) of {ns} to {output}")

@@ -19,30 +19,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tablestore_cdc.commands.meta.common import (
-    JsonOpt,
-    MetaOpt,
-    compact_table,
-    inspected_store,
-    print_json,
-    stdout_console,
-)
+from tablestore_cdc.commands.meta import common
 from tablestore_cdc.feed.snapshot import sources_summary
 
 
-def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
+def tables(meta: common.MetaOpt, as_json: common.JsonOpt = False) -> None:
     """List every table replicated by the jobs of the meta store (replicate --tables and
     --table): state (snapshotting n %, streaming, stopped, failed with the reason, restarting,
     ...), lag in records and seconds, rows/s, last commit, target and its version, last schema
     change (what, when, and the target version of its commit)."""
-    with inspected_store(meta) as store:
+    with common.inspected_store(meta) as store:
         rows = [{**s["table_status"], "namespace": s["namespace"]}
                 for s in sources_summary(store)["sources"] if s["table_status"]]
         rows.sort(key=lambda r: (r["job"], r["table"]))
         if as_json:
-            print_json({"meta_uri": store.uri, "tables": rows})
+            common.print_json({"meta_uri": store.uri, "tables": rows})
             return
-        console = stdout_console()
+        console = common.stdout_console()
         if not rows:
             console.print("no replication job has recorded its tables in this store "
                           "(replicate --table and --tables write them)")
@@ -50,8 +43,8 @@ def tables(meta: MetaOpt, as_json: JsonOpt = False) -> None:
         now = time.time()
         for job in sorted({r["job"] for r in rows}):
             mine = [r for r in rows if r["job"] == job]
-            table = compact_table(f"tables {mine[0]['selection']} -> {job}",
-                                  "drill into one: meta show --namespace NAMESPACE")
+            table = common.compact_table(f"tables {mine[0]['selection']} -> {job}",
+                                         "drill into one: meta show --namespace NAMESPACE")
             for col in ("table", "state", "lag records", "lag s", "rows/s", "last commit",
                         "target", "target version", "last schema change", "namespace"):
                 table.add_column(col, overflow="fold", no_wrap=col == "namespace",
