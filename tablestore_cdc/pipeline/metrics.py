@@ -3,40 +3,17 @@
 ``TableMetrics`` holds its own ``prometheus_client`` registry (never the process-wide one, so
 two pipelines in one process do not collide) and serves it over HTTP on 127.0.0.1 by default;
 ``update`` is called by the command's loop (driver) with each table's ``TableStatus``
-(``Pipeline.table_statuses``: the same records the feed and ``meta tables`` read
-from the meta store, ``tablestore_cdc.table_status``). Every metric carries a ``table`` label:
+(``Pipeline.table_statuses``: the same records the feed and ``meta tables`` read from the meta
+store, ``tablestore_cdc.table_status``). Every series carries a ``table`` label but
+``tablestore_cdc_source_up{source}``; the series are declared in ``TableMetrics.__init__`` and
+listed in docs/operations.md ("Metrics and alerts").
 
-- ``tablestore_cdc_source_up{source}`` (the one label not ``table``): 1 while the pipeline's
-  source answers, 0 while any of its tables is ``unreachable`` (the job restarts after a
-  retryable failure, or a multi-table table waits for its next attempt) or while the
-  endpoint's probe fails (``reachable``: a TCP connection to a Tablestore or DynamoDB Streams
-  endpoint, an embedded store's file opened; tried at most every ``PROBE_EVERY_S`` at the
-  command's looks): an outage shows within seconds, before the query's own per-call retries
-  give up, and in the tables' statuses too (``EndpointProbe``, ``TableMetrics.attach``);
-  ``tablestore_cdc_table_up{table}``: 1 in a state that reads (``table_state.READING``), 0
-  otherwise; ``tablestore_cdc_table_unreachable_since_timestamp_seconds`` while a table is
-  unreachable (0 otherwise);
-- ``tablestore_cdc_table_state{table, state}``: 1 for the table's current state, 0 for the
-  others (one series per ``connector.table_state.State``: ``new``, ``snapshotting``,
-  ``streaming``, ``waiting``, ``dropped``, ``failed``, ``restarting``, ``unreachable``,
-  ``stopped``); ``tablestore_cdc_table_snapshot_percent``
-  while it snapshots;
-- ``tablestore_cdc_table_lag_records`` / ``..._lag_seconds``: behind the tunnel's head, as the
-  source measured it for Spark's progress report (absent until measured);
-- ``tablestore_cdc_table_retention_headroom_seconds``: the service's retention minus the lag in
-  seconds (``tablestore_cdc.feed.retention``, as ``meta lag`` shows it per channel); once the lag
-  passes ``WARN_AT`` of the retention, one warning line is logged (``tablestore_cdc.pipeline``),
-  again only after the table came back under it;
-- ``tablestore_cdc_table_rows_applied_total``: changes applied into the target by this process;
-  ``tablestore_cdc_table_changes_applied_total{table, op}``: the same by operation (``op``:
-  ``inserts``, ``updates``, ``deletes``, ``snapshot_reads``: the batch's ``_op`` PUT, UPDATE,
-  DELETE, READ);
-  ``tablestore_cdc_table_rows_per_second``: over the last 30 s;
-- ``tablestore_cdc_table_last_commit_timestamp_seconds``, ``..._target_version``;
-- ``tablestore_cdc_table_target_files`` / ``..._target_snapshots`` (Iceberg): the target's data
-  files in its current version and its snapshots kept, and
-  ``tablestore_cdc_table_last_maintenance_timestamp_seconds``, as the job's last maintenance
-  run counted them (``tablestore_cdc.lakehouse.upkeep``).
+``tablestore_cdc_source_up`` is 0 while any table is ``unreachable`` or while the endpoint's
+probe fails (``EndpointProbe``, ``reachable``: tried at most every ``PROBE_EVERY_S`` at the
+command's looks), so an outage shows within seconds, before the query's own per-call retries
+give up, in the tables' statuses too (``TableMetrics.attach``). Once a table's lag passes
+``WARN_AT`` of the service's retention (``tablestore_cdc.feed.retention``), one warning line is
+logged (``tablestore_cdc.pipeline``), again only after the table came back under it.
 """
 
 from __future__ import annotations
