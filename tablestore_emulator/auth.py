@@ -42,8 +42,7 @@ from connector.tunnel.tablestore.signing import (
 from tablestore_emulator.errors import OtsError, auth_failed, parameter_invalid
 
 __all__ = ["CONTENT_TYPE", "MAX_CLOCK_SKEW_S", "content_md5", "request_signature",
-           "response_headers", "response_signature", "verify_body", "verify_headers",
-           "verify_request"]
+           "response_headers", "response_signature", "verify_body", "verify_headers"]
 
 #: How far a request's x-ots-date may be from the server's clock, in seconds (the service's
 #: rule: 15 minutes).
@@ -62,27 +61,6 @@ def _signing_key(secret: str) -> SigningKey:
     return SigningKey(secret)
 
 
-def verify_request(
-    path: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    *,
-    access_key_id: str,
-    access_key_secret: str,
-    instance: str,
-    now: float | None = None,
-) -> None:
-    """Raise the service's ``OtsError`` unless the request is signed with the configured keys
-    and ``body`` is the one signed for: ``verify_headers`` then ``verify_body``.
-
-    ``headers`` must be keyed by lower-case names. ``now``: the server's clock (seconds since
-    the epoch; default: this moment).
-    """
-    verify_headers(path, headers, access_key_id=access_key_id,
-                   access_key_secret=access_key_secret, instance=instance, now=now)
-    verify_body(headers, body)
-
-
 def verify_headers(
     path: str,
     headers: Mapping[str, str],
@@ -96,8 +74,9 @@ def verify_headers(
 
     The server calls it before it reads the body: the signature covers the body's MD5 header,
     not the body, so an unsigned request is refused without its body being read;
-    ``verify_body`` then checks the body against that header. ``headers``, ``now``: as
-    ``verify_request``'s.
+    ``verify_body`` then checks the body against that header. ``headers`` must be keyed by
+    lower-case names. ``now``: the server's clock (seconds since the epoch; default: this
+    moment).
     """
     for name in _REQUIRED_HEADERS:
         if not headers.get(name):
