@@ -218,15 +218,10 @@ def tunnel_id_by_name(conn: sqlite3.Connection, table: str, name: str) -> str | 
 
 def tunnel_ids(conn: sqlite3.Connection, table: str | None) -> list[str]:
     """The ids of every tunnel (ordered by table and name), or of ``table``'s (by name)."""
-    if table is None:
-        rows = conn.execute(
-            "SELECT tunnel_id FROM cdc_tunnels ORDER BY table_name, tunnel_name"
-        ).fetchall()
-    else:
-        rows = conn.execute(
-            "SELECT tunnel_id FROM cdc_tunnels WHERE table_name = ? ORDER BY tunnel_name",
-            (table,),
-        ).fetchall()
+    where, args = ("", ()) if table is None else ("WHERE table_name = ? ", (table,))
+    rows = conn.execute(
+        f"SELECT tunnel_id FROM cdc_tunnels {where}ORDER BY table_name, tunnel_name", args
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -272,15 +267,7 @@ def tunnel_channels(conn: sqlite3.Connection, tunnel: TunnelRow) -> dict[str, Tu
     }
     base_of = {b[1]: b[0] for b in bases}
     for ch in channel_rows(conn, tunnel.table):
-        extra = (base_of[ch.channel_id],) if ch.channel_id in base_of else ()
-        out[ch.channel_id] = TunnelChannel(
-            ch.channel_id,
-            ChannelType.STREAM,
-            ch.parent_ids + extra,
-            ch.closed,
-            ch.head_seq,
-            ch.trimmed_upto,
-        )
+        out[ch.channel_id] = _stream_channel(ch, base_of.get(ch.channel_id))
     return out
 
 
@@ -353,19 +340,11 @@ def stored_checkpoints(
     conn: sqlite3.Connection, tunnel_id: str, ids: list[str] | None = None
 ) -> dict[str, Checkpoint]:
     """The checkpoints stored for the tunnel: of every channel, or of ``ids`` only."""
-    if ids is None:
-        rows = conn.execute(
-            "SELECT channel_id, token, sequence_number FROM cdc_checkpoints "
-            "WHERE tunnel_id = ?",
-            (tunnel_id,),
-        ).fetchall()
-    else:
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(
-            "SELECT channel_id, token, sequence_number FROM cdc_checkpoints "
-            f"WHERE tunnel_id = ? AND channel_id IN ({marks})",
-            (tunnel_id, *ids),
-        ).fetchall()
+    only = "" if ids is None else f" AND channel_id IN ({','.join('?' * len(ids))})"
+    rows = conn.execute(
+        f"SELECT channel_id, token, sequence_number FROM cdc_checkpoints WHERE tunnel_id = ?{only}",
+        (tunnel_id, *(ids or ())),
+    ).fetchall()
     return {r[0]: Checkpoint(r[1], r[2]) for r in rows}
 
 
@@ -482,19 +461,16 @@ def first_unread_commit_ts(
 ) -> int | None:
     """The commit time (µs) of the channel's first record after sequence ``after``, or
     ``None`` when there is none (how old the oldest unread change is: ``lag``)."""
-    if ch.channel_type is ChannelType.BASE_DATA:
-        sql = (
-            "SELECT commit_ts_us FROM cdc_base_records WHERE tunnel_id = ? "
-            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1"
-        )
-        key = tunnel.tunnel_id
-    else:
-        sql = (
-            "SELECT commit_ts_us FROM cdc_changes WHERE table_name = ? "
-            "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1"
-        )
-        key = tunnel.table
-    row = conn.execute(sql, (key, ch.channel_id, after)).fetchone()
+    base = ch.channel_type is ChannelType.BASE_DATA
+    records, column, key = (
+        ("cdc_base_records", "tunnel_id", tunnel.tunnel_id) if base
+        else ("cdc_changes", "table_name", tunnel.table)
+    )
+    row = conn.execute(
+        f"SELECT commit_ts_us FROM {records} WHERE {column} = ? "
+        "AND channel_id = ? AND seq > ? ORDER BY seq LIMIT 1",
+        (key, ch.channel_id, after),
+    ).fetchone()
     return None if row is None else int(row[0])
 
 
