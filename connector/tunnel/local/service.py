@@ -355,9 +355,7 @@ class LocalTunnelService(TunnelService):
                     tunnels.read_base(conn, schema, tunnel_id, channel_id, after, limit), layout)
             else:
                 batch = read_page(conn, schema, channel_id, after, limit, layout)
-            if isinstance(batch, EncodedBatch):
-                return batch, batch.count
-            return batch, batch.num_rows
+            return batch, batch.count if isinstance(batch, EncodedBatch) else batch.num_rows
 
         batch, next_token, may_more, tokens = self._read(tunnel_id, channel_id, token, limit, fetch)
         if isinstance(batch, EncodedBatch):
