@@ -60,7 +60,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from connector.errors import (
     ChannelNotReadableError,
@@ -97,6 +97,7 @@ TRIMMED_PREFIX = "OTSTrimmedDataAccess"
 BASE_WIRE_PREFIX = "BaseData_"
 
 _MAX_ROW_INDEX = 2**31 - 1
+T = TypeVar("T")
 _STATUS_NAMES = {number: name for name, number in m.CHANNEL_STATUS.items()}
 
 
@@ -237,28 +238,27 @@ _STORE_ERRORS = (
 )
 
 
-def _service(ctx: EmulatorContext) -> LocalTunnelService:
+def _kept(ctx: EmulatorContext, key: str, make: Callable[[], T]) -> T:
+    """The tunnel API's in-memory state ``key`` of this emulator, made at first use."""
     with ctx.lock:
-        service = ctx.state.get("tunnel")
-        if service is None:
-            service = ctx.state["tunnel"] = LocalTunnelService(ctx.store)
-        return service  # type: ignore[no-any-return]
+        if key not in ctx.state:
+            ctx.state[key] = make()
+        return cast(T, ctx.state[key])
+
+
+def _service(ctx: EmulatorContext) -> LocalTunnelService:
+    return _kept(ctx, "tunnel", lambda: LocalTunnelService(ctx.store))
 
 
 def tunnel_clients(ctx: EmulatorContext) -> TunnelClients:
     """The emulator's client state machine (created on first use; a test may install one
     with its own clock first: ``ctx.state["tunnel_clients"] = TunnelClients(clock)``)."""
-    with ctx.lock:
-        clients = ctx.state.get("tunnel_clients")
-        if clients is None:
-            clients = ctx.state["tunnel_clients"] = TunnelClients()
-        return clients  # type: ignore[no-any-return]
+    return _kept(ctx, "tunnel_clients", TunnelClients)
 
 
 def _expired(ctx: EmulatorContext) -> set[str]:
     """Ids of the tunnels ``expire_tunnel`` expired (until deleted)."""
-    with ctx.lock:
-        return ctx.state.setdefault("expired_tunnels", set())  # type: ignore[no-any-return]
+    return _kept(ctx, "expired_tunnels", set)
 
 
 def expire_tunnel(ctx: EmulatorContext, table: str, tunnel_name: str) -> str:
@@ -387,11 +387,8 @@ def create_tunnel(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -
             start = StartPosition.LATEST
     if not t.tunnel_name:
         raise parameter_invalid("tunnel_name is empty.")
-    if start_at_us is not None:
-        info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start,
-                                     start_at_us=start_at_us)
-    else:
-        info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start)
+    info = service.create_tunnel(t.table_name, t.tunnel_name, types[t.tunnel_type], start,
+                                 start_at_us)
     return m.CreateTunnelResponse(tunnel_id=info.tunnel_id)
 
 
@@ -511,8 +508,7 @@ def get_rpo(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> Any:
 
 def _checkpoint_times(ctx: EmulatorContext) -> dict[tuple[str, str], int]:
     """(tunnel id, wire channel id) -> when its last checkpoint was pushed here (ns)."""
-    with ctx.lock:
-        return ctx.state.setdefault("checkpoint_times", {})  # type: ignore[no-any-return]
+    return _kept(ctx, "checkpoint_times", dict)
 
 
 # --- checkpoints and records -------------------------------------------------------------------
