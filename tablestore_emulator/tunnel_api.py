@@ -8,48 +8,17 @@ BaseAndStream, a child in ``WAIT`` until every parent's checkpoint for that tunn
 service does. Connected workers and channel ownership (Connect, Heartbeat, Shutdown) are the
 client state machine of ``tablestore_emulator.tunnel_clients``.
 
-What the wire sees, and where it is the emulator's own choice (docs/tablestore.md):
+What the wire sees, and where it is the emulator's own choice, is written down once, in
+docs/tablestore.md ("The emulator's Tunnel API": channel names, tokens, sequence info,
+CreateTunnel's start, the checkpoint rule, errors, DescribeTunnel's and GetRpo's figures) and
+docs/emulator.md (tunnel workers, an expired tunnel). Besides, on the wire:
 
-- Base-data channels are ``BaseData_<stream channel>`` on the wire (the SDKs' form); the store
-  names them ``base-<stream channel>``, and only this module translates.
-- Tokens are standard base64 of a ``Token{version=2, content=TokenContentV2}``. A stream
-  channel's ``iterator`` holds the store's own position token; a base-data channel's iterator is
-  empty (the one thing the SDKs inspect) and its ``primary_key`` holds the position instead.
-  ``total_count`` is the number of records before the position. ``"finished"`` is literal.
-- Records are PlainBuffer rows; stream records carry ``SequenceInfo(epoch 0, commit time in
-  microseconds, the store's per-channel sequence)``; base-data records carry none. An UPDATE's
-  deleted columns are ``DELETE_ALL_VERSION`` cells; a DELETE is the key plus the delete marker;
-  ``origin_record`` is the before-image (an empty key section, then the columns), absent when
-  the row did not exist.
-- ``CreateTunnel`` takes ``StreamTunnelConfig.flag`` or ``startOffset`` (nanoseconds since the
-  epoch, a Stream tunnel): each channel then starts at its first change committed at or after
-  that instant (before trimmed changes when those may have been at or after it, so the first
-  read reports the loss); ``endOffset`` is refused.
-- Checkpoints follow the SDKs' rule: a push must carry the stored sequence number + 1 (both
-  SDKs push exactly that), else 400 ``OTSSequenceNumberNotMatch``. The service documents only
-  that a smaller number is refused; the emulator takes the strictest reading, so a client that
-  passes here passes whatever the service accepts.
-- Errors as the service's error reference documents them: a missing table or tunnel is 400
-  ``OTSParameterInvalid`` (so are an unknown channel, a bad token, a WAIT channel, a refused
-  checkpoint); trimmed data is 400 ``OTSTunnelServerUnavailable`` whose message begins
-  ``OTSTrimmedDataAccess``, followed by ``[requested=.. earliest=.. lost=.. resume=<token>]`` --
-  the first position still held, an emulator addition the client uses when present; a
-  heartbeat of a client that is not connected is 410 ``OTSResourceGone``.
-- ``DescribeTunnel`` fills ``ChannelInfo.client_id`` (the owner), ``channel_count`` (records
-  before the channel's checkpoint), ``channel_rpo`` (commit time of the last record before it,
-  nanoseconds; 0 for base-data channels and before the first record) and ``tunnel_rpo`` (the
-  oldest ``channel_rpo`` of the stream channels still being read).
-- An expired tunnel (``expire_tunnel``, the emulator's test hook: the service expires a tunnel
-  whose change log passed the stream's retention) shows ``TunnelInfo.expired`` in
-  DescribeTunnel and ListTunnel, and every call on its id (Connect, Heartbeat, Shutdown,
-  GetCheckpoint, Checkpoint, ReadRecords, GetRpo) is 400 ``OTSTunnelExpired``, the code the
-  service's error reference gives; DeleteTunnel removes it. Which calls the service refuses
-  for an expired tunnel is the emulator's reading (the reference names the code only).
-- ``/tunnel/getrpo`` (the Go SDK's ``GetRpo``) answers two JSON documents keyed by tunnel id
-  (see ``get_rpo``); their keys' meaning is the emulator's reading, unverified.
+- a token's ``TokenContentV2.total_count`` is the number of records before the position, and
+  ``"finished"`` is literal;
+- an UPDATE's deleted columns are ``DELETE_ALL_VERSION`` cells; a DELETE is the key plus the
+  delete marker; ``origin_record`` is the before-image (an empty key section, then the
+  columns), absent when the row did not exist;
 - ``ChannelInfo.parent_ids`` (field 1000) carries the lineage; the service has no such field.
-- Reads, GetCheckpoint and Checkpoint accept any client id, connected or not (as the service
-  does for the vendor's Spark connector, and as this project's client relies on).
 """
 
 from __future__ import annotations
