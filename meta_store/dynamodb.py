@@ -278,6 +278,11 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         jitter). What still fails is mapped to our errors; a false condition raises
         ``ConditionFailed`` with the stored row when DynamoDB returned it."""
         self._check_open(operation)
+
+        def refused(reason: str) -> MetaStoreRequestError:
+            return MetaStoreRequestError(store=self.uri, operation=f"DynamoDB {operation}",
+                                         reason=reason)
+
         try:
             return getattr(self._client, method)(**kwargs)
         except botocore.exceptions.ClientError as exc:
@@ -300,9 +305,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
                                                   or "Missing the key" in message):
                 message += (f" (table {self.table} must have key schema ns (HASH, string) + "
                             "sk (RANGE, string): is it another application's table?)")
-            raise MetaStoreRequestError(
-                store=self.uri, operation=f"DynamoDB {operation}", reason=f"{code}: {message}",
-            ) from None
+            raise refused(f"{code}: {message}") from None
         except (botocore.exceptions.ConnectionError,
                 botocore.exceptions.HTTPClientError) as exc:
             raise TransientMetaStoreError(
@@ -310,14 +313,10 @@ class DynamoDbMetaStore(KeyValueMetaStore):
                 f"{exc}",
             ) from None
         except botocore.exceptions.NoCredentialsError:
-            raise MetaStoreRequestError(
-                store=self.uri, operation=f"DynamoDB {operation}",
-                reason=f"no AWS credentials found; provide them through {AWS_CREDENTIAL_CHAIN}",
-            ) from None
+            raise refused(f"no AWS credentials found; provide them through "
+                          f"{AWS_CREDENTIAL_CHAIN}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise MetaStoreRequestError(
-                store=self.uri, operation=f"DynamoDB {operation}", reason=str(exc),
-            ) from None
+            raise refused(str(exc)) from None
 
     # --- rows: the primitives of meta_store.kv_layout -------------------------------------
 
@@ -348,31 +347,35 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         if state_rank is not None:
             kwargs["FilterExpression"] = "state_rank = :rank"
             kwargs["ExpressionAttributeValues"][":rank"] = _n(state_rank)
+        return map(_row, self._items(operation, "query", kwargs))
+
+    def _items(self, operation: str, method: str, kwargs: dict[str, Any]
+               ) -> Iterator[dict[str, Any]]:
+        """The items of a paginated ``query`` or ``scan``, page after page."""
         if self.page_size:
             kwargs["Limit"] = self.page_size
         while True:
-            page = self._call(operation, "query", **kwargs)
-            yield from (_row(item) for item in page.get("Items", []))
+            page = self._call(operation, method, **kwargs)
+            yield from page.get("Items", [])
             if not page.get("LastEvaluatedKey"):
                 return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def _insert_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+    def _put_row(self, operation: str, namespace: str, sk: str, row: PlainRow,
+                 **condition: Any) -> None:
         self._call(operation, "put_item", TableName=self.table,
-                   Item=self._item(namespace, sk, row),
-                   ConditionExpression="attribute_not_exists(sk)",
-                   ReturnValuesOnConditionCheckFailure="ALL_OLD")
+                   Item=self._item(namespace, sk, row), **condition)
 
-    def _put_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
-        self._call(operation, "put_item", TableName=self.table,
-                   Item=self._item(namespace, sk, row))
+    def _insert_row(self, operation: str, namespace: str, sk: str, row: PlainRow) -> None:
+        self._put_row(operation, namespace, sk, row,
+                      ConditionExpression="attribute_not_exists(sk)",
+                      ReturnValuesOnConditionCheckFailure="ALL_OLD")
 
     def _replace_row_if(self, operation: str, namespace: str, sk: str, column: str,
                         expected: str, row: PlainRow) -> None:
-        self._call(operation, "put_item", TableName=self.table,
-                   Item=self._item(namespace, sk, row), ConditionExpression="#c = :expected",
-                   ExpressionAttributeNames={"#c": column},
-                   ExpressionAttributeValues={":expected": _s(expected)})
+        self._put_row(operation, namespace, sk, row, ConditionExpression="#c = :expected",
+                      ExpressionAttributeNames={"#c": column},
+                      ExpressionAttributeValues={":expected": _s(expected)})
 
     # --- writes that change a batch row ---------------------------------------------------
 
@@ -514,20 +517,12 @@ class DynamoDbMetaStore(KeyValueMetaStore):
     def list_namespaces(self) -> list[str]:
         """Namespaces that have a description (``set_namespace_info``), sorted: a paginated
         Scan filtered on ``sk = "N#info"``. CLI, read-only; it reads the whole table."""
-        kwargs: dict[str, Any] = {
+        items = self._items("list_namespaces", "scan", {
             "TableName": self.table, "ConsistentRead": True, "ProjectionExpression": "ns",
             "FilterExpression": "sk = :info", "ExpressionAttributeValues": {":info": _s(INFO_SK)},
-        }
-        if self.page_size:
-            kwargs["Limit"] = self.page_size
-        cells: list[Any] = []
-        while True:
-            page = self._call("list_namespaces", "scan", **kwargs)
-            # a key of another type (a foreign table): its typed value, refused as not text
-            cells += [item["ns"].get("S", item["ns"]) for item in page.get("Items", [])]
-            if not page.get("LastEvaluatedKey"):
-                return self._sorted_namespaces(cells)
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        })
+        # a key of another type (a foreign table): its typed value, refused as not text
+        return self._sorted_namespaces(item["ns"].get("S", item["ns"]) for item in items)
 
     def _close_client(self) -> None:
         self._client.close()

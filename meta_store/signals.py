@@ -85,16 +85,12 @@ def _shown(value: Any) -> str:
     return "-" if value is None else repr(value)
 
 
-def signals_key(namespace: str) -> str:
-    return f"resnapshot/{namespace}"
-
-
 class SignalBoard:
     """The signals of one source identity in one meta store (module docstring)."""
 
     def __init__(self, store: MetaStore, namespace: str) -> None:
         self.store, self.namespace = store, namespace
-        self.key = signals_key(namespace)
+        self.key = f"resnapshot/{namespace}"
 
     def _read(self) -> tuple[str | None, list[Signal]]:
         raw = self.store.get_document(self.key)
@@ -126,43 +122,27 @@ class SignalBoard:
     def add(self, signal: Signal) -> Signal:
         """Add a pending signal; one for the same table and range already pending is kept
         instead (a source that loses data twice before the repair asks once)."""
-        found: list[Signal] = []
+        def same(s: Signal) -> bool:
+            return s.state is SignalState.PENDING and (s.table, s.key_from, s.key_to) == (
+                signal.table, signal.key_from, signal.key_to)
 
-        def change(signals: list[Signal]) -> list[Signal]:
-            found.clear()
-            found.extend(s for s in signals if s.state is SignalState.PENDING
-                         and (s.table, s.key_from, s.key_to)
-                         == (signal.table, signal.key_from, signal.key_to))
-            return signals if found else [*signals, signal]
-
-        self.update(change)
-        return found[0] if found else signal
+        kept = self.update(lambda signals: signals if any(map(same, signals))
+                           else [*signals, signal])
+        return next((s for s in kept if same(s)), signal)
 
     def next_due(self) -> Signal | None:
         """The oldest signal still to run: a running one (its job died during it), else the
         oldest pending one."""
         signals = self.signals()
-        running = [s for s in signals if s.state is SignalState.RUNNING]
-        pending = [s for s in signals if s.state is SignalState.PENDING]
-        due = running or pending
-        return due[0] if due else None
+        return next((s for s in signals if s.state is SignalState.RUNNING),
+                    next((s for s in signals if s.state is SignalState.PENDING), None))
 
     def set(self, signal_id: str, **fields: Any) -> Signal | None:
         """Change one signal's fields (``updated_at`` set to now); None if it is gone."""
-        out: list[Signal] = []
-
-        def change(signals: list[Signal]) -> list[Signal]:
-            out.clear()
-            result = []
-            for s in signals:
-                if s.id == signal_id:
-                    s = s.model_copy(update={**fields, "updated_at": time.time()})
-                    out.append(s)
-                result.append(s)
-            return result
-
-        self.update(change)
-        return out[0] if out else None
+        kept = self.update(lambda signals: [
+            s.model_copy(update={**fields, "updated_at": time.time()}) if s.id == signal_id
+            else s for s in signals])
+        return next((s for s in kept if s.id == signal_id), None)
 
 
 class _Document(BaseModel):
