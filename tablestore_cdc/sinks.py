@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from connector.crash_hook import crash_point
-from tablestore_cdc.verify import Delivered, key_of
+from tablestore_cdc.verify import Delivered, key_of, row_attributes
 
 REPLAY_LOG = "_replays.jsonl"
 META_COLUMNS = ("_op", "_channel_id", "_sequence", "_commit_ts", "_before", "_extra")
@@ -57,7 +57,9 @@ class ExactlyOnceParquetSink:
     def _check_replay(self, df: Any, batch_id: int, stored_dir: Path) -> None:
         replay = sorted((r["_channel_id"], r["_sequence"])
                         for r in df.select("_channel_id", "_sequence").collect())
-        stored = sorted((c, s) for c, s in _ids(stored_dir))
+        table = pq.read_table(stored_dir, columns=["_channel_id", "_sequence"])
+        stored = sorted(zip(table.column("_channel_id").to_pylist(),
+                            table.column("_sequence").to_pylist(), strict=True))
         entry = {"batch_id": batch_id, "rows": len(replay), "identical": replay == stored}
         with open(self.path / REPLAY_LOG, "a") as log:
             log.write(json.dumps(entry) + "\n")
@@ -86,10 +88,7 @@ def deliveries_from_rows(rows: list[dict[str, Any]], key_columns: list[str],
                          position_prefix: tuple[Any, ...] = ()) -> Iterator[Delivered]:
     """Turn output rows (dicts) into ``Delivered`` records for ``tablestore_cdc.verify``."""
     for row in rows:
-        attributes = {k: v for k, v in row.items()
-                      if k not in META_COLUMNS and k not in key_columns and v is not None}
-        if row.get("_extra"):
-            attributes.update(json.loads(row["_extra"]))
+        attributes = row_attributes(row, key_columns, META_COLUMNS)
         yield Delivered(
             channel_id=row["_channel_id"], sequence=row["_sequence"],
             key=key_of({k: row[k] for k in key_columns}), op=row["_op"],
@@ -97,8 +96,3 @@ def deliveries_from_rows(rows: list[dict[str, Any]], key_columns: list[str],
             after=None if row["_op"] == "DELETE" else attributes,
         )
 
-
-def _ids(directory: Path) -> Iterator[tuple[str, str]]:
-    table = pq.read_table(directory, columns=["_channel_id", "_sequence"])
-    yield from zip(table.column("_channel_id").to_pylist(), table.column("_sequence").to_pylist(),
-                   strict=True)
