@@ -2,10 +2,10 @@
 
 The parts, each its own module:
 
-- ``source``: the source table, read a page at a time; one reader per backend
-  (``source_local``, ``source_tablestore``, ``source_dynamodb``), chosen by endpoint scheme;
+- ``source``: the source table, read a page at a time; one reader per backend, chosen by
+  endpoint scheme;
 - ``target``: the target table's current rows at one version, and the newest batch the stream
-  applied to it; one reader per format (``target_delta``, ``target_iceberg``);
+  applied to it; one reader per format;
 - ``layout``: the one Arrow layout both sides are put into, and what "equal" means;
 - ``compare``: buckets of row hashes, then the rows of unequal buckets: MISSING, EXTRA,
   DIFFERENT;
