@@ -66,31 +66,26 @@ def validate_operation(
     """``(kind, key JSON, checked columns or None for a delete)`` of operation #``index``, or
     ``InvalidRowError`` naming the table, the column and what is wrong."""
     table = schema.table_name
+
+    def bad(reason: str) -> InvalidRowError:
+        return InvalidRowError(table=table, reason=reason)
+
     try:
         kind, pk, cols = op
     except (TypeError, ValueError):
-        raise InvalidRowError(
-            table=table, reason=f"operation #{index} must be (kind, pk, columns), got {op!r}"
-        ) from None
+        raise bad(f"operation #{index} must be (kind, pk, columns), got {op!r}") from None
     if kind not in ("put", "update", "delete"):
-        raise InvalidRowError(
-            table=table, reason=f"operation #{index}: kind {kind!r} is not put/update/delete"
-        )
+        raise bad(f"operation #{index}: kind {kind!r} is not put/update/delete")
     if not isinstance(pk, Mapping):
-        raise InvalidRowError(table=table, reason=f"primary key must be a dict, got {pk!r}")
+        raise bad(f"primary key must be a dict, got {pk!r}")
     declared = [c.name for c in schema.primary_key]
     missing = [c for c in declared if c not in pk]
     if missing:
-        raise InvalidRowError(
-            table=table, reason=f"primary key column {missing[0]!r} is missing"
-        )
+        raise bad(f"primary key column {missing[0]!r} is missing")
     unknown = [c for c in pk if c not in declared]
     if unknown:
-        raise InvalidRowError(
-            table=table,
-            reason=f"column {unknown[0]!r} is not a primary key column "
-            f"(key columns: {', '.join(declared)})",
-        )
+        raise bad(f"column {unknown[0]!r} is not a primary key column "
+                  f"(key columns: {', '.join(declared)})")
     key = {
         c.name: check_value(table, c.name, c.type, pk[c.name], key=True)
         for c in schema.primary_key
@@ -98,26 +93,22 @@ def validate_operation(
     if kind == "delete":
         return kind, dumps_values(key), None
     if not isinstance(cols, Mapping):
-        raise InvalidRowError(table=table, reason=f"columns must be a dict, got {cols!r}")
+        raise bad(f"columns must be a dict, got {cols!r}")
     if kind == "update" and not cols:
-        raise InvalidRowError(table=table, reason="update_row needs at least one column")
+        raise bad("update_row needs at least one column")
     types = {c.name: c.type for c in schema.columns}
     checked: dict[str, Any] = {}
     for name, value in cols.items():
         if not isinstance(name, str) or not name:
-            raise InvalidRowError(table=table, reason=f"column name {name!r} is not valid")
+            raise bad(f"column name {name!r} is not valid")
         problem = name_problem(name)
         if problem is not None:
-            raise InvalidRowError(table=table, reason=f"column name {name!r}: {problem}")
+            raise bad(f"column name {name!r}: {problem}")
         if name in key:
-            raise InvalidRowError(
-                table=table, reason=f"column {name!r} is a primary key column, not an attribute"
-            )
+            raise bad(f"column {name!r} is a primary key column, not an attribute")
         if value is None:
             if kind == "put":
-                raise InvalidRowError(
-                    table=table, reason=f"column {name!r} is None; omit it in put_row"
-                )
+                raise bad(f"column {name!r} is None; omit it in put_row")
             checked[name] = None
             continue
         checked[name] = check_value(table, name, types.get(name), value, key=False)
