@@ -33,6 +33,14 @@ from connector.tunnel.dynamodb_streams.aws import AwsError, call
 _ensured: set[tuple[str | None, str]] = set()
 
 
+def _key(pk: str, sk: str) -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def _checkpoint(item: dict[str, Any]) -> Checkpoint:
+    return Checkpoint(item["token"]["S"], int(item["seq"]["N"]))
+
+
 class CheckpointTable:
     """The checkpoint table of one endpoint (see the module docstring)."""
 
@@ -97,7 +105,7 @@ class CheckpointTable:
             self._call("TransactWriteItems", "transact_write_items", TransactItems=[
                 {"Put": {
                     "TableName": self.name,
-                    "Item": {"pk": {"S": f"T#{info.table_name}"}, "sk": {"S": info.tunnel_name},
+                    "Item": {**_key(f"T#{info.table_name}", info.tunnel_name),
                              "tunnel_id": {"S": info.tunnel_id},
                              "tunnel_type": {"S": info.tunnel_type.value},
                              "start": {"S": info.start_position.value},
@@ -106,7 +114,7 @@ class CheckpointTable:
                 }},
                 {"Put": {
                     "TableName": self.name,
-                    "Item": {"pk": {"S": f"I#{info.tunnel_id}"}, "sk": {"S": "tunnel"},
+                    "Item": {**_key(f"I#{info.tunnel_id}", "tunnel"),
                              "table": {"S": info.table_name}, "name": {"S": info.tunnel_name}},
                 }},
             ])
@@ -128,21 +136,9 @@ class CheckpointTable:
         return info if info is not None and info.tunnel_id == tunnel_id else None
 
     def list_tunnels(self, table: str | None) -> list[TunnelInfo]:
-        if table is not None:
-            items = self._query(f"T#{table}")
-        else:
-            items = []
-            kwargs: dict[str, Any] = {
-                "TableName": self.name, "ConsistentRead": True,
-                "FilterExpression": "begins_with(pk, :t)",
-                "ExpressionAttributeValues": {":t": {"S": "T#"}},
-            }
-            while True:
-                page = self._call("Scan", "scan", **kwargs)
-                items.extend(page.get("Items", []))
-                if "LastEvaluatedKey" not in page:
-                    break
-                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = self._query(f"T#{table}") if table is not None else self._items(
+            "Scan", "scan", FilterExpression="begins_with(pk, :t)",
+            ExpressionAttributeValues={":t": {"S": "T#"}})
         infos = [self._info(i["pk"]["S"][2:], i["sk"]["S"], i) for i in items]
         return sorted(infos, key=lambda t: (t.table_name, t.created_at, t.tunnel_name))
 
@@ -151,15 +147,12 @@ class CheckpointTable:
         checkpoints of an id nobody can reach)."""
         self._call("TransactWriteItems", "transact_write_items", TransactItems=[
             {"Delete": {"TableName": self.name,
-                        "Key": {"pk": {"S": f"T#{info.table_name}"},
-                                "sk": {"S": info.tunnel_name}}}},
-            {"Delete": {"TableName": self.name,
-                        "Key": {"pk": {"S": f"I#{info.tunnel_id}"}, "sk": {"S": "tunnel"}}}},
+                        "Key": _key(f"T#{info.table_name}", info.tunnel_name)}},
+            {"Delete": {"TableName": self.name, "Key": _key(f"I#{info.tunnel_id}", "tunnel")}},
         ])
         keys = [i["sk"]["S"] for i in self._query(f"C#{info.tunnel_id}")]
         for start in range(0, len(keys), 25):
-            requests = [{"DeleteRequest": {"Key": {"pk": {"S": f"C#{info.tunnel_id}"},
-                                                   "sk": {"S": sk}}}}
+            requests = [{"DeleteRequest": {"Key": _key(f"C#{info.tunnel_id}", sk)}}
                         for sk in keys[start:start + 25]]
             for _ in range(10):
                 out = self._call("BatchWriteItem", "batch_write_item",
@@ -178,14 +171,14 @@ class CheckpointTable:
         for item in self._query(f"C#{tunnel_id}"):
             sk = item["sk"]["S"]
             if sk.startswith("P#"):
-                stored[sk[2:]] = Checkpoint(item["token"]["S"], int(item["seq"]["N"]))
+                stored[sk[2:]] = _checkpoint(item)
             elif sk.startswith("E#"):
                 ended.add(sk[2:])
         return stored, ended
 
     def checkpoint(self, tunnel_id: str, shard_id: str) -> Checkpoint | None:
         item = self._get(f"C#{tunnel_id}", f"P#{shard_id}")
-        return None if item is None else Checkpoint(item["token"]["S"], int(item["seq"]["N"]))
+        return None if item is None else _checkpoint(item)
 
     def put_checkpoint(self, tunnel_id: str, shard_id: str, checkpoint: Checkpoint) -> None:
         """Store ``checkpoint`` unless a higher sequence number is stored (then
@@ -193,8 +186,7 @@ class CheckpointTable:
         try:
             self._call(
                 "PutItem", "put_item", TableName=self.name,
-                Item={"pk": {"S": f"C#{tunnel_id}"}, "sk": {"S": f"P#{shard_id}"},
-                      "token": {"S": checkpoint.token},
+                Item={**_key(f"C#{tunnel_id}", f"P#{shard_id}"), "token": {"S": checkpoint.token},
                       "seq": {"N": str(checkpoint.sequence_number)},
                       "updated_at": {"N": repr(time.time())}},
                 ConditionExpression="attribute_not_exists(pk) OR seq <= :seq",
@@ -211,26 +203,24 @@ class CheckpointTable:
     def mark_end(self, tunnel_id: str, shard_id: str) -> None:
         """Record that a read of this tunnel reached the closed shard's end (idempotent)."""
         self._call("PutItem", "put_item", TableName=self.name,
-                   Item={"pk": {"S": f"C#{tunnel_id}"}, "sk": {"S": f"E#{shard_id}"},
-                         "at": {"N": repr(time.time())}})
+                   Item={**_key(f"C#{tunnel_id}", f"E#{shard_id}"), "at": {"N": repr(time.time())}})
 
     # --- plumbing -----------------------------------------------------------------------
 
     def _get(self, pk: str, sk: str) -> dict[str, Any] | None:
-        out = self._call("GetItem", "get_item", TableName=self.name, ConsistentRead=True,
-                         Key={"pk": {"S": pk}, "sk": {"S": sk}})
-        item: dict[str, Any] | None = out.get("Item")
-        return item
+        return self._call("GetItem", "get_item", TableName=self.name, ConsistentRead=True,
+                          Key=_key(pk, sk)).get("Item")  # type: ignore[no-any-return]
 
     def _query(self, pk: str) -> list[dict[str, Any]]:
+        return self._items("Query", "query", KeyConditionExpression="pk = :pk",
+                           ExpressionAttributeValues={":pk": {"S": pk}})
+
+    def _items(self, operation: str, method: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """Every item of a paginated, strongly consistent ``query`` or ``scan``."""
         items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {
-            "TableName": self.name, "ConsistentRead": True,
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": {":pk": {"S": pk}},
-        }
+        kwargs.update(TableName=self.name, ConsistentRead=True)
         while True:
-            page = self._call("Query", "query", **kwargs)
+            page = self._call(operation, method, **kwargs)
             items.extend(page.get("Items", []))
             if "LastEvaluatedKey" not in page:
                 return items
