@@ -162,10 +162,6 @@ class _Connections:
         with self.lock:
             self.slots.pop(sock, None)
 
-    def __len__(self) -> int:
-        with self.lock:
-            return len(self.slots)
-
 
 class _DeadlineReader(io.RawIOBase):
     """A connection's bytes as its request parser reads them: each read waits at most until
@@ -296,7 +292,6 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("emulator: %s failed", path)
             bug = internal_error()
             status, payload = bug.http_status, _error_body(bug)
-        self.request.settimeout(RESPONSE_WRITE_TIMEOUT_S)
         if sign:
             headers_out = auth.response_headers(
                 path,
@@ -308,14 +303,21 @@ class _Handler(BaseHTTPRequestHandler):
             )
         else:
             headers_out = {"x-ots-requestid": request_id}
+        self._answer(status, headers_out, payload)
+
+    def _answer(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+        """Send one answer, taken within ``RESPONSE_WRITE_TIMEOUT_S``; it says ``Connection:
+        close`` when the connection ends after it."""
+        self.request.settimeout(RESPONSE_WRITE_TIMEOUT_S)
         self.send_response(status)
-        for name, value in headers_out.items():
+        for name, value in headers.items():
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
 
     def send_error(self, code: int, message: str | None = None,
                    explain: str | None = None) -> None:
@@ -331,14 +333,7 @@ class _Handler(BaseHTTPRequestHandler):
         # a request line it could not read leaves the version at HTTP/0.9, which would send
         # the body without a status line: no SDK speaks 0.9, answer in 1.1
         self.request_version = self.protocol_version
-        self.request.settimeout(RESPONSE_WRITE_TIMEOUT_S)
-        self.send_response(status)
-        self.send_header("x-ots-requestid", new_request_id())
-        self.send_header("Connection", "close")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
+        self._answer(status, {"x-ots-requestid": new_request_id()}, payload)
 
 
 def _error_body(exc: OtsError) -> bytes:

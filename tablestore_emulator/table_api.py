@@ -159,13 +159,8 @@ def _key(
         elif value is Special.AUTO_INCREMENT:
             raise unsupported_operation("Auto-increment primary key columns are not supported.")
         else:
-            ok = {
-                "INTEGER": isinstance(value, int) and not isinstance(value, bool),
-                "STRING": isinstance(value, str),
-                "BINARY": isinstance(value, bytes),
-            }[spec.type]
-            if not ok:
-                meta = "VT_BLOB" if spec.type == "BINARY" else f"VT_{spec.type}"
+            meta = "VT_BLOB" if spec.type == "BINARY" else f"VT_{spec.type}"
+            if _vt_name(value) != meta:
                 raise parameter_invalid(
                     f"Validate PK type fail. Input: {_vt_name(value)}, Meta: {meta}."
                 )
@@ -189,10 +184,8 @@ def _check_attribute(name: str, value: Any) -> None:
 
 def _check_condition(condition: Any, current: Mapping[str, Any] | None) -> None:
     """Raise ``OTSConditionCheckFail`` unless the row's existence and column condition hold."""
-    exists = current is not None
-    if condition.row_existence == pb.EXPECT_EXIST and not exists:
-        raise condition_check_fail()
-    if condition.row_existence == pb.EXPECT_NOT_EXIST and exists:
+    expected = {pb.EXPECT_EXIST: True, pb.EXPECT_NOT_EXIST: False}.get(condition.row_existence)
+    if expected is not None and expected != (current is not None):
         raise condition_check_fail()
     if condition.HasField("column_condition") and condition.column_condition:
         if not _filter_passes(condition.column_condition, current or {}):

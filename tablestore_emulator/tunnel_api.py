@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -258,6 +259,7 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
     run the handler, map the store's errors."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., bytes]:
+        @functools.wraps(fn)
         def handler(ctx: EmulatorContext, body: bytes) -> bytes:
             try:
                 request = m.parse(request_type, body)
@@ -271,8 +273,6 @@ def _route(request_type: Any) -> Callable[[Callable[..., Any]], Callable[..., by
                 raise _to_ots(exc) from None
             return bytes(response.SerializeToString())
 
-        handler.__name__ = fn.__name__
-        handler.__doc__ = fn.__doc__
         return handler
 
     return wrap
@@ -515,9 +515,8 @@ def checkpoint(ctx: EmulatorContext, service: LocalTunnelService, req: Any) -> A
     with ctx.write_lock:  # the rule's check and the write: one transaction for every client
         service.checkpoint(req.tunnel_id, channel, Checkpoint(token, pushed),
                            next_of_stored=True)
-    times = _checkpoint_times(ctx)
     with ctx.lock:
-        times[(req.tunnel_id, req.channel_id)] = time.time_ns()
+        _checkpoint_times(ctx)[(req.tunnel_id, req.channel_id)] = time.time_ns()
     return m.CheckpointResponse()
 
 
