@@ -109,11 +109,8 @@ def _product_class_named(name: str, root: type[CdcError] = CdcError) -> type[Cdc
     """The imported ``CdcError`` subclass called ``name`` (the class itself included)."""
     if root.__name__ == name:
         return root
-    for sub in root.__subclasses__():
-        found = _product_class_named(name, sub)
-        if found is not None:
-            return found
-    return None
+    found = (_product_class_named(name, sub) for sub in root.__subclasses__())
+    return next((cls for cls in found if cls is not None), None)
 
 
 def error_kind(cls: type[CdcError], *, reached_before: bool) -> FailureKind:

@@ -1,6 +1,6 @@
 """The replication job: run the pipeline, restart it after a retryable failure, end it with an
 exit code (driver; ``tablestore-cdc replicate`` holds what ``open_job`` opens and runs a
-``ReplicationJob``, through ``tablestore_cdc.commands.replicate.run_job``).
+``ReplicationJob``, in ``tablestore_cdc.commands.replicate.replicate_selection``).
 
 The loop: start the pipeline (``start_pipeline``), watch its two queries; when one fails,
 ``failures.query_failure`` says what the error is:

@@ -127,12 +127,8 @@ def hadoop_uri(path: Path) -> str:
     path characters percent-encoded, any other kept as it is."""
     quoted = []
     for char in str(path):
-        if char.isascii() and not (char.isalnum() or char in _URI_PATH_SAFE):
-            quoted.append("".join(f"%{b:02X}" for b in char.encode()))
-        elif not char.isascii() and not char.isprintable():
-            quoted.append("".join(f"%{b:02X}" for b in char.encode()))
-        else:
-            quoted.append(char)
+        kept = char.isalnum() or char in _URI_PATH_SAFE if char.isascii() else char.isprintable()
+        quoted.append(char if kept else "".join(f"%{b:02X}" for b in char.encode()))
     return "file://" + "".join(quoted)
 
 
