@@ -169,14 +169,6 @@ def get_row(conn: sqlite3.Connection, schema: TableSchema, pk: Any) -> dict[str,
     return loads_values(row[0]) if row else None
 
 
-def scan(conn: sqlite3.Connection, table: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Every live row as (primary key, attribute columns)."""
-    rows = conn.execute(
-        "SELECT pk, attrs FROM cdc_rows WHERE table_name = ?", (table,)
-    ).fetchall()
-    return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
-
-
 def _key_column_bounds(where: list[str], params: list[Any], column: str,
                        *bounds: tuple[Any, str]) -> None:
     """Add to a query's ``where`` and ``params`` a test of key column ``column``'s value (read
@@ -191,13 +183,15 @@ def _key_column_bounds(where: list[str], params: list[Any], column: str,
             params += [path, value]
 
 
-def scan_span(conn: sqlite3.Connection, table: str, column: str, low: Any, high: Any
-              ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Every live row whose key column ``column`` (INTEGER or STRING) is in ``[low, high]``
-    (None: unbounded on that side), chosen in SQL from the key's JSON (SQLite compares
-    integers as numbers and text by its UTF-8 bytes, as Tablestore orders keys)."""
+def scan(conn: sqlite3.Connection, table: str, column: str | None = None, low: Any = None,
+         high: Any = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every live row as (primary key, attribute columns); with ``column`` (an INTEGER or
+    STRING key column), those whose value of it is in ``[low, high]`` (None: unbounded on that
+    side), chosen in SQL from the key's JSON (SQLite compares integers as numbers and text by
+    its UTF-8 bytes, as Tablestore orders keys)."""
     where, params = ["table_name = ?"], [table]
-    _key_column_bounds(where, params, column, (low, ">="), (high, "<="))
+    if column is not None:
+        _key_column_bounds(where, params, column, (low, ">="), (high, "<="))
     rows = conn.execute(f"SELECT pk, attrs FROM cdc_rows WHERE {' AND '.join(where)}",
                         params).fetchall()
     return [(loads_values(pk), loads_values(attrs)) for pk, attrs in rows]
@@ -248,7 +242,6 @@ __all__ = [
     "rows_in_hash_range",
     "scan",
     "scan_page",
-    "scan_span",
     "validate_operation",
     "write_batch",
 ]

@@ -301,7 +301,7 @@ class LocalTablestore:
         emulator's GetRange, which would otherwise decode every row of the table."""
         with self.transaction() as conn:
             self.require_table(conn, table)
-            return rows.scan_span(conn, table, column, low, high)
+            return rows.scan(conn, table, column, low, high)
 
     def scan_pages(self, table: str, page_rows: int = 5000, *, column: str | None = None,
                    low: Any = None, high: Any = None
