@@ -6,27 +6,19 @@ Usage (driver, before or after ``start()``)::
     spark.streams.addListener(ProgressListener("sqlite:///data/orders.meta.db"))
 
 Spark calls ``onQueryProgress`` on the driver (PySpark forwards the JVM listener bus event to this
-Python process) after each micro-batch. For every source of the query whose end offset is one
-of ours (``{"uuid": ..., "source": namespace}``), the listener stores Spark's metrics of the batch —
-batch id, input and processed rows/s, batch duration, query id — keyed by the batch's end UUID,
-with ``tablestore_cdc.query_record.record_spark_metrics`` (a companion record in the meta store,
-so it works on every backend). ``tablestore-cdc progress``, ``meta batches`` and the dashboard join
+Python process) after each micro-batch. For every offset of ours in the report (a table's own,
+or each one inside a multi-table source's composite offset: ``table_offsets``) that moved, the
+listener stores Spark's metrics of the batch keyed by the batch's end UUID (``spark_metrics``,
+``tablestore_cdc.query_record.record_spark_metrics``: a companion record in the meta store, so
+it works on every backend); ``tablestore-cdc progress``, ``meta batches`` and the dashboard join
 it to the batch with that UUID.
-
-A multi-table query (``connector.multiplex``) has one source whose offset is composite,
-``{"tables": {table: that table's own offset}}``: each table whose own offset moved in the batch
-(its UUID differs from the start's, or it joined) gets an entry in its own namespace, with
-``table`` set. Spark reports rates for the source as a whole, not per table, so every such
-entry carries the query's figures (rows, rows/s, duration) as they are.
 
 It also records whether the query is alive, for the dashboard's stale/stopped state: every
 progress report marks the namespace ``running``, ``onQueryIdle`` (Spark's no-data heartbeat)
 refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's exception
-(``tablestore_cdc.query_record.record_query_status``); for a multi-table query, every table's
-namespace its offsets named. ``namespaces`` limits the listener to the sources it was made for
-(``tablestore_cdc.pipeline`` passes its own: a set of namespaces, or for a multi-table pipeline a
-function of (namespace, table) answering for each selected table, one created later included), so
-a listener left on a shared session never writes another query's progress into its store.
+(``tablestore_cdc.query_record.record_query_status``). ``namespaces`` limits the listener to the
+sources it was made for (``tablestore_cdc.pipeline`` passes its own), so a listener left on a
+shared session never writes another query's progress into its store.
 
 Over Spark Connect (PySpark 4) the same call on a client session runs the listener in the
 *client* process: the server streams the events to it. The client then writes to the meta store

@@ -22,14 +22,9 @@ gave up, ``stopped`` after a clean stop) are written over every table's record b
 
 A table's state is stored as the string its ``State`` names.
 
-Health (``TableStatusWriter``, ``with_health``): a table the job restarts after a retryable
-failure (the whole job's restart, or one multi-table table restarting on its own, with its
-attempt and the delay to the next) is ``unreachable`` -- its source (or meta store) does not
-answer --, shown as ``source unreachable (since <time>, attempt n)``, with the time the outage
-began kept across attempts and cleared once the table reads again. ``idle`` and ``stale``
-are the readers' (``feed.snapshot.activity``, ``is_stale``): idle, the job's record is fresh
-and nothing is behind; stale, the record has not been refreshed for longer than its heartbeat
-allows.
+Health (``TableStatusWriter.with_health``): a table the job restarts after a retryable failure
+is ``unreachable``, since the outage began. ``idle`` and ``stale`` are the readers'
+(``feed.snapshot.activity``, ``TableStatus.is_stale``).
 """
 
 from __future__ import annotations

@@ -248,15 +248,10 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
                         one_table: bool = False) -> JobExit:
     """Run the pipeline of the selection ``tables`` until stopped (CLI process, driver), under
     the replication job's restart policy, output lock and log file
-    (``tablestore_cdc.pipeline.job``). ``one_table``: ``--table`` (the table must exist now);
-    ``metrics_port``: serve the per-table metrics for Prometheus on 127.0.0.1
-    (``tablestore_cdc.pipeline.metrics``); ``config``: per-table settings
-    (``tablestore_cdc.pipeline.table_config``), under the settings named in ``given`` (flags
-    given on the command line); ``once``: catch every table up and end (Trigger.AvailableNow);
-    ``initial``, ``initial_given``, ``allow_empty``: ``--initial`` (and whether it was given)
-    and ``--allow-empty``, for the checks before the start (``pipeline.preflight``);
-    ``columns``: ``--column`` types per table (``table_config.column_types``), each table's
-    ``catalog``. Returns the job's exit code."""
+    (``tablestore_cdc.pipeline.job``), after the checks before the start
+    (``pipeline.preflight``). The arguments are ``replicate``'s flags as parsed; ``one_table``:
+    ``--table``; ``given``: the settings whose flags were on the command line, over ``config``
+    (``pipeline.table_config``). Returns the job's exit code."""
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start

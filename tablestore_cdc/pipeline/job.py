@@ -3,15 +3,11 @@ exit code (driver; ``tablestore-cdc replicate`` holds what ``open_job`` opens an
 ``ReplicationJob``, in ``tablestore_cdc.commands.replicate.replicate_selection``).
 
 The loop: start the pipeline (``start_pipeline``), watch its two queries; when one fails,
-``failures.query_failure`` says what the error is:
-
-- retryable (an outage, throttling, a store that does not answer after the query's own per-call
-  retries): the pipeline is stopped and started again from its checkpoints after the restart
-  policy's delay (``restarts.RestartPolicy``: capped exponential backoff with jitter, forever by
-  default). Exactly once across restarts is the source's and the sink's: a restart replays the
-  planned batch from the meta table and the target's batch marker skips what it holds.
-- another query holds the source (``SourceInUseError``), a configuration error, or a fatal
-  one: the job ends, with exit code ``IN_USE``, ``CONFIGURATION`` or ``FAILED``.
+``failures.query_failure`` says what the error is. A retryable one stops the pipeline and starts
+it again from its checkpoints after the restart policy's delay (``restarts.RestartPolicy``:
+capped exponential backoff with jitter, forever by default): a restart replays the planned batch
+from the meta table and the target's batch marker skips what it holds. Any other ends the job,
+with exit code ``IN_USE``, ``CONFIGURATION`` or ``FAILED``.
 
 Every attempt is one log line (``say``) and the query record's status (``restarting``: attempt
 n, next in s; ``failed``: the reason), which the feed and the dashboard show. With ``once`` the
