@@ -2,28 +2,13 @@
 
 Needs boto3: ``pip install 'tablestore-cdc[dynamodb]'``.
 
-URI: ``dynamodb://TABLE?region=us-east-1&endpoint_url=http://127.0.0.1:5000&create_table=true``
-with these optional query parameters (anything else is refused, naming what is allowed):
+URI: ``dynamodb://TABLE?region=us-east-1&endpoint_url=http://127.0.0.1:5000&create_table=true``;
+its parameters (``DynamoDbUriQuery``: region, endpoint, profile, ``create_table``, botocore's
+retries, timeouts, page size) are described in docs/operations.md.
 
-- ``region``: AWS region; default: the standard chain (``AWS_DEFAULT_REGION``, the profile);
-- ``endpoint_url``: another endpoint (DynamoDB Local, moto, a VPC endpoint), ``http(s)://host``;
-- ``profile``: a named profile of the shared AWS config/credentials files;
-- ``create_table`` (``true``/``false``, default false): create a missing table
-  (``PAY_PER_REQUEST``) and wait until it is active; without it a missing table raises
-  ``MetaTableMissingError`` on first use;
-- ``retry_mode`` (``standard``/``adaptive``, default standard) and ``max_attempts`` (total
-  attempts per request including the first, default 8): botocore's own retries, with
-  exponential backoff and jitter, for throttling, 5xx and connection errors;
-- ``connect_timeout`` / ``read_timeout`` (seconds, default 5 / 20);
-- ``page_size``: the ``Limit`` of each Query/Scan page (default: DynamoDB's 1 MB pages).
-
-The query is validated by ``DynamoDbUriQuery`` (``cdc_common.uris.parse_query``).
-
-Credentials: only the standard AWS chain (environment, ``profile``, container/instance role).
-A URI that carries credentials (``user:secret@``, ``aws_secret_access_key=``, ``token=``...:
-``cdc_common.uris``'s one rule) is refused with ``MetaStoreUriError`` whose message hides the
-values: the URI travels in Spark options, plans and logs, so it must never hold a secret.
-``.uri``, ``repr`` and ``str`` show only the parameters above.
+Credentials: only the standard AWS chain (environment, ``profile``, container/instance role);
+never in the URI, which travels in Spark options, plans and logs (``cdc_common.uris`` refuses
+them and hides the values).
 
 boto3 sessions are cached per profile for the life of the process (creating one costs
 ~50 ms, and executors open a store per ``read()``); credentials are therefore resolved once
@@ -34,12 +19,9 @@ Who opens it: the driver's planning process, each executor inside ``read()`` (it
 Opening makes no request unless ``create_table=true`` (then one ``DescribeTable``), so many
 executors opening stores do not hit DynamoDB's control-plane limits.
 
-Layout: one table, partition key ``ns`` (the namespace), sort key ``sk``, rows as described in
-``meta_store.kv_layout`` (shared with the Tablestore backend). Here a manifest whose JSON is
-larger than ``COMPRESS_OVER_BYTES`` (300 KB; items are limited to 400 KB) is a binary
-``manifest`` attribute, and the ``N#pending`` item indexes the committed-not-pushed batches:
-``committed_not_pushed`` reads that one item and the batches it names, not every batch row of
-the namespace.
+Layout: partition key ``ns``, sort key ``sk``, rows as in ``meta_store.kv_layout``; here
+``committed_not_pushed`` reads the ``N#pending`` index item and the batches it names, not every
+batch row of the namespace.
 
 Atomicity: put-if-absent is ``PutItem`` with ``attribute_not_exists(sk)``; the manifest is
 set by one conditional ``UpdateItem`` (``attribute_not_exists(manifest)``) together with the

@@ -1,12 +1,8 @@
 """SQLite meta store: the embedded default for one machine (driver + local executors).
 
-URI: ``sqlite:///abs/path/meta.db`` with optional query parameters (``SqliteUriQuery``,
-validated by ``cdc_common.uris.parse_query``)
-
-- ``busy_timeout_ms`` (default 10000): how long one statement waits for another process's
-  write lock before SQLite gives up with "database is locked";
-- ``lock_retries`` (default 3): how many more times a whole transaction is tried after that,
-  with a short jittered pause, before ``TransientMetaStoreError`` is raised.
+URI: ``sqlite:///abs/path/meta.db``; its parameters (``SqliteUriQuery``: ``busy_timeout_ms``,
+a statement's wait for another process's write lock, and ``lock_retries``, further attempts of
+a whole transaction) are described in docs/operations.md.
 
 The path must be absolute and its directory must exist; the file and the schema are created
 when absent. Who opens it: the driver's planning process (``latestOffset``, ``partitions``,

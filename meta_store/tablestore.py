@@ -4,44 +4,22 @@ Needs the ``tablestore`` SDK: ``pip install 'tablestore-cdc[tablestore]'``. All 
 through the SDK's ``OTSClient`` (signing, response validation, its retry policy).
 
 URI: ``tablestore://INSTANCE/TABLE?endpoint=https://INSTANCE.REGION.ots.aliyuncs.com`` (the
-local emulator: ``endpoint=http://127.0.0.1:PORT``) with these query parameters (anything else
-is refused, naming what is allowed):
+local emulator: ``endpoint=http://127.0.0.1:PORT``); its parameters (``TablestoreUriQuery``)
+are described in docs/tablestore-meta.md. The SDK retries throttling and server errors (every
+write here is safe to retry); ``_call`` retries what it does not. The SDK takes no CA bundle,
+so its connection pool is rebuilt with ``ca_bundle``'s (``_trust_ca``); a certificate that
+does not verify is a ``MetaStoreRequestError`` at once (``cdc_common.tls``).
 
-- ``endpoint`` (required): ``http(s)://host[:port]``, no path, no credentials;
-- ``create_table`` (``true``/``false``, default false): create a missing table (and check an
-  existing one has our key); without it a missing table raises ``MetaTableMissingError``;
-- ``max_attempts`` (default 8): total attempts of a request, the first included; the SDK
-  retries throttling and server errors (every write here is safe to retry), this module
-  retries what it does not: network errors (refused, reset, truncated, timed out), a 5xx
-  whose body is no service error (a load balancer's page) and an answer that fails the SDK's
-  checks (MD5, signature: never used), all with jittered exponential backoff;
-- ``socket_timeout`` (seconds, default 20);
-- ``page_size``: the ``limit`` of each GetRange page (default: the service's pages, at most
-  5000 rows or 4 MB);
-- ``ca_bundle``: a PEM file of CA certificates that verifies an ``https`` endpoint (the source
-  passes its ``ssl.ca.bundle`` option here); else ``REQUESTS_CA_BUNDLE`` / ``SSL_CERT_FILE``,
-  else the SDK's own (certifi). The SDK takes no CA of its own, so its connection pool is
-  rebuilt with this one (``_trust_ca``). A certificate or host name that does not verify is a
-  ``MetaStoreRequestError`` at once, naming the endpoint and what to fix (``cdc_common.tls``).
-
-The query is validated by ``TablestoreUriQuery`` (``cdc_common.uris.parse_query``).
-
-Credentials: ``access_key_id`` / ``access_key_secret`` / ``security_token`` keyword arguments
-of ``from_uri`` or the constructor (the source's options), else the environment variables
-``ALIBABA_CLOUD_ACCESS_KEY_ID``, ``ALIBABA_CLOUD_ACCESS_KEY_SECRET`` and the optional
-``ALIBABA_CLOUD_SECURITY_TOKEN`` (STS) (``cdc_common.credentials``). A URI that carries
-credentials (``user:secret@``, ``access_key_secret=``, ``token=``...: ``cdc_common.uris``'s one
-rule) is refused with ``MetaStoreUriError`` whose message hides the values: the URI travels in
-Spark options, plans and logs. ``.uri``/``repr`` show only the parameters above.
+Credentials: the source's options (keyword arguments of ``from_uri``), else the
+``ALIBABA_CLOUD_*`` environment (``cdc_common.credentials``); never in the URI, which travels
+in Spark options, plans and logs (``cdc_common.uris`` refuses them and hides the values).
 
 Who opens it: the driver's planning process, each executor inside ``read()`` (single-row
 requests), the inspection CLI and the dashboard. Opening makes no request unless
 ``create_table=true`` (then DescribeTable, and CreateTable when missing).
 
-Layout: primary key ``ns`` (STRING, the namespace) + ``sk`` (STRING), rows as described in
-``meta_store.kv_layout`` (shared with the DynamoDB backend). Here a manifest whose JSON is over
-``MAX_COLUMN_BYTES`` is the binary column ``manifest_z`` (zlib-compressed), and every batch row
-has a ``version`` column for the optimistic updates below.
+Layout: primary key ``ns`` + ``sk`` (STRING), rows as in ``meta_store.kv_layout``; here a
+compressed manifest is the column ``manifest_z``, and batch rows have a ``version``.
 
 Service limits respected: a column value is at most 2 MB (``MAX_COLUMN_BYTES`` keeps a margin;
 a manifest still larger after compression raises ``MetaStoreRequestError``), a primary-key
