@@ -71,13 +71,10 @@ class Position:
 
     def iterator_args(self) -> dict[str, str]:
         """The ``GetShardIterator`` arguments that start reading at this position."""
-        if self.kind == "S":
-            return {"ShardIteratorType": "AT_SEQUENCE_NUMBER",
-                    "SequenceNumber": self.sequence_number}
-        if self.kind == "A":
-            return {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
-                    "SequenceNumber": self.sequence_number}
-        return {"ShardIteratorType": "TRIM_HORIZON"}
+        if self.kind == "T":
+            return {"ShardIteratorType": "TRIM_HORIZON"}
+        kind = "AT_SEQUENCE_NUMBER" if self.kind == "S" else "AFTER_SEQUENCE_NUMBER"
+        return {"ShardIteratorType": kind, "SequenceNumber": self.sequence_number}
 
 
 def start_token(shard_id: str, starting_sequence_number: str, parent_id: str | None = None
