@@ -233,12 +233,8 @@ def _compare(comparator: int, have: Any, want: Any) -> bool:
 
 
 def _consumed(read_bytes: int = 0, write_bytes: int = 0) -> Any:
-    cu = pb.CapacityUnit(
-        read=math.ceil(read_bytes / 4096) if read_bytes else 0,
-        write=math.ceil(write_bytes / 4096) if write_bytes else 0,
-    )
-    if read_bytes and not cu.read:
-        cu.read = 1
+    """Capacity units as estimates: 4 KB a unit, rounded up (a read reports at least 1 byte)."""
+    cu = pb.CapacityUnit(read=math.ceil(read_bytes / 4096), write=math.ceil(write_bytes / 4096))
     return pb.ConsumedCapacity(capacity_unit=cu)
 
 

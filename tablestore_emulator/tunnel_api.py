@@ -153,9 +153,7 @@ def local_token(token: str, channel_id: str) -> str:
             raise bad(f"unknown token version {envelope.version}")
         content = m.parse(m.TokenContentV2 if envelope.version == 2 else m.TokenContent,
                           envelope.content)
-    except (ValueError, UnicodeError, binascii.Error, m.MessageError) as exc:
-        if isinstance(exc, OtsError):
-            raise
+    except (ValueError, UnicodeError, binascii.Error, m.MessageError):
         raise bad("not a tunnel token") from None
     inner = content.iterator or content.primary_key.decode("ascii", "replace")
     if not inner:
@@ -188,17 +186,14 @@ def _to_ots(exc: Exception) -> OtsError:
     if isinstance(exc, MalformedTokenError):
         return parameter_invalid(f"Invalid token for channel {channel}: {fields['reason']}")
     if isinstance(exc, StaleCheckpointError):
-        return _sequence_not_match(fields["pushed"], fields["stored"])
+        pushed, stored = fields["pushed"], fields["stored"]
+        return OtsError(400, "OTSSequenceNumberNotMatch", f"Sequence number {pushed} is not "
+                        f"the stored {stored} + 1 [stored={stored}]")
     if isinstance(exc, InvalidCheckpointError):
         return parameter_invalid(f"Invalid checkpoint for channel {channel}: {fields['reason']}")
     if isinstance(exc, TransientTunnelError):
         return OtsError(503, "OTSTunnelServerUnavailable", "Tunnel server is busy, retry later.")
     return parameter_invalid(str(exc))
-
-
-def _sequence_not_match(pushed: object, stored: int) -> OtsError:
-    return OtsError(400, "OTSSequenceNumberNotMatch",
-                    f"Sequence number {pushed} is not the stored {stored} + 1 [stored={stored}]")
 
 
 _STORE_ERRORS = (
