@@ -20,6 +20,7 @@ values) is parsed row by row (``json.loads``): the exception, not the rule.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -94,14 +95,9 @@ def key_boundaries(rows: pa.Table, key_columns: Sequence[str]) -> pa.BooleanArra
     n = rows.num_rows
     if n == 0:
         return pa.array([], pa.bool_())
-    differs = None
-    for name in key_columns:
-        column = rows.column(name).combine_chunks()
-        step = pc.not_equal(column.slice(0, n - 1), column.slice(1))
-        differs = step if differs is None else pc.or_(differs, step)
-    assert differs is not None
-    return pa.concat_arrays([differs.combine_chunks() if isinstance(differs, pa.ChunkedArray)
-                             else differs, pa.array([True])])
+    columns = [rows.column(name).combine_chunks() for name in key_columns]
+    differs = [pc.not_equal(column.slice(0, n - 1), column.slice(1)) for column in columns]
+    return pa.concat_arrays([functools.reduce(pc.or_, differs), pa.array([True])])
 
 
 # --- attribute values -------------------------------------------------------------------------

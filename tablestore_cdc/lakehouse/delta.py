@@ -126,9 +126,7 @@ class DeltaApplySink(ApplySink):
     """``changes.writeStream.foreachBatch(DeltaApplySink("/data/orders", scd=2))``
 
     ``table_uri``: a path or any URI delta-rs writes (``storage_options`` for cloud stores).
-    Options as ``ApplySink`` (``key_columns``, ``scd``, ``schema_drift``,
-    ``soft_delete_column``, ``app_id``, ``widen_to_string``, ``source``, ``adopt_target``,
-    ``executor_write_rows``)."""
+    Options as ``ApplySink``."""
 
     def __init__(self, table_uri: str | os.PathLike[str], *,
                  storage_options: dict[str, str] | None = None, **options: Any) -> None:
@@ -256,8 +254,9 @@ class DeltaApplySink(ApplySink):
             if plan.layout.added:  # its own commit, before the data's: a replay finds it done
                 self._log_schema_changes(self.table_uri, batch_id, plan)
                 fields = deltalake.Schema.from_arrow(pa.schema(plan.layout.added)).fields
-                table.alter.add_columns(fields, commit_properties=CommitProperties(
-                    custom_metadata=_schema_change_metadata(plan, app_id, batch_id)))
+                table.alter.add_columns(fields, commit_properties=CommitProperties(custom_metadata={
+                    SCHEMA_CHANGES_PROPERTY: "; ".join(plan.layout.schema_changes()),
+                    SCHEMA_CHANGE_BATCH_KEY: f"{app_id}/{batch_id}"}))
                 crash_point("after_schema_change")  # the new columns are in, the data not yet
             key = options.key_columns[0]
             local = _rewritable(table, self.storage_options)
@@ -350,12 +349,6 @@ def _store_text(exc: BaseException) -> str | None:
             exceptions.DeltaProtocolError, exceptions.SchemaMismatchError)):
         return None
     return " ".join(_ANSI.sub("", str(exc)).replace("\u21b3", "->").split())[:500]
-
-
-def _schema_change_metadata(plan: ApplyPlan, app_id: str, batch_id: int) -> dict[str, str]:
-    """The commit info of a schema-change commit: what changed, for which query and batch."""
-    return {SCHEMA_CHANGES_PROPERTY: "; ".join(plan.layout.schema_changes()),
-            SCHEMA_CHANGE_BATCH_KEY: f"{app_id}/{batch_id}"}
 
 
 def _may_hold(table: Any, plan: ApplyPlan, key: str) -> bool:

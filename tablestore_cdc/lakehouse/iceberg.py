@@ -21,10 +21,9 @@ overwrite snapshot, by files of their rows without the touched keys' rows, with
 
 A batch whose keys are all new to the table is only appended (pruning.py), as key-clustered
 files (layout.py). A batch of ``executor_write_rows`` upserts has its data files written by
-Spark's executors, the driver adding them to the one snapshot (``_write_on_executors``). The
-transaction computes its staged metadata once per staged change (``_transaction``), where
-pyiceberg deep-copies it at every read, and each manifest's entries are read once per process
-(manifests.py), where pyiceberg reads them three times a batch.
+Spark's executors, the driver adding them to the one snapshot (``_write_on_executors``). What
+pyiceberg reads again and again is read once: the staged metadata (``_transaction``), each
+manifest's entries (manifests.py).
 
 The default catalog is pyiceberg's SQL catalog on a SQLite file (``open_apply_sink``:
 ``iceberg:///abs/warehouse?table=ns.name``); any catalog ``pyiceberg.catalog.load_catalog``

@@ -179,7 +179,8 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
     schema = target if target is not None else initial_schema(batch.schema, options)
     # a new table is made with the first batch's attributes (under ignore: into _extra)
     creating = target is None and options.schema_drift == EXCEPTION
-    layout = plan_layout(schema, declared_columns(batch.schema, _extra_of(batch)),
+    extra = batch.column("_extra") if "_extra" in batch.column_names else None
+    layout = plan_layout(schema, declared_columns(batch.schema, extra),
                          representative_images(
         rows, values, schema, options.widen_to_string), dataclasses
                          .replace(options, schema_drift=EVOLVE) if creating else options,
@@ -191,10 +192,6 @@ def plan_batch(batch: pa.Table, target: pa.Schema | None, options: ApplyOptions,
     deleted = pc.equal(rows.column("_op"), "DELETE").combine_chunks()
     reduce = reduce_scd2 if options.scd == 2 else reduce_scd1
     return reduce(rows, images, last, deleted, options, layout)
-
-
-def _extra_of(batch: pa.Table) -> pa.ChunkedArray | None:
-    return batch.column("_extra") if "_extra" in batch.column_names else None
 
 
 def reduce_scd1(rows: pa.Table, images: Images, last: pa.Array, deleted: pa.Array,

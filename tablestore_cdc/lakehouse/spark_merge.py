@@ -24,16 +24,12 @@ snapshot summary's ``tablestore-cdc.query-id`` / ``tablestore-cdc.batch-id`` (se
 ``spark.sql.iceberg.snapshot-property.*``), checked before the MERGE. The table carries the same
 ownership marker (ownership.py) in its properties, checked before every batch.
 
-``replicate --engine spark`` (``open_spark_merge_sink``, ``replicate_conf``) writes local Delta
-tables and the embedded sink's Iceberg tables, ``iceberg:///WAREHOUSE?table=NS.TABLE``: the
-same SQLite catalog file, opened by Iceberg's ``JdbcCatalog`` as Spark catalog
-``tablestore_cdc`` (``sqlite_catalog_conf``), so either engine reads the other's tables.
-
-The jars: ``spark_packages`` names the delta-spark or Iceberg runtime released for the running
-Spark's minor (``PACKAGES``); ``session_conf`` gives the settings a session needs (``spark.jars.
-packages``, resolved by Spark's Ivy and cached); ``check_engine`` refuses, with one line, a
-session whose jars are absent or built for another Spark. ``python -m tablestore_cdc.lakehouse.
-spark_merge fetch`` resolves them once (``make``'s jar step).
+``replicate --engine spark`` writes local Delta tables and the embedded sink's Iceberg tables
+(``open_spark_merge_sink``, ``replicate_conf``). The jars: ``coordinate`` names the delta-spark
+or Iceberg runtime released for the running Spark's minor (``PACKAGES``), ``session_conf`` the
+settings a session needs, ``check_engine`` refuses a session whose jars are absent or built for
+another Spark; ``python -m tablestore_cdc.lakehouse.spark_merge fetch`` resolves them once
+(``make``'s jar step).
 """
 
 from __future__ import annotations
@@ -429,11 +425,9 @@ def open_spark_merge_sink(uri: str, **options: Any) -> SparkMergeSink:
     ``delta:///abs/path``, or an Iceberg table of the embedded SQLite catalog,
     ``iceberg:///abs/warehouse?table=NAMESPACE.TABLE[&catalog_db=/abs/catalog.db]`` (the
     embedded sink's form and table, through ``sqlite_catalog_conf``); ``TargetUriError`` for
-    another form (an object store, a catalog pyiceberg configures). Opened by
-    ``replicate_conf`` before Spark starts, to check the form (a selection's template
-    ``delta:///abs/lake/{table}`` included), and by ``pipeline.multi_table.MultiTableApply``
-    for each table at its first batch, ``{table}`` replaced. ``options``: ``key_columns``,
-    ``scd``, ``soft_delete_column``, ``source``, ``adopt_target``."""
+    another form. Opened by ``replicate_conf`` before Spark starts, to check the form (a
+    selection's template included), and by ``pipeline.multi_table.MultiTableApply`` for each
+    table at its first batch. ``options``: ``SparkMergeSink``'s."""
     from urllib.parse import parse_qs, urlsplit
 
     from tablestore_cdc.lakehouse.errors import TargetUriError

@@ -58,10 +58,9 @@ _DURATION = re.compile(r"(?:\s*\d+(?:\.\d+)?\s*[A-Za-z\u00b5]+)+\s*")
 
 def open_apply_sink(uri: str, *, target_options: Mapping[str, str] | None = None,
                     **options: Any) -> ApplySink:
-    """The sink for ``uri`` (module doc) with ``options`` (``key_columns``, ``scd``,
-    ``schema_drift``, ``soft_delete_column``, ``app_id``, ``widen_to_string``, ``source``,
-    ``adopt_target``, ``executor_write_rows``: ``sink.ApplySink``) and ``target_options``
-    (storage options or catalog properties, module doc). Opens nothing yet."""
+    """The sink for ``uri`` (module doc) with ``options`` (``sink.ApplySink``'s) and
+    ``target_options`` (storage options or catalog properties, module doc). Opens nothing
+    yet."""
     given = dict(target_options or {})
     shown = redact_uri(uri)
     try:

@@ -169,9 +169,7 @@ def _read_after(tunnel: TunnelService, tunnel_id: str, tokens: dict[str, str],
                         records += len(result.records)
                         progress.advance(len(result.records))
                         token = result.next_token
-                        if not result.records and not result.may_more:
-                            break
-                        if result.next_token == FINISHED:
+                        if token == FINISHED or not (result.records or result.may_more):
                             break
                 except ChannelNotReadableError:
                     waiting[channel_id] = token  # its parent is not finished yet: later

@@ -15,9 +15,8 @@ backend, its SDK imported lazily (only required when that scheme is used):
 - ``dynamodb-streams://``   ``DynamoDbSourceTable``: DynamoDB Scan pages (boto3)
 
 A key range (``tablestore_cdc.reconcile.keyrange.KeyRange``, a re-snapshot's ``--from`` /
-``--to`` on the first key column) is read as a range where the backend can: GetRange between
-its bounds, the embedded store's scan bounded in its query; a DynamoDB Scan has no key order,
-so it reads the whole table and keeps the range's rows.
+``--to`` on the first key column) is read as a range where the backend can (each reader says
+how).
 
 A reader yields pages of ``(primary key, attribute columns)`` as plain Python values (int,
 float, bool, str, bytes), the values the change stream carries for the same row; its

@@ -3,12 +3,9 @@ stream; ``hook.py``), of one table, whichever mode the job runs in (``RepairTarg
 table's source, the job's sink of it, its target and the sink's settings).
 
 1. Reconcile the table against the target (``tablestore_cdc.reconcile.run.reconcile_table``,
-   the target opened with the job's ``--target-option``s and pinned, the source scanned, the
-   differences labelled IN-FLIGHT when the change stream holds a change of their key after
-   the position the target is known to hold). A
-   signal with a key range reads only that range on both sides (GetRange's bounds, the
-   embedded store's bounded scan, a predicate pushed into the Delta / Iceberg read; a DynamoDB
-   Scan reads the whole table and keeps the range).
+   the target opened with the job's ``--target-option``s), only the signal's key range on both
+   sides when it has one (the readers push it into their reads: ``reconcile.source``,
+   ``reconcile.target``).
 2. Keep every difference (all in the signal's range), in flight or not. Reconcile's in-flight
    position trails the target by up to one apply batch, so a key it labels in flight may have
    had its last change applied already (and been damaged after): left to the stream, it would
