@@ -5,16 +5,10 @@ route decodes the request with the SDK's generated protobuf classes and PlainBuf
 (``plainbuffer``), acts on ``ctx.store`` (a ``LocalTablestore``) and returns the serialized
 response. Service errors are raised as ``OtsError`` with the service's codes and statuses.
 
-How Tablestore maps onto the embedded store:
-- a table is a store table with the same name and primary key; the defined columns of
-  CreateTable become the store's declared columns; every other attribute is an undeclared
-  column (the store keeps those as JSON too, as Tablestore is schemaless for attributes);
-- a table gets ``ctx.channels`` change-log channels (4 by default) at CreateTable;
-- every write is one store write: PutRow -> ``put_row`` (a PUT record), UpdateRow ->
-  ``update_row`` (an UPDATE record; a deleted column is ``None``), DeleteRow -> ``delete_row``
-  (a DELETE record). The store records the before-image, exactly as for a local write;
-- one version per cell: ``max_versions``/``time_range``/cell timestamps are accepted and
-  ignored; cells come back stamped with the time of the read.
+How Tablestore maps onto the embedded store (a table is a store table, its defined columns
+declared ones, ``ctx.channels`` channels each; every row write one store write, whose record
+carries the before-image; one version per cell) is docs/emulator.md's "How Tablestore maps
+onto the embedded store".
 
 Row conditions (row existence, and column conditions: single-column comparisons combined with
 AND/OR/NOT) are checked and applied under ``ctx.write_lock``, so they are atomic for all
