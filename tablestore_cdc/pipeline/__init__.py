@@ -1,16 +1,10 @@
 """The pipeline library: a selection of tables' changes into a Parquet change log and one
 queryable table each.
 
-Two streaming queries in one Spark driver, started by ``start_pipeline`` (``multi_table.py``;
-one table is a selection of one):
-
-1. ``readStream.format("tablestore").option("tables", ...)`` -> Spark's Parquet **file sink**
-   (``<out>/changelog``): every insert, update and delete of every selected table, exactly
-   once (the file sink's own log makes writes atomic);
-2. ``readStream.parquet(<out>/changelog)`` -> ``foreachBatch`` -> each table's apply sink
-   (``tablestore_cdc.lakehouse``): the table's current state (SCD type 1) or its history (SCD
-   type 2) in a Delta Lake or Iceberg table, one idempotent commit per table per batch
-   (docs/lakehouse.md).
+Two streaming queries in one Spark driver, started by ``start_pipeline`` (``multi_table.py``,
+whose docstring tells them; one table is a selection of one): the source into Spark's Parquet
+file sink (``<out>/changelog``), and that change log, by ``foreachBatch``, into each table's
+apply sink (``tablestore_cdc.lakehouse``, docs/lakehouse.md).
 
 A restart on the same ``<out>`` resumes exactly (the checkpoints live under it). The commands
 that run it, ``tablestore-cdc replicate`` and ``tablestore-cdc demo``, are in

@@ -372,10 +372,6 @@ class Pipeline:
             return None
         return table_failure(states[min(self.named)].reason or "")
 
-    @property
-    def changelog_dir(self) -> Path:
-        return self.apply.out / "changelog"
-
     def poll(self) -> tuple[int, int]:
         """(changes delivered to the change log by this run, its batches) from the change-log
         query's progress (the demo's figures)."""

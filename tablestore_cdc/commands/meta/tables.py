@@ -1,17 +1,10 @@
-"""``tablestore-cdc meta tables``: every table the replication jobs (``replicate --tables`` and
-``replicate --table``) of a meta store have recorded, with its state, lag, rows/s, last commit,
-target, target version and last schema change.
-
-Both kinds of job write the same record (``TableStatus``), so a row has the same fields
-whichever wrote it: ``job`` (the output directory), ``selection`` (the ``--tables`` patterns, or
-the table itself), ``state``, ``target`` (the URI the table is applied into, redacted of
-secrets: what ``reconcile`` and ``resnapshot`` read, ``reconcile.job_target``) and the figures.
-
-Prints the ``table_status`` of the feed's ``/api/sources`` document
-(``tablestore_cdc.feed.snapshot.sources_summary``), which each job's driver writes
-(``tablestore_cdc.table_status``): the dashboard, this command and the Prometheus metrics
-show the same record. ``meta show --namespace NS`` and the dashboard's ``?namespace=`` page
-drill into one table.
+"""``tablestore-cdc meta tables``: every table the replication jobs of a meta store have
+recorded (``TableStatus``, written by each job's driver: ``tablestore_cdc.table_status``), one
+table per job: ``job`` (the output directory), ``selection`` (the ``--tables`` patterns, or
+``--table``), ``state``, ``target`` (the URI the table is applied into, redacted of secrets:
+what ``reconcile`` and ``resnapshot`` read) and the figures. Prints the ``table_status`` of the
+feed's ``/api/sources`` document (``feed.snapshot.sources_summary``), as the dashboard and the
+Prometheus metrics show it; ``meta show --namespace NS`` drills into one table.
 """
 
 from __future__ import annotations
@@ -24,10 +17,8 @@ from tablestore_cdc.feed.snapshot import sources_summary
 
 
 def tables(meta: common.MetaOpt, as_json: common.JsonOpt = False) -> None:
-    """List every table replicated by the jobs of the meta store (replicate --tables and
-    --table): state (snapshotting n %, streaming, stopped, failed with the reason, restarting,
-    ...), lag in records and seconds, rows/s, last commit, target and its version, last schema
-    change (what, when, and the target version of its commit)."""
+    """List every table replicated by the jobs of the meta store: state, lag in records and
+    seconds, rows/s, last commit, target and its version, last schema change."""
     with common.inspected_store(meta) as store:
         rows = [{**s["table_status"], "namespace": s["namespace"]}
                 for s in sources_summary(store)["sources"] if s["table_status"]]
