@@ -337,13 +337,10 @@ def _put(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row, condit
             raise parameter_invalid(f"Column '{cell.name}' of a PutRow has no value.")
         _check_attribute(cell.name, cell.value)
         columns[cell.name] = cell.value
-    size = sum(_value_size(v) for v in key.values()) + sum(
-        len(k) + _value_size(v) for k, v in columns.items()
-    )
     with ctx.write_lock:
         _check_condition(condition, _store_call(ctx.store.get_row, table, key))
         _store_call(ctx.store.put_row, table, key, columns)
-    return size
+    return sum(len(k) + _value_size(v) for k, v in columns.items())
 
 
 def _update(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row,
@@ -354,7 +351,7 @@ def _update(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row,
         raise parameter_invalid(f"The number of columns exceeds {MAX_COLUMNS_PER_WRITE}.")
     for cell in row.cells:
         _check_attribute(cell.name, cell.value)
-    size = sum(_value_size(v) for v in key.values())
+    size = 0
     with ctx.write_lock:
         current = _store_call(ctx.store.get_row, table, key)
         _check_condition(condition, current)
@@ -383,17 +380,18 @@ def _delete(ctx: EmulatorContext, table: str, key: dict[str, Any], row: Row,
     with ctx.write_lock:
         _check_condition(condition, _store_call(ctx.store.get_row, table, key))
         _store_call(ctx.store.delete_row, table, key)
-    return sum(_value_size(v) for v in key.values())
+    return 0
 
 
 def _write(ctx: EmulatorContext, write: Callable[..., int], table: str, row_bytes: bytes,
            condition: Any, return_content: Any) -> tuple[bytes, Any]:
-    """One row write (``_put``, ``_update`` or ``_delete``), alone or in a batch: the key read
-    and checked against the table's first; returns the answer's row and consumed capacity."""
+    """One row write (``_put``, ``_update`` or ``_delete``: each returns the bytes of the
+    attributes it wrote), alone or in a batch: the key read and checked against the table's
+    first; returns the answer's row and consumed capacity."""
     schema = _schema(ctx, table)
     row = plb.read_row(row_bytes)
     key = _key(schema, row.primary_key)
-    size = write(ctx, table, key, row, condition)
+    size = write(ctx, table, key, row, condition) + sum(_value_size(v) for v in key.values())
     return _return_pk(schema, key, return_content), _consumed(write_bytes=size)
 
 
