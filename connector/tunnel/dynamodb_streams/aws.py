@@ -35,7 +35,6 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -57,23 +56,6 @@ _sessions: dict[str | None, Any] = {}
 _lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class EndpointConfig:
-    """A parsed ``dynamodb-streams://`` URI (plain data; safe to log: it holds no secret)."""
-
-    uri: str
-    table: str | None
-    checkpoint_table: str
-    region: str | None = None
-    endpoint_url: str | None = None
-    profile: str | None = None
-    create_table: bool = False
-    numbers: str = "double"
-    max_attempts: int = 8
-    retry_mode: str = "standard"
-    poll_interval_ms: int = 1000
-
-
 class EndpointQuery(UriQuery):
     """The query of a ``dynamodb-streams://`` endpoint (module docstring)."""
 
@@ -91,6 +73,14 @@ class EndpointQuery(UriQuery):
     retry_mode: Literal["standard", "adaptive"] = Field("standard",
                                                         description="standard or adaptive")
     poll_interval_ms: int = Field(1000, ge=0, le=60_000, description="an integer from 0 to 60000")
+
+
+class EndpointConfig(EndpointQuery):
+    """A parsed ``dynamodb-streams://`` URI: its query, the URI as shown and the table it names
+    (safe to log: it holds no secret)."""
+
+    uri: str
+    table: str | None
 
 
 def parse_uri(uri: str) -> EndpointConfig:
