@@ -159,10 +159,7 @@ def _head(pages: list[Page], n: int) -> list[Page]:
 
 
 def _last_sequence(p: ChannelPartition, pages: list[Page]) -> str | None:
-    for page in reversed(pages):
-        if page.count:
-            return page.last_sequence
-    return p.start_last_sequence
+    return next((pg.last_sequence for pg in reversed(pages) if pg.count), p.start_last_sequence)
 
 
 # --- how far a read goes (the rule: connector.stop_rule) ------------------------------------------
