@@ -74,7 +74,7 @@ class WireServer:
     def __init__(self, store_path: str, instance: str, key_id: str, secret: str,
                  replay: bool = False, delay_ms: float = 0.0) -> None:
         store = LocalTablestore(store_path)
-        self.context = EmulatorContext(store=store, instance=instance, store_path=store.path)
+        self.context = EmulatorContext(store=store, instance=instance)
         self.routes = load_routes()
         self.instance, self.key_id, self.secret = instance, key_id, secret
         self.replay = replay

@@ -26,7 +26,6 @@ class EmulatorContext:
 
     store: LocalTablestore
     instance: str
-    store_path: str
     write_lock: threading.RLock = field(default_factory=threading.RLock)
     lock: threading.RLock = field(default_factory=threading.RLock)
     state: dict[str, Any] = field(default_factory=dict)

@@ -479,9 +479,7 @@ class EmulatorServer:
             tls.minimum_version = ssl.TLSVersion.TLSv1_2
             tls.load_cert_chain(self.tls_cert, self.tls_key)
         store = LocalTablestore(self.store_path)
-        self._context = EmulatorContext(
-            store=store, instance=self.instance, store_path=store.path, channels=self.channels
-        )
+        self._context = EmulatorContext(store=store, instance=self.instance, channels=self.channels)
         httpd = _HTTPServer((self.host, self.port), _Handler)
         httpd.connections = _Connections(MAX_CONNECTIONS)
         if tls is not None:

@@ -72,7 +72,6 @@ class ChannelState:
 @dataclass
 class _Client:
     client_id: str
-    tag: str
     timeout_s: float
     last_seen: float
 
@@ -109,7 +108,7 @@ class TunnelClients:
             self._expire(tunnel)
             client_id = f"{tag or 'client'}-{uuid.uuid4().hex[:16]}"
             timeout = float(timeout_s) if timeout_s and timeout_s > 0 else DEFAULT_TIMEOUT_S
-            tunnel.clients[client_id] = _Client(client_id, tag, timeout, self.clock())
+            tunnel.clients[client_id] = _Client(client_id, timeout, self.clock())
             return client_id
 
     def heartbeat(
