@@ -47,6 +47,7 @@ from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     attach_listener,
     checkpoint_query_id,
+    open_table_sink,
     repair_target,
 )
 from tablestore_cdc.reconcile.source import SourceSpec
@@ -131,9 +132,6 @@ class MultiTableApply:
         (``spark_merge.open_spark_merge_sink``) takes its key columns when opened: the
         table's override, else ``key_columns`` (its declared key, ``spark_rows.decode``)."""
         if table not in self._sinks:
-            from tablestore_cdc.lakehouse import open_apply_sink
-
-            opener = self.open_sink or open_apply_sink
             s, keys = self.settings_of(table)
             if s.engine == "spark":
                 from tablestore_cdc.lakehouse.spark_merge import open_spark_merge_sink
@@ -143,12 +141,7 @@ class MultiTableApply:
                     soft_delete_column=s.soft_delete_column, source=f"{self.source}#{table}",
                     adopt_target=s.adopt_target)
                 return self._sinks[table]  # (this engine runs no maintenance)
-            self._sinks[table] = opener(self.target_of(table), key_columns=keys, scd=s.scd,
-                                        schema_drift=s.schema_drift,
-                                        soft_delete_column=s.soft_delete_column,
-                                        source=f"{self.source}#{table}",
-                                        adopt_target=s.adopt_target,
-                                        target_options=dict(s.target_options))
+            self._sinks[table] = open_table_sink(s, table, self.source, keys, self.open_sink)
             self._sinks[table].upkeep = s.upkeep()
         return self._sinks[table]
 

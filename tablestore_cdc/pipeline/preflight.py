@@ -44,7 +44,7 @@ from cdc_common.first_contact import query_start
 from cdc_common.uris import redact_uri
 from connector.errors import OptionError, UnknownTunnelError
 from tablestore_cdc.lease_holder import holder_alive
-from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id
+from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id, open_table_sink
 from tablestore_cdc.pipeline.upgrade import SingleTableOutputError, single_table_layout
 
 #: ``--initial``: what a new job delivers first
@@ -125,7 +125,8 @@ def check_before_start(plan: JobPlan) -> Checked:
             raise SingleTableOutputError(output=str(plan.output))
         template = plan.apply_of("{table}")
         check_target_uri(template.target, dict(template.target_options))
-        _open_target(plan, template, "{table}")  # the apply flags (ApplyOptionError)
+        # the apply flags (ApplyOptionError), as the job opens the sink
+        open_table_sink(template, "{table}", redact_uri(plan.endpoint))
         from tablestore_cdc.pipeline.multi_table import check_target_template
 
         check_target_template(template.target, plan.tables)
@@ -352,22 +353,9 @@ def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldE
                            else "", **holder)
 
 
-def _open_target(plan: JobPlan, apply: ApplySettings, table: str) -> Any:
-    """``table``'s apply sink as the job opens it (``ApplyOptionError`` for a bad setting);
-    opens nothing yet."""
-    from tablestore_cdc.lakehouse import open_apply_sink
-
-    return open_apply_sink(apply.target.replace("{table}", table),
-                           target_options=dict(apply.target_options), scd=apply.scd,
-                           schema_drift=apply.schema_drift,
-                           soft_delete_column=apply.soft_delete_column,
-                           adopt_target=apply.adopt_target,
-                           source=f"{redact_uri(plan.endpoint)}#{table}")
-
-
 def _target_free(plan: JobPlan, table: str) -> None:
     """``table``'s target, read only: another job's table or a foreign one is refused."""
-    _open_target(plan, plan.apply_of(table), table).check_target(
+    open_table_sink(plan.apply_of(table), table, redact_uri(plan.endpoint)).check_target(
         checkpoint_query_id(plan.output / "_checkpoints" / "apply"))
 
 

@@ -45,6 +45,21 @@ class ApplySettings:
         return Upkeep(self.maintenance) if self.maintenance.enabled else None
 
 
+def open_table_sink(apply: ApplySettings, table: str, source: str,
+                    key_columns: tuple[str, ...] | None = None, opener: Any = None) -> Any:
+    """``table``'s embedded apply sink as ``apply`` says (``lakehouse.open_apply_sink``, or a
+    test's ``opener``), for the apply (``MultiTableApply.sink``) and the checks before the
+    start (``preflight``); driver. ``source``: the endpoint as shown, the target's marker
+    names ``<source>#<table>``. Opens nothing yet."""
+    from tablestore_cdc.lakehouse import open_apply_sink
+
+    return (opener or open_apply_sink)(
+        apply.target.replace("{table}", table), key_columns=key_columns, scd=apply.scd,
+        schema_drift=apply.schema_drift, soft_delete_column=apply.soft_delete_column,
+        source=f"{source}#{table}", adopt_target=apply.adopt_target,
+        target_options=dict(apply.target_options))
+
+
 def repair_target(sink: Any, spec: SourceSpec, apply: ApplySettings,
                   key_columns: tuple[str, ...] | None = None) -> RepairTarget:
     """Where a table's re-snapshot reads (``spec``) and writes: its apply ``sink``, opened with
