@@ -334,12 +334,8 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             protocol.prepare_available_now()
 
     def initialOffset(self) -> dict:
-        offsets = {}
-        for table in self.listed_tables():
-            initial = self._initial_offset(table)
-            if initial is not None:
-                offsets[table] = initial
-        return {"tables": offsets}
+        return {"tables": {table: initial for table in self.listed_tables()
+                           if (initial := self._initial_offset(table)) is not None}}
 
     def _initial_offset(self, table: str) -> dict | None:
         """``table``'s initial offset; None when it cannot be read (stopped and reported, as
