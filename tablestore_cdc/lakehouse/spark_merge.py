@@ -589,10 +589,8 @@ def fetch(formats: Sequence[str] = FORMATS) -> None:
     conf = session_conf(available, pyspark.__version__)
     if ICEBERG in available:  # replicate's iceberg:/// targets open their catalog with it
         conf["spark.jars.packages"] += "," + SQLITE_JDBC
-    builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = (SparkSession.builder.master("local[1]")
+             .config(map={"spark.ui.enabled": "false", **conf}).getOrCreate())
     try:
         for fmt in available:
             check_engine(spark, fmt)

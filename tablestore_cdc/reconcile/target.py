@@ -94,15 +94,12 @@ class TargetTable(ABC):
     shown: str
     #: the pinned version: Delta's table version, Iceberg's snapshot id ("" for an empty table)
     version: str
+    #: the table's columns at the pinned version
+    schema: pa.Schema
 
     def __init__(self, shown: str, soft_delete_column: str | None) -> None:
         self.shown = shown
         self.soft_delete_column = soft_delete_column
-
-    @property
-    @abstractmethod
-    def schema(self) -> pa.Schema:
-        """The table's columns at the pinned version."""
 
     @property
     def scd(self) -> int:
@@ -133,11 +130,7 @@ class DeltaTargetTable(TargetTable):
         super().__init__(shown, soft_delete_column)
         self._table = table
         self.version = str(table.version())
-        self._schema = pa.schema(table.schema().to_arrow())
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
+        self.schema = pa.schema(table.schema().to_arrow())
 
     def _filter(self, span: KeyRange | None) -> Any:
         """The dataset filter: the range's bounds (typed as the column is), the open SCD 2
@@ -190,7 +183,7 @@ class DeltaTargetTable(TargetTable):
             limit *= 4
         self._table.update_incremental()
         self.version = str(self._table.version())
-        self._schema = pa.schema(self._table.schema().to_arrow())
+        self.schema = pa.schema(self._table.schema().to_arrow())
         return found
 
 
@@ -203,11 +196,7 @@ class IcebergTargetTable(TargetTable):
         self._table = table
         self._snapshot = table.current_snapshot()
         self.version = "" if self._snapshot is None else str(self._snapshot.snapshot_id)
-        self._schema = table.schema().as_arrow()
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
+        self.schema = table.schema().as_arrow()
 
     def _filter(self, span: KeyRange | None) -> Any:
         e = expressions()
