@@ -6,10 +6,8 @@ meta, job, emulator and dashboard commands.
   typed errors (``CdcError``), and an unreadable file;
 - ``OneLineErrors``: the top-level command group (``commands/app.py``); whatever else a
   command raises -- a bug -- also ends in one line naming the exception, and the flag that
-  shows its trace. Before any command runs it checks every text argument of the command line
-  (``refuse_bad_text``): a non-UTF-8 byte (Python hands it over as a lone surrogate, which
-  SQLite, a URI or a JSON writer cannot encode later) or a control character other than tab
-  and line breaks is one line naming the flag or argument;
+  shows its trace; a text argument that is not text (``refuse_bad_text``) is one line naming
+  the flag or argument;
 - ``set_verbose``: ``tablestore-cdc --verbose`` (or ``TABLESTORE_CDC_VERBOSE=1``) prints the
   Python traceback above the ``error:`` line, for a bug report.
 """

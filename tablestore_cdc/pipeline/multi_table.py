@@ -554,19 +554,14 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Pat
                    per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]]
                    | None = None, once: bool = False,
                    retry: RestartPolicy | None = None) -> Pipeline:
-    """Start the change-log and apply queries (driver) on any ``endpoint`` the source reads
-    (``local://``, the emulator's or a service's ``http(s)://``, ``dynamodb-streams://``):
-    every table of ``endpoint`` matching ``tables`` (comma-separated names and globs; one
-    name is a selection of one) and none of ``exclude``, into ``apply.target`` with
-    ``{table}`` replaced by each table's name (one named table may have a literal target).
-    ``per_table``: a table's own settings and key override (``table_config``). A failed
-    table's held batches are applied first (``MultiTableApply.resume_held``). ``once``:
-    Trigger.AvailableNow: the change-log query reads what the source has now and ends (waited
-    for here, so its error is raised here), then the apply query applies the whole change log
-    and ends; ``Pipeline.queries`` are then inactive when it is done. ``retry``: the job's
-    restart policy, which a table failing with a retryable error is retried on inside the
-    query (``tables.retryBackoff``, ``tables.maxRetries``, unless ``options`` sets them);
-    None: the source's default (1 s to 60 s, forever)."""
+    """Start the change-log and apply queries (driver, module docstring) on any ``endpoint``
+    the source reads: every table matching ``tables`` (comma-separated names and globs) and
+    none of ``exclude``, into ``apply.target`` with ``{table}`` replaced by each table's name.
+    ``per_table``: a table's own settings and key override (``table_config``). ``once``:
+    Trigger.AvailableNow; the change-log query's end is waited for here (its error raised
+    here) before the apply query starts. ``retry``: the job's restart policy, on which a table
+    failing with a retryable error is retried inside the query (``retry_options``, unless
+    ``options`` sets them); None: the source's default."""
     check_target_template(apply.target, tables)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))

@@ -1,42 +1,18 @@
 """Per-table settings of a multi-table pipeline from a TOML file (``replicate --config``).
 
 Read on the driver before Spark starts (``load_table_config``), validated with pydantic; an
-error names the file, the table and the key (``TableConfigError``). The file::
+error names the file, the table and the key (``TableConfigError``). The file's ``[defaults]``
+and ``[tables.NAME]`` take the keys of ``TableSettings`` (an example and what each key means:
+docs/multi-table.md, "Per-table settings"); ``replicate --column`` is ``columns`` from the
+command line (``column_types``). Precedence, lowest first: the command's defaults,
+``[defaults]``, ``[tables.NAME]``, and a flag given on the command line
+(``TableConfig.for_table``).
 
-    [defaults]                     # every table
-    schema_drift = "lenient"
-
-    [tables.orders]                # one table, over the defaults
-    scd = 2
-    target = "iceberg:///wh?table=cdc.orders"
-
-    [tables.events]
-    keys = ["device", "ts"]
-    schema_drift = "exception"
-    soft_delete_column = "deleted"
-    snapshot_op = "READ"
-    max_offsets_per_trigger = 50000
-    columns = {amount = "double", note = "string"}
-
-Keys: ``scd`` (1 or 2), ``schema_drift``, ``soft_delete_column``, ``target`` (a URI; may hold
-``{table}``), ``keys`` (the target's key columns, when they differ from the source's primary
-key), ``snapshot_op`` (the source's ``snapshot.op`` for the table), and the table's read
-limits ``max_offsets_per_trigger``, ``max_bytes_per_trigger``, ``max_offsets_per_channel`` (the
-source's ``maxOffsetsPerTrigger``, ``maxBytesPerTrigger``, ``maxOffsetsPerChannel``, for that
-table alone in a multi-table query), and ``maintenance = {enabled = false}`` or its thresholds
-(``maintenance = {compact_files = 200, vacuum_hours = 48}``: ``replicate
---maintenance-setting``'s keys, ``MaintenanceSettings``), and ``columns = {amount = "double"}``:
-attribute columns whose type is fixed instead of decided by the first value seen (the source's
-``catalog`` option for that table; types ``CATALOG_TYPES``; ``replicate --column`` is the same
-from the command line, ``column_types``). Precedence, lowest first:
-the command's defaults, ``[defaults]``, ``[tables.NAME]``, and a flag given on the command
-line (``TableConfig.for_table``).
-
-``schema_drift`` is the policy of the source and of the target alike, as ``replicate --table``
-has it (Flink CDC's ``schema.change.behavior``): ``TableConfig.source_options`` turns each
-table's ``schema_drift``, ``snapshot_op`` and read limits into the multi-table source's options
-(for every table from ``[defaults]``, ``tables.options`` for the tables whose own differ),
-unless ``--option`` names the source option itself.
+``schema_drift`` is the policy of the source and of the target alike (Flink CDC's
+``schema.change.behavior``): ``TableConfig.source_options`` turns each table's
+``schema_drift``, ``snapshot_op``, ``columns`` and read limits into the multi-table source's
+options (for every table from ``[defaults]``, ``tables.options`` for the tables whose own
+differ), unless ``--option`` names the source option itself.
 """
 
 from __future__ import annotations
