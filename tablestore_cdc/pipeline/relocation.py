@@ -1,44 +1,19 @@
 """A moved or copied ``--output`` directory resumes where the old one stopped (CLI process,
-driver, before Spark starts).
+driver, before Spark starts). docs/operations.md, "Moving a job", tells the whole design.
 
-What ties a job's state to a path. Under ``OUTPUT`` only two of Spark's logs name files by their
-absolute URI: the change-log query's file-sink log (``changelog/_spark_metadata/N``: every
-Parquet file the change log holds) and the apply query's file-source log
-(``_checkpoints/apply/sources/0/N``: every file the apply has taken, by that same URI). Both are
-small text files, a version line then one JSON object per line with a ``path``. Everything else
-is relative or not a path: the checkpoints' offsets and commits (batch ids, the source's UUID
-offsets, the store's URI), the query ids (``metadata``), ``_tables/`` (reasons), ``_held/``
-(Parquet batches by number), the lock (host, pid, since), ``logs/`` (the log4j configuration is
-written again at each start), a Delta target's log (paths relative to the table). Spark reads
-the logs back as they are: a change log whose files moved fails the apply query with ``Wrong
-basePath`` on every restart.
+Under ``OUTPUT`` only two of Spark's logs name files by their absolute URI (``PATH_LOGS``): the
+change-log query's file-sink log and the apply query's file-source log; everything else is
+relative or not a path. Left as they were, the moved apply query fails with ``Wrong basePath``
+on every restart. So ``relocate`` (``job.open_job``, under the job's lock) rewrites those logs'
+paths to the directory the job runs in now, each file on its own and atomically, its Hadoop
+checksum removed first (``_replace``): a kill at any point leaves each file old or new, and the
+next start rewrites only the old ones. Both logs name a file by the same rewritten string, so
+the apply query still knows each file it has taken: nothing is read twice, nothing skipped.
 
-So ``relocate`` rewrites those two logs' paths to the directory the job runs in now, before
-Spark starts, under the job's lock (``job.open_job``). Each log file is rewritten on its own and
-atomically (a temporary file in the same folder, which Spark's log listing ignores, then
-``os.replace``); its Hadoop checksum (``.N.crc``) is removed first, since a checksum of the old
-bytes would fail Spark's read of the new ones, and Spark reads a log file without one. A kill
-at any point leaves each file either old or new: the next start finds the old ones and rewrites
-only them (idempotent). Both logs name a file by the same rewritten string, so the apply query
-still knows each file it has taken (Spark's "seen files" are matched by that string): nothing
-is read twice, nothing skipped.
-
-Who the job is does not depend on the path: a target's ownership marker holds the apply query's
-id, which lives in the moved checkpoint (``lakehouse.ownership``), and the source's lease is
-held per source, by the planning process (``connector.planning.lease``). A copy made while the
-old job still runs is refused as before: its lock file is a new file, but the old job's lease
-is live and its process alive (``preflight.SourceHeldError``); a directory moved under a running
-job keeps the old job's lock (``flock`` follows the file). (A copy started in the seconds before
-the old job's source first binds finds no live lease: the source takes a copied checkpoint for a
-restart of its own query, so copy a stopped job.) The job's record in the meta store
-(``TableStatus.job``) is the path the job runs from: the moved job writes its new path there at
-its first status.
-
-What cannot move with the directory: a target that lies under the old directory but was named
-by its own ``--target`` (or a ``--config`` target), not the default under ``OUTPUT``. The moved
-job would apply its next batches to the old place, or, where it is gone, to a new empty table
-from the middle of the stream: ``check_targets`` (``preflight``) refuses it in one line
-(``MovedTargetError``) saying to give the target's new place.
+What cannot move with the directory: a target under the old directory named by its own
+``--target`` (or a ``--config`` target): ``check_targets`` (``preflight``) refuses it in one
+line (``MovedTargetError``), else the moved job would apply to the old place, or to a new empty
+table from the middle of the stream.
 """
 
 from __future__ import annotations

@@ -8,16 +8,11 @@ table). ``--table T`` is now a selection of one, so such an output is upgraded i
 - ``single_table_layout`` tells it apart, read only (``preflight``: refused for ``--tables``,
   in one line naming ``--table``);
 - ``upgrade_output`` (by ``replicate``, under the output's lock, before the queries start)
-  moves the change log and the checkpoints aside into ``OUT/_single_table/`` (nothing is
-  deleted) and, unless the earlier apply query had applied every file of the change log,
-  records a re-snapshot signal of the table (``meta_store.signals``), which the job runs at its
-  first look (``resnapshot.hook``): what the target lacked of the change log is repaired from
-  the source.
+  moves the change log and the checkpoints aside into ``OUT/_single_table/`` and, unless the
+  earlier apply query had applied every file of the change log, records a re-snapshot signal
+  of the table, which the job runs at its first look (``resnapshot.hook``).
 
-The new change-log query is a new query of the same tunnel: it starts from the checkpoints the
-earlier one pushed to the tunnel (``connector.planning.namespace``: the next generation), and
-the target, its ownership marker and default path (``OUT/T``) are the same table's.
-docs/operations.md, "Upgrading a single-table output", says what a user sees.
+docs/operations.md, "Upgrading a single-table output", says why nothing is lost or skipped.
 """
 
 from __future__ import annotations
