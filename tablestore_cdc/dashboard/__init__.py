@@ -1,18 +1,11 @@
 """``tablestore-cdc dashboard``: a tiny local web page over the progress feed.
 
-A ``ThreadingHTTPServer`` (standard library) serves
-
-- ``/`` — ``index.html`` with ``dashboard.js`` and ``dashboard.css`` (all local files of this
-  package: no CDN, works offline), which polls ``/api/progress`` every second;
-- ``/api/sources`` — every source (namespace) of the meta store with its table, tunnel, query
-  state and last commit (``tablestore_cdc.feed.snapshot.sources_summary``): the page's first
-  view when the store holds several;
-- ``/api/progress[?namespace=NS]`` — the snapshot of
-  ``tablestore_cdc.feed.snapshot.dashboard_snapshot`` for one source (recent batches,
-  per-channel latest positions and lag, the channel tree, throughput, the last Spark progress);
-  ``409`` with ``{"error": ...}`` when the namespace is ambiguous or unknown, ``503`` when the
-  meta store cannot be read;
-- ``/healthz`` — ``ok``.
+A ``ThreadingHTTPServer`` (standard library) serves the page (``STATIC_FILES``: local files of
+this package, no CDN, works offline), ``/api/sources`` (``feed.snapshot.sources_summary``: the
+page's first view when the store holds several sources), ``/api/progress[?namespace=NS]``
+(``feed.snapshot.dashboard_snapshot``; ``409`` with ``{"error": ...}`` when the namespace is
+ambiguous or unknown, ``503`` when the meta store cannot be read) and ``/healthz``
+(docs/progress-feed.md, "The dashboard").
 
 Runs in an operator's shell or next to the driver; it only reads the meta store and the tunnel.
 It binds to 127.0.0.1 by default: the page has no authentication, so expose it on another

@@ -68,25 +68,12 @@ _ENDED = ("stopped", "restarting", "failed")
 def activity(records: Sequence[Mapping[str, Any]], status: Mapping[str, Any] | None,
              records_behind: int | None, now: float,
              table_status: TableStatus | None = None) -> dict[str, Any]:
-    """Is the query alive? ``state`` is one of
-
-    - ``unreachable``: the replication job's record (``table_status``, fresh) says the source
-      or the meta store does not answer: the job restarts (``reason``: ``source unreachable
-      (since <time>, attempt n)`` and the error);
-    - ``waiting``: no batch committed yet;
-    - ``stopped``: the ``ProgressListener`` saw the query terminate (``reason``: its error);
-    - ``restarting``: the replication job restarts it after a retryable failure (``reason``:
-      the attempt, the delay and the error); ``failed``: the job ended on an error
-      (``tablestore_cdc.pipeline.job``);
-    - ``live``: a commit or a listener heartbeat within ``stale_after_s``;
-    - ``idle``: nothing for longer, but nothing is behind either (caught up, no new data): a
-      ``replicate`` job whose record is fresh and reads with no lag (or none measured) is
-      idle, whatever the tunnel was not asked;
-    - ``stale``: nothing for longer while records are behind, or, for a ``replicate`` job,
-      its record has not been refreshed for longer than its heartbeat allows
-      (``TableStatus.is_stale``): the query or the job has probably stopped or hangs.
-
-    ``last_commit_age_s`` is the age of the newest commit among ``records``."""
+    """Is the query alive (the snapshot's ``activity``; its states: docs/progress-feed.md)? In
+    order: ``unreachable`` (the replication job's fresh ``table_status`` says so), the
+    listener's or the job's ``stopped``, ``restarting``, ``failed``; ``waiting`` (no commit
+    yet); ``live`` (a commit or a heartbeat within ``stale_after_s``); else ``idle`` when
+    nothing is behind (for a job, its fresh record reads with no lag) and ``stale`` otherwise
+    (for a job, its record not refreshed: ``TableStatus.is_stale``)."""
     commits = [r["times"]["committed"] for r in records if r["times"]["committed"] is not None
                and not r["initial"]]
     last_commit = max(commits, default=None)
