@@ -20,11 +20,8 @@ refreshes that, and ``onQueryTerminated`` marks it ``stopped`` with the query's 
 sources it was made for (``tablestore_cdc.pipeline`` passes its own), so a listener left on a
 shared session never writes another query's progress into its store.
 
-Over Spark Connect (PySpark 4) the same call on a client session runs the listener in the
-*client* process: the server streams the events to it. The client then writes to the meta store
-itself, so it must reach it (and hold its SDK: SQLite or DynamoDB, not the Tablestore meta store,
-whose SDK cannot share a Connect client's protobuf); stop the session before the client exits.
-See docs/connect.md.
+Over Spark Connect (PySpark 4) the listener runs in the *client* process, which then must reach
+the meta store itself (docs/connect.md).
 
 A listener failure never breaks the query: every callback catches everything, logs one warning
 and counts it in ``errors``. Pass the same meta-store URI the query uses (``meta.store``, or for

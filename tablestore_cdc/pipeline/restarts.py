@@ -1,13 +1,10 @@
 """The job's restart strategy: how long to wait before restarting a failed query, and when to
 give up (driver).
 
-The rule is ``cdc_common.backoff.RestartPolicy`` (Flink's exponential-delay restart strategy:
-the ``n``-th restart in a row waits ``first_s * 2**(n-1)`` seconds, capped at ``max_s``, with
-jitter), the same one a multi-table query uses to retry one table after an outage
-(``connector.multiplex``). The count is of restarts *in a row*: a run that committed a batch
-resets it, so a job that survives an outage a month starts its next one with a short delay
-again. ``max_restarts=None`` (the default) restarts forever; a number ends the job once that
-many restarts in a row have failed (``replicate`` exits 3).
+The rule is ``cdc_common.backoff.RestartPolicy`` (capped exponential delay with jitter), the
+same one a multi-table query uses to retry one table after an outage (``connector.multiplex``).
+The count is of restarts *in a row*: a run that committed a batch resets it, so a job that
+survives an outage a month starts its next one with a short delay again.
 
 Used by ``tablestore_cdc.pipeline.job``; the flags are ``replicate --max-restarts`` and
 ``--restart-backoff FIRST[:MAX]``, parsed here. (A single call to a service is retried much
