@@ -9,16 +9,13 @@ table's rows into its own target, named by a template (``delta:///lake/{table}``
 per table per batch, each carrying the apply query's (query id, batch id) pair, so a replayed
 batch changes nothing in any table.
 
-A table whose target refuses a batch (a schema-drift policy of ``fail`` hit, a target of
-another job) is *failed*: it is written to ``<out>/_tables/<table>.failed`` with the reason, and
-its rows of that batch and of every later one are held in ``<out>/_held/<table>/`` (one Parquet
-file per batch, written before the batch commits) while the other tables go on. A restart
-first applies a failed table's held batches in batch order under their own batch ids (``resume
-_held``), with the settings it is given now, then starts the queries: the table resumes exactly
-where it stopped. A *retryable* error of a table's apply (``CdcError.retryable``: the object
-store or the meta store not answering, throttled) fails no table: it is raised, so the batch
-fails, the job restarts the query (``pipeline.job``) and the replayed batch is applied again
-exactly (each target's batch marker skips what it holds). Docs: docs/multi-table.md.
+A table whose target refuses a batch is *failed* (``<out>/_tables/<table>.failed``, the reason)
+and its rows of that batch and of every later one are held in ``<out>/_held/<table>/`` (one
+Parquet file per batch, written before the batch commits) while the other tables go on; a
+restart first applies them (``resume_held``), so the table resumes exactly where it stopped. A
+*retryable* error of a table's apply (``CdcError.retryable``) fails no table: it fails the
+batch, and the job's restart applies the replay exactly (each target's batch marker skips what
+it holds). Docs: docs/multi-table.md.
 """
 
 from __future__ import annotations
@@ -422,13 +419,11 @@ class Pipeline:
         return statuses
 
     def _lag(self, report: dict[str, Any]) -> dict[str, Any]:
-        """Each table's lag (``recordsBehind``, ``secondsBehind``): the source's report, which
-        Spark's last progress holds as measured where that batch *started* (what the batch
-        read included); a running query's next trigger reports it again. Once the change-log
-        query has ended without an error (``--once`` caught up: Trigger.AvailableNow reports
-        no trigger after its last batch), each table's lag is measured once more from its
-        committed positions (``measure_lag``), else a caught-up run would show its last
-        batch's records as behind until its next run."""
+        """Each table's lag (``recordsBehind``, ``secondsBehind``): the source's report, as
+        measured where Spark's last batch *started*. Once the change-log query has ended
+        without an error (``--once`` caught up: no trigger reports after its last batch), it is
+        measured once more from the committed positions (``measure_lag``), else a caught-up
+        run would show its last batch's records as behind until its next run."""
         lag: dict[str, Any] = report.get("lag", {})
         if self.measure_lag is None or self.changelog.isActive \
                 or self.changelog.exception() is not None:
