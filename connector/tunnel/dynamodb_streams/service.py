@@ -388,19 +388,16 @@ class DynamoDbStreamsTunnelService(TunnelService):
 
     # --- data (executors) -------------------------------------------------------------------
 
-    def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int) -> ReadResult:
+    def read_records(self, tunnel_id: str, channel_id: str, token: str, limit: int,
+                     afters: list[str] | None = None) -> ReadResult:
         """Read up to ``limit`` records after ``token`` (executor). Never waits for new data.
+        ``afters`` (``read_page``'s) gets the token after each record read.
 
         A child shard not read before (a start token naming its parent) is checked for WAIT:
         one ``GetItem`` (plus a ``DescribeStream`` only when the parent is not finished for this
         tunnel, to see whether it aged out); a shard no longer listed
         whose position is not FINISHED lost its remaining records to retention
         (``TrimmedDataError`` with ``resume_token`` FINISHED)."""
-        return self._read_channel(tunnel_id, channel_id, token, limit)
-
-    def _read_channel(self, tunnel_id: str, channel_id: str, token: str, limit: int,
-                      afters: list[str] | None = None) -> ReadResult:
-        """``read_records``; ``afters`` (when given) gets the token after each record read."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         tunnel = self._tunnel(tunnel_id)
@@ -428,7 +425,7 @@ class DynamoDbStreamsTunnelService(TunnelService):
         from connector.tunnel.page import Page, records_to_page
 
         afters: list[str] = []
-        result = self._read_channel(tunnel_id, channel_id, token, limit, afters)
+        result = self.read_records(tunnel_id, channel_id, token, limit, afters)
         records = codec.fit_records(result.records, layout.columns, self._numbers)
         return Page(records_to_page(records, layout, token=token), result.next_token,
                     result.may_more, tokens=lambda n: afters[n - 1])
