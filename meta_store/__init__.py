@@ -19,16 +19,14 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, u
 
 from cdc_common.registry import Backend, BackendRegistry
 from cdc_common.uris import UriQuery, redact_uri
-from meta_store.base import (
-    BatchRecord,
-    BatchState,
-    ChannelStart,
-    EndCheckpoint,
-    Lease,
-    Manifest,
-    MetaStore,
-    chain_order,
-)
+from meta_store.base import BatchRecord as BatchRecord
+from meta_store.base import BatchState as BatchState
+from meta_store.base import ChannelStart as ChannelStart
+from meta_store.base import EndCheckpoint as EndCheckpoint
+from meta_store.base import Lease as Lease
+from meta_store.base import Manifest as Manifest
+from meta_store.base import MetaStore as MetaStore
+from meta_store.base import chain_order as chain_order
 from meta_store.errors import MetaStoreAbsentError, MetaStoreUriError
 
 #: scheme -> the meta-store backend class and how to install what it needs
@@ -118,16 +116,3 @@ def query_text(query: UriQuery) -> str:
              if value != type(query).model_fields[name].default}
     return "?" + urlencode(given, safe="/:") if given else ""
 
-
-__all__ = [
-    "META_BACKENDS",
-    "BatchRecord",
-    "BatchState",
-    "ChannelStart",
-    "EndCheckpoint",
-    "Lease",
-    "Manifest",
-    "MetaStore",
-    "chain_order",
-    "open_meta_store",
-]

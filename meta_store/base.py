@@ -455,11 +455,7 @@ class MetaStore(ABC):
         Creates the batch row if it is missing (a minted row lost to retention before a
         replay), so a replayed offset from Spark's log can always be planned.
         """
-        self._put_batch_if_absent(
-            namespace,
-            BatchRecord(uuid=uuid, prev_uuid=prev_uuid, state=BatchState.MINTED,
-                        created_at=time.time()),
-        )
+        self.create_batch(namespace, uuid, prev_uuid)
         stored = self._set_manifest_if_absent(namespace, uuid, manifest)
         assert stored.manifest is not None
         return stored.manifest

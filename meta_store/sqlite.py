@@ -35,12 +35,13 @@ schema) is refused at open with ``MetaStoreUriError``; a row that does not decod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import unquote
 
@@ -103,8 +104,8 @@ _LEASE_TABLE = "CREATE TABLE IF NOT EXISTS cdc_leases (key TEXT PRIMARY KEY, lea
 
 #: SQLite result codes (primary, low byte) meaning "another connection holds the lock"
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
-#: rows per ``IN (...)`` list when deleting (well under SQLite's variable limit)
-_DELETE_CHUNK = 500
+#: rows per ``IN (...)`` list (well under SQLite's variable limit)
+_CHUNK = 500
 
 
 def _is_locked(exc: sqlite3.Error) -> bool:
@@ -113,6 +114,13 @@ def _is_locked(exc: sqlite3.Error) -> bool:
         return True
     text = str(exc).lower()
     return "database is locked" in text or "database is busy" in text or "is locked" in text
+
+
+def _chunks(values: Sequence[str]) -> Iterator[tuple[list[str], str]]:
+    """``values`` in slices of ``_CHUNK``, each with its ``IN (...)`` placeholders."""
+    for i in range(0, len(values), _CHUNK):
+        chunk = list(values[i:i + _CHUNK])
+        yield chunk, ", ".join("?" * len(chunk))
 
 
 class SqliteUriQuery(UriQuery):
@@ -219,9 +227,6 @@ class SqliteMetaStore(MetaStore):
                     "not a tablestore-cdc meta store or it is damaged",
                 )
         marker = dict(conn.execute(f"SELECT key, value FROM {_SCHEMA_TABLE}").fetchall())
-        if marker.get("product") == PRODUCT:
-            conn.execute(_STATE_INDEX)
-            conn.execute(_LEASE_TABLE)
         if marker.get("product") != PRODUCT:
             raise MetaStoreUriError(
                 uri=self.uri, reason=f"{self.path}: schema marker says product "
@@ -234,6 +239,8 @@ class SqliteMetaStore(MetaStore):
                 f"this package reads version {SCHEMA_VERSION} (upgrade tablestore-cdc to open a "
                 "newer file)",
             )
+        conn.execute(_STATE_INDEX)
+        conn.execute(_LEASE_TABLE)
 
     # --- transaction plumbing -------------------------------------------------------------
 
@@ -251,10 +258,8 @@ class SqliteMetaStore(MetaStore):
                 except BaseException as exc:
                     # whatever failed (SQLite, a corrupt row, an interrupt): release the lock
                     if conn.in_transaction:
-                        try:
+                        with contextlib.suppress(sqlite3.Error):
                             conn.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass
                     if not isinstance(exc, sqlite3.Error):
                         raise
                     if not _is_locked(exc):
@@ -439,15 +444,10 @@ class SqliteMetaStore(MetaStore):
     def _list_ends_of(self, namespace: str, uuids: Sequence[str]
                       ) -> dict[str, list[EndCheckpoint]]:
         def select(conn: sqlite3.Connection) -> list[Any]:
-            rows: list[Any] = []
-            for i in range(0, len(uuids), _DELETE_CHUNK):
-                chunk = list(uuids[i:i + _DELETE_CHUNK])
-                marks = ", ".join("?" * len(chunk))
-                rows += conn.execute(
-                    "SELECT uuid, channel_id, record FROM cdc_end_checkpoints WHERE ns = ?"
-                    f" AND uuid IN ({marks}) ORDER BY uuid, channel_id", (namespace, *chunk),
-                ).fetchall()
-            return rows
+            return [row for chunk, marks in _chunks(uuids) for row in conn.execute(
+                "SELECT uuid, channel_id, record FROM cdc_end_checkpoints WHERE ns = ?"
+                f" AND uuid IN ({marks}) ORDER BY uuid, channel_id", (namespace, *chunk),
+            ).fetchall()]
 
         out: dict[str, list[EndCheckpoint]] = {u: [] for u in uuids}
         for uuid, channel, record in self._run("get_end_checkpoints", select):
@@ -459,9 +459,7 @@ class SqliteMetaStore(MetaStore):
 
         def delete(conn: sqlite3.Connection) -> None:
             for table in ("cdc_end_checkpoints", "cdc_batches"):  # ends first
-                for i in range(0, len(unique), _DELETE_CHUNK):
-                    chunk = unique[i:i + _DELETE_CHUNK]
-                    marks = ", ".join("?" * len(chunk))
+                for chunk, marks in _chunks(unique):
                     conn.execute(f"DELETE FROM {table} WHERE ns = ? AND uuid IN ({marks})",
                                  (namespace, *chunk))
 

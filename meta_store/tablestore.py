@@ -35,6 +35,7 @@ Reads are strongly consistent (as Tablestore's always are).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -399,16 +400,18 @@ class TablestoreMetaStore(KeyValueMetaStore):
 
     def _rows(self, operation: str, namespace: str, prefix: str, *,
               keys_only: bool = False) -> Iterator[PlainRow]:
-        start: Any = self._pk(namespace, prefix)
-        end = self._pk(namespace, _prefix_end(prefix))
+        rows = self._range(operation, self._pk(namespace, prefix),
+                           self._pk(namespace, _prefix_end(prefix)), ["doc"] if keys_only else None)
+        return (_row(dict(row.primary_key)["sk"], row) for row in rows)
+
+    def _range(self, operation: str, start: Any, end: Any, columns: list[str] | None
+               ) -> Iterator[Any]:
+        """The SDK rows from ``start`` to ``end``, GetRange page after page."""
         while start is not None:
             _, start, rows, _ = self._call(
                 operation, self._client.get_range, self.table, "FORWARD", start, end,
-                columns_to_get=["doc"] if keys_only else None, limit=self.page_size,
-                max_version=1,
-            )
-            for row in rows:
-                yield _row(dict(row.primary_key)["sk"], row)
+                columns_to_get=columns, limit=self.page_size, max_version=1)
+            yield from rows
 
     def _put(self, operation: str, namespace: str, sk: str, row: PlainRow,
              condition: Condition) -> None:
@@ -506,22 +509,11 @@ class TablestoreMetaStore(KeyValueMetaStore):
     def list_namespaces(self) -> list[str]:
         """Namespaces that have a description (``set_namespace_info``), sorted. CLI,
         read-only; it reads the whole table (only its ``info`` column)."""
-        start: Any = [("ns", INF_MIN), ("sk", INF_MIN)]
-        end = [("ns", INF_MAX), ("sk", INF_MAX)]
-        cells: list[Any] = []
-        while start is not None:
-            _, start, rows, _ = self._call(
-                "list_namespaces", self._client.get_range, self.table, "FORWARD", start, end,
-                columns_to_get=["info"], limit=self.page_size, max_version=1,
-            )
-            for row in rows:
-                pk = dict(row.primary_key)
-                if pk.get("sk") == INFO_SK:
-                    cells.append(pk.get("ns"))
-        return self._sorted_namespaces(cells)
+        keys = (dict(row.primary_key) for row in self._range(
+            "list_namespaces", [("ns", INF_MIN), ("sk", INF_MIN)],
+            [("ns", INF_MAX), ("sk", INF_MAX)], ["info"]))
+        return self._sorted_namespaces(k.get("ns") for k in keys if k.get("sk") == INFO_SK)
 
     def _close_client(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing is best effort
             self._client.connection.pool.clear()
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
