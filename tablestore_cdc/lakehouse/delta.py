@@ -75,7 +75,7 @@ from tablestore_cdc.lakehouse.layout import (
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
-from tablestore_cdc.lakehouse.rewrite import rewrite_groups, rewritten
+from tablestore_cdc.lakehouse.rewrite import conformed, rewrite_groups, rewritten
 from tablestore_cdc.lakehouse.sink import (
     SCHEMA_CHANGES_PROPERTY,
     ApplyResult,
@@ -520,12 +520,6 @@ def _scd2_merge(table: Any, plan: ApplyPlan, options: ApplyOptions, commit: Any)
 
 def _tagged(rows: pa.Table, apply: str | None, schema: pa.Schema) -> pa.Table:
     """``rows`` as a MERGE source of ``schema``: missing columns null, ``__apply`` set."""
-    columns = []
-    for f in schema:
-        if f.name in rows.column_names:
-            columns.append(rows.column(f.name).cast(f.type))
-        elif f.name == APPLY and apply is not None:
-            columns.append(pa.array([apply] * rows.num_rows, pa.string()))
-        else:
-            columns.append(pa.nulls(rows.num_rows, f.type))
-    return pa.Table.from_arrays(columns, schema=schema.remove_metadata())
+    if apply is not None:
+        rows = rows.append_column(APPLY, pa.repeat(apply, rows.num_rows))
+    return conformed(rows, schema.remove_metadata())
