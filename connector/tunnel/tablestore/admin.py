@@ -57,13 +57,10 @@ class TablestoreAdministration(TablestoreCalls, TunnelAdministration):
 
     def _table_exists(self, table: str) -> bool | None:
         """Does ListTable list ``table``? ``None`` when it cannot be told."""
-        from tablestore.protobuf import table_store_pb2 as pb
-
         try:
-            names = self._call("/ListTable", pb.ListTableRequest(), pb.ListTableResponse)
+            return table in self.list_tables()
         except TunnelError:
             return None
-        return table in names.table_names
 
     def list_tables(self) -> list[str]:
         """ListTable's names, sorted (a multi-table query's selection)."""
