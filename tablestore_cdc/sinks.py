@@ -67,8 +67,6 @@ class ExactlyOnceParquetSink:
     # --- reading back (verification) -----------------------------------------------------
 
     def committed_batches(self) -> list[int]:
-        if not self.path.exists():
-            return []
         return sorted(int(p.name.split("=", 1)[1]) for p in self.path.glob("batch=*"))
 
     def replays(self) -> list[dict[str, Any]]:

@@ -12,14 +12,8 @@ front ends:
 - ``tablestore-cdc meta ...`` (``tablestore_cdc.commands.meta``) uses the same read-only helpers
   (``open_existing_meta_store``, ``resolve_namespace``, ``find_batch``, ``channel_view``).
 
-The modules, in the order they build on each other:
-
-- ``reading``: the meta store as inspection reads it (opened without creating, corrupt rows
-  skipped and named, namespaces, batches by UUID prefix) and the errors of a bad request;
-- ``shapes``: the JSON shapes (a position, a batch record, the channel tree), from plain data;
-- ``tunnel_view``: what the tunnel says now (channel status, lineage, pushed checkpoints, lag);
-- ``polling``: the feed's records, once or followed;
-- ``snapshot``: the dashboard's document (throughput, whether the query is alive).
+The modules build on each other in this order (each one's line: docs/index.md): ``reading``,
+``shapes``, ``tunnel_view``, ``polling``, ``snapshot``.
 
 Everything here only reads the meta store and the tunnel. The one record that joins the feed
 from elsewhere, Spark's own numbers for each batch, is written by the listener

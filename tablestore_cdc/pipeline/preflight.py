@@ -257,13 +257,11 @@ def _source_options(plan: JobPlan) -> Any:
                                          **({"exclude": plan.exclude} if plan.exclude else {})})
 
 
-@contextmanager
-def _tunnel_service(source: Any) -> Iterator[Any]:
+def _tunnel_service(source: Any) -> Any:
+    """The tunnel service of the selection's endpoint (a context manager)."""
     from connector.tunnel import open_tunnel_service
 
-    common = source.common_options()
-    with open_tunnel_service(common.endpoint) as tunnel:
-        yield tunnel
+    return open_tunnel_service(source.common_options().endpoint)
 
 
 def _tables(plan: JobPlan, source: Any, tunnel: Any) -> tuple[list[str], list[str]]:
@@ -288,10 +286,8 @@ def _tunnel_types(tunnel: Any, tables: list[str], name: str) -> dict[str, str]:
     """table -> the type of its tunnel ``name``, for the tables where it exists."""
     types = {}
     for table in tables:
-        try:
+        with suppress(UnknownTunnelError):
             types[table] = tunnel.describe_tunnel(table, name).tunnel.tunnel_type.value
-        except UnknownTunnelError:
-            pass
     return types
 
 
