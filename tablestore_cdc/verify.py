@@ -121,9 +121,7 @@ def materialize(deliveries: Iterable[Delivered]) -> dict[str, dict[str, Any]]:
 
 
 def _normal(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if row is None:
-        return None
-    return {k: v for k, v in row.items() if v is not None}
+    return None if row is None else {k: v for k, v in row.items() if v is not None}
 
 
 def rows_by_key(rows: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]

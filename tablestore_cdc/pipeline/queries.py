@@ -1,10 +1,5 @@
-"""What a pipeline's queries share (driver): the apply settings, the checkpoint's query id,
-the progress listener, the re-snapshot target of a table.
-
-``multi_table.start_pipeline`` starts the change-log query and the apply query of a selection
-of tables (one table is a selection of one); ``attach_listener`` puts a ``ProgressListener`` on
-the session so the dashboard and ``tablestore-cdc meta`` know Spark's batch ids and see the
-queries stop.
+"""What the queries ``multi_table.start_pipeline`` starts share (driver): the apply settings, a
+table's apply sink and re-snapshot target, the checkpoint's query id, the progress listener.
 """
 
 from __future__ import annotations
