@@ -431,69 +431,58 @@ class TablestoreMetaStore(KeyValueMetaStore):
 
     # --- writes that change a batch row: optimistic, on its version -----------------------
 
-    def _read_batch(self, operation: str, namespace: str, uuid: str
-                    ) -> tuple[BatchRecord, int] | None:
-        """The batch and its row's ``version``, or None."""
-        row = self._get_row(operation, namespace, batch_sk(uuid))
-        if row is None:
-            return None
-        batch = self._decode_batch(namespace, row)
-        try:
-            return batch, int(row.get("version", 0))
-        except (ValueError, TypeError) as exc:
-            raise self._corrupt(f"{namespace}/{row['sk']}", f"version: {exc}") from None
-
-    def _update_if_version(self, operation: str, namespace: str, uuid: str, version: int,
-                           row: PlainRow) -> bool:
-        """UpdateRow conditioned on the row's ``version``; False when another writer won."""
-        try:
-            self._call(operation, self._client.update_row, self.table,
-                       Row(self._pk(namespace, batch_sk(uuid)),
-                           {"put": [*_columns(row), ("version", version + 1)]}),
-                       _if_equal("version", version))
-            return True
-        except ConditionFailed:
-            return False
+    def _change_batch(self, operation: str, what: str, namespace: str, uuid: str,
+                      change: Callable[[BatchRecord], PlainRow | None]) -> BatchRecord | None:
+        """Write ``change(batch)``'s columns (None: nothing to write) to the stored batch by an
+        UpdateRow conditioned on the ``version`` just read, read again while another writer
+        wins; returns the batch as read before the write (None: there is no such batch)."""
+        for _ in range(_OPTIMISTIC_ROUNDS):
+            row = self._get_row(operation, namespace, batch_sk(uuid))
+            if row is None:
+                return None
+            batch = self._decode_batch(namespace, row)
+            try:
+                version = int(row.get("version", 0))
+            except (ValueError, TypeError) as exc:
+                raise self._corrupt(f"{namespace}/{row['sk']}", f"version: {exc}") from None
+            changes = change(batch)
+            if changes is None:
+                return batch
+            try:
+                self._call(operation, self._client.update_row, self.table,
+                           Row(self._pk(namespace, batch_sk(uuid)),
+                               {"put": [*_columns(changes), ("version", version + 1)]}),
+                           _if_equal("version", version))
+                return batch
+            except ConditionFailed:
+                pass
+        raise TransientMetaStoreError(
+            detail=f"{self.uri}: batch {uuid!r}: {what} lost {_OPTIMISTIC_ROUNDS} races in a row")
 
     def _set_manifest_if_absent(
         self, namespace: str, uuid: str, manifest: Manifest
     ) -> BatchRecord:
         encoded = self._manifest_cells(uuid, manifest)
-        for _ in range(_OPTIMISTIC_ROUNDS):
-            read = self._read_batch("put_manifest", namespace, uuid)
-            if read is None:
-                raise UnknownBatchError(uuid=uuid, namespace=namespace)
-            batch, version = read
-            if batch.manifest is not None:
-                return batch
-            changes = dict(encoded)
-            updated = with_manifest(batch, manifest)
-            if updated.state is not batch.state:
-                changes |= {"state": updated.state.value, "state_rank": updated.state.rank}
-            if self._update_if_version("put_manifest", namespace, uuid, version, changes):
-                return updated
-        raise TransientMetaStoreError(
-            detail=f"{self.uri}: batch {uuid!r}: the manifest write lost "
-            f"{_OPTIMISTIC_ROUNDS} races in a row")
+
+        def change(batch: BatchRecord) -> PlainRow | None:
+            state = with_manifest(batch, manifest).state
+            return None if batch.manifest is not None else encoded | (
+                {} if state is batch.state else {"state": state.value, "state_rank": state.rank})
+
+        batch = self._change_batch("put_manifest", "the manifest write", namespace, uuid, change)
+        if batch is None:
+            raise UnknownBatchError(uuid=uuid, namespace=namespace)
+        return batch if batch.manifest is not None else with_manifest(batch, manifest)
 
     def _advance_state(
         self, namespace: str, uuid: str, state: BatchState, at: float,
         spark_batch_id: int | None = None,
     ) -> None:
-        for _ in range(_OPTIMISTIC_ROUNDS):
-            read = self._read_batch(f"mark {state.value}", namespace, uuid)
-            if read is None:
-                return  # missing: no-op
-            batch, version = read
-            if batch.state.rank >= state.rank:
-                return  # never backward
-            changes = {"state": state.value, "state_rank": state.rank,
-                       **first_times(batch, state, float(at), spark_batch_id)}
-            if self._update_if_version(f"mark {state.value}", namespace, uuid, version, changes):
-                return
-        raise TransientMetaStoreError(
-            detail=f"{self.uri}: batch {uuid!r}: marking it {state.value} lost "
-            f"{_OPTIMISTIC_ROUNDS} races in a row")
+        self._change_batch(  # a missing batch, or one at or past ``state``: nothing to write
+            f"mark {state.value}", f"marking it {state.value}", namespace, uuid,
+            lambda batch: None if batch.state.rank >= state.rank else {
+                "state": state.value, "state_rank": state.rank,
+                **first_times(batch, state, float(at), spark_batch_id)})
 
     # --- deletes and the namespace listing ------------------------------------------------
 
