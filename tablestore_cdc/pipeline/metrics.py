@@ -115,6 +115,27 @@ class EndpointProbe:
                 for table, status in statuses.items()}
 
 
+#: ``TableStatus`` field -> the series (``table`` label) it sets, and its help
+FIGURES = {
+    "records_behind": ("tablestore_cdc_table_lag_records", "records behind the tunnel's head"),
+    "seconds_behind": ("tablestore_cdc_table_lag_seconds", "seconds behind the tunnel's head"),
+    "rows_per_second": ("tablestore_cdc_table_rows_per_second",
+                        "changes applied per second over the last 30 s"),
+    "snapshot_percent": ("tablestore_cdc_table_snapshot_percent",
+                         "how much of the table's base data is read"),
+    "last_commit": ("tablestore_cdc_table_last_commit_timestamp_seconds",
+                    "when the table's target last committed"),
+    "target_version": ("tablestore_cdc_table_target_version",
+                       "the target's version (Delta) or snapshot id (Iceberg)"),
+    "target_files": ("tablestore_cdc_table_target_files",
+                     "the target's data files in its current version (last maintenance)"),
+    "target_snapshots": ("tablestore_cdc_table_target_snapshots",
+                         "the Iceberg target's snapshots kept (last maintenance)"),
+    "last_maintenance_at": ("tablestore_cdc_table_last_maintenance_timestamp_seconds",
+                            "when the job last maintained the table's target"),
+}
+
+
 class TableMetrics:
     """The per-table metrics of one pipeline (driver); ``retention_s``: what the source's
     service keeps of a channel's history (``feed.retention.default_retention_s``)."""
@@ -135,29 +156,13 @@ class TableMetrics:
 
         self.state = gauge("tablestore_cdc_table_state", "1 for the table's current state",
                            ("table", "state"))
-        self.lag_records = gauge("tablestore_cdc_table_lag_records",
-                                 "records behind the tunnel's head")
-        self.lag_seconds = gauge("tablestore_cdc_table_lag_seconds",
-                                 "seconds behind the tunnel's head")
         self.headroom = gauge("tablestore_cdc_table_retention_headroom_seconds",
                               "the service's retention minus the seconds behind its head")
         self.rows_applied = Counter("tablestore_cdc_table_rows_applied",
                                     "changes applied into the table's target", ["table"],
                                     registry=self.registry)
-        self.last_commit = gauge("tablestore_cdc_table_last_commit_timestamp_seconds",
-                                 "when the table's target last committed")
-        self.rate = gauge("tablestore_cdc_table_rows_per_second",
-                          "changes applied per second over the last 30 s")
-        self.snapshot = gauge("tablestore_cdc_table_snapshot_percent",
-                              "how much of the table's base data is read")
-        self.version = gauge("tablestore_cdc_table_target_version",
-                             "the target's version (Delta) or snapshot id (Iceberg)")
-        self.files = gauge("tablestore_cdc_table_target_files",
-                           "the target's data files in its current version (last maintenance)")
-        self.snapshots = gauge("tablestore_cdc_table_target_snapshots",
-                               "the Iceberg target's snapshots kept (last maintenance)")
-        self.maintained = gauge("tablestore_cdc_table_last_maintenance_timestamp_seconds",
-                                "when the job last maintained the table's target")
+        #: the series set from a ``TableStatus`` field whenever it is known
+        self.figures = {field: gauge(name, doc) for field, (name, doc) in FIGURES.items()}
         self.source_up = gauge("tablestore_cdc_source_up",
                                "1 while the source answers, 0 while a table cannot reach it",
                                ("source",))
@@ -201,15 +206,8 @@ class TableMetrics:
                 self._ops[(table, op)] = total
             for state in State:
                 self.state.labels(table, state.value).set(1 if state == status.state else 0)
-            for gauge, value in ((self.lag_records, status.records_behind),
-                                 (self.lag_seconds, status.seconds_behind),
-                                 (self.rate, status.rows_per_second),
-                                 (self.snapshot, status.snapshot_percent),
-                                 (self.last_commit, status.last_commit),
-                                 (self.version, status.target_version),
-                                 (self.files, status.target_files),
-                                 (self.snapshots, status.target_snapshots),
-                                 (self.maintained, status.last_maintenance_at)):
+            for field, gauge in self.figures.items():
+                value = getattr(status, field)
                 if value is not None:
                     gauge.labels(table).set(value)
             if status.seconds_behind is not None:
