@@ -60,15 +60,12 @@ def open_meta_store(uri: str, credentials: Mapping[str, str] | None = None, *,
     if not create:
         uri = _without_creating(uri)
     backend = META_BACKENDS.load(uri)
-    if credentials:
-        scheme = urlsplit(uri).scheme
-        if scheme != "tablestore":
-            raise MetaStoreUriError(
-                uri=redact_uri(uri), reason=f"a {scheme}:// meta store takes no credentials from "
-                "the source's options (it uses its own credential chain)")
-        store: MetaStore = backend.from_uri(uri, **credentials)
-    else:
-        store = backend.from_uri(uri)
+    scheme = urlsplit(uri).scheme
+    if credentials and scheme != "tablestore":
+        raise MetaStoreUriError(
+            uri=redact_uri(uri), reason=f"a {scheme}:// meta store takes no credentials from "
+            "the source's options (it uses its own credential chain)")
+    store: MetaStore = backend.from_uri(uri, **(credentials or {}))
     return store
 
 

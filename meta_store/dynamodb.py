@@ -401,16 +401,14 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         self, namespace: str, uuid: str, state: BatchState, at: float,
         spark_batch_id: int | None = None,
     ) -> None:
-        sets = ["#state = :state", "state_rank = :rank"]
-        values: dict[str, Any] = {":state": _s(state.value), ":rank": _n(state.rank)}
-        if state.rank >= BatchState.COMMITTED.rank:
-            sets.append("committed_at = if_not_exists(committed_at, :at)")
-            values[":at"] = _n(at)
-        if state is BatchState.PUSHED:
-            sets.append("pushed_at = if_not_exists(pushed_at, :at)")
-        if spark_batch_id is not None:
-            sets.append("spark_batch_id = if_not_exists(spark_batch_id, :sbid)")
-            values[":sbid"] = _n(spark_batch_id)
+        once = {name: value for name, value in (  # each set the first time only
+            ("committed_at", at if state.rank >= BatchState.COMMITTED.rank else None),
+            ("pushed_at", at if state is BatchState.PUSHED else None),
+            ("spark_batch_id", spark_batch_id)) if value is not None}
+        sets = ["#state = :state", "state_rank = :rank",
+                *(f"{name} = if_not_exists({name}, :{name})" for name in once)]
+        values = {":state": _s(state.value), ":rank": _n(state.rank),
+                  **{f":{name}": _n(value) for name, value in once.items()}}
         if state is BatchState.COMMITTED:  # indexed before it is committed: a superset
             self._update_pending(namespace, "ADD", [uuid])
         try:

@@ -210,18 +210,13 @@ class KeyValueMetaStore(MetaStore):
         return {storage.compressed_column: packed}
 
     def _batch_row(self, record: BatchRecord) -> PlainRow:
+        """A new batch's row (``create_batch``: no commit, push or Spark batch id yet)."""
         row: PlainRow = {
             "doc": record.model_dump_json(exclude=set(BATCH_STATE_FIELDS)),
             "state": record.state.value,
             "state_rank": record.state.rank,
             **self.new_batch_columns,
         }
-        if record.committed_at is not None:
-            row["committed_at"] = float(record.committed_at)
-        if record.pushed_at is not None:
-            row["pushed_at"] = float(record.pushed_at)
-        if record.spark_batch_id is not None:
-            row["spark_batch_id"] = record.spark_batch_id
         if record.manifest is not None:
             row.update(self._manifest_cells(record.uuid, record.manifest))
         return row
@@ -235,9 +230,7 @@ class KeyValueMetaStore(MetaStore):
         try:
             fields = dict(_DOC.validate_json(row["doc"]))
             fields["state"] = row["state"]
-            for name in ("committed_at", "pushed_at", "spark_batch_id"):
-                if name in row:
-                    fields[name] = row[name]
+            fields |= {n: row[n] for n in BATCH_STATE_FIELDS[2:] if n in row}  # times, Spark id
             stored = row.get(self.manifest_storage.compressed_column, row.get("manifest"))
             if stored is not None:
                 raw = self._inflate(key, stored) if isinstance(stored, bytes) else stored
