@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
-from itertools import islice
 
 import numpy as np
 import pyarrow as pa
@@ -48,12 +46,11 @@ from pyspark.sql.types import (
 
 from cdc_common.schema_change import DEFAULT_POLICY, IGNORE, POLICIES_ALLOWED, policy_named
 from connector.errors import OptionError
-from connector.gc_pause import gc_paused
 from connector.misfits import MisfitPolicy
 from connector.spark_compat import arrow_schema
-from connector.tunnel.base import Record, TableSchema
+from connector.tunnel.base import TableSchema
 from connector.tunnel.column_values import ColumnValueError, column_array
-from connector.tunnel.page import PageLayout, json_value, records_to_page
+from connector.tunnel.page import PageLayout, json_value
 from connector.tunnel.page import to_json as to_json  # re-exported: tablestore_cdc.lakehouse.plan
 
 log = logging.getLogger("connector.schema")
@@ -152,15 +149,14 @@ class RecordBatchBuilder:
     them).
     """
 
-    def __init__(self, schema: StructType, batch_rows: int = 8192, *,
-                 policy: str = DEFAULT_POLICY, table: str = "") -> None:
+    def __init__(self, schema: StructType, *, policy: str = DEFAULT_POLICY,
+                 table: str = "") -> None:
         self.schema = schema
         self.arrow_schema = arrow_schema(schema)
         self.names = schema.fieldNames()
         self.layout = PageLayout(tuple((f.name, f.type) for f in self.arrow_schema
                                        if f.name not in METADATA_NAMES))
         self.keeps_extra = "_extra" in self.names
-        self.batch_rows = batch_rows
         canonical = policy_named(policy)
         if canonical is None:
             raise OptionError(option="schema.change.behavior", value=policy,
@@ -210,17 +206,6 @@ class RecordBatchBuilder:
             columns=sorted(json.loads(extra[first].as_py())),
             allowed="a schema that declares every column, or one with _extra",
         )
-
-    def batches(self, records: Iterable[Record]) -> Iterator[pa.RecordBatch]:
-        """Batches of ``batch_rows`` records (the last one shorter), built lazily from records
-        (each with its ``channel_id``). For callers holding ``Record`` objects; the source's read
-        path goes through pages (``project``)."""
-        it = iter(records)
-        while chunk := list(islice(it, self.batch_rows)):
-            with gc_paused():
-                page = records_to_page(chunk, self.layout)
-            ids = pa.array([r.channel_id for r in chunk], type=pa.string())
-            yield self.project(page, ids)
 
 
 def typed_before(texts: pa.Array, typ: pa.StructType) -> pa.StructArray:

@@ -23,6 +23,7 @@ from connector.schema import (
     output_schema,
 )
 from connector.tunnel import ColumnSpec, Op, Record, TableSchema
+from connector.tunnel.page import records_to_page
 
 TYPES = {"long": LongType(), "int": IntegerType(), "string": StringType(), "double": DoubleType()}
 
@@ -61,11 +62,11 @@ def test_user_schema_errors_name_the_column(text, problem):
 
 def test_rows_hold_after_images_and_metadata():
     builder = RecordBatchBuilder(output_schema(TABLE))
-    batch = next(builder.batches([
+    batch = builder.project(records_to_page([
         record(Op.PUT, 1, {"name": "a", "price": 1.5, "colour": "red"}),
         record(Op.UPDATE, 2, {"price": 2.0}, before={"name": "a", "price": 1.5}),
         record(Op.DELETE, 3, {}, before={"name": "a", "price": 2.0}),
-    ]))
+    ], builder.layout), "ch-0000")
     rows = batch.to_pylist()
     assert [(r["id"], r["name"], r["price"], r["_op"]) for r in rows] == [
         (1, "a", 1.5, "PUT"), (1, "a", 2.0, "UPDATE"), (1, None, None, "DELETE")]
@@ -80,4 +81,6 @@ def test_undeclared_values_are_never_dropped_silently():
     narrow = ddl("id long, name string, _op string")
     builder = RecordBatchBuilder(check_user_schema(narrow, TABLE))
     with pytest.raises(UndeclaredValuesError, match=r"\['colour', 'price'\]"):
-        list(builder.batches([record(Op.PUT, 1, {"name": "a", "price": 1.0, "colour": "x"})]))
+        builder.project(records_to_page(
+            [record(Op.PUT, 1, {"name": "a", "price": 1.0, "colour": "x"})], builder.layout),
+            "ch-0000")
