@@ -13,8 +13,6 @@ from typing import Any
 
 from cdc_common.errors import CdcError as CdcError
 
-# --- meta store -----------------------------------------------------------------------------
-
 
 class MetaStoreError(CdcError):
     """Root of meta-store errors (any backend)."""

@@ -34,14 +34,12 @@ Numbers are stored as the service's numbers: on DynamoDB as given (a time passed
 number is stored as one, e.g. ``1002``), on Tablestore times as DOUBLE and counts as INTEGER.
 ``tests/test_meta_kv_layout.py`` pins the stored rows of both backends byte for byte.
 
-``KeyValueMetaStore`` implements the meta-store primitives of ``meta_store.base`` that are the
-same on both over rows as plain dicts (name -> ``str``, ``int``, ``float``, ``bool``,
-``bytes`` or a list of strings, ``sk`` included): the codecs above, put-if-absent with its
-retry, gets, listings, deletes and the namespace description. Each backend subclasses it and
-keeps only what is its own: marshalling rows to its service's types, the row primitives below
-(one request each, its conditional writes, its error mapping), and the writes that change a
-batch row (manifest, state), which each service makes atomic in its own way. Instances live in
-the driver's planning process, executors' ``read()`` and the CLI, like every meta store.
+``KeyValueMetaStore`` implements what both do alike over rows as plain dicts (``PlainRow``):
+the codecs above, put-if-absent with its retry, gets, listings, deletes and the namespace
+description. Each backend keeps only what is its own: marshalling rows to its service's types,
+the row primitives (one request each, its conditional writes, its error mapping), and the
+writes that change a batch row, which each service makes atomic in its own way. Instances live
+in the driver's planning process, executors' ``read()`` and the CLI, like every meta store.
 """
 
 from __future__ import annotations

@@ -21,11 +21,8 @@ requests), the inspection CLI and the dashboard. Opening makes no request unless
 Layout: primary key ``ns`` + ``sk`` (STRING), rows as in ``meta_store.kv_layout``; here a
 compressed manifest is the column ``manifest_z``, and batch rows have a ``version``.
 
-Service limits respected: a column value is at most 2 MB (``MAX_COLUMN_BYTES`` keeps a margin;
-a manifest still larger after compression raises ``MetaStoreRequestError``), a primary-key
-string at most 1 KB (namespace and sort key are checked), a BatchWriteRow at most 200 rows
-(deletes are sent in chunks of 200), a GetRange page at most 5000 rows / 4 MB (followed with
-``next_start_primary_key``).
+Service limits respected (docs/tablestore-meta.md): a column of 2 MB (``MAX_COLUMN_BYTES``), a
+key of 1 KB (``MAX_KEY_BYTES``), 200 rows per BatchWriteRow, GetRange pages (followed).
 
 Atomicity: put-if-absent is PutRow with ``EXPECT_NOT_EXIST``; every change of a batch row is an
 UpdateRow conditioned on ``version`` being the one just read (optimistic concurrency: the
@@ -144,14 +141,6 @@ def _credentials_hint(code: str) -> str:
             f"{ALIBABA_SECURITY_TOKEN} for STS; check them for the meta table's instance")
 
 
-class _RetryPolicy(WriteRetryPolicy):  # type: ignore[misc]
-    """The SDK's policy for reads and writes alike (all our writes are safe to repeat), with
-    ``max_attempts`` total attempts."""
-
-    def __init__(self, max_attempts: int) -> None:
-        self.max_retry_times = max_attempts - 1
-
-
 def _trust_ca(client: OTSClient, bundle: str) -> None:
     """Make the SDK's connections verify the server with ``bundle``. The SDK (6.4) builds its
     urllib3 pool with certifi's CAs and takes no CA option, so the pool
@@ -235,12 +224,13 @@ class TablestoreMetaStore(KeyValueMetaStore):
         sdk_log = logging.getLogger(SDK_LOGGER)
         if sdk_log.level == logging.NOTSET:
             sdk_log.setLevel(logging.CRITICAL)  # our typed errors carry what it would log
+        retries = WriteRetryPolicy()  # reads and writes alike: every write is safe to repeat
+        retries.max_retry_times = self.max_attempts - 1
         try:
             self._client = OTSClient(
                 self.endpoint, creds.access_key_id, creds.access_key_secret, instance,
                 sts_token=creds.security_token, socket_timeout=query.socket_timeout,
-                retry_policy=_RetryPolicy(self.max_attempts),
-                logger_name=SDK_LOGGER,
+                retry_policy=retries, logger_name=SDK_LOGGER,
             )
         except OTSClientError as exc:
             raise MetaStoreUriError(uri=self.uri, reason=str(exc)) from None
