@@ -155,13 +155,7 @@ class _Collector:
         if self.header_bytes > self.max_header_bytes:
             self.refused = AnswerTooLarge("header bytes", self.max_header_bytes)
             return
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        values = self.headers.get(key)
-        if values is None:
-            self.headers[key] = [text]
-        else:
-            values.append(text)
+        self.headers.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         if self.unasked or self.refused is not None:
