@@ -48,10 +48,8 @@ def open_tunnel_service(endpoint: str | TunnelEndpoint) -> TunnelService:
     source's options; driver or executor). An unknown scheme or a backend whose SDK is missing
     raises ``OptionError`` naming ``endpoint``."""
     if isinstance(endpoint, TunnelEndpoint):
-        opened: TunnelService = TUNNEL_BACKENDS.load(endpoint.uri).from_endpoint(endpoint)
-        return opened
-    service: TunnelService = TUNNEL_BACKENDS.load(endpoint).from_uri(endpoint)
-    return service
+        return TUNNEL_BACKENDS.load(endpoint.uri).from_endpoint(endpoint)
+    return TUNNEL_BACKENDS.load(endpoint).from_uri(endpoint)
 
 
 def endpoint_rules(uri: str) -> EndpointRules:
