@@ -186,16 +186,12 @@ class ChannelTracker:
             del positions[channel_id]
         added = []
         for start in self.starts(exclude=set(positions), channels=channels):
-            positions[start.channel_id] = Position.at_start(start)
-            added.append(start.channel_id)
+            # AvailableNow with heads: channels born after the start wait for the next run
+            if self.bound is None or self.bound.covers(start.channel_id):
+                positions[start.channel_id] = Position.at_start(start)
+                added.append(start.channel_id)
         self._last_refresh = time.monotonic()
         self._refresh_now = False
-        bound = self.bound
-        if bound is not None:  # AvailableNow with heads: channels born after the start wait
-            for channel_id in added:
-                if not bound.covers(channel_id):
-                    del positions[channel_id]
-            added = [c for c in added if bound.covers(c)]
         return added
 
     # --- Trigger.AvailableNow -------------------------------------------------------------------
