@@ -1,14 +1,13 @@
-"""Meta-table backends, chosen by URI scheme.
+"""Meta-table backends, chosen by URI scheme, and the URI steps their ``from_uri`` share.
 
 - ``sqlite:///abs/path/meta.db`` — embedded default (one machine; WAL, multi-process safe);
-- ``dynamodb://TABLE?region=...&endpoint_url=...&create_table=true`` — a shared service for
-  clusters (``pip install '.[dynamodb]'``);
+- ``dynamodb://TABLE?region=...&endpoint_url=...&create_table=true`` — a shared service;
 - ``tablestore://INSTANCE/TABLE?endpoint=https://...&create_table=true`` — a Tablestore table
-  (or the local emulator, ``endpoint=http://127.0.0.1:PORT``) (``pip install '.[tablestore]'``).
+  (or the local emulator, ``endpoint=http://127.0.0.1:PORT``).
 
-Backends are imported lazily (``cdc_common.registry``) so boto3 is only needed for
-``dynamodb://`` and the tablestore SDK only for ``tablestore://``; a missing one is refused with
-the ``pip install`` line that brings it.
+Backends are imported lazily (``cdc_common.registry``): boto3 is needed only for ``dynamodb://``
+and the tablestore SDK only for ``tablestore://``; a missing one is refused with the
+``pip install`` line that brings it (``META_BACKENDS``).
 """
 
 from __future__ import annotations

@@ -292,9 +292,8 @@ def chain_order(batches: Iterable[BatchRecord]) -> list[BatchRecord]:
             ordered.append(node)
             seen.add(node.uuid)
             # follow the planned child (the one Spark used); unplanned siblings are orphans
-            children = [c for c in by_prev.get(node.uuid, []) if c.uuid not in seen]
-            planned = [c for c in children if used(c)]
-            node = planned[0] if planned else None
+            node = next((c for c in by_prev.get(node.uuid, []) if c.uuid not in seen and used(c)),
+                        None)
     ordered.extend(b for b in all_batches if b.uuid not in seen)
     return ordered
 

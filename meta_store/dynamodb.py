@@ -26,8 +26,7 @@ batch row of the namespace.
 Atomicity: put-if-absent is ``PutItem`` with ``attribute_not_exists(sk)``; the manifest is
 set by one conditional ``UpdateItem`` (``attribute_not_exists(manifest)``) together with the
 state; a state only moves forward (condition ``state_rank < :new``). Every read is strongly
-consistent. Listing uses paginated ``Query``; ``list_namespaces`` a paginated ``Scan`` filtered
-on ``sk = "N#info"``; deletes use ``BatchWriteItem`` and resend ``UnprocessedItems``.
+consistent.
 """
 
 from __future__ import annotations

@@ -110,10 +110,9 @@ _CHUNK = 500
 
 def _is_locked(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return True
-    text = str(exc).lower()
-    return "database is locked" in text or "database is busy" in text or "is locked" in text
+    text = str(exc).lower()  # "database is locked", "table ... is locked", "database is busy"
+    return (code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+            or "is locked" in text or "database is busy" in text)
 
 
 def _chunks(values: Sequence[str]) -> Iterator[tuple[list[str], str]]:

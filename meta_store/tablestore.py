@@ -178,11 +178,6 @@ def _if_equal(column: str, value: Any) -> Condition:
                                            pass_if_missing=False))
 
 
-def _prefix_end(prefix: str) -> str:
-    """The smallest string above every string starting with ``prefix``."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
-
-
 def _columns(row: PlainRow) -> list[tuple[str, Any]]:
     """A row's values (``meta_store.kv_layout``) as the SDK's columns (binary: bytearray)."""
     return [(name, bytearray(v) if isinstance(v, bytes) else v) for name, v in row.items()]
@@ -390,8 +385,9 @@ class TablestoreMetaStore(KeyValueMetaStore):
 
     def _rows(self, operation: str, namespace: str, prefix: str, *,
               keys_only: bool = False) -> Iterator[PlainRow]:
-        rows = self._range(operation, self._pk(namespace, prefix),
-                           self._pk(namespace, _prefix_end(prefix)), ["doc"] if keys_only else None)
+        above = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # above every key starting with prefix
+        rows = self._range(operation, self._pk(namespace, prefix), self._pk(namespace, above),
+                           ["doc"] if keys_only else None)
         return (_row(dict(row.primary_key)["sk"], row) for row in rows)
 
     def _range(self, operation: str, start: Any, end: Any, columns: list[str] | None
