@@ -143,10 +143,8 @@ def read_caps(channels: Collection[str], *, per_channel: int, max_rows: int | No
     rotated = rotation(active, batch_uuid)
     if backlog is None:  # the backend cannot tell: an even split
         return share(max_rows, dict.fromkeys(rotated, per_channel))
-    asks = {}
-    for ch in rotated:
-        behind = backlog.get(ch)
-        asks[ch] = per_channel if behind is None else min(per_channel, behind)
+    asks = {ch: per_channel if (behind := backlog.get(ch)) is None else min(per_channel, behind)
+            for ch in rotated}
     parents = rotated[:1] if waiting_parents is None else [c for c in rotated
                                                            if c in waiting_parents]
     for ch in parents:
