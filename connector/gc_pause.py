@@ -8,8 +8,7 @@ its time there (docs/performance.md).
 
 Off the hot path since reads are columnar (``connector.tunnel.page``): the local store's sealed
 segments make no Python object per record. Still used where records are converted: the local
-store decoding a page of records (the unsealed tail, base data, sealing a segment) and
-``connector.schema.RecordBatchBuilder.batches``.
+store decoding a page of records (the unsealed tail, base data, sealing a segment).
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ def all_changes(conn: sqlite3.Connection, schema: TableSchema) -> list[Record]:
     return [record_from_row(schema, r[0], r[1:]) for r in rows]
 
 
+@gc_paused()
 def records_from_rows(
     schema: TableSchema, channel_id: str, rows: Sequence[Sequence[Any]]
 ) -> list[Record]:
@@ -113,13 +114,6 @@ def records_from_rows(
     """
     if not rows:
         return []
-    with gc_paused():
-        return _decode_page(schema, channel_id, rows)
-
-
-def _decode_page(
-    schema: TableSchema, channel_id: str, rows: Sequence[Sequence[Any]]
-) -> list[Record]:
     text = "[" + ",".join([
         f"{r[2]},{r[3]},{'null' if r[4] is None else r[4]}" for r in rows
     ]) + "]"
