@@ -189,7 +189,7 @@ class DynamoDbMetaStore(KeyValueMetaStore):
         except TypeError:  # a botocore older than account-based endpoints
             config = Config(**settings)
         with _sessions_lock:  # creating clients from one session is not thread-safe
-            self._client: Any = refuse_damaged_responses(
+            self._client = refuse_damaged_responses(
                 session.client("dynamodb", endpoint_url=self.endpoint_url, config=config))
         if query.create_table:
             self._ensure_table()
@@ -245,11 +245,6 @@ class DynamoDbMetaStore(KeyValueMetaStore):
             )
 
     # --- request plumbing -----------------------------------------------------------------
-
-    @property
-    def client(self) -> Any:
-        """The boto3 DynamoDB client (for operators' and tests' botocore event hooks)."""
-        return self._client
 
     def _location(self) -> str:
         return f"endpoint {self.endpoint_url}" if self.endpoint_url else f"region {self.region}"

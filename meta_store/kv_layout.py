@@ -133,6 +133,13 @@ class KeyValueMetaStore(MetaStore):
     #: batched delete requests sent for the same rows before giving up
     delete_rounds: int
     _closed = False
+    #: the service SDK's client (boto3's, ``OTSClient``), set by the constructor
+    _client: Any
+
+    @property
+    def client(self) -> Any:
+        """The service SDK's client (for operators' and tests' hooks, such as botocore's)."""
+        return self._client
 
     # --- row primitives each backend implements ----------------------------------------------
 

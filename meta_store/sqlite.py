@@ -193,11 +193,7 @@ class SqliteMetaStore(MetaStore):
                 )
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._check_or_create(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        self._check_or_create(conn)  # a failure is rolled back by ``_run``
         conn.execute("COMMIT")
 
     def _check_or_create(self, conn: sqlite3.Connection) -> None:

@@ -295,11 +295,6 @@ class TablestoreMetaStore(KeyValueMetaStore):
 
     # --- request plumbing -----------------------------------------------------------------
 
-    @property
-    def client(self) -> OTSClient:
-        """The SDK client (for operators and tests)."""
-        return self._client
-
     def _call(self, operation: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One SDK call, mapped to our errors. The SDK retries service errors itself (its
         policy, ``max_attempts``); network errors, which it does not retry, are retried here.
