@@ -32,12 +32,6 @@ if TYPE_CHECKING:
 SEGMENT_RECORDS = 4096
 
 
-def _ipc_options() -> Any:
-    import pyarrow as pa
-
-    return pa.ipc.IpcWriteOptions(compression="lz4")
-
-
 def seal(conn: sqlite3.Connection, schema: TableSchema, channel: ChannelRow, head: int) -> None:
     """Inside the write that appended up to ``head``: seal every complete run of
     ``SEGMENT_RECORDS`` unsealed records of the channel into a columnar segment."""
@@ -54,12 +48,13 @@ def seal(conn: sqlite3.Connection, schema: TableSchema, channel: ChannelRow, hea
     from connector.tunnel.page import PageLayout, records_to_page
 
     layout = PageLayout.of_table(schema)
+    lz4 = pa.ipc.IpcWriteOptions(compression="lz4")
     while head - sealed >= SEGMENT_RECORDS:
         records = read_changes(conn, schema, channel.channel_id, sealed, SEGMENT_RECORDS)
         with gc_paused():
             batch = records_to_page(records, layout)
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema, options=_ipc_options()) as writer:
+        with pa.ipc.new_stream(sink, batch.schema, options=lz4) as writer:
             writer.write_batch(batch)
         conn.execute(
             "INSERT INTO cdc_change_segments (table_name, channel_id, first_seq, last_seq, "
