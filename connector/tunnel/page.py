@@ -220,9 +220,7 @@ ENCODE_JSON = json.JSONEncoder(default=_json_default, sort_keys=True,
 
 
 def to_json(values: dict[str, Any] | None) -> str | None:
-    if values is None:
-        return None
-    return ENCODE_JSON(values)
+    return None if values is None else ENCODE_JSON(values)
 
 
 # --- records -> page (backends without a columnar store) ---------------------------------------

@@ -112,13 +112,10 @@ def check_value(table: str, column: str, typ: str | None, value: Any, *, key: bo
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad("DOUBLE (float)")
         return float(value)
-    if typ == "BOOLEAN":
-        if not isinstance(value, bool):
-            raise bad("BOOLEAN (bool)")
-        return value
-    if typ == "STRING":
-        if not isinstance(value, str):
-            raise bad("STRING (str)")
+    if typ in ("BOOLEAN", "STRING"):
+        kind_of = bool if typ == "BOOLEAN" else str
+        if not isinstance(value, kind_of):
+            raise bad(f"{typ} ({kind_of.__name__})")
         return value
     if typ == "BINARY":
         if not isinstance(value, bytes | bytearray):
