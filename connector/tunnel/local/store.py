@@ -35,10 +35,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from connector.errors import (
     InvalidChannelOperationError,
@@ -55,6 +55,8 @@ from connector.tunnel.local.names import check_new_name, check_table
 from connector.tunnel.local.rows import WriteOp
 from connector.tunnel.local.schema import create_tables, delete_table_data, missing_tables
 from connector.tunnel.local.values import COLUMN_TYPES, KEY_TYPES, loads_values
+
+T = TypeVar("T")
 
 #: How long a writer waits for the file's write lock before giving up (milliseconds).
 BUSY_TIMEOUT_MS = 30_000
@@ -240,6 +242,13 @@ class LocalTablestore:
                 self.require_table(conn, table)
         return self._schemas[table]
 
+    def _on_table(self, table: str, call: Callable[..., T], *args: Any, write: bool = False) -> T:
+        """``call(conn, table, *args)`` in one transaction, ``table`` checked first (the row,
+        channel and trim methods below)."""
+        with self.transaction(write=write) as conn:
+            self.require_table(conn, table)
+            return call(conn, table, *args)
+
     def require_table(self, conn: sqlite3.Connection, table: str) -> TableSchema:
         """Inside a transaction: the table's schema, or ``UnknownTableError`` (also for a
         name no table can have: ``names.check_table``)."""
@@ -290,18 +299,14 @@ class LocalTablestore:
 
     def scan(self, table: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every live row as (primary key, attribute columns); for verification and demos."""
-        with self.transaction() as conn:
-            self.require_table(conn, table)
-            return rows.scan(conn, table)
+        return self._on_table(table, rows.scan)
 
     def scan_span(self, table: str, column: str, low: Any, high: Any
                   ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """The live rows whose key column ``column`` (INTEGER or STRING) lies in ``[low,
         high]`` (None: unbounded), as (primary key, attribute columns), in no order; for the
         emulator's GetRange, which would otherwise decode every row of the table."""
-        with self.transaction() as conn:
-            self.require_table(conn, table)
-            return rows.scan(conn, table, column, low, high)
+        return self._on_table(table, rows.scan, column, low, high)
 
     def scan_pages(self, table: str, page_rows: int = 5000, *, column: str | None = None,
                    low: Any = None, high: Any = None
@@ -325,27 +330,20 @@ class LocalTablestore:
             after = page[-1][0]
 
     def count_rows(self, table: str) -> int:
-        with self.transaction() as conn:
-            self.require_table(conn, table)
-            return rows.count_rows(conn, table)
+        return self._on_table(table, rows.count_rows)
 
     # --- channels ---------------------------------------------------------------------------
 
     def list_channels(self, table: str) -> list[ChannelRow]:
         """All channels of the table, closed ones included, in creation order."""
-        with self.transaction() as conn:
-            self.require_table(conn, table)
-            return channels.channel_rows(conn, table)
+        return self._on_table(table, channels.channel_rows)
 
     def split_channel(self, table: str, channel_id: str) -> tuple[str, str]:
         """Close an open channel and open two children on the halves of its key range.
 
         Returns ``(lower_child, upper_child)``; both have ``parent_ids == (channel_id,)``.
         """
-        now = time.time()
-        with self.transaction(write=True) as conn:
-            self.require_table(conn, table)
-            return channels.split_channel(conn, table, channel_id, now)
+        return self._on_table(table, channels.split_channel, channel_id, time.time(), write=True)
 
     def merge_channels(self, table: str, a: str, b: str) -> str:
         """Close two adjacent open channels and open one child on the union of their ranges.
@@ -353,10 +351,7 @@ class LocalTablestore:
         The child's ``parent_ids`` are both parents, the lower range first.
         ``InvalidChannelOperationError`` if either is closed or unknown, or they are not adjacent.
         """
-        now = time.time()
-        with self.transaction(write=True) as conn:
-            self.require_table(conn, table)
-            return channels.merge_channels(conn, table, a, b, now)
+        return self._on_table(table, channels.merge_channels, a, b, time.time(), write=True)
 
     def trim_history(
         self, table: str, *, keep_last: int | None = None, older_than_s: float | None = None
@@ -376,9 +371,7 @@ class LocalTablestore:
         if keep_last is not None and keep_last < 0:
             raise InvalidChannelOperationError(table=table, reason="keep_last must be >= 0")
         cutoff_us = None if older_than_s is None else int((time.time() - older_than_s) * 1e6)
-        with self.transaction(write=True) as conn:
-            self.require_table(conn, table)
-            return channels.trim_history(conn, table, keep_last, cutoff_us)
+        return self._on_table(table, channels.trim_history, keep_last, cutoff_us, write=True)
 
     # --- change log -------------------------------------------------------------------------
 
