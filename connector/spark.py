@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc_common.uris import SPARK_OPTIONS_REGEX, SPARK_SECRET_REGEX, SPARK_STRING_REGEX
 from connector.errors import JavaMissingError
@@ -94,7 +94,7 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
 
     from connector.source import register
 
-    settings = {
+    settings: dict[str, Any] = {
         "spark.master": master,
         "spark.app.name": app_name,
         "spark.ui.enabled": "false",
@@ -114,10 +114,7 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
         settings["spark.driver.extraJavaOptions"] = (
             f"{settings.get('spark.driver.extraJavaOptions', '')} {SHORT_RUN_JVM_OPTIONS}".strip())
     _start_jvm_apart(settings)
-    builder = SparkSession.builder
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.config(map=settings).getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark
