@@ -276,3 +276,16 @@ def test_no_test_module_imports_another() -> None:
         and any(part.startswith("test_") for part in name.split(".")[1:])
     ]
     assert not wrong, "test modules importing test modules:\n" + "\n".join(wrong)
+
+
+# --- module size ---------------------------------------------------------------------------------
+
+#: a module longer than this holds more than one concern: split it by what it does
+MAX_MODULE_LINES = 650
+
+
+def test_no_product_module_is_longer_than_the_limit() -> None:
+    long = [f"{path.relative_to(ROOT)}: {lines} lines"
+            for package in LAYERS for path in _python_files(package)
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"product modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
