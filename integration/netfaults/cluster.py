@@ -111,33 +111,29 @@ class ClusterResult(ScenarioResult):
                 f"{self.cut_read_failures}{recover} {self.seconds:.0f}s {verdict}")
 
 
-class ClusterRun(ScenarioRun):
-    """The cluster scenario's hosts, processes and files; ``run()`` (``ScenarioRun``'s) returns
-    its ``ClusterResult``."""
+class Cluster:
+    """The hosts and the standalone cluster on them (harness process): ``start()`` brings the
+    hosts up, the emulator on svc serving ``store_path``, the master and both workers;
+    ``held_worker`` finds the worker running a task parked at a crash point, ``kill_worker``
+    SIGKILLs a worker with its executor and Python workers, ``start_worker`` brings it back;
+    ``down()`` ends every process started on the hosts and removes them. Master, workers and
+    their Python workers run ``python`` and the Spark of its PySpark (``spark_home``). Used by
+    ``ClusterRun`` (the source under ``testkit.runner``) and
+    ``integration/test_cluster_replicate.py`` (``tablestore-cdc replicate``)."""
 
-    result: ClusterResult
-
-    def __init__(self, scenario: ClusterScenario, workdir: Path, seed: int = 1) -> None:
-        super().__init__(scenario.name, workdir)
-        self.scenario = scenario
-        self.seed = seed
-        self.channels = scenario.channels
-        self.faults = self.dir / "faults"
-        self.faults.mkdir()
+    def __init__(self, workdir: Path, store_path: Path, python: str = sys.executable) -> None:
+        self.dir, self.store_path, self.python = workdir, store_path, python
+        self.spark = spark_home() if python == sys.executable else spark_home_of(python)
         self.hosts = Hosts(HOSTS)
         self.workers: dict[str, subprocess.Popen[Any]] = {}
-        self.runner_log = self.dir / "driver.log"  # the driver's host runs the query
-        self.result = ClusterResult(scenario.name)
-
-    # --- the cluster ----------------------------------------------------------------------------
 
     def _spark_class(self, host: str, main: str, *args: str, log: Path) -> subprocess.Popen[Any]:
-        env = {"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": self.hosts.addr(host),
-               "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
-        return self.hosts.popen(host, [str(spark_home() / "bin" / "spark-class"), main, *args],
+        env = {"SPARK_HOME": str(self.spark), "SPARK_LOCAL_IP": self.hosts.addr(host),
+               "PYSPARK_PYTHON": self.python, "SPARK_NO_DAEMONIZE": "1"}
+        return self.hosts.popen(host, [str(self.spark / "bin" / "spark-class"), main, *args],
                                 env=env, log=log, cwd=self.dir)
 
-    def _start_worker(self, name: str) -> None:
+    def start_worker(self, name: str) -> None:
         work = self.dir / f"{name}-work"
         work.mkdir(exist_ok=True)
         log_path = self.dir / f"{name}.log"
@@ -150,7 +146,12 @@ class ClusterRun(ScenarioRun):
     def master_url(self) -> str:
         return f"spark://{self.hosts.addr('master')}:{MASTER_PORT}"
 
-    def start_cluster(self) -> None:
+    @property
+    def endpoint(self) -> str:
+        """The emulator's URL, as the driver and the executors reach it."""
+        return f"http://{self.hosts.addr('svc')}:{EMULATOR_PORT}"
+
+    def start(self) -> None:
         self.hosts.up()
         emulator = self.hosts.popen(
             "svc", [CLI, "emulator", "--store", str(self.store_path), "--instance", INSTANCE,
@@ -167,21 +168,84 @@ class ClusterRun(ScenarioRun):
                           self.hosts.addr("master"), "--port", str(MASTER_PORT),
                           "--webui-port", "8080", log=master_log)
         for name in WORKERS:
-            self._start_worker(name)
+            self.start_worker(name)
         wait_until("both workers registered with the master",
                    lambda: _count(master_log, "Registering worker") >= len(WORKERS),
                    timeout=STARTUP_TIMEOUT_S)
 
-    def start_query(self) -> None:
-        endpoint = f"http://{self.hosts.addr('svc')}:{EMULATOR_PORT}"
+    def driver_conf(self) -> dict[str, str]:
+        """The application's Spark settings on the driver host: bound to its address, one
+        1-core executor per worker, tasks retried past a lost worker, ``python`` everywhere."""
         driver = self.hosts.addr("driver")
-        conf = {"spark.driver.host": driver, "spark.driver.bindAddress": driver,
+        return {"spark.driver.host": driver, "spark.driver.bindAddress": driver,
                 "spark.executor.memory": "512m", "spark.executor.cores": "1",
                 "spark.cores.max": "2", "spark.task.maxFailures": "8",
-                "spark.pyspark.python": sys.executable,
+                "spark.pyspark.python": self.python}
+
+    def held_worker(self, faults: Path, point: str, process: subprocess.Popen[Any] | None
+                    ) -> str:
+        """A task reached crash point ``point`` (armed in ``faults``): on which worker (the
+        Worker JVM among its ancestors). ``process``: the application, whose end fails the
+        wait."""
+        hit = faults / f"hit-{point}"
+        wait_until(f"a task to reach {point}", hit.exists, timeout=STARTUP_TIMEOUT_S,
+                   process=process)
+        pid = int(hit.read_text())
+        ancestors = {p.pid for p in psutil.Process(pid).parents()}
+        for name, proc in self.workers.items():
+            if proc.pid in ancestors:
+                return name
+        raise AssertionError(f"the task at {point} (pid {pid}) runs under no worker")
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL worker ``name`` with its executor and their Python workers."""
+        kill_tree(self.workers[name].pid)
+
+    def down(self) -> None:
+        self.hosts.down()
+
+
+def spark_home_of(python: str) -> Path:
+    """The Spark distribution inside the PySpark of another interpreter (another venv)."""
+    out = subprocess.run([python, "-c", "import pyspark; print(pyspark.__file__)"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return Path(out.strip()).resolve().parent
+
+
+class ClusterRun(ScenarioRun):
+    """The cluster scenario's hosts, processes and files; ``run()`` (``ScenarioRun``'s) returns
+    its ``ClusterResult``."""
+
+    result: ClusterResult
+
+    def __init__(self, scenario: ClusterScenario, workdir: Path, seed: int = 1) -> None:
+        super().__init__(scenario.name, workdir)
+        self.scenario = scenario
+        self.seed = seed
+        self.channels = scenario.channels
+        self.faults = self.dir / "faults"
+        self.faults.mkdir()
+        self.cluster = Cluster(self.dir, self.store_path)
+        self.hosts = self.cluster.hosts
+        self.runner_log = self.dir / "driver.log"  # the driver's host runs the query
+        self.result = ClusterResult(scenario.name)
+
+    @property
+    def workers(self) -> dict[str, subprocess.Popen[Any]]:
+        return self.cluster.workers
+
+    @property
+    def master_url(self) -> str:
+        return self.cluster.master_url
+
+    def start_cluster(self) -> None:
+        self.cluster.start()
+
+    def start_query(self) -> None:
+        conf = {**self.cluster.driver_conf(),
                 **crash_spark_conf(self.faults),  # the crash points' hook in every worker
                 "spark.executorEnv.TABLESTORE_CDC_LOG_LEVEL": "INFO"}
-        args = ["--endpoint", endpoint, "--table", TABLE, "--tunnel", "cluster",
+        args = ["--endpoint", self.cluster.endpoint, "--table", TABLE, "--tunnel", "cluster",
                 "--checkpoint", str(self.dir / "checkpoint"), "--sink", str(self.sink.path),
                 "--stop-file", str(self.dir / "stop"), "--trigger-ms", "300",
                 "--master", self.master_url,
@@ -204,26 +268,17 @@ class ClusterRun(ScenarioRun):
         self.result.recover_s.append(round(time.monotonic() - since, 1))
 
     def _held_worker(self, point: str) -> str:
-        """A task reached ``point``: on which worker (the Worker JVM among its ancestors)."""
-        hit = self.faults / f"hit-{point}"
-        wait_until(f"a task to reach {point}", hit.exists, timeout=STARTUP_TIMEOUT_S,
-                   process=self.runner)
-        pid = int(hit.read_text())
-        ancestors = {p.pid for p in psutil.Process(pid).parents()}
-        for name, proc in self.workers.items():
-            if proc.pid in ancestors:
-                return name
-        raise AssertionError(f"the task at {point} (pid {pid}) runs under no worker")
+        return self.cluster.held_worker(self.faults, point, self.runner)
 
     def kill_worker_mid_batch(self) -> None:
         arm_crash_point(self.faults, "mid_read", "park")
         name = self._held_worker("mid_read")
         log.info("%s: SIGKILL worker %s (a task parked at mid_read)", self.scenario.name, name)
-        kill_tree(self.workers[name].pid)
+        self.cluster.kill_worker(name)
         self.result.workers_killed += 1
         killed = time.monotonic()
         self.recovered_since(killed)  # the other worker reran the task
-        self._start_worker(name)  # back, as a cluster manager would bring it
+        self.cluster.start_worker(name)  # back, as a cluster manager would bring it
 
     def cut_worker_mid_read(self) -> None:
         # held between fetching its records and claiming its end: the claim (a meta-table
@@ -263,7 +318,7 @@ class ClusterRun(ScenarioRun):
         self.drain_and_stop()
 
     def cleanup_actions(self, writer: Writer) -> list[tuple[str, Callable[[], Any]]]:
-        return [*super().cleanup_actions(writer), ("hosts", self.hosts.down)]
+        return [*super().cleanup_actions(writer), ("hosts", self.cluster.down)]
 
     def verify(self) -> None:
         r = self.result
