@@ -110,9 +110,11 @@ faults-full: $(STAMP) java-check
 netfaults-full: $(STAMP) java-check
 	$(BIN)/python -m integration.netfaults
 
-## make cluster-long: the Spark standalone cluster across network namespaces, longer (root)
+## make cluster-long: the Spark standalone cluster across network namespaces, longer, then
+## tablestore-cdc replicate on it with a worker killed (root)
 cluster-long: $(STAMP) java-check
 	$(BIN)/python -m integration.netfaults cluster --long
+	$(BIN)/python -m pytest -p no:cacheprovider -m faults_full integration/test_cluster_replicate.py
 
 ## make soak: 64 channels, up to 1,000,000 changes, a query kill a minute, ~20 min (SOAK_ARGS)
 soak: $(STAMP) java-check
