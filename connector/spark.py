@@ -14,7 +14,8 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cdc_common.uris import SPARK_OPTIONS_REGEX, SPARK_SECRET_REGEX, SPARK_STRING_REGEX
 from connector.errors import JavaMissingError
@@ -94,30 +95,70 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
 
     from connector.source import register
 
-    settings: dict[str, Any] = {
+    settings = session_settings(app_name, master, conf, spark_defaults(), short_run=short_run)
+    _start_jvm_apart(settings)
+    spark = SparkSession.builder.config(map={**settings}).getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    register(spark)
+    return spark
+
+
+def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
+                     defaults: dict[str, str], *, short_run: bool = False) -> dict[str, str]:
+    """The settings ``local_session`` starts Spark with (driver): ours, then ``conf``'s. The
+    two it extends rather than sets, the workers' ``PYTHONPATH`` and the driver's Java options,
+    keep what ``conf`` or else the installation's ``spark-defaults.conf`` (``defaults``) gives,
+    after ours: a setting given to the session builder replaces the file's value, so a
+    cluster's path or options in that file would otherwise be lost."""
+    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2}"
+    settings: dict[str, str] = {
         "spark.master": master,
         "spark.app.name": app_name,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.streaming.stopTimeout": "30s",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2}",
+        "spark.driver.extraJavaOptions": " ".join(
+            [java_options, *filter(None, [defaults.get("spark.driver.extraJavaOptions")])]),
         **(conf or {}),
     }
     for key, regex in REDACTION.items():  # a regex the caller gives widens ours, never narrows
         given = (conf or {}).get(key)
         settings[key] = f"{regex}|{given}" if given and given != regex else regex
-    given_path = settings.get("spark.executorEnv.PYTHONPATH")
+    given_path = (settings.get("spark.executorEnv.PYTHONPATH")
+                  or defaults.get("spark.executorEnv.PYTHONPATH"))
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(
         [WORKER_SITE, *([given_path] if given_path else [])])
     if short_run:
         settings["spark.driver.extraJavaOptions"] = (
             f"{settings.get('spark.driver.extraJavaOptions', '')} {SHORT_RUN_JVM_OPTIONS}".strip())
-    _start_jvm_apart(settings)
-    spark = SparkSession.builder.config(map=settings).getOrCreate()
-    spark.sparkContext.setLogLevel(log_level)
-    register(spark)
-    return spark
+    return settings
+
+
+def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The installation's ``spark-defaults.conf`` (driver, before a session): in
+    ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else the installed PySpark's ``conf``; no
+    file, no settings. Read as spark-submit reads it: a key, then white space, ``=`` or ``:``,
+    then the value; lines starting with ``#`` or ``!`` are comments."""
+    conf_dir = environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = environ.get("SPARK_HOME")
+        if not home:
+            import pyspark
+
+            home = os.path.dirname(os.path.abspath(pyspark.__file__))
+        conf_dir = os.path.join(home, "conf")
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    settings = {}
+    for line in lines:
+        pair = re.match(r"\s*([^#!\s=:][^\s=:]*)\s*[\s=:]\s*(.*?)\s*$", line)
+        if pair:
+            settings[pair.group(1)] = pair.group(2)
+    return settings
 
 
 def _start_jvm_apart(settings: dict[str, str]) -> None:

@@ -1,0 +1,64 @@
+"""``local_session`` keeps what the installation's ``spark-defaults.conf`` says of the two
+settings it extends (``connector.spark.session_settings``, ``spark_defaults``): a setting given
+to the session builder replaces the file's, so a cluster's executor ``PYTHONPATH`` or driver
+Java options written there were lost."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from connector.spark import (
+    LOG4J2,
+    SHORT_RUN_JVM_OPTIONS,
+    WORKER_SITE,
+    session_settings,
+    spark_defaults,
+)
+
+PATH, JAVA = "spark.executorEnv.PYTHONPATH", "spark.driver.extraJavaOptions"
+
+
+def _conf_dir(tmp_path: Path, text: str) -> dict[str, str]:
+    (tmp_path / "spark-defaults.conf").write_text(text)
+    return {"SPARK_CONF_DIR": str(tmp_path)}
+
+
+def test_the_file_is_read_as_spark_submit_reads_it(tmp_path: Path) -> None:
+    env = _conf_dir(tmp_path, "# a comment\n! another\n\n"
+                              "spark.executorEnv.PYTHONPATH   /opt/hooks\n"
+                              "spark.driver.extraJavaOptions=-Dx=1 -Dy=2\n"
+                              "spark.executor.memory : 2g  \n")
+    assert spark_defaults(env) == {PATH: "/opt/hooks", JAVA: "-Dx=1 -Dy=2",
+                                   "spark.executor.memory": "2g"}
+
+
+def test_spark_home_conf_is_read_when_no_conf_dir_is_named(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.a b\n")
+    assert spark_defaults({"SPARK_HOME": str(tmp_path)}) == {"spark.a": "b"}
+
+
+def test_no_file_or_an_unreadable_one_is_no_settings(tmp_path: Path) -> None:
+    assert spark_defaults({"SPARK_CONF_DIR": str(tmp_path / "absent")}) == {}
+    (tmp_path / "spark-defaults.conf").write_bytes(b"spark.a \xff\xfe\n")
+    assert spark_defaults({"SPARK_CONF_DIR": str(tmp_path)}) == {}
+
+
+def test_the_files_path_and_java_options_follow_ours() -> None:
+    settings = session_settings("app", "local[1]", None, {PATH: "/opt/hooks", JAVA: "-Dx=1"})
+    assert settings[PATH] == os.pathsep.join([WORKER_SITE, "/opt/hooks"])
+    assert settings[JAVA] == f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dx=1"
+
+
+def test_the_callers_conf_wins_over_the_file() -> None:
+    settings = session_settings("app", "local[1]", {PATH: "/given", JAVA: "-Dmine=1"},
+                                {PATH: "/opt/hooks", JAVA: "-Dx=1"}, short_run=True)
+    assert settings[PATH] == os.pathsep.join([WORKER_SITE, "/given"])
+    assert settings[JAVA] == f"-Dmine=1 {SHORT_RUN_JVM_OPTIONS}"
+
+
+def test_without_a_file_the_settings_are_ours_alone() -> None:
+    settings = session_settings("app", "local[1]", None, {})
+    assert settings[PATH] == WORKER_SITE
+    assert settings[JAVA] == f"-Dlog4j2.configurationFile=file:{LOG4J2}"
