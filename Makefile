@@ -44,7 +44,7 @@ JARS_STAMP          := $(SPARK_MERGE)/.jars-stamp
 $(SPARK_MERGE)/.installed-stamp: pyproject.toml
 	test -x $(SPARK_MERGE)/bin/python || $(PYTHON) -m venv $(SPARK_MERGE)
 	$(SPARK_MERGE)/bin/python -m pip install --quiet --upgrade pip
-	$(SPARK_MERGE)/bin/python -m pip install --quiet -e '.[lakehouse]' 'pyspark==$(SPARK_MERGE_PYSPARK)'
+	$(SPARK_MERGE)/bin/python -m pip install --quiet -e '.[lakehouse,tablestore]' 'pyspark==$(SPARK_MERGE_PYSPARK)'
 	touch $@
 
 $(JARS_STAMP): $(SPARK_MERGE)/.installed-stamp tablestore_cdc/lakehouse/spark_merge.py | java-check
@@ -112,7 +112,7 @@ netfaults-full: $(STAMP) java-check
 
 ## make cluster-long: the Spark standalone cluster across network namespaces, longer, then
 ## tablestore-cdc replicate on it with a worker killed (root)
-cluster-long: $(STAMP) java-check
+cluster-long: $(STAMP) java-check $(JARS_STAMP)
 	$(BIN)/python -m integration.netfaults cluster --long
 	$(BIN)/python -m pytest -p no:cacheprovider -m faults_full integration/test_cluster_replicate.py
 
