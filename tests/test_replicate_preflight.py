@@ -270,7 +270,15 @@ def test_a_second_job_from_another_output_is_refused_while_the_first_runs(
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not all((first_out / "lake" / t / "_delta_log").exists() for t in ("t1", "t2")):
+
+        def published() -> bool:
+            # both targets written and both tables' status records (which name the job's
+            # output) published: the job prints a table's state after it publishes it
+            log = (tmp_path / "first.log").read_text()
+            return all((first_out / "lake" / t / "_delta_log").exists()
+                       and f"table {t}: streaming" in log for t in ("t1", "t2"))
+
+        while not published():
             assert first.poll() is None and time.monotonic() < deadline, (
                 (tmp_path / "first.log").read_text()[-3000:])
             time.sleep(1)
