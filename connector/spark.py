@@ -119,7 +119,7 @@ def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.streaming.stopTimeout": "30s",
         "spark.driver.extraJavaOptions": " ".join(
-            [java_options, *filter(None, [defaults.get("spark.driver.extraJavaOptions")])]),
+            filter(None, [java_options, defaults.get("spark.driver.extraJavaOptions")])),
         **(conf or {}),
     }
     for key, regex in REDACTION.items():  # a regex the caller gives widens ours, never narrows
