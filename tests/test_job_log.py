@@ -17,7 +17,7 @@ from tablestore_cdc.pipeline.job_log import spark_log_to_file
 
 def test_the_configuration_is_named_by_a_uri_one_jvm_option_long(tmp_path: Path) -> None:
     output = tmp_path / "out dir (2)"
-    log, conf = spark_log_to_file(output)
+    log, conf = spark_log_to_file(output / "logs")
     options = shlex.split(conf["spark.driver.extraJavaOptions"])
     assert len(options) == 1
     name, _, uri = options[0].partition("=")

@@ -29,6 +29,7 @@ from meta_store import open_meta_store
 from tablestore_cdc.commands.app import app
 from tablestore_cdc.pipeline import ApplySettings
 from tablestore_cdc.pipeline.job_lock import JobLock
+from tablestore_cdc.pipeline.output import JobOutput
 from tablestore_cdc.pipeline.preflight import (
     NONE_WARNING,
     SNAPSHOT_LINE,
@@ -147,7 +148,7 @@ def test_a_table_another_job_replicates_is_refused_naming_that_job(
     with open_meta_store(source.meta_store) as meta:  # a holder that died is the source's call
         meta.take_lease(source.source_identity, f"{socket.gethostname()}/999999999/y", 120,
                         namespace=source.source_identity, now=time.time() + 200)
-    plan = JobPlan(f"local://{store}", out, "replicate", {},
+    plan = JobPlan(f"local://{store}", JobOutput.of(out), "replicate", {},
                    lambda t: ApplySettings(f"delta://{out}/lake/{t}"), tables="t*")
     assert check_before_start(plan).tables == ["t1", "t2"]
     assert not out.exists()
@@ -168,7 +169,7 @@ def test_a_missing_extra_is_named_with_its_install_line(store: Path, tmp_path: P
 
 
 def test_an_empty_selection_is_a_warning_with_allow_empty(store: Path, tmp_path: Path) -> None:
-    plan = JobPlan(f"local://{store}", tmp_path / "out", "replicate", {},
+    plan = JobPlan(f"local://{store}", JobOutput.of(tmp_path / "out"), "replicate", {},
                    lambda t: ApplySettings(f"delta:///lake/{t}"), tables="later_*",
                    allow_empty=True)
     checked = check_before_start(plan)
@@ -179,7 +180,7 @@ def test_an_empty_selection_is_a_warning_with_allow_empty(store: Path, tmp_path:
 
 def plan(options: dict[str, str] | None = None, initial: str = "snapshot",
          given: bool = False, endpoint: str = "local:///s.db") -> JobPlan:
-    return JobPlan(endpoint, Path("/out"), "replicate", options or {},
+    return JobPlan(endpoint, JobOutput.of("/out"), "replicate", options or {},
                    lambda t: ApplySettings("delta:///lake/{table}"), tables="t*",
                    initial=initial, initial_given=given)
 
@@ -299,6 +300,7 @@ def test_a_second_job_from_another_output_is_refused_while_the_first_runs(
 def test_a_tunnel_type_option_in_any_case_is_the_one_the_source_gets(
         store: Path, tmp_path: Path) -> None:
     checked = check_before_start(JobPlan(
-        f"local://{store}", tmp_path / "out", "replicate", {"Tunnel.Type": "Stream"},
+        f"local://{store}", JobOutput.of(tmp_path / "out"), "replicate",
+        {"Tunnel.Type": "Stream"},
         lambda t: ApplySettings(f"delta:///lake/{t}"), tables="t1", one_table=True))
     assert checked.options == {"tunnel.type": "Stream"} and checked.lines == [NONE_WARNING]

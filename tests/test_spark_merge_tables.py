@@ -182,6 +182,6 @@ def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
 def _apply_query_id(out: Path) -> str:
     from tablestore_cdc.pipeline.queries import checkpoint_query_id
 
-    query_id = checkpoint_query_id(out / "_checkpoints" / "apply")
+    query_id = checkpoint_query_id(out)
     assert query_id is not None
     return query_id

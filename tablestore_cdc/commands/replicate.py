@@ -35,6 +35,7 @@ from tablestore_cdc.pipeline.multi_table import (
     status_location,
     table_sources,
 )
+from tablestore_cdc.pipeline.output import JobOutput
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 from tablestore_cdc.pipeline.table_config import TableConfig, column_types, load_table_config
 from tablestore_cdc.pipeline.upgrade import upgrade_output
@@ -67,9 +68,10 @@ def demo(
 
 def replicate(
     ctx: typer.Context,
-    output: Annotated[str, typer.Option(help="A local (or mounted) directory: the change log, "
-                                        "Spark's checkpoints, the job's log (and the default "
-                                        "target).")],
+    output: Annotated[str, typer.Option(help="Where the job keeps its state, the change log "
+                                        "and Spark's checkpoints (and the default target): a "
+                                        "local (or mounted) directory, or s3://BUCKET/PREFIX "
+                                        "(docs/lakehouse.md).")],
     table: Annotated[str | None, typer.Option(
         help="One table: short for --tables TABLE, its target by default delta://OUTPUT/TABLE."
         )] = None,
@@ -171,7 +173,8 @@ def replicate(
 
     endpoint = source_endpoint(store, endpoint)
     extra = reader_options(option)
-    out = _local_output(output)
+    with reported_errors():
+        out = JobOutput.parse(output)
     if engine not in ("embedded", "spark"):
         fail(f"option '--engine': got {engine!r}; allowed: embedded or spark")
     if initial not in INITIAL_CHOICES:
@@ -193,10 +196,9 @@ def replicate(
         upkeep = policy_of(maintenance, maintenance_setting)
         columns = column_types(column, table)
         policy = restart_policy(restart_backoff, max_restarts)
-    default_target = (f"delta://{out}/{{table}}" if table is not None
-                      else f"delta://{out}/lake/{{table}}")
-    apply = ApplySettings(target or default_target, scd, schema_drift, soft_delete_column,
-                          adopt_target, target_options, upkeep, engine)
+    apply = ApplySettings(target or out.default_target(one_table=table is not None), scd,
+                          schema_drift, soft_delete_column, adopt_target, target_options,
+                          upkeep, engine)
     given = frozenset(name for name in ("target", "scd", "schema_drift",
                                         "soft_delete_column", "adopt_target")
                       if _on_command_line(ctx, name)) | (
@@ -209,17 +211,6 @@ def replicate(
         initial_given=_on_command_line(ctx, "initial"), allow_empty=allow_empty,
         columns=columns, one_table=table is not None)
     raise typer.Exit(int(code))
-
-
-def _local_output(output: str) -> Path:
-    """``--output`` as an absolute local path; a URI (``s3://...``) is refused in one line
-    rather than becoming a directory named ``s3:`` (the job's state is kept on a local or
-    mounted file system; its targets may be in object storage)."""
-    if "://" in output:
-        fail(f"option '--output': got {output!r}: the change log and Spark's checkpoints are "
-             "kept in a local or mounted directory; give a path (the targets may be in object "
-             "storage: --target 'delta+s3://BUCKET/PREFIX/{table}')")
-    return Path(output).resolve()
 
 
 def _end_children() -> None:
@@ -237,7 +228,8 @@ def _end_children() -> None:
                 os.kill(int(entry.name), signal.SIGTERM)
 
 
-def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, output: Path,
+def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None,
+                        output: JobOutput | Path,
                         apply: ApplySettings, tunnel: str, options: dict[str, str],
                         trigger_ms: int, master: str, metrics_port: int | None = None,
                         config: Path | None = None, given: frozenset[str] = frozenset(),
@@ -257,6 +249,7 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
 
     excluded = ",".join(exclude) if exclude else None
+    output = JobOutput.of(output)
     per_table = None
     engine_conf = None
     with reported_errors(), flags_named():
@@ -299,8 +292,9 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None, o
         return JobExit.DONE
     try:
         with reported_errors():
-            if one_table:  # an earlier version's single-table output: upgraded in place
-                upgraded = upgrade_output(output, table_sources(selection_options(
+            if one_table and output.local is not None:  # an earlier version's single-table
+                # output: upgraded in place
+                upgraded = upgrade_output(output.local, table_sources(selection_options(
                     endpoint, tables, excluded, tunnel, options))(tables))
                 if upgraded is not None:
                     console.print(upgraded, soft_wrap=True)

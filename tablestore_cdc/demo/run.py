@@ -152,7 +152,8 @@ def _verify_demo(pipeline: Pipeline, store_path: Path, writer: DemoWriter,
             change_log = wire_change_log(change_log)
         source = rows_by_key(store.scan(DEMO_TABLE))
         channels = store.list_channels(DEMO_TABLE)
-    changes, keys = generic_rows.decode(pq.read_table(pipeline.apply.out / "changelog"))
+    changelog = pipeline.apply.output.spark_path("changelog")
+    changes, keys = generic_rows.decode(pq.read_table(changelog))
     result = verify(change_log, deliveries_from_rows(changes.to_pylist(), list(keys)),
                     check_order=False)
     table_path = pipeline.apply.target_of(DEMO_TABLE).removeprefix("delta://")

@@ -21,13 +21,13 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from enum import IntEnum
-from pathlib import Path
 from typing import Any, Protocol
 
 from connector.errors import CdcError
 from tablestore_cdc.pipeline.failures import FailureKind, QueryFailure, error_kind, query_failure
 from tablestore_cdc.pipeline.job_lock import JobLock
 from tablestore_cdc.pipeline.job_log import spark_log_to_file
+from tablestore_cdc.pipeline.output import JobOutput, merge_packages
 from tablestore_cdc.pipeline.relocation import MOVED_LINE, relocate
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 
@@ -62,14 +62,15 @@ _EXIT_OF = {FailureKind.IN_USE: JobExit.IN_USE, FailureKind.CONFIGURATION:
             JobExit.CONFIGURATION, FailureKind.FATAL: JobExit.FAILED}
 
 
-def open_job(output: Path, master: str, say: Callable[[str], None],
+def open_job(output: JobOutput, master: str, say: Callable[[str], None],
              conf: dict[str, str] | None = None, *,
              short_run: bool = False) -> tuple[JobLock, Any]:
     """What a replication command holds while it runs (driver): the output directory's lock
     (``JobAlreadyRunningError`` for a second start, before anything is written), the
     change-log paths of an output moved or copied from elsewhere rewritten to it (``relocation.
     relocate``, said in one line, before Spark reads them), Spark's log
-    sent to ``OUTPUT/logs/spark.log`` (its path said), and a local session, with ``conf``
+    sent to ``OUTPUT/logs/spark.log`` (its path said; ``output.JobOutput.logs_dir``), and a
+    local session, with the settings its state needs (``JobOutput.spark_conf``: S3A) and ``conf``
     added (``--engine spark``: the jars and extensions, ``lakehouse.spark_merge``) and Spark's
     redaction of secrets (``connector.spark.REDACTION``: none in its UI, event log or plans);
     ``short_run`` (``--once``): the JVM options of a short run (``connector.spark.
@@ -77,15 +78,18 @@ def open_job(output: Path, master: str, say: Callable[[str], None],
     releases the lock; on a failure here it is released before the error goes up."""
     from connector.spark import local_session
 
-    lock = JobLock(output).acquire()
+    # an output in object storage has no lock: the source's lease refuses a second job
+    lock = JobLock(output.local).acquire() if output.local is not None else JobLock(None)
     try:
-        moved = relocate(output)  # a moved or copied output: its change-log paths, here
-        if moved is not None:
-            say(MOVED_LINE.format(output=output, old=moved))
-        log, settings = spark_log_to_file(output)
+        if output.local is not None:  # a moved or copied output: its change-log paths, here
+            moved = relocate(output.local)
+            if moved is not None:
+                say(MOVED_LINE.format(output=output, old=moved))
+        log, settings = spark_log_to_file(output.logs_dir())
         say(f"Spark's log: {log}")
         spark = local_session("tablestore-cdc-replicate", master=master,
-                              conf={**settings, **(conf or {})}, log_level="WARN",
+                              conf=merge_packages(settings, output.spark_conf(), conf or {}),
+                              log_level="WARN",
                               short_run=short_run)
     except BaseException:
         lock.release()

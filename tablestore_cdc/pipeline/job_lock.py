@@ -5,7 +5,8 @@ The job holds an exclusive ``flock`` on ``OUTPUT/.replicate.lock`` for its whole
 kernel drops it when the process ends, however it ends (kill -9 included), so a crashed job
 never locks its restart out. The lock file holds who has it (host, pid, since) for the refusal's
 line. A second job on the same source with another output directory is refused by the source's
-lease instead (``SourceInUseError``, ``connector.planning.lease``).
+lease instead (``SourceInUseError``, ``connector.planning.lease``), and so is a second job of an
+output in object storage, which has no lock (``preflight``, step 7).
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ class JobAlreadyRunningError(CdcError):
 
 
 class JobLock:
-    """The exclusive lock of one output directory (module docstring)."""
+    """The exclusive lock of one output directory (module docstring); ``output`` None: an
+    output in object storage, which has none (``output.JobOutput``)."""
 
-    def __init__(self, output: Path) -> None:
-        self.path = output / LOCK_NAME
+    def __init__(self, output: Path | None) -> None:
+        self.path = output / LOCK_NAME if output is not None else None
         self._file: IO[str] | None = None
 
     def acquire(self) -> JobLock:
         """Take the lock or raise ``JobAlreadyRunningError`` naming its holder. Creates the
         output directory (and nothing else) if it does not exist."""
+        if self.path is None:
+            return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock_file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held for life
         try:

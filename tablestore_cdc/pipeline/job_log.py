@@ -2,6 +2,7 @@
 to the operator's console, which keeps the job's own one-line messages.
 
 Spark's JVM log (WARN and above) and the Python side's Py4J log go to ``OUTPUT/logs/spark.log``
+(a directory of this machine for an output in object storage)
 through a log4j2 configuration written there (Spark reads it when its JVM starts); the console
 gets none of it, so a stop (Ctrl-C, SIGTERM) prints no Spark stack. The CLI prints the path.
 """
@@ -24,10 +25,10 @@ appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss}} %p %c{{1}}: %m%n
 """
 
 
-def spark_log_to_file(output: Path) -> tuple[Path, dict[str, str]]:
-    """The log file's path and the Spark conf that sends the JVM's log there; the Py4J log
-    of this process goes there too."""
-    logs = output / "logs"
+def spark_log_to_file(logs: Path) -> tuple[Path, dict[str, str]]:
+    """The log file's path in the directory ``logs`` (``OUTPUT/logs``; for an output in
+    object storage, a local one: ``output.JobOutput.logs_dir``) and the Spark conf that sends
+    the JVM's log there; the Py4J log of this process goes there too."""
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "spark.log"
     config = logs / "log4j2.properties"

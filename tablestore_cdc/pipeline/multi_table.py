@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from connector import generic_rows
 from connector.crash_hook import crash_point
 from connector.table_state import State, TableState
 from tablestore_cdc.pipeline.failures import QueryFailure, table_failure
+from tablestore_cdc.pipeline.output import JobOutput
 from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     attach_listener,
@@ -52,6 +52,8 @@ from tablestore_cdc.resnapshot.hook import RepairRunner, RepairTarget
 from tablestore_cdc.table_status import AppliedTable, TableStatus
 
 log = logging.getLogger("tablestore_cdc.pipeline")
+#: under the output: a failed table's reason (``<table>.failed``), its held batches
+_FAILED, _HELD = "_tables", "_held"
 
 @dataclass
 class MultiTableApply:
@@ -59,7 +61,7 @@ class MultiTableApply:
 
     ``settings.target`` is a template holding ``{table}``; ``source``: the endpoint as shown,
     each table's target marker names ``<source>#<table>``; ``out``: where failed tables and
-    their held batches are kept.
+    their held batches are kept (a ``JobOutput`` or a local path).
 
     ``settings.engine`` ``spark`` (``replicate --engine spark``): the batch is not collected;
     each table's rows are typed by Spark (``lakehouse.spark_rows``) and merged by Spark's own
@@ -70,7 +72,7 @@ class MultiTableApply:
 
     settings: ApplySettings
     source: str
-    out: Path
+    out: JobOutput | Path
     #: builds a table's apply sink (a test may pass its own); default: open_apply_sink
     open_sink: Callable[..., Any] | None = None
     #: a table's own settings and key override (``table_config.TableConfig.for_table``);
@@ -78,6 +80,8 @@ class MultiTableApply:
     per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]] | None = None
     tables: dict[str, AppliedTable] = field(default_factory=dict)
     _sinks: dict[str, Any] = field(default_factory=dict)
+    #: ``out`` as a ``JobOutput``
+    output: JobOutput = field(init=False, repr=False)
     #: a table's source as the job reads it (``table_sources``), for its re-snapshots; None:
     #: no re-snapshots (a test's apply)
     spec_of: Callable[[str], SourceSpec] | None = None
@@ -91,8 +95,10 @@ class MultiTableApply:
     applied_batch_id: int | None = None
 
     def __post_init__(self) -> None:
-        for failed in sorted(self._failed_dir.glob("*.failed")):
-            self.tables[failed.stem] = AppliedTable(State.FAILED, failed.read_text())
+        self.output = JobOutput.of(self.out)
+        for name in self.output.names(_FAILED, suffix=".failed"):
+            reason = (self.output.read_bytes(_FAILED, name) or b"").decode()
+            self.tables[name.removesuffix(".failed")] = AppliedTable(State.FAILED, reason)
         if self.spec_of is not None and self.repairs is None:
             self.repairs = RepairRunner(self.repair_tables, self.spec_of, self.repair_target)
 
@@ -112,10 +118,6 @@ class MultiTableApply:
         if settings.engine == "spark":  # re-snapshots write through the embedded sink
             return None
         return repair_target(self.sink(table), self.spec_of(table), settings, keys)
-
-    @property
-    def _failed_dir(self) -> Path:
-        return self.out / "_tables"
 
     def settings_of(self, table: str) -> tuple[ApplySettings, tuple[str, ...] | None]:
         """``table``'s apply settings and its target's key columns when overridden."""
@@ -231,10 +233,7 @@ class MultiTableApply:
         reason = f"batch {batch_id}: {type(exc).__name__}: {exc}"
         log.error("table %s failed (%s); its rows are held, the other tables go on; fix its "
                   "setting and restart to resume it", table, reason)
-        self._failed_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._failed_dir / f"{table}.failed.tmp"
-        tmp.write_bytes(reason.encode())
-        os.replace(tmp, tmp.with_suffix(""))
+        self.output.write_bytes(reason.encode(), _FAILED, f"{table}.failed")
         self.tables[table] = AppliedTable(State.FAILED, reason)
 
     def _hold(self, table: str, batch_id: int, rows: pa.Table | _SparkRows) -> None:
@@ -243,12 +242,10 @@ class MultiTableApply:
         for this: one failed table's rows of one batch."""
         if isinstance(rows, _SparkRows):
             rows = rows.frame.toArrow()
-        held = self.out / "_held" / table
-        held.mkdir(parents=True, exist_ok=True)
-        target = held / f"{batch_id:012d}.parquet"
-        tmp = target.with_suffix(".tmp")
-        pq.write_table(rows, tmp)
-        os.replace(tmp, target)
+        data = pa.BufferOutputStream()
+        pq.write_table(rows, data)
+        self.output.write_bytes(data.getvalue().to_pybytes(), _HELD, table,
+                                f"{batch_id:012d}.parquet")
 
     def resume_held(self, app_id: str | None) -> None:
         """Before the queries start (a restart): apply each failed table's held batches in
@@ -259,22 +256,24 @@ class MultiTableApply:
         if app_id is None:
             return
         for table in [t for t, s in self.tables.items() if s.state is State.FAILED]:
-            held = sorted((self.out / "_held" / table).glob("*.parquet"))
+            held = self.output.names(_HELD, table, suffix=".parquet")
             failed = self.tables[table]
             self.tables[table] = AppliedTable()
-            for path in held:
-                batch_id = int(path.stem)
+            for name in held:
+                batch_id = int(name.removesuffix(".parquet"))
+                rows = pq.read_table(pa.BufferReader(
+                    self.output.read_bytes(_HELD, table, name) or b""))
                 try:
-                    self._apply(table, pq.read_table(path), app_id, batch_id)
+                    self._apply(table, rows, app_id, batch_id)
                 except CdcError as exc:
                     if exc.retryable:
                         self.tables[table] = failed
                         raise
                     self._fail(table, batch_id, exc)
                     break
-                path.unlink()
+                self.output.delete(_HELD, table, name)
             else:
-                (self._failed_dir / f"{table}.failed").unlink(missing_ok=True)
+                self.output.delete(_FAILED, f"{table}.failed")
                 log.info("table %s resumed: %d held batch(es) applied", table, len(held))
 
 
@@ -543,7 +542,7 @@ def _max_partitions(spark: Any) -> str:
     return str(2 * max(1, cores))
 
 
-def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Path,
+def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: JobOutput | Path,
                    apply: ApplySettings, options: dict[str, str] | None = None,
                    trigger_ms: int = 0, *, exclude: str | None = None,
                    per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]]
@@ -574,23 +573,24 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Pat
         reader = reader.option(key, value)
     changes = reader.load()
     selection = selection_options(endpoint, tables, exclude, tunnel, options)
+    out = JobOutput.of(out)
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table,
                            spec_of=table_sources(selection), known=named_tables(selection))
-    sink.resume_held(checkpoint_query_id(out / "_checkpoints" / "apply"))
+    sink.resume_held(checkpoint_query_id(out))
     listener = attach_listener(spark, selection)  # each selected table's namespace
-    changelog_dir = out / "changelog"
+    changelog_dir = out.spark_path("changelog")
     trigger: dict[str, Any] = ({"availableNow": True} if once
                                else {"processingTime": f"{trigger_ms} milliseconds"})
     try:
         changelog = (changes.writeStream.format("parquet").queryName("changelog")
-                     .option("path", str(changelog_dir))
-                     .option("checkpointLocation", str(out / "_checkpoints" / "changelog"))
+                     .option("path", changelog_dir)
+                     .option("checkpointLocation", out.spark_path("_checkpoints", "changelog"))
                      .trigger(**trigger).start())
         if once:  # the apply query must see the whole change log of this run
             changelog.awaitTermination()
-        state_query = (spark.readStream.schema(changes.schema).parquet(str(changelog_dir))
+        state_query = (spark.readStream.schema(changes.schema).parquet(changelog_dir)
                        .writeStream.queryName("apply").foreachBatch(sink)
-                       .option("checkpointLocation", str(out / "_checkpoints" / "apply"))
+                       .option("checkpointLocation", out.spark_path("_checkpoints", "apply"))
                        .trigger(**trigger).start())
     except BaseException:
         spark.streams.removeListener(listener)

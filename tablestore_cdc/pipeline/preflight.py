@@ -6,7 +6,8 @@
 meta store). In order:
 
 1. the output directory is not another running job's (its lock, read only:
-   ``job_lock.JobAlreadyRunningError``, exit 4), nor, for ``--tables``, an earlier version's
+   ``job_lock.JobAlreadyRunningError``, exit 4; an output in object storage has no lock:
+   step 7 stands for it), nor, for ``--tables``, an earlier version's
    single-table output (``upgrade.SingleTableOutputError``: ``--table`` upgrades it);
 2. the target's URI (a scheme it knows, an absolute path, an Iceberg ``?table=``) and its
    ``{table}`` (one literal target for ``--table``);
@@ -21,6 +22,8 @@ meta store). In order:
    (``relocation.MovedTargetError``: it did not move with it);
 7. no live job of another output holds a table's lease in the meta store
    (``connector.planning.lease``): ``SourceHeldError``, exit 4, naming its host, pid and since;
+   for an output in object storage, no live job of the same output either (its checkpoint
+   would make the second job look like the first's restart to the lease);
 8. each table's target, read only (``ApplySink.check_target``: another job's table, a foreign
    table without ``--adopt-target``).
 
@@ -44,6 +47,7 @@ from cdc_common.first_contact import query_start
 from cdc_common.uris import redact_uri
 from connector.errors import OptionError, UnknownTunnelError
 from tablestore_cdc.lease_holder import holder_alive
+from tablestore_cdc.pipeline.output import JobOutput
 from tablestore_cdc.pipeline.queries import ApplySettings, checkpoint_query_id, open_table_sink
 from tablestore_cdc.pipeline.upgrade import SingleTableOutputError, single_table_layout
 
@@ -89,7 +93,7 @@ class JobPlan:
     """What ``replicate`` was asked (flags, resolved by the CLI)."""
 
     endpoint: str
-    output: Path
+    output: JobOutput
     tunnel: str
     #: the reader's options (``--option`` and those the flags set)
     options: dict[str, str]
@@ -120,9 +124,10 @@ def check_before_start(plan: JobPlan) -> Checked:
     """Every check of the module docstring, in its order (CLI process, before the output
     lock and Spark); raises the first refusal, having written nothing."""
     with named_extras():
-        _output_not_running(plan.output)
-        if not plan.one_table and single_table_layout(plan.output):
-            raise SingleTableOutputError(output=str(plan.output))
+        if plan.output.local is not None:
+            _output_not_running(plan.output.local)
+            if not plan.one_table and single_table_layout(plan.output.local):
+                raise SingleTableOutputError(output=str(plan.output))
         template = plan.apply_of("{table}")
         check_target_uri(template.target, dict(template.target_options))
         # the apply flags (ApplyOptionError), as the job opens the sink
@@ -315,7 +320,7 @@ def _leases_free(plan: JobPlan, tables: list[str], options: dict[str, str]) -> N
                     continue
                 status = load_table_status(meta, identity)
                 job = status.job if status is not None else None
-                if job is not None and Path(job) == plan.output:
+                if job == str(plan.output) and not plan.output.remote:
                     continue  # this job's earlier run: its lock is free, the source decides
                 raise _held(plan, table, lease, job)
     except MetaTableMissingError:
@@ -327,9 +332,12 @@ def _moved_targets(plan: JobPlan, template: str, tables: list[str]) -> None:
     target may still lie under the old one (``relocation.MovedTargetError``)."""
     from tablestore_cdc.pipeline.relocation import check_targets, moved_from
 
-    old = moved_from(plan.output)
+    if plan.output.local is None:
+        return  # a prefix in object storage is not relocated
+    old = moved_from(plan.output.local)
     if old is not None:
-        check_targets(plan.output, old, [template, *(plan.apply_of(t).target for t in tables)])
+        check_targets(plan.output.local, old,
+                      [template, *(plan.apply_of(t).target for t in tables)])
 
 
 def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldError:
@@ -342,7 +350,7 @@ def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldE
     renewed = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(lease.renewed_at))
     holder = {"host": host, "pid": rest.partition("/")[0],
               "since": f"at least {renewed}, its lease's last renewal"}
-    if job is not None:
+    if job is not None and "://" not in job:  # a local output: its lock file says more
         with suppress(OSError):
             holder = lock_holder((Path(job) / LOCK_NAME).read_text(encoding="utf-8"))
     return SourceHeldError(table=table, tunnel=plan.tunnel, where=f", output {job}" if job
@@ -352,7 +360,7 @@ def _held(plan: JobPlan, table: str, lease: Any, job: str | None) -> SourceHeldE
 def _target_free(plan: JobPlan, table: str) -> None:
     """``table``'s target, read only: another job's table or a foreign one is refused."""
     open_table_sink(plan.apply_of(table), table, redact_uri(plan.endpoint)).check_target(
-        checkpoint_query_id(plan.output / "_checkpoints" / "apply"))
+        checkpoint_query_id(plan.output))
 
 
 __all__ = ["INITIAL_CHOICES", "NONE_WARNING", "SNAPSHOT_LINE", "Checked", "JobPlan",

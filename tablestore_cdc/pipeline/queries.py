@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cdc_common.errors import CdcError
@@ -64,10 +63,14 @@ def repair_target(sink: Any, spec: SourceSpec, apply: ApplySettings,
                         apply.soft_delete_column, dict(apply.target_options), key_columns)
 
 
-def checkpoint_query_id(checkpoint: Path) -> str | None:
-    """The streaming query id Spark keeps in a checkpoint (its ``metadata`` file), or None."""
+def checkpoint_query_id(output: Any) -> str | None:
+    """The apply query's id, which Spark keeps in its checkpoint (``_checkpoints/apply/
+    metadata``) under ``output`` (a ``JobOutput`` or a local path), or None."""
+    from tablestore_cdc.pipeline.output import JobOutput
+
     try:
-        return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
+        data = JobOutput.of(output).read_bytes("_checkpoints", "apply", "metadata")
+        return str(json.loads((data or b"").decode().splitlines()[0])["id"])
     except (OSError, ValueError, KeyError, IndexError):
         return None
 
