@@ -5,6 +5,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# hadoop-aws for this PySpark's Hadoop (replicate --output s3://), resolved once by Spark's Ivy
+# from Maven Central into ~/.ivy2.5.2
+S3A_STAMP := $(VENV)/.s3a-jars-stamp
 
 .PHONY: demo test test-fast test-spark-oldest test-install test-extended fuzz faults-full netfaults-full cluster-long \
 	soak benchmarks lint java-check clean spark-merge-jars
@@ -26,6 +29,10 @@ $(STAMP): pyproject.toml setup.py $(DECODER_C)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,dynamodb,tablestore,lakehouse]'
 	touch $(STAMP)
+
+$(S3A_STAMP): $(STAMP) | java-check
+	$(BIN)/python -m tablestore_cdc.pipeline.output fetch
+	touch $@
 
 $(OLDEST)/.installed-stamp: pyproject.toml
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
@@ -67,7 +74,7 @@ demo: $(STAMP) java-check
 
 ## make test: the default test suite (fast tests, real Spark, restarts, fault subset, browser),
 ## then the oldest_spark tests on the oldest supported PySpark, then the user's install
-test: $(STAMP) java-check $(JARS_STAMP)
+test: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP)
 	$(REQUIRE_COMPILED) $(BIN)/python -m pytest -m "not faults_full and not extended and not user_install" -n 2 --dist loadgroup --durations=30 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-spark-oldest
 	$(MAKE) --no-print-directory test-install
@@ -87,7 +94,7 @@ test-install: $(STAMP) java-check
 ## make test-extended: what the default suite leaves out for its time: the other format's,
 ## backend's, crash point's or selection's run of a test it runs once, the million-record read,
 ## and the benchmarks' smoke run (about 15 minutes)
-test-extended: $(STAMP) java-check $(JARS_STAMP)
+test-extended: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP)
 	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
@@ -112,7 +119,7 @@ netfaults-full: $(STAMP) java-check
 
 ## make cluster-long: the Spark standalone cluster across network namespaces, longer, then
 ## tablestore-cdc replicate on it with a worker killed (root)
-cluster-long: $(STAMP) java-check $(JARS_STAMP)
+cluster-long: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP)
 	$(BIN)/python -m integration.netfaults cluster --long
 	$(BIN)/python -m pytest -p no:cacheprovider -m faults_full integration/test_cluster_replicate.py
 

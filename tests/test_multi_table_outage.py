@@ -447,17 +447,27 @@ class _RefusingSink(_FlakySink):
         return super().apply(*args, **kwargs)
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_an_outage_while_held_batches_are_resumed_keeps_the_table_failed_and_its_batches_held(
-        tmp_path: Path, store: LocalTablestore, outage: Outage) -> None:
+        tmp_path: Path, store: LocalTablestore, outage: Outage, where: str,
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed tables' reasons and held batches are kept in the job's output, a local
+    directory or a prefix in S3 (``replicate --output s3://``, moto's server here)."""
     from deltalake import DeltaTable
 
     from tablestore_cdc.lakehouse import open_apply_sink
+    from tablestore_cdc.pipeline.output import JobOutput
+    from testkit.aws import new_s3_bucket
 
     run = Run(store.path, outage)
     write(store, 0)
     run.batch(run.reader.initialOffset())
     changes = pa.Table.from_pylist(run.rows)
-    out = tmp_path / "out"
+    if where == "s3":
+        bucket = new_s3_bucket(request.getfixturevalue("moto_endpoint"), monkeypatch)
+        out = JobOutput.parse(f"s3://{bucket}/state")
+    else:
+        out = JobOutput.parse(str(tmp_path / "out"))
     settings = ApplySettings(target=f"delta://{tmp_path}/lake/{{table}}")
     down, refusal = Outage(), Outage()
     refusal.down = True
@@ -475,13 +485,14 @@ def test_an_outage_while_held_batches_are_resumed_keeps_the_table_failed_and_its
         restarted.resume_held("app")
     assert raised.value.retryable  # the job's start fails retryably, and is tried again
     assert restarted.tables["a"].state == "failed"
-    assert (out / "_tables" / "a.failed").exists()
-    assert list((out / "_held" / "a").glob("*.parquet"))
+    assert out.read_bytes("_tables", "a.failed") is not None
+    assert out.names("_held", "a", suffix=".parquet") == ["000000000000.parquet"]
     down.down = False
     again = MultiTableApply(settings, "local://store", out, open_sink=open_sink)
     again.resume_held("app")
     assert {t: s.state for t, s in again.tables.items()} == {"a": "streaming", "b": "streaming"}
-    assert not list((out / "_tables").glob("*.failed"))
+    assert out.names("_tables", suffix=".failed") == []
+    assert out.names("_held", "a", suffix=".parquet") == []
     for table in TABLES:
         target = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table().to_pylist()
         assert sorted((r["id"], r["v"]) for r in target) == sorted(

@@ -34,6 +34,7 @@ from tablestore_cdc.pipeline.preflight import (
     NONE_WARNING,
     SNAPSHOT_LINE,
     JobPlan,
+    SourceHeldError,
     check_before_start,
     initial_tunnel_type,
 )
@@ -152,6 +153,33 @@ def test_a_table_another_job_replicates_is_refused_naming_that_job(
                    lambda t: ApplySettings(f"delta://{out}/lake/{t}"), tables="t*")
     assert check_before_start(plan).tables == ["t1", "t2"]
     assert not out.exists()
+
+
+def test_a_second_job_of_one_output_in_object_storage_is_refused_by_the_lease(
+        store: Path, tmp_path: Path) -> None:
+    """An output in S3 has no lock: a live job holding t1's lease with the same ``--output
+    s3://`` is a second start (its checkpoint would make the lease take it for a restart),
+    refused with exit 4; once the holder is dead on this host, the restart goes on."""
+    source = SourceOptions.from_spark({"endpoint": f"local://{store}", "table.name": "t1",
+                                       "tunnel.name": "replicate"})
+    with open_meta_store(source.meta_store) as meta:
+        assert meta.take_lease(source.source_identity, f"{socket.gethostname()}/{os.getpid()}/x",
+                               120, namespace=source.source_identity) is None
+    writer = TableStatusWriter(lambda _t: (source.meta_store, None, source.source_identity))
+    writer.publish({"t1": TableStatus(table="t1", job="s3://lake/state", selection="t1",
+                                      state="streaming")})
+    writer.close()
+    plan = JobPlan(f"local://{store}", JobOutput.parse("s3://lake/state/"), "replicate", {},
+                   lambda t: ApplySettings(f"delta://{tmp_path}/lake/{t}"), tables="t1",
+                   one_table=True)
+    with pytest.raises(SourceHeldError) as raised:
+        check_before_start(plan)
+    assert raised.value.exit_code == 4 and "output s3://lake/state" in str(raised.value)
+    assert f"pid {os.getpid()}" in str(raised.value)
+    with open_meta_store(source.meta_store) as meta:  # the holder died: a restart
+        meta.take_lease(source.source_identity, f"{socket.gethostname()}/999999999/y", 120,
+                        namespace=source.source_identity, now=time.time() + 200)
+    assert check_before_start(plan).tables == ["t1"]
 
 
 def test_a_missing_extra_is_named_with_its_install_line(store: Path, tmp_path: Path) -> None:

@@ -229,3 +229,34 @@ def _endpoint() -> str | None:
 
 def _virtual_hosted() -> bool:
     return os.environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() in ("1", "true")
+
+
+def fetch() -> None:
+    """Resolve the hadoop-aws jars of the installed PySpark into Spark's Ivy cache (a local
+    session started and stopped: downloaded from Maven Central on the first run only) and
+    check S3A loads: ``make test``'s install step, and a user's before a first job without
+    network."""
+    from py4j.java_gateway import JavaClass
+    from pyspark.sql import SparkSession
+
+    package = f"org.apache.hadoop:hadoop-aws:{hadoop_version()}"
+    spark = (SparkSession.builder.master("local[1]")
+             .config(map={"spark.ui.enabled": "false", "spark.jars.packages": package})
+             .getOrCreate())
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None  # a classic session's
+        s3a = jvm.org.apache.hadoop.fs.s3a.S3AFileSystem
+        if not isinstance(s3a, JavaClass):  # py4j's answer for a class it cannot load
+            raise SystemExit(f"error: {package} was resolved but S3A does not load")
+        print(f"s3a: {package} on Spark {spark.version}")
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["fetch"]:
+        sys.exit("usage: python -m tablestore_cdc.pipeline.output fetch")
+    fetch()
