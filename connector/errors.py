@@ -79,6 +79,15 @@ class JavaMissingError(CdcError):
     template = "{detail}"
 
 
+class SparkStartError(CdcError):
+    """Spark's JVM ended before it started: a package of ``spark.jars.packages`` that Ivy
+    could not resolve (no network, a version not released), said above by Ivy."""
+
+    template = ("Spark did not start: its JVM exited while resolving {packages} (Ivy's "
+                "UNRESOLVED lines above say which); reach Maven Central once, or put the jars "
+                "in the Ivy cache (~/.ivy2.5.2) or in Spark's jars")
+
+
 # --- tunnel service -------------------------------------------------------------------------
 
 

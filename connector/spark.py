@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from cdc_common.uris import SPARK_OPTIONS_REGEX, SPARK_SECRET_REGEX, SPARK_STRING_REGEX
-from connector.errors import JavaMissingError
+from connector.errors import JavaMissingError, SparkStartError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -96,7 +96,12 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
     from connector.source import register
 
     settings = session_settings(app_name, master, conf, spark_defaults(), short_run=short_run)
-    _start_jvm_apart(settings)
+    try:
+        _start_jvm_apart(settings)
+    except RuntimeError as exc:  # PySpark's JAVA_GATEWAY_EXITED: Ivy said why on stderr
+        if "JAVA_GATEWAY_EXITED" not in str(exc) or not settings.get("spark.jars.packages"):
+            raise
+        raise SparkStartError(packages=settings["spark.jars.packages"]) from None
     spark = SparkSession.builder.config(map={**settings}).getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     register(spark)

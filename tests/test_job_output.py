@@ -158,3 +158,27 @@ def test_the_files_kept_in_s3_are_written_listed_read_and_deleted(
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]
             if not o["Key"].endswith("/")}  # pyarrow's markers of folders
     assert keys == {"deep/state/_tables/b.failed", "deep/state/_tables/notes.txt"}
+
+
+@pytest.mark.slow
+def test_a_package_ivy_cannot_resolve_is_one_typed_error_not_a_gateway_trace(
+        tmp_path: Path) -> None:
+    """A jar Spark must fetch (hadoop-aws for an S3 output, the Spark engine's) that Ivy cannot
+    resolve ends the JVM before it starts: ``SparkStartError`` naming the package."""
+    import subprocess
+    import sys
+
+    code = ("from connector.errors import SparkStartError\n"
+            "from connector.spark import local_session\n"
+            "try:\n"
+            "    local_session('t', master='local[1]', conf={'spark.jars.packages': "
+            "'org.apache.hadoop:hadoop-aws:0.0.1-none'})\n"
+            "except SparkStartError as exc:\n"
+            "    print('typed:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("typed: Spark did not start: its JVM exited while resolving "
+                                  "org.apache.hadoop:hadoop-aws:0.0.1-none"), done.stdout
+    assert "UNRESOLVED DEPENDENCIES" in done.stderr  # Ivy's own lines say which
