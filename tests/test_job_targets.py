@@ -195,3 +195,14 @@ def test_output_of_a_job_without_a_record_finds_either_layout(tmp_path: Path) ->
         else:
             assert result.exit_code == 0, result.output
             assert f"target delta://{layout} version" in result.output
+
+
+@pytest.mark.parametrize(("recorded", "given", "same"), [
+    ("s3://lake/state", "s3://lake/state/", True), ("s3://lake/state", "s3a://lake/state", True),
+    ("s3://lake/state", "s3://lake/other", False), ("s3://lake/state", "/lake/state", False),
+    ("/data/out", "/data/out/", True), ("/data/out", "/data/out2", False)])
+def test_output_names_the_job_as_its_record_has_it_a_path_or_an_s3_prefix(
+        recorded: str, given: str, same: bool) -> None:
+    from tablestore_cdc.reconcile.command import _same_output
+
+    assert _same_output(recorded, given) is same

@@ -78,9 +78,10 @@ def reconcile(
     target_option: Annotated[list[str] | None, typer.Option(
         help="replicate's --target-option KEY=VALUE (repeatable): a delta-rs storage option "
         "or an Iceberg catalog property.")] = None,
-    output: Annotated[Path | None, typer.Option(
-        help="replicate's --output: checked against the job's record; for a job that "
-        "recorded no target, its Delta table at OUTPUT/TABLE or OUTPUT/lake/TABLE.")] = None,
+    output: Annotated[str | None, typer.Option(
+        help="replicate's --output (a directory or s3://BUCKET/PREFIX): checked against the "
+        "job's record; for a job that recorded no target, its Delta table at OUTPUT/TABLE or "
+        "OUTPUT/lake/TABLE.")] = None,
     store: Annotated[Path | None, typer.Option(
         help="The local store file (short for --endpoint local:///abs/STORE).")] = None,
     endpoint: Annotated[str | None, typer.Option(
@@ -140,7 +141,7 @@ def reconcile(
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
 
 
-def target_uri(spec: SourceSpec, target: str | None, output: Path | None) -> str:
+def target_uri(spec: SourceSpec, target: str | None, output: str | None) -> str:
     """The target ``spec``'s table is compared with: ``--target`` (its ``{table}`` replaced),
     else the one the table's job recorded (``job_target``; ``--output``, when given, must name
     that job), else, for a job that recorded none, its Delta table under ``--output``
@@ -150,13 +151,21 @@ def target_uri(spec: SourceSpec, target: str | None, output: Path | None) -> str
     try:
         recorded = job_target(spec)
     except JobRecordMissingError:
-        if output is None:
+        if output is None or "://" in output:  # a job of an S3 output records its targets
             raise
-        return output_target(output.resolve(), spec.table)
-    if output is not None and Path(recorded.job).resolve() != output.resolve():
-        raise JobOutputError(output=str(output), table=spec.table, job=recorded.job,
+        return output_target(Path(output).resolve(), spec.table)
+    if output is not None and not _same_output(recorded.job, output):
+        raise JobOutputError(output=output, table=spec.table, job=recorded.job,
                              target=recorded.target)
     return recorded.target
+
+
+def _same_output(recorded: str, given: str) -> bool:
+    """Does ``--output`` ``given`` name the job's output as its status record has it (an
+    absolute path, or ``s3://BUCKET/PREFIX``)?"""
+    if "://" in recorded or "://" in given:
+        return recorded.rstrip("/") == given.replace("s3a://", "s3://", 1).rstrip("/")
+    return Path(recorded).resolve() == Path(given).resolve()
 
 
 def print_report(out: Console, report: TableReport, limit: int) -> None:
