@@ -25,6 +25,7 @@ local outputs only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -128,6 +129,11 @@ class JobOutput:
 
             endpoint = _endpoint()
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            if region is None and endpoint is None:  # AWS itself: the bucket's own region
+                from pyarrow.fs import resolve_s3_region
+
+                with contextlib.suppress(OSError):
+                    region = resolve_s3_region(self.bucket)
             self._fs.append(S3FileSystem(
                 endpoint_override=endpoint, region=region,
                 scheme="http" if endpoint and endpoint.startswith("http://") else "https",
