@@ -71,6 +71,15 @@ def test_a_uri_it_does_not_take_is_refused_naming_it(given: str, says: str) -> N
     assert says in str(raised.value) and repr(given) in str(raised.value)
 
 
+@pytest.mark.parametrize("given", ["s3://AKIDEXAMPLE:wJalrXUtnFEMI@lake/state",
+                                   "oss://AKIDEXAMPLE:wJalrXUtnFEMI@lake/state"])
+def test_a_key_written_into_the_uri_is_refused_and_not_repeated(given: str) -> None:
+    with pytest.raises(OutputUriError) as raised:
+        JobOutput.parse(given)
+    assert "wJalrXUtnFEMI" not in str(raised.value) and "AKIDEXAMPLE" not in str(raised.value)
+    assert "/lake/state'" in str(raised.value)
+
+
 def test_the_cli_refuses_it_in_one_line_before_anything_starts(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:

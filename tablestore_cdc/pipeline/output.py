@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_common.errors import CdcError
+from cdc_common.uris import redact_uri
 
 #: the schemes ``--output`` takes for S3 (Spark is given ``s3a://``, its Hadoop file system)
 S3_SCHEMES = ("s3", "s3a")
@@ -43,6 +44,9 @@ CREDENTIALS_PROVIDER = "software.amazon.awssdk.auth.credentials.DefaultCredentia
 
 
 class OutputUriError(CdcError):
+    """``--output`` names no place the job can keep its state (the URI as shown has no
+    user-info: a key written into it is not repeated)."""
+
     exit_code = 2
     template = ("option '--output': got {output!r}: {problem}; give a local directory or "
                 "s3://BUCKET/PREFIX (docs/lakehouse.md, \"The job's state in object storage\")")
@@ -65,16 +69,20 @@ class JobOutput:
         scheme, sep, rest = text.partition("://")
         if not sep:
             return cls(local=Path(text).resolve())
+        shown = redact_uri(text)
         if scheme.lower() not in S3_SCHEMES:
-            raise OutputUriError(output=text, problem=f"the scheme {scheme!r} is not one the "
+            raise OutputUriError(output=shown, problem=f"the scheme {scheme!r} is not one the "
                                  "job keeps its state in (S3-compatible stores, Alibaba Cloud "
                                  "OSS and MinIO included, are reached by s3://)")
         bucket, _, prefix = rest.partition("/")
+        if "@" in bucket:
+            raise OutputUriError(output=shown, problem="credentials go in the environment or "
+                                 "a profile, not in the URI")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
-            raise OutputUriError(output=text, problem=f"{bucket!r} is not a bucket's name")
+            raise OutputUriError(output=shown, problem=f"{bucket!r} is not a bucket's name")
         prefix = prefix.strip("/")
-        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
-            raise OutputUriError(output=text, problem="its prefix has an empty, '.' or '..' "
+        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise OutputUriError(output=shown, problem="its prefix has an empty, '.' or '..' "
                                  "part")
         return cls(bucket=bucket, prefix=prefix)
 
