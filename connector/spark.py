@@ -114,7 +114,9 @@ def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
     two it extends rather than sets, the workers' ``PYTHONPATH`` and the driver's Java options,
     keep what ``conf`` or else the installation's ``spark-defaults.conf`` (``defaults``) gives,
     after ours: a setting given to the session builder replaces the file's value, so a
-    cluster's path or options in that file would otherwise be lost."""
+    cluster's path or options in that file would otherwise be lost. For the same reason the
+    file's ``spark.jars.packages`` are kept before those ``conf`` adds (hadoop-aws, the Spark
+    engine's)."""
     java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2}"
     settings: dict[str, str] = {
         "spark.master": master,
@@ -134,6 +136,10 @@ def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
                   or defaults.get("spark.executorEnv.PYTHONPATH"))
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(
         [WORKER_SITE, *([given_path] if given_path else [])])
+    packages = [defaults.get("spark.jars.packages"), (conf or {}).get("spark.jars.packages")]
+    if all(packages):
+        settings["spark.jars.packages"] = ",".join(dict.fromkeys(",".join(
+            filter(None, packages)).split(",")))
     if short_run:
         settings["spark.driver.extraJavaOptions"] = (
             f"{settings.get('spark.driver.extraJavaOptions', '')} {SHORT_RUN_JVM_OPTIONS}".strip())

@@ -1,7 +1,7 @@
-"""``local_session`` keeps what the installation's ``spark-defaults.conf`` says of the two
+"""``local_session`` keeps what the installation's ``spark-defaults.conf`` says of the three
 settings it extends (``connector.spark.session_settings``, ``spark_defaults``): a setting given
-to the session builder replaces the file's, so a cluster's executor ``PYTHONPATH`` or driver
-Java options written there were lost."""
+to the session builder replaces the file's, so a cluster's executor ``PYTHONPATH``, driver Java
+options or ``spark.jars.packages`` written there were lost."""
 
 from __future__ import annotations
 
@@ -62,3 +62,13 @@ def test_without_a_file_the_settings_are_ours_alone() -> None:
     settings = session_settings("app", "local[1]", None, {})
     assert settings[PATH] == WORKER_SITE
     assert settings[JAVA] == f"-Dlog4j2.configurationFile=file:{LOG4J2}"
+
+
+def test_the_files_packages_are_kept_before_those_the_job_adds() -> None:
+    given = {"spark.jars.packages": "org.apache.hadoop:hadoop-aws:3.5.0,io.delta:x:1"}
+    defaults = {"spark.jars.packages": "com.example:udfs:2.1,io.delta:x:1"}
+    assert session_settings("a", "local[1]", given, defaults)["spark.jars.packages"] == (
+        "com.example:udfs:2.1,io.delta:x:1,org.apache.hadoop:hadoop-aws:3.5.0")
+    assert session_settings("a", "local[1]", given, {})["spark.jars.packages"] == (
+        given["spark.jars.packages"])
+    assert "spark.jars.packages" not in session_settings("a", "local[1]", {}, defaults)
