@@ -30,6 +30,9 @@ moto servers).
   processes; the user's real AWS config files are hidden.
 - ``moto_endpoint`` (session): the URL of a serialized moto server on 127.0.0.1
   (``testkit.aws.start_moto_server``), stopped at the end of the session.
+- ``rest_catalog`` (session): Apache Iceberg's REST catalog test server in a child JVM, its
+  warehouse in a bucket of ``moto_endpoint`` (``testkit.rest_catalog``; its jars resolved once
+  by Maven: a failure fails the test, never skips it), stopped at the end of the session.
 - ``demo_run`` (session): one ``tablestore-cdc demo`` (its own Spark driver, 800 changes with
   two splits and a merge), shared by the tests that check its verification line
   (tests/test_job.py) and run the query lines it prints (tests/test_doc_snippets.py); the root
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
     from tablestore_emulator.server import EmulatorServer
     from testkit.lakehouse import Delta, Iceberg
     from testkit.reconcile import Target
+    from testkit.rest_catalog import RestCatalog
     from testkit.wire_e2e import WireSetup
 
 #: table ``t``'s key and attribute columns unless a test asks for others
@@ -161,6 +165,22 @@ def moto_endpoint(aws_env: dict[str, str]) -> Iterator[str]:
         yield endpoint
     finally:
         stop_moto_server(proc)
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[RestCatalog]:
+    """A real Iceberg REST catalog server for the whole session (``testkit.rest_catalog``)."""
+    from testkit.aws import new_s3_bucket
+    from testkit.rest_catalog import start_rest_catalog
+
+    bucket = new_s3_bucket(moto_endpoint)
+    catalog = start_rest_catalog(tmp_path_factory.mktemp("rest-catalog"),
+                                 f"s3://{bucket}/rest", moto_endpoint)
+    try:
+        yield catalog
+    finally:
+        catalog.stop()
 
 
 @pytest.fixture(scope="session")

@@ -188,22 +188,21 @@ class S3Delta:
 
 class CatalogIceberg:
     """An Iceberg target in the catalog pyiceberg's environment configuration names
-    (``iceberg://CATALOG/cdc.orders``), read back with pyiceberg. ``catalog_env``: the
-    ``PYICEBERG_CATALOG__<NAME>__*`` variables a test sets (a SQL catalog on SQLite whose
-    warehouse is ``s3://`` on a moto server)."""
+    (``iceberg://CATALOG/NAMESPACE.orders``), read back with pyiceberg. ``properties``: the
+    catalog's pyiceberg properties (``sql_catalog``'s, or a REST catalog's:
+    ``testkit.rest_catalog``); ``catalog_env``: the same as the ``PYICEBERG_CATALOG__<NAME>__*``
+    variables a test sets."""
 
     name = "iceberg-catalog"
 
-    def __init__(self, catalog: str, catalog_db: Path, warehouse: str, endpoint: str) -> None:
-        self.catalog = catalog
-        self.uri = f"iceberg://{catalog}/cdc.orders"
+    def __init__(self, catalog: str, properties: dict[str, str], namespace: str = "cdc") -> None:
+        self.catalog, self.namespace = catalog, namespace
+        self.identifier = f"{namespace}.orders"
+        self.uri = f"iceberg://{catalog}/{self.identifier}"
+        self.properties = dict(properties)
         prefix = f"PYICEBERG_CATALOG__{catalog.upper()}__"
-        self.catalog_env = {f"{prefix}TYPE": "sql", f"{prefix}URI": f"sqlite:///{catalog_db}",
-                            f"{prefix}WAREHOUSE": warehouse, f"{prefix}S3__ENDPOINT": endpoint,
-                            f"{prefix}S3__REGION": "us-east-1"}
-        self.properties = {"type": "sql", "uri": f"sqlite:///{catalog_db}",
-                           "warehouse": warehouse, "s3.endpoint": endpoint,
-                           "s3.region": "us-east-1"}
+        self.catalog_env = {prefix + key.replace(".", "__").upper(): value
+                            for key, value in properties.items()}
 
     def sink(self, **options: Any) -> Any:
         from tablestore_cdc.lakehouse import open_apply_sink
@@ -213,10 +212,10 @@ class CatalogIceberg:
     def table(self) -> Any:
         from pyiceberg.catalog import load_catalog
 
-        return load_catalog(self.catalog, **self.properties).load_table("cdc.orders")
+        return load_catalog(self.catalog, **self.properties).load_table(self.identifier)
 
     def rows(self) -> list[dict[str, Any]]:
-        return read_iceberg(self.properties, "cdc.orders", self.catalog)
+        return read_iceberg(self.properties, self.identifier, self.catalog)
 
     def commits(self) -> int:
         return len(self.table().metadata.snapshots)
@@ -224,6 +223,13 @@ class CatalogIceberg:
     def other_writer(self, changes: pa.Table, scd: int) -> None:
         table = self.table()
         table.append(_rows_of(changes, table.schema().as_arrow(), scd))
+
+
+def sql_catalog(catalog_db: Path, warehouse: str, endpoint: str) -> dict[str, str]:
+    """The pyiceberg properties of a SQL catalog on SQLite at ``catalog_db`` whose warehouse
+    (``s3://...``) is on the S3 server at ``endpoint``."""
+    return {"type": "sql", "uri": f"sqlite:///{catalog_db}", "warehouse": warehouse,
+            "s3.endpoint": endpoint, "s3.region": "us-east-1"}
 
 
 def store_with_history(path: Path, seed: int = 3, changes: int = 600) -> LocalTablestore:

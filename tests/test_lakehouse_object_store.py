@@ -1,6 +1,7 @@
 """Targets in object storage: the apply sink into ``delta+s3://`` and into an Iceberg table of a
-catalog pyiceberg's environment configuration names (``iceberg://CATALOG/ns.table``, a SQL
-catalog on SQLite whose warehouse is ``s3://``), both on a moto S3 server on 127.0.0.1
+catalog pyiceberg's environment configuration names (``iceberg://CATALOG/ns.table``: a SQL
+catalog on SQLite whose warehouse is ``s3://``; in ``make test-extended`` also Apache Iceberg's
+REST catalog server, ``rest_catalog``), all on a moto S3 server on 127.0.0.1
 (``moto_endpoint``). No Spark: batches are Arrow change batches (testkit.lakehouse) and a real
 embedded store's change log. Tables are read back with deltalake / pyiceberg directly."""
 
@@ -34,6 +35,7 @@ from testkit.lakehouse import (  # noqa: E402
     batch,
     change,
     source_batches,
+    sql_catalog,
     store_with_history,
 )
 from testkit.target_reads import history_mismatches, source_history, table_history  # noqa: E402
@@ -46,14 +48,22 @@ def bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return new_s3_bucket(moto_endpoint, monkeypatch)
 
 
-@pytest.fixture(params=["delta+s3", "iceberg-catalog"])
+@pytest.fixture(params=["delta+s3", "iceberg-catalog",
+                        # a real REST catalog server (a JVM, ~2 s once per worker)
+                        pytest.param("iceberg-rest", marks=[pytest.mark.slow,
+                                                            pytest.mark.extended])])
 def target(request: pytest.FixtureRequest, bucket: str, moto_endpoint: str, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     if request.param == "delta+s3":
         yield S3Delta(bucket)
         return
-    target = CatalogIceberg("lake", tmp_path / "catalog.db", f"s3://{bucket}/warehouse",
-                            moto_endpoint)
+    if request.param == "iceberg-rest":
+        # the session's server keeps its tables: a namespace of the test's own
+        target = CatalogIceberg("rest", request.getfixturevalue("rest_catalog").properties,
+                                namespace=f"cdc_{uuid.uuid4().hex[:8]}")
+    else:
+        target = CatalogIceberg("lake", sql_catalog(tmp_path / "catalog.db",
+                                                    f"s3://{bucket}/warehouse", moto_endpoint))
     for key, value in target.catalog_env.items():
         monkeypatch.setenv(key, value)
     yield target

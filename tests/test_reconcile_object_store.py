@@ -1,6 +1,7 @@
 """``reconcile`` and ``lake optimize`` on targets in object storage: a Delta table in a moto S3
 bucket (``delta+s3://``) and an Iceberg table of a catalog pyiceberg's environment configuration
-names, its warehouse in the bucket (``iceberg://CATALOG/ns.t``). Both are built by the real
+names, its warehouse in the bucket (``iceberg://CATALOG/ns.t``: a SQL catalog; in ``make
+test-extended`` also Apache Iceberg's REST catalog server). Both are built by the real
 apply sink from a real embedded store's change stream (``testkit.reconcile.apply_stream``), then
 a row is changed behind the product's back with deltalake / pyiceberg; the commands run through
 the real CLI."""
@@ -8,6 +9,7 @@ the real CLI."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from testkit.lakehouse import (  # noqa: E402
     S3Delta,
     batch,
     change,
+    sql_catalog,
     store_with_history,
 )
 from testkit.reconcile import apply_stream  # noqa: E402
@@ -71,24 +74,33 @@ def test_reconcile_finds_a_row_changed_in_an_s3_delta_table(
     assert report["listed"][0]["key"] == {"id": key}
 
 
+@pytest.mark.parametrize("kind", ["sql", pytest.param("rest", marks=[pytest.mark.slow,
+                                                                      pytest.mark.extended])])
 def test_reconcile_finds_a_row_changed_in_an_iceberg_table_of_a_catalog(
-        tmp_path: Path, bucket: str, moto_endpoint: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, bucket: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest, kind: str) -> None:
+    """A SQL catalog on SQLite, or (``make test-extended``) Apache Iceberg's REST catalog server
+    (``rest_catalog``), configured by ``PYICEBERG_CATALOG__*`` variables only."""
     from pyiceberg.expressions import EqualTo
 
-    catalog = CatalogIceberg("lake", tmp_path / "catalog.db", f"s3://{bucket}/wh",
-                             moto_endpoint)
+    if kind == "rest":  # the session's server keeps its tables: a namespace of the test's own
+        catalog = CatalogIceberg("rest", request.getfixturevalue("rest_catalog").properties,
+                                 namespace=f"cdc_{uuid.uuid4().hex[:8]}")
+    else:
+        catalog = CatalogIceberg("lake", sql_catalog(tmp_path / "catalog.db",
+                                                     f"s3://{bucket}/wh", moto_endpoint))
     for key, value in catalog.catalog_env.items():
         monkeypatch.setenv(key, value)
+    identifier = f"{catalog.namespace}.t"
     store = store_with_history(tmp_path / "store.db", changes=200)
-    target = "iceberg://lake/cdc.t"
+    target = f"iceberg://{catalog.catalog}/{identifier}"
     apply_stream(f"local://{store.path}", "t", open_apply_sink(target))
     code, document = reconcile_json(store.path, target)
     assert (code, document["ok"]) == (0, True)
 
     from pyiceberg.catalog import load_catalog
 
-    table = load_catalog("lake", **catalog.properties).load_table("cdc.t")
+    table = load_catalog(catalog.catalog, **catalog.properties).load_table(identifier)
     rows = table.scan().to_arrow().to_pylist()
     row = min(rows, key=lambda r: r["id"])
     row["qty"] = -1
@@ -130,8 +142,8 @@ def test_lake_optimize_expires_and_vacuums_an_iceberg_table_in_s3(
     FileIO; the table still reads whole and its job's batch marker is kept."""
     import boto3
 
-    catalog = CatalogIceberg("lake", tmp_path / "catalog.db", f"s3://{bucket}/wh",
-                             moto_endpoint)
+    catalog = CatalogIceberg("lake", sql_catalog(tmp_path / "catalog.db", f"s3://{bucket}/wh",
+                                                 moto_endpoint))
     for key, value in catalog.catalog_env.items():
         monkeypatch.setenv(key, value)
     sink = catalog.sink()
