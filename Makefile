@@ -91,10 +91,19 @@ test-spark-oldest: $(OLDEST)/.installed-stamp java-check
 test-install: $(STAMP) java-check
 	$(BIN)/python -m pytest -m user_install integration/test_user_install.py $(PYTEST_ARGS)
 
+# Apache Iceberg's REST catalog test server (the REST catalog tests of make test-extended): its
+# jars (testkit/rest_catalog/pom.xml) resolved once by Maven from Maven Central into
+# ~/.cache/tablestore-cdc; a failure stops make test-extended
+REST_CATALOG_STAMP := $(VENV)/.iceberg-rest-catalog-stamp
+
+$(REST_CATALOG_STAMP): $(STAMP) testkit/rest_catalog/pom.xml | java-check
+	$(BIN)/python -m testkit.rest_catalog fetch
+	touch $@
+
 ## make test-extended: what the default suite leaves out for its time: the other format's,
-## backend's, crash point's or selection's run of a test it runs once, the million-record read,
-## and the benchmarks' smoke run (about 15 minutes)
-test-extended: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP)
+## backend's, catalog's, crash point's or selection's run of a test it runs once, the
+## million-record read, and the benchmarks' smoke run (about 15 minutes)
+test-extended: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP) $(REST_CATALOG_STAMP)
 	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
