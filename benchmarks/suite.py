@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.apply_engines import ApplyEnginesConfig
 from benchmarks.commit_interval import CommitIntervalConfig
 from benchmarks.common import load_average, machine_facts, median
 from benchmarks.freshness import FreshnessConfig
@@ -34,7 +35,7 @@ from benchmarks.wire import WireConfig
 
 BENCHMARKS = ("protocol", "memory", "throughput", "commit_interval", "freshness", "recovery",
               "wire", "lakehouse_apply", "reconcile", "replicate", "replicate_emulator",
-              "replicate_e2e")
+              "replicate_e2e", "apply_engines")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Preset:
     #: the same over the Tablestore wire, from the emulator
     replicate_emulator: ReplicateConfig = ReplicateConfig(backend="emulator")
     replicate_e2e: ReplicateE2EConfig = ReplicateE2EConfig()
+    #: the embedded apply against the Spark engine, each in a process of its own
+    apply_engines: ApplyEnginesConfig = ApplyEnginesConfig()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,6 +79,8 @@ PRESETS: dict[str, Preset] = {
         replicate_emulator=ReplicateConfig(tables=2, idle_s=2.0, freshness_writes=2,
                                            refresh_ms=1_000, backend="emulator"),
         replicate_e2e=ReplicateE2EConfig(records=44_000, keys=2_000, rounds=1),  # two batches
+        apply_engines=ApplyEnginesConfig(sizes=(4_000,), load_batch=2_000, batches=1,
+                                         spread_batches=1, batch_size=500, hot_keys=1_000),
     ),
     # under 10 minutes on 2 cores
     "quick": Preset(
@@ -88,6 +93,7 @@ PRESETS: dict[str, Preset] = {
         replicate=ReplicateConfig(tables=20, idle_s=15.0, freshness_writes=10),
         replicate_emulator=ReplicateConfig(tables=10, idle_s=15.0, freshness_writes=10,
                                            backend="emulator"),
+        apply_engines=ApplyEnginesConfig(cluster_master="local-cluster[3,1,1024]"),
     ),
     "full": Preset(
         "full",
@@ -98,6 +104,9 @@ PRESETS: dict[str, Preset] = {
         RecoveryConfig(trials=3),
         lakehouse_apply=LakehouseApplyConfig(sizes=(100_000, 1_000_000, 10_000_000),
                                              load_batch=100_000),
+        apply_engines=ApplyEnginesConfig(sizes=(1_000_000, 10_000_000), load_batch=500_000,
+                                         batches=4, spread_batches=4, batch_size=50_000,
+                                         hot_keys=200_000),
     ),
 }
 
@@ -170,6 +179,13 @@ def run_suite(preset: Preset, spark: Any = None, only: tuple[str, ...] = BENCHMA
                 "plain appends, per target size ...")
             results["lakehouse_apply"] = lakehouse_apply.run(preset.lakehouse_apply,
                                                              root / "lakehouse_apply", log=log)
+        if "apply_engines" in only:
+            from benchmarks import apply_engines
+
+            log("apply_engines: the embedded apply and the Spark engine, each in a process of "
+                "its own, on the same batches ...")
+            results["apply_engines"] = apply_engines.run(preset.apply_engines,
+                                                         root / "apply_engines", log=log)
         if "reconcile" in only:
             log(f"reconcile: an equal pair of {preset.reconcile.rows:,} rows (embedded store, "
                 "Delta) compared ...")
@@ -295,6 +311,10 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             w["client_cpu"]["prefetch_off"]["us_per_record"], 2)
     if "lakehouse_apply" in results:
         out.update(lakehouse_summary(results["lakehouse_apply"]))
+    if "apply_engines" in results:
+        from benchmarks.apply_engines import summary as engines_summary
+
+        out.update(engines_summary(results["apply_engines"]))
     for name in ("replicate", "replicate_emulator", "replicate_e2e"):
         if name in results:
             out.update({k: v for k, v in results[name].items() if k.startswith("replicate_")})
@@ -444,6 +464,14 @@ def format_table(s: dict[str, Any]) -> str:
     for key in sorted(k for k in s if k.startswith("lakehouse_")):
         add(key, s[key], "{:,.0f}" if key.endswith("_s") and not key.endswith(
             ("per_batch_s", "per_batch_cpu_s")) else "{:.3f}")
+    for key in (k for k in s if k.startswith("apply_engines_")):  # in the order measured
+        if key.endswith("_load_avg"):
+            rows.append((key, " ".join(f"{x:g}" for x in s[key]), "", "", ""))
+        elif key.endswith("_error"):
+            rows.append((key, "failed", "", "", ""))
+        else:
+            add(key, s[key], "{:,.0f}" if key.endswith(("rows_s", "changes_s", "_mb"))
+                and "_over_" not in key else "{:.3f}")
     if "reconcile_rows_s" in s:
         add("reconcile_rows_s", s["reconcile_rows_s"], "{:,.0f}")
     if "reconcile_seconds" in s:

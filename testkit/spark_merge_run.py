@@ -41,29 +41,44 @@ SPARK_MERGE_PYTHON = os.environ.get(
     "TABLESTORE_CDC_SPARK_MERGE_PYTHON", str(ROOT / ".venv-spark-merge" / "bin" / "python"))
 
 
-def main(spec_path: str) -> int:
-    import pyarrow.parquet as pq
+def merge_session(warehouse: str, master: str = "local[2]", parallelism: int = 1,
+                  app_name: str = "tablestore-cdc-spark-merge",
+                  conf: dict[str, str] | None = None) -> Any:
+    """The session this runner applies batches in (and ``benchmarks/apply_engines.py``'s Spark
+    engine): Delta's and Iceberg's jars and extensions, Iceberg tables in a Hadoop catalog on
+    ``warehouse``, no UI. ``parallelism``: shuffle partitions and default parallelism (1 for
+    the tests' batches of a few rows: one task per stage, no Delta snapshot spread over 50);
+    ``conf``: more settings (the driver's memory), applied last."""
     import pyspark
     from pyspark.sql import SparkSession
 
-    from tablestore_cdc.lakehouse.spark_merge import FORMATS, SparkMergeSink, session_conf
+    from tablestore_cdc.lakehouse.spark_merge import FORMATS, session_conf
+
+    settings = {"spark.master": master, "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": str(parallelism),
+                "spark.databricks.delta.snapshotPartitions": str(parallelism),
+                "spark.default.parallelism": str(parallelism),
+                **session_conf(FORMATS, pyspark.__version__, warehouse=warehouse), **(conf or {})}
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(spec_path: str) -> int:
+    import pyarrow.parquet as pq
+
+    from tablestore_cdc.lakehouse.spark_merge import SparkMergeSink
 
     with open(spec_path) as f:
         spec = json.load(f)
     if "pipeline" in spec:
         print(json.dumps(run_pipeline(spec["pipeline"])))
         return 0
-    conf = {"spark.master": "local[2]", "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "1",
-            # batches of a few rows: one task per stage, no Delta snapshot spread over 50
-            "spark.databricks.delta.snapshotPartitions": "1",
-            "spark.default.parallelism": "1",
-            **session_conf(FORMATS, pyspark.__version__, warehouse=spec["warehouse"])}
-    builder = SparkSession.builder.appName("tablestore-cdc-spark-merge")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = merge_session(spec["warehouse"])
     report: list[list[dict[str, Any]]] = []
     try:
         for run in spec["runs"]:
