@@ -1,4 +1,4 @@
-"""Fake AWS for tests: credentials, and moto servers on 127.0.0.1 in two shapes.
+"""Fake AWS for tests: credentials, and moto servers (on 127.0.0.1 unless told) in two shapes.
 
 - ``start_moto_server()``: a moto server in a child process that handles one request at a
   time. Used for the meta-store tests (through the ``moto_endpoint`` fixture of
@@ -21,7 +21,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,18 +50,21 @@ def serialized(environ, start_response):
     with lock:  # one request at a time: conditional writes become atomic, as in DynamoDB
         return list(app(environ, start_response))
 
-server = make_server("127.0.0.1", 0, serialized, threaded=True,
+server = make_server(sys.argv[1], 0, serialized, threaded=True,
                      request_handler=MotoRequestHandler)
 print(server.port, flush=True)
 server.serve_forever()
 """
 
 
-def start_moto_server() -> tuple[subprocess.Popen[str], str]:
-    """Start a serialized moto server on 127.0.0.1 on a free port; return it and its URL.
-    It listens as soon as its port is printed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVER_SCRIPT], stdout=subprocess.PIPE,
+def start_moto_server(host: str = "127.0.0.1", popen: Callable[..., Any] = subprocess.Popen
+                      ) -> tuple[subprocess.Popen[str], str]:
+    """Start a serialized moto server on ``host`` (an address of this machine, 127.0.0.1 by
+    default) on a free port; return it and its URL. It listens as soon as its port is printed.
+    ``popen``: what starts it (``subprocess.Popen``, or a network namespace's host's, as
+    ``integration.netfaults.cluster.Cluster`` starts it on its service host)."""
+    proc = popen(
+        [sys.executable, "-c", _SERVER_SCRIPT, host], stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True,
     )
     assert proc.stdout is not None
@@ -69,7 +72,7 @@ def start_moto_server() -> tuple[subprocess.Popen[str], str]:
     if not line.isdigit():
         proc.kill()
         raise RuntimeError(f"moto server did not start (printed {line!r})")
-    return proc, f"http://127.0.0.1:{line}"
+    return proc, f"http://{host}:{line}"
 
 
 def stop_moto_server(proc: subprocess.Popen[str]) -> None:

@@ -5,7 +5,8 @@ Hosts (``integration.netfaults.netns``, addresses ``127.42.0.x`` inside the name
 =========  ==========  =====================================================================
 host       address     runs
 =========  ==========  =====================================================================
-svc        .10         the Tablestore emulator (Tunnel API and the meta table) on the store
+svc        .10         the Tablestore emulator (Tunnel API and the meta table) on the store;
+                       with ``Cluster(s3=True)`` a moto S3 server too
 master     .20         ``spark-class org.apache.spark.deploy.master.Master``
 driver     .30         the query (``testkit.runner --master spark://127.42.0.20:7077``)
 w1, w2     .41, .42    ``spark-class org.apache.spark.deploy.worker.Worker`` (1 core each);
@@ -37,9 +38,14 @@ state, identical replays).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +67,7 @@ from integration.scenario import (
     ScenarioRun,
     run_and_tidy,
 )
+from testkit.aws import AWS_TEST_ENV, start_moto_server
 from testkit.crash_points import environment as crash_environment
 from testkit.crash_points import spark_conf as crash_spark_conf
 from testkit.emulator import CLI
@@ -119,17 +126,32 @@ class Cluster:
     ``down()`` ends every process started on the hosts and removes them. Master, workers and
     their Python workers run ``python`` and the Spark of its PySpark (``spark_home``). Used by
     ``ClusterRun`` (the source under ``testkit.runner``) and
-    ``integration/test_cluster_replicate.py`` (``tablestore-cdc replicate``)."""
+    ``integration/test_cluster_replicate.py`` (``tablestore-cdc replicate``).
 
-    def __init__(self, workdir: Path, store_path: Path, python: str = sys.executable) -> None:
+    ``s3=True``: a moto S3 server on the svc host too (``s3_endpoint``, as every host reaches
+    it; ``s3_env``, the AWS environment naming it with ``testkit.aws``'s fake credentials,
+    which the workers, so their executors, run with, as a user's cluster nodes would), and
+    ``s3_local``, the same server from this machine's root namespace (``start_forward``)."""
+
+    def __init__(self, workdir: Path, store_path: Path, python: str = sys.executable,
+                 s3: bool = False) -> None:
         self.dir, self.store_path, self.python = workdir, store_path, python
         self.spark = spark_home() if python == sys.executable else spark_home_of(python)
         self.hosts = Hosts(HOSTS)
         self.workers: dict[str, subprocess.Popen[Any]] = {}
+        self.s3 = s3
+        self.s3_endpoint = self.s3_local = ""
+        self._forward: subprocess.Popen[str] | None = None
+
+    @property
+    def s3_env(self) -> dict[str, str]:
+        if not self.s3_endpoint:
+            return {}
+        return {**AWS_TEST_ENV, "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_REGION": "us-east-1"}
 
     def _spark_class(self, host: str, main: str, *args: str, log: Path) -> subprocess.Popen[Any]:
         env = {"SPARK_HOME": str(self.spark), "SPARK_LOCAL_IP": self.hosts.addr(host),
-               "PYSPARK_PYTHON": self.python, "SPARK_NO_DAEMONIZE": "1"}
+               "PYSPARK_PYTHON": self.python, "SPARK_NO_DAEMONIZE": "1", **self.s3_env}
         return self.hosts.popen(host, [str(self.spark / "bin" / "spark-class"), main, *args],
                                 env=env, log=log, cwd=self.dir)
 
@@ -153,6 +175,13 @@ class Cluster:
 
     def start(self) -> None:
         self.hosts.up()
+        if self.s3:
+            _, self.s3_endpoint = start_moto_server(
+                self.hosts.addr("svc"), functools.partial(self.hosts.popen, "svc"))
+            port = int(self.s3_endpoint.rsplit(":", 1)[1])
+            self._forward, local = start_forward(self.hosts.ns("svc"),
+                                                 (self.hosts.addr("svc"), port))
+            self.s3_local = f"http://127.0.0.1:{local}"
         emulator = self.hosts.popen(
             "svc", [CLI, "emulator", "--store", str(self.store_path), "--instance", INSTANCE,
                     "--access-key-id", KEY_ID, "--access-key-secret", SECRET, "--host",
@@ -202,7 +231,81 @@ class Cluster:
         kill_tree(self.workers[name].pid)
 
     def down(self) -> None:
+        if self._forward is not None:
+            kill_tree(self._forward.pid)
         self.hosts.down()
+
+
+def start_forward(namespace: str, address: tuple[str, int]) -> tuple[subprocess.Popen[str], int]:
+    """A relay process (``forward``) from a port of this machine's 127.0.0.1 (the root
+    namespace, where the hosts' addresses are not routed) to ``address`` inside network
+    namespace ``namespace``: how the harness reads what a host serves (the S3 server of
+    ``Cluster(s3=True)``). A process of its own, not threads of the harness: a client that
+    blocks holding the interpreter's lock (``deltalake``'s reads do) would stop a relay
+    sharing it. Returns the process and its port."""
+    code = ("import sys; from integration.netfaults.cluster import forward; "
+            "forward(sys.argv[1], (sys.argv[2], int(sys.argv[3])))")
+    proc = subprocess.Popen([sys.executable, "-c", code, namespace, address[0],
+                             str(address[1])], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.isdigit():
+        kill_tree(proc.pid)
+        raise RuntimeError(f"the relay to {address} in {namespace} did not start: {line!r}")
+    return proc, int(line)
+
+
+def forward(namespace: str, address: tuple[str, int]) -> None:
+    """``start_forward``'s relay process: print the port it listens on (127.0.0.1), then relay
+    each connection to ``address`` in ``namespace`` until killed. Each connection's thread
+    enters the namespace (``setns`` acts on the calling thread only), so its upstream socket
+    is the host's."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    print(listener.getsockname()[1], flush=True)
+
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def relay(client: socket.socket) -> None:
+        with client:
+            try:
+                _enter_namespace(namespace)
+                upstream = socket.create_connection(address, timeout=30)
+            except OSError:
+                return
+            with upstream:
+                upstream.settimeout(None)
+                back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+                back.start()
+                pump(client, upstream)
+                back.join()
+
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+
+def _enter_namespace(namespace: str) -> None:
+    """Move the calling thread into network namespace ``namespace`` (``ip netns``'s name)."""
+    clone_newnet = 0x40000000
+    fd = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, clone_newnet) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error))
+    finally:
+        os.close(fd)
 
 
 def spark_home_of(python: str) -> Path:
