@@ -308,14 +308,15 @@ class _RecordingSparkContext:
 
     def parallelize(self, tasks: list[Any], slices: int) -> Any:
         self.shipped.append(tasks)
-        raise AssertionError("a remote Delta table's files are written by delta-rs")
+        raise AssertionError("a small batch's files are written by delta-rs")
 
 
-def test_a_large_first_load_into_s3_is_written_by_delta_rs_not_the_executors(bucket) -> None:
-    """``executor_write_rows`` applies to tables whose files the sink writes itself (local):
-    a remote Delta table's batch goes through delta-rs' own writer, straight to the store."""
+def test_a_batch_below_executor_write_rows_into_s3_is_written_by_delta_rs(bucket) -> None:
+    """A remote Delta table's batch smaller than ``executor_write_rows`` goes through
+    delta-rs' own writer on the driver, straight to the store (a larger append's files are
+    written by the executors: tests/test_lakehouse_spark.py)."""
     target = S3Delta(bucket)
-    sink = target.sink(executor_write_rows=1)
+    sink = target.sink(executor_write_rows=51)
     context = _RecordingSparkContext()
     sink._spark_context = context
     rows = batch(*(change("PUT", "c", i, 1, i, f"n{i}", i) for i in range(50)))

@@ -89,12 +89,16 @@ def test_a_stream_with_splits_a_merge_and_a_new_column_applies_exactly(spark, tm
     assert any(c.parent_ids for c in store.list_channels("t") if len(c.parent_ids) == 2)
 
 
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_batches_have_their_data_files_written_by_the_executors(spark, tmp_path: Path,
-                                                                kind: str) -> None:
+@pytest.mark.parametrize("kind", ["delta", "iceberg",
+                                  pytest.param("delta+s3", marks=pytest.mark.extended)])
+def test_batches_have_their_data_files_written_by_the_executors(
+        spark, tmp_path: Path, kind: str, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``executor_write_rows=1``: every batch's data files — the first load's appends and
     the stream's rewrites — are written by Spark's Python workers (processes other than this
-    driver), and the driver makes the one commit; the table equals the source."""
+    driver), and the driver makes the one commit; the table equals the source. A Delta table
+    in S3 (moto's server): its appends' files are written by the executors straight into the
+    bucket, its rewrites by delta-rs' MERGE."""
     import os
 
     store = LocalTablestore(tmp_path / "store.db")
@@ -102,7 +106,18 @@ def test_batches_have_their_data_files_written_by_the_executors(spark, tmp_path:
                        columns=[("name", "STRING"), ("qty", "INTEGER")], channels=2)
     for i in range(300):
         store.put_row("t", {"id": i}, {"name": f"n{i}", "qty": i})
-    if kind == "delta":
+    if kind == "delta+s3":
+        from testkit.aws import AWS_TEST_ENV, new_s3_bucket
+
+        bucket = new_s3_bucket(request.getfixturevalue("moto_endpoint"), monkeypatch)
+        location = f"s3://{bucket}/orders"
+        # the key pair as storage options: the suite's Spark workers started before this
+        # test's AWS environment (a job's executors have it from their start)
+        sink = DeltaApplySink(location, storage_options={
+            "aws_allow_http": "true", "aws_access_key_id": AWS_TEST_ENV["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": AWS_TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+            "aws_session_token": AWS_TEST_ENV["AWS_SESSION_TOKEN"]}, executor_write_rows=1)
+    elif kind == "delta":
         sink = DeltaApplySink(tmp_path / "orders", executor_write_rows=1)
     else:
         sink = IcebergApplySink(sqlite_catalog_properties(str(tmp_path / "warehouse")),
@@ -123,8 +138,18 @@ def test_batches_have_their_data_files_written_by_the_executors(spark, tmp_path:
     assert query.exception() is None
     committed = [r for r in results if r is not None and r.committed and r.upserts]
     assert any(r.appended for r in committed) and any(not r.appended for r in committed)
-    assert all(r.written_by and os.getpid() not in r.written_by for r in committed)
+    by_executors = [r for r in committed if r.appended or kind != "delta+s3"]
+    assert all(r.written_by and os.getpid() not in r.written_by for r in by_executors)
+    assert all(not r.written_by for r in committed if r not in by_executors)
     source = {k: dict(v) for k, v in rows_by_key(store.scan("t")).items()}
-    rows = (read_delta(str(tmp_path / "orders")) if kind == "delta" else
-            read_iceberg(sqlite_catalog_properties(str(tmp_path / "warehouse")), "cdc.orders"))
+    if kind == "delta+s3":
+        from deltalake import DeltaTable
+
+        table = DeltaTable(location, storage_options={"aws_allow_http": "true"})
+        rows = table.to_pyarrow_table().to_pylist()
+        files = table.file_uris()
+        assert files and all(f.startswith(f"s3://{bucket}/orders/part-") for f in files)
+    else:
+        rows = (read_delta(str(tmp_path / "orders")) if kind == "delta" else read_iceberg(
+            sqlite_catalog_properties(str(tmp_path / "warehouse")), "cdc.orders"))
     assert table_state(rows, ["id"]) == source

@@ -72,6 +72,7 @@ from tablestore_cdc.lakehouse.layout import (
     write_delta_files,
     write_delta_files_on_executors,
 )
+from tablestore_cdc.lakehouse.object_store import s3_filesystem, s3_location
 from tablestore_cdc.lakehouse.ownership import claim
 from tablestore_cdc.lakehouse.plan import CLOSE_AT, END_AT, ApplyOptions, ApplyPlan, plan_batch
 from tablestore_cdc.lakehouse.pruning import candidates, comparable
@@ -286,31 +287,37 @@ class DeltaApplySink(ApplySink):
         of the executor processes that wrote files."""
         import deltalake
 
-        local = _rewritable(table, self.storage_options)
-        if local is None:
+        root, filesystem = _rewritable(table, self.storage_options), None
+        if root is None:  # in S3, a batch the executors write: its files by them, there
+            root = s3_location(table.table_uri) if (
+                self._executors_for(plan) is not None and _plain(table)) else None
+            filesystem = s3_filesystem(self.storage_options) if root is not None else None
+        if root is None:
             self._before_commit()
             deltalake.write_deltalake(table, plan.upsert_table, mode="append",
                                       commit_properties=commit)
             return table.version(), set()
         groups = file_groups(plan.upsert_table, plan.upsert_channels, options.key_columns[0])
-        return self._commit_files(table, local, groups, [], plan, options, commit)
+        return self._commit_files(table, root, groups, [], plan, options, commit, filesystem)
 
-    def _commit_files(self, table: Any, local: str, groups: list[pa.Table], removed: list[Any],
-                      plan: ApplyPlan, options: ApplyOptions, commit: Any) -> tuple[int, set[int]]:
+    def _commit_files(self, table: Any, root: str, groups: list[pa.Table], removed: list[Any],
+                      plan: ApplyPlan, options: ApplyOptions, commit: Any,
+                      filesystem: Any = None) -> tuple[int, set[int]]:
         """One commit on the version ``table`` holds: a file per group added (written by Spark's
         executors when the batch is large enough, ``_executors_for``), the ``removed`` files
-        (``RemoveAction``s) removed. Returns the version the commit made (the next one:
-        ``commit`` allows delta-rs no retry onto a later version) and the ids of the executor
-        processes that wrote files."""
+        (``RemoveAction``s) removed. ``root``: the table's directory, or with ``filesystem``
+        (pyarrow's S3) its ``BUCKET/PREFIX``. Returns the version the commit made (the next
+        one: ``commit`` allows delta-rs no retry onto a later version) and the ids of the
+        executor processes that wrote files."""
         schema = pa.schema(table.schema().to_arrow())
         writers: set[int] = set()
         spark_context = self._executors_for(plan)
         if spark_context is not None and groups:
             pieces = split(groups, spark_context.defaultParallelism)
-            actions, writers = write_delta_files_on_executors(spark_context, local, pieces,
-                                                              schema, options.key_columns)
+            actions, writers = write_delta_files_on_executors(
+                spark_context, root, pieces, schema, options.key_columns, filesystem)
         else:
-            actions = write_delta_files(local, groups, schema, options.key_columns)
+            actions = write_delta_files(root, groups, schema, options.key_columns, filesystem)
         self._before_commit()  # the files are written (unreferenced until the commit)
         table.create_write_transaction([*removed, *actions], "append", schema,
                                        commit_properties=commit)
@@ -388,15 +395,19 @@ def _rewritable(table: Any, storage_options: dict[str, str] | None) -> str | Non
     partition columns, no rules a writer must enforce; tables the sink creates are such
     tables."""
     local = local_path(table.table_uri)
-    if local is None or storage_options:
-        return None
-    protocol = table.protocol()
-    metadata = table.metadata()
-    if (protocol.min_reader_version > 1 or metadata.partition_columns
-            or set(protocol.writer_features or ()) & _ENFORCED_WRITER_FEATURES
-            or any(k.startswith("delta.constraints.") for k in metadata.configuration)):
+    if local is None or storage_options or not _plain(table):
         return None
     return local
+
+
+def _plain(table: Any) -> bool:
+    """Do ``table``'s files hold its rows plainly, so that the sink may add files it wrote
+    itself (``_rewritable``)?"""
+    protocol = table.protocol()
+    metadata = table.metadata()
+    return not (protocol.min_reader_version > 1 or metadata.partition_columns
+                or set(protocol.writer_features or ()) & _ENFORCED_WRITER_FEATURES
+                or any(k.startswith("delta.constraints.") for k in metadata.configuration))
 
 
 def _held_files(table: Any, local: str, plan: ApplyPlan, key: str) -> pa.Table:

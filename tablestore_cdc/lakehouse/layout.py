@@ -71,27 +71,31 @@ def file_groups(rows: pa.Table, channels: pa.Array | None, key: str) -> list[pa.
 
 
 def write_delta_files(table_uri: str, groups: Sequence[pa.Table], schema: pa.Schema,
-                      key_columns: Sequence[str]) -> list[Any]:
+                      key_columns: Sequence[str], filesystem: Any = None) -> list[Any]:
     """Write ``groups`` as Parquet files into a local Delta table's directory and return their
     ``AddAction``s (statistics: the row count and the key columns' bounds and null counts),
     for one ``create_write_transaction`` commit. Files of a commit that never happens are not
     referenced by the table (``vacuum`` removes them). One file after the other: the driver's
     cores are Spark's too, and threads cost more than they gained on a busy 2-core driver (a
     batch big enough to gain from parallel writes is written by the executors)."""
-    return [_write_delta_file(table_uri, group, schema, key_columns) for group in groups]
+    return [_write_delta_file(table_uri, group, schema, key_columns, filesystem)
+            for group in groups]
 
 
 def write_delta_files_on_executors(spark_context: Any, table_uri: str,
                                    groups: Sequence[pa.Table], schema: pa.Schema,
-                                   key_columns: Sequence[str]) -> tuple[list[Any], set[int]]:
+                                   key_columns: Sequence[str], filesystem: Any = None
+                                   ) -> tuple[list[Any], set[int]]:
     """``write_delta_files`` with the files written by Spark's executors, one task per group
     (the group shipped as Arrow IPC, each task returns its file's ``AddAction`` fields); the
-    caller, on the driver, makes the one commit. Returns the actions and the ids of the
-    processes that wrote the files."""
+    caller, on the driver, makes the one commit. ``filesystem``: pyarrow's file system of a
+    table in object storage (``table_uri`` then its path there, ``BUCKET/PREFIX``; pickled
+    into each task with its settings); None: a local directory. Returns the actions and the ids
+    of the processes that wrote the files."""
     from deltalake.transaction import AddAction
 
-    tasks = [(table_uri, to_ipc(group), to_ipc(schema.empty_table()), tuple(key_columns))
-             for group in groups]
+    tasks = [(table_uri, to_ipc(group), to_ipc(schema.empty_table()), tuple(key_columns),
+              filesystem) for group in groups]
     written = spark_context.parallelize(tasks, len(tasks)).map(_executor_write).collect()
     return ([AddAction(w["path"], w["size"], {}, w["modification_time"], True, w["stats"])
              for w in written], {w["pid"] for w in written})
@@ -110,11 +114,11 @@ def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def _executor_write(task: tuple[str, bytes, bytes, tuple[str, ...]]) -> dict[str, Any]:
+def _executor_write(task: tuple[str, bytes, bytes, tuple[str, ...], Any]) -> dict[str, Any]:
     """One Spark task (executor): write a group's file, return its ``AddAction`` fields."""
-    table_uri, rows, schema, key_columns = task
+    table_uri, rows, schema, key_columns, filesystem = task
     action = _write_delta_file(table_uri, from_ipc(rows), from_ipc(schema).schema,
-                               key_columns)
+                               key_columns, filesystem)
     return {"path": action.path, "size": action.size, "stats": action.stats,
             "modification_time": action.modification_time, "pid": os.getpid()}
 
@@ -127,17 +131,18 @@ def split(groups: Sequence[pa.Table], pieces: int) -> list[pa.Table]:
 
 
 def _write_delta_file(table_uri: str, group: pa.Table, schema: pa.Schema,
-                      key_columns: Sequence[str]) -> Any:
-    """One Parquet file (pyarrow releases the GIL while it writes) and its ``AddAction``."""
+                      key_columns: Sequence[str], filesystem: Any = None) -> Any:
+    """One Parquet file (pyarrow releases the GIL while it writes) and its ``AddAction``;
+    ``filesystem``: pyarrow's, for a table in object storage (one PUT: whole or not there)."""
     from deltalake.transaction import AddAction
 
     name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
-    path = os.path.join(table_uri, name)
+    path = f"{table_uri}/{name}" if filesystem is not None else os.path.join(table_uri, name)
     data = pa.Table.from_arrays([group.column(f.name).cast(f.type) for f in schema],
                                 schema=schema)
     # dictionaries for the strings and binaries that are not keys (repeated names, states);
     # keys are (nearly) distinct and numbers rarely repeat enough to repay one
-    pq.write_table(data, path, compression="snappy", use_dictionary=[
+    pq.write_table(data, path, filesystem=filesystem, compression="snappy", use_dictionary=[
         f.name for f in schema if f.name not in key_columns and (
             pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
             or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))])
@@ -154,5 +159,6 @@ def _write_delta_file(table_uri: str, group: pa.Table, schema: pa.Schema,
             bounds = pc.min_max(column)
             stats["minValues"][name_] = bounds["min"].as_py()
             stats["maxValues"][name_] = bounds["max"].as_py()
-    return AddAction(name, os.path.getsize(path), {}, int(time.time() * 1000), True,
-                     json.dumps(stats))
+    size = (os.path.getsize(path) if filesystem is None
+            else filesystem.get_file_info(path).size)
+    return AddAction(name, size, {}, int(time.time() * 1000), True, json.dumps(stats))

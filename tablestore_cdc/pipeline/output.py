@@ -133,19 +133,15 @@ class JobOutput:
 
             return LocalFileSystem(), str(self.local)
         if not self._fs:
-            from pyarrow.fs import S3FileSystem
+            from tablestore_cdc.lakehouse.object_store import s3_filesystem
 
-            endpoint = _endpoint()
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-            if region is None and endpoint is None:  # AWS itself: the bucket's own region
+            if region is None and _endpoint() is None:  # AWS itself: the bucket's own region
                 from pyarrow.fs import resolve_s3_region
 
                 with contextlib.suppress(OSError):
                     region = resolve_s3_region(self.bucket)
-            self._fs.append(S3FileSystem(
-                endpoint_override=endpoint, region=region,
-                scheme="http" if endpoint and endpoint.startswith("http://") else "https",
-                force_virtual_addressing=_virtual_hosted()))
+            self._fs.append(s3_filesystem({"aws_region": region} if region else {}))
         return self._fs[0], "/".join(filter(None, [self.bucket, self.prefix]))
 
     def read_bytes(self, *parts: str) -> bytes | None:
