@@ -15,9 +15,9 @@ interleaved ``repeat`` times (embedded, spark, embedded, spark, ...; figures are
 
 The child reports (its last stdout line, JSON): the first load's and each stream's seconds and
 the process tree's CPU seconds (``/proc``: the Python driver, its JVM and any executor JVMs),
-per-batch seconds, the Spark session's start, the Python driver's peak RSS (``ru_maxrss``) and
-each JVM's (``VmHWM``, read before the session stops: the driver JVM, which in ``local[n]``
-holds the executor too, and with a ``local-cluster`` master each executor JVM). The child's
+per-batch seconds, the Spark session's start, the peak RSS (``VmHWM``) of the Python driver
+and of each JVM, read before the session stops: the driver JVM, which in ``local[n]`` holds the
+executor too, and with a ``local-cluster`` master each executor JVM. The child's
 module-level imports are the standard library's only: the Spark venv has no numpy or psutil.
 
 ``summary`` flattens the figures into ``apply_engines_<format>_<size>_<engine>_<figure>`` and
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -98,6 +97,13 @@ def _tree_cpu_s() -> float:
     return total / ticks
 
 
+def _peak_rss_mb(pid: int) -> float:
+    """A process's peak RSS (``VmHWM``, MB): its own since its ``exec`` (``ru_maxrss`` would
+    carry over the forking benchmark process's peak, which holds every batch)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
 def _jvm_peaks_mb() -> tuple[float, list[float]]:
     """The peak RSS (``VmHWM``) of the driver JVM (the shallowest ``java`` below this process)
     and of every other JVM below it (a local-cluster's executors), in MB."""
@@ -107,11 +113,9 @@ def _jvm_peaks_mb() -> tuple[float, list[float]]:
             with open(f"/proc/{pid}/comm") as f:
                 if f.read().strip() != "java":
                     continue
-            with open(f"/proc/{pid}/status") as f:
-                hwm = next(line for line in f if line.startswith("VmHWM:"))
+            jvms.append((depth, _peak_rss_mb(pid)))
         except (OSError, StopIteration):
             continue
-        jvms.append((depth, int(hwm.split()[1]) / 1024))
     if not jvms:
         return 0.0, []
     jvms.sort()
@@ -159,12 +163,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 sink.apply(read(path), "bench", batch_id)
                 times.append(time.perf_counter() - t0)
+                print(f"{phase} batch {batch_id}: {times[-1]:.2f} s", file=sys.stderr, flush=True)
                 batch_id += 1
             out[f"{phase}_s"] = sum(times)
             out[f"{phase}_cpu_s"] = _tree_cpu_s() - cpu_began
             out[f"{phase}_batch_s"] = times
         out["cpu_s"] = _tree_cpu_s()
-        out["driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["driver_rss_mb"] = _peak_rss_mb(os.getpid())
         out["jvm_rss_mb"], out["executor_rss_mb"] = _jvm_peaks_mb()
     finally:
         if spark is not None:
@@ -329,4 +334,7 @@ def summary(details: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        print(json.dumps(child(json.load(f))), flush=True)
+        spec = json.load(f)
+    report = json.dumps(child(spec))
+    Path(spec["workdir"], "report.json").write_text(report)  # kept beside the run's log
+    print(report, flush=True)

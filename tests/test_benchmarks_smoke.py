@@ -63,6 +63,10 @@ POSITIVE_KEYS = (
     "replicate_e2e_changes_s_wall",
     "replicate_e2e_changes_s_from_first_batch",
     "replicate_e2e_first_batch_s",
+    "apply_engines_delta_4000_embedded_hot_changes_s",
+    "apply_engines_delta_4000_spark_spread_changes_s",
+    "apply_engines_delta_4000_spark_jvm_rss_mb",
+    "apply_engines_delta_4000_spark_over_embedded_cpu_s",
 )
 
 
