@@ -127,17 +127,23 @@ class _Message:
     head: bytes  # start line and headers, without the blank line
     headers: dict[str, str]  # lower-cased names
     body: bytes
+    #: an answer to a HEAD (or a 1xx, 204, 304): its headers, a Content-Length among them,
+    #: describe a body that is never sent (S3A takes an object's length from a HEAD's)
+    bodiless: bool = False
 
     @property
     def start(self) -> str:
         return self.head.split(b"\r\n", 1)[0].decode("latin-1")
 
     def encode(self, body: bytes | None = None, *, length: int | None = None) -> bytes:
-        """The message re-framed with a ``Content-Length`` (``length`` may lie: truncation)."""
+        """The message re-framed with a ``Content-Length`` (``length`` may lie: truncation),
+        without an ``Expect`` (the body goes whole: the service must not answer ``100``)."""
         body = self.body if body is None else body
+        if self.bodiless:
+            return self.head + b"\r\n\r\n"
         lines = [line for line in self.head.split(b"\r\n")[1:]
                  if line.split(b":", 1)[0].strip().lower()
-                 not in (b"content-length", b"transfer-encoding")]
+                 not in (b"content-length", b"transfer-encoding", b"expect")]
         count = len(body) if length is None else length
         return (b"\r\n".join([self.head.split(b"\r\n", 1)[0], *lines,
                               b"Content-Length: %d" % count]) + b"\r\n\r\n" + body)
@@ -147,8 +153,11 @@ class _Closed(Exception):
     """The peer closed the connection between messages."""
 
 
-async def _read_message(reader: asyncio.StreamReader, *, response_to: str = "") -> _Message:
-    """One HTTP/1.1 message: its head, and its body by Content-Length, chunked, or to EOF."""
+async def _read_message(reader: asyncio.StreamReader, *, response_to: str = "",
+                        client: asyncio.StreamWriter | None = None) -> _Message:
+    """One HTTP/1.1 message: its head, and its body by Content-Length, chunked, or to EOF.
+    A request with ``Expect: 100-continue`` (S3A's uploads) is told ``100 Continue`` on
+    ``client`` first: its sender holds the body until then."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
@@ -160,9 +169,12 @@ async def _read_message(reader: asyncio.StreamReader, *, response_to: str = "") 
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
+    if client is not None and headers.get("expect", "").lower() == "100-continue":
+        client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await client.drain()
     status = head.split(b" ", 2)[1] if response_to else b""
     if response_to == "HEAD" or status in (b"204", b"304") or status.startswith(b"1"):
-        return _Message(head, headers, b"")
+        return _Message(head, headers, b"", bodiless=True)
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = bytearray()
         while True:
@@ -287,7 +299,7 @@ class LoopbackServer:
         try:
             while True:
                 try:
-                    request = await _read_message(reader)
+                    request = await _read_message(reader, client=writer)
                 except (_Closed, asyncio.IncompleteReadError, ConnectionError):
                     return
                 if not await self._answer(request, reader, writer, upstream):
