@@ -2,12 +2,18 @@
 (``testkit.s3_faults``): moto's server on 127.0.0.1 behind a proxy that answers ``503
 SlowDown``, resets connections before a request reaches moto and after a PUT was applied (the
 ambiguous commit) for about 5 % of the job's requests, every fourth commit PUT reset after it
-landed too. Two tables (an INTEGER and a STRING key) of a real embedded store, a writer going
-on while the job runs as its own process: the job never exits, and each table read back from
-moto directly (not through the proxy) equals its source row by row, no key twice. The counts
-of each fault are printed.
+landed too. The job's own state (``--output s3://BUCKET/state``: the change log and Spark's
+checkpoints through Hadoop's S3A, the failed tables and held batches through pyarrow) goes
+through the same proxy, every third checkpoint file's PUT (S3A's copy of ``offsets/N``,
+``commits/N``, ``_spark_metadata/N`` to its name) reset after it landed: the ambiguous
+checkpoint. Two tables (an INTEGER and a STRING key) of a real embedded store, a writer going
+on while the job runs as its own process: the job never exits (a query that fails is restarted
+by the job's restart policy, counted), and each table read back from moto directly (not
+through the proxy) equals its source row by row, no key and no batch twice. The counts of each
+fault, on the targets and on the state, are printed.
 
-The default suite's run writes for 20 s (about 70 s in all). The long run (marker
+The default suite's run writes for 20 s with the state in S3 (about 100 s in all); the same run
+with a local ``--output`` is ``extended``. The long run (marker
 ``faults_full``: ``python -m pytest -m faults_full tests/test_lakehouse_s3_faults_spark.py``)
 writes for ``S3_FAULTS_WRITE_S`` (300) seconds with an outage of S3 of ``S3_FAULTS_OUTAGE_S``
 (30) seconds in the middle, every request reset: longer than delta-rs' retries and the sink's
@@ -33,7 +39,12 @@ from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import TWO_KEYS, two_keys_store, write_two_keys  # noqa: E402
 from testkit.processes import REPO, kill_tree  # noqa: E402
-from testkit.s3_faults import AMBIGUOUS_COMMIT, KINDS, S3FaultProxy  # noqa: E402
+from testkit.s3_faults import (  # noqa: E402
+    AMBIGUOUS_CHECKPOINT,
+    AMBIGUOUS_COMMIT,
+    KINDS,
+    S3FaultProxy,
+)
 from testkit.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -70,31 +81,40 @@ def _equal(store: LocalTablestore, moto: str, bucket: str, table: str) -> bool:
         k: dict(v) for k, v in rows_by_key(store.scan(table)).items()}
 
 
+@pytest.mark.parametrize("state", [
+    "s3", pytest.param("local", marks=pytest.mark.extended)])
 def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
-        tmp_path: Path, moto_endpoint: str) -> None:
-    _replicate_through_faults(tmp_path, moto_endpoint, write_s=20.0, outage_s=0.0)
+        tmp_path: Path, moto_endpoint: str, state: str) -> None:
+    _replicate_through_faults(tmp_path, moto_endpoint, write_s=20.0, outage_s=0.0,
+                              state_in_s3=state == "s3")
 
 
 @pytest.mark.faults_full
 def test_replicate_into_s3_through_faults_and_an_outage_long(tmp_path: Path,
                                                             moto_endpoint: str) -> None:
     restarts = _replicate_through_faults(tmp_path, moto_endpoint, write_s=LONG_WRITE_S / 2,
-                                         outage_s=LONG_OUTAGE_S, after_s=LONG_WRITE_S / 2)
+                                         outage_s=LONG_OUTAGE_S, after_s=LONG_WRITE_S / 2,
+                                         state_in_s3=True)
     assert restarts >= 1  # the outage outlasted the sink's attempts: the query restarted
 
 
 def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: float,
-                              outage_s: float, after_s: float = 0.0) -> int:
+                              outage_s: float, after_s: float = 0.0,
+                              state_in_s3: bool) -> int:
     """The job through the proxy: writes for ``write_s``, an outage of ``outage_s`` (0: none),
-    writes for ``after_s`` more; every check of the module doc. Returns the job's restarts."""
+    writes for ``after_s`` more; its state in ``s3://BUCKET/state`` or a local directory;
+    every check of the module doc. Returns the job's restarts."""
     bucket = new_s3_bucket(moto_endpoint)  # the job's environment is the proxy's, not moto's
     store = two_keys_store(tmp_path / "store.db")
     write_two_keys(store, 0, 100)
     log = tmp_path / "replicate.log"
-    with S3FaultProxy(moto_endpoint, rate=0.05, seed=11, commit_every=4) as proxy:
+    output = f"s3://{bucket}/state" if state_in_s3 else str(tmp_path / "out")
+    began = time.monotonic()
+    with S3FaultProxy(moto_endpoint, rate=0.05, seed=11, commit_every=4,
+                      checkpoint_every=3) as proxy:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AWS_ENDPOINT_URL": proxy.url}
         command = [*CLI, "replicate", "--store", str(store.path), "--tables", "ints,names",
-                   "--output", str(tmp_path / "out"),
+                   "--output", output,
                    "--target", f"delta+s3://{bucket}/lake/{{table}}",
                    "--target-option", "aws_region=us-east-1", "--trigger-ms", "300",
                    "--restart-backoff", "1:4"]
@@ -114,12 +134,13 @@ def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: fl
             wait_until("both tables' first batches in S3",
                        lambda: all(_rows(moto_endpoint, bucket, t) for t in TABLES),
                        timeout=240, interval=1.0, process=job)
+            first_batches = time.monotonic() - began
             thread.start()
             for seconds, down in ((write_s, 0.0), (outage_s, outage_s), (after_s, 0.0)):
                 if down:
                     proxy.down(down)
-                began = time.monotonic()
-                while time.monotonic() - began < seconds:
+                phase = time.monotonic()
+                while time.monotonic() - phase < seconds:
                     assert job.poll() is None, log.read_text()[-3000:]
                     time.sleep(1.0)
             stop.set()
@@ -131,9 +152,11 @@ def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: fl
         finally:
             stop.set()
             kill_tree(job.pid)
-        counts = proxy.counts()
+        counts, on_state = proxy.counts(), proxy.counts(under=f"/{bucket}/state/")
         print(f"S3 fault proxy: {proxy.requests} requests, {proxy.commits} commit PUTs, "
-              f"faults {counts}", file=sys.stderr)
+              f"{proxy.checkpoints} checkpoint file PUTs, faults {counts}, of them on the "
+              f"job's state {on_state}; first batches after {first_batches:.0f} s, "
+              f"{time.monotonic() - began:.0f} s in all", file=sys.stderr)
     text = log.read_text()
     retried = text.count("the object store failed a request")
     restarts = sum(line.startswith("restarting (") for line in text.splitlines())
@@ -153,4 +176,6 @@ def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: fl
                    if "tablestore-cdc.batch-id" in c]
         assert len(batches) == len(set(batches)), f"{table}: a batch committed twice"
     assert all(counts[kind] for kind in (*KINDS, AMBIGUOUS_COMMIT)), counts
+    if state_in_s3:
+        assert all(on_state[kind] for kind in (*KINDS, AMBIGUOUS_CHECKPOINT)), on_state
     return restarts
