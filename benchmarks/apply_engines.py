@@ -36,12 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: the engines measured: name -> (interpreter, Spark master or None)
+#: the engines measured: the embedded apply (this interpreter, no Spark), the Spark engine on
+#: ``ApplyEnginesConfig.master`` and on ``cluster_master`` (``SPARK_MERGE_PYTHON``)
 EMBEDDED, SPARK, SPARK_CLUSTER = "embedded", "spark", "spark_cluster"
 
 
 @dataclass(frozen=True)
 class ApplyEnginesConfig:
+    """What ``run`` measures (the benchmark process): sizes, formats (``delta``, ``iceberg``),
+    the batches' shape (as ``LakehouseApplyConfig``'s), the runs per engine and the masters."""
+
     sizes: tuple[int, ...] = (100_000,)
     formats: tuple[str, ...] = ("delta",)
     load_batch: int = 50_000
