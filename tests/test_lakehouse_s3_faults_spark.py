@@ -12,12 +12,17 @@ by the job's restart policy, counted), and each table read back from moto direct
 through the proxy) equals its source row by row, no key and no batch twice. The counts of each
 fault, on the targets and on the state, are printed.
 
-The default suite's run writes for 20 s with the state in S3 (about 100 s in all); the same run
-with a local ``--output`` is ``extended``. The long run (marker
+The default suite's run writes for 20 s with the state in S3 (180 s in all on a loaded machine,
+where the same run with a local ``--output``, ``extended``, took 100 s: S3A's first batch comes
+later). The long run (marker
 ``faults_full``: ``python -m pytest -m faults_full tests/test_lakehouse_s3_faults_spark.py``)
-writes for ``S3_FAULTS_WRITE_S`` (300) seconds with an outage of S3 of ``S3_FAULTS_OUTAGE_S``
-(30) seconds in the middle, every request reset: longer than delta-rs' retries and the sink's
-attempts of a commit, so the job restarts its query (``ObjectStoreError``) and goes on.
+writes for ``S3_FAULTS_WRITE_S`` (300) seconds, the state in S3, with an outage of S3 of
+``S3_FAULTS_OUTAGE_S`` (30) seconds in the middle, every request reset. With a local state
+that outage outlasts delta-rs' retries and the sink's attempts of a commit and the job restarts
+its query (``ObjectStoreError``); with the state in S3 the queries may wait in S3A's retries
+instead (the AWS SDK's ``fs.s3a.attempts.maximum`` 5, then S3A's ``fs.s3a.retry.limit`` 7
+backing off exponentially from 500 ms; a run with the 30 s outage saw no restart), so a restart
+is allowed and counted, not required.
 """
 
 from __future__ import annotations
@@ -92,10 +97,9 @@ def test_replicate_into_s3_through_throttling_resets_and_ambiguous_commits(
 @pytest.mark.faults_full
 def test_replicate_into_s3_through_faults_and_an_outage_long(tmp_path: Path,
                                                             moto_endpoint: str) -> None:
-    restarts = _replicate_through_faults(tmp_path, moto_endpoint, write_s=LONG_WRITE_S / 2,
-                                         outage_s=LONG_OUTAGE_S, after_s=LONG_WRITE_S / 2,
-                                         state_in_s3=True)
-    assert restarts >= 1  # the outage outlasted the sink's attempts: the query restarted
+    _replicate_through_faults(tmp_path, moto_endpoint, write_s=LONG_WRITE_S / 2,
+                              outage_s=LONG_OUTAGE_S, after_s=LONG_WRITE_S / 2,
+                              state_in_s3=True)
 
 
 def _replicate_through_faults(tmp_path: Path, moto_endpoint: str, *, write_s: float,
