@@ -12,9 +12,9 @@ by the job's restart policy, counted), and each table read back from moto direct
 through the proxy) equals its source row by row, no key and no batch twice. The counts of each
 fault, on the targets and on the state, are printed.
 
-The default suite's run writes for 20 s with the state in S3 (180 s in all on a loaded machine,
-where the same run with a local ``--output``, ``extended``, took 100 s: S3A's first batch comes
-later). The long run (marker
+The default suite's run writes for 20 s with the state in S3 (130 to 180 s in all on a loaded
+machine, where the same run with a local ``--output``, ``extended``, took 100 s: S3A's first
+batch comes later). The long run (marker
 ``faults_full``: ``python -m pytest -m faults_full tests/test_lakehouse_s3_faults_spark.py``)
 writes for ``S3_FAULTS_WRITE_S`` (300) seconds, the state in S3, with an outage of S3 of
 ``S3_FAULTS_OUTAGE_S`` (30) seconds in the middle, every request reset. With a local state
