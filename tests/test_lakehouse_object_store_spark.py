@@ -30,7 +30,10 @@ import pytest
 pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
 
+from typer.testing import CliRunner  # noqa: E402
+
 from connector.local import LocalTablestore  # noqa: E402
+from tablestore_cdc.commands.app import app  # noqa: E402
 from tablestore_cdc.verify import rows_by_key, table_state  # noqa: E402
 from testkit.aws import new_s3_bucket  # noqa: E402
 from testkit.lakehouse import TWO_KEYS, two_keys_store, write_two_keys  # noqa: E402
@@ -168,11 +171,10 @@ def test_replicate_into_s3_survives_a_split_and_sigkills_and_shows_no_secret(
     shown["meta store"] = b"".join(p.read_bytes() for p in meta_files).decode("latin-1")
     assert "iceberg://lake/cdc.events" in shown["meta store"], meta_files
     meta = f"sqlite://{tmp_path / 'store.meta.db'}"
-    listed = subprocess.run([*CLI, "meta", "tables", "--meta", meta, "--json"], env=env,
-                            capture_output=True, text=True, timeout=60)
-    assert listed.returncode == 0, listed.stderr
-    shown["meta tables --json"] = listed.stdout
-    targets = {r["table"]: r["target"] for r in json.loads(listed.stdout)["tables"]}
+    listed = CliRunner().invoke(app, ["meta", "tables", "--meta", meta, "--json"])
+    assert listed.exit_code == 0, listed.output
+    shown["meta tables --json"] = listed.output
+    targets = {r["table"]: r["target"] for r in json.loads(listed.output)["tables"]}
     assert set(targets) == set(TABLES), targets
     shown["feed"] = _feed(meta)
     assert shown["feed"].count('"kind": "batch"') > 3
@@ -198,8 +200,8 @@ def _feed(meta: str) -> str:
     parts = []
     for ns in user_namespaces(store):
         parts.append(json.dumps(dashboard_snapshot(store, ns, with_tunnel=False)))
-        progress = subprocess.run([*CLI, "progress", "--meta", meta, "-n", ns, "--no-tunnel"],
-                                  capture_output=True, text=True, timeout=60)
-        assert progress.returncode == 0, progress.stderr
-        parts.append(progress.stdout)
+        progress = CliRunner().invoke(app, ["progress", "--meta", meta, "-n", ns,
+                                            "--no-tunnel"])
+        assert progress.exit_code == 0, progress.output
+        parts.append(progress.output)
     return "\n".join(parts)
