@@ -8,11 +8,13 @@ working directory: each table read back from S3 (deltalake, pyiceberg) equals it
 by row, and nothing was written to a working directory. The extended run (``kills=2``) puts a
 restarted streaming run between the two, SIGKILLed too once it has read past the first kill.
 
-The secret key is the user's in three places (the environment, the ``--config`` file's
-target options, ``spark.hadoop.fs.s3a.secret.key`` in the user's ``spark-defaults.conf``,
-which also turns Spark's event log on): it is in none of the job's output, Spark's log, the
-meta store's bytes, the feed, ``meta tables --json`` or the event log's environment (what the
-Spark UI's environment page shows), where the key is shown redacted."""
+The secret key is the user's in four places (the AWS environment, the catalog's
+``s3.secret-access-key`` by ``PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY``, the
+``--config`` file's target options, ``spark.hadoop.fs.s3a.secret.key`` in the user's
+``spark-defaults.conf``, which also turns Spark's event log on): it is in none of the job's
+output, Spark's log, the meta store's bytes, the feed, ``meta tables --json`` or the event
+log's environment (what the Spark UI's environment page shows), where the key is shown
+redacted."""
 
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ def test_replicate_into_s3_survives_a_split_and_sigkills_and_shows_no_secret(
               for k, v in catalog.items()},
            "PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
            "PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY": secret}
-    assert env["AWS_SECRET_ACCESS_KEY"] == secret  # the job has the key, in three places
+    assert env["AWS_SECRET_ACCESS_KEY"] == secret  # the job has the key, in four places
     logs = [tmp_path / f"run-{n}.log" for n in range(kills)]
 
     def start(log: Path, cwd: Path) -> subprocess.Popen[bytes]:
