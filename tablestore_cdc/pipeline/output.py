@@ -10,9 +10,10 @@ and started on another, or run on a cluster, and find where it was.
 
 Both sides take the AWS SDKs' own settings, never a secret in Spark's configuration:
 credentials from the environment, a profile (``AWS_PROFILE``) or the instance's role (Hadoop's
-S3A is given the SDK's ``DefaultCredentialsProvider``); ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL`` for another store (MinIO, Alibaba Cloud OSS's S3 endpoint), path-style
-unless ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`` (OSS needs virtual-hosted addressing);
+S3A is given the SDK's ``DefaultCredentialsProvider``, after keys in Hadoop's own settings);
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for another store (MinIO, Alibaba Cloud
+OSS's S3 endpoint), path-style unless ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`` (OSS needs
+virtual-hosted addressing);
 ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``). A setting the user's ``spark-defaults.conf`` gives
 is kept (``connector.spark.spark_defaults``).
 
@@ -39,8 +40,13 @@ from cdc_common.uris import redact_uri
 
 #: the schemes ``--output`` takes for S3 (Spark is given ``s3a://``, its Hadoop file system)
 S3_SCHEMES = ("s3", "s3a")
-#: the AWS SDK's provider chain: environment, profiles, web identity, container, instance
-CREDENTIALS_PROVIDER = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+#: S3A's credentials: keys in Hadoop's own settings (``fs.s3a.access.key``... in a user's
+#: ``spark-defaults.conf``) first, then the AWS SDK's chain: environment, profiles, web
+#: identity, container, instance (a provider without credentials is passed over)
+CREDENTIALS_PROVIDER = ",".join([
+    "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
+    "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+    "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"])
 
 
 class OutputUriError(CdcError):
