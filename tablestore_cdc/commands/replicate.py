@@ -303,7 +303,12 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None,
                 console.print(f"metrics on http://127.0.0.1:{port}/metrics")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         what = tables if one_table else f"tables {tables}"
-        into = apply.target.replace("{table}", tables) if one_table else apply.target
+        # the target the tables get: --config's [defaults] (and a table's own) over the flag's
+        into = (per_table(tables if one_table else "")[0].target if per_table is not None
+                else apply.target).replace("{table}", tables if one_table else "{table}")
+        if per_table is not None and not one_table and any(
+                per_table(t)[0].target != per_table("")[0].target for t in table_config.tables):
+            into += " (and the targets --config names)"
         console.print(f"replicating {what}{f' except {excluded}' if excluded else ''} from "
                       f"{redact_uri(endpoint)} into {into} (SCD {apply.scd}, schema drift "
                       f"{apply.schema_drift}{', once' if once else ''}) — Ctrl-C to stop",
