@@ -123,20 +123,27 @@ def test_an_endpoint_nothing_listens_on_is_a_configuration_error_with_tables(
     assert "secret" not in result.stderr.replace("access.key.secret", "")
 
 
-def test_a_table_another_job_replicates_is_refused_naming_that_job(
-        store: Path, tmp_path: Path) -> None:
-    """A job on another output holds t2's lease and has its output locked: the second job is
-    refused (exit 4) with the other's host, pid and since, before it writes anything."""
-    other = tmp_path / "other"
-    source = SourceOptions.from_spark({"endpoint": f"local://{store}", "table.name": "t2",
+def _held_by_this_process(store: Path, table: str, job: str, selection: str) -> SourceOptions:
+    """``table``'s lease taken by this (live) process and its status record naming ``job``
+    (the output) and ``selection``, as a running job leaves them; its ``SourceOptions``."""
+    source = SourceOptions.from_spark({"endpoint": f"local://{store}", "table.name": table,
                                        "tunnel.name": "replicate"})
     with open_meta_store(source.meta_store) as meta:
         assert meta.take_lease(source.source_identity, f"{socket.gethostname()}/{os.getpid()}/x",
                                120, namespace=source.source_identity) is None
     writer = TableStatusWriter(lambda _t: (source.meta_store, None, source.source_identity))
-    writer.publish({"t2": TableStatus(table="t2", job=str(other), selection="t*",
-                                      state="streaming")})
+    writer.publish({table: TableStatus(table=table, job=job, selection=selection,
+                                       state="streaming")})
     writer.close()
+    return source
+
+
+def test_a_table_another_job_replicates_is_refused_naming_that_job(
+        store: Path, tmp_path: Path) -> None:
+    """A job on another output holds t2's lease and has its output locked: the second job is
+    refused (exit 4) with the other's host, pid and since, before it writes anything."""
+    other = tmp_path / "other"
+    source = _held_by_this_process(store, "t2", str(other), "t*")
     out = tmp_path / "out"
     with JobLock(other):
         since = (other / ".replicate.lock").read_text().split('"since": "')[1].split('"')[0]
@@ -160,15 +167,7 @@ def test_a_second_job_of_one_output_in_object_storage_is_refused_by_the_lease(
     """An output in S3 has no lock: a live job holding t1's lease with the same ``--output
     s3://`` is a second start (its checkpoint would make the lease take it for a restart),
     refused with exit 4; once the holder is dead on this host, the restart goes on."""
-    source = SourceOptions.from_spark({"endpoint": f"local://{store}", "table.name": "t1",
-                                       "tunnel.name": "replicate"})
-    with open_meta_store(source.meta_store) as meta:
-        assert meta.take_lease(source.source_identity, f"{socket.gethostname()}/{os.getpid()}/x",
-                               120, namespace=source.source_identity) is None
-    writer = TableStatusWriter(lambda _t: (source.meta_store, None, source.source_identity))
-    writer.publish({"t1": TableStatus(table="t1", job="s3://lake/state", selection="t1",
-                                      state="streaming")})
-    writer.close()
+    source = _held_by_this_process(store, "t1", "s3://lake/state", "t1")
     plan = JobPlan(f"local://{store}", JobOutput.parse("s3://lake/state/"), "replicate", {},
                    lambda t: ApplySettings(f"delta://{tmp_path}/lake/{t}"), tables="t1",
                    one_table=True)
