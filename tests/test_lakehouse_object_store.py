@@ -160,6 +160,29 @@ def test_delta_storage_options_come_from_the_user_and_an_http_endpoint() -> None
         storage_options("t", "s3", {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}, {})
 
 
+def test_virtual_hosted_addressing_gives_delta_rs_the_buckets_own_endpoint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """delta-rs takes a virtual-hosted endpoint as the bucket's own; the AWS SDKs add the
+    bucket to the service's endpoint themselves: one AWS_ENDPOINT_URL serves both
+    (integration/test_virtual_hosted_s3.py runs it against a server)."""
+    from tablestore_cdc.lakehouse.object_store import s3_filesystem
+
+    oss = {"AWS_ENDPOINT_URL": "https://oss-cn-hangzhou.aliyuncs.com",
+           "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true"}
+    assert storage_options("t", "s3", {}, oss, bucket="lake") == {
+        "AWS_ENDPOINT_URL": "https://lake.oss-cn-hangzhou.aliyuncs.com"}
+    given = {"Aws_Endpoint_Url": "https://lake.oss-cn-hangzhou.aliyuncs.com",
+             "aws_virtual_hosted_style_request": "true"}  # already the bucket's: kept
+    assert storage_options("t", "s3", given, {}, bucket="lake") == given
+    assert storage_options("t", "s3", {}, {**oss, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"},
+                           bucket="lake") is None  # path style: the endpoint as it is
+    monkeypatch.setenv("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "true")
+    fs = s3_filesystem({"AWS_ENDPOINT_URL": "http://lake.s3.test:9000"}, bucket="lake")
+    settings = fs.__reduce__()[1][0]  # what a Spark task unpickles
+    assert settings["endpoint_override"] == "http://s3.test:9000"
+    assert settings["force_virtual_addressing"] is True and settings["scheme"] == "http"
+
+
 def test_target_uris_and_options_are_checked_and_secrets_never_shown(tmp_path) -> None:
     with pytest.raises(TargetUriError, match="no bucket"):
         open_apply_sink("delta+s3:///prefix")

@@ -291,7 +291,8 @@ class DeltaApplySink(ApplySink):
         if root is None:  # in S3, a batch the executors write: its files by them, there
             root = s3_location(table.table_uri) if (
                 self._executors_for(plan) is not None and _plain(table)) else None
-            filesystem = s3_filesystem(self.storage_options) if root is not None else None
+            filesystem = (s3_filesystem(self.storage_options, bucket=root.split("/")[0])
+                          if root is not None else None)
         if root is None:
             self._before_commit()
             deltalake.write_deltalake(table, plan.upsert_table, mode="append",

@@ -31,9 +31,10 @@ _ENVIRONMENT = {"endpoint_override": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _VIRTUAL_HOSTED = ("aws_virtual_hosted_style_request", "virtual_hosted_style_request")
 
 
-def s3_filesystem(options: Mapping[str, str] | None = None) -> Any:
+def s3_filesystem(options: Mapping[str, str] | None = None, bucket: str = "") -> Any:
     """pyarrow's ``S3FileSystem`` for the storage ``options`` and the environment (module
-    docstring)."""
+    docstring). With virtual-hosted addressing, an endpoint naming ``bucket`` (as delta-rs is
+    given it, ``target.storage_options``) is taken without it: the AWS SDK adds the bucket."""
     from pyarrow.fs import S3FileSystem
 
     given = {key.lower(): value for key, value in (options or {}).items()}
@@ -48,10 +49,15 @@ def s3_filesystem(options: Mapping[str, str] | None = None) -> Any:
         settings.pop("secret_key", None)
         settings.pop("session_token", None)
     endpoint = settings.get("endpoint_override", "")
-    virtual = next((given[n] for n in _VIRTUAL_HOSTED if n in given), None) or os.environ.get(
-        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "")
+    virtual = (next((given[n] for n in _VIRTUAL_HOSTED if n in given), None) or os.environ.get(
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "")).lower() in ("1", "true")
+    if virtual and bucket and endpoint:
+        parts = urlsplit(endpoint)
+        if parts.netloc.startswith(f"{bucket}."):
+            settings["endpoint_override"] = parts._replace(
+                netloc=parts.netloc.removeprefix(f"{bucket}.")).geturl()
     return S3FileSystem(**settings, scheme="http" if endpoint.startswith("http://") else "https",
-                        force_virtual_addressing=virtual.lower() in ("1", "true"))
+                        force_virtual_addressing=virtual)
 
 
 def s3_location(uri: str) -> str | None:

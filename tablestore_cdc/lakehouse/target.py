@@ -124,18 +124,27 @@ def _delta_object_store(uri: str, shown: str, store: str, bucket: str, path: str
     from tablestore_cdc.lakehouse.delta import DeltaApplySink
 
     table_uri = uri.split("+", 1)[1].split("?", 1)[0].rstrip("/")
-    found = storage_options(shown, store, given)
+    found = storage_options(shown, store, given, bucket=bucket)
     if found:
         log.info("target %s: delta-rs storage options %s", shown, shown_options(found))
     return DeltaApplySink(table_uri, storage_options=found, **options)
 
 
+#: the storage option names delta-rs reads an S3 endpoint from (any case)
+_ENDPOINT_OPTIONS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+
+
 def storage_options(shown: str, store: str, given: Mapping[str, str],
-                    environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+                    environ: Mapping[str, str] | None = None, *,
+                    bucket: str = "") -> dict[str, str] | None:
     """The delta-rs storage options of a Delta table in ``store`` (``s3``, ``gs``, ...):
     the options the user gave (``given``), and for S3 behind an ``http://`` endpoint (the
     option's or ``AWS_ENDPOINT_URL``) ``AWS_ALLOW_HTTP=true``, which delta-rs needs for it.
-    Everything else delta-rs reads from the environment itself. None: no options."""
+    With virtual-hosted addressing (Alibaba Cloud OSS) and an endpoint that does not name
+    ``bucket``, the endpoint with the bucket put before its host: delta-rs (object_store) then
+    takes the endpoint as the bucket's own, where the AWS SDKs (S3A, pyarrow, boto3) add the
+    bucket themselves, so one ``AWS_ENDPOINT_URL`` serves all. Everything else delta-rs reads
+    from the environment itself. None: no options."""
     environ = os.environ if environ is None else environ
     for key in given:
         if key.lower() in REFUSED_OPTIONS:
@@ -146,13 +155,19 @@ def storage_options(shown: str, store: str, given: Mapping[str, str],
         _check_retry_option(shown, key.lower(), value)
     found = dict(given)
     lowered = {k.lower(): v for k, v in given.items()}
-    if store in ("s3", "s3a") and "aws_allow_http" not in lowered:
-        endpoint = (lowered.get("aws_endpoint_url") or lowered.get("aws_endpoint")
-                    or lowered.get("endpoint_url") or lowered.get("endpoint")
-                    or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
-                    or "")
-        if endpoint.lower().startswith("http://"):
-            found["AWS_ALLOW_HTTP"] = "true"
+    if store not in ("s3", "s3a"):
+        return found or None
+    endpoint_key = next((k for k in given if k.lower() in _ENDPOINT_OPTIONS), "AWS_ENDPOINT_URL")
+    endpoint = (given.get(endpoint_key) or environ.get("AWS_ENDPOINT_URL_S3")
+                or environ.get("AWS_ENDPOINT_URL") or "")
+    if "aws_allow_http" not in lowered and endpoint.lower().startswith("http://"):
+        found["AWS_ALLOW_HTTP"] = "true"
+    virtual = (lowered.get("aws_virtual_hosted_style_request")
+               or environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST") or "").lower() in ("1", "true")
+    host = urlsplit(endpoint).hostname or ""
+    if virtual and bucket and host and not host.startswith(f"{bucket}."):
+        parts = urlsplit(endpoint)
+        found[endpoint_key] = parts._replace(netloc=f"{bucket}.{parts.netloc}").geturl()
     return found or None
 
 
