@@ -55,6 +55,7 @@ log = logging.getLogger("tablestore_cdc.pipeline")
 #: under the output: a failed table's reason (``<table>.failed``), its held batches
 _FAILED, _HELD = "_tables", "_held"
 
+
 @dataclass
 class MultiTableApply:
     """The ``foreachBatch`` of a multi-table pipeline (module docstring); runs on the driver.
@@ -97,7 +98,7 @@ class MultiTableApply:
     def __post_init__(self) -> None:
         self.output = JobOutput.of(self.out)
         for name in self.output.names(_FAILED, suffix=".failed"):
-            reason = (self.output.read_bytes(_FAILED, name) or b"").decode()
+            reason = (self.output.read_bytes(_FAILED, name) or b"").decode(errors="replace")
             self.tables[name.removesuffix(".failed")] = AppliedTable(State.FAILED, reason)
         if self.spec_of is not None and self.repairs is None:
             self.repairs = RepairRunner(self.repair_tables, self.spec_of, self.repair_target)
