@@ -284,12 +284,17 @@ def _ids(scenario) -> str:
     return scenario.name
 
 
+# the random kills and the commitInterval-5 pair run in make test-extended (and every kill in
+# the full matrix): the default suite keeps the commitInterval-1 pair within its time
+# (commit_start and mid_commit_push are killed in test_multi_table_crash_points and
+# test_restart)
+_EXTENDED = ("quick/random", "quick/crash-ci5")
+
+
 @pytest.mark.slow
 @pytest.mark.faults
-# the random kills run in make test-extended (and every kill in the full matrix): the default
-# suite keeps the two fixed crash pairs within its time
 @pytest.mark.parametrize("scenario", [
-    pytest.param(s, marks=pytest.mark.extended) if s.name == "quick/random" else s
+    pytest.param(s, marks=pytest.mark.extended) if s.name in _EXTENDED else s
     for s in scenarios.quick(SEED)], ids=_ids)
 def test_quick_fault_scenario(scenario, tmp_path: Path) -> None:
     result = run_scenario(scenario, tmp_path, seed=SEED)
