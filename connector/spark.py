@@ -136,14 +136,19 @@ def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
                   or defaults.get("spark.executorEnv.PYTHONPATH"))
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(
         [WORKER_SITE, *([given_path] if given_path else [])])
-    packages = [defaults.get("spark.jars.packages"), (conf or {}).get("spark.jars.packages")]
-    if all(packages):
-        settings["spark.jars.packages"] = ",".join(dict.fromkeys(",".join(
-            filter(None, packages)).split(",")))
+    if defaults.get("spark.jars.packages") and (conf or {}).get("spark.jars.packages"):
+        settings["spark.jars.packages"] = join_packages(defaults["spark.jars.packages"],
+                                                        (conf or {})["spark.jars.packages"])
     if short_run:
         settings["spark.driver.extraJavaOptions"] = (
             f"{settings.get('spark.driver.extraJavaOptions', '')} {SHORT_RUN_JVM_OPTIONS}".strip())
     return settings
+
+
+def join_packages(*lists: str | None) -> str:
+    """Comma-separated ``spark.jars.packages`` lists joined in order, each package once."""
+    return ",".join(dict.fromkeys(p for packages in lists if packages
+                                  for p in packages.split(",") if p))
 
 
 def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -31,17 +31,38 @@ _ENVIRONMENT = {"endpoint_override": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _VIRTUAL_HOSTED = ("aws_virtual_hosted_style_request", "virtual_hosted_style_request")
 
 
+#: the storage option names an S3 endpoint is read from (any case), as delta-rs reads them
+ENDPOINT_OPTIONS = _OPTIONS["endpoint_override"]
+
+
+def s3_setting(argument: str, options: Mapping[str, str] | None = None,
+               environ: Mapping[str, str] = os.environ) -> str | None:
+    """One of ``S3FileSystem``'s settings (``endpoint_override``, ``region``, ...): the
+    storage option's (``_OPTIONS``, any case), else the environment's (``_ENVIRONMENT``)."""
+    given = {key.lower(): value for key, value in (options or {}).items()}
+    return next((given[n] for n in _OPTIONS[argument] if given.get(n)), None) or next(
+        (environ[n] for n in _ENVIRONMENT.get(argument, ()) if environ.get(n)), None)
+
+
+def virtual_hosted(options: Mapping[str, str] | None = None,
+                   environ: Mapping[str, str] = os.environ) -> bool:
+    """Is virtual-hosted addressing asked for, by a storage option or
+    ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``?"""
+    given = {key.lower(): value for key, value in (options or {}).items()}
+    value = next((given[n] for n in _VIRTUAL_HOSTED if n in given), None)
+    return (value or environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "")).lower() in (
+        "1", "true")
+
+
 def s3_filesystem(options: Mapping[str, str] | None = None, bucket: str = "") -> Any:
     """pyarrow's ``S3FileSystem`` for the storage ``options`` and the environment (module
     docstring). With virtual-hosted addressing, an endpoint naming ``bucket`` (as delta-rs is
     given it, ``target.storage_options``) is taken without it: the AWS SDK adds the bucket."""
     from pyarrow.fs import S3FileSystem
 
-    given = {key.lower(): value for key, value in (options or {}).items()}
     settings: dict[str, Any] = {}
-    for argument, names in _OPTIONS.items():
-        value = next((given[n] for n in names if given.get(n)), None) or next(
-            (os.environ[n] for n in _ENVIRONMENT.get(argument, ()) if os.environ.get(n)), None)
+    for argument in _OPTIONS:
+        value = s3_setting(argument, options)
         if value:
             settings[argument] = value
     if not ("access_key" in settings and "secret_key" in settings):
@@ -49,8 +70,7 @@ def s3_filesystem(options: Mapping[str, str] | None = None, bucket: str = "") ->
         settings.pop("secret_key", None)
         settings.pop("session_token", None)
     endpoint = settings.get("endpoint_override", "")
-    virtual = (next((given[n] for n in _VIRTUAL_HOSTED if n in given), None) or os.environ.get(
-        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "")).lower() in ("1", "true")
+    virtual = virtual_hosted(options)
     if virtual and bucket and endpoint:
         parts = urlsplit(endpoint)
         if parts.netloc.startswith(f"{bucket}."):

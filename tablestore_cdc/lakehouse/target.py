@@ -130,10 +130,6 @@ def _delta_object_store(uri: str, shown: str, store: str, bucket: str, path: str
     return DeltaApplySink(table_uri, storage_options=found, **options)
 
 
-#: the storage option names delta-rs reads an S3 endpoint from (any case)
-_ENDPOINT_OPTIONS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
-
-
 def storage_options(shown: str, store: str, given: Mapping[str, str],
                     environ: Mapping[str, str] | None = None, *,
                     bucket: str = "") -> dict[str, str] | None:
@@ -157,15 +153,18 @@ def storage_options(shown: str, store: str, given: Mapping[str, str],
     lowered = {k.lower(): v for k, v in given.items()}
     if store not in ("s3", "s3a"):
         return found or None
-    endpoint_key = next((k for k in given if k.lower() in _ENDPOINT_OPTIONS), "AWS_ENDPOINT_URL")
-    endpoint = (given.get(endpoint_key) or environ.get("AWS_ENDPOINT_URL_S3")
-                or environ.get("AWS_ENDPOINT_URL") or "")
+    from tablestore_cdc.lakehouse.object_store import (
+        ENDPOINT_OPTIONS,
+        s3_setting,
+        virtual_hosted,
+    )
+
+    endpoint_key = next((k for k in given if k.lower() in ENDPOINT_OPTIONS), "AWS_ENDPOINT_URL")
+    endpoint = s3_setting("endpoint_override", given, environ) or ""
     if "aws_allow_http" not in lowered and endpoint.lower().startswith("http://"):
         found["AWS_ALLOW_HTTP"] = "true"
-    virtual = (lowered.get("aws_virtual_hosted_style_request")
-               or environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST") or "").lower() in ("1", "true")
     host = urlsplit(endpoint).hostname or ""
-    if virtual and bucket and host and not host.startswith(f"{bucket}."):
+    if virtual_hosted(given, environ) and bucket and host and not host.startswith(f"{bucket}."):
         parts = urlsplit(endpoint)
         found[endpoint_key] = parts._replace(netloc=f"{bucket}.{parts.netloc}").geturl()
     return found or None

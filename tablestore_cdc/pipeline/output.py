@@ -139,10 +139,11 @@ class JobOutput:
 
             return LocalFileSystem(), str(self.local)
         if not self._fs:
-            from tablestore_cdc.lakehouse.object_store import s3_filesystem
+            from tablestore_cdc.lakehouse.object_store import s3_filesystem, s3_setting
 
-            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-            if region is None and _endpoint() is None:  # AWS itself: the bucket's own region
+            region = s3_setting("region")
+            if region is None and s3_setting("endpoint_override") is None:  # AWS itself: the
+                # bucket's own region
                 from pyarrow.fs import resolve_s3_region
 
                 with contextlib.suppress(OSError):
@@ -199,14 +200,15 @@ class JobOutput:
         if self.local is not None:
             return {}
         from connector.spark import spark_defaults
+        from tablestore_cdc.lakehouse.object_store import s3_setting, virtual_hosted
 
         conf = {"spark.jars.packages": f"org.apache.hadoop:hadoop-aws:{hadoop_version()}",
                 "spark.hadoop.fs.s3a.aws.credentials.provider": CREDENTIALS_PROVIDER,
-                "spark.hadoop.fs.s3a.path.style.access": str(not _virtual_hosted()).lower()}
-        endpoint = _endpoint()
+                "spark.hadoop.fs.s3a.path.style.access": str(not virtual_hosted()).lower()}
+        endpoint = s3_setting("endpoint_override")
         if endpoint:
             conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        region = s3_setting("region")
         if region:
             conf["spark.hadoop.fs.s3a.endpoint.region"] = region
         users = spark_defaults()
@@ -227,24 +229,18 @@ def hadoop_version() -> str:
 
 
 def merge_packages(*confs: dict[str, str]) -> dict[str, str]:
-    """``confs`` merged left to right, their ``spark.jars.packages`` lists joined."""
+    """``confs`` merged left to right, their ``spark.jars.packages`` lists joined
+    (``connector.spark.join_packages``)."""
+    from connector.spark import join_packages
+
     merged: dict[str, str] = {}
     for conf in confs:
-        for key, value in conf.items():
-            if key == "spark.jars.packages" and merged.get(key):
-                merged[key] = ",".join(dict.fromkeys([*merged[key].split(","),
-                                                      *value.split(",")]))
-            else:
-                merged[key] = value
+        merged.update(conf)
+    packages = join_packages(*(conf.get("spark.jars.packages") for conf in confs))
+    if packages:
+        merged["spark.jars.packages"] = packages
     return merged
 
-
-def _endpoint() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-
-
-def _virtual_hosted() -> bool:
-    return os.environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() in ("1", "true")
 
 
 def fetch() -> None:
