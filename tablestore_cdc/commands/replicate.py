@@ -36,6 +36,7 @@ from tablestore_cdc.pipeline.multi_table import (
     table_sources,
 )
 from tablestore_cdc.pipeline.output import JobOutput
+from tablestore_cdc.pipeline.queries import CYCLES, choose_cycle
 from tablestore_cdc.pipeline.restarts import RestartPolicy
 from tablestore_cdc.pipeline.table_config import TableConfig, column_types, load_table_config
 from tablestore_cdc.pipeline.upgrade import upgrade_output
@@ -162,6 +163,11 @@ def replicate(
         "(Spark's own MERGE on the executors, by delta-spark or Iceberg's runtime into local "
         "Delta targets or iceberg:///WAREHOUSE?table= targets; its jars come from Maven "
         "Central; docs/lakehouse.md).")] = "embedded",
+    cycle: Annotated[str | None, typer.Option(
+        help="two: a change-log query, then an apply query reading its files back; one: one "
+        "query writes each batch it reads to the change log and applies it (fresher, less "
+        "CPU; docs/multi-table.md). Default: what the output already runs, else two.")]
+    = None,
 ) -> None:
     """Replicate a table (--table) or a selection of tables (--tables) into Delta or Iceberg
     tables until stopped (Ctrl-C, SIGTERM), or with --once until caught up; a restart resumes
@@ -177,6 +183,8 @@ def replicate(
         out = JobOutput.parse(output)
     if engine not in ("embedded", "spark"):
         fail(f"option '--engine': got {engine!r}; allowed: embedded or spark")
+    if cycle is not None and cycle not in CYCLES:
+        fail(f"option '--cycle': got {cycle!r}; allowed: {' or '.join(CYCLES)}")
     if initial not in INITIAL_CHOICES:
         fail(f"option '--initial': got {initial!r}; allowed: {' or '.join(INITIAL_CHOICES)}")
     if (table is None) == (tables is None):
@@ -209,7 +217,7 @@ def replicate(
         endpoint, table or tables or "", exclude, out, apply, tunnel, extra, trigger_ms, master,
         metrics_port, config, given, policy, once, initial=initial,
         initial_given=_on_command_line(ctx, "initial"), allow_empty=allow_empty,
-        columns=columns, one_table=table is not None)
+        columns=columns, one_table=table is not None, cycle=cycle)
     raise typer.Exit(int(code))
 
 
@@ -237,13 +245,14 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None,
                         initial: str = "snapshot", initial_given: bool = False,
                         allow_empty: bool = False,
                         columns: dict[str, dict[str, str]] | None = None,
-                        one_table: bool = False) -> JobExit:
+                        one_table: bool = False, cycle: str | None = None) -> JobExit:
     """Run the pipeline of the selection ``tables`` until stopped (CLI process, driver), under
     the replication job's restart policy, output lock and log file
     (``tablestore_cdc.pipeline.job``), after the checks before the start
     (``pipeline.preflight``). The arguments are ``replicate``'s flags as parsed; ``one_table``:
     ``--table``; ``given``: the settings whose flags were on the command line, over ``config``
-    (``pipeline.table_config``). Returns the job's exit code."""
+    (``pipeline.table_config``); ``cycle``: ``--cycle`` (``queries.choose_cycle``). Returns
+    the job's exit code."""
     from tablestore_cdc.feed.retention import default_retention_s
     from tablestore_cdc.pipeline.metrics import TableMetrics
     from tablestore_cdc.pipeline.preflight import JobPlan, check_before_start
@@ -262,6 +271,7 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None,
         # snapshot.op, unless --option names them
         options = table_config.source_options(options, apply, given, columns)
         settings_of = per_table
+        cycle = choose_cycle(output, cycle)  # an output's recorded cycle, or refused here
         # a bad target, option or endpoint, a missing table, a target or table of another
         # job: refused here, read-only, before the lock and Spark
         checked = check_before_start(JobPlan(
@@ -329,7 +339,7 @@ def replicate_selection(endpoint: str, tables: str, exclude: list[str] | None,
         job = ReplicationJob(
             lambda: start_pipeline(spark, endpoint, tables, tunnel, output, apply, options,
                                    trigger_ms, exclude=excluded, per_table=per_table,
-                                   once=once, retry=policy),
+                                   once=once, retry=policy, cycle=cycle),
             policy or RestartPolicy(), say=lambda line: console.print(line, soft_wrap=True),
             record_status=writer.mark_all, on_progress=show, once=once)
         code = job.run()

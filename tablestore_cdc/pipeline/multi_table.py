@@ -9,6 +9,12 @@ table's rows into its own target, named by a template (``delta:///lake/{table}``
 per table per batch, each carrying the apply query's (query id, batch id) pair, so a replayed
 batch changes nothing in any table.
 
+With ``cycle="one"`` (``replicate --cycle one``) a single query does both in each batch it
+reads: the batch is written to the change log (``<out>/changelog/batch-<id>.parquet``, the same
+file again on a replay) and applied, under that query's (query id, batch id); the change log
+is not read back. docs/protocol.md, "One cycle from change to table", argues why that is
+exactly once.
+
 A table whose target refuses a batch is *failed* (``<out>/_tables/<table>.failed``, the reason)
 and its rows of that batch and of every later one are held in ``<out>/_held/<table>/`` (one
 Parquet file per batch, written before the batch commits) while the other tables go on; a
@@ -41,6 +47,7 @@ from connector.table_state import State, TableState
 from tablestore_cdc.pipeline.failures import QueryFailure, table_failure
 from tablestore_cdc.pipeline.output import JobOutput
 from tablestore_cdc.pipeline.queries import (
+    APPLY_CHECKPOINT,
     ApplySettings,
     attach_listener,
     checkpoint_query_id,
@@ -94,6 +101,9 @@ class MultiTableApply:
     repairs: RepairRunner | None = None
     #: the newest batch this run applied (Spark calls ``foreachBatch`` for batches with data)
     applied_batch_id: int | None = None
+    #: the one-cycle pipeline's batch (module docstring): each batch is written to the
+    #: change log before it is applied
+    writes_changelog: bool = False
 
     def __post_init__(self) -> None:
         self.output = JobOutput.of(self.out)
@@ -164,7 +174,10 @@ class MultiTableApply:
         the Spark engine (class docstring) each table's rows filtered, typed and merged by
         Spark; the batch is cached on the executors while its tables are applied."""
         if self.settings.engine != "spark":
-            self.apply_batch(df.toArrow(), app_id, batch_id)
+            batch = df.toArrow()
+            if self.writes_changelog:
+                self._log_changes(batch, batch_id)
+            self.apply_batch(batch, app_id, batch_id)
             return
         from pyspark.sql import functions as F
 
@@ -172,12 +185,28 @@ class MultiTableApply:
 
         df = df.persist()
         try:
+            if self.writes_changelog:
+                self._log_changes(df, batch_id)
             declared = declared_schemas(df)
             self._apply_tables(sorted(declared),
                                lambda t: _SparkRows(df.where(F.col("_table") == t), declared[t]),
                                app_id, batch_id)
         finally:
             df.unpersist()
+
+    def _log_changes(self, batch: pa.Table | Any, batch_id: int) -> None:
+        """The one-cycle pipeline's change log: ``batch`` (Arrow, or the Spark engine's
+        DataFrame) as ``changelog/batch-<id>``, written whole before it is applied. A replay
+        of the batch (the same rows: the source replays a batch identically) writes the
+        same file again."""
+        name = f"batch-{batch_id:012d}"
+        if isinstance(batch, pa.Table):
+            data = pa.BufferOutputStream()
+            pq.write_table(batch, data)
+            self.output.write_bytes(data.getvalue().to_pybytes(), "changelog",
+                                    f"{name}.parquet")
+        else:  # written by the executors, a folder of part files
+            batch.write.mode("overwrite").parquet(self.output.spark_path("changelog", name))
 
     def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
         """Apply one batch of the multi-table change log, table by table, in name order."""
@@ -289,9 +318,10 @@ class _SparkRows:
 
 @dataclass
 class Pipeline:
-    """The two running queries of a replication of a selection of tables (driver), returned
-    by ``start_pipeline``: the change-log query and the apply query, watched, drained and
-    stopped together; the replication job (``pipeline.job``) watches it."""
+    """The running queries of a replication of a selection of tables (driver), returned by
+    ``start_pipeline``: the change-log query and the apply query, watched, drained and
+    stopped together (the one-cycle pipeline's one query is both); the replication job
+    (``pipeline.job``) watches it."""
 
     changelog: Any
     state_query: Any
@@ -312,7 +342,10 @@ class Pipeline:
     ended_lag: dict[str, dict[str, Any]] | None = None
 
     @property
-    def queries(self) -> tuple[Any, Any]:
+    def queries(self) -> tuple[Any, ...]:
+        """The running queries: two, or one (the one-cycle pipeline's query is both)."""
+        if self.state_query is self.changelog:
+            return (self.changelog,)
         return (self.changelog, self.state_query)
 
     def check(self) -> None:
@@ -322,8 +355,8 @@ class Pipeline:
 
     def drain(self) -> None:
         self.check()
-        self.changelog.processAllAvailable()
-        self.state_query.processAllAvailable()
+        for query in self.queries:
+            query.processAllAvailable()
 
     def stop(self) -> None:
         for query in self.queries:
@@ -548,7 +581,7 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
                    trigger_ms: int = 0, *, exclude: str | None = None,
                    per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]]
                    | None = None, once: bool = False,
-                   retry: RestartPolicy | None = None) -> Pipeline:
+                   retry: RestartPolicy | None = None, cycle: str = "two") -> Pipeline:
     """Start the change-log and apply queries (driver, module docstring) on any ``endpoint``
     the source reads: every table matching ``tables`` (comma-separated names and globs) and
     none of ``exclude``, into ``apply.target`` with ``{table}`` replaced by each table's name.
@@ -556,7 +589,10 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
     Trigger.AvailableNow; the change-log query's end is waited for here (its error raised
     here) before the apply query starts. ``retry``: the job's restart policy, on which a table
     failing with a retryable error is retried inside the query (``retry_options``, unless
-    ``options`` sets them); None: the source's default."""
+    ``options`` sets them); None: the source's default. ``cycle``: ``two`` (the change-log
+    query, then the apply query reading its files) or ``one`` (one query that writes and
+    applies each batch it reads: module docstring); ``queries.choose_cycle`` says which an
+    output may run."""
     check_target_template(apply.target, tables)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))
@@ -576,23 +612,33 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
     selection = selection_options(endpoint, tables, exclude, tunnel, options)
     out = JobOutput.of(out)
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table,
-                           spec_of=table_sources(selection), known=named_tables(selection))
+                           spec_of=table_sources(selection), known=named_tables(selection),
+                           writes_changelog=cycle == "one")
     sink.resume_held(checkpoint_query_id(out))
     listener = attach_listener(spark, selection)  # each selected table's namespace
     changelog_dir = out.spark_path("changelog")
     trigger: dict[str, Any] = ({"availableNow": True} if once
                                else {"processingTime": f"{trigger_ms} milliseconds"})
     try:
-        changelog = (changes.writeStream.format("parquet").queryName("changelog")
-                     .option("path", changelog_dir)
-                     .option("checkpointLocation", out.spark_path("_checkpoints", "changelog"))
-                     .trigger(**trigger).start())
-        if once:  # the apply query must see the whole change log of this run
-            changelog.awaitTermination()
-        state_query = (spark.readStream.schema(changes.schema).parquet(changelog_dir)
-                       .writeStream.queryName("apply").foreachBatch(sink)
-                       .option("checkpointLocation", out.spark_path("_checkpoints", "apply"))
-                       .trigger(**trigger).start())
+        if cycle == "one":
+            changelog = state_query = (
+                changes.writeStream.queryName(APPLY_CHECKPOINT["one"]).foreachBatch(sink)
+                .option("checkpointLocation",
+                        out.spark_path("_checkpoints", APPLY_CHECKPOINT["one"]))
+                .trigger(**trigger).start())
+        else:
+            changelog = (changes.writeStream.format("parquet").queryName("changelog")
+                         .option("path", changelog_dir)
+                         .option("checkpointLocation",
+                                 out.spark_path("_checkpoints", "changelog"))
+                         .trigger(**trigger).start())
+            if once:  # the apply query must see the whole change log of this run
+                changelog.awaitTermination()
+            state_query = (spark.readStream.schema(changes.schema).parquet(changelog_dir)
+                           .writeStream.queryName("apply").foreachBatch(sink)
+                           .option("checkpointLocation",
+                                   out.spark_path("_checkpoints", "apply"))
+                           .trigger(**trigger).start())
     except BaseException:
         spark.streams.removeListener(listener)
         raise

@@ -166,7 +166,8 @@ class JobOutput:
         if self.local is not None:
             target = self.local.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".tmp")
+            # a leading dot: a reader of the folder (pyarrow, Spark) never takes a leftover
+            tmp = target.with_name(f".{target.name}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, target)
             return

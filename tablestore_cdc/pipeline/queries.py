@@ -63,16 +63,60 @@ def repair_target(sink: Any, spec: SourceSpec, apply: ApplySettings,
                         apply.soft_delete_column, dict(apply.target_options), key_columns)
 
 
+#: ``replicate --cycle``: ``two``, a change-log query then an apply query reading its files
+#: back; ``one``, one query whose batch writes the change log and applies it
+CYCLES = ("one", "two")
+#: each cycle's checkpoints under ``_checkpoints/``: the query whose batches the targets
+#: record, and the query that reads the source
+APPLY_CHECKPOINT = {"one": "replicate", "two": "apply"}
+SOURCE_CHECKPOINT = {"one": "replicate", "two": "changelog"}
+
+
+class CycleMismatchError(CdcError):
+    """``--cycle`` names another pipeline than the one the output's checkpoints hold."""
+
+    exit_code = 2
+    template = ("{output} holds the checkpoints of the {recorded}-cycle pipeline, so it "
+                "cannot go on with --cycle {given}: leave --cycle out (or give "
+                "--cycle {recorded}) to resume it, or start a new --output")
+
+
+def recorded_cycle(output: Any) -> str | None:
+    """The cycle whose checkpoints ``output`` (a ``JobOutput`` or a local path) holds, None
+    for a new output (driver, before the queries start)."""
+    from tablestore_cdc.pipeline.output import JobOutput
+
+    out = JobOutput.of(output)
+    for cycle in CYCLES:
+        if out.read_bytes("_checkpoints", SOURCE_CHECKPOINT[cycle], "metadata") is not None:
+            return cycle
+    return None
+
+
+def choose_cycle(output: Any, given: str | None) -> str:
+    """The cycle a job of ``output`` runs: the one its checkpoints hold, else ``given``, else
+    ``two``; ``CycleMismatchError`` when ``given`` is not the one recorded."""
+    recorded = recorded_cycle(output)
+    if given is not None and recorded is not None and given != recorded:
+        raise CycleMismatchError(output=str(output), recorded=recorded, given=given)
+    return recorded or given or "two"
+
+
 def checkpoint_query_id(output: Any) -> str | None:
-    """The apply query's id, which Spark keeps in its checkpoint (``_checkpoints/apply/
+    """The id of the query whose batches the targets record (the apply query, or the
+    one-cycle query), which Spark keeps in its checkpoint (``_checkpoints/<query>/
     metadata``) under ``output`` (a ``JobOutput`` or a local path), or None."""
     from tablestore_cdc.pipeline.output import JobOutput
 
-    try:
-        data = JobOutput.of(output).read_bytes("_checkpoints", "apply", "metadata")
-        return str(json.loads((data or b"").decode().splitlines()[0])["id"])
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
+    out = JobOutput.of(output)
+    for name in APPLY_CHECKPOINT.values():
+        try:
+            data = out.read_bytes("_checkpoints", name, "metadata")
+            if data is not None:
+                return str(json.loads(data.decode().splitlines()[0])["id"])
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
+    return None
 
 
 def attach_listener(spark: Any, source: Any) -> Any:
