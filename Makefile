@@ -100,10 +100,21 @@ $(REST_CATALOG_STAMP): $(STAMP) testkit/rest_catalog/pom.xml | java-check
 	$(BIN)/python -m testkit.rest_catalog fetch
 	touch $@
 
+# The official Tablestore Java SDK's tunnel client run against the emulator (the Java SDK judge of
+# make test-extended, integration/test_java_sdk_judge.py): integration/java_sdk_judge built once by
+# Maven, the SDK from Maven Central, into ~/.cache/tablestore-cdc; a failure stops make test-extended
+JAVA_JUDGE_STAMP := $(VENV)/.java-sdk-judge-stamp
+
+$(JAVA_JUDGE_STAMP): $(STAMP) integration/java_sdk_judge/pom.xml \
+		integration/java_sdk_judge/src/main/java/judge/Judge.java | java-check
+	$(BIN)/python -m testkit.java_sdk_judge fetch
+	touch $@
+
 ## make test-extended: what the default suite leaves out for its time: the other format's,
 ## backend's, catalog's, crash point's or selection's run of a test it runs once, the
 ## million-record read, and the benchmarks' smoke run (about 15 minutes)
-test-extended: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP) $(REST_CATALOG_STAMP)
+test-extended: $(STAMP) java-check $(JARS_STAMP) $(S3A_STAMP) $(REST_CATALOG_STAMP) \
+		$(JAVA_JUDGE_STAMP)
 	$(BIN)/python -m pytest -m extended -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## make test-fast: the tests that start no Spark (seconds)
