@@ -130,7 +130,10 @@ def test_the_apply_killed_inside_a_batch_commits_each_table_once_on_replay(
 @pytest.mark.slow
 @pytest.mark.faults_full
 @pytest.mark.timeout(1800)
-def test_a_kill_at_every_point_of_a_multi_table_batch(tmp_path: Path) -> None:
-    run = run_crash_points(tmp_path, BATCH_POINTS)
+@pytest.mark.parametrize("cycle", ["two", "one"])
+def test_a_kill_at_every_point_of_a_multi_table_batch(tmp_path: Path, cycle: str) -> None:
+    """``cycle`` ``one`` (``replicate --cycle one``): the same points, passed by one query
+    that reads, logs and applies each batch."""
+    run = run_crash_points(tmp_path, BATCH_POINTS, cycle=cycle)
     print(f"{run.starts} starts, {run.seconds:.0f}s: {run.kills}")
     assert [k.point for k in run.kills] == list(BATCH_POINTS)

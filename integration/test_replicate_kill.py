@@ -12,7 +12,10 @@ restart (``integration/faults/multi_table.py``'s checks):
   ``_spark_metadata`` log lists) holds every change of the table's change log exactly once, in
   order per key, and the target holds no batch twice.
 
-The default suite runs ``--table``; ``--tables`` runs under ``extended``
+With ``--cycle one`` (``table-one-cycle``) one query reads, logs and applies each batch: its
+change log is ``OUTPUT/changelog/batch-<id>.parquet`` up to the query's newest committed batch.
+
+The default suite runs ``--table`` in both cycles; ``--tables`` runs under ``extended``
 (``test_multi_table_kill.py`` kills it over many tables). Each is three starts of Spark: 124 to
 244 s on 2 cores shared with other Spark runs (load 7 to 14), most of it each start's JVM,
 queries and first batch.
@@ -40,13 +43,14 @@ TABLE = "t1"
 KILLS = 2
 
 
-@pytest.mark.parametrize("selection", [
-    pytest.param(("--table", TABLE), id="table"),
-    pytest.param(("--tables", TABLE), id="tables", marks=pytest.mark.extended),
+@pytest.mark.parametrize(("selection", "cycle"), [
+    pytest.param(("--table", TABLE), "two", id="table"),
+    pytest.param(("--table", TABLE), "one", id="table-one-cycle"),
+    pytest.param(("--tables", TABLE), "two", id="tables", marks=pytest.mark.extended),
 ])
 def test_replicate_of_one_table_killed_twice_equals_its_source_exactly_once(
-        tmp_path: Path, selection: tuple[str, str]) -> None:
-    app = Replication(tmp_path, selection=selection)
+        tmp_path: Path, selection: tuple[str, str], cycle: str) -> None:
+    app = Replication(tmp_path, selection=selection, cycle=cycle)
     create_with_rows(app.store_path, TABLE)
     writer = TableWriter(app.store_path, TABLE, reshape=True)
     app.start()

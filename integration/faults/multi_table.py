@@ -25,6 +25,9 @@ delta-spark, ``tablestore_cdc.lakehouse.spark_merge``) on the interpreter of the
 venv (``testkit.spark_merge_run.SPARK_MERGE_PYTHON``: a PySpark that delta-spark is released
 for, its jars in Spark's Ivy cache), into the same Delta and Iceberg targets (the Iceberg
 tables through the warehouse's SQLite catalog, which pyiceberg reads back).
+``Replication(cycle="one")`` runs ``replicate --cycle one``: one query reads, logs and applies
+each batch; its committed change log is ``changelog/batch-<id>``, each up to the query's
+newest committed batch.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ from urllib.parse import unquote, urlsplit
 from connector.local import LocalTablestore
 from connector.tunnel.base import Record
 from tablestore_cdc.lakehouse.iceberg import sqlite_catalog_properties
+from tablestore_cdc.pipeline.queries import APPLY_CHECKPOINT, CYCLES, SOURCE_CHECKPOINT
 from tablestore_cdc.verify import Delivered, key_of, read_delta, rows_by_key, table_state, verify
 from testkit.crash_points import FAULT_DIR_ENV
 from testkit.crash_points import environment as crash_environment
@@ -203,9 +207,10 @@ class Replication:
 
     def __init__(self, tmp: Path, iceberg: Sequence[str] = (), scd2: Sequence[str] = (),
                  selection: Sequence[str] = ("--tables", "t*"),
-                 engine: str = "embedded") -> None:
+                 engine: str = "embedded", cycle: str = "two") -> None:
         assert engine in ENGINES, engine
-        self.engine = engine
+        assert cycle in CYCLES, cycle
+        self.engine, self.cycle = engine, cycle
         self.python = spark_engine_python() if engine == "spark" else sys.executable
         self.tmp = tmp
         self.iceberg, self.scd2 = tuple(iceberg), tuple(scd2)
@@ -242,7 +247,7 @@ class Replication:
                 # targets)
                 "--output", str(self.out), "--config", str(self.config), "--trigger-ms", "300",
                 "--initial", "none", "--option", "tables.refreshIntervalMs=1000",
-                "--engine", self.engine]
+                "--engine", self.engine, "--cycle", self.cycle]
         code = "from tablestore_cdc.commands.app import app; app()"
         self.starts += 1
         with open(self.log, "ab") as sink:
@@ -266,8 +271,8 @@ class Replication:
                           process=self.process)
 
     def unfinished_apply_batch(self) -> int | None:
-        """The apply query's batch in its offset log but not in its commit log (None: none),
-        read from its checkpoint."""
+        """The apply query's (or the one-cycle query's) batch in its offset log but not in its
+        commit log (None: none), read from its checkpoint."""
         pending = sorted(set(self._checkpoint_log("offsets"))
                          - set(self._checkpoint_log("commits")))
         return pending[-1] if pending else None
@@ -281,6 +286,11 @@ class Replication:
         files its file source logged for that batch (``sources/0``, compacted or not)."""
         import pyarrow.parquet as pq
 
+        if self.cycle == "one":  # the batch's own change-log file
+            logged = [p for p in (self.out / "changelog").glob(f"batch-{batch:012d}*")
+                      if not p.name.endswith(".tmp")]
+            return tuple(sorted({t for p in logged for t in
+                                 pq.read_table(p, columns=["_table"])["_table"].to_pylist()}))
         files = set()
         for entry in (self.out / "_checkpoints" / "apply" / "sources" / "0").glob("[0-9]*"):
             for line in entry.read_text().splitlines()[1:]:  # after the version line
@@ -291,18 +301,37 @@ class Replication:
                              for t in pq.read_table(f, columns=["_table"])["_table"].to_pylist()}))
 
     def last_read_batch(self) -> int:
-        """The change-log query's newest batch in its commit log (-1: none yet)."""
-        return max(self._checkpoint_log("commits", query="changelog"), default=-1)
+        """The change-log query's (or the one-cycle query's) newest batch in its commit log
+        (-1: none yet)."""
+        return max(self._checkpoint_log("commits", query=SOURCE_CHECKPOINT[self.cycle]),
+                   default=-1)
 
-    def _checkpoint_log(self, name: str, query: str = "apply") -> list[int]:
+    def _checkpoint_log(self, name: str, query: str | None = None) -> list[int]:
+        query = query or APPLY_CHECKPOINT[self.cycle]
         return [int(p.name) for p in (self.out / "_checkpoints" / query / name).glob("[0-9]*")]
 
+    def _committed_batches(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """(batch, its rows) of the committed change log in batch order. Two cycles: the files
+        each ``_spark_metadata/<batch>`` entry lists (other files are leftovers of killed
+        attempts). One cycle: each ``batch-<id>.parquet`` up to the query's newest committed
+        batch (a later one is a killed attempt's, written again by its replay)."""
+        if self.cycle == "two":
+            yield from committed_rows(self.out / "changelog" / "_spark_metadata")
+            return
+        import pyarrow.parquet as pq
+
+        newest = self.last_read_batch()
+        # a file per batch, a folder of part files with the Spark engine
+        for logged in sorted((self.out / "changelog").glob("batch-*")):
+            batch = int(logged.name.removeprefix("batch-").removesuffix(".parquet"))
+            if batch <= newest:
+                yield batch, pq.read_table(logged).to_pylist()
+
     def change_log(self) -> dict[str, list[Delivered]]:
-        """table -> the changes of the committed change log, in batch order: the files each
-        ``_spark_metadata/<batch>`` entry lists (other files are leftovers of killed
-        attempts)."""
+        """table -> the changes of the committed change log, in batch order
+        (``_committed_batches``)."""
         by_table: dict[str, list[Delivered]] = defaultdict(list)
-        for batch, rows in committed_rows(self.out / "changelog" / "_spark_metadata"):
+        for batch, rows in self._committed_batches():
             for row in rows:
                 after = None if row["_row"] is None else {
                     k: v for k, v in json.loads(row["_row"]).items() if v is not None}
@@ -395,15 +424,16 @@ class CrashRun:
 
 def run_crash_points(tmp: Path, points: Sequence[str], tables: Sequence[str] = ("t1", "t2", "t3"),
                      iceberg: Sequence[str] = ("t2",), scd2: Sequence[str] = ("t2", "t3"),
-                     reshape: Sequence[str] = ("t1",)) -> CrashRun:
+                     reshape: Sequence[str] = ("t1",), cycle: str = "two") -> CrashRun:
     """Replicate ``tables`` (2 channels each, a writer on each) and SIGKILL the application
     parked at each of ``points`` in turn, restarting it after each; then stop the writers, wait
     until every target equals its source and check exactly-once (``check_exactly_once``). A
     kill at an apply point must have cut a batch some target already held (and, for
     ``between_table_applies``, some other table of the batch did not): after the run every
-    table the batch carries holds it, and no target holds a batch twice."""
+    table the batch carries holds it, and no target holds a batch twice. ``cycle``:
+    ``replicate --cycle``."""
     began = time.monotonic()
-    app = Replication(tmp, iceberg=iceberg, scd2=scd2)
+    app = Replication(tmp, iceberg=iceberg, scd2=scd2, cycle=cycle)
     run = CrashRun()
     with LocalTablestore(app.store_path) as store:
         for name in tables:
