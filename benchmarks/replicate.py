@@ -65,6 +65,8 @@ class ReplicateConfig:
     trigger_ms: int = 500
     #: "local": the embedded store file; "emulator": the Tablestore wire, from the emulator
     backend: str = "local"
+    #: ``replicate --cycle``: two queries (change log, then apply) or one
+    cycle: str = "two"
 
     @property
     def prefix(self) -> str:
@@ -184,10 +186,11 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
     source, source_env, emulator = _source(config, root, store_path)
     args = ["replicate", *source, "--tables", "t*", "--output", str(out),
             "--target", f"delta://{lake}/{{table}}", "--trigger-ms", str(config.trigger_ms),
-            "--option", f"tables.refreshIntervalMs={config.refresh_ms}"]
+            "--option", f"tables.refreshIntervalMs={config.refresh_ms}",
+            "--cycle", config.cycle]
     env = {**os.environ, **source_env, "PYSPARK_PYTHON": sys.executable,
            "TABLESTORE_CDC_LOG_LEVEL": "WARNING"}
-    name = f"replicate ({config.backend})"
+    name = f"replicate ({config.backend}, --cycle {config.cycle})"
     try:
         with open(root / "replicate.log", "ab") as sink:
             app = subprocess.Popen(
@@ -260,7 +263,36 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
         figures[f"{p}service_idle_cpu_cores"] = round(service_idle, 3)
         figures[f"{p}service_load_cpu_cores"] = round(service_load, 3)
     return {"tables": config.tables, "channels": config.channels, "backend": config.backend,
-            **figures, "wall_s": round(time.monotonic() - began, 1)}
+            "cycle": config.cycle, **figures, "wall_s": round(time.monotonic() - began, 1)}
+
+
+def interleaved(configs: list[ReplicateConfig], repeat: int, log: Any = print
+                ) -> list[dict[str, Any]]:
+    """Each of ``configs`` run ``repeat`` times, in turn (a, b, a, b, ...), so that both sides
+    of a comparison share the machine's load; each run's figures with the load average
+    (1 min) before it."""
+    runs = []
+    for round_ in range(repeat):
+        for config in configs:
+            load = os.getloadavg()[0]
+            with tempfile.TemporaryDirectory(prefix="tablestore-bench-replicate-") as root:
+                figures = run(config, Path(root), log=log)
+            runs.append({"round": round_ + 1, "load_before": round(load, 2), **figures})
+            log(f"round {round_ + 1}, --cycle {config.cycle}: " + ", ".join(
+                f"{k.removeprefix(config.prefix)} {v}" for k, v in figures.items()
+                if k.startswith(config.prefix)))
+    return runs
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure per cycle over ``interleaved``'s runs."""
+    result: dict[str, Any] = {}
+    for cycle in dict.fromkeys(r["cycle"] for r in runs):
+        mine = [r for r in runs if r["cycle"] == cycle]
+        for key, value in mine[0].items():
+            if isinstance(value, (int, float)) and key not in ("round", "tables", "channels"):
+                result[f"{key} (--cycle {cycle})"] = round(median([r[key] for r in mine]), 3)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,14 +303,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writes", type=int, default=ReplicateConfig.freshness_writes)
     parser.add_argument("--emulator", action="store_true",
                         help="read over the Tablestore wire from the emulator (127.0.0.1)")
+    parser.add_argument("--trigger-ms", type=int, default=ReplicateConfig.trigger_ms,
+                        help="replicate --trigger-ms (0: the command's default)")
+    parser.add_argument("--load-writes-s", type=float, default=ReplicateConfig.load_writes_s,
+                        help="rows a second spread over the tables during the probes")
+    parser.add_argument("--cycles", default="two",
+                        help="replicate --cycle values to run, comma-separated, interleaved")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of the interleaved runs; medians printed")
     args = parser.parse_args(argv)
-    config = ReplicateConfig(tables=args.tables, idle_s=args.idle_s,
-                             freshness_writes=args.writes,
-                             backend="emulator" if args.emulator else "local")
-    with tempfile.TemporaryDirectory(prefix="tablestore-bench-replicate-") as root:
-        results = run(config, Path(root), log=lambda m: print(m, file=sys.stderr, flush=True))
-    for key, value in results.items():
-        print(f"{key:42} {value}")
+    configs = [ReplicateConfig(tables=args.tables, idle_s=args.idle_s,
+                               freshness_writes=args.writes, trigger_ms=args.trigger_ms,
+                               load_writes_s=args.load_writes_s, cycle=cycle,
+                               backend="emulator" if args.emulator else "local")
+               for cycle in args.cycles.split(",")]
+    runs = interleaved(configs, args.repeat,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+    for figures in runs:
+        print(" ".join(f"{k}={v}" for k, v in figures.items()))
+    for key, value in medians(runs).items():
+        print(f"{key:60} {value}")
     return 0
 
 
