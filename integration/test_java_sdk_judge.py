@@ -10,14 +10,19 @@ set one column and delete another, deletes -- before the judge starts and while 
 one of the channels split in between (the worker must finish the parent and pick up its
 children). The records the Java SDK decodes must equal what was written, key by key and in
 order, each at the sequence the store committed it, none lost and none twice.
+
+``test_java_sdk_reads_base_data_then_stream``: the same worker on a BaseAndStream tunnel reads
+each live row once from the base channels, then the later changes from the stream channels.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +94,42 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return parse_lines(path.read_text()) if path.exists() else []
 
 
+def start_judge(tmp_path: Path, build: Path, url: str, records: int,
+                *extra: str) -> subprocess.Popen[bytes]:
+    """The judge reading ``records`` records, its JSON lines into ``judge.out``."""
+    with (tmp_path / "judge.out").open("wb") as stdout, \
+            (tmp_path / "judge.err").open("wb") as stderr:
+        return subprocess.Popen(
+            judge_command(build, url, INSTANCE, KEY_ID, SECRET, "t", records=records,
+                          timeout_s=150) + list(extra),
+            stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+
+
+def wait_for(tmp_path: Path, judge: subprocess.Popen[bytes], what: str,
+             done: Callable[[list[dict[str, Any]]], bool]) -> None:
+    """Wait (90 s at most) until the judge's lines so far satisfy ``done``."""
+    out, err = tmp_path / "judge.out", tmp_path / "judge.err"
+    deadline = time.monotonic() + 90
+    while not done(read_lines(out)):
+        assert judge.poll() is None, \
+            f"the judge exited before {what}:\n{out.read_text()}\n{err.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not {what} in 90 s:\n{err.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def finish(tmp_path: Path, judge: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+    """The judge's lines once it has exited 0."""
+    judge.wait(timeout=200)
+    lines = read_lines(tmp_path / "judge.out")
+    assert judge.returncode == 0, \
+        f"{lines[-3:]}\n{(tmp_path / 'judge.err').read_text()[-3000:]}"
+    return lines
+
+
+def n_records(lines: list[dict[str, Any]]) -> int:
+    return sum(line["event"] == "record" for line in lines)
+
+
 def test_java_sdk_tunnel_worker_reads_what_was_written(tmp_path: Path,
                                                        judge_build: Path) -> None:
     started = time.monotonic()
@@ -101,26 +142,14 @@ def test_java_sdk_tunnel_worker_reads_what_was_written(tmp_path: Path,
         create_source_table(client)
         expected = write(client, 0, 60)
         first, second = 60, 60
-        out, err = tmp_path / "judge.out", tmp_path / "judge.err"
-        with out.open("wb") as stdout, err.open("wb") as stderr:
-            judge = subprocess.Popen(
-                judge_command(judge_build, emulator.url, INSTANCE, KEY_ID, SECRET, "t",
-                              records=first + second, timeout_s=150),
-                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 90
-        while sum(line["event"] == "record" for line in read_lines(out)) < 20:
-            assert judge.poll() is None, f"the judge exited early:\n{out.read_text()}\n" \
-                                         f"{err.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no records in 90 s:\n{err.read_text()[-3000:]}"
-            time.sleep(0.2)
+        judge = start_judge(tmp_path, judge_build, emulator.url, first + second)
+        wait_for(tmp_path, judge, "20 records read", lambda lines: n_records(lines) >= 20)
         parent = store.list_channels("t")[0].channel_id
         store.split_channel("t", parent)  # while the worker reads
         for key, changes in write(client, first, second).items():
             expected.setdefault(key, []).extend(changes)
-        judge.wait(timeout=200)
+        lines = finish(tmp_path, judge)
         wall_ms.append(int(time.time() * 1000))
-        lines = read_lines(out)
-        assert judge.returncode == 0, f"{lines[-3:]}\n{err.read_text()[-3000:]}"
     finally:
         if judge is not None and judge.poll() is None:
             judge.kill()
@@ -194,3 +223,73 @@ def test_java_sdk_tunnel_worker_reads_what_was_written(tmp_path: Path,
                      for channel in channels}, after
     print(f"Java SDK judge: {len(records)} records agreed in "
           f"{time.monotonic() - started:.1f} s")
+
+
+def state_of(changes: dict[int, list[Expected]]) -> dict[int, dict[str, Any]]:
+    """Each live row's columns after the changes (what a base-data read sees)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for key, key_changes in changes.items():
+        for kind, columns in key_changes:
+            if kind == "DELETE":
+                rows.pop(key, None)
+                continue
+            row = rows.setdefault(key, {}) if kind == "UPDATE" else {}
+            for name, (op, value) in columns.items():
+                if op == "PUT":
+                    row[name] = value
+                else:
+                    row.pop(name, None)
+            rows[key] = row
+    return rows
+
+
+def test_java_sdk_reads_base_data_then_stream(tmp_path: Path, judge_build: Path) -> None:
+    """BaseAndStream: the worker reads each live row once from the base channels (PUT, the row
+    as it stood when the tunnel was created, no sequence), finishes them, then the changes
+    written after the tunnel was created from the stream channels."""
+    emulator = Emulator(tmp_path / "store.db", tmp_path / "emulator.log").start()
+    judge: subprocess.Popen[bytes] | None = None
+    try:
+        client = sdk_client(emulator.url)
+        create_source_table(client)
+        base = state_of(write(client, 0, 40))
+        stream_count = 30
+        judge = start_judge(tmp_path, judge_build, emulator.url, len(base) + stream_count,
+                            "--type", "BaseAndStream", "--tunnel", "java-judge-base")
+        wait_for(tmp_path, judge, "the tunnel created",
+                 lambda lines: any(line["event"] == "describe" for line in lines))
+        stream = write(client, 40, stream_count)
+        lines = finish(tmp_path, judge)
+    finally:
+        if judge is not None and judge.poll() is None:
+            judge.kill()
+            judge.wait()
+        emulator.kill()
+    events = {line["event"]: line for line in lines if line["event"] != "record"}
+    records = [line for line in lines if line["event"] == "record"]
+    described = events["describe"]
+    assert (described["tunnel"]["type"], described["tunnel"]["stage"]) == \
+        ("BaseAndStream", "ProcessBaseData"), described
+    # the base channels open, the stream channels waiting for them
+    before = {c["id"]: (c["type"], c["status"]) for c in described["channels"]}
+    base_ids = [c for c in before if c.startswith("BaseData_")]
+    assert len(base_ids) == 2, described
+    assert before == {**{c: ("BaseData", "OPEN") for c in base_ids},
+                      **{c.removeprefix("BaseData_"): ("Stream", "WAIT") for c in base_ids}}
+
+    base_records = [r for r in records if r["channel"].startswith("BaseData_")]
+    stream_records = [r for r in records if not r["channel"].startswith("BaseData_")]
+    assert len(base_records) == len(base) and len(stream_records) == stream_count
+    # the base: each live row once, as it stood, a PUT without a sequence of its own
+    assert {r["pk"][0][1]: decoded(r) for r in base_records} == \
+        {key: ("PUT", {name: ("PUT", value) for name, value in row.items()})
+         for key, row in base.items()}
+    assert {json.dumps(r["seq"]) for r in base_records} == \
+        {json.dumps({"epoch": 0, "timestamp": 0, "row_index": 0})}
+    # then the stream: the later changes, key by key in order, each with its sequence
+    assert per_key(stream_records) == stream
+    assert all(r["seq"]["timestamp"] > 0 for r in stream_records)
+    assert records.index(stream_records[0]) == len(base_records), "stream read before base"
+    after = {c["id"]: c["status"] for c in events["describe_after"]["channels"]}
+    assert after == {**{c: "TERMINATED" for c in base_ids},
+                     **{c.removeprefix("BaseData_"): "OPEN" for c in base_ids}}, after

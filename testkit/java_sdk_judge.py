@@ -63,7 +63,8 @@ def fetch() -> Path:
         raise JavaSdkJudgeUnavailable(
             "the Java SDK judge needs Maven (mvn) to resolve the Tablestore Java SDK from Maven "
             "Central: install it (apt-get install -y maven)")
-    partial = target.with_name(target.name + ".partial")
+    # one partial build per process: pytest workers that fetch at once do not share one
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     failures = []
     for offline in (["-o"], []):
         shutil.rmtree(partial, ignore_errors=True)
@@ -78,8 +79,12 @@ def fetch() -> Path:
     else:
         raise JavaSdkJudgeUnavailable(f"mvn could not build {PROJECT}: " + "\n".join(failures))
     (partial / ".complete").touch()
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    try:
+        partial.rename(target)
+    except OSError:  # another process's build got there first
+        if not (target / ".complete").exists():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
     return target
 
 

@@ -40,10 +40,11 @@ import java.util.concurrent.atomic.AtomicInteger;
  * <p>Options ({@code --name value}, or the environment variable in brackets): endpoint
  * (TABLESTORE_ENDPOINT), instance (TABLESTORE_INSTANCE), key-id (TABLESTORE_ACCESS_KEY_ID),
  * key-secret (TABLESTORE_ACCESS_KEY_SECRET), table (TABLESTORE_TABLE), tunnel (default
- * "java-judge"), records (how many records to read, default 1), timeout (seconds, default 120).
+ * "java-judge"), type (Stream or BaseAndStream, default Stream), records (how many records to
+ * read, default 1), timeout (seconds, default 120).
  *
  * <p>In order: a client with a wrong secret calls ListTunnel ("bad_key": the SDK's error code);
- * CreateTunnel (Stream, from the earliest change), ListTunnel, DescribeTunnel; then a
+ * CreateTunnel (a Stream tunnel from the earliest change), ListTunnel, DescribeTunnel; then a
  * TunnelWorker with an IChannelProcessor prints each record it is handed ("record") until
  * {@code records} have been read ("done", then DescribeTunnel again: "describe_after"; exit 0) or
  * the timeout passes ("timeout", exit 3).
@@ -59,7 +60,8 @@ public final class Judge {
             opts = options(args);
         } catch (IllegalArgumentException e) {
             System.err.println("usage: judge.Judge --endpoint URL --instance NAME --key-id ID "
-                    + "--key-secret SECRET --table NAME [--tunnel NAME] [--records N] [--timeout S]: "
+                    + "--key-secret SECRET --table NAME [--tunnel NAME] [--type Stream|BaseAndStream] "
+                    + "[--records N] [--timeout S]: "
                     + e.getMessage());
             System.exit(2);
             return;
@@ -78,7 +80,7 @@ public final class Judge {
         TunnelClient client = new TunnelClient(endpoint, keyId, secret, instance);
         String tunnelId;
         try {
-            tunnelId = admin(client, table, tunnelName);
+            tunnelId = admin(client, table, tunnelName, TunnelType.valueOf(opts.get("type")));
         } catch (TableStoreException e) {
             emit("{\"event\":\"error\",\"error_code\":" + str(e.getErrorCode())
                     + ",\"http_status\":" + e.getHttpStatus() + ",\"message\":" + str(e.getMessage()) + "}");
@@ -144,10 +146,12 @@ public final class Judge {
         }
     }
 
-    /** CreateTunnel (Stream, earliest), ListTunnel, DescribeTunnel: returns the tunnel's id. */
-    private static String admin(TunnelClient client, String table, String tunnelName) {
-        CreateTunnelRequest create = new CreateTunnelRequest(table, tunnelName, TunnelType.Stream);
-        create.setStreamTunnelConfig(new StreamTunnelConfig(StartOffsetFlag.EARLIEST));
+    /** CreateTunnel, ListTunnel, DescribeTunnel: returns the tunnel's id. */
+    private static String admin(TunnelClient client, String table, String tunnelName, TunnelType type) {
+        CreateTunnelRequest create = new CreateTunnelRequest(table, tunnelName, type);
+        if (type == TunnelType.Stream) {  // from the earliest change held, not from now
+            create.setStreamTunnelConfig(new StreamTunnelConfig(StartOffsetFlag.EARLIEST));
+        }
         String tunnelId = client.createTunnel(create).getTunnelId();
         emit("{\"event\":\"create\",\"tunnel_id\":" + str(tunnelId) + "}");
 
@@ -279,6 +283,7 @@ public final class Judge {
     private static Map<String, String> options(String[] args) {
         Map<String, String> opts = new HashMap<>();
         opts.put("tunnel", "java-judge");
+        opts.put("type", "Stream");
         opts.put("records", "1");
         opts.put("timeout", "120");
         String[][] fromEnv = {
@@ -302,6 +307,11 @@ public final class Judge {
             if (!opts.containsKey(required)) {
                 throw new IllegalArgumentException("missing --" + required);
             }
+        }
+        try {
+            TunnelType.valueOf(opts.get("type"));
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException("--type must be Stream or BaseAndStream");
         }
         for (String number : new String[] {"records", "timeout"}) {
             try {
