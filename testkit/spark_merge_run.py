@@ -144,7 +144,8 @@ def run_pipeline(spec: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
         apply = ApplySettings(spec["target"], engine="spark", adopt_target=adopt_target)
         pipeline = start_pipeline(spark, endpoint, spec["tables"], "replicate", out, apply,
                                   once=True, per_table=functools.partial(config.for_table,
-                                                                         base=apply))
+                                                                         base=apply),
+                                  cycle=spec.get("cycle", "two"))
         try:
             pipeline.state_query.awaitTermination()
             pipeline.check()

@@ -27,10 +27,10 @@ def _checkpoint(out: Path, query: str, query_id: str) -> None:
     (out / "_checkpoints" / query / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
 
 
-def test_a_new_output_runs_the_cycle_given_else_two(tmp_path: Path) -> None:
+def test_a_new_output_runs_the_cycle_given_else_one(tmp_path: Path) -> None:
     assert recorded_cycle(tmp_path) is None
-    assert choose_cycle(tmp_path, None) == "two"
-    assert choose_cycle(tmp_path, "one") == "one"
+    assert choose_cycle(tmp_path, None) == "one"
+    assert choose_cycle(tmp_path, "two") == "two"
     assert checkpoint_query_id(tmp_path) is None
 
 

@@ -1,7 +1,9 @@
 """A moved or copied ``--output`` resumes exactly (``tablestore_cdc.pipeline.relocation``), with
 real ``tablestore-cdc replicate --once`` processes over one local store: a ``--table`` job and a
 ``--tables`` job run side by side, more changes are written, the first job's output is copied
-(``cp -a``) and the second's moved (``mv``), both run again from their new places. Each says the
+(``cp -a``) and the second's moved (``mv``), both run again from their new places (both in the
+two-cycle pipeline, whose change log names its files by path; a third job, in the one-cycle
+pipeline, is copied too, and resumes with nothing to rewrite). Each says the
 one line, each target (SCD 2: a change applied twice would be a version too many) equals the
 source, and the second run applied only the new changes. A target named under the old
 directory is refused in one line before anything starts, and so is a copy of a job that still
@@ -91,22 +93,28 @@ class Moved:
 def moved(tmp_path_factory: pytest.TempPathFactory) -> Moved:
     root = tmp_path_factory.mktemp("moved")
     store = LocalTablestore(root / "store.db")
-    for table in ("items", "orders", "users"):
+    for table in ("items", "orders", "users", "carts"):
         store.create_table(table, primary_key=[("id", "INTEGER")], columns=[("v", "INTEGER")])
         for i in range(5):
             store.put_row(table, {"id": i}, {"v": i})
-    replicate(store.path, ("--table", "items", "--output", str(root / "single")),
-              ("--tables", "orders,users", "--output", str(root / "multi")))
-    for table in ("items", "orders", "users"):  # updates, inserts and a delete after the move
+    # the two-cycle pipeline's change log is what names paths; the one-cycle's names none
+    replicate(store.path, ("--table", "items", "--output", str(root / "single"),
+                           "--cycle", "two"),
+              ("--tables", "orders,users", "--output", str(root / "multi"), "--cycle", "two"),
+              ("--table", "carts", "--output", str(root / "one-cycle")))
+    for table in ("items", "orders", "users", "carts"):  # updates, inserts, a delete after
         for i in range(3, 8):
             store.put_row(table, {"id": i}, {"v": i * 100})
         store.delete_row(table, {"id": 0})
     subprocess.run(["cp", "-a", str(root / "single"), str(root / "single-copy")], check=True)
+    subprocess.run(["cp", "-a", str(root / "one-cycle"), str(root / "one-cycle-copy")],
+                   check=True)
     (root / "elsewhere").mkdir()
     subprocess.run(["mv", str(root / "multi"), str(root / "elsewhere" / "multi")], check=True)
     said = replicate(store.path, ("--table", "items", "--output", str(root / "single-copy")),
                      ("--tables", "orders,users", "--output",
-                      str(root / "elsewhere" / "multi")))
+                      str(root / "elsewhere" / "multi")),
+                     ("--table", "carts", "--output", str(root / "one-cycle-copy")))
     return Moved(store, root, said)
 
 
@@ -122,6 +130,19 @@ def test_a_copied_table_job_resumes_exactly(moved: Moved) -> None:
     assert "; 6 change(s) applied" in moved.said[0], moved.said[0]  # the new ones only
     assert current(old / "items") == {i: i for i in range(5)}  # the original left as it was
     assert recorded_job(moved.store, "items") == str(copy)  # meta tables, reconcile: the copy
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("relocation_moved")  # one worker builds the module's `moved`
+def test_a_copied_one_cycle_job_resumes_exactly_with_nothing_to_rewrite(moved: Moved) -> None:
+    copy, old = moved.root / "one-cycle-copy", moved.root / "one-cycle"
+    assert "was moved from" not in moved.said[2], moved.said[2]
+    assert moved_from(copy) is None  # no log under it names a path
+    assert current(copy / "carts") == source_rows(moved.store, "carts")
+    assert len(versions(copy / "carts")) == 5 + 2 + 3  # no change applied twice
+    assert "; 6 change(s) applied" in moved.said[2], moved.said[2]  # the new ones only
+    assert current(old / "carts") == {i: i for i in range(5)}  # the original left as it was
+    assert recorded_job(moved.store, "carts") == str(copy)
 
 
 @pytest.mark.slow

@@ -164,9 +164,10 @@ def replicate(
         "Delta targets or iceberg:///WAREHOUSE?table= targets; its jars come from Maven "
         "Central; docs/lakehouse.md).")] = "embedded",
     cycle: Annotated[str | None, typer.Option(
-        help="two: a change-log query, then an apply query reading its files back; one: one "
-        "query writes each batch it reads to the change log and applies it (fresher, less "
-        "CPU; docs/multi-table.md). Default: what the output already runs, else two.")]
+        help="one: one query writes each batch it reads to the change log and applies it; "
+        "two: a change-log query, then an apply query reading its files back (a change "
+        "waits for two cycles; docs/multi-table.md). Default: what the output already runs, "
+        "else one.")]
     = None,
 ) -> None:
     """Replicate a table (--table) or a selection of tables (--tables) into Delta or Iceberg

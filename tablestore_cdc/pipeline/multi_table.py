@@ -1,19 +1,19 @@
 """The replication pipeline of a selection of tables (one table is a selection of one):
 one source query over the selection, one apply per table (driver).
 
-``start_pipeline`` starts two queries over a multi-table source (``connector.multiplex``): the
-change-log query writes every selected table's changes into one Parquet change log
-(``<out>/changelog``, generic rows: ``connector.generic_rows``), and the apply query's
-``foreachBatch`` (``MultiTableApply``) splits each micro-batch by ``_table`` and applies each
-table's rows into its own target, named by a template (``delta:///lake/{table}``): one commit
-per table per batch, each carrying the apply query's (query id, batch id) pair, so a replayed
-batch changes nothing in any table.
+``start_pipeline`` starts a query over a multi-table source (``connector.multiplex``) whose
+``foreachBatch`` (``MultiTableApply``) writes each batch it reads to the change log
+(``<out>/changelog/batch-<id>.parquet``, generic rows: ``connector.generic_rows``; the same
+file again on a replay), then splits it by ``_table`` and applies each table's rows into its
+own target, named by a template (``delta:///lake/{table}``): one commit per table per batch,
+each carrying the query's (query id, batch id) pair, so a replayed batch changes nothing in a
+table that holds it. That is ``cycle="one"``, the default for a new output; docs/protocol.md,
+"One cycle from change to table", argues why it is exactly once.
 
-With ``cycle="one"`` (``replicate --cycle one``) a single query does both in each batch it
-reads: the batch is written to the change log (``<out>/changelog/batch-<id>.parquet``, the same
-file again on a replay) and applied, under that query's (query id, batch id); the change log
-is not read back. docs/protocol.md, "One cycle from change to table", argues why that is
-exactly once.
+``cycle="two"`` (``replicate --cycle two``, and every output written before the choice
+existed) starts two queries instead: the change-log query writes the batches into the change
+log through Spark's file sink, and the apply query reads its files back and applies them the
+same way, under its own (query id, batch id).
 
 A table whose target refuses a batch is *failed* (``<out>/_tables/<table>.failed``, the reason)
 and its rows of that batch and of every later one are held in ``<out>/_held/<table>/`` (one
@@ -51,6 +51,7 @@ from tablestore_cdc.pipeline.queries import (
     ApplySettings,
     attach_listener,
     checkpoint_query_id,
+    choose_cycle,
     open_table_sink,
     repair_target,
 )
@@ -175,7 +176,7 @@ class MultiTableApply:
         Spark; the batch is cached on the executors while its tables are applied."""
         if self.settings.engine != "spark":
             batch = df.toArrow()
-            if self.writes_changelog:
+            if self.writes_changelog and batch.num_rows:  # (a table's join batch: no rows)
                 self._log_changes(batch, batch_id)
             self.apply_batch(batch, app_id, batch_id)
             return
@@ -581,7 +582,7 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
                    trigger_ms: int = 0, *, exclude: str | None = None,
                    per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]]
                    | None = None, once: bool = False,
-                   retry: RestartPolicy | None = None, cycle: str = "two") -> Pipeline:
+                   retry: RestartPolicy | None = None, cycle: str | None = None) -> Pipeline:
     """Start the change-log and apply queries (driver, module docstring) on any ``endpoint``
     the source reads: every table matching ``tables`` (comma-separated names and globs) and
     none of ``exclude``, into ``apply.target`` with ``{table}`` replaced by each table's name.
@@ -589,11 +590,13 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
     Trigger.AvailableNow; the change-log query's end is waited for here (its error raised
     here) before the apply query starts. ``retry``: the job's restart policy, on which a table
     failing with a retryable error is retried inside the query (``retry_options``, unless
-    ``options`` sets them); None: the source's default. ``cycle``: ``two`` (the change-log
-    query, then the apply query reading its files) or ``one`` (one query that writes and
-    applies each batch it reads: module docstring); ``queries.choose_cycle`` says which an
-    output may run."""
+    ``options`` sets them); None: the source's default. ``cycle``: ``one`` (one query that
+    writes and applies each batch it reads: module docstring) or ``two`` (the change-log
+    query, then the apply query reading its files); None: what ``out`` holds, else ``one``
+    (``queries.choose_cycle``, which refuses the other one on an existing output)."""
     check_target_template(apply.target, tables)
+    out = JobOutput.of(out)
+    cycle = choose_cycle(out, cycle)
     reader = (spark.readStream.format("tablestore").option("endpoint", endpoint)
               .option("tables", tables).option("tunnel.name", tunnel))
     if exclude:
@@ -610,7 +613,6 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
         reader = reader.option(key, value)
     changes = reader.load()
     selection = selection_options(endpoint, tables, exclude, tunnel, options)
-    out = JobOutput.of(out)
     sink = MultiTableApply(apply, redact_uri(endpoint), out, per_table=per_table,
                            spec_of=table_sources(selection), known=named_tables(selection),
                            writes_changelog=cycle == "one")

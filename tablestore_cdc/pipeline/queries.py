@@ -94,12 +94,13 @@ def recorded_cycle(output: Any) -> str | None:
 
 
 def choose_cycle(output: Any, given: str | None) -> str:
-    """The cycle a job of ``output`` runs: the one its checkpoints hold, else ``given``, else
-    ``two``; ``CycleMismatchError`` when ``given`` is not the one recorded."""
+    """The cycle a job of ``output`` runs: the one its checkpoints hold (an output written
+    before ``--cycle`` existed holds the two-cycle ones), else ``given``, else ``one``;
+    ``CycleMismatchError`` when ``given`` is not the one recorded."""
     recorded = recorded_cycle(output)
     if given is not None and recorded is not None and given != recorded:
         raise CycleMismatchError(output=str(output), recorded=recorded, given=given)
-    return recorded or given or "two"
+    return recorded or given or "one"
 
 
 def checkpoint_query_id(output: Any) -> str | None:
