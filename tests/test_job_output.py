@@ -191,3 +191,35 @@ def test_a_package_ivy_cannot_resolve_is_one_typed_error_not_a_gateway_trace(
     assert done.stdout.startswith("typed: Spark did not start: its JVM exited while resolving "
                                   "org.apache.hadoop:hadoop-aws:0.0.1-none"), done.stdout
     assert "UNRESOLVED DEPENDENCIES" in done.stderr  # Ivy's own lines say which
+
+
+@pytest.mark.slow  # pyarrow's own retries of each attempt: about 6 s
+def test_a_write_the_object_store_keeps_failing_is_one_retryable_typed_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-cycle pipeline writes each batch's change log through this: an object store
+    that does not answer (a closed loopback port here) ends in ``OutputStoreError``, which the
+    job restarts the query on (``failures.query_failure``: retryable), never a raw OSError."""
+    import socket
+
+    from tablestore_cdc.pipeline import output as output_module
+    from tablestore_cdc.pipeline.failures import FailureKind, query_failure
+    from tablestore_cdc.pipeline.output import OutputStoreError
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-shown-anywhere")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setattr(output_module, "WRITE_PAUSE_S", 0.0)
+    output = JobOutput.parse("s3://lake/state")
+    with pytest.raises(OutputStoreError) as failed:
+        output.write_bytes(b"rows", "changelog", "batch-000000000007.parquet")
+    message = str(failed.value)
+    assert message.startswith("the job's output s3://lake/state: writing "
+                              "changelog/batch-000000000007.parquet failed after 3 attempt(s)")
+    assert "not-shown-anywhere" not in message
+    failure = query_failure(f"Traceback ...\n{type(failed.value).__module__}."
+                            f"OutputStoreError: {message}", reached_before=True)
+    assert failure.kind is FailureKind.RETRYABLE, failure

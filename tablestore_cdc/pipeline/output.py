@@ -31,6 +31,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,20 @@ CREDENTIALS_PROVIDER = ",".join([
     "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
     "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
     "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"])
+
+
+class OutputStoreError(CdcError):
+    """The object store holding the job's output failed a write after ``WRITE_ATTEMPTS``
+    tries (throttled, a reset, a timeout): retryable. The job restarts the query; the
+    replayed batch writes the same file again."""
+
+    retryable = True
+    template = ("the job's output {output}: writing {path} failed after {attempts} "
+                "attempt(s), each retried by the S3 client: {problem}")
+
+
+#: tries of one write into an object store before ``OutputStoreError``, and the first pause
+WRITE_ATTEMPTS, WRITE_PAUSE_S = 3, 0.5
 
 
 class OutputUriError(CdcError):
@@ -172,8 +187,17 @@ class JobOutput:
             os.replace(tmp, target)
             return
         fs, base = self._filesystem()
-        with fs.open_output_stream("/".join([base, *parts])) as stream:
-            stream.write(data)
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                with fs.open_output_stream("/".join([base, *parts])) as stream:
+                    stream.write(data)
+                return
+            except OSError as exc:  # pyarrow's S3 errors (its own retries gave up)
+                if attempt == WRITE_ATTEMPTS:
+                    raise OutputStoreError(output=str(self), path="/".join(parts),
+                                           attempts=attempt,
+                                           problem=" ".join(str(exc).split())[:300]) from exc
+                time.sleep(WRITE_PAUSE_S * 2 ** (attempt - 1))
 
     def names(self, *parts: str, suffix: str) -> list[str]:
         """The names ending in ``suffix`` in the folder at ``parts``, sorted (none if it does
