@@ -11,12 +11,12 @@ UPDATE, 10 % DELETE over ``keys`` keys, so the first PUTs are of new keys), then
   default, as the command reads;
 - ``replicate_e2e_changes_s``: ``tablestore-cdc replicate --store ... --table ... --target
   delta://... --once`` started as its own process (as a user starts it), the changes after
-  the change-log query's first batch / the seconds **from the end of that batch to the last
-  commit** (the mtime of ``OUTPUT/_checkpoints/changelog/commits/0`` to that of the target's
-  last Delta log entry; the batch's changes: the rows of the files Spark's file sink lists for
-  batch 0). With ``--once`` the command's two queries run one after the other: source ->
-  change log, then change log -> target; the span holds the rest of the first and all of the
-  second, its start included. The first batch is left out as the source's figure leaves out
+  the source query's first batch / the seconds **from the end of that batch to the last
+  commit** (the mtime of ``OUTPUT/_checkpoints/replicate/commits/0`` to that of the target's
+  last Delta log entry; the batch's changes: the rows of ``changelog/batch-000000000000.parquet``).
+  The command runs the default one-cycle pipeline: one query reads, logs and applies each
+  batch. (Its ``--cycle two`` runs two queries one after the other, source -> change log,
+  then change log -> target; ``_spans`` then measures from the change-log query's batch 0.) The first batch is left out as the source's figure leaves out
   its warm-up: a process's first batch starts PySpark's Python worker daemons (each compiles
   pyspark from the ``pyspark.zip`` PySpark puts on the workers' path: no bytecode cache), ~3-4
   s the source's warm-up read pays before its figure starts. So the ratio compares a warm
@@ -46,8 +46,9 @@ the command runs.
 instead: ``replicate --once`` of the same store, interleaved, with the settings before the
 workers' import and JVM changes (``pyspark.zip`` on the workers' path, the JVM's default JIT
 and collector) and with the current ones (``--sides old,workers,new``: also with the
-workers' import alone); wall and CPU-seconds per run and their medians (docs/performance.md,
-"A start without avoidable warm-up").
+workers' import alone; ``two``: the current settings in the two-cycle pipeline, which the
+others but ``new`` run too); wall and CPU-seconds per run and their medians
+(docs/performance.md, "A start without avoidable warm-up").
 """
 
 from __future__ import annotations
@@ -126,16 +127,21 @@ LAUNCH = {
     "old": ("import connector.spark as s; s.WORKER_SITE = {empty!r}; "
             "s.SHORT_RUN_JVM_OPTIONS = ''; from tablestore_cdc.commands.app import app; app()"),
 }
+LAUNCH["two"] = LAUNCH["new"]
+#: each side's ``replicate --cycle``: the current settings in the default one-cycle pipeline
+#: ("new"), in the two-cycle one ("two"), and the older settings, which ran two cycles
+CYCLE_OF = {"new": "one", "two": "two", "workers": "two", "old": "two"}
 
 
 def _replicate(store_path: Path, out: Path, lake: Path,
                settings: str = "new") -> tuple[float, float]:
     """Run the command to its exit, through a tunnel of its own (a run after another over the
-    same store starts from the table's first row again); returns its wall seconds and its
-    process tree's CPU-seconds."""
+    same store starts from the table's first row again), with ``settings`` (a side of
+    ``LAUNCH``, and its ``CYCLE_OF``); returns its wall seconds and its process tree's
+    CPU-seconds."""
     args = ["replicate", "--store", str(store_path), "--table", TABLE, "--output", str(out),
             "--target", f"delta://{lake}", "--tunnel", f"bench-{uuid.uuid4().hex[:8]}",
-            "--once"]
+            "--once", "--cycle", CYCLE_OF[settings]]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TABLESTORE_CDC_LOG_LEVEL": "WARNING"}
     empty = out.parent / "no-worker-site"
     empty.mkdir(parents=True, exist_ok=True)
@@ -157,12 +163,20 @@ def _replicate(store_path: Path, out: Path, lake: Path,
 
 
 def _spans(out: Path, lake: Path) -> tuple[float, float, int]:
-    """(seconds from the change-log query's first batch to the target's last commit, seconds
-    from the end of that batch to it, the batch's changes). The command runs two queries:
-    source -> change log (checkpoint "changelog"), then change log -> target ("apply")."""
-    checkpoint = out / "_checkpoints" / "changelog"
+    """(seconds from the source query's first batch to the target's last commit, seconds
+    from the end of that batch to it, the batch's changes). One cycle: one query (checkpoint
+    "replicate") reads, logs and applies each batch, so its first batch's end is after that
+    batch's commit into the target; two cycles: source -> change log (checkpoint
+    "changelog"), then change log -> target ("apply")."""
     last = max(p.stat().st_mtime for p in (lake / "_delta_log").glob("*.json"))
     first_rows = 0
+    if (out / "_checkpoints" / "replicate").is_dir():
+        checkpoint = out / "_checkpoints" / "replicate"
+        logged = out / "changelog" / f"batch-{0:012d}.parquet"
+        first_rows = pq.ParquetFile(logged).metadata.num_rows if logged.exists() else 0
+        return (last - (checkpoint / "offsets" / "0").stat().st_mtime,
+                last - (checkpoint / "commits" / "0").stat().st_mtime, first_rows)
+    checkpoint = out / "_checkpoints" / "changelog"
     for line in (out / "changelog" / "_spark_metadata" / "0").read_text().splitlines()[1:]:
         entry = json.loads(line)
         if entry.get("action") == "add":
@@ -295,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     sides = tuple(args.sides.split(","))
     if not set(sides) <= set(LAUNCH) or not {"old", "new"} <= set(sides):
-        parser.error(f"--sides takes old, new and optionally workers; got {args.sides!r}")
+        parser.error(f"--sides takes old, new and optionally workers and two; "
+                     f"got {args.sides!r}")
     config = ReplicateE2EConfig(records=args.records, rounds=args.repeat)
     print(f"load average before: {load_average()}", flush=True)
     if args.ab:
