@@ -16,13 +16,14 @@ UPDATE, 10 % DELETE over ``keys`` keys, so the first PUTs are of new keys), then
   last Delta log entry; the batch's changes: the rows of ``changelog/batch-000000000000.parquet``).
   The command runs the default one-cycle pipeline: one query reads, logs and applies each
   batch. (Its ``--cycle two`` runs two queries one after the other, source -> change log,
-  then change log -> target; ``_spans`` then measures from the change-log query's batch 0.) The first batch is left out as the source's figure leaves out
+  then change log -> target; ``_spans`` then measures from the change-log query's batch 0.)
+  The first batch is left out as the source's figure leaves out
   its warm-up: a process's first batch starts PySpark's Python worker daemons (each compiles
   pyspark from the ``pyspark.zip`` PySpark puts on the workers' path: no bytecode cache), ~3-4
   s the source's warm-up read pays before its figure starts. So the ratio compares a warm
   process with a warm session; the costs left out are reported beside it, not hidden:
   ``replicate_e2e_changes_s_from_first_batch`` (every change over the span from the first
-  batch's offsets, ``.../changelog/offsets/0``), ``replicate_e2e_first_batch_s``,
+  batch's offsets, ``.../replicate/offsets/0``), ``replicate_e2e_first_batch_s``,
   ``replicate_e2e_wall_s`` (process start to exit: interpreter, JVM and SparkSession start,
   the pipeline's set-up, the batches, the shutdown) and ``replicate_e2e_changes_s_wall`` =
   changes / that wall time;
