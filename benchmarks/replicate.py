@@ -24,7 +24,10 @@ started as its own process (as a user starts it), into Delta targets from a temp
   ``replicate_emulator_service_load_cpu_cores`` the emulator's, the service's stand-in,
   which shares the machine's two cores with the application);
 - ``..._new_table_s``: from creating a table (with one row) until its target holds it
-  (bounded by ``tables.refreshIntervalMs`` plus a batch).
+  (bounded by ``tables.refreshIntervalMs`` plus a batch);
+- ``..._targets_equal``: the tables whose Delta target was read back equal to the source's
+  rows once the writes stopped (the run fails if one is not within 600 s), and
+  ``..._equal_after_s`` how long after the new table that took.
 
 Writes go into the store file directly in both variants (the emulator serves that file).
 
@@ -107,6 +110,26 @@ def _target_value(lake: Path, table: str, key: int) -> Any:
         return None
     rows = deltalake.DeltaTable(str(lake / table)).to_pyarrow_table().to_pylist()
     return next((r["v"] for r in rows if r["id"] == key), None)
+
+
+def _differing(store_path: Path, lake: Path, names: list[str]) -> list[str]:
+    """The tables whose Delta target does not hold exactly the source's rows now."""
+    import deltalake
+
+    from connector.local import LocalTablestore
+
+    differing = []
+    with LocalTablestore(store_path) as store:
+        for name in names:
+            source = {pk["id"]: attrs.get("v") for pk, attrs in store.scan(name)}
+            if not (lake / name / "_delta_log").exists():
+                differing.append(name)
+                continue
+            rows = deltalake.DeltaTable(str(lake / name)).to_pyarrow_table(
+                columns=["id", "v"]).to_pylist()
+            if len(rows) != len(source) or {r["id"]: r["v"] for r in rows} != source:
+                differing.append(name)
+    return differing
 
 
 def _wait(what: str, probe: Any, timeout: float, app: subprocess.Popen) -> float:
@@ -238,6 +261,15 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             new_s = _wait("the new table", lambda: _target_value(lake, "t_new", 0) == "new",
                           300, app)
             processes = len(_tree(app.pid))
+            # every target equal to its source once the writes stopped (each table read whole)
+            remaining = names + ["t_new"]
+
+            def all_equal() -> bool:  # only the tables that differed last time read again
+                remaining[:] = _differing(store_path, lake, remaining)
+                return not remaining
+
+            equal_s = _wait("every target equal to its source", all_equal, 600, app)
+            peak = max(peak, _rss_mb(app.pid))
         finally:
             from testkit.processes import kill_tree
 
@@ -258,6 +290,8 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
         f"{p}new_table_s": round(new_s, 1),
         f"{p}load_writes_s": round(load.rate, 1),
         f"{p}load_cpu_cores": round(load_cpu, 3),
+        f"{p}targets_equal": len(names) + 1,
+        f"{p}equal_after_s": round(equal_s, 1),
     }
     if emulator is not None:
         figures[f"{p}service_idle_cpu_cores"] = round(service_idle, 3)
