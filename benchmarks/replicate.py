@@ -103,6 +103,27 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
+def _cpu_by_kind(pid: int) -> dict[str, float]:
+    """CPU-seconds of the application's process tree by kind of process: the JVM, the
+    command's own Python (the driver), Spark's Python processes by module (the streaming
+    source's planning runner, the workers' daemon, ...)."""
+    kinds: dict[str, float] = {}
+    for p in _tree(pid):
+        try:
+            cmdline, times = p.cmdline(), p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        if p.pid == pid:
+            kind = "driver (python)"
+        elif cmdline and cmdline[0].endswith("java"):
+            kind = "jvm"
+        else:
+            modules = [a for a in cmdline if a.startswith("pyspark")]
+            kind = modules[-1] if modules else " ".join(cmdline[:3])[:60]
+        kinds[kind] = kinds.get(kind, 0.0) + times.user + times.system
+    return kinds
+
+
 def _target_value(lake: Path, table: str, key: int) -> Any:
     import deltalake
 
@@ -234,10 +255,14 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             rss = _rss_mb(app.pid)
             time.sleep(config.idle_s / 4)  # the last batches settle
             cpu0, t0 = _cpu_s(app.pid), time.monotonic()
+            kinds0 = _cpu_by_kind(app.pid)
             service0 = _cpu_s(emulator.pid) if emulator else 0.0
             time.sleep(config.idle_s)
             idle_wall = time.monotonic() - t0
             idle = (_cpu_s(app.pid) - cpu0) / idle_wall
+            idle_by_kind = {k: round((v - kinds0.get(k, 0.0)) / idle_wall, 3)
+                            for k, v in _cpu_by_kind(app.pid).items()}
+            log(f"{name}: idle cores by process: {idle_by_kind}")
             service_idle = (_cpu_s(emulator.pid) - service0) / idle_wall if emulator else 0.0
             log(f"{name}: idle {idle:.2f} core(s), {rss:.0f} MB")
             latencies = []
