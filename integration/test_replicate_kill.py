@@ -15,7 +15,8 @@ restart (``integration/faults/multi_table.py``'s checks):
 With ``--cycle one`` (``table-one-cycle``) one query reads, logs and applies each batch: its
 change log is ``OUTPUT/changelog/batch-<id>.parquet`` up to the query's newest committed batch.
 
-The default suite runs ``--table`` in both cycles; ``--tables`` runs under ``extended``
+The default suite runs ``--table`` in the one-cycle pipeline (a new output's); the two-cycle
+``--table`` and ``--tables`` run under ``extended``
 (``test_multi_table_kill.py`` kills it over many tables). Each is three starts of Spark: 124 to
 244 s on 2 cores shared with other Spark runs (load 7 to 14), most of it each start's JVM,
 queries and first batch.
@@ -44,7 +45,7 @@ KILLS = 2
 
 
 @pytest.mark.parametrize(("selection", "cycle"), [
-    pytest.param(("--table", TABLE), "two", id="table"),
+    pytest.param(("--table", TABLE), "two", id="table", marks=pytest.mark.extended),
     pytest.param(("--table", TABLE), "one", id="table-one-cycle"),
     pytest.param(("--tables", TABLE), "two", id="tables", marks=pytest.mark.extended),
 ])

@@ -202,12 +202,14 @@ class ProgressListener(StreamingQueryListener):
         self._status(event, "stopped", getattr(event, "exception", None))
         self._terminated.add(str(getattr(event, "id", "")))
 
-    def wait_terminated(self, timeout: float = 10.0) -> bool:
-        """Wait until every query this listener recorded has had its termination recorded
-        (Spark delivers ``onQueryTerminated`` asynchronously, after ``query.stop()`` returns:
-        call this before ``spark.stop()``). Returns whether that happened in time."""
+    def wait_terminated(self, timeout: float = 10.0, query_ids: Iterable[str] = ()) -> bool:
+        """Wait until every query this listener recorded, and each of ``query_ids``, has had
+        its termination handled (Spark delivers events asynchronously, in order, after
+        ``query.stop()`` or ``awaitTermination()`` returns: a query's last progress may not
+        have been recorded yet; call this before ``spark.stop()``). Returns whether that
+        happened in time."""
         deadline = time.monotonic() + timeout
-        while not set(self._by_query) <= self._terminated:
+        while not set(self._by_query) | set(query_ids) <= self._terminated:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)

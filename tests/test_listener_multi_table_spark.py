@@ -46,7 +46,8 @@ def test_each_table_of_a_multi_table_run_gets_spark_metrics_and_its_stop(
             moved = [r for r in feed_records(store, namespace) if not r["initial"]]
             status = load_query_status(store, namespace)
         assert moved, table
-        assert all(r["query"] is not None and r["query"]["name"] == "changelog"
+        assert all(r["query"] is not None and r["query"]["name"] == pipeline.changelog.name
                    and r["query"]["query_id"] == str(pipeline.changelog.id)
-                   and r["spark_batch_id"] == r["query"]["batch_id"] for r in moved), moved
+                   and r["spark_batch_id"] == r["query"]["batch_id"] for r in moved), [
+            (r["query"], r["spark_batch_id"]) for r in moved]
         assert (status or {}).get("status") == "stopped", (table, status)

@@ -102,8 +102,7 @@ class MultiTableApply:
     repairs: RepairRunner | None = None
     #: the newest batch this run applied (Spark calls ``foreachBatch`` for batches with data)
     applied_batch_id: int | None = None
-    #: the one-cycle pipeline's batch (module docstring): each batch is written to the
-    #: change log before it is applied
+    #: the one-cycle pipeline (module docstring): each batch is logged before it is applied
     writes_changelog: bool = False
 
     def __post_init__(self) -> None:
@@ -112,7 +111,8 @@ class MultiTableApply:
             reason = (self.output.read_bytes(_FAILED, name) or b"").decode(errors="replace")
             self.tables[name.removesuffix(".failed")] = AppliedTable(State.FAILED, reason)
         if self.spec_of is not None and self.repairs is None:
-            self.repairs = RepairRunner(self.repair_tables, self.spec_of, self.repair_target)
+            self.repairs = RepairRunner(self.repair_tables, self.spec_of, self.repair_target,
+                                        in_stream=self.writes_changelog)
 
     def repair_tables(self) -> list[str]:
         """The tables whose re-snapshot signals a look reads: every table applied or failed
@@ -196,10 +196,8 @@ class MultiTableApply:
             df.unpersist()
 
     def _log_changes(self, batch: pa.Table | Any, batch_id: int) -> None:
-        """The one-cycle pipeline's change log: ``batch`` (Arrow, or the Spark engine's
-        DataFrame) as ``changelog/batch-<id>``, written whole before it is applied. A replay
-        of the batch (the same rows: the source replays a batch identically) writes the
-        same file again."""
+        """The one-cycle change log: ``batch`` (Arrow, or the Spark engine's DataFrame) as
+        ``changelog/batch-<id>``, written whole before it is applied (a replay: the same)."""
         name = f"batch-{batch_id:012d}"
         if isinstance(batch, pa.Table):
             data = pa.BufferOutputStream()
@@ -363,7 +361,8 @@ class Pipeline:
         for query in self.queries:
             query.stop()
         if self.listener is not None:  # the dashboard shows "stopped" only once it is recorded
-            self.listener.wait_terminated(timeout=10)
+            self.listener.wait_terminated(timeout=10,
+                                          query_ids=[str(q.id) for q in self.queries])
             if self.spark is not None:  # a restarted pipeline attaches a listener of its own
                 self.spark.streams.removeListener(self.listener)
                 self.listener = None

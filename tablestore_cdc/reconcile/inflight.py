@@ -62,11 +62,17 @@ class InFlight:
     changed: set[Key] = field(default_factory=set)
     #: the applied position, for the report (meta batch, apply batch, records read after it)
     position: dict[str, Any] = field(default_factory=dict)
+    #: undetermined because a channel stayed in WAIT: the stream had not read its parent to
+    #: the end (a later look, once the stream went on, may determine it)
+    waiting: bool = False
 
 
 def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: Iterable[Key],
-                   progress: Progress | None = None) -> InFlight:
-    """The keys of ``keys`` with a change after the applied position (module docstring)."""
+                   progress: Progress | None = None, wait_s: float = WAIT_DEADLINE_S
+                   ) -> InFlight:
+    """The keys of ``keys`` with a change after the applied position (module docstring);
+    ``wait_s``: how long a channel in WAIT is waited for (0: not at all, when the caller
+    holds up the stream that would finish its parent)."""
     wanted = set(keys)
     if applied is None:
         return InFlight(False, "the target names no batch of an apply query, so how far the "
@@ -78,7 +84,7 @@ def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: I
         return InFlight(False, f"no meta table ({redact_uri(options.meta_store)}): the "
                         "stream has not run")
     try:
-        return _in_flight(options, meta, applied, wanted, progress or Progress())
+        return _in_flight(options, meta, applied, wanted, progress or Progress(), wait_s)
     except MetaTableMissingError:
         return InFlight(False, "the meta table does not exist: the stream has not run")
     finally:
@@ -86,7 +92,7 @@ def in_flight_keys(options: SourceOptions, applied: AppliedBatch | None, keys: I
 
 
 def _in_flight(options: SourceOptions, meta: MetaStore, applied: AppliedBatch,
-               wanted: set[Key], progress: Progress) -> InFlight:
+               wanted: set[Key], progress: Progress, wait_s: float) -> InFlight:
     with Clients().tunnel(options.endpoint) as tunnel:
         options = options.resolved(tunnel)  # a tunnel.id names the tunnel.name given
         # the channels and their checkpoints first, the batches after: a channel the stream
@@ -104,7 +110,8 @@ def _in_flight(options: SourceOptions, meta: MetaStore, applied: AppliedBatch,
         frontier, position = found
         tokens = {c: p.token for c, p in frontier.items() if not p.finished}
         tokens.update((c, token) for c, token in unread.items() if c not in frontier)
-        return _read_after(tunnel, tunnel_id, tokens, wanted, options, position, progress)
+        return _read_after(tunnel, tunnel_id, tokens, wanted, options, position, progress,
+                           wait_s)
 
 
 def _batches_after_position(options: SourceOptions, meta: MetaStore, applied: AppliedBatch
@@ -145,13 +152,13 @@ def _batches_after_position(options: SourceOptions, meta: MetaStore, applied: Ap
 
 def _read_after(tunnel: TunnelService, tunnel_id: str, tokens: dict[str, str],
                 wanted: set[Key], options: SourceOptions, position: dict[str, Any],
-                progress: Progress) -> InFlight:
+                progress: Progress, wait_s: float) -> InFlight:
     """Read every channel from its token to its head; the wanted keys met on the way."""
     key_columns = [c.name for c in tunnel.table_schema(options.table_name).primary_key]
     changed: set[Key] = set()
     records = 0
     pending = dict(tokens)
-    deadline = time.monotonic() + WAIT_DEADLINE_S
+    deadline = time.monotonic() + wait_s
     progress.begin("changes after the applied position", None)
     try:
         while pending:
@@ -176,10 +183,10 @@ def _read_after(tunnel: TunnelService, tunnel_id: str, tokens: dict[str, str],
                 except TrimmedDataError as exc:
                     return InFlight(False, f"the change log after the applied position is "
                                     f"trimmed ({exc})", position=position)
-            if waiting and time.monotonic() > deadline:
+            if waiting and time.monotonic() >= deadline:
                 return InFlight(False, f"channel(s) {sorted(waiting)} stayed in WAIT (a parent "
                                 "not finished for the tunnel: is the stream running?)",
-                                position=position)
+                                position=position, waiting=True)
             if waiting:
                 time.sleep(1.0)
             pending = waiting

@@ -17,7 +17,7 @@ from typing import Any
 
 from cdc_common.uris import redact_uri
 from tablestore_cdc.reconcile.compare import Comparison, Progress, compare
-from tablestore_cdc.reconcile.inflight import InFlight, in_flight_keys
+from tablestore_cdc.reconcile.inflight import WAIT_DEADLINE_S, InFlight, in_flight_keys
 from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.layout import CompareLayout
 from tablestore_cdc.reconcile.source import SourceSpec, open_source_table
@@ -61,11 +61,13 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
                     ignore: Iterable[str] = (), in_flight: bool = True,
                     progress: Progress | None = None, key_from: Any = None,
                     key_to: Any = None,
-                    target_options: Mapping[str, str] | None = None) -> TableReport:
+                    target_options: Mapping[str, str] | None = None,
+                    wait_s: float = WAIT_DEADLINE_S) -> TableReport:
     """Compare ``spec``'s table with the table at ``target_uri`` (module docstring), only the
     keys whose first column is in ``[key_from, key_to)`` when either is given;
-    ``target_options``: replicate's ``--target-option``s. Raises the product's errors for a
-    bad source, target or option."""
+    ``target_options``: replicate's ``--target-option``s; ``wait_s``: how long the in-flight
+    read waits for a channel in WAIT (``inflight.in_flight_keys``). Raises the product's
+    errors for a bad source, target or option."""
     started = time.monotonic()
     options = spec.source_options()
     target = open_target_table(target_uri, soft_delete_column, target_options)
@@ -81,7 +83,7 @@ def reconcile_table(spec: SourceSpec, target_uri: str, *, soft_delete_column: st
     found: InFlight | None = None
     if in_flight and comparison.differences:
         found = in_flight_keys(options, applied, (d.key for d in comparison.differences),
-                               progress)
+                               progress, wait_s)
         for d in comparison.differences:
             d.in_flight = d.key in found.changed
     return TableReport(table=spec.table, source=shown, target=redact_uri(target_uri),

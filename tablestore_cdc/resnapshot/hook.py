@@ -32,7 +32,10 @@ repair's commit: a job killed in between finds it running at its next start and 
 which the repair's own commit marker makes idempotent (so does a meta table that cannot be
 reached while the signal is marked: the batch goes on, the signal is taken again). A repair
 that fails with an error marks the signal failed with the error's first line and the stream
-goes on (the repair changed nothing: its one commit is all or nothing).
+goes on (the repair changed nothing: its one commit is all or nothing). In the one-cycle
+pipeline (``in_stream``) the lock holds up the query that reads the source: a repair whose
+in-flight keys wait on a channel in WAIT (its parent ends in the batch held up) is put off,
+its signal left running, and taken again at the next look, after that batch.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from connector.errors import CdcError
 from meta_store import MetaStore
 from meta_store.signals import SignalBoard, SignalState
 from tablestore_cdc.reconcile.source import SourceSpec
-from tablestore_cdc.resnapshot.repair import RepairTarget, run_repair
+from tablestore_cdc.resnapshot.repair import RepairDeferred, RepairTarget, run_repair
 
 log = logging.getLogger("tablestore_cdc.resnapshot")
 
@@ -66,9 +69,12 @@ class RepairRunner:
     def __init__(self, tables: Callable[[], Iterable[str]],
                  source_of: Callable[[str], SourceSpec],
                  target_of: Callable[[str], RepairTarget | None], *,
-                 check_every_s: float = CHECK_EVERY_S) -> None:
+                 check_every_s: float = CHECK_EVERY_S, in_stream: bool = False) -> None:
         self.tables, self.source_of, self.target_of = tables, source_of, target_of
         self.check_every_s = check_every_s
+        #: the repairs hold up the query that reads the source (the one-cycle pipeline): a
+        #: repair that would wait for it is put off (``repair.RepairDeferred``)
+        self.in_stream = in_stream
         #: held by the apply's ``foreachBatch`` for a whole batch and by an idle look
         self.lock = threading.RLock()
         self._stores: dict[tuple[str, tuple[tuple[str, str], ...]], MetaStore] = {}
@@ -142,7 +148,11 @@ class RepairRunner:
                         signal.id, signal.table, signal.origin)
             board.set(signal.id, state=SignalState.RUNNING, percent=0.0)
             try:
-                outcome = run_repair(target, job, signal, board)
+                outcome = run_repair(target, job, signal, board, self.in_stream)
+            except RepairDeferred as deferred:  # running still: the next look takes it again
+                board.set(signal.id, note=str(deferred))
+                log.info("%s", deferred)
+                return ran
             except Exception as exc:  # noqa: BLE001 - the stream goes on; the signal says why
                 _failed(board, signal.id, exc)
             else:

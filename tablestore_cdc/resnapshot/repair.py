@@ -39,10 +39,12 @@ import pyarrow as pa
 
 from connector.clients import Clients
 from connector.crash_hook import crash_point
+from connector.errors import CdcError
 from connector.tunnel import Op, Record
 from connector.tunnel.page import PageLayout, records_to_page
 from meta_store.signals import Signal, SignalBoard
 from tablestore_cdc.reconcile.compare import PAGE_ROWS, Progress
+from tablestore_cdc.reconcile.inflight import WAIT_DEADLINE_S
 from tablestore_cdc.reconcile.keyrange import KeyRange
 from tablestore_cdc.reconcile.layout import Key
 from tablestore_cdc.reconcile.run import reconcile_table
@@ -69,6 +71,14 @@ def open_board(spec: SourceSpec) -> Iterator[SignalBoard]:
         yield SignalBoard(store, options.source_identity)
     finally:
         store.close()
+
+
+class RepairDeferred(CdcError):
+    """A repair inside the stream's own query (the one-cycle pipeline) found a channel in
+    WAIT: its parent ends in the batch this repair holds up, so the keys in flight cannot be
+    known yet. The signal is taken again at the next look, after that batch."""
+
+    template = ("resnapshot of table {table} put off to the next look: {note}")
 
 
 @dataclass(frozen=True)
@@ -132,9 +142,11 @@ class SignalProgress(Progress):
 
 
 def run_repair(target: RepairTarget, job: str, signal: Signal,
-               board: SignalBoard) -> RepairOutcome:
+               board: SignalBoard, in_stream: bool = False) -> RepairOutcome:
     """Repair ``target`` (through its sink, the running apply query ``job``'s) for ``signal``
-    (module docstring)."""
+    (module docstring). ``in_stream``: the repair holds up the query that reads the source (the
+    one-cycle pipeline): a channel in WAIT is not waited for, the repair is put off
+    (``RepairDeferred``)."""
     spec, sink = target.spec, target.sink
     app_id = f"{REPAIR_APP_PREFIX}{signal.id}"
     if sink.committed_batch(app_id) is not None:
@@ -142,7 +154,10 @@ def run_repair(target: RepairTarget, job: str, signal: Signal,
     report = reconcile_table(spec, target.target_uri,
                              soft_delete_column=target.soft_delete_column,
                              progress=SignalProgress(board, signal), key_from=signal.key_from,
-                             key_to=signal.key_to, target_options=target.target_options)
+                             key_to=signal.key_to, target_options=target.target_options,
+                             wait_s=0.0 if in_stream else WAIT_DEADLINE_S)
+    if in_stream and report.in_flight is not None and report.in_flight.waiting:
+        raise RepairDeferred(table=spec.table, note=report.in_flight.note)
     wanted = report.comparison.differences
     repaired = {d.key for d in wanted}
     in_flight = sum(1 for d in wanted if d.in_flight)
