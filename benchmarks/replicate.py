@@ -358,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.replicate",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=ReplicateConfig.tables)
+    parser.add_argument("--channels", type=int, default=ReplicateConfig.channels)
     parser.add_argument("--idle-s", type=float, default=ReplicateConfig.idle_s)
     parser.add_argument("--writes", type=int, default=ReplicateConfig.freshness_writes)
     parser.add_argument("--emulator", action="store_true",
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of the interleaved runs; medians printed")
     args = parser.parse_args(argv)
-    configs = [ReplicateConfig(tables=args.tables, idle_s=args.idle_s,
+    configs = [ReplicateConfig(tables=args.tables, channels=args.channels, idle_s=args.idle_s,
                                freshness_writes=args.writes, trigger_ms=args.trigger_ms,
                                load_writes_s=args.load_writes_s, cycle=cycle,
                                backend="emulator" if args.emulator else "local")
