@@ -46,7 +46,7 @@ table joins, the next rounds answer the start unchanged without asking any table
 that doubles from ``IDLE_BACKOFF_FIRST_S`` up to ``IDLE_BACKOFF_MAX_S``; the first round that
 finds a change resets it, so a query under writes plans as often as before. Where the
 backend answers one question for every table (the local store's ``change_mark``), that mark
-is read at most every ``IDLE_BACKOFF_FIRST_S`` while waiting and a changed one ends the wait
+is read at most every ``MARK_READ_EVERY_S`` while waiting and a changed one ends the wait
 at once (the cap is then ``IDLE_MARKED_MAX_S``): a write waits no longer than before. An
 answer equal to the start is "nothing new" to Spark: offsets, plans and commits keep their
 meaning. A table's lag (``reportLatestOffset``) is measured again only when its position
@@ -93,9 +93,13 @@ LEASE_RETRY_S = 10.0
 IDLE_BACKOFF_FIRST_S = 0.05
 IDLE_BACKOFF_MAX_S = 1.0
 #: the cap where the backend answers one question for every table (``change_mark``, the local
-#: store: one SQLite query, asked at most every ``IDLE_BACKOFF_FIRST_S``): a changed mark ends
+#: store: one SQLite query, asked at most every ``MARK_READ_EVERY_S``): a changed mark ends
 #: the wait at once, so the wait only bounds how late a trim or a lost lease is noticed
 IDLE_MARKED_MAX_S = 10.0
+#: how often a waiting query reads the store's change mark, and so how often Spark's polls
+#: reach the planning process at rest: each costs the JVM and the planning process a round
+#: trip (at 0.05 s a 100-table replicate idled at 0.10-0.15 core; a write waits ~0.05 s more)
+MARK_READ_EVERY_S = 0.1
 
 @dataclass(frozen=True)
 class TableChannel:
@@ -153,7 +157,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         #: 0 (a test's reader, driven call by call): every round asks every table
         self.idle_backoff_max_s = idle_backoff_max_s
         #: Spark asks again ~10 ms after an empty answer, so each answer waits up to
-        #: ``IDLE_BACKOFF_FIRST_S`` (no longer than the wait, nor the next change-mark read)
+        #: ``MARK_READ_EVERY_S`` (no longer than the wait, nor the next change-mark read)
         self._idle_pause = idle_pause
         self._clients = clients
         #: where the next batch starts on a PySpark that does not pass it (4.0, 4.1)
@@ -369,7 +373,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             # backing off after an empty round: nothing new, no table asked
             self._moved = set()
             if self._idle_pause is not None:
-                until = min(self._idle_until, self._mark_at, self._now() + IDLE_BACKOFF_FIRST_S)
+                until = min(self._idle_until, self._mark_at, self._now() + MARK_READ_EVERY_S)
                 self._idle_pause(max(0.0, until - self._now()))
             return {"tables": dict(sorted(_tables_of(start).items()))}
         mark = self._change_mark() if self.idle_backoff_max_s > 0 else None
@@ -423,7 +427,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             return False
         if self._idle_mark is None or now < self._mark_at:
             return True
-        self._mark_at = now + IDLE_BACKOFF_FIRST_S
+        self._mark_at = now + MARK_READ_EVERY_S
         return self._change_mark() == self._idle_mark
 
     def _change_mark(self) -> Any:
@@ -448,7 +452,7 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
         cap = self.idle_backoff_max_s if mark is None else IDLE_MARKED_MAX_S
         self.idle_wait = min(cap, max(IDLE_BACKOFF_FIRST_S, 2 * self.idle_wait))
         self._idle_until = self._now() + self.idle_wait
-        self._idle_mark, self._mark_at = mark, self._now() + IDLE_BACKOFF_FIRST_S
+        self._idle_mark, self._mark_at = mark, self._now() + MARK_READ_EVERY_S
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - Spark's API name
         """Each table's state and its lag (records and seconds behind the head; ``exact``

@@ -15,7 +15,12 @@ import pytest
 from connector import latest_offset_report
 from connector.clients import ClientHooks, Clients
 from connector.local import LocalTablestore
-from connector.multiplex import IDLE_BACKOFF_FIRST_S, IDLE_MARKED_MAX_S, MultiTableStreamReader
+from connector.multiplex import (
+    IDLE_BACKOFF_FIRST_S,
+    IDLE_MARKED_MAX_S,
+    MARK_READ_EVERY_S,
+    MultiTableStreamReader,
+)
 from connector.table_selection import MultiTableOptions
 from connector.tunnel.local.service import LocalTunnelService
 from testkit.clock import FakeClock
@@ -95,7 +100,7 @@ def test_a_changed_store_mark_ends_the_wait_at_once(tmp_path: Path) -> None:
         assert _batch(reader, start) == start and reader.rounds == rounds  # unchanged
         store.put_row("t2", {"id": 1}, {"v": "x"})
         assert _batch(reader, start) == start and reader.rounds == rounds  # read once per
-        clock.now += IDLE_BACKOFF_FIRST_S  # ... IDLE_BACKOFF_FIRST_S at most
+        clock.now += MARK_READ_EVERY_S  # ... MARK_READ_EVERY_S at most
         moved = _batch(reader, start)
         assert reader.rounds == rounds + 1
         assert moved["tables"]["t2"] != start["tables"]["t2"] and reader.idle_wait == 0.0
@@ -173,7 +178,7 @@ def test_a_waiting_round_sleeps_until_the_next_mark_read_instead_of_answering_at
         rounds = reader.rounds
         for _ in range(20):  # Spark's polls while every table is idle
             assert _batch(reader, start) == start
-        assert clock.sleeps and max(clock.sleeps) <= IDLE_BACKOFF_FIRST_S
+        assert clock.sleeps and max(clock.sleeps) <= MARK_READ_EVERY_S + 1e-9  # (float sums)
         assert clock.now - 1000.0 >= 0.5 and reader.rounds - rounds <= 5  # waited, not asked
         store.put_row("t0", {"id": 1}, {"v": "x"})
         polls = 0
