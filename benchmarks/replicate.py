@@ -103,11 +103,11 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
-def _cpu_by_kind(pid: int) -> dict[str, float]:
-    """CPU-seconds of the application's process tree by kind of process: the JVM, the
-    command's own Python (the driver), Spark's Python processes by module (the streaming
-    source's planning runner, the workers' daemon, ...)."""
-    kinds: dict[str, float] = {}
+def _cpu_by_process(pid: int) -> dict[int, tuple[str, float]]:
+    """Each process of the application's tree: its kind (the JVM, the command's own Python:
+    the driver, Spark's Python processes by module: the streaming source's planning runner,
+    the workers' daemon, ...) and its CPU-seconds."""
+    processes = {}
     for p in _tree(pid):
         try:
             cmdline, times = p.cmdline(), p.cpu_times()
@@ -120,7 +120,19 @@ def _cpu_by_kind(pid: int) -> dict[str, float]:
         else:
             modules = [a for a in cmdline if a.startswith("pyspark")]
             kind = modules[-1] if modules else " ".join(cmdline[:3])[:60]
-        kinds[kind] = kinds.get(kind, 0.0) + times.user + times.system
+        processes[p.pid] = (kind, times.user + times.system)
+    return processes
+
+
+def _cpu_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+                 ) -> dict[str, float]:
+    """CPU-seconds by kind between two ``_cpu_by_process`` readings: each process alive at the
+    second, less what it had used at the first (a process gone by then is left out rather
+    than counted negative; its share of the window is lost)."""
+    kinds: dict[str, float] = {}
+    for pid, (kind, cpu) in after.items():
+        used = cpu - before.get(pid, (kind, 0.0))[1]
+        kinds[kind] = kinds.get(kind, 0.0) + used
     return kinds
 
 
@@ -254,14 +266,13 @@ def run(config: ReplicateConfig, root: Path, log: Any = print) -> dict[str, Any]
             log(f"{name}: {config.tables} tables applied after {start_s:.1f} s")
             rss = _rss_mb(app.pid)
             time.sleep(config.idle_s / 4)  # the last batches settle
-            cpu0, t0 = _cpu_s(app.pid), time.monotonic()
-            kinds0 = _cpu_by_kind(app.pid)
+            processes0, t0 = _cpu_by_process(app.pid), time.monotonic()
             service0 = _cpu_s(emulator.pid) if emulator else 0.0
             time.sleep(config.idle_s)
             idle_wall = time.monotonic() - t0
-            idle = (_cpu_s(app.pid) - cpu0) / idle_wall
-            idle_by_kind = {k: round((v - kinds0.get(k, 0.0)) / idle_wall, 3)
-                            for k, v in _cpu_by_kind(app.pid).items()}
+            used = _cpu_between(processes0, _cpu_by_process(app.pid))
+            idle = sum(used.values()) / idle_wall
+            idle_by_kind = {k: round(v / idle_wall, 3) for k, v in used.items()}
             log(f"{name}: idle cores by process: {idle_by_kind}")
             service_idle = (_cpu_s(emulator.pid) - service0) / idle_wall if emulator else 0.0
             log(f"{name}: idle {idle:.2f} core(s), {rss:.0f} MB")
