@@ -582,13 +582,13 @@ def start_pipeline(spark: Any, endpoint: str, tables: str, tunnel: str, out: Job
                    per_table: Callable[[str], tuple[ApplySettings, tuple[str, ...] | None]]
                    | None = None, once: bool = False,
                    retry: RestartPolicy | None = None, cycle: str | None = None) -> Pipeline:
-    """Start the change-log and apply queries (driver, module docstring) on any ``endpoint``
+    """Start the pipeline's query or queries (driver, module docstring) on any ``endpoint``
     the source reads: every table matching ``tables`` (comma-separated names and globs) and
     none of ``exclude``, into ``apply.target`` with ``{table}`` replaced by each table's name.
     ``per_table``: a table's own settings and key override (``table_config``). ``once``:
-    Trigger.AvailableNow; the change-log query's end is waited for here (its error raised
-    here) before the apply query starts. ``retry``: the job's restart policy, on which a table
-    failing with a retryable error is retried inside the query (``retry_options``, unless
+    Trigger.AvailableNow (two cycles: the change-log query's end, its error raised here, is
+    waited for before the apply query starts). ``retry``: the job's restart policy, on which a
+    table failing with a retryable error is retried inside the query (``retry_options``, unless
     ``options`` sets them); None: the source's default. ``cycle``: ``one`` (one query that
     writes and applies each batch it reads: module docstring) or ``two`` (the change-log
     query, then the apply query reading its files); None: what ``out`` holds, else ``one``
