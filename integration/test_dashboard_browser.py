@@ -322,10 +322,13 @@ def test_dashboard_lists_each_table_of_a_multi_table_pipeline(browser: Any, spar
                    timeout=120, query=pipeline.state_query)
         store.put_row("t_drifts", {"id": 99}, {"v": "x", "colour": "red"})
         store.put_row("t_b", {"id": 99}, {"v": "x", "size": 3})  # t_b's target adds a column
-        statuses = wait_until("t_drifts failed, t_b's column added",
+        # t_a caught up too: the lag the source reports is measured where a batch starts, so
+        # the batch that read t_a's rows reports them behind until a later report
+        statuses = wait_until("t_drifts failed, t_b's column added, t_a caught up",
                               lambda: pipeline.table_statuses(str(out), "t_*"),
                               lambda s: s["t_drifts"].state == "failed"
-                              and s["t_b"].last_schema_change is not None, timeout=60,
+                              and s["t_b"].last_schema_change is not None
+                              and s["t_a"].records_behind == 0, timeout=60,
                               query=pipeline.state_query)
         writer.publish(statuses)
     finally:
