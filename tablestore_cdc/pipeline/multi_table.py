@@ -200,10 +200,7 @@ class MultiTableApply:
         ``changelog/batch-<id>``, written whole before it is applied (a replay: the same)."""
         name = f"batch-{batch_id:012d}"
         if isinstance(batch, pa.Table):
-            data = pa.BufferOutputStream()
-            pq.write_table(batch, data)
-            self.output.write_bytes(data.getvalue().to_pybytes(), "changelog",
-                                    f"{name}.parquet")
+            self.output.write_parquet(batch, "changelog", f"{name}.parquet")
         else:  # written by the executors, a folder of part files
             batch.write.mode("overwrite").parquet(self.output.spark_path("changelog", name))
 
@@ -271,10 +268,7 @@ class MultiTableApply:
         for this: one failed table's rows of one batch."""
         if isinstance(rows, _SparkRows):
             rows = rows.frame.toArrow()
-        data = pa.BufferOutputStream()
-        pq.write_table(rows, data)
-        self.output.write_bytes(data.getvalue().to_pybytes(), _HELD, table,
-                                f"{batch_id:012d}.parquet")
+        self.output.write_parquet(rows, _HELD, table, f"{batch_id:012d}.parquet")
 
     def resume_held(self, app_id: str | None) -> None:
         """Before the queries start (a restart): apply each failed table's held batches in

@@ -199,6 +199,16 @@ class JobOutput:
                                            problem=" ".join(str(exc).split())[:300]) from exc
                 time.sleep(WRITE_PAUSE_S * 2 ** (attempt - 1))
 
+    def write_parquet(self, table: Any, *parts: str) -> None:
+        """``table`` (Arrow) as one Parquet file at ``parts``, whole or not at all
+        (``write_bytes``)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = pa.BufferOutputStream()
+        pq.write_table(table, data)
+        self.write_bytes(data.getvalue().to_pybytes(), *parts)
+
     def names(self, *parts: str, suffix: str) -> list[str]:
         """The names ending in ``suffix`` in the folder at ``parts``, sorted (none if it does
         not exist)."""
