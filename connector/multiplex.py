@@ -47,9 +47,10 @@ that doubles from ``IDLE_BACKOFF_FIRST_S`` up to ``IDLE_BACKOFF_MAX_S``; the fir
 finds a change resets it, so a query under writes plans as often as before. Where the
 backend answers one question for every table (the local store's ``change_mark``), that mark
 is read at most every ``MARK_READ_EVERY_S`` while waiting and a changed one ends the wait
-at once (the cap is then ``IDLE_MARKED_MAX_S``): a write waits no longer than before. An
-answer equal to the start is "nothing new" to Spark: offsets, plans and commits keep their
-meaning. A table's lag (``reportLatestOffset``) is measured again only when its position
+at once (the cap is then ``IDLE_MARKED_MAX_S``): a write waits no longer than before. A
+waiting round holds its answer up to ``IDLE_ANSWER_MAX_S`` meanwhile, so Spark's polls at
+rest cost two round trips a second, not ten. An answer equal to the start is "nothing new"
+to Spark: offsets, plans and commits keep their meaning. A table's lag (``reportLatestOffset``) is measured again only when its position
 moved (its start, or what its latest offset found); an unmoved table's last figures are
 reported again.
 
@@ -96,10 +97,15 @@ IDLE_BACKOFF_MAX_S = 1.0
 #: store: one SQLite query, asked at most every ``MARK_READ_EVERY_S``): a changed mark ends
 #: the wait at once, so the wait only bounds how late a trim or a lost lease is noticed
 IDLE_MARKED_MAX_S = 10.0
-#: how often a waiting query reads the store's change mark, and so how often Spark's polls
-#: reach the planning process at rest: each costs the JVM and the planning process a round
-#: trip (at 0.05 s a 100-table replicate idled at 0.10-0.15 core; a write waits ~0.05 s more)
+#: how often a waiting query reads the store's change mark: a write waits up to this long
+#: more for its batch
 MARK_READ_EVERY_S = 0.1
+#: how long a waiting round holds its answer (reading the mark meanwhile) before it answers
+#: "nothing new": Spark asks again ~10 ms after that answer, and each answer costs the JVM and
+#: the planning process a round trip with every table's offset and report (at 1,000 tables,
+#: answering every ``MARK_READ_EVERY_S`` kept the planning process at 0.13 core); a write is
+#: still seen at the next mark read, and a query's stop waits at most this long
+IDLE_ANSWER_MAX_S = 0.5
 
 @dataclass(frozen=True)
 class TableChannel:
@@ -369,12 +375,9 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
                                   allowed="a PySpark of 4.0 to 4.3")
             compat.log_degradations_once(log)
             start = self._starts.start(self.initialOffset)
-        if not self._available_now and self._waiting():
+        if not self._available_now and self._waiting() and not self._woken_while_held():
             # backing off after an empty round: nothing new, no table asked
             self._moved = set()
-            if self._idle_pause is not None:
-                until = min(self._idle_until, self._mark_at, self._now() + MARK_READ_EVERY_S)
-                self._idle_pause(max(0.0, until - self._now()))
             return {"tables": dict(sorted(_tables_of(start).items()))}
         mark = self._change_mark() if self.idle_backoff_max_s > 0 else None
         self.rounds += 1
@@ -429,6 +432,24 @@ class MultiTableStreamReader(DataSourceStreamReader, compat.SupportsTriggerAvail
             return True
         self._mark_at = now + MARK_READ_EVERY_S
         return self._change_mark() == self._idle_mark
+
+    def _woken_while_held(self) -> bool:
+        """While waiting (``_waiting``), hold the answer up to ``IDLE_ANSWER_MAX_S``, reading
+        the change mark every ``MARK_READ_EVERY_S``: True when the wait ended meanwhile (the
+        mark moved, or the backoff's wait passed), so this round asks the tables; False
+        when the held time passed with nothing new (Spark asks again ~10 ms later). Without a
+        pause (a test's reader, driven call by call) it answers at once."""
+        if self._idle_pause is None:
+            return False
+        held_until = self._now() + IDLE_ANSWER_MAX_S
+        while True:
+            mark_at = self._mark_at if self._idle_mark is not None else held_until
+            until = min(self._idle_until, mark_at, held_until)
+            self._idle_pause(max(0.0, until - self._now()))
+            if self._now() >= held_until:
+                return False
+            if not self._waiting():
+                return True
 
     def _change_mark(self) -> Any:
         """The backend's one answer for every table (``change_mark``); None where it has

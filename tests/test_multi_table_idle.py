@@ -16,6 +16,7 @@ from connector import latest_offset_report
 from connector.clients import ClientHooks, Clients
 from connector.local import LocalTablestore
 from connector.multiplex import (
+    IDLE_ANSWER_MAX_S,
     IDLE_BACKOFF_FIRST_S,
     IDLE_MARKED_MAX_S,
     MARK_READ_EVERY_S,
@@ -166,7 +167,7 @@ def test_the_lag_is_measured_again_only_for_tables_whose_position_moved(
         reader.stop()
 
 
-def test_a_waiting_round_sleeps_until_the_next_mark_read_instead_of_answering_at_once(
+def test_a_waiting_round_holds_its_answer_reading_the_mark_until_a_write_ends_it(
         tmp_path: Path) -> None:
     clock = FakeClock(start=1000.0)
     with _store(tmp_path / "s.db", 2) as store:
@@ -176,13 +177,35 @@ def test_a_waiting_round_sleeps_until_the_next_mark_read_instead_of_answering_at
             idle_pause=clock.sleep)
         start = _batch(reader, reader.initialOffset())
         rounds = reader.rounds
+        began = clock.now
         for _ in range(20):  # Spark's polls while every table is idle
             assert _batch(reader, start) == start
+        # each answer held ~IDLE_ANSWER_MAX_S, the mark read every MARK_READ_EVERY_S meanwhile
         assert clock.sleeps and max(clock.sleeps) <= MARK_READ_EVERY_S + 1e-9  # (float sums)
-        assert clock.now - 1000.0 >= 0.5 and reader.rounds - rounds <= 5  # waited, not asked
+        # (answering every mark read, 20 polls took under 20 * MARK_READ_EVERY_S; the first
+        # rounds' backoff is shorter than a held answer and ends it)
+        assert clock.now - began >= 10 * IDLE_ANSWER_MAX_S
+        # waited, not asked: only the doubling backoff's rounds (0.05 s, 0.1 s, ... 3.2 s)
+        assert reader.rounds - rounds <= 8
         store.put_row("t0", {"id": 1}, {"v": "x"})
-        polls = 0
-        while _batch(reader, start) == start:
-            polls += 1
-        assert polls <= 1  # the next mark read, at most one pause later, finds it
+        held_from = clock.now
+        moved = reader.latestOffset(start, None)  # one poll: the held answer is the change
+        assert moved["tables"]["t0"] != start["tables"]["t0"]
+        assert clock.now - held_from <= MARK_READ_EVERY_S + 1e-9  # the next mark read saw it
+        reader.stop()
+
+
+def test_without_a_mark_a_held_answer_waits_for_the_backoff_not_in_a_busy_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(LocalTunnelService, "change_mark")  # a backend without one question
+    clock = FakeClock(start=1000.0)
+    with _store(tmp_path / "s.db", 2):
+        reader = MultiTableStreamReader(MultiTableOptions.from_spark({
+            "endpoint": f"local://{tmp_path / 's.db'}", "tables": "t*", "tunnel.name": "idle"}),
+            Clients(ClientHooks(clock=clock.monotonic)), idle_backoff_max_s=1.0,
+            idle_pause=clock.sleep)
+        start = _batch(reader, reader.initialOffset())
+        for _ in range(10):
+            assert _batch(reader, start) == start
+        assert 0 < len(clock.sleeps) <= 30 and all(s > 0 for s in clock.sleeps[1:])
         reader.stop()
