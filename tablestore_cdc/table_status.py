@@ -256,6 +256,9 @@ class TableStatusWriter:
 
     def __init__(self, namespace_of: Any) -> None:
         self._namespace_of = namespace_of
+        #: table -> ``namespace_of(table)``, asked once: the options do not change while the
+        #: job runs, and building them is most of a heartbeat's cost at 1,000 tables
+        self._locations: dict[str, tuple[str, Any, str]] = {}
         self._stores: dict[str, MetaStore] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._last: dict[str, TableStatus] = {}
@@ -351,7 +354,7 @@ class TableStatusWriter:
         if previous is None and table not in self._read:
             self._read.add(table)
             try:
-                uri, credentials, namespace = self._namespace_of(table)
+                uri, credentials, namespace = self._location(table)
                 previous = load_table_status(self._store(uri, credentials), namespace)
             except Exception as exc:  # noqa: BLE001 - monitoring must never stop the pipeline
                 log.debug("cannot read table %s's previous status: %s", table, exc)
@@ -359,6 +362,12 @@ class TableStatusWriter:
             return status
         return status.model_copy(update={name: getattr(previous, name)
                                          for name in SCHEMA_CHANGE_FIELDS})
+
+    def _location(self, table: str) -> tuple[str, Any, str]:
+        """``table``'s meta store (URI, credentials) and namespace (``namespace_of``)."""
+        if table not in self._locations:
+            self._locations[table] = self._namespace_of(table)
+        return self._locations[table]
 
     def _store(self, uri: str, credentials: Any) -> MetaStore:
         if uri not in self._stores:
@@ -369,7 +378,7 @@ class TableStatusWriter:
 
     def _write(self, table: str, status: TableStatus) -> bool:
         try:
-            uri, credentials, namespace = self._namespace_of(table)
+            uri, credentials, namespace = self._location(table)
             self._store(uri, credentials).set_namespace_info(TABLE_STATUS_PREFIX + namespace,
                                                  {"kind": "table-status",
                                                   "status": status.model_dump_json()})

@@ -17,6 +17,7 @@ import pytest
 
 from connector.table_state import State
 from meta_store import open_meta_store
+from meta_store.sqlite import SqliteMetaStore
 from tablestore_cdc.pipeline import metrics as metrics_module
 from tablestore_cdc.pipeline.metrics import EndpointProbe, TableMetrics, reachable
 from tablestore_cdc.table_status import TableStatus, TableStatusWriter, load_table_status
@@ -124,7 +125,7 @@ def test_a_table_that_does_not_read_keeps_its_state(tmp_path: Path) -> None:
 
 
 def test_the_metrics_show_an_outage_before_the_status_write_waits_on_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A meta store kept on the source's service is down with it: its write waits out the
     client's retries. The metrics are told first, so the page shows the outage meanwhile."""
     store = tmp_path / "store.db"
@@ -132,15 +133,18 @@ def test_the_metrics_show_an_outage_before_the_status_write_waits_on_it(
     seen_while_writing: list[float | None] = []
     metrics = TableMetrics(source="src", probe=f"local://{store}")
 
-    def namespace_of(table: str) -> tuple[str, None, str]:  # each meta-store access's first step
+    write = SqliteMetaStore.set_namespace_info
+
+    def written(self: SqliteMetaStore, namespace: str, info: dict[str, str]) -> None:
         seen_while_writing.append(metrics.registry.get_sample_value(
             "tablestore_cdc_source_up", {"source": "src"}))
-        return f"sqlite:///{tmp_path / 'meta.db'}", None, NS
+        write(self, namespace, info)
 
-    writer = TableStatusWriter(namespace_of)
+    monkeypatch.setattr(SqliteMetaStore, "set_namespace_info", written)
+    writer = TableStatusWriter(lambda table: (f"sqlite:///{tmp_path / 'meta.db'}", None, NS))
     metrics.attach(writer)
     metrics.probe = writer.probe = EndpointProbe(f"local://{store}", every_s=0)
     status = TableStatus(table="orders", job="j", selection="orders", state=State.STREAMING)
     store.rename(tmp_path / "away.db")
     assert writer.publish({"orders": status}, force=True)["orders"].state == State.UNREACHABLE
-    assert seen_while_writing[-1] == 0  # the write (the last access) came after the metrics
+    assert seen_while_writing == [0]  # the write came after the metrics

@@ -411,13 +411,14 @@ class Pipeline:
         replication job resets its restart count when it moves; tests wait for it)."""
         return self.apply.applied_batch_id
 
-    def table_states(self) -> dict[str, TableState]:
+    def table_states(self, report: dict[str, Any] | None = None) -> dict[str, TableState]:
         """Each table's state (``connector.table_state``): the source's (new, streaming,
         waiting, restarting after a retryable error, back to streaming once its service
         answers, dropped, failed, read from the progress report), then the apply's failures
-        over it."""
+        over it. ``report``: the source's report already read (``source_report``)."""
+        report = self.source_report() if report is None else report
         states = {table: TableState.from_text(text)
-                  for table, text in self.source_report().get("tables", {}).items()}
+                  for table, text in report.get("tables", {}).items()}
         for table, status in self.apply.tables.items():
             if status.state is State.FAILED:
                 states[table] = TableState(State.FAILED, status.reason)
@@ -435,7 +436,7 @@ class Pipeline:
         lag, snapshot = self._lag(report), report.get("snapshot", {})
         now = time.time()
         statuses = {}
-        for table, state in self.table_states().items():
+        for table, state in self.table_states(report).items():
             applied = self.apply.tables.get(table, AppliedTable())
             figures = lag.get(table, {})
             statuses[table] = TableStatus.of(
