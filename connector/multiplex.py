@@ -50,9 +50,9 @@ is read at most every ``MARK_READ_EVERY_S`` while waiting and a changed one ends
 at once (the cap is then ``IDLE_MARKED_MAX_S``): a write waits no longer than before. A
 waiting round holds its answer up to ``IDLE_ANSWER_MAX_S`` meanwhile, so Spark's polls at
 rest cost two round trips a second, not ten. An answer equal to the start is "nothing new"
-to Spark: offsets, plans and commits keep their meaning. A table's lag (``reportLatestOffset``) is measured again only when its position
-moved (its start, or what its latest offset found); an unmoved table's last figures are
-reported again.
+to Spark: offsets, plans and commits keep their meaning. A table's lag
+(``reportLatestOffset``) is measured again only when its position moved (its start, or what
+its latest offset found); an unmoved table's last figures are reported again.
 
 Where each piece runs: ``MultiTableOptions`` on the driver when ``load()`` is called;
 ``MultiTableStreamReader`` in Spark's planning process (driver); its ``read`` on executors.

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from meta_store import open_meta_store
-from tablestore_cdc.commands.app import app as cli_app
 from tablestore_cdc import table_status
+from tablestore_cdc.commands.app import app as cli_app
 from tablestore_cdc.feed.reading import user_namespaces
 from tablestore_cdc.feed.snapshot import dashboard_snapshot, sources_summary
 from tablestore_cdc.lakehouse.sink import ApplyResult
