@@ -97,8 +97,9 @@ class WireServer:
         EmulatorServer answers it."""
         try:
             try:
-                auth.verify_request(path, headers, body, access_key_id=self.key_id,
+                auth.verify_headers(path, headers, access_key_id=self.key_id,
                                     access_key_secret=self.secret, instance=self.instance)
+                auth.verify_body(headers, body)
             except OtsError as exc:
                 return exc.http_status, _error_body(exc), False, None
             handler = self.routes.get(path)
