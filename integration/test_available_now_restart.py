@@ -36,6 +36,7 @@ from testkit.wire_e2e import (  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.extended  # the default suite's kills: test_replicate_kill, test_tablestore_e2e
 def test_sigkill_during_available_now_and_restart_is_exactly_once(wire_setup, tmp_path: Path
                                                                   ) -> None:
     emulator, store, client = wire_setup

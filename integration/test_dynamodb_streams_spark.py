@@ -110,6 +110,7 @@ def check_exactly_once(ddb: Any, fake: StreamsFake, sink: ExactlyOnceParquetSink
     assert result.ok, f"{result.summary()} {result.examples}"
 
 
+@pytest.mark.extended  # the default suite's kills: test_replicate_kill, test_tablestore_e2e
 def test_sigkill_and_restart_with_rolling_and_splitting_shards(
     tmp_path: Path, moto: tuple[str, StreamsFake]
 ) -> None:

@@ -46,8 +46,8 @@ def _source_up(port: int) -> float | None:
     return None if found is None else float(found.group(1))
 
 
-@pytest.mark.parametrize("selection", [  # the same path: --tables in make test-extended
-    "--table", pytest.param("--tables", marks=pytest.mark.extended)])
+@pytest.mark.extended  # the metrics in an outage: tests/test_endpoint_probe.py, no Spark
+@pytest.mark.parametrize("selection", ["--table", "--tables"])
 def test_the_metrics_page_shows_the_source_down_during_an_outage_and_up_after(
         tmp_path: Path, selection: str) -> None:
     """The same for ``--table t`` and ``--tables t`` (one path: a selection of one)."""

@@ -27,7 +27,8 @@ from testkit.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.oldest_spark
+@pytest.mark.oldest_spark  # make test runs it here, on the oldest PySpark (make test-spark-oldest)
+@pytest.mark.extended  # and make test-extended on the newest
 def test_sigkill_mid_batch_and_restart_is_exactly_once(tmp_path: Path) -> None:
     store = LocalTablestore(tmp_path / "store.db")
     store.create_table("t", primary_key=[("id", "INTEGER")],

@@ -104,6 +104,7 @@ def sink_deliveries(out: Path) -> list[Delivered]:
     return deliveries
 
 
+@pytest.mark.extended  # Spark Connect: make test-extended (the default suite's time)
 def test_register_and_restart_from_a_thin_client_exactly_once(client, remote, tmp_path):
     python, requirement = client
     store = LocalTablestore(tmp_path / "store.db")

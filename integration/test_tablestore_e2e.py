@@ -89,6 +89,7 @@ def test_sigkill_and_restart_over_the_wire(tmp_path: Path, wire_setup: tuple) ->
     assert any(c.parent_ids for c in store.list_channels("t"))
 
 
+@pytest.mark.extended  # an outage: test_multi_table_outage (every table back after it)
 def test_emulator_outage_is_survived(tmp_path: Path, wire_setup: tuple) -> None:
     emulator, store, client = wire_setup
     write_changes(client, 0, 120)
@@ -201,6 +202,7 @@ def test_https_end_to_end(tmp_path: Path) -> None:
         store.close()
 
 
+@pytest.mark.extended  # a cluster over the wire: test_netfaults_spark's cluster test
 def test_local_cluster_over_http_only(tmp_path: Path, wire_setup: tuple) -> None:
     """``local-cluster[2,1,1024]``: separate executor JVMs and their Python workers reach the
     tunnel and the meta table over HTTP only; the filesystem carries nothing but Spark's
@@ -229,6 +231,7 @@ def test_local_cluster_over_http_only(tmp_path: Path, wire_setup: tuple) -> None
     assert len(readers) >= 2, readers
 
 
+@pytest.mark.extended  # the wire end to end: the kill and TLS tests here
 def test_demo_over_the_wire(tmp_path: Path) -> None:
     """``tablestore-cdc demo --backend emulator``: the demo pipeline with SDK writes, Tunnel
     reads and the meta table all through the emulator, verified by the demo itself."""

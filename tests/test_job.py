@@ -58,7 +58,8 @@ def test_state_table_applies_each_change_once_in_commit_order(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.oldest_spark
+@pytest.mark.oldest_spark  # make test runs it on the oldest PySpark; make test-install runs the
+@pytest.mark.extended  # demo from the wheel; make test-extended on the newest PySpark
 def test_demo_verifies_a_run_with_splits_and_a_merge(demo_run):
     result = demo_run  # 800 changes over 6 s on 3 channels (testkit.fixtures)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -179,8 +180,8 @@ def test_replicate_started_twice_refuses_the_second_and_the_first_goes_on(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("selection", [  # one path: --tables in make test-extended (and the
-    "--table", pytest.param("--tables", marks=pytest.mark.extended)])  # next test's tables)
+@pytest.mark.extended  # one path: the next test's --tables run is the default suite's
+@pytest.mark.parametrize("selection", ["--table", "--tables"])
 def test_replicate_once_catches_up_and_exits_twice_in_a_row(tmp_path, selection):
     """The same for ``--table t`` and ``--tables t`` (one path: a selection of one); only the
     default target differs (``OUT/t``, ``OUT/lake/t``)."""

@@ -296,6 +296,7 @@ def test_the_default_policy_delivers_every_value_of_a_drifting_table(
         assert stopped["last_schema_change"] == status["last_schema_change"]
 
 
+@pytest.mark.extended  # the same two policies on one batch: tests/test_misfits_spark.py
 def test_exception_fails_in_one_line_then_lenient_delivers_the_batch_exactly_once(
         tmp_path: Path) -> None:
     with wire_scenario(tmp_path) as (emulator, store, client):

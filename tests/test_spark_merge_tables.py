@@ -101,7 +101,8 @@ def _source(store_path: Path, table: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("spark_merge")
-@pytest.mark.parametrize("cycle", ["two", pytest.param("one", marks=pytest.mark.extended)])
+@pytest.mark.extended  # the default suite's Spark engine: test_spark_merge, row for row
+@pytest.mark.parametrize("cycle", ["two", "one"])
 def test_spark_engine_applies_a_selection_of_tables_as_the_embedded_engine(
         tmp_path: Path, cycle: str) -> None:
     """``cycle`` ``one``: the batch the source reads is applied by Spark in the same query and
