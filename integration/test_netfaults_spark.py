@@ -50,7 +50,7 @@ _EXTENDED = ("quick/mix8-meta-outage",)
 @pytest.mark.faults
 @pytest.mark.parametrize("scenario", [
     pytest.param(s, marks=pytest.mark.extended) if s.name in _EXTENDED else s
-    for s in scenarios.quick()], ids=lambda s: getattr(s, "name", str(s)))
+    for s in scenarios.quick()], ids=lambda s: s.name)
 def test_network_faults_quick(scenario: NetScenario, tmp_path: Path) -> None:
     _check(scenario, tmp_path)
 
