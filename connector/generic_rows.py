@@ -14,6 +14,12 @@ every table has (``connector.schema.METADATA_FIELDS``).
 
 The declared types become Arrow types by the one table the pages use
 (``connector.tunnel.page.TABLESTORE_TO_ARROW``).
+
+Both directions work on whole columns (Arrow's casts and string joins one way, Arrow's JSON
+reader the other), not row by row: a value Arrow would not write as Python's ``json`` writes
+it (a string needing escapes, a non-finite or negative-zero double, any binary) is written by
+``json`` for that column, and a batch Arrow's reader refuses is read by ``json`` row by row, so
+every change log written before, and every value, reads back the same.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 from pyspark.sql.types import StringType, StructField, StructType
 
 from connector.schema import METADATA_FIELDS, constant_strings
@@ -48,22 +57,50 @@ def encode(typed: pa.RecordBatch, table: str, key_columns: Sequence[ColumnSpec],
     """One table's output rows in the multi-table schema (executor): the key and the row's
     declared columns as JSON objects, binary values in base64, and the table's declared
     columns (``_schema``), with which ``decode`` types them again."""
-    keys = [c.name for c in key_columns]
-    names = [c.name for c in columns]
-    key_rows = typed.select(keys).to_pylist()
-    value_rows = typed.select(names).to_pylist() if names else [{}] * typed.num_rows
-    ops = typed.column("_op").to_pylist()
-    key_json = [_dumps(k) for k in key_rows]
-    row_json = [None if op == "DELETE" else _dumps(v) for op, v in zip(ops, value_rows,
-                                                                       strict=True)]
     n = typed.num_rows
+    key_json = _json_objects(typed, key_columns)
+    deleted = pc.equal(typed.column("_op"), "DELETE")
+    row_json = pc.if_else(deleted, pa.scalar(None, pa.string()), _json_objects(typed, columns))
     declared = json.dumps({"key": [[c.name, c.type] for c in key_columns],
                            "columns": [[c.name, c.type] for c in columns]},
                           separators=(",", ":"))
-    arrays = [constant_strings(table, n), pa.array(key_json, pa.string()),
-              pa.array(row_json, pa.string()), constant_strings(declared, n)]
+    arrays = [constant_strings(table, n), key_json, row_json, constant_strings(declared, n)]
     arrays += [typed.column(f.name) for f in METADATA_FIELDS]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(MULTI_TABLE_SCHEMA))
+
+
+#: what Arrow writes for a double that JSON has no such number for, or that reads back
+#: without its sign (``-0``): those columns are written by ``json``
+_UNLIKE_JSON_DOUBLES = pa.array(["nan", "-nan", "inf", "-inf", "-0"])
+#: a character a JSON string must escape: such string columns are written by ``json``
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+
+
+def _json_objects(typed: pa.RecordBatch, specs: Sequence[ColumnSpec]) -> pa.Array:
+    """Each row's ``specs`` columns as one JSON object text (``{"name":value,...}``, null as
+    ``null``), joined column by column."""
+    if not specs:
+        return constant_strings("{}", typed.num_rows)
+    pieces: list[Any] = []
+    for i, spec in enumerate(specs):
+        pieces.append(("{" if i == 0 else ",") + json.dumps(spec.name) + ":")
+        pieces.append(_json_values(typed.column(spec.name), spec.type))
+    pieces.append("}")
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def _json_values(values: pa.Array, typ: str) -> pa.Array:
+    """One column's values as JSON texts: Arrow's own where it writes what ``json`` reads
+    back the same, else ``json``'s, value by value."""
+    if typ in ("INTEGER", "BOOLEAN"):
+        return pc.fill_null(pc.cast(values, pa.string()), "null")
+    if typ == "DOUBLE":
+        texts = pc.cast(values, pa.string())
+        if not pc.any(pc.is_in(texts, value_set=_UNLIKE_JSON_DOUBLES)).as_py():
+            return pc.fill_null(texts, "null")
+    elif typ == "STRING" and not pc.any(pc.match_substring_regex(values, _NEEDS_ESCAPE)).as_py():
+        return pc.fill_null(pc.binary_join_element_wise('"', values, '"', ""), "null")
+    return pa.array([json.dumps(_json_value(v)) for v in values.to_pylist()], pa.string())
 
 
 def decode(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
@@ -72,20 +109,61 @@ def decode(rows: pa.Table) -> tuple[pa.Table, tuple[str, ...]]:
     are those of the newest row (``_schema``; a table's declared columns do not change while
     it exists)."""
     declared = json.loads(rows.column("_schema")[rows.num_rows - 1].as_py())
-    keys = [json.loads(k) for k in rows.column("_key").to_pylist()]
-    images = [json.loads(r) if r is not None else {} for r in rows.column("_row").to_pylist()]
     arrays: dict[str, pa.Array] = {}
-    for source, specs in ((keys, declared["key"]), (images, declared["columns"])):
-        for name, typ in specs:
-            values = [row.get(name) for row in source]
-            if typ == "BINARY":
-                values = [None if v is None else base64.b64decode(v) for v in values]
-            arrays[name] = pa.array(values, TABLESTORE_TO_ARROW[typ])
+    for column, specs in (("_key", declared["key"]), ("_row", declared["columns"])):
+        texts = pc.fill_null(rows.column(column).combine_chunks(), "{}")
+        arrays.update(_typed_columns(texts, [(name, typ) for name, typ in specs]))
     for name in CHANGE_COLUMNS:
         arrays[name] = rows.column(name)
     return pa.table(arrays), tuple(name for name, _ in declared["key"])
 
 
-def _dumps(values: dict[str, Any]) -> str:
-    return json.dumps({k: base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
-                       for k, v in values.items()}, separators=(",", ":"))
+def _typed_columns(texts: pa.Array, specs: list[tuple[str, str]]) -> dict[str, pa.Array]:
+    """``specs``' columns of the JSON objects ``texts``, typed: read by Arrow's JSON reader
+    from the texts as lines, or by ``json`` row by row when Arrow refuses them (a text of
+    another writer: a line break in it, a number Arrow does not take)."""
+    if not specs:
+        return {}
+    try:
+        parsed = _read_lines(texts, specs)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        parsed = None
+    arrays: dict[str, pa.Array] = {}
+    if parsed is None or parsed.num_rows != len(texts):
+        objects = [json.loads(t) for t in texts.to_pylist()]
+        for name, typ in specs:
+            values = [row.get(name) for row in objects]
+            if typ == "BINARY":
+                values = [None if v is None else base64.b64decode(v) for v in values]
+            arrays[name] = pa.array(values, TABLESTORE_TO_ARROW[typ])
+        return arrays
+    for name, typ in specs:
+        column = parsed.column(name).combine_chunks()
+        if typ == "BINARY":
+            column = pa.array([None if v is None else base64.b64decode(v)
+                               for v in column.to_pylist()], pa.binary())
+        arrays[name] = column
+    return arrays
+
+
+def _read_lines(texts: pa.Array, specs: list[tuple[str, str]]) -> pa.Table:
+    """The JSON object texts read by Arrow's JSON reader as one block of lines, each column
+    of its declared type (BINARY: its base64 text)."""
+    wide = pa.large_string()
+    lines = pc.binary_join_element_wise(pc.cast(texts, wide), pa.scalar("\n", wide),
+                                        pa.scalar("", wide))
+    _, offsets, data = lines.buffers()  # the lines' bytes lie end to end in ``data``
+    bounds = np.frombuffer(offsets, dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
+    block = data[int(bounds[0]):int(bounds[-1])] if data is not None else pa.py_buffer(b"")
+    schema = pa.schema([(name, pa.string() if typ == "BINARY" else TABLESTORE_TO_ARROW[typ])
+                        for name, typ in specs])
+    return pa_json.read_json(
+        pa.BufferReader(block),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(block), 1) + 1),
+        parse_options=pa_json.ParseOptions(explicit_schema=schema,
+                                           unexpected_field_behavior="ignore"))
+
+
+def _json_value(value: Any) -> Any:
+    """A value as ``json`` writes it here: bytes as their base64 text."""
+    return base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value

@@ -4,6 +4,8 @@ joining, a dropped one frozen), the generic rows typed back, the command's flags
 
 from __future__ import annotations
 
+import base64
+import json
 import pickle
 import re
 from collections.abc import Sequence
@@ -392,3 +394,67 @@ def test_the_retention_headroom_is_a_gauge_per_table_and_warns_once(
                                "150 s left before unread changes are trimmed")
     finally:
         metrics.close()
+
+
+def _written_before(typed: pa.RecordBatch, key: tuple[ColumnSpec, ...],
+                    columns: tuple[ColumnSpec, ...]) -> pa.RecordBatch:
+    """``typed`` as the codec wrote it before it worked on whole columns: each row's key and
+    image by ``json.dumps`` (non-ASCII escaped, ``NaN``, ``-0.0``), binary in base64."""
+    def dumps(values: dict) -> str:
+        return json.dumps({k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+                           for k, v in values.items()}, separators=(",", ":"))
+    new = generic_rows.encode(typed, "t", key, columns)
+    rows = typed.to_pylist()
+    key_json = [dumps({c.name: r[c.name] for c in key}) for r in rows]
+    row_json = [None if r["_op"] == "DELETE" else dumps({c.name: r[c.name] for c in columns})
+                for r in rows]
+    return new.set_column(1, "_key", pa.array(key_json)).set_column(2, "_row", pa.array(row_json))
+
+
+def test_the_codec_keeps_every_value_arrow_would_not_write_as_json_does() -> None:
+    """Each value the column-wise writer must leave to ``json`` (a string needing escapes, a
+    non-finite or negative-zero double, binary), non-ASCII text, extreme integers and nulls,
+    each in a batch of its own beside plain values, comes back as it was: from the column-wise
+    writer and from rows written by ``json`` (every change log written before); a text Arrow's
+    reader refuses (another writer's integer written as ``2.0``) is read by ``json``."""
+    key = (ColumnSpec("k", "STRING"), ColumnSpec("n", "INTEGER"))
+    columns = tuple(ColumnSpec(f"c_{t.lower()}", t)
+                    for t in ("INTEGER", "DOUBLE", "BOOLEAN", "STRING", "BINARY"))
+    schema = arrow_schema(output_schema(TableSchema("t", key, columns)))
+    plain = {"k": "a", "n": 1, "c_integer": 2, "c_double": 0.1, "c_boolean": True,
+             "c_string": "s", "c_binary": b"b", "_op": "PUT", "_channel_id": "ch",
+             "_sequence": "1", "_commit_ts": None, "_before": None, "_extra": None}
+    cases = [("c_string", v) for v in ('quote "', "back \\ slash", "line\nbreak", "tab\t",
+                                        "nul\x00", "\x1f", "é — 漢字 😀", "", "\u2028")]
+    cases += [("k", 'key "quoted"'), ("k", "é")]
+    cases += [("c_double", v) for v in (float("nan"), float("inf"), float("-inf"), -0.0,
+                                        5e-324, 1.5e300, 2.0**53)]
+    cases += [("c_integer", v) for v in (-2**63, 2**63 - 1, None)]
+    cases += [("n", -2**63), ("c_boolean", None), ("c_binary", b"\x00\xff\n"), ("c_binary", b"")]
+
+    def text(values: list) -> str:  # NaN != NaN: values compared as their texts
+        return json.dumps(values, default=repr)
+
+    for column, value in cases:
+        typed = pa.RecordBatch.from_pylist(
+            [plain, {**plain, column: value, "_sequence": "2"},
+             {**plain, "_op": "DELETE", "_sequence": "3"}], schema=schema)
+        for batch in (generic_rows.encode(typed, "t", key, columns),
+                      _written_before(typed, key, columns)):
+            decoded = generic_rows.decode(pa.Table.from_batches([batch]))[0]
+            expected = typed.to_pylist()
+            expected[2].update({c.name: None for c in columns})  # a DELETE keeps its key
+            assert text(decoded.to_pylist()) == text(expected), (column, value)
+            assert all("\n" not in t for t in batch.column("_row").to_pylist() if t)
+        # any JSON reader (the writer before, the Spark engine's) reads the same values
+        new, before = (generic_rows.encode(typed, "t", key, columns),
+                       _written_before(typed, key, columns))
+        for name in ("_key", "_row"):
+            assert text([json.loads(t) for t in new.column(name).to_pylist()[:2]]) == text(
+                [json.loads(t) for t in before.column(name).to_pylist()[:2]]), (column, value)
+    other_writer = _written_before(typed, key, columns)  # its integers as 2.0: Arrow refuses
+    floats = [None if t is None else json.dumps({**json.loads(t), "c_integer": 2.0})
+              for t in other_writer.column("_row").to_pylist()]
+    decoded = generic_rows.decode(pa.Table.from_batches(
+        [other_writer.set_column(2, "_row", pa.array(floats))]))[0]
+    assert text(decoded.to_pylist()) == text(expected)
