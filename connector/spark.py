@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from cdc_common.uris import SPARK_OPTIONS_REGEX, SPARK_SECRET_REGEX, SPARK_STRING_REGEX
 from connector.errors import JavaMissingError, SparkStartError
+from connector.jvm_archive import ClassArchive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +50,12 @@ JAVA_HINT = (
 
 def java_major_version() -> int:
     """The major version of the Java runtime Spark would start. Raises ``JavaMissingError``."""
+    return major_version(*java_runtime())
+
+
+def java_runtime() -> tuple[str, str]:
+    """The Java runtime Spark would start (``JAVA_HOME``'s, else the one on ``PATH``) and what
+    its ``-version`` says. Raises ``JavaMissingError``."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
     if not java or not os.path.exists(java):
@@ -57,17 +64,23 @@ def java_major_version() -> int:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
     except OSError as exc:
         raise JavaMissingError(detail=f"cannot run {java}: {exc}; {JAVA_HINT}") from exc
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    return java, out.stderr + out.stdout
+
+
+def major_version(java: str, version_text: str) -> int:
+    """The major version in ``java -version``'s text. Raises ``JavaMissingError``."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_text)
     if not match:
         raise JavaMissingError(detail=f"cannot read the version of {java}; {JAVA_HINT}")
     major = int(match.group(1))
     return int(match.group(2) or 0) if major == 1 else major  # "1.8" -> 8
 
 
-def prepare_environment() -> None:
+def prepare_environment() -> tuple[str, str]:
     """Check Java and point PySpark's Python workers at the running interpreter unless the user
-    chose one (``PYSPARK_PYTHON``)."""
-    major = java_major_version()
+    chose one (``PYSPARK_PYTHON``); returns the Java runtime (``java_runtime``)."""
+    runtime = java_runtime()
+    major = major_version(*runtime)
     if major < MIN_JAVA:
         raise JavaMissingError(detail=f"Java {major} found, PySpark 4 needs {MIN_JAVA}+: "
                                f"{JAVA_HINT}")
@@ -75,6 +88,7 @@ def prepare_environment() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # a local session talks to itself only: bind to loopback, not the host's public address
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return runtime
 
 
 def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
@@ -87,17 +101,24 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
     before any ``spark.executorEnv.PYTHONPATH`` given). ``short_run`` (``replicate --once``,
     tests, benchmarks' short processes): the driver JVM runs with ``SHORT_RUN_JVM_OPTIONS``
     added to its ``spark.driver.extraJavaOptions``; a long-running job keeps the JVM's
-    defaults (C2 pays back its compiles over hours). Both only when this call starts the JVM.
+    defaults (C2 pays back its compiles over hours), and maps the class archive of its Java and
+    Spark, or writes it at the driver's exit (``connector.jvm_archive``). Both only when this
+    call starts the JVM.
     Spark's redaction (``REDACTION``) is always set: no secret shows in the UI, the event log or
     a plan; a redaction regex in ``conf`` is added to it."""
-    prepare_environment()
+    java = prepare_environment()
     from pyspark.sql import SparkSession
 
     from connector.source import register
 
     settings = session_settings(app_name, master, conf, spark_defaults(), short_run=short_run)
+    archive = ClassArchive.for_run(*java, settings) if short_run else None
+    if archive is not None:
+        settings["spark.driver.extraJavaOptions"] += f" {archive.java_options()}"
     try:
-        _start_jvm_apart(settings)
+        jvm = _start_jvm_apart(settings)
+        if jvm is not None and archive is not None:
+            archive.keep_at_exit(jvm)
     except RuntimeError as exc:  # PySpark's JAVA_GATEWAY_EXITED: Ivy said why on stderr
         if "JAVA_GATEWAY_EXITED" not in str(exc) or not settings.get("spark.jars.packages"):
             raise
@@ -177,20 +198,22 @@ def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return settings
 
 
-def _start_jvm_apart(settings: dict[str, str]) -> None:
+def _start_jvm_apart(settings: dict[str, str]) -> subprocess.Popen[bytes] | None:
     """Start the driver's JVM in a session of its own (driver, before ``getOrCreate``), so a
     signal sent to the job's process group (``kill -TERM -PGID``, a terminal's Ctrl-C) reaches
     the Python driver only. The driver then stops its queries itself (Spark ends each planning
     process, which releases the query's lease) and stops Spark; a JVM that got SIGTERM too
     would run its shutdown hooks under the driver's feet. PySpark already keeps Ctrl-C from
     its JVM; the JVM still ends with the driver (it exits when its stdin, a pipe from the
-    driver, closes). Nothing to do when a JVM runs already (a second session) or on Windows."""
+    driver, closes). Nothing to do when a JVM runs already (a second session) or on Windows.
+    Returns the JVM's process when this call started it."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None or sys.platform == "win32":
-        return
+        return None
     conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))  # spark-submit's
-    SparkContext._ensure_initialized(
-        gateway=launch_gateway(conf, popen_kwargs={"start_new_session": True}))
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    SparkContext._ensure_initialized(gateway=gateway)
+    return getattr(gateway, "proc", None)
 
