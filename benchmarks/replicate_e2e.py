@@ -39,6 +39,11 @@ round's ratio and the machine's load average before it are listed beside
 ``common.TreeCpuSampler``), and ``replicate_e2e_source_cpu_s``, the benchmark process tree's
 CPU during the source read.
 
+Before anything is measured, one ``replicate --once`` of a small store: the first short run
+of a Java and Spark writes the JVM's class archive at its exit (``connector.jvm_archive``),
+so every measured run starts as a user's second and later runs do (the old settings run
+without it, as they did).
+
 Sanity: after each command, the Delta table's rows (key and attributes) must equal the
 store's live rows, else the benchmark fails. The benchmark's idle SparkSession stays up while
 the command runs.
@@ -78,6 +83,7 @@ from benchmarks.common import (
     tree_cpu_s,
 )
 from benchmarks.throughput import run_noop
+from connector.jvm_archive import ARCHIVE_ENV
 from connector.local import LocalTablestore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,6 +135,8 @@ LAUNCH = {
             "s.SHORT_RUN_JVM_OPTIONS = ''; from tablestore_cdc.commands.app import app; app()"),
 }
 LAUNCH["two"] = LAUNCH["new"]
+#: the settings before issue 55 had no class archive (``connector.jvm_archive``)
+ENV_OF = {"old": {ARCHIVE_ENV: "off"}, "workers": {ARCHIVE_ENV: "off"}}
 #: each side's ``replicate --cycle``: the current settings in the default one-cycle pipeline
 #: ("new"), in the two-cycle one ("two"), and the older settings, which ran two cycles
 CYCLE_OF = {"new": "one", "two": "two", "workers": "two", "old": "two"}
@@ -146,7 +154,8 @@ def _replicate(store_path: Path, out: Path, lake: Path,
             # the changes themselves, as the source's read takes them: a new tunnel's default
             # first copy (a snapshot of the table's live rows) would deliver far fewer
             "--initial", "none"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TABLESTORE_CDC_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TABLESTORE_CDC_LOG_LEVEL": "WARNING",
+           **ENV_OF.get(settings, {})}
     empty = out.parent / "no-worker-site"
     empty.mkdir(parents=True, exist_ok=True)
     code = LAUNCH[settings].format(empty=str(empty))
@@ -235,6 +244,23 @@ def _round(spark: Any, config: ReplicateE2EConfig, workdir: Path, store_path: Pa
     }
 
 
+def _warm_class_archive(workdir: Path, log: Any) -> None:
+    """One ``replicate --once`` of the warm-up store before anything is measured: the first
+    short run of this Java and Spark writes the JVM's class archive at its exit
+    (``connector.jvm_archive``), which every run after maps; measured runs start as a
+    user's second run does."""
+    store_path = workdir / "archive-warm-up.db"
+    if not store_path.exists():
+        with LocalTablestore(store_path) as store:
+            create_bench_table(store, 4)
+            fill(store, 2000)
+    began = time.monotonic()
+    out = workdir / f"archive-warm-up-{uuid.uuid4().hex[:6]}"
+    _replicate(store_path, out / "out", out / "lake" / TABLE)
+    log(f"replicate_e2e: a first --once run (the class archive written if there was none) "
+        f"took {time.monotonic() - began:.1f} s")
+
+
 def run(spark: Any, config: ReplicateE2EConfig, workdir: Path,
         log: Any = print) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -243,6 +269,7 @@ def run(spark: Any, config: ReplicateE2EConfig, workdir: Path,
         create_bench_table(store, config.channels)
         fill(store, config.records, keys=config.keys)
     _warm_up(spark, workdir)
+    _warm_class_archive(workdir, log)
     rounds = [_round(spark, config, workdir, store_path, i, log) for i in range(config.rounds)]
 
     def mid(key: str) -> float:
@@ -278,6 +305,7 @@ def run_ab(config: ReplicateE2EConfig, workdir: Path, repeat: int, log: Any = pr
         create_bench_table(store, config.channels)
         fill(store, config.records, keys=config.keys)
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    _warm_class_archive(workdir, log)
     for i in range(repeat):
         for side in sides:
             load = load_average()
