@@ -132,11 +132,12 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
 def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
                      defaults: dict[str, str], *, short_run: bool = False) -> dict[str, str]:
     """The settings ``local_session`` starts Spark with (driver): ours, then ``conf``'s. The
-    two it extends rather than sets, the workers' ``PYTHONPATH`` and the driver's Java options,
-    keep what ``conf`` or else the installation's ``spark-defaults.conf`` (``defaults``) gives,
-    after ours: a setting given to the session builder replaces the file's value, so a
-    cluster's path or options in that file would otherwise be lost. For the same reason the
-    file's ``spark.jars.packages`` are kept before those ``conf`` adds (hadoop-aws, the Spark
+    ones it extends rather than sets keep what the installation's ``spark-defaults.conf``
+    (``defaults``) gives, since a setting given to the session builder replaces the file's
+    value and a cluster's path or options in that file would otherwise be lost: the driver's
+    Java options are ours, the file's, then ``conf``'s (a property given twice: the last
+    wins); the workers' ``PYTHONPATH`` is ours, then ``conf``'s or else the file's; the
+    file's ``spark.jars.packages`` come before those ``conf`` adds (hadoop-aws, the Spark
     engine's)."""
     java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2}"
     settings: dict[str, str] = {
@@ -146,10 +147,13 @@ def session_settings(app_name: str, master: str, conf: dict[str, str] | None,
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.streaming.stopTimeout": "30s",
-        "spark.driver.extraJavaOptions": " ".join(
-            filter(None, [java_options, defaults.get("spark.driver.extraJavaOptions")])),
         **(conf or {}),
     }
+    # the caller's options last: a property set twice takes its last value (the job's own log
+    # configuration, ``pipeline.job_log``), and the file's others are kept
+    settings["spark.driver.extraJavaOptions"] = " ".join(filter(None, [
+        java_options, defaults.get("spark.driver.extraJavaOptions"),
+        (conf or {}).get("spark.driver.extraJavaOptions")]))
     for key, regex in REDACTION.items():  # a regex the caller gives widens ours, never narrows
         given = (conf or {}).get(key)
         settings[key] = f"{regex}|{given}" if given and given != regex else regex

@@ -51,11 +51,16 @@ def test_the_files_path_and_java_options_follow_ours() -> None:
     assert settings[JAVA] == f"-Dlog4j2.configurationFile=file:{LOG4J2} -Dx=1"
 
 
-def test_the_callers_conf_wins_over_the_file() -> None:
-    settings = session_settings("app", "local[1]", {PATH: "/given", JAVA: "-Dmine=1"},
-                                {PATH: "/opt/hooks", JAVA: "-Dx=1"}, short_run=True)
+def test_the_callers_path_replaces_the_files_and_its_java_options_follow_the_files() -> None:
+    """The job's own log configuration (``pipeline.job_log``, given as ``conf``) comes last, so
+    it wins over ours, and a cluster's Java options in the file (a trust store, a proxy) stay."""
+    settings = session_settings(
+        "app", "local[1]", {PATH: "/given", JAVA: "-Dlog4j2.configurationFile=file:/job"},
+        {PATH: "/opt/hooks", JAVA: "-Djavax.net.ssl.trustStore=/ca"}, short_run=True)
     assert settings[PATH] == os.pathsep.join([WORKER_SITE, "/given"])
-    assert settings[JAVA] == f"-Dmine=1 {SHORT_RUN_JVM_OPTIONS}"
+    assert settings[JAVA] == (f"-Dlog4j2.configurationFile=file:{LOG4J2} "
+                              "-Djavax.net.ssl.trustStore=/ca "
+                              f"-Dlog4j2.configurationFile=file:/job {SHORT_RUN_JVM_OPTIONS}")
 
 
 def test_without_a_file_the_settings_are_ours_alone() -> None:
