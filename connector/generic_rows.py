@@ -89,17 +89,24 @@ def _json_objects(typed: pa.RecordBatch, specs: Sequence[ColumnSpec]) -> pa.Arra
     return pc.binary_join_element_wise(*pieces, "")
 
 
+#: the Arrow types whose values Arrow itself writes as JSON, by declared type
+_ARROW_WRITES = {"INTEGER": pa.types.is_integer, "BOOLEAN": pa.types.is_boolean,
+                 "DOUBLE": pa.types.is_floating, "STRING": pa.types.is_string}
+
+
 def _json_values(values: pa.Array, typ: str) -> pa.Array:
     """One column's values as JSON texts: Arrow's own where it writes what ``json`` reads
-    back the same, else ``json``'s, value by value."""
-    if typ in ("INTEGER", "BOOLEAN"):
-        return pc.fill_null(pc.cast(values, pa.string()), "null")
-    if typ == "DOUBLE":
-        texts = pc.cast(values, pa.string())
-        if not pc.any(pc.is_in(texts, value_set=_UNLIKE_JSON_DOUBLES)).as_py():
-            return pc.fill_null(texts, "null")
-    elif typ == "STRING" and not pc.any(pc.match_substring_regex(values, _NEEDS_ESCAPE)).as_py():
-        return pc.fill_null(pc.binary_join_element_wise('"', values, '"', ""), "null")
+    back the same, else ``json``'s, value by value (also for a column whose Arrow type is
+    not its declared type's)."""
+    if typ in _ARROW_WRITES and _ARROW_WRITES[typ](values.type):
+        if typ in ("INTEGER", "BOOLEAN"):
+            return pc.fill_null(pc.cast(values, pa.string()), "null")
+        if typ == "DOUBLE":
+            texts = pc.cast(values, pa.string())
+            if not pc.any(pc.is_in(texts, value_set=_UNLIKE_JSON_DOUBLES)).as_py():
+                return pc.fill_null(texts, "null")
+        elif not pc.any(pc.match_substring_regex(values, _NEEDS_ESCAPE)).as_py():
+            return pc.fill_null(pc.binary_join_element_wise('"', values, '"', ""), "null")
     return pa.array([json.dumps(_json_value(v)) for v in values.to_pylist()], pa.string())
 
 

@@ -1,5 +1,6 @@
 """The driver JVM's class archive: a short run's start without reading Spark's classes out of
-its jars again (docs/performance.md, "The JVM's classes from an archive").
+its jars again (docs/performance.md, "The JVM's classes from an archive, and generic rows a
+column at a time"; docs/operations.md, "Run modes").
 
 A Spark driver JVM loads some 15,000 classes from ~250 jars at its start: found by name in
 the jars one after another, read, parsed and verified, most of a short run's JVM CPU. The JDK's
@@ -18,8 +19,8 @@ The archive is only ever a speed-up: a JVM that finds it unusable (another JDK b
 changed) starts without it, as the JDK documents, and says nothing (``-Xlog:cds*=off``); a
 directory that cannot be written means no archive. ``TABLESTORE_CDC_CLASS_ARCHIVE=off`` turns
 it off; a path puts the archives there instead of ``$XDG_CACHE_HOME/tablestore-cdc/jvm``
-(``~/.cache/...``). One archive per key is kept (~160 MB for PySpark 4's jars); writing a new
-one removes the others and any a killed run left half-written.
+(``~/.cache/...``). An archive is ~160 MB for PySpark 4's jars; writing a new one keeps the
+``KEEP`` used last and removes the others, and any a killed run left half-written.
 
 Runs on the driver, before its JVM starts (``for_run``) and at the driver's exit.
 """

@@ -458,3 +458,24 @@ def test_the_codec_keeps_every_value_arrow_would_not_write_as_json_does() -> Non
     decoded = generic_rows.decode(pa.Table.from_batches(
         [other_writer.set_column(2, "_row", pa.array(floats))]))[0]
     assert text(decoded.to_pylist()) == text(expected)
+
+
+def test_a_column_whose_arrow_type_is_not_its_declared_one_is_still_written_as_json() -> None:
+    """A DOUBLE column arriving as integers and a STRING one as integers (a batch typed by
+    another hand) are written by ``json``, so each text stays JSON and reads back typed."""
+    key = (ColumnSpec("id", "INTEGER"),)
+    columns = (ColumnSpec("amount", "DOUBLE"), ColumnSpec("note", "STRING"))
+    typed = pa.RecordBatch.from_pydict({
+        "id": pa.array([1, 2]), "amount": pa.array([3, None]), "note": pa.array(["a", None]),
+        "_op": ["PUT", "PUT"], "_channel_id": ["c", "c"], "_sequence": ["1", "2"],
+        "_commit_ts": pa.array([None, None], pa.timestamp("us", "UTC")),
+        "_before": pa.array([None, None], pa.string()),
+        "_extra": pa.array([None, None], pa.string())})
+    encoded = generic_rows.encode(typed.set_column(2, "note", pa.array([7, None])), "t",
+                                  key, columns)
+    assert [json.loads(t) for t in encoded.column("_row").to_pylist()] == [
+        {"amount": 3, "note": 7}, {"amount": None, "note": None}]
+    decoded = generic_rows.decode(pa.Table.from_batches(
+        [generic_rows.encode(typed, "t", key, columns)]))[0]
+    assert decoded.select(["id", "amount", "note"]).to_pylist() == [
+        {"id": 1, "amount": 3.0, "note": "a"}, {"id": 2, "amount": None, "note": None}]
