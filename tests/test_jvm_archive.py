@@ -128,7 +128,11 @@ SHORT_RUN = textwrap.dedent("""
 """)
 
 
+# three JVM starts and an archive written (45-65 s): in make test-extended. The default suite
+# runs the stand-in tests above, and every replicate --once in it starts through the archive
+# (the first writes it into the runner's cache, the later ones map it)
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the JVM's /proc/PID/maps")
 def test_a_short_run_writes_the_archive_the_next_maps_and_a_mismatch_starts_quietly(
         tmp_path: Path) -> None:
