@@ -135,8 +135,9 @@ class ClassArchive:
         the archive, rename the archive into place and remove the others; True when kept.
         Any failure leaves no archive: the next short run writes one again."""
         assert self.part is not None
-        log.info("writing the JVM's class archive for the next runs' start (once): %s",
-                 self.path)
+        # said on stderr (no logging is set up at a command's exit): the wait is visible
+        print(f"writing the JVM's class archive for the next runs' start, once (~15 s): "
+              f"{self.path}", file=sys.stderr, flush=True)
         try:
             if jvm.stdin is not None:
                 jvm.stdin.close()

@@ -81,7 +81,8 @@ def _stand_in_jvm(part: Path, content: bytes) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
 
 
-def test_the_archive_is_renamed_into_place_once_written_and_old_ones_go(tmp_path: Path) -> None:
+def test_the_archive_is_renamed_into_place_once_written_and_old_ones_go(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     directory = tmp_path / "jvm"
     env = {ARCHIVE_ENV: str(directory)}
     directory.mkdir()
@@ -99,6 +100,7 @@ def test_the_archive_is_renamed_into_place_once_written_and_old_ones_go(tmp_path
     archive = ClassArchive.for_run(sys.executable, "v", {}, env)
     assert archive is not None and archive.part is not None
     assert archive.keep(_stand_in_jvm(archive.part, MAGIC + b"classes"))
+    assert "writing the JVM's class archive" in capsys.readouterr().err
     assert archive.path.read_bytes() == MAGIC + b"classes" and not archive.part.exists()
     kept = sorted(p.name for p in directory.glob("*.jsa"))
     # this run's archive and the KEEP - 1 other ones used last
