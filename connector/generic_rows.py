@@ -140,17 +140,19 @@ def _typed_columns(texts: pa.Array, specs: list[tuple[str, str]]) -> dict[str, p
         objects = [json.loads(t) for t in texts.to_pylist()]
         for name, typ in specs:
             values = [row.get(name) for row in objects]
-            if typ == "BINARY":
-                values = [None if v is None else base64.b64decode(v) for v in values]
-            arrays[name] = pa.array(values, TABLESTORE_TO_ARROW[typ])
+            arrays[name] = pa.array(_unbase64(values) if typ == "BINARY" else values,
+                                    TABLESTORE_TO_ARROW[typ])
         return arrays
     for name, typ in specs:
         column = parsed.column(name).combine_chunks()
-        if typ == "BINARY":
-            column = pa.array([None if v is None else base64.b64decode(v)
-                               for v in column.to_pylist()], pa.binary())
-        arrays[name] = column
+        arrays[name] = (pa.array(_unbase64(column.to_pylist()), pa.binary())
+                        if typ == "BINARY" else column)
     return arrays
+
+
+def _unbase64(values: list[Any]) -> list[bytes | None]:
+    """A BINARY column's base64 texts as bytes (null stays null)."""
+    return [None if v is None else base64.b64decode(v) for v in values]
 
 
 def _read_lines(texts: pa.Array, specs: list[tuple[str, str]]) -> pa.Table:
