@@ -5,8 +5,9 @@ Usage (driver, before or after ``start()``)::
     from tablestore_cdc.listener import ProgressListener
     spark.streams.addListener(ProgressListener("sqlite:///data/orders.meta.db"))
 
-Spark calls ``onQueryProgress`` on the driver (PySpark forwards the JVM listener bus event to this
-Python process) after each micro-batch. For every offset of ours in the report (a table's own,
+Spark calls ``onQueryProgress`` on the driver (the JVM listener bus event forwarded to this
+Python process through py4j: in a classic session as the report's JSON in one call,
+``_ProgressAsJson``) after each micro-batch. For every offset of ours in the report (a table's own,
 or each one inside a multi-table source's composite offset: ``table_offsets``) that moved, the
 listener stores Spark's metrics of the batch keyed by the batch's end UUID (``spark_metrics``,
 ``tablestore_cdc.query_record.record_spark_metrics``: a companion record in the meta store, so
@@ -36,6 +37,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -183,6 +185,21 @@ class ProgressListener(StreamingQueryListener):
         self._lock = threading.Lock()
         self._by_query: dict[str, set[str]] = {}  # query id -> namespaces seen in its progress
         self._terminated: set[str] = set()  # query ids whose termination was handled
+        self._py4j_face: Any = None  # (``_jlistener``)
+
+    @property
+    def _jlistener(self) -> Any:
+        """What ``spark.streams.addListener`` registers with the JVM in a classic session
+        (PySpark's ``StreamingQueryListener._jlistener``): Spark's wrapper around
+        ``_ProgressAsJson``, made once."""
+        if self._py4j_face is None:
+            from pyspark import SparkContext
+
+            assert SparkContext._jvm is not None, "no SparkContext: start Spark first"
+            streaming = SparkContext._jvm.org.apache.spark.sql.streaming
+            self._py4j_face = streaming.PythonStreamingQueryListenerWrapper(
+                _ProgressAsJson(self))
+        return self._py4j_face
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's API names
         pass
@@ -278,3 +295,46 @@ class ProgressListener(StreamingQueryListener):
             if self._store is not None:
                 self._store.close()
                 self._store = None
+
+
+@dataclass(frozen=True)
+class _ProgressEvent:
+    """A progress event as ``_ProgressAsJson`` hands it on: the report parsed from its JSON."""
+
+    progress: dict[str, Any]
+
+
+class _ProgressAsJson:
+    """The Python face of a ``ProgressListener`` that Spark's listener bus calls through
+    py4j's callback server (driver, Spark's listener thread). PySpark's own
+    (``JStreamingQueryListener``) converts each progress report field by field: dozens of
+    py4j round trips a batch, each taking the driver's GIL from the batch being applied
+    (~65 ms of Python a batch of ``replicate --once``). This takes the report's JSON, what
+    the listener reads, in one call; the rarer events go through PySpark's conversion."""
+
+    def __init__(self, listener: ProgressListener) -> None:
+        from pyspark.sql.streaming.listener import JStreamingQueryListener
+
+        self._listener = listener
+        self._pyspark = JStreamingQueryListener(listener)
+
+    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - the Java interface's names
+        self._pyspark.onQueryStarted(jevent)
+
+    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
+        try:
+            event = _ProgressEvent(json.loads(jevent.progress().json()))
+        except Exception as exc:  # a listener must never break the query
+            self._listener.errors += 1
+            log.warning("progress listener could not read a progress report: %s", exc)
+            return
+        self._listener.onQueryProgress(event)
+
+    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
+        self._pyspark.onQueryIdle(jevent)
+
+    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
+        self._pyspark.onQueryTerminated(jevent)
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
