@@ -4,8 +4,8 @@ one source query over the selection, one apply per table (driver).
 ``start_pipeline`` starts a query over a multi-table source (``connector.multiplex``) whose
 ``foreachBatch`` (``MultiTableApply``) writes each batch it reads to the change log
 (``<out>/changelog/batch-<id>.parquet``, generic rows: ``connector.generic_rows``; the same
-file again on a replay), then splits it by ``_table`` and applies each table's rows into its
-own target, named by a template (``delta:///lake/{table}``): one commit per table per batch,
+file again on a replay) while it splits it by ``_table`` and applies each table's rows into
+its own target, named by a template (``delta:///lake/{table}``): one commit per table per batch,
 each carrying the query's (query id, batch id) pair, so a replayed batch changes nothing in a
 table that holds it. That is ``cycle="one"``, the default for a new output; docs/protocol.md,
 "One cycle from change to table", argues why it is exactly once.
@@ -30,6 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ class MultiTableApply:
     repairs: RepairRunner | None = None
     #: the newest batch this run applied (Spark calls ``foreachBatch`` for batches with data)
     applied_batch_id: int | None = None
-    #: the one-cycle pipeline (module docstring): each batch is logged before it is applied
+    #: the one-cycle pipeline (module docstring): each batch is logged as it is applied
     writes_changelog: bool = False
 
     def __post_init__(self) -> None:
@@ -176,10 +177,13 @@ class MultiTableApply:
         Spark; the batch is cached on the executors while its tables are applied."""
         if self.settings.engine != "spark":
             batch = df.toArrow()
-            if self.writes_changelog and batch.num_rows:  # (a table's join batch: no rows)
-                self._log_changes(batch, batch_id)
-            self.apply_batch(batch, app_id, batch_id)
-            return
+            logs = self.writes_changelog and batch.num_rows  # (a table's join batch: no rows)
+            # logged while the tables are applied, on the core the executors leave idle; the
+            # batch ends when both have (docs/protocol.md: a replay redoes either)
+            with ThreadPoolExecutor(1, thread_name_prefix="changelog") as writer:
+                logged = writer.submit(self._log_changes, batch, batch_id) if logs else None
+                self.apply_batch(batch, app_id, batch_id)
+            return None if logged is None else logged.result()
         from pyspark.sql import functions as F
 
         from tablestore_cdc.lakehouse.spark_rows import declared_schemas
@@ -197,7 +201,7 @@ class MultiTableApply:
 
     def _log_changes(self, batch: pa.Table | Any, batch_id: int) -> None:
         """The one-cycle change log: ``batch`` (Arrow, or the Spark engine's DataFrame) as
-        ``changelog/batch-<id>``, written whole before it is applied (a replay: the same)."""
+        ``changelog/batch-<id>``, written whole (a replay: the same file again)."""
         name = f"batch-{batch_id:012d}"
         if isinstance(batch, pa.Table):
             self.output.write_parquet(batch, "changelog", f"{name}.parquet")
