@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import connector.clients as clients_module
@@ -429,6 +430,47 @@ def test_a_retryable_error_of_a_table_s_apply_fails_the_batch_not_the_table(
     for table in TABLES:
         target = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table().to_pylist()
         assert sorted((r["id"], r["v"]) for r in target) == sorted(
+            (k["id"], c["v"]) for k, c in store.scan(table)), table
+
+
+class _Collected:
+    """What ``foreachBatch`` is given, as far as the embedded engine reads it (``toArrow``)."""
+
+    def __init__(self, rows: pa.Table) -> None:
+        self.rows = rows
+
+    def toArrow(self) -> pa.Table:  # noqa: N802 - PySpark's name
+        return self.rows
+
+
+def test_a_change_log_write_that_fails_while_the_tables_apply_fails_the_batch(
+        tmp_path: Path, store: LocalTablestore, outage: Outage) -> None:
+    """The one-cycle batch writes its change-log file while the tables are applied: a write
+    that fails fails the batch even though every target committed it, and the replay writes
+    the file and changes no target (each holds the batch)."""
+    from deltalake import DeltaTable
+
+    run = Run(store.path, outage)
+    write(store, 0)
+    run.batch(run.reader.initialOffset())
+    changes = pa.Table.from_pylist(run.rows)
+    out = tmp_path / "out"
+    settings = ApplySettings(target=f"delta://{tmp_path}/lake/{{table}}")
+    out.mkdir()
+    (out / "changelog").write_text("a file where the change log's folder goes")
+    apply = MultiTableApply(settings, "local://store", out, writes_changelog=True)
+    with pytest.raises(OSError):
+        apply._apply_frame(_Collected(changes), "app", 0)
+    versions = {t: DeltaTable(str(tmp_path / "lake" / t)).version() for t in TABLES}
+    (out / "changelog").unlink()
+    replay = MultiTableApply(settings, "local://store", out, writes_changelog=True)
+    replay._apply_frame(_Collected(changes), "app", 0)
+    logged = pq.read_table(out / "changelog" / f"batch-{0:012d}.parquet")
+    assert logged.num_rows == changes.num_rows
+    for table in TABLES:
+        target = DeltaTable(str(tmp_path / "lake" / table))
+        assert target.version() == versions[table]  # the replay was skipped
+        assert sorted((r["id"], r["v"]) for r in target.to_pyarrow_table().to_pylist()) == sorted(
             (k["id"], c["v"]) for k, c in store.scan(table)), table
 
 
