@@ -60,6 +60,7 @@ POSITIVE_KEYS = (
     "replicate_e2e_changes_s",
     "replicate_e2e_source_changes_s",
     "replicate_e2e_ratio",
+    "replicate_e2e_ratio_session",
     "replicate_e2e_changes_s_wall",
     "replicate_e2e_changes_s_from_first_batch",
     "replicate_e2e_first_batch_s",
