@@ -210,9 +210,9 @@ class MultiTableApply:
 
     def apply_batch(self, batch: pa.Table, app_id: str, batch_id: int) -> None:
         """Apply one batch of the multi-table change log, table by table, in name order."""
-        tables = sorted(set(batch.column("_table").to_pylist()))
-        self._apply_tables(tables, lambda t: batch.filter(pc.equal(batch.column("_table"), t)),
-                           app_id, batch_id)
+        tables = sorted(pc.unique(batch.column("_table")).to_pylist())
+        self._apply_tables(tables, lambda t: batch if len(tables) == 1 else batch.filter(
+            pc.equal(batch.column("_table"), t)), app_id, batch_id)
 
     def _apply_tables(self, tables: list[str], rows_of: Callable[[str], Any], app_id: str,
                       batch_id: int) -> None:
