@@ -142,8 +142,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "replicate_emulator_idle_cpu_cores": ("<=", 0.5, ""),
     "replicate_emulator_freshness_p50_ms": ("<=", 5000.0, "ms"),
     "replicate_emulator_new_table_s": ("<=", 30.0, "s"),
-    # issue 39: the whole command into Delta against the source's own rate, one run
-    "replicate_e2e_ratio": (">=", 0.3, ""),
+    # issues 39 and 55: the whole command into Delta against the source's own rate, each in
+    # a new process started alike
+    "replicate_e2e_ratio": (">=", 0.6, ""),
 }
 
 
