@@ -91,17 +91,15 @@ class ClassArchive:
     part: Path | None = None
 
     @classmethod
-    def for_run(cls, java: str, java_version: str, settings: Mapping[str, str],
+    def for_run(cls, java: str, java_version: str, jars: Path, settings: Mapping[str, str],
                 environ: Mapping[str, str] = os.environ) -> ClassArchive | None:
-        """The archive for a short run's JVM, or None: turned off, on Windows (PySpark's JVM
-        is not ended by its stdin there), or no directory to keep it in."""
+        """The archive for a short run's JVM (``jars``: Spark's, ``connector.spark.spark_home``),
+        or None: turned off, on Windows (PySpark's JVM is not ended by its stdin there), or no
+        directory to keep it in."""
         directory = archive_dir(environ)
         if directory is None or sys.platform == "win32":
             return None
-        import pyspark
-
-        home = environ.get("SPARK_HOME") or os.path.dirname(os.path.abspath(pyspark.__file__))
-        key = archive_key(java, java_version, Path(home) / "jars", settings, environ)
+        key = archive_key(java, java_version, jars, settings, environ)
         path = directory / f"spark-{key}.jsa"
         if _is_archive(path):
             try:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdc_common.uris import SPARK_OPTIONS_REGEX, SPARK_SECRET_REGEX, SPARK_STRING_REGEX
@@ -112,7 +113,7 @@ def local_session(app_name: str = "tablestore-cdc", master: str = "local[2]",
     from connector.source import register
 
     settings = session_settings(app_name, master, conf, spark_defaults(), short_run=short_run)
-    archive = ClassArchive.for_run(*java, settings) if short_run else None
+    archive = ClassArchive.for_run(*java, spark_home() / "jars", settings) if short_run else None
     if archive is not None:
         settings["spark.driver.extraJavaOptions"] += f" {archive.java_options()}"
     try:
@@ -176,19 +177,23 @@ def join_packages(*lists: str | None) -> str:
                                   for p in packages.split(",") if p))
 
 
+def spark_home(environ: Mapping[str, str] = os.environ) -> Path:
+    """Spark's home as spark-submit takes it (driver): ``$SPARK_HOME``, else the installed
+    PySpark's directory (its ``jars``, ``conf``)."""
+    home = environ.get("SPARK_HOME")
+    if not home:
+        import pyspark
+
+        home = os.path.dirname(os.path.abspath(pyspark.__file__))
+    return Path(home)
+
+
 def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The installation's ``spark-defaults.conf`` (driver, before a session): in
     ``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else the installed PySpark's ``conf``; no
     file, no settings. Read as spark-submit reads it: a key, then white space, ``=`` or ``:``,
     then the value; lines starting with ``#`` or ``!`` are comments."""
-    conf_dir = environ.get("SPARK_CONF_DIR")
-    if not conf_dir:
-        home = environ.get("SPARK_HOME")
-        if not home:
-            import pyspark
-
-            home = os.path.dirname(os.path.abspath(pyspark.__file__))
-        conf_dir = os.path.join(home, "conf")
+    conf_dir = environ.get("SPARK_CONF_DIR") or str(spark_home(environ) / "conf")
     try:
         with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as file:
             lines = file.read().splitlines()

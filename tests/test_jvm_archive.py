@@ -21,10 +21,11 @@ from connector.jvm_archive import (
     archive_dir,
     archive_key,
 )
-from connector.spark import java_runtime
+from connector.spark import java_runtime, spark_home
 
 ROOT = Path(__file__).resolve().parent.parent
 MAGIC = b"\xa8\xab\x0b\xf0"  # a JDK dynamic archive's first bytes
+JARS = ROOT / "tests" / "data"  # any folder stands for Spark's jars where the key is not looked at
 
 
 def test_the_archives_live_in_the_users_cache_unless_the_setting_says_where_or_off() -> None:
@@ -57,19 +58,19 @@ def test_another_java_jar_or_class_path_is_another_archive(tmp_path: Path) -> No
 def test_a_run_writes_the_archive_when_there_is_none_and_maps_it_when_there_is(
         tmp_path: Path) -> None:
     env = {ARCHIVE_ENV: str(tmp_path / "jvm")}
-    first = ClassArchive.for_run(sys.executable, "v", {}, env)
+    first = ClassArchive.for_run(sys.executable, "v", JARS, {}, env)
     assert first is not None and first.part is not None
     assert first.part.parent == first.path.parent and str(os.getpid()) in first.part.name
     assert "-XX:ArchiveClassesAtExit=" in first.java_options()
     first.path.write_bytes(b"junk")  # not the JDK's: written again, never mapped
-    assert ClassArchive.for_run(sys.executable, "v", {}, env).part is not None
+    assert ClassArchive.for_run(sys.executable, "v", JARS, {}, env).part is not None
     first.path.write_bytes(MAGIC + b"rest")
-    used = ClassArchive.for_run(sys.executable, "v", {}, env)
+    used = ClassArchive.for_run(sys.executable, "v", JARS, {}, env)
     assert used == ClassArchive(first.path)
     assert used.java_options() == f"-XX:SharedArchiveFile={first.path} -Xlog:cds*=off"
-    assert ClassArchive.for_run(sys.executable, "v", {}, {ARCHIVE_ENV: "off"}) is None
+    assert ClassArchive.for_run(sys.executable, "v", JARS, {}, {ARCHIVE_ENV: "off"}) is None
     (tmp_path / "file").write_text("")
-    assert ClassArchive.for_run(sys.executable, "v", {},
+    assert ClassArchive.for_run(sys.executable, "v", JARS, {},
                                 {ARCHIVE_ENV: str(tmp_path / "file" / "jvm")}) is None
 
 
@@ -97,7 +98,7 @@ def test_the_archive_is_renamed_into_place_once_written_and_old_ones_go(
     os.utime(stale, (time.time() - STALE_PART_S - 1,) * 2)
     live = directory / "spark-y.jsa.2.part"  # another run writing now
     live.write_bytes(b"half")
-    archive = ClassArchive.for_run(sys.executable, "v", {}, env)
+    archive = ClassArchive.for_run(sys.executable, "v", JARS, {}, env)
     assert archive is not None and archive.part is not None
     assert archive.keep(_stand_in_jvm(archive.part, MAGIC + b"classes"))
     assert "writing the JVM's class archive" in capsys.readouterr().err
@@ -110,11 +111,12 @@ def test_the_archive_is_renamed_into_place_once_written_and_old_ones_go(
 
 def test_an_archive_the_jvm_did_not_write_whole_is_not_kept(tmp_path: Path) -> None:
     env = {ARCHIVE_ENV: str(tmp_path / "jvm")}
-    archive = ClassArchive.for_run(sys.executable, "v", {}, env)
+    archive = ClassArchive.for_run(sys.executable, "v", JARS, {}, env)
     assert archive is not None and archive.part is not None
     assert not archive.keep(_stand_in_jvm(archive.part, b""))
     assert not archive.path.exists() and not archive.part.exists()
-    assert ClassArchive.for_run(sys.executable, "v", {}, env).part is not None  # next: again
+    again = ClassArchive.for_run(sys.executable, "v", JARS, {}, env)
+    assert again is not None and again.part is not None  # the next run: written again
 
 
 SHORT_RUN = textwrap.dedent("""
@@ -164,7 +166,8 @@ def test_a_short_run_writes_the_archive_the_next_maps_and_a_mismatch_starts_quie
     (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
     other_env = {**env, "SPARK_CONF_DIR": str(conf)}
     java, version = java_runtime()
-    elsewhere = ClassArchive.for_run(java, version, {}, other_env)
+    elsewhere = ClassArchive.for_run(java, version, spark_home(other_env) / "jars", {},
+                                     other_env)
     assert elsewhere is not None and elsewhere.part is not None
     elsewhere.path.write_bytes(archives[0].read_bytes())  # a valid archive, another class path
     out = run({"SPARK_CONF_DIR": str(conf), "ARCHIVE_NAME": elsewhere.path.name})
