@@ -142,6 +142,29 @@ def test_tabs_and_line_breaks_in_a_value_are_text(tmp_path: Path) -> None:
     assert code == 2 and not any("control character" in line for line in lines), lines
 
 
+@pytest.mark.parametrize("command", [
+    ["replicate", "--table", "t", "--tunnel", "x", "--output", "{tmp}/out"],
+    ["reconcile", "--table", "t", "--tunnel", "x", "--target", "delta://{tmp}/t"],
+    ["resnapshot", "--table", "t", "--tunnel", "x"],
+], ids=["replicate", "reconcile", "resnapshot"])
+@pytest.mark.parametrize("option, flag", [
+    ("tables=a,b", "--tables or --table"), ("TABLES=a", "--tables or --table"),
+    ("endpoint=local:///elsewhere.db", "--store or --endpoint"), ("exclude=b*", "--exclude"),
+    ("tunnel.name=other", "--tunnel"), ("Table.Name=t2", "--table"),
+])
+def test_a_reader_option_the_command_has_a_flag_for_is_refused_naming_it(
+        tmp_path: Path, command: list[str], option: str, flag: str) -> None:
+    """Given twice (a flag and ``--option``), one part of a command could read the selection
+    from one and another part from the other: refused before anything starts."""
+    (tmp_path / "s.db").write_bytes(b"")
+    before = sorted(tmp_path.iterdir())
+    code, lines = run(*(arg.format(tmp=tmp_path) for arg in command), "--store",
+                      str(tmp_path / "s.db"), "--option", option)
+    assert code == 2
+    assert lines == [f"error: --option {option.partition('=')[0]}=...: give it as {flag}"]
+    assert sorted(tmp_path.iterdir()) == before
+
+
 # --- hostile settings files (replicate --config) --------------------------------------------
 
 

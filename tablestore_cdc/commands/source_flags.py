@@ -25,13 +25,23 @@ def source_endpoint(store: Path | None, endpoint: str | None) -> str:
     return endpoint
 
 
+#: the reader's options the commands set from flags of their own: one place for each, so no
+#: part of a command reads the selection one way and another part the other way
+_FLAG_OPTIONS = {"endpoint": "--store or --endpoint", "table.name": "--table",
+                 "tables": "--tables or --table", "exclude": "--exclude",
+                 "tunnel.name": "--tunnel"}
+
+
 def reader_options(option: list[str] | None) -> dict[str, str]:
-    """``--option KEY=VALUE`` flags as the reader's extra options."""
+    """``--option KEY=VALUE`` flags as the reader's extra options; a key the command has a
+    flag for (``_FLAG_OPTIONS``, any case: Spark's options are case-insensitive) is refused."""
     extra = {}
     for item in option or []:
         key, sep, value = item.partition("=")
         if not sep:
             fail(f"--option {item!r}: expected KEY=VALUE")
+        if key.strip().lower() in _FLAG_OPTIONS:
+            fail(f"--option {key}=...: give it as {_FLAG_OPTIONS[key.strip().lower()]}")
         extra[key] = value
     return extra
 
