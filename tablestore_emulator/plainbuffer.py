@@ -17,12 +17,11 @@ from typing import Any
 
 from connector.tunnel.tablestore.plainbuffer import (
     HEADER,
-    TAG_CELL_VALUE,
     Cell,
     PlainBufferError,
     Row,
-    _read_value,
     decode_row,
+    decode_value,
     encode_row,
 )
 from connector.tunnel.tablestore.plainbuffer import VT_STRING as VT_STRING
@@ -44,13 +43,10 @@ def read_row(data: bytes) -> Row:
 def read_value(data: bytes) -> Any:
     """Decode a bare value (type byte + payload: a column condition's ``column_value``), read
     as a cell's value is."""
-    cell_value = bytes([TAG_CELL_VALUE]) + struct.pack("<I", len(data)) + data
     try:
-        return _read_value(cell_value, 0, len(cell_value), "column_value")[0]
+        return decode_value(data, "column_value")
     except PlainBufferError as exc:
         raise _invalid(exc) from None
-    except (IndexError, struct.error):
-        raise _invalid(PlainBufferError("truncated: column_value", len(data))) from None
 
 
 def write_row(

@@ -26,6 +26,7 @@ from connector.tunnel.tablestore.plainbuffer import (
     Special,
     crc8,
     decode_row,
+    decode_value,
     encode_row,
 )
 
@@ -124,6 +125,16 @@ def test_every_truncation_is_refused() -> None:
     for n in range(len(data)):
         with pytest.raises(PlainBufferError):
             decode_row(data[:n])
+
+
+def test_a_bare_value_reads_as_a_cell_s_and_a_cut_one_is_refused() -> None:
+    """``decode_value``: a condition's ``column_value`` (type byte + payload, no cell tag)."""
+    integer = b"\x00" + struct.pack("<q", -7)
+    text = b"\x03" + struct.pack("<I", 2) + "é".encode()
+    assert decode_value(integer) == -7 and decode_value(text) == "é"
+    for cut in (b"", integer[:5], text[:4], text[:-1]):
+        with pytest.raises(PlainBufferError, match="column_value"):
+            decode_value(cut, "column_value")
 
 
 def test_bit_flips_are_refused_or_harmless() -> None:

@@ -509,6 +509,16 @@ def decode_raw(data: bytes, *, header: bool = True, allow_empty_pk: bool = False
         raise PlainBufferError("truncated: the row ends before its checksum", len(data)) from None
 
 
+def decode_value(data: bytes, name: str = "value") -> Any:
+    """A bare value, its type byte then its payload (a condition's ``column_value``), read as
+    a cell's value is; ``PlainBufferError`` when it is malformed or cut short."""
+    cell = bytes([TAG_CELL_VALUE]) + struct.pack("<I", len(data)) + data
+    try:
+        return _read_value(cell, 0, len(cell), name)[0]
+    except (IndexError, struct.error):
+        raise PlainBufferError(f"truncated: {name}", len(data)) from None
+
+
 def decode_row(data: bytes, *, header: bool = True, allow_empty_pk: bool = False) -> Row:
     """Decode exactly one row (the whole of ``data``). ``PlainBufferError`` on anything
     malformed. ``allow_empty_pk`` accepts a row with no key cells (an ``origin_record``)."""
