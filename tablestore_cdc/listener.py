@@ -191,7 +191,8 @@ class ProgressListener(StreamingQueryListener):
     def _jlistener(self) -> Any:
         """What ``spark.streams.addListener`` registers with the JVM in a classic session
         (PySpark's ``StreamingQueryListener._jlistener``): Spark's wrapper around
-        ``_ProgressAsJson``, made once."""
+        ``_ProgressAsJson``, made once. PySpark's internals, the same from 4.0 to 4.3
+        (``tests/test_listener_on_spark.py`` runs on the oldest too)."""
         if self._py4j_face is None:
             from pyspark import SparkContext
 
