@@ -358,8 +358,9 @@ def create_with_rows(store_path: Path, table: str, rows: int = 25) -> None:
 def drain(app: Replication, writers: dict[str, TableWriter], live: Sequence[str]
           ) -> dict[str, tuple[dict[str, Any], list[Record]]]:
     """The end of a run: wait until every reshaping writer made its two splits and its merge,
-    stop the writers of the ``live`` tables, read each one's source (``source_of``) and wait
-    until its target equals it. Returns those sources."""
+    stop the writers of the ``live`` tables, read each one's source (``source_of``), wait
+    until its target equals it and the batch that made it so is committed. Returns those
+    sources."""
     reshaping = [w for w in writers.values() if w.reshape and w.table in live]
     for writer in reshaping:  # every reshape happened before the writers stop
         app.wait(f"{writer.table}'s writer past its merge", lambda w=writer: w.merges)
@@ -370,6 +371,9 @@ def drain(app: Replication, writers: dict[str, TableWriter], live: Sequence[str]
     for table in live:
         app.wait(f"{table} equals its source", lambda t=table: app.targets.state(t),
                  lambda state, t=table: state == sources[t][0])
+    # a batch's targets commit inside it, before Spark's commit log records it: the checks
+    # read the committed change log, so the batch that made the targets equal must be in it
+    app.wait("the newest batch in the commit log", lambda: app.unfinished_apply_batch() is None)
     return sources
 
 
