@@ -203,6 +203,9 @@ def _source_process(store_path: Path, workdir: Path) -> dict[str, Any]:
     if returncode != 0 or figures is None:
         raise RuntimeError(f"the source's own process exited {returncode}: see "
                            f"{workdir / 'source.log'}")
+    if not figures["rows_after_first"] or figures["seconds"] <= 0:
+        raise RuntimeError("the source's first batch took every change: give more records "
+                           "than one batch reads (4 channels x maxOffsetsPerChannel)")
     return {**figures, "rows_s": figures["rows_after_first"] / figures["seconds"],
             "cpu_s": cpu, "wall_s": wall}
 
