@@ -254,12 +254,11 @@ def _output_not_running(output: Path) -> None:
 
 def _source_options(plan: JobPlan) -> Any:
     """The reader's options validated (``OptionError``): the selection's
-    ``MultiTableOptions``."""
-    common = {"endpoint": plan.endpoint, "tunnel.name": plan.tunnel, **plan.options}
-    from connector.table_selection import MultiTableOptions
+    ``MultiTableOptions``, as the job's query parses them (``multi_table.selection_options``)."""
+    from tablestore_cdc.pipeline.multi_table import selection_options
 
-    return MultiTableOptions.from_spark({**common, "tables": plan.tables,
-                                         **({"exclude": plan.exclude} if plan.exclude else {})})
+    return selection_options(plan.endpoint, plan.tables, plan.exclude, plan.tunnel,
+                             plan.options)
 
 
 def _tunnel_service(source: Any) -> Any:
