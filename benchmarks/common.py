@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -183,6 +184,21 @@ def progress_breakdown(progress: Sequence[Any]) -> dict[str, float]:
     walCommit, addBatch, commitOffsets, triggerExecution, ...) over the given progress reports."""
     keys = sorted({k for p in progress for k in p["durationMs"]})
     return {k: median([p["durationMs"].get(k, 0) for p in progress]) for k in keys}
+
+
+def read_bench_table(spark: Any, store: Path) -> Any:
+    """A streaming read of the embedded store's benchmark table through a new tunnel, with
+    the source's default options (what ``replicate`` reads)."""
+    return (spark.readStream.format("tablestore").option("endpoint", f"local://{store}")
+            .option("table.name", TABLE)
+            .option("tunnel.name", f"bench-{uuid.uuid4().hex[:8]}").load())
+
+
+def commit_times(checkpoint: Path) -> dict[int, float]:
+    """A streaming query's committed batches and when each ended: batch id -> the mtime of
+    its file in the checkpoint's commit log."""
+    return {int(p.name): p.stat().st_mtime for p in (checkpoint / "commits").iterdir()
+            if p.name.isdigit()}
 
 
 class EmulatorProcess:

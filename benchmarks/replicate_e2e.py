@@ -83,10 +83,12 @@ import pyarrow.parquet as pq
 from benchmarks.common import (
     TABLE,
     TreeCpuSampler,
+    commit_times,
     create_bench_table,
     fill,
     load_average,
     median,
+    read_bench_table,
     tree_cpu_s,
 )
 from benchmarks.throughput import run_noop
@@ -105,26 +107,20 @@ class ReplicateE2EConfig:
     rounds: int = 3
 
 
-def _read(spark: Any, path: Path) -> Any:
-    return (spark.readStream.format("tablestore").option("endpoint", f"local://{path}")
-            .option("table.name", TABLE)
-            .option("tunnel.name", f"bench-{uuid.uuid4().hex[:8]}").load())
-
-
 def _warm_up(spark: Any, workdir: Path) -> None:
     """A small read first: the session's Python workers import the connector, not counted."""
     warm = workdir / "warm.db"
     with LocalTablestore(warm) as store:
         create_bench_table(store, 4)
         fill(store, 2000)
-    run_noop(spark, _read(spark, warm), workdir / "ckpt-warm")
+    run_noop(spark, read_bench_table(spark, warm), workdir / "ckpt-warm")
 
 
 def _source_rate(spark: Any, store_path: Path, checkpoint: Path,
                  expected: int) -> dict[str, Any]:
     """The source's rate into noop, and the benchmark process tree's CPU-seconds meanwhile."""
     cpu = tree_cpu_s()
-    result = run_noop(spark, _read(spark, store_path), checkpoint)
+    result = run_noop(spark, read_bench_table(spark, store_path), checkpoint)
     result["cpu_s"] = tree_cpu_s() - cpu
     if result["rows"] != expected:
         raise RuntimeError(f"the source read {result['rows']} rows, expected {expected}")
@@ -222,21 +218,18 @@ def _spans(out: Path) -> tuple[float, float, int]:
         checkpoint = out / "_checkpoints" / "replicate"
         logged = out / "changelog" / f"batch-{0:012d}.parquet"
         first_rows = pq.ParquetFile(logged).metadata.num_rows if logged.exists() else 0
-        last = _last_commit(checkpoint)
+        ended = commit_times(checkpoint)
+        last = max(ended.values())
     else:
-        checkpoint, last = out / "_checkpoints" / "changelog", _last_commit(
-            out / "_checkpoints" / "apply")
+        checkpoint = out / "_checkpoints" / "changelog"
+        ended = commit_times(checkpoint)
+        last = max(commit_times(out / "_checkpoints" / "apply").values())
         for line in (out / "changelog" / "_spark_metadata" / "0").read_text().splitlines()[1:]:
             entry = json.loads(line)
             if entry.get("action") == "add":
                 first_rows += pq.ParquetFile(urlparse(entry["path"]).path).metadata.num_rows
     return (last - (checkpoint / "offsets" / "0").stat().st_mtime,
-            last - (checkpoint / "commits" / "0").stat().st_mtime, first_rows)
-
-
-def _last_commit(checkpoint: Path) -> float:
-    """When a query's last batch ended: the mtime of its newest commit file."""
-    return max(p.stat().st_mtime for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+            last - ended[0], first_rows)
 
 
 def _check_equal(store_path: Path, lake: Path) -> int:

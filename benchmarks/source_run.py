@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import uuid
 from pathlib import Path
 
-from benchmarks.common import TABLE
+from benchmarks.common import commit_times, read_bench_table
 
 
 def read_into_noop(store: Path, checkpoint: Path) -> dict[str, float]:
@@ -32,17 +31,14 @@ def read_into_noop(store: Path, checkpoint: Path) -> dict[str, float]:
 
     spark = local_session("tablestore-cdc-benchmarks", short_run=True)
     try:
-        df = (spark.readStream.format("tablestore").option("endpoint", f"local://{store}")
-              .option("table.name", TABLE)
-              .option("tunnel.name", f"bench-{uuid.uuid4().hex[:8]}").load())
-        query = (df.writeStream.format("noop").trigger(availableNow=True)
-                 .option("checkpointLocation", str(checkpoint)).start())
+        query = (read_bench_table(spark, store).writeStream.format("noop")
+                 .trigger(availableNow=True).option("checkpointLocation", str(checkpoint))
+                 .start())
         query.awaitTermination()
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     finally:
         spark.stop()
-    commits = {int(p.name): p.stat().st_mtime for p in (checkpoint / "commits").iterdir()
-               if p.name.isdigit()}
+    commits = commit_times(checkpoint)
     trigger_s = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
     rows = sum(p["numInputRows"] for p in progress)
     return {"rows": rows, "batches": len(progress),
