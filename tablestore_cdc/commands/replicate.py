@@ -133,7 +133,8 @@ def replicate(
         help="With --tables: start even when no table matches now (a warning), and pick the "
         "tables up when they are created; without it that is refused.")] = False,
     option: Annotated[list[str] | None, typer.Option(
-        help="Extra reader option KEY=VALUE (repeatable), e.g. maxOffsetsPerChannel=5000.")]
+        help="Extra reader option KEY=VALUE (repeatable), e.g. maxOffsetsPerChannel=5000; "
+        "endpoint, tables, table.name, exclude and tunnel.name are given by their flags.")]
     = None,
     column: Annotated[list[str] | None, typer.Option(
         help="Fix an attribute column's type instead of letting the first value decide: "
